@@ -1,0 +1,94 @@
+//! `decision_recorded`: what a run decided about one inbound event.
+//!
+//! Besides the fields of domain.md a decision carries `asks`, the asks it opened or
+//! moved (new step or status). The projection applies those, so ask state is a fold
+//! of the log and does not depend on which decider wrote it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, ActionKind, ActionType, Urgency};
+use crate::ids::{AskId, EventId, LoadId, decision_entry_id, fallback_action_key};
+use crate::projection::AskStatus;
+use crate::time::Timestamp;
+
+pub const DECISION_RECORDED: &str = "decision_recorded";
+
+/// An ask opened or changed by a decision: its step and status after the decision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AskChange {
+    pub ask_id: AskId,
+    pub step: u32,
+    pub status: AskStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub decision_id: String,
+    pub event_id: EventId,
+    pub decided_at: Timestamp,
+    pub filtered: bool,
+    pub needs_hero_task: bool,
+    pub actions: Vec<Action>,
+    pub rationale: String,
+    pub decider: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asks: Vec<AskChange>,
+}
+
+impl Decision {
+    /// A decision with the given actions; `needs_hero_task` follows from them.
+    pub fn new(
+        event: &EventId,
+        decided_at: Timestamp,
+        decider: impl Into<String>,
+        actions: Vec<Action>,
+        asks: Vec<AskChange>,
+        rationale: impl Into<String>,
+    ) -> Self {
+        let needs_hero_task = actions
+            .iter()
+            .any(|a| a.action_type() == ActionType::CreateHeroTask);
+        Decision {
+            decision_id: decision_entry_id(event),
+            event_id: event.clone(),
+            decided_at,
+            filtered: false,
+            needs_hero_task,
+            actions,
+            rationale: rationale.into(),
+            decider: decider.into(),
+            asks,
+        }
+    }
+
+    /// The deterministic filter's noop: no actions, no decider call.
+    pub fn filtered(event: &EventId, decided_at: Timestamp, rationale: impl Into<String>) -> Self {
+        let mut d = Decision::new(event, decided_at, "filter", vec![], vec![], rationale);
+        d.filtered = true;
+        d
+    }
+
+    /// What a run records when the decider failed, was late, returned actions that do
+    /// not validate, or reused an action key: one urgent Hero task, so a person looks
+    /// at the event and it is never lost.
+    pub fn fallback(
+        load: &LoadId,
+        event: &EventId,
+        kind: &str,
+        decided_at: Timestamp,
+        why: &str,
+    ) -> Self {
+        let action = Action {
+            key: fallback_action_key(load, event),
+            kind: ActionKind::CreateHeroTask {
+                title: format!("Load {load}: the agent could not decide on {kind} {event}"),
+                body: format!("The decision for event {event} fell back to a person: {why}"),
+                urgency: Urgency::Urgent,
+            },
+            ask_id: None,
+            step: None,
+        };
+        Decision::new(event, decided_at, "fallback", vec![action], vec![], why)
+    }
+}

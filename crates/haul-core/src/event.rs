@@ -1,0 +1,496 @@
+//! Inbound events (domain.md, "Inbound event kinds") and their validation.
+//!
+//! An event is `{event_id, kind, ...payload}` on the wire and on the load queue; in the
+//! log it is a record with `entry_id = event_id`, `kind`, and the payload fields.
+//! Parsing is strict: unknown kinds, unknown or missing fields, wrong types and values
+//! outside their range are `BadInput` naming what was wrong.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::action::ActionType;
+use crate::ids::{AskId, EventId, LoadId, TimerId, clip};
+use crate::time::Timestamp;
+
+/// Input that is not of its contract's form. `code` is stable (it goes on the wire as
+/// `error.code`); `message` says what was wrong for a person.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BadInput {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl BadInput {
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        BadInput {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Risk {
+    Low,
+    Medium,
+    High,
+}
+
+impl Risk {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Risk::Low => "low",
+            Risk::Medium => "medium",
+            Risk::High => "high",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeStatus {
+    Delivered,
+    Failed,
+}
+
+impl OutcomeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeStatus::Delivered => "delivered",
+            OutcomeStatus::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LoadUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_phone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_stop: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocationPing {
+    /// When the ping was taken; the edge fills in the receive time when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Timestamp>,
+    pub lat: f64,
+    pub lon: f64,
+    pub risk: Risk,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboundSms {
+    pub from: String,
+    pub body: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerFired {
+    pub timer_id: TimerId,
+    pub ask_id: AskId,
+    pub step: u32,
+    pub fire_at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionOutcome {
+    pub outbox_id: String,
+    pub action_type: ActionType,
+    pub status: OutcomeStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    #[serde(default)]
+    pub hero_channel: bool,
+    #[serde(default)]
+    pub internal: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventBody {
+    LoadUpdate(LoadUpdate),
+    LocationPing(LocationPing),
+    InboundSms(InboundSms),
+    TimerFired(TimerFired),
+    ActionOutcome(ActionOutcome),
+}
+
+/// Every inbound kind, as named on the wire and in the log.
+pub const EVENT_KINDS: [&str; 5] = [
+    "load_update",
+    "location_ping",
+    "inbound_sms",
+    "timer_fired",
+    "action_outcome",
+];
+
+impl EventBody {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::LoadUpdate(_) => "load_update",
+            EventBody::LocationPing(_) => "location_ping",
+            EventBody::InboundSms(_) => "inbound_sms",
+            EventBody::TimerFired(_) => "timer_fired",
+            EventBody::ActionOutcome(_) => "action_outcome",
+        }
+    }
+
+    /// The payload as a JSON object (without `kind` and `event_id`).
+    pub fn payload(&self) -> Value {
+        let v = match self {
+            EventBody::LoadUpdate(p) => serde_json::to_value(p),
+            EventBody::LocationPing(p) => serde_json::to_value(p),
+            EventBody::InboundSms(p) => serde_json::to_value(p),
+            EventBody::TimerFired(p) => serde_json::to_value(p),
+            EventBody::ActionOutcome(p) => serde_json::to_value(p),
+        };
+        v.expect("payload structs always serialize")
+    }
+
+    /// Parses and validates a payload of the given kind.
+    pub fn from_payload(kind: &str, payload: Value) -> Result<Self, BadInput> {
+        fn de<T: DeserializeOwned>(kind: &str, v: Value) -> Result<T, BadInput> {
+            serde_json::from_value(v)
+                .map_err(|e| BadInput::new("bad_payload", format!("{kind} payload: {e}")))
+        }
+        let body = match kind {
+            "load_update" => EventBody::LoadUpdate(de(kind, payload)?),
+            "location_ping" => EventBody::LocationPing(de(kind, payload)?),
+            "inbound_sms" => EventBody::InboundSms(de(kind, payload)?),
+            "timer_fired" => EventBody::TimerFired(de(kind, payload)?),
+            "action_outcome" => EventBody::ActionOutcome(de(kind, payload)?),
+            other => {
+                return Err(BadInput::new(
+                    "unknown_kind",
+                    format!(
+                        "unknown event kind {:?} (expected one of {})",
+                        clip(other),
+                        EVENT_KINDS.join(", ")
+                    ),
+                ));
+            }
+        };
+        body.validate()?;
+        Ok(body)
+    }
+
+    fn validate(&self) -> Result<(), BadInput> {
+        match self {
+            EventBody::LoadUpdate(u) => {
+                if let Some(c) = &u.client {
+                    validate_client(c)?;
+                }
+                if let Some(p) = &u.driver_phone {
+                    validate_phone("driver_phone", p)?;
+                }
+                if let Some(s) = &u.stage {
+                    validate_stage(s)?;
+                }
+                if let Some(n) = &u.next_stop {
+                    validate_text("next_stop", n, 256)?;
+                }
+            }
+            EventBody::LocationPing(p) => {
+                if !p.lat.is_finite() || !(-90.0..=90.0).contains(&p.lat) {
+                    return Err(BadInput::new(
+                        "bad_payload",
+                        format!("location_ping lat {} is outside -90..90", p.lat),
+                    ));
+                }
+                if !p.lon.is_finite() || !(-180.0..=180.0).contains(&p.lon) {
+                    return Err(BadInput::new(
+                        "bad_payload",
+                        format!("location_ping lon {} is outside -180..180", p.lon),
+                    ));
+                }
+            }
+            EventBody::InboundSms(s) => {
+                validate_text("from", &s.from, 32)?;
+                if s.from.is_empty() {
+                    return Err(BadInput::new("bad_payload", "inbound_sms from is empty"));
+                }
+                validate_text("body", &s.body, 1600)?;
+            }
+            EventBody::TimerFired(t) => {
+                let (_, ask, step) = t.timer_id.parts();
+                if ask != t.ask_id || step != t.step {
+                    return Err(BadInput::new(
+                        "bad_payload",
+                        "timer_fired ask_id/step do not match timer_id",
+                    ));
+                }
+            }
+            EventBody::ActionOutcome(o) => {
+                validate_text("outbox_id", &o.outbox_id, crate::ids::MAX_DERIVED_ID_LEN)?;
+                if let Some(r) = &o.receipt {
+                    validate_text("receipt", r, 256)?;
+                }
+                if let Some(f) = &o.failure {
+                    validate_text("failure", f, 2048)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An event that arrives on the load queue: `{event_id, kind, ...payload}` for a load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InboundEvent {
+    pub load_id: LoadId,
+    pub event_id: EventId,
+    pub body: EventBody,
+}
+
+impl InboundEvent {
+    pub fn kind(&self) -> &'static str {
+        self.body.kind()
+    }
+
+    /// `{event_id, kind, ...payload}`: the form on the queue and on the API.
+    pub fn to_json(&self) -> Value {
+        let mut obj = match self.body.payload() {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
+        obj.insert("event_id".into(), Value::String(self.event_id.to_string()));
+        obj.insert("kind".into(), Value::String(self.kind().into()));
+        Value::Object(obj)
+    }
+
+    /// Parses `{event_id, kind, ...payload}` for `load_id`. Accepts derived event ids
+    /// (haul's own pump and dispatcher publish those); edges that take outside input
+    /// use [`InboundEvent::from_outside`].
+    pub fn from_json(load_id: LoadId, v: Value) -> Result<Self, BadInput> {
+        Self::parse(load_id, v, EventId::parse)
+    }
+
+    /// Parses input from outside haul: only the inbound id form, and only the kinds an
+    /// outside source may send (`timer_fired` and `action_outcome` are haul's own).
+    pub fn from_outside(load_id: LoadId, v: Value) -> Result<Self, BadInput> {
+        let ev = Self::parse(load_id, v, EventId::parse_inbound)?;
+        if matches!(
+            ev.body,
+            EventBody::TimerFired(_) | EventBody::ActionOutcome(_)
+        ) {
+            return Err(BadInput::new(
+                "kind_not_accepted",
+                format!("{} events come only from haul itself", ev.kind()),
+            ));
+        }
+        Ok(ev)
+    }
+
+    fn parse(
+        load_id: LoadId,
+        v: Value,
+        parse_id: fn(&str) -> Result<EventId, BadInput>,
+    ) -> Result<Self, BadInput> {
+        let Value::Object(mut obj) = v else {
+            return Err(BadInput::new("bad_json", "an event must be a JSON object"));
+        };
+        let event_id = match obj.remove("event_id") {
+            Some(Value::String(s)) => parse_id(&s)?,
+            Some(_) => return Err(BadInput::new("bad_payload", "event_id must be a string")),
+            None => return Err(BadInput::new("bad_payload", "missing field `event_id`")),
+        };
+        let kind = match obj.remove("kind") {
+            Some(Value::String(s)) => s,
+            Some(_) => return Err(BadInput::new("bad_payload", "kind must be a string")),
+            None => return Err(BadInput::new("bad_payload", "missing field `kind`")),
+        };
+        // `load_id` may be repeated in the body; it must agree with the path.
+        if let Some(l) = obj.remove("load_id") {
+            if l.as_str() != Some(load_id.as_str()) {
+                return Err(BadInput::new(
+                    "bad_payload",
+                    "load_id in the body differs from the load",
+                ));
+            }
+        }
+        let body = EventBody::from_payload(&kind, Value::Object(obj))?;
+        Ok(InboundEvent {
+            load_id,
+            event_id,
+            body,
+        })
+    }
+}
+
+impl fmt::Display for InboundEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} ({})", self.load_id, self.event_id, self.kind())
+    }
+}
+
+pub fn validate_client(c: &str) -> Result<(), BadInput> {
+    if c.is_empty()
+        || c.len() > 64
+        || !c
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(BadInput::new(
+            "bad_payload",
+            format!(
+                "client {:?} is not of the form [A-Za-z0-9_-]{{1,64}}",
+                clip(c)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// E.164: `+` then 7 to 15 digits, the first not 0.
+pub fn validate_phone(field: &str, p: &str) -> Result<(), BadInput> {
+    let digits = p.strip_prefix('+').unwrap_or("");
+    let ok = (7..=15).contains(&digits.len())
+        && digits.chars().all(|c| c.is_ascii_digit())
+        && !digits.starts_with('0');
+    if !ok {
+        return Err(BadInput::new(
+            "bad_payload",
+            format!("{field} is not an E.164 phone number (+ and 7 to 15 digits)"),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_stage(s: &str) -> Result<(), BadInput> {
+    if s.is_empty() || s.len() > 32 || !s.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        return Err(BadInput::new(
+            "bad_payload",
+            format!("stage {:?} is not of the form [a-z_]{{1,32}}", clip(s)),
+        ));
+    }
+    Ok(())
+}
+
+/// Free text: bounded, no NUL or other control characters but newline and tab.
+fn validate_text(field: &str, s: &str, max_chars: usize) -> Result<(), BadInput> {
+    if s.chars().count() > max_chars {
+        return Err(BadInput::new(
+            "bad_payload",
+            format!("{field} is longer than {max_chars} characters"),
+        ));
+    }
+    if s.chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r')
+    {
+        return Err(BadInput::new(
+            "bad_payload",
+            format!("{field} contains a control character"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(input: Value, expected: Result<&str, &str>) {
+        let load = LoadId::parse("481207").unwrap();
+        match (InboundEvent::from_outside(load, input.clone()), expected) {
+            (Ok(ev), Ok(kind)) => {
+                assert_eq!(ev.kind(), kind);
+                // the wire form round-trips
+                let again = InboundEvent::from_json(ev.load_id.clone(), ev.to_json()).unwrap();
+                assert_eq!(again, ev);
+            }
+            (Err(e), Err(code)) => assert_eq!(e.code, code, "{input}: {e}"),
+            (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn outside_events() {
+        check(
+            json!({"event_id":"p1","kind":"location_ping","lat":41.8,"lon":-87.6,"risk":"high"}),
+            Ok("location_ping"),
+        );
+        check(
+            json!({"event_id":"p1","kind":"location_ping","lat":91,"lon":0,"risk":"high"}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"p1","kind":"location_ping","lat":"x","lon":0,"risk":"high"}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0,"risk":"extreme"}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0,"risk":"low","extra":1}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"u1","kind":"load_update","client":"client_a","driver_phone":"+15555550100","stage":"in_transit"}),
+            Ok("load_update"),
+        );
+        check(
+            json!({"event_id":"u1","kind":"load_update","driver_phone":"5555550100"}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"ETA 9:15"}),
+            Ok("inbound_sms"),
+        );
+        check(
+            json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"a\u{0}b"}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"x".repeat(1601)}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"'; DROP TABLE events; --"}),
+            Ok("inbound_sms"),
+        );
+        check(
+            json!({"event_id":"x","kind":"teleport"}),
+            Err("unknown_kind"),
+        );
+        check(
+            json!({"event_id":"evt:tmr:x","kind":"inbound_sms","from":"+1","body":""}),
+            Err("reserved_event_id"),
+        );
+        check(
+            json!({"event_id":"a b","kind":"inbound_sms","from":"+1","body":""}),
+            Err("bad_event_id"),
+        );
+        check(
+            json!({"kind":"inbound_sms","from":"+1","body":""}),
+            Err("bad_payload"),
+        );
+        check(
+            json!({"event_id":"t","kind":"timer_fired","timer_id":"tmr:481207:ask:eta_request:p:1","ask_id":"ask:eta_request:p","step":1,"fire_at":"2026-03-02T07:30:00Z"}),
+            Err("kind_not_accepted"),
+        );
+        check(json!([1, 2]), Err("bad_json"));
+    }
+}

@@ -1,0 +1,188 @@
+//! `project(records) -> LoadState`: load state as a pure fold of the log.
+//!
+//! The fold is total: a record it cannot read (a corrupt row, a kind from a newer
+//! version) is counted in `unreadable` and skipped, never a panic, so one bad row
+//! cannot poison a load. `LoadState::apply` is the fold's step, which is what lets a
+//! cached snapshot plus the records after it equal the full fold.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::decision::{DECISION_RECORDED, Decision};
+use crate::event::{EventBody, OutcomeStatus, TimerFired};
+use crate::ids::{AskId, EventId};
+use crate::time::Timestamp;
+
+/// One log record: `{seq, entry_id, kind, payload, recorded_at}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub seq: u64,
+    pub entry_id: String,
+    pub kind: String,
+    pub payload: Value,
+    pub recorded_at: Timestamp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AskStatus {
+    Open,
+    Answered,
+    Escalated,
+    Closed,
+}
+
+impl AskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AskStatus::Open => "open",
+            AskStatus::Answered => "answered",
+            AskStatus::Escalated => "escalated",
+            AskStatus::Closed => "closed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenAsk {
+    pub ask_id: AskId,
+    pub kind: String,
+    pub step: u32,
+    pub opened_at: Timestamp,
+    /// `decided_at` of the decision that took the current step: the timer anchor.
+    pub step_decided_at: Timestamp,
+    pub status: AskStatus,
+}
+
+impl OpenAsk {
+    /// True only when the ask is open and the timer is for its current step. A timer
+    /// for a resolved ask, or for a step already passed, is a noop (ADR 0003).
+    pub fn is_timer_current(&self, timer: &TimerFired) -> bool {
+        self.status == AskStatus::Open && timer.ask_id == self.ask_id && timer.step == self.step
+    }
+}
+
+/// The latest outcome recorded for one action key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutcomeSeen {
+    pub status: OutcomeStatus,
+    pub event_id: String,
+    pub at: Timestamp,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadState {
+    /// `seq` of the last record folded in; 0 for an empty log.
+    pub version: u64,
+    pub client: Option<String>,
+    pub driver_phone: Option<String>,
+    pub stage: Option<String>,
+    pub next_stop: Option<String>,
+    pub asks: BTreeMap<AskId, OpenAsk>,
+    /// Latest outcome per action key (outbox id).
+    pub outcomes: BTreeMap<String, OutcomeSeen>,
+    /// Inbound event ids in the log.
+    pub processed: BTreeSet<EventId>,
+    /// Event ids that have their `decision_recorded`.
+    pub decided: BTreeSet<EventId>,
+    /// Records the fold could not read.
+    pub unreadable: u64,
+    pub last_recorded_at: Option<Timestamp>,
+}
+
+pub const STAGE_DELIVERED: &str = "delivered";
+
+impl LoadState {
+    pub fn is_delivered(&self) -> bool {
+        self.stage.as_deref() == Some(STAGE_DELIVERED)
+    }
+
+    pub fn open_asks(&self) -> impl Iterator<Item = &OpenAsk> {
+        self.asks.values().filter(|a| a.status == AskStatus::Open)
+    }
+
+    pub fn open_ask_of_kind(&self, kind: &str) -> Option<&OpenAsk> {
+        self.open_asks().find(|a| a.kind == kind)
+    }
+
+    /// Folds one record in. Records must come in `seq` order.
+    pub fn apply(&mut self, r: &Record) {
+        self.version = r.seq;
+        self.last_recorded_at = Some(r.recorded_at);
+        if r.kind == DECISION_RECORDED {
+            match serde_json::from_value::<Decision>(r.payload.clone()) {
+                Ok(d) => self.apply_decision(&d),
+                Err(_) => self.unreadable += 1,
+            }
+            return;
+        }
+        let (Ok(event_id), Ok(body)) = (
+            EventId::parse(&r.entry_id),
+            EventBody::from_payload(&r.kind, r.payload.clone()),
+        ) else {
+            self.unreadable += 1;
+            return;
+        };
+        self.processed.insert(event_id.clone());
+        match body {
+            EventBody::LoadUpdate(u) => {
+                let replace = |old: &mut Option<String>, new: Option<String>| {
+                    if new.is_some() {
+                        *old = new;
+                    }
+                };
+                replace(&mut self.client, u.client);
+                replace(&mut self.driver_phone, u.driver_phone);
+                replace(&mut self.stage, u.stage);
+                replace(&mut self.next_stop, u.next_stop);
+            }
+            EventBody::ActionOutcome(o) => {
+                let seen = OutcomeSeen {
+                    status: o.status,
+                    event_id: event_id.to_string(),
+                    at: r.recorded_at,
+                };
+                // A delivered outcome proves the effect happened; a later failed one
+                // (a second dispatcher's late attempt) does not undo that.
+                let keep_delivered = matches!(self.outcomes.get(&o.outbox_id), Some(s) if s.status == OutcomeStatus::Delivered);
+                if !keep_delivered {
+                    self.outcomes.insert(o.outbox_id, seen);
+                }
+            }
+            EventBody::LocationPing(_) | EventBody::InboundSms(_) | EventBody::TimerFired(_) => {}
+        }
+    }
+
+    fn apply_decision(&mut self, d: &Decision) {
+        self.decided.insert(d.event_id.clone());
+        for change in &d.asks {
+            let ask = self
+                .asks
+                .entry(change.ask_id.clone())
+                .or_insert_with(|| OpenAsk {
+                    ask_id: change.ask_id.clone(),
+                    kind: change.ask_id.kind().to_owned(),
+                    step: change.step,
+                    opened_at: d.decided_at,
+                    step_decided_at: d.decided_at,
+                    status: change.status,
+                });
+            if ask.step != change.step {
+                ask.step = change.step;
+                ask.step_decided_at = d.decided_at;
+            }
+            ask.status = change.status;
+        }
+    }
+}
+
+/// The state of a load: the fold of its log from the empty state.
+pub fn project(records: &[Record]) -> LoadState {
+    let mut state = LoadState::default();
+    for r in records {
+        state.apply(r);
+    }
+    state
+}

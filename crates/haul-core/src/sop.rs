@@ -1,0 +1,348 @@
+//! The reference decider: the SOP of domain.md (`decider = "sop"`).
+//!
+//! A pure function of the client policies, the projected state (before the event),
+//! the event and `now`. The runtime wraps it in the `Decider` trait.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, ActionKind, ActionType, Urgency};
+use crate::decision::{AskChange, Decision};
+use crate::event::{EventBody, InboundEvent, OutcomeStatus, Risk};
+use crate::ids::{AskId, LoadId, TimerId, ask_action_key, event_action_key};
+use crate::projection::{AskStatus, LoadState, OpenAsk};
+use crate::time::{Timestamp, add};
+
+pub const ETA_REQUEST: &str = "eta_request";
+
+/// `clients.{name}.eta_request`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtaPolicy {
+    pub retry_after: Duration,
+    pub max_attempts: u32,
+    pub trigger_risk: Risk,
+}
+
+impl Default for EtaPolicy {
+    fn default() -> Self {
+        EtaPolicy {
+            retry_after: Duration::from_secs(30 * 60),
+            max_attempts: 3,
+            trigger_risk: Risk::High,
+        }
+    }
+}
+
+/// Policies per client; a load whose client has none (or no client) gets `default`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Policies {
+    pub default: EtaPolicy,
+    pub clients: BTreeMap<String, EtaPolicy>,
+}
+
+impl Policies {
+    pub fn for_client(&self, client: Option<&str>) -> EtaPolicy {
+        client
+            .and_then(|c| self.clients.get(c))
+            .copied()
+            .unwrap_or(self.default)
+    }
+}
+
+const TROUBLE: [&str; 12] = [
+    "breakdown",
+    "broke down",
+    "accident",
+    "crash",
+    "flat tire",
+    "stuck",
+    "delay",
+    "delayed",
+    "late",
+    "cannot make it",
+    "can't make it",
+    "won't make it",
+];
+
+/// Rule 4's trouble words, case-insensitively, anywhere in the text. Curly apostrophes
+/// (phones type them) count as straight ones.
+pub fn reports_trouble(text: &str) -> bool {
+    let t = text.to_lowercase().replace(['\u{2019}', '\u{2018}'], "'");
+    TROUBLE.iter().any(|w| t.contains(w))
+}
+
+pub fn decide(
+    policies: &Policies,
+    load: &LoadId,
+    state: &LoadState,
+    event: &InboundEvent,
+    now: Timestamp,
+) -> Decision {
+    let policy = policies.for_client(state.client.as_deref());
+    let mut d = Sop {
+        load,
+        state,
+        event,
+        now,
+        policy,
+        actions: vec![],
+        asks: vec![],
+    };
+    let rationale = d.rules();
+    Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale)
+}
+
+struct Sop<'a> {
+    load: &'a LoadId,
+    state: &'a LoadState,
+    event: &'a InboundEvent,
+    now: Timestamp,
+    policy: EtaPolicy,
+    actions: Vec<Action>,
+    asks: Vec<AskChange>,
+}
+
+impl Sop<'_> {
+    fn rules(&mut self) -> String {
+        let state = self.state;
+        match &self.event.body {
+            // Rule 1.
+            EventBody::LocationPing(p)
+                if p.risk >= self.policy.trigger_risk && !state.is_delivered() =>
+            {
+                if let Some(ask) = state.open_ask_of_kind(ETA_REQUEST) {
+                    return format!(
+                        "risk {} but {} is already open",
+                        p.risk.as_str(),
+                        ask.ask_id
+                    );
+                }
+                let Some(phone) = state.driver_phone.clone() else {
+                    self.event_task(
+                        "No driver phone to ask for an ETA",
+                        format!("Load {} is at {} risk of arriving late and has no driver phone on record.", self.load, p.risk.as_str()),
+                        Urgency::Urgent,
+                    );
+                    return "risk high but no driver phone: a person must call".into();
+                };
+                let ask = match AskId::new(ETA_REQUEST, &self.event.event_id) {
+                    Ok(a) => a,
+                    Err(e) => return format!("cannot open an ask: {e}"),
+                };
+                self.take_step(&ask, 1, &phone);
+                format!(
+                    "risk {}: ask the driver for an ETA (step 1 of {})",
+                    p.risk.as_str(),
+                    self.policy.max_attempts
+                )
+            }
+            EventBody::TimerFired(t) => {
+                let Some(ask) = state.asks.get(&t.ask_id).filter(|a| a.is_timer_current(t)) else {
+                    return format!("timer {} is not current", t.timer_id);
+                };
+                match state.driver_phone.clone() {
+                    // Rule 2.
+                    Some(phone) if ask.step < self.policy.max_attempts => {
+                        let step = ask.step + 1;
+                        self.take_step(&ask.ask_id, step, &phone);
+                        format!(
+                            "no answer to {}: ask again (step {step} of {})",
+                            ask.ask_id, self.policy.max_attempts
+                        )
+                    }
+                    // Rule 3 (and a lost phone number, which also needs a person).
+                    _ => {
+                        self.escalate(ask);
+                        format!(
+                            "no answer after {} attempts: escalate to a person",
+                            ask.step
+                        )
+                    }
+                }
+            }
+            EventBody::InboundSms(sms) => {
+                let from_driver = state.driver_phone.as_deref() == Some(sms.from.as_str());
+                let open: Vec<&OpenAsk> = state.open_asks().collect();
+                if from_driver && !open.is_empty() {
+                    // Rule 4.
+                    for ask in &open {
+                        self.asks.push(AskChange {
+                            ask_id: ask.ask_id.clone(),
+                            step: ask.step,
+                            status: AskStatus::Answered,
+                        });
+                        self.cancel_timer(ask);
+                    }
+                    if reports_trouble(&sms.body) {
+                        self.event_task(
+                            "Driver reports trouble",
+                            format!("The driver of load {} wrote: {}", self.load, sms.body),
+                            Urgency::Urgent,
+                        );
+                        return "the driver answered and reports trouble".into();
+                    }
+                    return "the driver answered".into();
+                }
+                // Rule 5.
+                let who = if from_driver {
+                    "the driver"
+                } else {
+                    "a number that is not the driver's"
+                };
+                self.event_task(
+                    "SMS needs a reply",
+                    format!(
+                        "Load {}: SMS from {who} with no ask open: {}",
+                        self.load, sms.body
+                    ),
+                    Urgency::Normal,
+                );
+                format!("SMS from {who} with no ask open: a person reads it")
+            }
+            // Rule 6.
+            EventBody::ActionOutcome(o)
+                if o.status == OutcomeStatus::Failed && !o.hero_channel && !o.internal =>
+            {
+                let what = if o.action_type == ActionType::SendSms {
+                    "SMS to driver failed, call them"
+                } else {
+                    "an action failed"
+                };
+                self.event_task(
+                    what,
+                    format!(
+                        "Load {}: {} {} failed: {}",
+                        self.load,
+                        o.action_type,
+                        o.outbox_id,
+                        o.failure.as_deref().unwrap_or("unknown failure")
+                    ),
+                    Urgency::Urgent,
+                );
+                format!("{} failed: a person follows up", o.outbox_id)
+            }
+            // Rule 7.
+            EventBody::LoadUpdate(u)
+                if u.stage.as_deref() == Some(crate::projection::STAGE_DELIVERED) =>
+            {
+                let open: Vec<&OpenAsk> = state.open_asks().collect();
+                for ask in &open {
+                    self.asks.push(AskChange {
+                        ask_id: ask.ask_id.clone(),
+                        step: ask.step,
+                        status: AskStatus::Closed,
+                    });
+                    self.cancel_timer(ask);
+                }
+                format!("delivered: {} open ask(s) closed", open.len())
+            }
+            // Rule 8.
+            _ => "nothing to do".into(),
+        }
+    }
+
+    fn take_step(&mut self, ask: &AskId, step: u32, phone: &str) {
+        let body = if step == 1 {
+            format!(
+                "Hi, this is dispatch for load {}. What is your ETA{}? Please reply with a time.",
+                self.load,
+                self.next_stop()
+            )
+        } else {
+            format!(
+                "Following up on load {} (attempt {step} of {}): what is your ETA{}?",
+                self.load,
+                self.policy.max_attempts,
+                self.next_stop()
+            )
+        };
+        let timer_id = TimerId::new(self.load, ask, step);
+        self.push(
+            ask,
+            step,
+            ActionKind::SendSms {
+                to: phone.to_owned(),
+                body,
+            },
+        );
+        self.push(
+            ask,
+            step,
+            ActionKind::SetTimer {
+                timer_id,
+                fire_at: add(self.now, self.policy.retry_after),
+                ask_id: ask.clone(),
+                step,
+            },
+        );
+        self.asks.push(AskChange {
+            ask_id: ask.clone(),
+            step,
+            status: AskStatus::Open,
+        });
+    }
+
+    fn escalate(&mut self, ask: &OpenAsk) {
+        let step = ask.step + 1;
+        self.push(
+            &ask.ask_id,
+            step,
+            ActionKind::CreateHeroTask {
+                title: format!("Driver not answering on load {}", self.load),
+                body: format!(
+                    "The driver has not answered {} ETA request(s) for load {}: call them.",
+                    ask.step, self.load
+                ),
+                urgency: Urgency::Urgent,
+            },
+        );
+        self.asks.push(AskChange {
+            ask_id: ask.ask_id.clone(),
+            step,
+            status: AskStatus::Escalated,
+        });
+    }
+
+    fn cancel_timer(&mut self, ask: &OpenAsk) {
+        let timer_id = TimerId::new(self.load, &ask.ask_id, ask.step);
+        self.push(&ask.ask_id, ask.step, ActionKind::CancelTimer { timer_id });
+    }
+
+    fn push(&mut self, ask: &AskId, step: u32, kind: ActionKind) {
+        let key = ask_action_key(self.load, ask, step, kind.action_type().as_str());
+        self.actions.push(Action {
+            key,
+            kind,
+            ask_id: Some(ask.clone()),
+            step: Some(step),
+        });
+    }
+
+    fn event_task(&mut self, title: &str, body: String, urgency: Urgency) {
+        let key = event_action_key(
+            self.load,
+            &self.event.event_id,
+            ActionType::CreateHeroTask.as_str(),
+        );
+        self.actions.push(Action {
+            key,
+            kind: ActionKind::CreateHeroTask {
+                title: format!("Load {}: {title}", self.load),
+                body,
+                urgency,
+            },
+            ask_id: None,
+            step: None,
+        });
+    }
+
+    fn next_stop(&self) -> String {
+        self.state
+            .next_stop
+            .as_deref()
+            .map(|s| format!(" to {s}"))
+            .unwrap_or_default()
+    }
+}

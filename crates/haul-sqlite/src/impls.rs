@@ -1,0 +1,762 @@
+//! The storage contracts on SQLite. Every method is one unit on the writer thread.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use haul_core::action::ActionType;
+use haul_core::ids::{LoadId, TimerId};
+use haul_core::projection::Record;
+use haul_core::time::{Timestamp, add, from_ms, to_ms};
+use haul_store::{
+    AppendError, Claim, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError,
+    DuplicateEntryError, EventStore, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow,
+    Outbox, OutboxRow, OutboxStatus, Published, QueueError, QueueMessage, StaleClaimError,
+    StoreError, Timer, TimerStatus, TimerStore,
+};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::{SqliteStore, db};
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn opt_ts(v: Option<i64>) -> Option<Timestamp> {
+    v.map(from_ms)
+}
+
+fn corrupt(what: &str, v: &str) -> StoreError {
+    StoreError::new(format!("corrupt row: {what} {v:?}"))
+}
+
+const OUTBOX_COLS: &str = "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
+     lease_until, last_failure, receipt, created_at, updated_at";
+
+fn outbox_row(r: &Row<'_>) -> rusqlite::Result<Result<OutboxRow, StoreError>> {
+    let load_id: String = r.get(1)?;
+    let action_type: String = r.get(2)?;
+    let action: String = r.get(3)?;
+    let status: String = r.get(4)?;
+    let (id, attempts, due_at, first_attempt_at) = (r.get(0)?, r.get(5)?, r.get(6)?, r.get(7)?);
+    let (claim_token, lease_until, last_failure, receipt) =
+        (r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?);
+    let (created_at, updated_at) = (r.get(12)?, r.get(13)?);
+    Ok((|| {
+        Ok(OutboxRow {
+            id,
+            load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+            action_type: ActionType::parse(&action_type)
+                .ok_or_else(|| corrupt("action_type", &action_type))?,
+            action: serde_json::from_str(&action).map_err(|_| corrupt("action", &action))?,
+            status: OutboxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
+            attempts,
+            due_at: from_ms(due_at),
+            first_attempt_at: opt_ts(first_attempt_at),
+            claim_token,
+            lease_until: opt_ts(lease_until),
+            last_failure,
+            receipt,
+            created_at: from_ms(created_at),
+            updated_at: from_ms(updated_at),
+        })
+    })())
+}
+
+fn outbox_rows(
+    conn: &Connection,
+    sql: &str,
+    p: impl rusqlite::Params,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(db)?;
+    let rows = stmt.query_map(p, outbox_row).map_err(db)?;
+    rows.map(|r| r.map_err(db).and_then(|x| x)).collect()
+}
+
+const TIMER_COLS: &str = "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at";
+
+fn timer_row(r: &Row<'_>) -> rusqlite::Result<Result<Timer, StoreError>> {
+    let timer_id: String = r.get(0)?;
+    let load_id: String = r.get(1)?;
+    let status: String = r.get(3)?;
+    let fire_at: i64 = r.get(2)?;
+    let created_at: i64 = r.get(4)?;
+    let canceled_at: Option<i64> = r.get(5)?;
+    let fired_at: Option<i64> = r.get(6)?;
+    Ok((|| {
+        Ok(Timer {
+            timer_id: TimerId::parse(&timer_id).map_err(|_| corrupt("timer_id", &timer_id))?,
+            load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+            fire_at: from_ms(fire_at),
+            status: TimerStatus::parse(&status).ok_or_else(|| corrupt("timer status", &status))?,
+            created_at: from_ms(created_at),
+            canceled_at: opt_ts(canceled_at),
+            fired_at: opt_ts(fired_at),
+        })
+    })())
+}
+
+fn timer_rows(
+    conn: &Connection,
+    sql: &str,
+    p: impl rusqlite::Params,
+) -> Result<Vec<Timer>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(db)?;
+    let rows = stmt.query_map(p, timer_row).map_err(db)?;
+    rows.map(|r| r.map_err(db).and_then(|x| x)).collect()
+}
+
+fn version(conn: &Connection, load_id: &str) -> Result<u64, StoreError> {
+    let v: Option<i64> = conn
+        .query_row(
+            "SELECT version FROM loads WHERE load_id = ?1",
+            [load_id],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(db)?;
+    Ok(v.unwrap_or(0) as u64)
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn read(&self, load_id: &LoadId) -> Result<(Vec<Record>, u64), StoreError> {
+        let load_id = load_id.to_string();
+        self.writer
+            .run(move |conn: &Connection| {
+                let mut stmt = conn
+                    .prepare_cached("SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = ?1 ORDER BY seq")
+                    .map_err(db)?;
+                let rows = stmt
+                    .query_map([&load_id], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get::<_, i64>(4)?))
+                    })
+                    .map_err(db)?;
+                let mut records = Vec::new();
+                for row in rows {
+                    let (seq, entry_id, kind, payload, recorded_at) = row.map_err(db)?;
+                    // An unparseable payload is kept as a string: the projection
+                    // counts it as unreadable instead of the read failing.
+                    let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload));
+                    records.push(Record { seq: seq as u64, entry_id, kind, payload, recorded_at: from_ms(recorded_at) });
+                }
+                let version = records.last().map_or(0, |r| r.seq);
+                Ok((records, version))
+            })
+            .await
+    }
+
+    async fn append(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        now: Timestamp,
+    ) -> Result<u64, AppendError> {
+        let load_id = load_id.to_string();
+        self.writer
+            .run(move |conn: &Connection| -> Result<u64, AppendError> {
+                let now = to_ms(now);
+                // 1. The version.
+                let actual = version(conn, &load_id)?;
+                if actual != expected_version {
+                    return Err(ConcurrencyConflictError { load_id, expected: expected_version, actual }.into());
+                }
+                // 2. The entry ids, in the log and within this call.
+                let mut seen = BTreeSet::new();
+                for e in &entries {
+                    let exists: bool = conn
+                        .prepare_cached("SELECT EXISTS (SELECT 1 FROM events WHERE load_id = ?1 AND entry_id = ?2)")
+                        .and_then(|mut s| s.query_row(params![load_id, e.entry_id], |r| r.get(0)))
+                        .map_err(db)?;
+                    if exists || !seen.insert(e.entry_id.as_str()) {
+                        return Err(DuplicateEntryError { load_id, entry_id: e.entry_id.clone() }.into());
+                    }
+                }
+                // 3. The outbox keys.
+                let mut seen = BTreeSet::new();
+                for o in &outbox {
+                    let exists: bool = conn
+                        .prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox WHERE id = ?1)")
+                        .and_then(|mut s| s.query_row([&o.id], |r| r.get(0)))
+                        .map_err(db)?;
+                    if exists || !seen.insert(o.id.as_str()) {
+                        return Err(DuplicateActionKeyError { key: o.id.clone() }.into());
+                    }
+                }
+                let new_version = expected_version + entries.len() as u64;
+                conn.prepare_cached(
+                    "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES (?1, ?2, ?3, ?3)
+                     ON CONFLICT (load_id) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at",
+                )
+                .and_then(|mut s| s.execute(params![load_id, new_version as i64, now]))
+                .map_err(db)?;
+                let mut ins = conn
+                    .prepare_cached(
+                        "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    )
+                    .map_err(db)?;
+                for (i, e) in entries.iter().enumerate() {
+                    let seq = (expected_version + 1 + i as u64) as i64;
+                    ins.execute(params![load_id, seq, e.entry_id, e.kind, e.payload.to_string(), now]).map_err(db)?;
+                }
+                let mut ins = conn
+                    .prepare_cached(
+                        "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at)
+                         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5, ?5)",
+                    )
+                    .map_err(db)?;
+                for o in &outbox {
+                    ins.execute(params![o.id, load_id, o.action_type.as_str(), o.action.to_string(), now]).map_err(db)?;
+                }
+                Ok(new_version)
+            })
+            .await
+    }
+
+    async fn load_ids(
+        &self,
+        after: Option<&LoadId>,
+        limit: usize,
+    ) -> Result<Vec<LoadId>, StoreError> {
+        let after = after.map(|a| a.to_string()).unwrap_or_default();
+        self.writer
+            .run(move |conn: &Connection| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT ?2",
+                    )
+                    .map_err(db)?;
+                let rows = stmt
+                    .query_map(params![after, limit as i64], |r| r.get::<_, String>(0))
+                    .map_err(db)?;
+                rows.map(|r| {
+                    let s = r.map_err(db)?;
+                    LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
+                })
+                .collect()
+            })
+            .await
+    }
+}
+
+/// Ok when `token` is the row's live-or-lapsed claim on a pending row.
+fn owns(conn: &Connection, id: &str, token: &str) -> Result<Option<i64>, ClaimError> {
+    let lease: Option<Option<i64>> = conn
+        .prepare_cached("SELECT lease_until FROM outbox WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'")
+        .and_then(|mut s| s.query_row(params![id, token], |r| r.get(0)).optional())
+        .map_err(db)?;
+    match lease {
+        Some(l) => Ok(l),
+        None => Err(StaleClaimError {
+            outbox_id: id.to_owned(),
+        }
+        .into()),
+    }
+}
+
+#[async_trait]
+impl Outbox for SqliteStore {
+    async fn pending(
+        &self,
+        limit: usize,
+        now: Timestamp,
+        lease: Duration,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let token = self.token();
+        let (now, lease_until) = (to_ms(now), to_ms(add(now, lease)));
+        self.writer
+            .run(move |conn: &Connection| {
+                let sql = format!(
+                    "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
+                     WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
+                                  AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT ?4)
+                     RETURNING {OUTBOX_COLS}"
+                );
+                let mut rows = outbox_rows(conn, &sql, params![token, lease_until, now, limit as i64])?;
+                rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
+                Ok(rows.into_iter().map(|row| Claim { row, token: token.clone() }).collect())
+            })
+            .await
+    }
+
+    async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
+        let (id, token, now) = (id.to_owned(), token.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| match owns(conn, &id, &token)? {
+                Some(until) if until > now => Ok(()),
+                _ => Err(StaleClaimError { outbox_id: id }.into()),
+            })
+            .await
+    }
+
+    async fn mark_dispatched(
+        &self,
+        id: &str,
+        token: &str,
+        receipt: &str,
+        now: Timestamp,
+    ) -> Result<(), ClaimError> {
+        let (id, token, receipt, now) = (
+            id.to_owned(),
+            token.to_owned(),
+            receipt.to_owned(),
+            to_ms(now),
+        );
+        self.writer
+            .run(move |conn: &Connection| {
+                owns(conn, &id, &token)?;
+                conn.execute(
+                    "UPDATE outbox SET status = 'dispatched', receipt = ?2, updated_at = ?3, lease_until = NULL WHERE id = ?1",
+                    params![id, receipt, now],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn mark_failed(
+        &self,
+        id: &str,
+        token: &str,
+        failure: &str,
+        retry_at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<(), ClaimError> {
+        let (id, token, failure, now) = (
+            id.to_owned(),
+            token.to_owned(),
+            failure.to_owned(),
+            to_ms(now),
+        );
+        let retry_at = retry_at.map(to_ms);
+        self.writer
+            .run(move |conn: &Connection| {
+                owns(conn, &id, &token)?;
+                match retry_at {
+                    Some(at) => conn.execute(
+                        "UPDATE outbox SET attempts = attempts + 1, last_failure = ?2, due_at = ?3, claim_token = NULL,
+                         lease_until = NULL, updated_at = ?4 WHERE id = ?1",
+                        params![id, failure, at, now],
+                    ),
+                    None => conn.execute(
+                        "UPDATE outbox SET attempts = attempts + 1, last_failure = ?2, status = 'dead', dead_at = ?3,
+                         lease_until = NULL, updated_at = ?3 WHERE id = ?1",
+                        params![id, failure, now],
+                    ),
+                }
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError> {
+        let id = id.to_owned();
+        self.writer
+            .run(move |conn: &Connection| {
+                Ok(outbox_rows(
+                    conn,
+                    &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?1"),
+                    [&id],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError> {
+        let load_id = load_id.to_string();
+        self.writer
+            .run(move |conn: &Connection| {
+                outbox_rows(conn, &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE load_id = ?1 ORDER BY created_at, id"), [&load_id])
+            })
+            .await
+    }
+
+    async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.writer
+            .run(|conn: &Connection| {
+                let v: Option<i64> = conn
+                    .query_row(
+                        "SELECT min(created_at) FROM outbox WHERE status = 'pending'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(db)?;
+                Ok(opt_ts(v))
+            })
+            .await
+    }
+
+    async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        let since = to_ms(since);
+        self.writer
+            .run(move |conn: &Connection| {
+                outbox_rows(
+                    conn,
+                    &format!(
+                        "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT ?2"
+                    ),
+                    params![since, limit as i64],
+                )
+            })
+            .await
+    }
+
+    async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
+        self.writer
+            .run(move |conn: &Connection| {
+                let n: i64 = conn
+                    .query_row(
+                        "SELECT count(*) FROM outbox WHERE status = ?1",
+                        [status.as_str()],
+                        |r| r.get(0),
+                    )
+                    .map_err(db)?;
+                Ok(n as u64)
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl TimerStore for SqliteStore {
+    async fn schedule(
+        &self,
+        timer_id: &TimerId,
+        fire_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let (load_id, _, _) = timer_id.parts();
+        let (timer_id, load_id, fire_at, now) = (
+            timer_id.to_string(),
+            load_id.to_string(),
+            to_ms(fire_at),
+            to_ms(now),
+        );
+        self.writer
+            .run(move |conn: &Connection| {
+                let n = conn
+                    .execute(
+                        "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at) VALUES (?1, ?2, ?3, 'scheduled', ?4)
+                         ON CONFLICT (timer_id) DO NOTHING",
+                        params![timer_id, load_id, fire_at, now],
+                    )
+                    .map_err(db)?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
+        let (load_id, _, _) = timer_id.parts();
+        let (timer_id, load_id, now) = (timer_id.to_string(), load_id.to_string(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                // A cancel that arrives before its schedule leaves a canceled row behind,
+                // so the late schedule is a noop. Its fire_at is unknown: 0.
+                let inserted = conn
+                    .execute(
+                        "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
+                         VALUES (?1, ?2, 0, 'canceled', ?3, ?3) ON CONFLICT (timer_id) DO NOTHING",
+                        params![timer_id, load_id, now],
+                    )
+                    .map_err(db)?;
+                if inserted == 1 {
+                    return Ok(true);
+                }
+                let n = conn
+                    .execute(
+                        "UPDATE timers SET status = 'canceled', canceled_at = ?2 WHERE timer_id = ?1 AND status = 'scheduled'",
+                        params![timer_id, now],
+                    )
+                    .map_err(db)?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn mark_fired(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
+        let (timer_id, now) = (timer_id.to_string(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let n = conn
+                    .execute(
+                        "UPDATE timers SET status = 'fired', fired_at = ?2 WHERE timer_id = ?1 AND status = 'scheduled'",
+                        params![timer_id, now],
+                    )
+                    .map_err(db)?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError> {
+        let now = to_ms(now);
+        self.writer
+            .run(move |conn: &Connection| {
+                timer_rows(
+                    conn,
+                    &format!(
+                        "SELECT {TIMER_COLS} FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 ORDER BY fire_at, timer_id LIMIT ?2"
+                    ),
+                    params![now, limit as i64],
+                )
+            })
+            .await
+    }
+
+    async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError> {
+        let load_id = load_id.to_string();
+        self.writer
+            .run(move |conn: &Connection| {
+                timer_rows(conn, &format!("SELECT {TIMER_COLS} FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"), [&load_id])
+            })
+            .await
+    }
+
+    async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError> {
+        let timer_id = timer_id.to_string();
+        self.writer
+            .run(move |conn: &Connection| {
+                Ok(timer_rows(
+                    conn,
+                    &format!("SELECT {TIMER_COLS} FROM timers WHERE timer_id = ?1"),
+                    [&timer_id],
+                )?
+                .pop())
+            })
+            .await
+    }
+}
+
+/// A receipt is `{message id}.{token}`: the id finds the row, the token proves it is
+/// the latest receive.
+fn parse_receipt(receipt: &str) -> Option<i64> {
+    receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
+}
+
+/// Moves a load's head to its next unacked message, or drops the head row.
+fn advance_head(conn: &Connection, load_id: &str, now: i64) -> Result<(), StoreError> {
+    let next: Option<i64> = conn
+        .prepare_cached(
+            "SELECT id FROM queue WHERE load_id = ?1 AND acked_at IS NULL ORDER BY id LIMIT 1",
+        )
+        .and_then(|mut s| s.query_row([load_id], |r| r.get(0)).optional())
+        .map_err(db)?;
+    match next {
+        Some(id) => conn
+            .prepare_cached(
+                "UPDATE queue_heads SET message_id = ?2, visible_at = ?3 WHERE load_id = ?1",
+            )
+            .and_then(|mut s| s.execute(params![load_id, id, now])),
+        None => conn
+            .prepare_cached("DELETE FROM queue_heads WHERE load_id = ?1")
+            .and_then(|mut s| s.execute([load_id])),
+    }
+    .map_err(db)?;
+    Ok(())
+}
+
+#[async_trait]
+impl LoadQueue for SqliteStore {
+    async fn publish(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, StoreError> {
+        let (load_id, event_id, body, now) = (
+            load_id.to_string(),
+            event_id.to_owned(),
+            body.to_owned(),
+            to_ms(now),
+        );
+        self.writer
+            .run(move |conn: &Connection| {
+                let id: Option<i64> = conn
+                    .prepare_cached(
+                        "INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id",
+                    )
+                    .and_then(|mut s| s.query_row(params![load_id, event_id, body, now], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                let Some(id) = id else { return Ok(Published::Duplicate) };
+                conn.prepare_cached(
+                    "INSERT INTO queue_heads (load_id, message_id, visible_at) VALUES (?1, ?2, ?3) ON CONFLICT (load_id) DO NOTHING",
+                )
+                .and_then(|mut s| s.execute(params![load_id, id, now]))
+                .map_err(db)?;
+                Ok(Published::New)
+            })
+            .await
+    }
+
+    async fn receive(
+        &self,
+        max: usize,
+        visibility: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<QueueMessage>, StoreError> {
+        let token = self.token();
+        let (now, until) = (to_ms(now), to_ms(now).saturating_add(ms(visibility)));
+        self.writer
+            .run(move |conn: &Connection| {
+                let heads: Vec<(String, i64)> = {
+                    let mut stmt = conn
+                        .prepare_cached(
+                            "SELECT load_id, message_id FROM queue_heads WHERE visible_at <= ?1 ORDER BY visible_at, message_id LIMIT ?2",
+                        )
+                        .map_err(db)?;
+                    let rows = stmt.query_map(params![now, max as i64], |r| Ok((r.get(0)?, r.get(1)?))).map_err(db)?;
+                    rows.collect::<Result<_, _>>().map_err(db)?
+                };
+                let mut out = Vec::with_capacity(heads.len());
+                for (load_id, id) in heads {
+                    conn.prepare_cached("UPDATE queue_heads SET visible_at = ?2 WHERE load_id = ?1")
+                        .and_then(|mut s| s.execute(params![load_id, until]))
+                        .map_err(db)?;
+                    let receipt = format!("{id}.{token}");
+                    let (event_id, body, enqueued_at, receive_count): (String, String, i64, u32) = conn
+                        .prepare_cached(
+                            "UPDATE queue SET receipt = ?2, receive_count = receive_count + 1 WHERE id = ?1
+                             RETURNING event_id, body, enqueued_at, receive_count",
+                        )
+                        .and_then(|mut s| s.query_row(params![id, receipt], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))))
+                        .map_err(db)?;
+                    out.push(QueueMessage {
+                        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                        event_id,
+                        body,
+                        enqueued_at: from_ms(enqueued_at),
+                        receipt,
+                        receive_count,
+                    });
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError> {
+        let (receipt, now) = (receipt.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| -> Result<(), QueueError> {
+                let stale = || QueueError::StaleReceipt(receipt.clone());
+                let id = parse_receipt(&receipt).ok_or_else(stale)?;
+                let load_id: Option<String> = conn
+                    .prepare_cached("UPDATE queue SET acked_at = ?3 WHERE id = ?1 AND receipt = ?2 AND acked_at IS NULL RETURNING load_id")
+                    .and_then(|mut s| s.query_row(params![id, receipt, now], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                let load_id = load_id.ok_or_else(stale)?;
+                advance_head(conn, &load_id, now)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn nack(&self, receipt: &str, delay: Duration, now: Timestamp) -> Result<(), QueueError> {
+        let (receipt, visible_at) = (receipt.to_owned(), to_ms(now).saturating_add(ms(delay)));
+        self.writer
+            .run(move |conn: &Connection| -> Result<(), QueueError> {
+                let stale = || QueueError::StaleReceipt(receipt.clone());
+                let id = parse_receipt(&receipt).ok_or_else(stale)?;
+                let load_id: Option<String> = conn
+                    .prepare_cached("UPDATE queue SET receipt = NULL WHERE id = ?1 AND receipt = ?2 AND acked_at IS NULL RETURNING load_id")
+                    .and_then(|mut s| s.query_row(params![id, receipt], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                let load_id = load_id.ok_or_else(stale)?;
+                conn.prepare_cached("UPDATE queue_heads SET visible_at = ?2 WHERE load_id = ?1")
+                    .and_then(|mut s| s.execute(params![load_id, visible_at]))
+                    .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn depth(&self) -> Result<u64, StoreError> {
+        self.writer
+            .run(|conn: &Connection| {
+                let n: i64 = conn
+                    .query_row(
+                        "SELECT count(*) FROM queue WHERE acked_at IS NULL",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(db)?;
+                Ok(n as u64)
+            })
+            .await
+    }
+}
+
+struct SqliteLease {
+    store: SqliteStore,
+    load_id: String,
+    token: String,
+}
+
+#[async_trait]
+impl LoadLease for SqliteLease {
+    async fn release(self: Box<Self>) -> Result<(), StoreError> {
+        let SqliteLease {
+            store,
+            load_id,
+            token,
+        } = *self;
+        store
+            .writer
+            .run(move |conn: &Connection| {
+                conn.execute(
+                    "DELETE FROM load_leases WHERE load_id = ?1 AND token = ?2",
+                    params![load_id, token],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl LoadLock for SqliteStore {
+    async fn try_lock(
+        &self,
+        load_id: &LoadId,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Box<dyn LoadLease>>, StoreError> {
+        let token = self.token();
+        let (lid, tok, now, until) = (
+            load_id.to_string(),
+            token.clone(),
+            to_ms(now),
+            to_ms(now).saturating_add(ms(ttl)),
+        );
+        let got = self
+            .writer
+            .run(move |conn: &Connection| {
+                let n = conn
+                    .execute(
+                        "INSERT INTO load_leases (load_id, token, expires_at) VALUES (?1, ?2, ?4)
+                         ON CONFLICT (load_id) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
+                         WHERE load_leases.expires_at <= ?3",
+                        params![lid, tok, now, until],
+                    )
+                    .map_err(db)?;
+                Ok::<_, StoreError>(n == 1)
+            })
+            .await?;
+        Ok(got.then(|| {
+            Box::new(SqliteLease {
+                store: self.clone(),
+                load_id: load_id.to_string(),
+                token,
+            }) as Box<dyn LoadLease>
+        }))
+    }
+}

@@ -1,0 +1,402 @@
+//! The storage contracts of ADR 0003, with no backend behind them.
+//!
+//! `EventStore`, `Outbox`, `TimerStore`, `LoadQueue` and `LoadLock` are traits; each
+//! backend (haul-sqlite, haul-postgres, later SQS for the queue) implements them and
+//! proves it by running [`contract`], the one suite written once. Every method takes
+//! `now` from the caller: stores never read a clock, so evals and the simulator drive
+//! them with a fake one.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use haul_core::action::ActionType;
+use haul_core::ids::{LoadId, TimerId};
+use haul_core::projection::Record;
+use haul_core::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub mod contract;
+
+// ---------------------------------------------------------------------------------
+// Errors. Callers branch on these, so each has its own type (the names are ADR 0003's).
+
+/// The store failed (unreachable, IO, a constraint we did not expect). Transient as far
+/// as callers know: the run is left to the queue's redelivery.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("store error: {0}")]
+pub struct StoreError(pub String);
+
+impl StoreError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        StoreError(msg.into())
+    }
+}
+
+/// The log moved on since the run read it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("concurrency conflict on load {load_id}: expected version {expected}, found {actual}")]
+pub struct ConcurrencyConflictError {
+    pub load_id: String,
+    pub expected: u64,
+    pub actual: u64,
+}
+
+/// An entry id is already in the load's log: the event was already processed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("entry {entry_id} is already in the log of load {load_id}")]
+pub struct DuplicateEntryError {
+    pub load_id: String,
+    pub entry_id: String,
+}
+
+/// An outbox key is already taken: a decision bug (ADR 0003); the run falls back.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("action key {key} is already in the outbox")]
+pub struct DuplicateActionKeyError {
+    pub key: String,
+}
+
+/// The claim token is not the row's current one: another dispatcher owns the row.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("stale claim on outbox row {outbox_id}")]
+pub struct StaleClaimError {
+    pub outbox_id: String,
+}
+
+/// What `EventStore::append` can fail with, checked in this order.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    #[error(transparent)]
+    ConcurrencyConflict(#[from] ConcurrencyConflictError),
+    #[error(transparent)]
+    DuplicateEntry(#[from] DuplicateEntryError),
+    #[error(transparent)]
+    DuplicateActionKey(#[from] DuplicateActionKeyError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    #[error(transparent)]
+    Stale(#[from] StaleClaimError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A queue receipt that is no longer the message's current one (its visibility lapsed
+/// and it went to another receiver, or it was acked already).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error("stale receipt {0}")]
+    StaleReceipt(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+// ---------------------------------------------------------------------------------
+// The event log.
+
+/// An entry to append: `seq` and `recorded_at` are the store's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEntry {
+    pub entry_id: String,
+    pub kind: String,
+    pub payload: Value,
+}
+
+/// One outbox row to write with a decision; `id` is the action key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewOutboxRow {
+    pub id: String,
+    pub action_type: ActionType,
+    /// The whole action (`{key, type, ask_id?, step?, params}`).
+    pub action: Value,
+}
+
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// The load's records in `seq` order and its version (last `seq`, 0 when empty).
+    async fn read(&self, load_id: &LoadId) -> Result<(Vec<Record>, u64), StoreError>;
+
+    /// Appends `entries` and writes `outbox` in one transaction, only if the version is
+    /// still `expected_version`. Checks, in order: the version, the entry ids, the
+    /// outbox keys; writes nothing when one fails. Returns the new version.
+    async fn append(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        now: Timestamp,
+    ) -> Result<u64, AppendError>;
+
+    /// Load ids with a log, in id order, after `after`, at most `limit`.
+    async fn load_ids(
+        &self,
+        after: Option<&LoadId>,
+        limit: usize,
+    ) -> Result<Vec<LoadId>, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
+// The outbox.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutboxStatus {
+    Pending,
+    Dispatched,
+    Dead,
+}
+
+impl OutboxStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutboxStatus::Pending => "pending",
+            OutboxStatus::Dispatched => "dispatched",
+            OutboxStatus::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            OutboxStatus::Pending,
+            OutboxStatus::Dispatched,
+            OutboxStatus::Dead,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutboxRow {
+    pub id: String,
+    pub load_id: LoadId,
+    pub action_type: ActionType,
+    pub action: Value,
+    pub status: OutboxStatus,
+    /// Failed attempts so far.
+    pub attempts: u32,
+    /// When the row may next be claimed (commit time, then each `retry_at`).
+    pub due_at: Timestamp,
+    pub first_attempt_at: Option<Timestamp>,
+    pub claim_token: Option<String>,
+    pub lease_until: Option<Timestamp>,
+    pub last_failure: Option<String>,
+    pub receipt: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// A row handed to one dispatcher, with the token that proves the claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claim {
+    pub row: OutboxRow,
+    pub token: String,
+}
+
+#[async_trait]
+pub trait Outbox: Send + Sync {
+    /// Claims up to `limit` due rows (pending, `due_at <= now`, no live lease), each
+    /// with a fresh claim token and a lease until `now + lease`; sets
+    /// `first_attempt_at` on a row's first claim. No row is held by two live claims.
+    async fn pending(
+        &self,
+        limit: usize,
+        now: Timestamp,
+        lease: Duration,
+    ) -> Result<Vec<Claim>, StoreError>;
+
+    /// Ok while `token` is the row's claim and its lease is live at `now`: the check a
+    /// dispatcher makes right before a send.
+    async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError>;
+
+    async fn mark_dispatched(
+        &self,
+        id: &str,
+        token: &str,
+        receipt: &str,
+        now: Timestamp,
+    ) -> Result<(), ClaimError>;
+
+    /// Records a failed attempt: `Some(retry_at)` reschedules the row, `None` buries it.
+    async fn mark_failed(
+        &self,
+        id: &str,
+        token: &str,
+        failure: &str,
+        retry_at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<(), ClaimError>;
+
+    async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError>;
+
+    async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError>;
+
+    /// `created_at` of the oldest pending row: its age is the monitoring figure.
+    async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError>;
+
+    /// Dead rows that died at or after `since`, oldest first, at most `limit`.
+    async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError>;
+
+    async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
+// Durable timers.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerStatus {
+    Scheduled,
+    Fired,
+    Canceled,
+}
+
+impl TimerStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimerStatus::Scheduled => "scheduled",
+            TimerStatus::Fired => "fired",
+            TimerStatus::Canceled => "canceled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            TimerStatus::Scheduled,
+            TimerStatus::Fired,
+            TimerStatus::Canceled,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timer {
+    pub timer_id: TimerId,
+    pub load_id: LoadId,
+    pub fire_at: Timestamp,
+    pub status: TimerStatus,
+    /// When `schedule` (or a `cancel` before any schedule) first wrote the row.
+    pub created_at: Timestamp,
+    pub canceled_at: Option<Timestamp>,
+    pub fired_at: Option<Timestamp>,
+}
+
+#[async_trait]
+pub trait TimerStore: Send + Sync {
+    /// Schedules a timer; idempotent on `timer_id` (a second call changes nothing and
+    /// returns false). A timer canceled before it was scheduled stays canceled.
+    async fn schedule(
+        &self,
+        timer_id: &TimerId,
+        fire_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// Cancels a scheduled timer; idempotent. Returns true when this call canceled it.
+    async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError>;
+
+    /// Marks a fired timer; idempotent. Returns true when this call marked it.
+    async fn mark_fired(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError>;
+
+    /// Scheduled timers with `fire_at <= now`, earliest first, at most `limit`.
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError>;
+
+    async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError>;
+
+    async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
+// The load queue.
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Published {
+    New,
+    /// The event id was already published for this load (the dedup window).
+    Duplicate,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueMessage {
+    pub load_id: LoadId,
+    pub event_id: String,
+    /// The event as JSON (`{event_id, kind, ...payload}`).
+    pub body: String,
+    pub enqueued_at: Timestamp,
+    /// The receipt to ack or nack with; only the latest receive's receipt is good.
+    pub receipt: String,
+    /// 1 on the first delivery.
+    pub receive_count: u32,
+}
+
+#[async_trait]
+pub trait LoadQueue: Send + Sync {
+    /// Enqueues an event for a load, deduplicated by `(load_id, event_id)` for at least
+    /// five minutes (store-backed queues keep it until pruned).
+    async fn publish(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, StoreError>;
+
+    /// Up to `max` messages, FIFO per load, at most one in flight per load: a load's
+    /// next message waits until the one before it is acked. A received message is
+    /// invisible until `now + visibility`, then redelivered unless acked.
+    async fn receive(
+        &self,
+        max: usize,
+        visibility: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<QueueMessage>, StoreError>;
+
+    async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError>;
+
+    /// Gives the message back, visible again at `now + delay` (it stays at its load's
+    /// head, so the load waits too).
+    async fn nack(&self, receipt: &str, delay: Duration, now: Timestamp) -> Result<(), QueueError>;
+
+    /// Messages not yet acked.
+    async fn depth(&self) -> Result<u64, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
+// The optional per-load lease.
+
+/// A held per-load lease; release it when the run ends. Dropping it without release
+/// frees it too, later (connection close or lease expiry).
+#[async_trait]
+pub trait LoadLease: Send + Sync {
+    async fn release(self: Box<Self>) -> Result<(), StoreError>;
+}
+
+#[async_trait]
+pub trait LoadLock: Send + Sync {
+    /// Takes the load's lease if nobody holds it; `None` when another holder does.
+    /// An optimization only (ADR 0003): correctness rests on the version check.
+    async fn try_lock(
+        &self,
+        load_id: &LoadId,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Option<Box<dyn LoadLease>>, StoreError>;
+}
+
+/// Everything one database provides.
+pub trait Store:
+    EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static
+{
+}
+
+impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static> Store
+    for T
+{
+}
