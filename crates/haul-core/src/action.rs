@@ -61,9 +61,7 @@ impl ActionType {
         match self {
             ActionType::SendSms => ChannelClass::External,
             ActionType::CreateHeroTask | ActionType::PostHeroSlack => ChannelClass::HeroChannel,
-            ActionType::SetTimer | ActionType::CancelTimer | ActionType::UpdateStage => {
-                ChannelClass::Internal
-            }
+            ActionType::SetTimer | ActionType::CancelTimer | ActionType::UpdateStage => ChannelClass::Internal,
         }
     }
 }
@@ -92,38 +90,14 @@ impl Urgency {
 
 /// The type and params of an action: `{"type": ..., "params": {...}}` on the wire.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(
-    tag = "type",
-    content = "params",
-    rename_all = "snake_case",
-    deny_unknown_fields
-)]
+#[serde(tag = "type", content = "params", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ActionKind {
-    SendSms {
-        to: String,
-        body: String,
-    },
-    CreateHeroTask {
-        title: String,
-        body: String,
-        urgency: Urgency,
-    },
-    PostHeroSlack {
-        channel: String,
-        text: String,
-    },
-    SetTimer {
-        timer_id: TimerId,
-        fire_at: Timestamp,
-        ask_id: AskId,
-        step: u32,
-    },
-    CancelTimer {
-        timer_id: TimerId,
-    },
-    UpdateStage {
-        stage: String,
-    },
+    SendSms { to: String, body: String },
+    CreateHeroTask { title: String, body: String, urgency: Urgency },
+    PostHeroSlack { channel: String, text: String },
+    SetTimer { timer_id: TimerId, fire_at: Timestamp, ask_id: AskId, step: u32 },
+    CancelTimer { timer_id: TimerId },
+    UpdateStage { stage: String },
 }
 
 impl ActionKind {
@@ -170,10 +144,7 @@ mod tests {
     fn wire_form() {
         let a = Action {
             key: "481207/ask:eta_request:p/1/send_sms".into(),
-            kind: ActionKind::SendSms {
-                to: "+15555550100".into(),
-                body: "ETA?".into(),
-            },
+            kind: ActionKind::SendSms { to: "+15555550100".into(), body: "ETA?".into() },
             ask_id: Some(AskId::parse("ask:eta_request:p").unwrap()),
             step: Some(1),
         };
@@ -184,10 +155,7 @@ mod tests {
                    "params":{"to":"+15555550100","body":"ETA?"},"ask_id":"ask:eta_request:p","step":1})
         );
         assert_eq!(serde_json::from_value::<Action>(v).unwrap(), a);
-        assert!(
-            serde_json::from_value::<Action>(json!({"key":"k","type":"launch","params":{}}))
-                .is_err()
-        );
+        assert!(serde_json::from_value::<Action>(json!({"key":"k","type":"launch","params":{}})).is_err());
     }
 
     #[test]

@@ -22,9 +22,7 @@ pub struct FakeClock {
 
 impl FakeClock {
     pub fn new(start: Timestamp) -> Self {
-        FakeClock {
-            ms: AtomicI64::new(to_ms(start)),
-        }
+        FakeClock { ms: AtomicI64::new(to_ms(start)) }
     }
 
     pub fn set(&self, t: Timestamp) {

@@ -46,9 +46,7 @@ impl Decision {
         asks: Vec<AskChange>,
         rationale: impl Into<String>,
     ) -> Self {
-        let needs_hero_task = actions
-            .iter()
-            .any(|a| a.action_type() == ActionType::CreateHeroTask);
+        let needs_hero_task = actions.iter().any(|a| a.action_type() == ActionType::CreateHeroTask);
         Decision {
             decision_id: decision_entry_id(event),
             event_id: event.clone(),
@@ -72,13 +70,7 @@ impl Decision {
     /// What a run records when the decider failed, was late, returned actions that do
     /// not validate, or reused an action key: one urgent Hero task, so a person looks
     /// at the event and it is never lost.
-    pub fn fallback(
-        load: &LoadId,
-        event: &EventId,
-        kind: &str,
-        decided_at: Timestamp,
-        why: &str,
-    ) -> Self {
+    pub fn fallback(load: &LoadId, event: &EventId, kind: &str, decided_at: Timestamp, why: &str) -> Self {
         let action = Action {
             key: fallback_action_key(load, event),
             kind: ActionKind::CreateHeroTask {

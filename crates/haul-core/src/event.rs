@@ -26,10 +26,7 @@ pub struct BadInput {
 
 impl BadInput {
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        BadInput {
-            code,
-            message: message.into(),
-        }
+        BadInput { code, message: message.into() }
     }
 }
 
@@ -133,13 +130,7 @@ pub enum EventBody {
 }
 
 /// Every inbound kind, as named on the wire and in the log.
-pub const EVENT_KINDS: [&str; 5] = [
-    "load_update",
-    "location_ping",
-    "inbound_sms",
-    "timer_fired",
-    "action_outcome",
-];
+pub const EVENT_KINDS: [&str; 5] = ["load_update", "location_ping", "inbound_sms", "timer_fired", "action_outcome"];
 
 impl EventBody {
     pub fn kind(&self) -> &'static str {
@@ -167,8 +158,7 @@ impl EventBody {
     /// Parses and validates a payload of the given kind.
     pub fn from_payload(kind: &str, payload: Value) -> Result<Self, BadInput> {
         fn de<T: DeserializeOwned>(kind: &str, v: Value) -> Result<T, BadInput> {
-            serde_json::from_value(v)
-                .map_err(|e| BadInput::new("bad_payload", format!("{kind} payload: {e}")))
+            serde_json::from_value(v).map_err(|e| BadInput::new("bad_payload", format!("{kind} payload: {e}")))
         }
         let body = match kind {
             "load_update" => EventBody::LoadUpdate(de(kind, payload)?),
@@ -179,11 +169,7 @@ impl EventBody {
             other => {
                 return Err(BadInput::new(
                     "unknown_kind",
-                    format!(
-                        "unknown event kind {:?} (expected one of {})",
-                        clip(other),
-                        EVENT_KINDS.join(", ")
-                    ),
+                    format!("unknown event kind {:?} (expected one of {})", clip(other), EVENT_KINDS.join(", ")),
                 ));
             }
         };
@@ -231,10 +217,7 @@ impl EventBody {
             EventBody::TimerFired(t) => {
                 let (_, ask, step) = t.timer_id.parts();
                 if ask != t.ask_id || step != t.step {
-                    return Err(BadInput::new(
-                        "bad_payload",
-                        "timer_fired ask_id/step do not match timer_id",
-                    ));
+                    return Err(BadInput::new("bad_payload", "timer_fired ask_id/step do not match timer_id"));
                 }
             }
             EventBody::ActionOutcome(o) => {
@@ -286,23 +269,13 @@ impl InboundEvent {
     /// outside source may send (`timer_fired` and `action_outcome` are haul's own).
     pub fn from_outside(load_id: LoadId, v: Value) -> Result<Self, BadInput> {
         let ev = Self::parse(load_id, v, EventId::parse_inbound)?;
-        if matches!(
-            ev.body,
-            EventBody::TimerFired(_) | EventBody::ActionOutcome(_)
-        ) {
-            return Err(BadInput::new(
-                "kind_not_accepted",
-                format!("{} events come only from haul itself", ev.kind()),
-            ));
+        if matches!(ev.body, EventBody::TimerFired(_) | EventBody::ActionOutcome(_)) {
+            return Err(BadInput::new("kind_not_accepted", format!("{} events come only from haul itself", ev.kind())));
         }
         Ok(ev)
     }
 
-    fn parse(
-        load_id: LoadId,
-        v: Value,
-        parse_id: fn(&str) -> Result<EventId, BadInput>,
-    ) -> Result<Self, BadInput> {
+    fn parse(load_id: LoadId, v: Value, parse_id: fn(&str) -> Result<EventId, BadInput>) -> Result<Self, BadInput> {
         let Value::Object(mut obj) = v else {
             return Err(BadInput::new("bad_json", "an event must be a JSON object"));
         };
@@ -319,18 +292,11 @@ impl InboundEvent {
         // `load_id` may be repeated in the body; it must agree with the path.
         if let Some(l) = obj.remove("load_id") {
             if l.as_str() != Some(load_id.as_str()) {
-                return Err(BadInput::new(
-                    "bad_payload",
-                    "load_id in the body differs from the load",
-                ));
+                return Err(BadInput::new("bad_payload", "load_id in the body differs from the load"));
             }
         }
         let body = EventBody::from_payload(&kind, Value::Object(obj))?;
-        Ok(InboundEvent {
-            load_id,
-            event_id,
-            body,
-        })
+        Ok(InboundEvent { load_id, event_id, body })
     }
 }
 
@@ -341,18 +307,10 @@ impl fmt::Display for InboundEvent {
 }
 
 pub fn validate_client(c: &str) -> Result<(), BadInput> {
-    if c.is_empty()
-        || c.len() > 64
-        || !c
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
+    if c.is_empty() || c.len() > 64 || !c.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
         return Err(BadInput::new(
             "bad_payload",
-            format!(
-                "client {:?} is not of the form [A-Za-z0-9_-]{{1,64}}",
-                clip(c)
-            ),
+            format!("client {:?} is not of the form [A-Za-z0-9_-]{{1,64}}", clip(c)),
         ));
     }
     Ok(())
@@ -361,9 +319,7 @@ pub fn validate_client(c: &str) -> Result<(), BadInput> {
 /// E.164: `+` then 7 to 15 digits, the first not 0.
 pub fn validate_phone(field: &str, p: &str) -> Result<(), BadInput> {
     let digits = p.strip_prefix('+').unwrap_or("");
-    let ok = (7..=15).contains(&digits.len())
-        && digits.chars().all(|c| c.is_ascii_digit())
-        && !digits.starts_with('0');
+    let ok = (7..=15).contains(&digits.len()) && digits.chars().all(|c| c.is_ascii_digit()) && !digits.starts_with('0');
     if !ok {
         return Err(BadInput::new(
             "bad_payload",
@@ -375,10 +331,7 @@ pub fn validate_phone(field: &str, p: &str) -> Result<(), BadInput> {
 
 fn validate_stage(s: &str) -> Result<(), BadInput> {
     if s.is_empty() || s.len() > 32 || !s.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-        return Err(BadInput::new(
-            "bad_payload",
-            format!("stage {:?} is not of the form [a-z_]{{1,32}}", clip(s)),
-        ));
+        return Err(BadInput::new("bad_payload", format!("stage {:?} is not of the form [a-z_]{{1,32}}", clip(s))));
     }
     Ok(())
 }
@@ -386,18 +339,10 @@ fn validate_stage(s: &str) -> Result<(), BadInput> {
 /// Free text: bounded, no NUL or other control characters but newline and tab.
 fn validate_text(field: &str, s: &str, max_chars: usize) -> Result<(), BadInput> {
     if s.chars().count() > max_chars {
-        return Err(BadInput::new(
-            "bad_payload",
-            format!("{field} is longer than {max_chars} characters"),
-        ));
+        return Err(BadInput::new("bad_payload", format!("{field} is longer than {max_chars} characters")));
     }
-    if s.chars()
-        .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r')
-    {
-        return Err(BadInput::new(
-            "bad_payload",
-            format!("{field} contains a control character"),
-        ));
+    if s.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r') {
+        return Err(BadInput::new("bad_payload", format!("{field} contains a control character")));
     }
     Ok(())
 }
@@ -427,22 +372,10 @@ mod tests {
             json!({"event_id":"p1","kind":"location_ping","lat":41.8,"lon":-87.6,"risk":"high"}),
             Ok("location_ping"),
         );
-        check(
-            json!({"event_id":"p1","kind":"location_ping","lat":91,"lon":0,"risk":"high"}),
-            Err("bad_payload"),
-        );
-        check(
-            json!({"event_id":"p1","kind":"location_ping","lat":"x","lon":0,"risk":"high"}),
-            Err("bad_payload"),
-        );
-        check(
-            json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0,"risk":"extreme"}),
-            Err("bad_payload"),
-        );
-        check(
-            json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0}),
-            Err("bad_payload"),
-        );
+        check(json!({"event_id":"p1","kind":"location_ping","lat":91,"lon":0,"risk":"high"}), Err("bad_payload"));
+        check(json!({"event_id":"p1","kind":"location_ping","lat":"x","lon":0,"risk":"high"}), Err("bad_payload"));
+        check(json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0,"risk":"extreme"}), Err("bad_payload"));
+        check(json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0}), Err("bad_payload"));
         check(
             json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0,"risk":"low","extra":1}),
             Err("bad_payload"),
@@ -451,42 +384,18 @@ mod tests {
             json!({"event_id":"u1","kind":"load_update","client":"client_a","driver_phone":"+15555550100","stage":"in_transit"}),
             Ok("load_update"),
         );
-        check(
-            json!({"event_id":"u1","kind":"load_update","driver_phone":"5555550100"}),
-            Err("bad_payload"),
-        );
-        check(
-            json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"ETA 9:15"}),
-            Ok("inbound_sms"),
-        );
-        check(
-            json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"a\u{0}b"}),
-            Err("bad_payload"),
-        );
-        check(
-            json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"x".repeat(1601)}),
-            Err("bad_payload"),
-        );
+        check(json!({"event_id":"u1","kind":"load_update","driver_phone":"5555550100"}), Err("bad_payload"));
+        check(json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"ETA 9:15"}), Ok("inbound_sms"));
+        check(json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"a\u{0}b"}), Err("bad_payload"));
+        check(json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"x".repeat(1601)}), Err("bad_payload"));
         check(
             json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"'; DROP TABLE events; --"}),
             Ok("inbound_sms"),
         );
-        check(
-            json!({"event_id":"x","kind":"teleport"}),
-            Err("unknown_kind"),
-        );
-        check(
-            json!({"event_id":"evt:tmr:x","kind":"inbound_sms","from":"+1","body":""}),
-            Err("reserved_event_id"),
-        );
-        check(
-            json!({"event_id":"a b","kind":"inbound_sms","from":"+1","body":""}),
-            Err("bad_event_id"),
-        );
-        check(
-            json!({"kind":"inbound_sms","from":"+1","body":""}),
-            Err("bad_payload"),
-        );
+        check(json!({"event_id":"x","kind":"teleport"}), Err("unknown_kind"));
+        check(json!({"event_id":"evt:tmr:x","kind":"inbound_sms","from":"+1","body":""}), Err("reserved_event_id"));
+        check(json!({"event_id":"a b","kind":"inbound_sms","from":"+1","body":""}), Err("bad_event_id"));
+        check(json!({"kind":"inbound_sms","from":"+1","body":""}), Err("bad_payload"));
         check(
             json!({"event_id":"t","kind":"timer_fired","timer_id":"tmr:481207:ask:eta_request:p:1","ask_id":"ask:eta_request:p","step":1,"fire_at":"2026-03-02T07:30:00Z"}),
             Err("kind_not_accepted"),

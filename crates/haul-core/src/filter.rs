@@ -18,24 +18,14 @@ pub fn filter(state: &LoadState, event: &InboundEvent, now: Timestamp) -> Option
         EventBody::ActionOutcome(o) if o.hero_channel || o.internal => format!(
             "{} failed on a {} action: an OpsAlert was raised, no Hero task",
             o.outbox_id,
-            if o.hero_channel {
-                "Hero-channel"
-            } else {
-                "internal"
-            }
+            if o.hero_channel { "Hero-channel" } else { "internal" }
         ),
         EventBody::TimerFired(t) => {
-            let current = state
-                .asks
-                .get(&t.ask_id)
-                .is_some_and(|a| a.is_timer_current(t));
+            let current = state.asks.get(&t.ask_id).is_some_and(|a| a.is_timer_current(t));
             if current {
                 return None;
             }
-            format!(
-                "timer {} is not current: its ask is resolved or past step {}",
-                t.timer_id, t.step
-            )
+            format!("timer {} is not current: its ask is resolved or past step {}", t.timer_id, t.step)
         }
         _ => return None,
     };

@@ -70,10 +70,7 @@ impl LoadId {
         if s.is_empty() || s.len() > 64 || !s.chars().all(is_load_char) {
             return Err(BadInput::new(
                 "bad_load_id",
-                format!(
-                    "load id {:?} is not of the form [A-Za-z0-9_-]{{1,64}}",
-                    clip(s)
-                ),
+                format!("load id {:?} is not of the form [A-Za-z0-9_-]{{1,64}}", clip(s)),
             ));
         }
         Ok(LoadId(s.to_owned()))
@@ -90,15 +87,10 @@ impl EventId {
     /// Accepts both forms: what may appear in a log or on the load queue.
     pub fn parse(s: &str) -> Result<Self, BadInput> {
         if s.starts_with("evt:") {
-            if s.len() > MAX_DERIVED_ID_LEN
-                || s.chars().any(|c| c.is_control() || c.is_whitespace())
-            {
+            if s.len() > MAX_DERIVED_ID_LEN || s.chars().any(|c| c.is_control() || c.is_whitespace()) {
                 return Err(BadInput::new(
                     "bad_event_id",
-                    format!(
-                        "derived event id {:?} is too long or has control characters",
-                        clip(s)
-                    ),
+                    format!("derived event id {:?} is too long or has control characters", clip(s)),
                 ));
             }
             return Ok(EventId(s.to_owned()));
@@ -112,10 +104,7 @@ impl EventId {
         if s.is_empty() || s.len() > 128 || !s.chars().all(is_event_char) {
             return Err(BadInput::new(
                 "bad_event_id",
-                format!(
-                    "event id {:?} is not of the form [A-Za-z0-9_.:-]{{1,128}}",
-                    clip(s)
-                ),
+                format!("event id {:?} is not of the form [A-Za-z0-9_.:-]{{1,128}}", clip(s)),
             ));
         }
         if s.starts_with("evt:") || s.starts_with("dec:") {
@@ -144,20 +133,11 @@ impl AskId {
 
     pub fn parse(s: &str) -> Result<Self, BadInput> {
         let bad = || {
-            BadInput::new(
-                "bad_ask_id",
-                format!(
-                    "ask id {:?} is not of the form ask:{{kind}}:{{event id}}",
-                    clip(s)
-                ),
-            )
+            BadInput::new("bad_ask_id", format!("ask id {:?} is not of the form ask:{{kind}}:{{event id}}", clip(s)))
         };
         let rest = s.strip_prefix("ask:").ok_or_else(bad)?;
         let (kind, trigger) = rest.split_once(':').ok_or_else(bad)?;
-        if kind.is_empty()
-            || kind.len() > 32
-            || !kind.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-        {
+        if kind.is_empty() || kind.len() > 32 || !kind.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
             return Err(bad());
         }
         EventId::parse(trigger).map_err(|_| bad())?;
@@ -165,10 +145,7 @@ impl AskId {
     }
 
     pub fn kind(&self) -> &str {
-        self.0["ask:".len()..]
-            .split_once(':')
-            .map(|(k, _)| k)
-            .unwrap_or("")
+        self.0["ask:".len()..].split_once(':').map(|(k, _)| k).unwrap_or("")
     }
 }
 
@@ -196,10 +173,7 @@ impl TimerId {
         let bad = || {
             BadInput::new(
                 "bad_timer_id",
-                format!(
-                    "timer id {:?} is not of the form tmr:{{load}}:{{ask id}}:{{step}}",
-                    clip(s)
-                ),
+                format!("timer id {:?} is not of the form tmr:{{load}}:{{ask id}}:{{step}}", clip(s)),
             )
         };
         let rest = s.strip_prefix("tmr:").ok_or_else(bad)?;
@@ -318,19 +292,13 @@ mod tests {
         let timer = TimerId::new(&load, &ask, 1);
         assert_eq!(timer.as_str(), "tmr:481207:ask:eta_request:ping_0700:1");
         assert_eq!(timer.parts(), (load.clone(), ask.clone(), 1));
-        assert_eq!(
-            timer_fired_event_id(&timer).as_str(),
-            "evt:tmr:481207:ask:eta_request:ping_0700:1"
-        );
+        assert_eq!(timer_fired_event_id(&timer).as_str(), "evt:tmr:481207:ask:eta_request:ping_0700:1");
         assert_eq!(
             action_outcome_event_id(&key, crate::OutcomeStatus::Delivered).as_str(),
             "evt:out:481207/ask:eta_request:ping_0700/1/send_sms:delivered"
         );
         assert_eq!(decision_entry_id(&ping), "dec:ping_0700");
-        assert_eq!(
-            fallback_action_key(&load, &ping),
-            "481207/ping_0700/create_hero_task:fallback"
-        );
+        assert_eq!(fallback_action_key(&load, &ping), "481207/ping_0700/create_hero_task:fallback");
     }
 
     #[test]

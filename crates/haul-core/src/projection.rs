@@ -118,10 +118,9 @@ impl LoadState {
             }
             return;
         }
-        let (Ok(event_id), Ok(body)) = (
-            EventId::parse(&r.entry_id),
-            EventBody::from_payload(&r.kind, r.payload.clone()),
-        ) else {
+        let (Ok(event_id), Ok(body)) =
+            (EventId::parse(&r.entry_id), EventBody::from_payload(&r.kind, r.payload.clone()))
+        else {
             self.unreadable += 1;
             return;
         };
@@ -139,14 +138,11 @@ impl LoadState {
                 replace(&mut self.next_stop, u.next_stop);
             }
             EventBody::ActionOutcome(o) => {
-                let seen = OutcomeSeen {
-                    status: o.status,
-                    event_id: event_id.to_string(),
-                    at: r.recorded_at,
-                };
+                let seen = OutcomeSeen { status: o.status, event_id: event_id.to_string(), at: r.recorded_at };
                 // A delivered outcome proves the effect happened; a later failed one
                 // (a second dispatcher's late attempt) does not undo that.
-                let keep_delivered = matches!(self.outcomes.get(&o.outbox_id), Some(s) if s.status == OutcomeStatus::Delivered);
+                let keep_delivered =
+                    matches!(self.outcomes.get(&o.outbox_id), Some(s) if s.status == OutcomeStatus::Delivered);
                 if !keep_delivered {
                     self.outcomes.insert(o.outbox_id, seen);
                 }
@@ -158,17 +154,14 @@ impl LoadState {
     fn apply_decision(&mut self, d: &Decision) {
         self.decided.insert(d.event_id.clone());
         for change in &d.asks {
-            let ask = self
-                .asks
-                .entry(change.ask_id.clone())
-                .or_insert_with(|| OpenAsk {
-                    ask_id: change.ask_id.clone(),
-                    kind: change.ask_id.kind().to_owned(),
-                    step: change.step,
-                    opened_at: d.decided_at,
-                    step_decided_at: d.decided_at,
-                    status: change.status,
-                });
+            let ask = self.asks.entry(change.ask_id.clone()).or_insert_with(|| OpenAsk {
+                ask_id: change.ask_id.clone(),
+                kind: change.ask_id.kind().to_owned(),
+                step: change.step,
+                opened_at: d.decided_at,
+                step_decided_at: d.decided_at,
+                status: change.status,
+            });
             if ask.step != change.step {
                 ask.step = change.step;
                 ask.step_decided_at = d.decided_at;

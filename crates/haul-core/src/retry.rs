@@ -46,11 +46,7 @@ impl RetryPolicy {
     pub fn backoff(&self, attempts: u32, jitter: f64) -> Duration {
         let exp = attempts.saturating_sub(1).min(30);
         let d = self.base.saturating_mul(1u32 << exp).min(self.cap);
-        let jitter = if jitter.is_finite() {
-            jitter.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
+        let jitter = if jitter.is_finite() { jitter.clamp(0.0, 1.0) } else { 0.0 };
         let half = d / 2;
         half + (d - half).mul_f64(jitter)
     }
@@ -64,10 +60,7 @@ impl RetryPolicy {
         now: Timestamp,
         jitter: f64,
     ) -> RetryDecision {
-        let retry_at = add(
-            now,
-            self.backoff(attempts, jitter).max(Duration::from_millis(1)),
-        );
+        let retry_at = add(now, self.backoff(attempts, jitter).max(Duration::from_millis(1)));
         if attempts <= 1 {
             return RetryDecision::RetryAt(retry_at);
         }

@@ -27,11 +27,7 @@ pub struct EtaPolicy {
 
 impl Default for EtaPolicy {
     fn default() -> Self {
-        EtaPolicy {
-            retry_after: Duration::from_secs(30 * 60),
-            max_attempts: 3,
-            trigger_risk: Risk::High,
-        }
+        EtaPolicy { retry_after: Duration::from_secs(30 * 60), max_attempts: 3, trigger_risk: Risk::High }
     }
 }
 
@@ -44,10 +40,7 @@ pub struct Policies {
 
 impl Policies {
     pub fn for_client(&self, client: Option<&str>) -> EtaPolicy {
-        client
-            .and_then(|c| self.clients.get(c))
-            .copied()
-            .unwrap_or(self.default)
+        client.and_then(|c| self.clients.get(c)).copied().unwrap_or(self.default)
     }
 }
 
@@ -73,23 +66,9 @@ pub fn reports_trouble(text: &str) -> bool {
     TROUBLE.iter().any(|w| t.contains(w))
 }
 
-pub fn decide(
-    policies: &Policies,
-    load: &LoadId,
-    state: &LoadState,
-    event: &InboundEvent,
-    now: Timestamp,
-) -> Decision {
+pub fn decide(policies: &Policies, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Decision {
     let policy = policies.for_client(state.client.as_deref());
-    let mut d = Sop {
-        load,
-        state,
-        event,
-        now,
-        policy,
-        actions: vec![],
-        asks: vec![],
-    };
+    let mut d = Sop { load, state, event, now, policy, actions: vec![], asks: vec![] };
     let rationale = d.rules();
     Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale)
 }
@@ -109,20 +88,18 @@ impl Sop<'_> {
         let state = self.state;
         match &self.event.body {
             // Rule 1.
-            EventBody::LocationPing(p)
-                if p.risk >= self.policy.trigger_risk && !state.is_delivered() =>
-            {
+            EventBody::LocationPing(p) if p.risk >= self.policy.trigger_risk && !state.is_delivered() => {
                 if let Some(ask) = state.open_ask_of_kind(ETA_REQUEST) {
-                    return format!(
-                        "risk {} but {} is already open",
-                        p.risk.as_str(),
-                        ask.ask_id
-                    );
+                    return format!("risk {} but {} is already open", p.risk.as_str(), ask.ask_id);
                 }
                 let Some(phone) = state.driver_phone.clone() else {
                     self.event_task(
                         "No driver phone to ask for an ETA",
-                        format!("Load {} is at {} risk of arriving late and has no driver phone on record.", self.load, p.risk.as_str()),
+                        format!(
+                            "Load {} is at {} risk of arriving late and has no driver phone on record.",
+                            self.load,
+                            p.risk.as_str()
+                        ),
                         Urgency::Urgent,
                     );
                     return "risk high but no driver phone: a person must call".into();
@@ -132,11 +109,7 @@ impl Sop<'_> {
                     Err(e) => return format!("cannot open an ask: {e}"),
                 };
                 self.take_step(&ask, 1, &phone);
-                format!(
-                    "risk {}: ask the driver for an ETA (step 1 of {})",
-                    p.risk.as_str(),
-                    self.policy.max_attempts
-                )
+                format!("risk {}: ask the driver for an ETA (step 1 of {})", p.risk.as_str(), self.policy.max_attempts)
             }
             EventBody::TimerFired(t) => {
                 let Some(ask) = state.asks.get(&t.ask_id).filter(|a| a.is_timer_current(t)) else {
@@ -147,18 +120,12 @@ impl Sop<'_> {
                     Some(phone) if ask.step < self.policy.max_attempts => {
                         let step = ask.step + 1;
                         self.take_step(&ask.ask_id, step, &phone);
-                        format!(
-                            "no answer to {}: ask again (step {step} of {})",
-                            ask.ask_id, self.policy.max_attempts
-                        )
+                        format!("no answer to {}: ask again (step {step} of {})", ask.ask_id, self.policy.max_attempts)
                     }
                     // Rule 3 (and a lost phone number, which also needs a person).
                     _ => {
                         self.escalate(ask);
-                        format!(
-                            "no answer after {} attempts: escalate to a person",
-                            ask.step
-                        )
+                        format!("no answer after {} attempts: escalate to a person", ask.step)
                     }
                 }
             }
@@ -186,25 +153,16 @@ impl Sop<'_> {
                     return "the driver answered".into();
                 }
                 // Rule 5.
-                let who = if from_driver {
-                    "the driver"
-                } else {
-                    "a number that is not the driver's"
-                };
+                let who = if from_driver { "the driver" } else { "a number that is not the driver's" };
                 self.event_task(
                     "SMS needs a reply",
-                    format!(
-                        "Load {}: SMS from {who} with no ask open: {}",
-                        self.load, sms.body
-                    ),
+                    format!("Load {}: SMS from {who} with no ask open: {}", self.load, sms.body),
                     Urgency::Normal,
                 );
                 format!("SMS from {who} with no ask open: a person reads it")
             }
             // Rule 6.
-            EventBody::ActionOutcome(o)
-                if o.status == OutcomeStatus::Failed && !o.hero_channel && !o.internal =>
-            {
+            EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Failed && !o.hero_channel && !o.internal => {
                 let what = if o.action_type == ActionType::SendSms {
                     "SMS to driver failed, call them"
                 } else {
@@ -224,16 +182,10 @@ impl Sop<'_> {
                 format!("{} failed: a person follows up", o.outbox_id)
             }
             // Rule 7.
-            EventBody::LoadUpdate(u)
-                if u.stage.as_deref() == Some(crate::projection::STAGE_DELIVERED) =>
-            {
+            EventBody::LoadUpdate(u) if u.stage.as_deref() == Some(crate::projection::STAGE_DELIVERED) => {
                 let open: Vec<&OpenAsk> = state.open_asks().collect();
                 for ask in &open {
-                    self.asks.push(AskChange {
-                        ask_id: ask.ask_id.clone(),
-                        step: ask.step,
-                        status: AskStatus::Closed,
-                    });
+                    self.asks.push(AskChange { ask_id: ask.ask_id.clone(), step: ask.step, status: AskStatus::Closed });
                     self.cancel_timer(ask);
                 }
                 format!("delivered: {} open ask(s) closed", open.len())
@@ -259,14 +211,7 @@ impl Sop<'_> {
             )
         };
         let timer_id = TimerId::new(self.load, ask, step);
-        self.push(
-            ask,
-            step,
-            ActionKind::SendSms {
-                to: phone.to_owned(),
-                body,
-            },
-        );
+        self.push(ask, step, ActionKind::SendSms { to: phone.to_owned(), body });
         self.push(
             ask,
             step,
@@ -277,11 +222,7 @@ impl Sop<'_> {
                 step,
             },
         );
-        self.asks.push(AskChange {
-            ask_id: ask.clone(),
-            step,
-            status: AskStatus::Open,
-        });
+        self.asks.push(AskChange { ask_id: ask.clone(), step, status: AskStatus::Open });
     }
 
     fn escalate(&mut self, ask: &OpenAsk) {
@@ -298,11 +239,7 @@ impl Sop<'_> {
                 urgency: Urgency::Urgent,
             },
         );
-        self.asks.push(AskChange {
-            ask_id: ask.ask_id.clone(),
-            step,
-            status: AskStatus::Escalated,
-        });
+        self.asks.push(AskChange { ask_id: ask.ask_id.clone(), step, status: AskStatus::Escalated });
     }
 
     fn cancel_timer(&mut self, ask: &OpenAsk) {
@@ -312,37 +249,20 @@ impl Sop<'_> {
 
     fn push(&mut self, ask: &AskId, step: u32, kind: ActionKind) {
         let key = ask_action_key(self.load, ask, step, kind.action_type().as_str());
-        self.actions.push(Action {
-            key,
-            kind,
-            ask_id: Some(ask.clone()),
-            step: Some(step),
-        });
+        self.actions.push(Action { key, kind, ask_id: Some(ask.clone()), step: Some(step) });
     }
 
     fn event_task(&mut self, title: &str, body: String, urgency: Urgency) {
-        let key = event_action_key(
-            self.load,
-            &self.event.event_id,
-            ActionType::CreateHeroTask.as_str(),
-        );
+        let key = event_action_key(self.load, &self.event.event_id, ActionType::CreateHeroTask.as_str());
         self.actions.push(Action {
             key,
-            kind: ActionKind::CreateHeroTask {
-                title: format!("Load {}: {title}", self.load),
-                body,
-                urgency,
-            },
+            kind: ActionKind::CreateHeroTask { title: format!("Load {}: {title}", self.load), body, urgency },
             ask_id: None,
             step: None,
         });
     }
 
     fn next_stop(&self) -> String {
-        self.state
-            .next_stop
-            .as_deref()
-            .map(|s| format!(" to {s}"))
-            .unwrap_or_default()
+        self.state.next_stop.as_deref().map(|s| format!(" to {s}")).unwrap_or_default()
     }
 }

@@ -15,11 +15,7 @@ pub fn to_ms(t: Timestamp) -> i64 {
 /// The inverse of [`to_ms`]; out-of-range values (a corrupt row) clamp to the range
 /// jiff supports rather than panic.
 pub fn from_ms(ms: i64) -> Timestamp {
-    Timestamp::from_millisecond(ms).unwrap_or(if ms < 0 {
-        Timestamp::MIN
-    } else {
-        Timestamp::MAX
-    })
+    Timestamp::from_millisecond(ms).unwrap_or(if ms < 0 { Timestamp::MIN } else { Timestamp::MAX })
 }
 
 /// `t + d`, saturating at the end of time instead of panicking.
@@ -47,10 +43,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, BadInput> {
     let bad = |why: &str| {
         BadInput::new(
             "bad_duration",
-            format!(
-                "bad duration {:?}: {why} (use e.g. \"90s\", \"30m\", \"1d2h\")",
-                crate::ids::clip(s)
-            ),
+            format!("bad duration {:?}: {why} (use e.g. \"90s\", \"30m\", \"1d2h\")", crate::ids::clip(s)),
         )
     };
     let mut rest = s.trim();
@@ -59,19 +52,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, BadInput> {
     }
     let mut total: u64 = 0;
     while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
         if digits == 0 {
             return Err(bad("expected a number"));
         }
-        let n: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| bad("number too large"))?;
+        let n: u64 = rest[..digits].parse().map_err(|_| bad("number too large"))?;
         rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
         let unit_ms: u64 = match &rest[..unit_len] {
             "ms" => 1,
             "s" => 1_000,
@@ -82,10 +69,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, BadInput> {
             _ => return Err(bad("unknown unit")),
         };
         rest = &rest[unit_len..];
-        total = n
-            .checked_mul(unit_ms)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(|| bad("too large"))?;
+        total = n.checked_mul(unit_ms).and_then(|v| total.checked_add(v)).ok_or_else(|| bad("too large"))?;
     }
     Ok(Duration::from_millis(total))
 }
@@ -97,13 +81,7 @@ pub fn format_duration(d: Duration) -> String {
         return "0s".into();
     }
     let mut out = String::new();
-    for (unit, size) in [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-        ("ms", 1),
-    ] {
+    for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
         if ms >= size {
             out.push_str(&format!("{}{unit}", ms / size));
             ms %= size;
@@ -117,11 +95,7 @@ mod tests {
     use super::*;
 
     fn check(input: &str, expected: Option<u64>) {
-        assert_eq!(
-            parse_duration(input).ok().map(|d| d.as_millis() as u64),
-            expected,
-            "{input}"
-        );
+        assert_eq!(parse_duration(input).ok().map(|d| d.as_millis() as u64), expected, "{input}");
     }
 
     #[test]

@@ -9,10 +9,9 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::{
-    AppendError, Claim, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow,
-    Outbox, OutboxRow, OutboxStatus, Published, QueueError, QueueMessage, StaleClaimError,
-    StoreError, Timer, TimerStatus, TimerStore,
+    AppendError, Claim, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, EventStore,
+    LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow, OutboxStatus, Published, QueueError,
+    QueueMessage, StaleClaimError, StoreError, Timer, TimerStatus, TimerStore,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -39,15 +38,13 @@ fn outbox_row(r: &Row<'_>) -> rusqlite::Result<Result<OutboxRow, StoreError>> {
     let action: String = r.get(3)?;
     let status: String = r.get(4)?;
     let (id, attempts, due_at, first_attempt_at) = (r.get(0)?, r.get(5)?, r.get(6)?, r.get(7)?);
-    let (claim_token, lease_until, last_failure, receipt) =
-        (r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?);
+    let (claim_token, lease_until, last_failure, receipt) = (r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?);
     let (created_at, updated_at) = (r.get(12)?, r.get(13)?);
     Ok((|| {
         Ok(OutboxRow {
             id,
             load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
-            action_type: ActionType::parse(&action_type)
-                .ok_or_else(|| corrupt("action_type", &action_type))?,
+            action_type: ActionType::parse(&action_type).ok_or_else(|| corrupt("action_type", &action_type))?,
             action: serde_json::from_str(&action).map_err(|_| corrupt("action", &action))?,
             status: OutboxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
             attempts,
@@ -63,11 +60,7 @@ fn outbox_row(r: &Row<'_>) -> rusqlite::Result<Result<OutboxRow, StoreError>> {
     })())
 }
 
-fn outbox_rows(
-    conn: &Connection,
-    sql: &str,
-    p: impl rusqlite::Params,
-) -> Result<Vec<OutboxRow>, StoreError> {
+fn outbox_rows(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> Result<Vec<OutboxRow>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(db)?;
     let rows = stmt.query_map(p, outbox_row).map_err(db)?;
     rows.map(|r| r.map_err(db).and_then(|x| x)).collect()
@@ -96,11 +89,7 @@ fn timer_row(r: &Row<'_>) -> rusqlite::Result<Result<Timer, StoreError>> {
     })())
 }
 
-fn timer_rows(
-    conn: &Connection,
-    sql: &str,
-    p: impl rusqlite::Params,
-) -> Result<Vec<Timer>, StoreError> {
+fn timer_rows(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> Result<Vec<Timer>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(db)?;
     let rows = stmt.query_map(p, timer_row).map_err(db)?;
     rows.map(|r| r.map_err(db).and_then(|x| x)).collect()
@@ -108,11 +97,7 @@ fn timer_rows(
 
 fn version(conn: &Connection, load_id: &str) -> Result<u64, StoreError> {
     let v: Option<i64> = conn
-        .query_row(
-            "SELECT version FROM loads WHERE load_id = ?1",
-            [load_id],
-            |r| r.get(0),
-        )
+        .query_row("SELECT version FROM loads WHERE load_id = ?1", [load_id], |r| r.get(0))
         .optional()
         .map_err(db)?;
     Ok(v.unwrap_or(0) as u64)
@@ -125,11 +110,19 @@ impl EventStore for SqliteStore {
         self.writer
             .run(move |conn: &Connection| {
                 let mut stmt = conn
-                    .prepare_cached("SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = ?1 ORDER BY seq")
+                    .prepare_cached(
+                        "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = ?1 ORDER BY seq",
+                    )
                     .map_err(db)?;
                 let rows = stmt
                     .query_map([&load_id], |r| {
-                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?, r.get::<_, i64>(4)?))
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, String>(3)?,
+                            r.get::<_, i64>(4)?,
+                        ))
                     })
                     .map_err(db)?;
                 let mut records = Vec::new();
@@ -138,7 +131,13 @@ impl EventStore for SqliteStore {
                     // An unparseable payload is kept as a string: the projection
                     // counts it as unreadable instead of the read failing.
                     let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload));
-                    records.push(Record { seq: seq as u64, entry_id, kind, payload, recorded_at: from_ms(recorded_at) });
+                    records.push(Record {
+                        seq: seq as u64,
+                        entry_id,
+                        kind,
+                        payload,
+                        recorded_at: from_ms(recorded_at),
+                    });
                 }
                 let version = records.last().map_or(0, |r| r.seq);
                 Ok((records, version))
@@ -215,22 +214,14 @@ impl EventStore for SqliteStore {
             .await
     }
 
-    async fn load_ids(
-        &self,
-        after: Option<&LoadId>,
-        limit: usize,
-    ) -> Result<Vec<LoadId>, StoreError> {
+    async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
         let after = after.map(|a| a.to_string()).unwrap_or_default();
         self.writer
             .run(move |conn: &Connection| {
                 let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT ?2",
-                    )
+                    .prepare_cached("SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT ?2")
                     .map_err(db)?;
-                let rows = stmt
-                    .query_map(params![after, limit as i64], |r| r.get::<_, String>(0))
-                    .map_err(db)?;
+                let rows = stmt.query_map(params![after, limit as i64], |r| r.get::<_, String>(0)).map_err(db)?;
                 rows.map(|r| {
                     let s = r.map_err(db)?;
                     LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
@@ -249,21 +240,13 @@ fn owns(conn: &Connection, id: &str, token: &str) -> Result<Option<i64>, ClaimEr
         .map_err(db)?;
     match lease {
         Some(l) => Ok(l),
-        None => Err(StaleClaimError {
-            outbox_id: id.to_owned(),
-        }
-        .into()),
+        None => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
     }
 }
 
 #[async_trait]
 impl Outbox for SqliteStore {
-    async fn pending(
-        &self,
-        limit: usize,
-        now: Timestamp,
-        lease: Duration,
-    ) -> Result<Vec<Claim>, StoreError> {
+    async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
         let token = self.token();
         let (now, lease_until) = (to_ms(now), to_ms(add(now, lease)));
         self.writer
@@ -291,19 +274,8 @@ impl Outbox for SqliteStore {
             .await
     }
 
-    async fn mark_dispatched(
-        &self,
-        id: &str,
-        token: &str,
-        receipt: &str,
-        now: Timestamp,
-    ) -> Result<(), ClaimError> {
-        let (id, token, receipt, now) = (
-            id.to_owned(),
-            token.to_owned(),
-            receipt.to_owned(),
-            to_ms(now),
-        );
+    async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
+        let (id, token, receipt, now) = (id.to_owned(), token.to_owned(), receipt.to_owned(), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
                 owns(conn, &id, &token)?;
@@ -325,12 +297,7 @@ impl Outbox for SqliteStore {
         retry_at: Option<Timestamp>,
         now: Timestamp,
     ) -> Result<(), ClaimError> {
-        let (id, token, failure, now) = (
-            id.to_owned(),
-            token.to_owned(),
-            failure.to_owned(),
-            to_ms(now),
-        );
+        let (id, token, failure, now) = (id.to_owned(), token.to_owned(), failure.to_owned(), to_ms(now));
         let retry_at = retry_at.map(to_ms);
         self.writer
             .run(move |conn: &Connection| {
@@ -357,12 +324,7 @@ impl Outbox for SqliteStore {
         let id = id.to_owned();
         self.writer
             .run(move |conn: &Connection| {
-                Ok(outbox_rows(
-                    conn,
-                    &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?1"),
-                    [&id],
-                )?
-                .pop())
+                Ok(outbox_rows(conn, &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?1"), [&id])?.pop())
             })
             .await
     }
@@ -371,7 +333,11 @@ impl Outbox for SqliteStore {
         let load_id = load_id.to_string();
         self.writer
             .run(move |conn: &Connection| {
-                outbox_rows(conn, &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE load_id = ?1 ORDER BY created_at, id"), [&load_id])
+                outbox_rows(
+                    conn,
+                    &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE load_id = ?1 ORDER BY created_at, id"),
+                    [&load_id],
+                )
             })
             .await
     }
@@ -380,11 +346,7 @@ impl Outbox for SqliteStore {
         self.writer
             .run(|conn: &Connection| {
                 let v: Option<i64> = conn
-                    .query_row(
-                        "SELECT min(created_at) FROM outbox WHERE status = 'pending'",
-                        [],
-                        |r| r.get(0),
-                    )
+                    .query_row("SELECT min(created_at) FROM outbox WHERE status = 'pending'", [], |r| r.get(0))
                     .map_err(db)?;
                 Ok(opt_ts(v))
             })
@@ -410,11 +372,7 @@ impl Outbox for SqliteStore {
         self.writer
             .run(move |conn: &Connection| {
                 let n: i64 = conn
-                    .query_row(
-                        "SELECT count(*) FROM outbox WHERE status = ?1",
-                        [status.as_str()],
-                        |r| r.get(0),
-                    )
+                    .query_row("SELECT count(*) FROM outbox WHERE status = ?1", [status.as_str()], |r| r.get(0))
                     .map_err(db)?;
                 Ok(n as u64)
             })
@@ -424,19 +382,9 @@ impl Outbox for SqliteStore {
 
 #[async_trait]
 impl TimerStore for SqliteStore {
-    async fn schedule(
-        &self,
-        timer_id: &TimerId,
-        fire_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
+    async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError> {
         let (load_id, _, _) = timer_id.parts();
-        let (timer_id, load_id, fire_at, now) = (
-            timer_id.to_string(),
-            load_id.to_string(),
-            to_ms(fire_at),
-            to_ms(now),
-        );
+        let (timer_id, load_id, fire_at, now) = (timer_id.to_string(), load_id.to_string(), to_ms(fire_at), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
                 let n = conn
@@ -513,7 +461,11 @@ impl TimerStore for SqliteStore {
         let load_id = load_id.to_string();
         self.writer
             .run(move |conn: &Connection| {
-                timer_rows(conn, &format!("SELECT {TIMER_COLS} FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"), [&load_id])
+                timer_rows(
+                    conn,
+                    &format!("SELECT {TIMER_COLS} FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"),
+                    [&load_id],
+                )
             })
             .await
     }
@@ -522,12 +474,8 @@ impl TimerStore for SqliteStore {
         let timer_id = timer_id.to_string();
         self.writer
             .run(move |conn: &Connection| {
-                Ok(timer_rows(
-                    conn,
-                    &format!("SELECT {TIMER_COLS} FROM timers WHERE timer_id = ?1"),
-                    [&timer_id],
-                )?
-                .pop())
+                Ok(timer_rows(conn, &format!("SELECT {TIMER_COLS} FROM timers WHERE timer_id = ?1"), [&timer_id])?
+                    .pop())
             })
             .await
     }
@@ -542,20 +490,16 @@ fn parse_receipt(receipt: &str) -> Option<i64> {
 /// Moves a load's head to its next unacked message, or drops the head row.
 fn advance_head(conn: &Connection, load_id: &str, now: i64) -> Result<(), StoreError> {
     let next: Option<i64> = conn
-        .prepare_cached(
-            "SELECT id FROM queue WHERE load_id = ?1 AND acked_at IS NULL ORDER BY id LIMIT 1",
-        )
+        .prepare_cached("SELECT id FROM queue WHERE load_id = ?1 AND acked_at IS NULL ORDER BY id LIMIT 1")
         .and_then(|mut s| s.query_row([load_id], |r| r.get(0)).optional())
         .map_err(db)?;
     match next {
         Some(id) => conn
-            .prepare_cached(
-                "UPDATE queue_heads SET message_id = ?2, visible_at = ?3 WHERE load_id = ?1",
-            )
+            .prepare_cached("UPDATE queue_heads SET message_id = ?2, visible_at = ?3 WHERE load_id = ?1")
             .and_then(|mut s| s.execute(params![load_id, id, now])),
-        None => conn
-            .prepare_cached("DELETE FROM queue_heads WHERE load_id = ?1")
-            .and_then(|mut s| s.execute([load_id])),
+        None => {
+            conn.prepare_cached("DELETE FROM queue_heads WHERE load_id = ?1").and_then(|mut s| s.execute([load_id]))
+        }
     }
     .map_err(db)?;
     Ok(())
@@ -570,12 +514,7 @@ impl LoadQueue for SqliteStore {
         body: &str,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
-        let (load_id, event_id, body, now) = (
-            load_id.to_string(),
-            event_id.to_owned(),
-            body.to_owned(),
-            to_ms(now),
-        );
+        let (load_id, event_id, body, now) = (load_id.to_string(), event_id.to_owned(), body.to_owned(), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
                 let id: Option<i64> = conn
@@ -596,12 +535,7 @@ impl LoadQueue for SqliteStore {
             .await
     }
 
-    async fn receive(
-        &self,
-        max: usize,
-        visibility: Duration,
-        now: Timestamp,
-    ) -> Result<Vec<QueueMessage>, StoreError> {
+    async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
         let token = self.token();
         let (now, until) = (to_ms(now), to_ms(now).saturating_add(ms(visibility)));
         self.writer
@@ -682,11 +616,7 @@ impl LoadQueue for SqliteStore {
         self.writer
             .run(|conn: &Connection| {
                 let n: i64 = conn
-                    .query_row(
-                        "SELECT count(*) FROM queue WHERE acked_at IS NULL",
-                        [],
-                        |r| r.get(0),
-                    )
+                    .query_row("SELECT count(*) FROM queue WHERE acked_at IS NULL", [], |r| r.get(0))
                     .map_err(db)?;
                 Ok(n as u64)
             })
@@ -703,19 +633,12 @@ struct SqliteLease {
 #[async_trait]
 impl LoadLease for SqliteLease {
     async fn release(self: Box<Self>) -> Result<(), StoreError> {
-        let SqliteLease {
-            store,
-            load_id,
-            token,
-        } = *self;
+        let SqliteLease { store, load_id, token } = *self;
         store
             .writer
             .run(move |conn: &Connection| {
-                conn.execute(
-                    "DELETE FROM load_leases WHERE load_id = ?1 AND token = ?2",
-                    params![load_id, token],
-                )
-                .map_err(db)?;
+                conn.execute("DELETE FROM load_leases WHERE load_id = ?1 AND token = ?2", params![load_id, token])
+                    .map_err(db)?;
                 Ok(())
             })
             .await
@@ -731,12 +654,8 @@ impl LoadLock for SqliteStore {
         now: Timestamp,
     ) -> Result<Option<Box<dyn LoadLease>>, StoreError> {
         let token = self.token();
-        let (lid, tok, now, until) = (
-            load_id.to_string(),
-            token.clone(),
-            to_ms(now),
-            to_ms(now).saturating_add(ms(ttl)),
-        );
+        let (lid, tok, now, until) =
+            (load_id.to_string(), token.clone(), to_ms(now), to_ms(now).saturating_add(ms(ttl)));
         let got = self
             .writer
             .run(move |conn: &Connection| {
@@ -752,11 +671,7 @@ impl LoadLock for SqliteStore {
             })
             .await?;
         Ok(got.then(|| {
-            Box::new(SqliteLease {
-                store: self.clone(),
-                load_id: load_id.to_string(),
-                token,
-            }) as Box<dyn LoadLease>
+            Box::new(SqliteLease { store: self.clone(), load_id: load_id.to_string(), token }) as Box<dyn LoadLease>
         }))
     }
 }

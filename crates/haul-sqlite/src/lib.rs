@@ -39,25 +39,18 @@ impl SqliteConfig {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let path = if base == "sqlite::memory:" || base == "sqlite://:memory:" {
             None
-        } else if let Some(p) = base
-            .strip_prefix("sqlite://")
-            .or_else(|| base.strip_prefix("sqlite:"))
-        {
+        } else if let Some(p) = base.strip_prefix("sqlite://").or_else(|| base.strip_prefix("sqlite:")) {
             if p.is_empty() {
                 return Err(StoreError::new(format!("store.url {url:?} names no file")));
             }
             Some(PathBuf::from(p))
         } else {
-            return Err(StoreError::new(format!(
-                "store.url {url:?} is not sqlite://PATH or sqlite::memory:"
-            )));
+            return Err(StoreError::new(format!("store.url {url:?} is not sqlite://PATH or sqlite::memory:")));
         };
         let mut synchronous = "FULL".to_string();
         for kv in query.split('&').filter(|s| !s.is_empty()) {
             match kv.split_once('=') {
-                Some(("synchronous", v))
-                    if ["full", "normal"].contains(&v.to_ascii_lowercase().as_str()) =>
-                {
+                Some(("synchronous", v)) if ["full", "normal"].contains(&v.to_ascii_lowercase().as_str()) => {
                     synchronous = v.to_ascii_uppercase()
                 }
                 _ => {
@@ -67,11 +60,7 @@ impl SqliteConfig {
                 }
             }
         }
-        Ok(SqliteConfig {
-            path,
-            synchronous,
-            seed: None,
-        })
+        Ok(SqliteConfig { path, synchronous, seed: None })
     }
 }
 
@@ -89,17 +78,8 @@ impl SqliteStore {
             Some(p) => Connection::open(p),
             None => Connection::open_in_memory(),
         }
-        .map_err(|e| {
-            StoreError::new(format!(
-                "cannot open SQLite database {:?}: {e}",
-                config.path
-            ))
-        })?;
-        let wal = if config.path.is_some() {
-            "PRAGMA journal_mode = WAL;"
-        } else {
-            ""
-        };
+        .map_err(|e| StoreError::new(format!("cannot open SQLite database {:?}: {e}", config.path)))?;
+        let wal = if config.path.is_some() { "PRAGMA journal_mode = WAL;" } else { "" };
         conn.execute_batch(&format!(
             "{wal} PRAGMA synchronous = {}; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = OFF;",
             config.synchronous
@@ -109,10 +89,7 @@ impl SqliteStore {
             Some(s) => fastrand::Rng::with_seed(s),
             None => fastrand::Rng::new(),
         };
-        Ok(SqliteStore {
-            writer: writer::Writer::spawn(conn),
-            rng: Arc::new(Mutex::new(rng)),
-        })
+        Ok(SqliteStore { writer: writer::Writer::spawn(conn), rng: Arc::new(Mutex::new(rng)) })
     }
 
     pub async fn open_url(url: &str) -> Result<Self, StoreError> {

@@ -39,11 +39,8 @@ where
     fn run(&mut self, conn: &Connection) -> bool {
         let Some(f) = self.f.take() else { return false };
         // A panicking unit must not take the thread (and every other caller) down.
-        let out = catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| {
-            Err(E::from(StoreError::new(
-                "a store operation panicked; it was rolled back",
-            )))
-        });
+        let out = catch_unwind(AssertUnwindSafe(|| f(conn)))
+            .unwrap_or_else(|_| Err(E::from(StoreError::new("a store operation panicked; it was rolled back"))));
         let ok = out.is_ok();
         self.out = Some(out);
         ok
@@ -83,11 +80,7 @@ impl Writer {
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
-        let mut unit: Box<dyn Unit> = Box::new(Typed {
-            f: Some(f),
-            out: None,
-            reply,
-        });
+        let mut unit: Box<dyn Unit> = Box::new(Typed { f: Some(f), out: None, reply });
         // A full channel means the thread is behind: wait for room without blocking
         // the async runtime.
         loop {
@@ -98,17 +91,11 @@ impl Writer {
                     tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 }
                 Err(mpsc::TrySendError::Disconnected(_)) => {
-                    return Err(E::from(StoreError::new(
-                        "the SQLite writer thread has stopped",
-                    )));
+                    return Err(E::from(StoreError::new("the SQLite writer thread has stopped")));
                 }
             }
         }
-        rx.await.unwrap_or_else(|_| {
-            Err(E::from(StoreError::new(
-                "the SQLite writer thread dropped a unit",
-            )))
-        })
+        rx.await.unwrap_or_else(|_| Err(E::from(StoreError::new("the SQLite writer thread dropped a unit"))))
     }
 }
 

@@ -14,10 +14,7 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
-use crate::{
-    AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, Published, QueueError, Store,
-    TimerStatus,
-};
+use crate::{AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, Published, QueueError, Store, TimerStatus};
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
 /// returning a fresh, empty `Arc<dyn Store>`.
@@ -91,19 +88,11 @@ fn load(s: &str) -> LoadId {
 }
 
 fn entry(id: &str) -> NewEntry {
-    NewEntry {
-        entry_id: id.into(),
-        kind: "inbound_sms".into(),
-        payload: json!({"from": "+15555550100", "body": id}),
-    }
+    NewEntry { entry_id: id.into(), kind: "inbound_sms".into(), payload: json!({"from": "+15555550100", "body": id}) }
 }
 
 fn row(id: &str) -> NewOutboxRow {
-    NewOutboxRow {
-        id: id.into(),
-        action_type: ActionType::SendSms,
-        action: json!({"key": id}),
-    }
+    NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({"key": id}) }
 }
 
 const LEASE: Duration = Duration::from_secs(90);
@@ -123,22 +112,11 @@ async fn commit(s: &DynStore, l: &str, event: &str, expected: u64, keys: &[&str]
 }
 
 async fn pending_ids(s: &DynStore, limit: usize, now: Timestamp) -> Vec<String> {
-    s.pending(limit, now, LEASE)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.row.id)
-        .collect()
+    s.pending(limit, now, LEASE).await.unwrap().into_iter().map(|c| c.row.id).collect()
 }
 
 async fn log_ids(s: &DynStore, l: &str) -> Vec<String> {
-    s.read(&load(l))
-        .await
-        .unwrap()
-        .0
-        .into_iter()
-        .map(|r| r.entry_id)
-        .collect()
+    s.read(&load(l)).await.unwrap().0.into_iter().map(|r| r.entry_id).collect()
 }
 
 // ---------------------------------------------------------------------------------
@@ -151,17 +129,12 @@ pub async fn read_empty_load_has_version_zero(s: DynStore) {
 }
 
 pub async fn append_then_read_round_trips(s: DynStore) {
-    let payload =
-        json!({"from": "+15555550100", "body": "'; DROP TABLE events; -- ünïcødé \u{1F69A}"});
+    let payload = json!({"from": "+15555550100", "body": "'; DROP TABLE events; -- ünïcødé \u{1F69A}"});
     let v = s
         .append(
             &load("L1"),
             vec![
-                NewEntry {
-                    entry_id: "sms_1".into(),
-                    kind: "inbound_sms".into(),
-                    payload: payload.clone(),
-                },
+                NewEntry { entry_id: "sms_1".into(), kind: "inbound_sms".into(), payload: payload.clone() },
                 entry("dec:sms_1"),
             ],
             0,
@@ -173,10 +146,7 @@ pub async fn append_then_read_round_trips(s: DynStore) {
     assert_eq!(v, 2);
     let (records, version) = s.read(&load("L1")).await.unwrap();
     assert_eq!(version, 2);
-    assert_eq!(
-        records.iter().map(|r| r.seq).collect::<Vec<_>>(),
-        vec![1, 2]
-    );
+    assert_eq!(records.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
     assert_eq!(records[0].entry_id, "sms_1");
     assert_eq!(records[0].kind, "inbound_sms");
     assert_eq!(records[0].payload, payload);
@@ -202,61 +172,31 @@ pub async fn append_writes_outbox_rows_with_the_entries(s: DynStore) {
 
 pub async fn append_with_stale_version_is_concurrency_conflict(s: DynStore) {
     commit(&s, "L1", "e1", 0, &[]).await;
-    let err = s
-        .append(
-            &load("L1"),
-            vec![entry("e2")],
-            0,
-            vec![row("L1/e2/send_sms")],
-            t0(),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, AppendError::ConcurrencyConflict(c) if c.expected == 0 && c.actual == 2),
-        "{err:?}"
-    );
+    let err = s.append(&load("L1"), vec![entry("e2")], 0, vec![row("L1/e2/send_sms")], t0()).await.unwrap_err();
+    assert!(matches!(&err, AppendError::ConcurrencyConflict(c) if c.expected == 0 && c.actual == 2), "{err:?}");
     assert_eq!(log_ids(&s, "L1").await, vec!["e1", "dec:e1"]);
     assert_eq!(s.get("L1/e2/send_sms").await.unwrap(), None);
 }
 
 pub async fn append_with_future_version_is_concurrency_conflict(s: DynStore) {
-    let err = s
-        .append(&load("L1"), vec![entry("e1")], 3, vec![], t0())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AppendError::ConcurrencyConflict(_)),
-        "{err:?}"
-    );
+    let err = s.append(&load("L1"), vec![entry("e1")], 3, vec![], t0()).await.unwrap_err();
+    assert!(matches!(err, AppendError::ConcurrencyConflict(_)), "{err:?}");
     assert!(log_ids(&s, "L1").await.is_empty());
 }
 
 pub async fn append_duplicate_entry_is_duplicate_entry_error(s: DynStore) {
     commit(&s, "L1", "e1", 0, &[]).await;
     let err = s
-        .append(
-            &load("L1"),
-            vec![entry("e1"), entry("dec:e1x")],
-            2,
-            vec![row("L1/x/send_sms")],
-            t0(),
-        )
+        .append(&load("L1"), vec![entry("e1"), entry("dec:e1x")], 2, vec![row("L1/x/send_sms")], t0())
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, AppendError::DuplicateEntry(d) if d.entry_id == "e1"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, AppendError::DuplicateEntry(d) if d.entry_id == "e1"), "{err:?}");
     assert_eq!(log_ids(&s, "L1").await, vec!["e1", "dec:e1"]);
     assert_eq!(s.get("L1/x/send_sms").await.unwrap(), None);
 }
 
 pub async fn append_duplicate_entry_within_one_call_is_duplicate_entry_error(s: DynStore) {
-    let err = s
-        .append(&load("L1"), vec![entry("e1"), entry("e1")], 0, vec![], t0())
-        .await
-        .unwrap_err();
+    let err = s.append(&load("L1"), vec![entry("e1"), entry("e1")], 0, vec![], t0()).await.unwrap_err();
     assert!(matches!(err, AppendError::DuplicateEntry(_)), "{err:?}");
     assert!(log_ids(&s, "L1").await.is_empty());
 }
@@ -264,35 +204,18 @@ pub async fn append_duplicate_entry_within_one_call_is_duplicate_entry_error(s: 
 pub async fn append_duplicate_action_key_is_duplicate_action_key_error(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/k/send_sms"]).await;
     let err = s
-        .append(
-            &load("L1"),
-            vec![entry("e2")],
-            2,
-            vec![row("L1/k2/send_sms"), row("L1/k/send_sms")],
-            t0(),
-        )
+        .append(&load("L1"), vec![entry("e2")], 2, vec![row("L1/k2/send_sms"), row("L1/k/send_sms")], t0())
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, AppendError::DuplicateActionKey(d) if d.key == "L1/k/send_sms"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, AppendError::DuplicateActionKey(d) if d.key == "L1/k/send_sms"), "{err:?}");
     assert_eq!(log_ids(&s, "L1").await, vec!["e1", "dec:e1"]);
     assert_eq!(s.get("L1/k2/send_sms").await.unwrap(), None);
     assert_eq!(s.read(&load("L1")).await.unwrap().1, 2);
 }
 
-pub async fn append_duplicate_action_key_within_one_call_is_duplicate_action_key_error(
-    s: DynStore,
-) {
+pub async fn append_duplicate_action_key_within_one_call_is_duplicate_action_key_error(s: DynStore) {
     let err = s
-        .append(
-            &load("L1"),
-            vec![entry("e1")],
-            0,
-            vec![row("L1/k/send_sms"), row("L1/k/send_sms")],
-            t0(),
-        )
+        .append(&load("L1"), vec![entry("e1")], 0, vec![row("L1/k/send_sms"), row("L1/k/send_sms")], t0())
         .await
         .unwrap_err();
     assert!(matches!(err, AppendError::DuplicateActionKey(_)), "{err:?}");
@@ -303,31 +226,10 @@ pub async fn append_duplicate_action_key_within_one_call_is_duplicate_action_key
 pub async fn append_checks_version_before_entries_before_keys(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/k/send_sms"]).await;
     // Everything wrong at once: the version wins.
-    let err = s
-        .append(
-            &load("L1"),
-            vec![entry("e1")],
-            0,
-            vec![row("L1/k/send_sms")],
-            t0(),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AppendError::ConcurrencyConflict(_)),
-        "{err:?}"
-    );
+    let err = s.append(&load("L1"), vec![entry("e1")], 0, vec![row("L1/k/send_sms")], t0()).await.unwrap_err();
+    assert!(matches!(err, AppendError::ConcurrencyConflict(_)), "{err:?}");
     // Right version, duplicate entry and duplicate key: the entry wins.
-    let err = s
-        .append(
-            &load("L1"),
-            vec![entry("e1")],
-            2,
-            vec![row("L1/k/send_sms")],
-            t0(),
-        )
-        .await
-        .unwrap_err();
+    let err = s.append(&load("L1"), vec![entry("e1")], 2, vec![row("L1/k/send_sms")], t0()).await.unwrap_err();
     assert!(matches!(err, AppendError::DuplicateEntry(_)), "{err:?}");
     assert_eq!(log_ids(&s, "L1").await, vec!["e1", "dec:e1"]);
 }
@@ -340,10 +242,7 @@ pub async fn append_keeps_loads_apart(s: DynStore) {
     let mut ids = s.load_ids(None, 10).await.unwrap();
     ids.sort();
     assert_eq!(ids, vec![load("L1"), load("L2")]);
-    assert_eq!(
-        s.load_ids(Some(&load("L1")), 10).await.unwrap(),
-        vec![load("L2")]
-    );
+    assert_eq!(s.load_ids(Some(&load("L1")), 10).await.unwrap(), vec![load("L2")]);
 }
 
 pub async fn racing_writers_on_one_version_exactly_one_wins(s: DynStore) {
@@ -357,14 +256,7 @@ pub async fn racing_writers_on_one_version_exactly_one_wins(s: DynStore) {
             barrier.wait().await;
             let event = format!("w{w}");
             let key = format!("L1/{event}/send_sms");
-            s.append(
-                &load("L1"),
-                vec![entry(&event), entry(&format!("dec:{event}"))],
-                2,
-                vec![row(&key)],
-                t0(),
-            )
-            .await
+            s.append(&load("L1"), vec![entry(&event), entry(&format!("dec:{event}"))], 2, vec![row(&key)], t0()).await
         }));
     }
     let mut winners = Vec::new();
@@ -380,27 +272,9 @@ pub async fn racing_writers_on_one_version_exactly_one_wins(s: DynStore) {
     }
     assert_eq!(winners.len(), 1, "exactly one writer commits");
     let w = winners[0];
-    assert_eq!(
-        log_ids(&s, "L1").await,
-        vec![
-            "e0".to_string(),
-            "dec:e0".into(),
-            format!("w{w}"),
-            format!("dec:w{w}")
-        ]
-    );
-    let keys: Vec<String> = s
-        .rows_for_load(&load("L1"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    assert_eq!(
-        keys,
-        vec![format!("L1/w{w}/send_sms")],
-        "the losers wrote no outbox rows"
-    );
+    assert_eq!(log_ids(&s, "L1").await, vec!["e0".to_string(), "dec:e0".into(), format!("w{w}"), format!("dec:w{w}")]);
+    let keys: Vec<String> = s.rows_for_load(&load("L1")).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(keys, vec![format!("L1/w{w}/send_sms")], "the losers wrote no outbox rows");
 }
 
 // ---------------------------------------------------------------------------------
@@ -417,33 +291,19 @@ pub async fn pending_claims_only_due_rows(s: DynStore) {
     assert_eq!(c.row.claim_token.as_deref(), Some(c.token.as_str()));
     assert_eq!(c.row.lease_until, Some(add(t0(), LEASE)));
     // A row waiting for its retry_at is not due.
-    s.mark_failed(&c.row.id, &c.token, "503", Some(at(10)), t0())
-        .await
-        .unwrap();
+    s.mark_failed(&c.row.id, &c.token, "503", Some(at(10)), t0()).await.unwrap();
     assert!(s.pending(10, at(9), LEASE).await.unwrap().is_empty());
     assert_eq!(pending_ids(&s, 10, at(10)).await, vec!["L1/a/send_sms"]);
 }
 
 pub async fn pending_honours_limit_and_due_order(s: DynStore) {
     for i in 0..5u64 {
-        s.append(
-            &load("L1"),
-            vec![entry(&format!("e{i}"))],
-            i,
-            vec![row(&format!("L1/r{i}/send_sms"))],
-            at(i),
-        )
-        .await
-        .unwrap();
+        s.append(&load("L1"), vec![entry(&format!("e{i}"))], i, vec![row(&format!("L1/r{i}/send_sms"))], at(i))
+            .await
+            .unwrap();
     }
-    assert_eq!(
-        pending_ids(&s, 2, at(100)).await,
-        vec!["L1/r0/send_sms", "L1/r1/send_sms"]
-    );
-    assert_eq!(
-        pending_ids(&s, 10, at(100)).await,
-        vec!["L1/r2/send_sms", "L1/r3/send_sms", "L1/r4/send_sms"]
-    );
+    assert_eq!(pending_ids(&s, 2, at(100)).await, vec!["L1/r0/send_sms", "L1/r1/send_sms"]);
+    assert_eq!(pending_ids(&s, 10, at(100)).await, vec!["L1/r2/send_sms", "L1/r3/send_sms", "L1/r4/send_sms"]);
     assert!(pending_ids(&s, 10, at(100)).await.is_empty());
 }
 
@@ -451,31 +311,19 @@ pub async fn pending_sets_first_attempt_at_on_first_claim_only(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
     let c = s.pending(1, at(10), LEASE).await.unwrap().remove(0);
     assert_eq!(c.row.first_attempt_at, Some(at(10)));
-    s.mark_failed(&c.row.id, &c.token, "timeout", Some(at(20)), at(11))
-        .await
-        .unwrap();
+    s.mark_failed(&c.row.id, &c.token, "timeout", Some(at(20)), at(11)).await.unwrap();
     let r = s.get("L1/a/send_sms").await.unwrap().unwrap();
-    assert_eq!(
-        (r.attempts, r.first_attempt_at, r.due_at),
-        (1, Some(at(10)), at(20))
-    );
+    assert_eq!((r.attempts, r.first_attempt_at, r.due_at), (1, Some(at(10)), at(20)));
     assert_eq!(r.last_failure.as_deref(), Some("timeout"));
     let c2 = s.pending(1, at(30), LEASE).await.unwrap().remove(0);
-    assert_eq!(
-        c2.row.first_attempt_at,
-        Some(at(10)),
-        "the budget anchor does not move"
-    );
+    assert_eq!(c2.row.first_attempt_at, Some(at(10)), "the budget anchor does not move");
     assert_ne!(c2.token, c.token);
 }
 
 pub async fn live_lease_is_not_claimed_again(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
     assert_eq!(pending_ids(&s, 10, at(0)).await.len(), 1);
-    assert!(
-        pending_ids(&s, 10, at(89)).await.is_empty(),
-        "the lease runs 90 s"
-    );
+    assert!(pending_ids(&s, 10, at(89)).await.is_empty(), "the lease runs 90 s");
 }
 
 pub async fn concurrent_claimers_get_disjoint_rows(s: DynStore) {
@@ -516,28 +364,13 @@ pub async fn lapsed_lease_is_taken_over_and_old_token_is_stale(s: DynStore) {
     assert_ne!(old.token, new.token);
     assert_eq!(new.row.first_attempt_at, Some(at(0)));
     let stale = |r: Result<(), ClaimError>| matches!(r, Err(ClaimError::Stale(_)));
-    assert!(stale(
-        s.check_claim("L1/a/send_sms", &old.token, at(91)).await
-    ));
-    assert!(stale(
-        s.mark_dispatched("L1/a/send_sms", &old.token, "rcpt-old", at(91))
-            .await
-    ));
-    assert!(stale(
-        s.mark_failed("L1/a/send_sms", &old.token, "x", None, at(91))
-            .await
-    ));
-    s.check_claim("L1/a/send_sms", &new.token, at(91))
-        .await
-        .unwrap();
-    s.mark_dispatched("L1/a/send_sms", &new.token, "rcpt-new", at(92))
-        .await
-        .unwrap();
+    assert!(stale(s.check_claim("L1/a/send_sms", &old.token, at(91)).await));
+    assert!(stale(s.mark_dispatched("L1/a/send_sms", &old.token, "rcpt-old", at(91)).await));
+    assert!(stale(s.mark_failed("L1/a/send_sms", &old.token, "x", None, at(91)).await));
+    s.check_claim("L1/a/send_sms", &new.token, at(91)).await.unwrap();
+    s.mark_dispatched("L1/a/send_sms", &new.token, "rcpt-new", at(92)).await.unwrap();
     let r = s.get("L1/a/send_sms").await.unwrap().unwrap();
-    assert_eq!(
-        (r.status, r.receipt.as_deref()),
-        (OutboxStatus::Dispatched, Some("rcpt-new"))
-    );
+    assert_eq!((r.status, r.receipt.as_deref()), (OutboxStatus::Dispatched, Some("rcpt-new")));
 }
 
 pub async fn stale_claim_changes_nothing(s: DynStore) {
@@ -545,58 +378,30 @@ pub async fn stale_claim_changes_nothing(s: DynStore) {
     let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
     let before = s.get("L1/a/send_sms").await.unwrap().unwrap();
     for bad in ["", "not-a-token", &format!("{}x", c.token)] {
-        assert!(matches!(
-            s.mark_dispatched("L1/a/send_sms", bad, "r", at(1)).await,
-            Err(ClaimError::Stale(_))
-        ));
-        assert!(matches!(
-            s.mark_failed("L1/a/send_sms", bad, "f", None, at(1)).await,
-            Err(ClaimError::Stale(_))
-        ));
+        assert!(matches!(s.mark_dispatched("L1/a/send_sms", bad, "r", at(1)).await, Err(ClaimError::Stale(_))));
+        assert!(matches!(s.mark_failed("L1/a/send_sms", bad, "f", None, at(1)).await, Err(ClaimError::Stale(_))));
     }
-    assert!(matches!(
-        s.mark_dispatched("no/such/row", &c.token, "r", at(1)).await,
-        Err(ClaimError::Stale(_))
-    ));
+    assert!(matches!(s.mark_dispatched("no/such/row", &c.token, "r", at(1)).await, Err(ClaimError::Stale(_))));
     assert_eq!(s.get("L1/a/send_sms").await.unwrap().unwrap(), before);
     // A dispatched row cannot be marked again, even with its token.
-    s.mark_dispatched("L1/a/send_sms", &c.token, "r1", at(2))
-        .await
-        .unwrap();
-    assert!(matches!(
-        s.mark_failed("L1/a/send_sms", &c.token, "late", None, at(3))
-            .await,
-        Err(ClaimError::Stale(_))
-    ));
-    assert_eq!(
-        s.get("L1/a/send_sms").await.unwrap().unwrap().status,
-        OutboxStatus::Dispatched
-    );
+    s.mark_dispatched("L1/a/send_sms", &c.token, "r1", at(2)).await.unwrap();
+    assert!(matches!(s.mark_failed("L1/a/send_sms", &c.token, "late", None, at(3)).await, Err(ClaimError::Stale(_))));
+    assert_eq!(s.get("L1/a/send_sms").await.unwrap().unwrap().status, OutboxStatus::Dispatched);
 }
 
 pub async fn check_claim_fails_after_lease_lapses(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
     let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
-    s.check_claim("L1/a/send_sms", &c.token, at(89))
-        .await
-        .unwrap();
-    assert!(matches!(
-        s.check_claim("L1/a/send_sms", &c.token, at(90)).await,
-        Err(ClaimError::Stale(_))
-    ));
+    s.check_claim("L1/a/send_sms", &c.token, at(89)).await.unwrap();
+    assert!(matches!(s.check_claim("L1/a/send_sms", &c.token, at(90)).await, Err(ClaimError::Stale(_))));
 }
 
 pub async fn mark_dispatched_stores_receipt_and_leaves_pending(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
     let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
-    s.mark_dispatched(&c.row.id, &c.token, "SM123", at(1))
-        .await
-        .unwrap();
+    s.mark_dispatched(&c.row.id, &c.token, "SM123", at(1)).await.unwrap();
     let r = s.get(&c.row.id).await.unwrap().unwrap();
-    assert_eq!(
-        (r.status, r.receipt.as_deref(), r.updated_at),
-        (OutboxStatus::Dispatched, Some("SM123"), at(1))
-    );
+    assert_eq!((r.status, r.receipt.as_deref(), r.updated_at), (OutboxStatus::Dispatched, Some("SM123"), at(1)));
     assert!(pending_ids(&s, 10, at(1000)).await.is_empty());
     assert_eq!(s.oldest_pending_created_at().await.unwrap(), None);
 }
@@ -604,20 +409,9 @@ pub async fn mark_dispatched_stores_receipt_and_leaves_pending(s: DynStore) {
 pub async fn mark_failed_with_retry_at_reschedules(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
     let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
-    s.mark_failed(
-        &c.row.id,
-        &c.token,
-        "503 Service Unavailable",
-        Some(at(2)),
-        at(1),
-    )
-    .await
-    .unwrap();
+    s.mark_failed(&c.row.id, &c.token, "503 Service Unavailable", Some(at(2)), at(1)).await.unwrap();
     let r = s.get(&c.row.id).await.unwrap().unwrap();
-    assert_eq!(
-        (r.status, r.attempts, r.due_at, r.claim_token),
-        (OutboxStatus::Pending, 1, at(2), None)
-    );
+    assert_eq!((r.status, r.attempts, r.due_at, r.claim_token), (OutboxStatus::Pending, 1, at(2), None));
     // The lease is given up, so the retry does not wait for it.
     assert_eq!(pending_ids(&s, 10, at(2)).await, vec![c.row.id]);
 }
@@ -625,56 +419,24 @@ pub async fn mark_failed_with_retry_at_reschedules(s: DynStore) {
 pub async fn mark_failed_without_retry_at_buries_the_row(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms", "L1/b/send_sms"]).await;
     let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
-    s.mark_failed(&c.row.id, &c.token, "400 bad number", None, at(5))
-        .await
-        .unwrap();
+    s.mark_failed(&c.row.id, &c.token, "400 bad number", None, at(5)).await.unwrap();
     let r = s.get(&c.row.id).await.unwrap().unwrap();
     assert_eq!((r.status, r.attempts), (OutboxStatus::Dead, 1));
-    let dead: Vec<String> = s
-        .dead(at(0), 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let dead: Vec<String> = s.dead(at(0), 10).await.unwrap().into_iter().map(|r| r.id).collect();
     assert_eq!(dead, vec![c.row.id.clone()]);
-    assert!(
-        s.dead(at(6), 10).await.unwrap().is_empty(),
-        "`since` filters by death time"
-    );
+    assert!(s.dead(at(6), 10).await.unwrap().is_empty(), "`since` filters by death time");
     assert_eq!(s.count_by_status(OutboxStatus::Dead).await.unwrap(), 1);
-    assert!(
-        !pending_ids(&s, 10, at(1000)).await.contains(&c.row.id),
-        "a dead row is never claimed"
-    );
+    assert!(!pending_ids(&s, 10, at(1000)).await.contains(&c.row.id), "a dead row is never claimed");
 }
 
 pub async fn oldest_pending_row_is_reported(s: DynStore) {
     assert_eq!(s.oldest_pending_created_at().await.unwrap(), None);
-    s.append(
-        &load("L1"),
-        vec![entry("e1")],
-        0,
-        vec![row("L1/a/send_sms")],
-        at(3),
-    )
-    .await
-    .unwrap();
-    s.append(
-        &load("L2"),
-        vec![entry("e1")],
-        0,
-        vec![row("L2/a/send_sms")],
-        at(7),
-    )
-    .await
-    .unwrap();
+    s.append(&load("L1"), vec![entry("e1")], 0, vec![row("L1/a/send_sms")], at(3)).await.unwrap();
+    s.append(&load("L2"), vec![entry("e1")], 0, vec![row("L2/a/send_sms")], at(7)).await.unwrap();
     assert_eq!(s.oldest_pending_created_at().await.unwrap(), Some(at(3)));
     let c = s.pending(1, at(10), LEASE).await.unwrap().remove(0);
     assert_eq!(c.row.id, "L1/a/send_sms");
-    s.mark_dispatched(&c.row.id, &c.token, "r", at(11))
-        .await
-        .unwrap();
+    s.mark_dispatched(&c.row.id, &c.token, "r", at(11)).await.unwrap();
     assert_eq!(s.oldest_pending_created_at().await.unwrap(), Some(at(7)));
 }
 
@@ -691,33 +453,21 @@ pub async fn schedule_twice_gives_one_timer(s: DynStore) {
     assert!(!s.schedule(&t, at(9999), at(5)).await.unwrap());
     let timers = s.timers_for_load(&load("L1")).await.unwrap();
     assert_eq!(timers.len(), 1);
-    assert_eq!(
-        (timers[0].fire_at, timers[0].created_at, timers[0].status),
-        (at(1800), at(0), TimerStatus::Scheduled)
-    );
+    assert_eq!((timers[0].fire_at, timers[0].created_at, timers[0].status), (at(1800), at(0), TimerStatus::Scheduled));
     assert_eq!(s.due(at(10_000), 10).await.unwrap().len(), 1);
 }
 
 pub async fn due_honours_time_and_limit(s: DynStore) {
     for n in 0..5u32 {
-        s.schedule(&timer("L1", n), at(100 + u64::from(n)), at(0))
-            .await
-            .unwrap();
+        s.schedule(&timer("L1", n), at(100 + u64::from(n)), at(0)).await.unwrap();
     }
     assert!(s.due(at(99), 10).await.unwrap().is_empty());
     let ids = |v: Vec<crate::Timer>| v.into_iter().map(|t| t.timer_id).collect::<Vec<_>>();
     assert_eq!(ids(s.due(at(100), 10).await.unwrap()), vec![timer("L1", 0)]);
-    assert_eq!(
-        ids(s.due(at(103), 2).await.unwrap()),
-        vec![timer("L1", 0), timer("L1", 1)]
-    );
+    assert_eq!(ids(s.due(at(103), 2).await.unwrap()), vec![timer("L1", 0), timer("L1", 1)]);
     assert_eq!(s.due(at(1000), 10).await.unwrap().len(), 5);
     assert!(s.mark_fired(&timer("L1", 0), at(1000)).await.unwrap());
-    assert_eq!(
-        ids(s.due(at(1000), 1).await.unwrap()),
-        vec![timer("L1", 1)],
-        "fired timers are not due"
-    );
+    assert_eq!(ids(s.due(at(1000), 1).await.unwrap()), vec![timer("L1", 1)], "fired timers are not due");
 }
 
 pub async fn canceled_timer_is_not_due(s: DynStore) {
@@ -727,14 +477,8 @@ pub async fn canceled_timer_is_not_due(s: DynStore) {
     assert!(!s.cancel(&t, at(6)).await.unwrap(), "cancel is idempotent");
     assert!(s.due(at(100), 10).await.unwrap().is_empty());
     let got = s.get_timer(&t).await.unwrap().unwrap();
-    assert_eq!(
-        (got.status, got.canceled_at),
-        (TimerStatus::Canceled, Some(at(5)))
-    );
-    assert!(
-        !s.mark_fired(&t, at(100)).await.unwrap(),
-        "a canceled timer does not become fired"
-    );
+    assert_eq!((got.status, got.canceled_at), (TimerStatus::Canceled, Some(at(5))));
+    assert!(!s.mark_fired(&t, at(100)).await.unwrap(), "a canceled timer does not become fired");
 }
 
 pub async fn cancel_before_schedule_stays_canceled(s: DynStore) {
@@ -743,10 +487,7 @@ pub async fn cancel_before_schedule_stays_canceled(s: DynStore) {
     s.cancel(&t, at(1)).await.unwrap();
     assert!(!s.schedule(&t, at(10), at(2)).await.unwrap());
     assert!(s.due(at(100), 10).await.unwrap().is_empty());
-    assert_eq!(
-        s.get_timer(&t).await.unwrap().unwrap().status,
-        TimerStatus::Canceled
-    );
+    assert_eq!(s.get_timer(&t).await.unwrap().unwrap().status, TimerStatus::Canceled);
 }
 
 pub async fn mark_fired_is_idempotent(s: DynStore) {
@@ -755,37 +496,19 @@ pub async fn mark_fired_is_idempotent(s: DynStore) {
     assert!(s.mark_fired(&t, at(11)).await.unwrap());
     assert!(!s.mark_fired(&t, at(12)).await.unwrap());
     let got = s.get_timer(&t).await.unwrap().unwrap();
-    assert_eq!(
-        (got.status, got.fired_at),
-        (TimerStatus::Fired, Some(at(11)))
-    );
-    assert!(
-        !s.cancel(&t, at(13)).await.unwrap(),
-        "a fired timer stays fired"
-    );
+    assert_eq!((got.status, got.fired_at), (TimerStatus::Fired, Some(at(11))));
+    assert!(!s.cancel(&t, at(13)).await.unwrap(), "a fired timer stays fired");
 }
 
 // ---------------------------------------------------------------------------------
 // LoadQueue
 
 async fn publish(s: &DynStore, l: &str, event: &str) -> Published {
-    s.publish(
-        &load(l),
-        event,
-        &json!({"event_id": event}).to_string(),
-        t0(),
-    )
-    .await
-    .unwrap()
+    s.publish(&load(l), event, &json!({"event_id": event}).to_string(), t0()).await.unwrap()
 }
 
 async fn receive(s: &DynStore, now: Timestamp) -> Vec<(String, String)> {
-    s.receive(10, VIS, now)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| (m.load_id.to_string(), m.event_id))
-        .collect()
+    s.receive(10, VIS, now).await.unwrap().into_iter().map(|m| (m.load_id.to_string(), m.event_id)).collect()
 }
 
 async fn receive_one(s: &DynStore, now: Timestamp) -> crate::QueueMessage {
@@ -801,19 +524,12 @@ fn pair(l: &str, e: &str) -> (String, String) {
 pub async fn queue_drops_duplicate_event_ids(s: DynStore) {
     assert_eq!(publish(&s, "L1", "e1").await, Published::New);
     assert_eq!(publish(&s, "L1", "e1").await, Published::Duplicate);
-    assert_eq!(
-        publish(&s, "L2", "e1").await,
-        Published::New,
-        "dedup is per load"
-    );
+    assert_eq!(publish(&s, "L2", "e1").await, Published::New, "dedup is per load");
     assert_eq!(s.depth().await.unwrap(), 2);
     let m = receive_one(&s, at(0)).await;
     s.ack(&m.receipt, at(1)).await.unwrap();
     // Still a duplicate after it was acked (well past the five minutes SQS keeps).
-    assert_eq!(
-        s.publish(&load("L1"), "e1", "{}", at(600)).await.unwrap(),
-        Published::Duplicate
-    );
+    assert_eq!(s.publish(&load("L1"), "e1", "{}", at(600)).await.unwrap(), Published::Duplicate);
     assert_eq!(receive(&s, at(600)).await, vec![pair("L2", "e1")]);
 }
 
@@ -836,15 +552,8 @@ pub async fn queue_is_fifo_per_load(s: DynStore) {
 pub async fn queue_holds_a_loads_next_message_while_one_is_in_flight(s: DynStore) {
     publish(&s, "L1", "e1").await;
     publish(&s, "L1", "e2").await;
-    assert_eq!(
-        receive(&s, at(0)).await,
-        vec![pair("L1", "e1")],
-        "one message per load per receive"
-    );
-    assert!(
-        receive(&s, at(1)).await.is_empty(),
-        "e2 waits while e1 is in flight"
-    );
+    assert_eq!(receive(&s, at(0)).await, vec![pair("L1", "e1")], "one message per load per receive");
+    assert!(receive(&s, at(1)).await.is_empty(), "e2 waits while e1 is in flight");
 }
 
 pub async fn queue_lets_other_loads_through_meanwhile(s: DynStore) {
@@ -864,11 +573,7 @@ pub async fn queue_redelivers_after_the_visibility_timeout(s: DynStore) {
     let m1 = receive_one(&s, at(0)).await;
     assert!(receive(&s, at(29)).await.is_empty());
     let again = receive_one(&s, at(30)).await;
-    assert_eq!(
-        (again.event_id.as_str(), again.receive_count),
-        ("e1", 2),
-        "the same message, FIFO kept"
-    );
+    assert_eq!((again.event_id.as_str(), again.receive_count), ("e1", 2), "the same message, FIFO kept");
     assert_ne!(again.receipt, m1.receipt);
     s.ack(&again.receipt, at(31)).await.unwrap();
     assert_eq!(receive(&s, at(31)).await, vec![pair("L1", "e2")]);
@@ -878,22 +583,11 @@ pub async fn queue_nack_delays_redelivery(s: DynStore) {
     publish(&s, "L1", "e1").await;
     publish(&s, "L1", "e2").await;
     let m = receive_one(&s, at(0)).await;
-    s.nack(&m.receipt, Duration::from_secs(5), at(1))
-        .await
-        .unwrap();
-    assert!(
-        receive(&s, at(5)).await.is_empty(),
-        "nacked head keeps the load waiting"
-    );
+    s.nack(&m.receipt, Duration::from_secs(5), at(1)).await.unwrap();
+    assert!(receive(&s, at(5)).await.is_empty(), "nacked head keeps the load waiting");
     let again = receive_one(&s, at(6)).await;
     assert_eq!(again.event_id, "e1");
-    assert!(
-        matches!(
-            s.ack(&m.receipt, at(6)).await,
-            Err(QueueError::StaleReceipt(_))
-        ),
-        "the nacked receipt is spent"
-    );
+    assert!(matches!(s.ack(&m.receipt, at(6)).await, Err(QueueError::StaleReceipt(_))), "the nacked receipt is spent");
     s.ack(&again.receipt, at(7)).await.unwrap();
 }
 
@@ -901,23 +595,11 @@ pub async fn queue_stale_receipt_is_rejected(s: DynStore) {
     publish(&s, "L1", "e1").await;
     let m1 = receive_one(&s, at(0)).await;
     let m2 = receive_one(&s, at(30)).await;
-    assert!(matches!(
-        s.ack(&m1.receipt, at(31)).await,
-        Err(QueueError::StaleReceipt(_))
-    ));
-    assert!(matches!(
-        s.ack("garbage", at(31)).await,
-        Err(QueueError::StaleReceipt(_))
-    ));
+    assert!(matches!(s.ack(&m1.receipt, at(31)).await, Err(QueueError::StaleReceipt(_))));
+    assert!(matches!(s.ack("garbage", at(31)).await, Err(QueueError::StaleReceipt(_))));
     assert_eq!(s.depth().await.unwrap(), 1, "a stale ack removes nothing");
     s.ack(&m2.receipt, at(31)).await.unwrap();
-    assert!(
-        matches!(
-            s.ack(&m2.receipt, at(32)).await,
-            Err(QueueError::StaleReceipt(_))
-        ),
-        "acked once"
-    );
+    assert!(matches!(s.ack(&m2.receipt, at(32)).await, Err(QueueError::StaleReceipt(_))), "acked once");
     assert_eq!(s.depth().await.unwrap(), 0);
 }
 
@@ -935,8 +617,7 @@ pub async fn queue_concurrent_receivers_never_hold_one_load_twice(s: DynStore) {
     let barrier = Arc::new(tokio::sync::Barrier::new(receivers));
     let mut tasks = Vec::new();
     for _ in 0..receivers {
-        let (s, in_flight, seen, barrier) =
-            (s.clone(), in_flight.clone(), seen.clone(), barrier.clone());
+        let (s, in_flight, seen, barrier) = (s.clone(), in_flight.clone(), seen.clone(), barrier.clone());
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let mut idle = 0;
@@ -954,9 +635,7 @@ pub async fn queue_concurrent_receivers_never_hold_one_load_twice(s: DynStore) {
                         "load {} received twice at once",
                         m.load_id
                     );
-                    seen.lock()
-                        .unwrap()
-                        .push((m.load_id.to_string(), m.event_id.clone()));
+                    seen.lock().unwrap().push((m.load_id.to_string(), m.event_id.clone()));
                     tokio::task::yield_now().await;
                     in_flight.lock().unwrap().remove(m.load_id.as_str());
                     s.ack(&m.receipt, t0()).await.unwrap();
@@ -970,16 +649,8 @@ pub async fn queue_concurrent_receivers_never_hold_one_load_twice(s: DynStore) {
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), loads * per_load, "every message delivered once");
     for l in 0..loads {
-        let order: Vec<&str> = seen
-            .iter()
-            .filter(|(ll, _)| *ll == format!("L{l}"))
-            .map(|(_, e)| e.as_str())
-            .collect();
-        assert_eq!(
-            order,
-            (0..per_load).map(|i| format!("e{i}")).collect::<Vec<_>>(),
-            "FIFO for L{l}"
-        );
+        let order: Vec<&str> = seen.iter().filter(|(ll, _)| *ll == format!("L{l}")).map(|(_, e)| e.as_str()).collect();
+        assert_eq!(order, (0..per_load).map(|i| format!("e{i}")).collect::<Vec<_>>(), "FIFO for L{l}");
     }
 }
 
@@ -988,26 +659,11 @@ pub async fn queue_concurrent_receivers_never_hold_one_load_twice(s: DynStore) {
 
 pub async fn load_lock_excludes_a_second_holder(s: DynStore) {
     let ttl = Duration::from_secs(300);
-    let first = s
-        .try_lock(&load("L1"), ttl, at(0))
-        .await
-        .unwrap()
-        .expect("free lock is taken");
-    assert!(
-        s.try_lock(&load("L1"), ttl, at(1)).await.unwrap().is_none(),
-        "held by the first"
-    );
-    let other = s
-        .try_lock(&load("L2"), ttl, at(1))
-        .await
-        .unwrap()
-        .expect("other loads are free");
+    let first = s.try_lock(&load("L1"), ttl, at(0)).await.unwrap().expect("free lock is taken");
+    assert!(s.try_lock(&load("L1"), ttl, at(1)).await.unwrap().is_none(), "held by the first");
+    let other = s.try_lock(&load("L2"), ttl, at(1)).await.unwrap().expect("other loads are free");
     first.release().await.unwrap();
-    let again = s
-        .try_lock(&load("L1"), ttl, at(2))
-        .await
-        .unwrap()
-        .expect("released lock is free");
+    let again = s.try_lock(&load("L1"), ttl, at(2)).await.unwrap().expect("released lock is free");
     again.release().await.unwrap();
     other.release().await.unwrap();
 }

@@ -133,11 +133,7 @@ pub trait EventStore: Send + Sync {
     ) -> Result<u64, AppendError>;
 
     /// Load ids with a log, in id order, after `after`, at most `limit`.
-    async fn load_ids(
-        &self,
-        after: Option<&LoadId>,
-        limit: usize,
-    ) -> Result<Vec<LoadId>, StoreError>;
+    async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError>;
 }
 
 // ---------------------------------------------------------------------------------
@@ -161,13 +157,7 @@ impl OutboxStatus {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            OutboxStatus::Pending,
-            OutboxStatus::Dispatched,
-            OutboxStatus::Dead,
-        ]
-        .into_iter()
-        .find(|v| v.as_str() == s)
+        [OutboxStatus::Pending, OutboxStatus::Dispatched, OutboxStatus::Dead].into_iter().find(|v| v.as_str() == s)
     }
 }
 
@@ -203,24 +193,13 @@ pub trait Outbox: Send + Sync {
     /// Claims up to `limit` due rows (pending, `due_at <= now`, no live lease), each
     /// with a fresh claim token and a lease until `now + lease`; sets
     /// `first_attempt_at` on a row's first claim. No row is held by two live claims.
-    async fn pending(
-        &self,
-        limit: usize,
-        now: Timestamp,
-        lease: Duration,
-    ) -> Result<Vec<Claim>, StoreError>;
+    async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError>;
 
     /// Ok while `token` is the row's claim and its lease is live at `now`: the check a
     /// dispatcher makes right before a send.
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError>;
 
-    async fn mark_dispatched(
-        &self,
-        id: &str,
-        token: &str,
-        receipt: &str,
-        now: Timestamp,
-    ) -> Result<(), ClaimError>;
+    async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError>;
 
     /// Records a failed attempt: `Some(retry_at)` reschedules the row, `None` buries it.
     async fn mark_failed(
@@ -266,13 +245,7 @@ impl TimerStatus {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            TimerStatus::Scheduled,
-            TimerStatus::Fired,
-            TimerStatus::Canceled,
-        ]
-        .into_iter()
-        .find(|v| v.as_str() == s)
+        [TimerStatus::Scheduled, TimerStatus::Fired, TimerStatus::Canceled].into_iter().find(|v| v.as_str() == s)
     }
 }
 
@@ -292,12 +265,7 @@ pub struct Timer {
 pub trait TimerStore: Send + Sync {
     /// Schedules a timer; idempotent on `timer_id` (a second call changes nothing and
     /// returns false). A timer canceled before it was scheduled stays canceled.
-    async fn schedule(
-        &self,
-        timer_id: &TimerId,
-        fire_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<bool, StoreError>;
+    async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError>;
 
     /// Cancels a scheduled timer; idempotent. Returns true when this call canceled it.
     async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError>;
@@ -351,12 +319,7 @@ pub trait LoadQueue: Send + Sync {
     /// Up to `max` messages, FIFO per load, at most one in flight per load: a load's
     /// next message waits until the one before it is acked. A received message is
     /// invisible until `now + visibility`, then redelivered unless acked.
-    async fn receive(
-        &self,
-        max: usize,
-        visibility: Duration,
-        now: Timestamp,
-    ) -> Result<Vec<QueueMessage>, StoreError>;
+    async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError>;
 
     async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError>;
 
@@ -391,12 +354,6 @@ pub trait LoadLock: Send + Sync {
 }
 
 /// Everything one database provides.
-pub trait Store:
-    EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static
-{
-}
+pub trait Store: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static {}
 
-impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static> Store
-    for T
-{
-}
+impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static> Store for T {}
