@@ -290,10 +290,10 @@ impl InboundEvent {
             None => return Err(BadInput::new("bad_payload", "missing field `kind`")),
         };
         // `load_id` may be repeated in the body; it must agree with the path.
-        if let Some(l) = obj.remove("load_id") {
-            if l.as_str() != Some(load_id.as_str()) {
-                return Err(BadInput::new("bad_payload", "load_id in the body differs from the load"));
-            }
+        if let Some(l) = obj.remove("load_id")
+            && l.as_str() != Some(load_id.as_str())
+        {
+            return Err(BadInput::new("bad_payload", "load_id in the body differs from the load"));
         }
         let body = EventBody::from_payload(&kind, Value::Object(obj))?;
         Ok(InboundEvent { load_id, event_id, body })

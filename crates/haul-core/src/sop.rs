@@ -266,3 +266,24 @@ impl Sop<'_> {
         self.state.next_stop.as_deref().map(|s| format!(" to {s}")).unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::reports_trouble;
+
+    #[test]
+    fn trouble_words() {
+        for (text, trouble) in [
+            ("ETA 9:15", false),
+            ("Broke down near Gary", true),
+            ("FLAT TIRE", true),
+            ("I can’t make it today", true),
+            ("running a bit late", true),
+            ("stuck in traffic", true),
+            ("all good, on time", false),
+            ("", false),
+        ] {
+            assert_eq!(reports_trouble(text), trouble, "{text}");
+        }
+    }
+}

@@ -1,1 +1,195 @@
+//! The PostgreSQL backend: production's store.
+//!
+//! deadpool-postgres pools the connections. Claims (outbox rows, queue heads) use
+//! `FOR UPDATE SKIP LOCKED`, so any number of dispatchers and workers in any number of
+//! processes never hand one row to two live claims. Appends serialize per load on the
+//! `loads` row (an `UPDATE … WHERE version = expected`), so the version is always the
+//! first check and racing writers cannot interleave.
 
+mod impls;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use haul_store::StoreError;
+use tokio_postgres::NoTls;
+
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgConfig {
+    pub url: String,
+    /// Schema for every table (`search_path`); `None` uses the server's default.
+    /// Tests give each case its own.
+    pub schema: Option<String>,
+    pub pool_size: usize,
+    /// Seed for claim tokens and receipts; `None` draws one from the OS.
+    pub seed: Option<u64>,
+}
+
+impl PgConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        PgConfig { url: url.into(), schema: None, pool_size: 16, seed: None }
+    }
+}
+
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    rng: Arc<Mutex<fastrand::Rng>>,
+}
+
+fn is_schema_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 63 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Says where the database is without the password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}@{}", &url[..s + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl PgStore {
+    /// Connects (and checks the connection), creating the schema when one is named.
+    pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
+        let mut pg: tokio_postgres::Config = config
+            .url
+            .parse()
+            .map_err(|e| StoreError::new(format!("bad PostgreSQL url {}: {e}", redact(&config.url))))?;
+        pg.connect_timeout(Duration::from_secs(5));
+        if let Some(schema) = &config.schema {
+            if !is_schema_name(schema) {
+                return Err(StoreError::new(format!("bad schema name {schema:?}")));
+            }
+            let (client, conn) = pg.connect(NoTls).await.map_err(|e| unreachable_db(&config.url, e))?;
+            let task = tokio::spawn(conn);
+            client
+                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+                .await
+                .map_err(|e| StoreError::new(format!("cannot create schema {schema}: {e}")))?;
+            drop(client);
+            let _ = task.await;
+            pg.options(format!("-c search_path={schema}"));
+        }
+        let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size.max(2))
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::new(format!("cannot build the PostgreSQL pool: {e}")))?;
+        // Fail here, with the address, rather than on first use.
+        drop(
+            pool.get()
+                .await
+                .map_err(|e| StoreError::new(format!("cannot reach PostgreSQL at {}: {e}", redact(&config.url))))?,
+        );
+        let rng = match config.seed {
+            Some(s) => fastrand::Rng::with_seed(s),
+            None => fastrand::Rng::new(),
+        };
+        Ok(PgStore { pool, rng: Arc::new(Mutex::new(rng)) })
+    }
+
+    pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
+        let store = Self::connect(&PgConfig::new(url)).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Applies the migrations not yet applied, under an advisory lock so several
+    /// processes starting at once do not race; returns the versions applied.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        tx.batch_execute(
+            "SELECT pg_advisory_xact_lock(7423001);
+             CREATE TABLE IF NOT EXISTS schema_migrations (version bigint PRIMARY KEY, applied_at bigint NOT NULL);",
+        )
+        .await
+        .map_err(pg)?;
+        let mut applied = Vec::new();
+        for (version, sql) in MIGRATIONS {
+            let done = tx
+                .query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version])
+                .await
+                .map_err(pg)?
+                .is_some();
+            if !done {
+                tx.batch_execute(sql).await.map_err(|e| StoreError::new(format!("migration {version}: {e}")))?;
+                tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, 0)", &[version])
+                    .await
+                    .map_err(pg)?;
+                applied.push(*version);
+            }
+        }
+        tx.commit().await.map_err(pg)?;
+        Ok(applied)
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {e}")))
+    }
+
+    fn token(&self) -> String {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
+    }
+}
+
+fn unreachable_db(url: &str, e: tokio_postgres::Error) -> StoreError {
+    StoreError::new(format!("cannot reach PostgreSQL at {}: {e}", redact(url)))
+}
+
+pub(crate) fn pg(e: tokio_postgres::Error) -> StoreError {
+    match e.as_db_error() {
+        Some(d) => StoreError::new(format!("postgres: {} ({})", d.message(), d.code().code())),
+        None => StoreError::new(format!("postgres: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(super::redact("postgres://u:secret@h:5432/db"), "postgres://u@h:5432/db");
+        assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(super::redact("host=x"), "host=x");
+    }
+}
+
+/// Helpers for tests (this crate's and the runtime's) that need a PostgreSQL of their own.
+pub mod testing {
+    /// A new schema name for one test, after dropping the test schemas left by runs
+    /// more than an hour old (names carry their creation time).
+    #[allow(clippy::disallowed_methods)] // test bookkeeping, not domain time
+    pub async fn fresh_schema(url: &str) -> String {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let name = format!("haul_t{now}_{:08x}", fastrand::u32(..));
+        let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
+            panic!("PostgreSQL is required for these tests and is not reachable at DATABASE_URL={url}");
+        };
+        let task = tokio::spawn(conn);
+        if let Ok(rows) = client.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'haul\\_t%'", &[]).await {
+            for row in rows {
+                let old: String = row.get(0);
+                let born =
+                    old.strip_prefix("haul_t").and_then(|s| s.split('_').next()).and_then(|s| s.parse::<u64>().ok());
+                if born.is_some_and(|b| b + 3600 < now) {
+                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {old} CASCADE")).await;
+                }
+            }
+        }
+        drop(client);
+        let _ = task.await;
+        name
+    }
+}

@@ -1,0 +1,660 @@
+//! The storage contracts on PostgreSQL.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use haul_core::action::ActionType;
+use haul_core::ids::{LoadId, TimerId};
+use haul_core::projection::Record;
+use haul_core::time::{Timestamp, add, from_ms, to_ms};
+use haul_store::{
+    AppendError, Claim, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, EventStore,
+    LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow, OutboxStatus, Published, QueueError,
+    QueueMessage, StaleClaimError, StoreError, Timer, TimerStatus, TimerStore,
+};
+use tokio_postgres::Row;
+use tokio_postgres::error::SqlState;
+
+use crate::{PgStore, pg};
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn corrupt(what: &str, v: &str) -> StoreError {
+    StoreError::new(format!("corrupt row: {what} {v:?}"))
+}
+
+const OUTBOX_COLS: &str = "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
+     lease_until, last_failure, receipt, created_at, updated_at";
+
+fn outbox_row(r: &Row) -> Result<OutboxRow, StoreError> {
+    let load_id: String = r.get(1);
+    let action_type: String = r.get(2);
+    let action: String = r.get(3);
+    let status: String = r.get(4);
+    Ok(OutboxRow {
+        id: r.get(0),
+        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+        action_type: ActionType::parse(&action_type).ok_or_else(|| corrupt("action_type", &action_type))?,
+        action: serde_json::from_str(&action).map_err(|_| corrupt("action", &action))?,
+        status: OutboxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
+        attempts: r.get::<_, i32>(5) as u32,
+        due_at: from_ms(r.get(6)),
+        first_attempt_at: r.get::<_, Option<i64>>(7).map(from_ms),
+        claim_token: r.get(8),
+        lease_until: r.get::<_, Option<i64>>(9).map(from_ms),
+        last_failure: r.get(10),
+        receipt: r.get(11),
+        created_at: from_ms(r.get(12)),
+        updated_at: from_ms(r.get(13)),
+    })
+}
+
+const TIMER_COLS: &str = "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at";
+
+fn timer_row(r: &Row) -> Result<Timer, StoreError> {
+    let timer_id: String = r.get(0);
+    let load_id: String = r.get(1);
+    let status: String = r.get(3);
+    Ok(Timer {
+        timer_id: TimerId::parse(&timer_id).map_err(|_| corrupt("timer_id", &timer_id))?,
+        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+        fire_at: from_ms(r.get(2)),
+        status: TimerStatus::parse(&status).ok_or_else(|| corrupt("timer status", &status))?,
+        created_at: from_ms(r.get(4)),
+        canceled_at: r.get::<_, Option<i64>>(5).map(from_ms),
+        fired_at: r.get::<_, Option<i64>>(6).map(from_ms),
+    })
+}
+
+fn constraint(e: &tokio_postgres::Error) -> Option<&str> {
+    e.as_db_error().filter(|d| *d.code() == SqlState::UNIQUE_VIOLATION).and_then(|d| d.constraint())
+}
+
+impl PgStore {
+    async fn outbox_query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(pg)?;
+        client.query(&stmt, params).await.map_err(pg)?.iter().map(outbox_row).collect()
+    }
+
+    async fn timer_query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Timer>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(pg)?;
+        client.query(&stmt, params).await.map_err(pg)?.iter().map(timer_row).collect()
+    }
+}
+
+#[async_trait]
+impl EventStore for PgStore {
+    async fn read(&self, load_id: &LoadId) -> Result<(Vec<Record>, u64), StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = $1 ORDER BY seq",
+            )
+            .await
+            .map_err(pg)?;
+        let rows = client.query(&stmt, &[&load_id.as_str()]).await.map_err(pg)?;
+        let records: Vec<Record> = rows
+            .iter()
+            .map(|r| {
+                let payload: String = r.get(3);
+                Record {
+                    seq: r.get::<_, i64>(0) as u64,
+                    entry_id: r.get(1),
+                    kind: r.get(2),
+                    payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
+                    recorded_at: from_ms(r.get(4)),
+                }
+            })
+            .collect();
+        let version = records.last().map_or(0, |r| r.seq);
+        Ok((records, version))
+    }
+
+    async fn append(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        now: Timestamp,
+    ) -> Result<u64, AppendError> {
+        let lid = load_id.as_str();
+        let now = to_ms(now);
+        let expected = expected_version as i64;
+        let new_version = expected + entries.len() as i64;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+
+        // 1. The version. Taking the loads row (insert or guarded update) serializes
+        // appends to one load; a loser waits for the winner's commit, then fails here.
+        let won = if expected == 0 {
+            tx.execute(
+                "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3) ON CONFLICT (load_id) DO NOTHING",
+                &[&lid, &new_version, &now],
+            )
+            .await
+        } else {
+            tx.execute(
+                "UPDATE loads SET version = $2, updated_at = $4 WHERE load_id = $1 AND version = $3",
+                &[&lid, &new_version, &expected, &now],
+            )
+            .await
+        }
+        .map_err(pg)?;
+        if won != 1 {
+            drop(tx);
+            let actual: Option<i64> = client
+                .query_opt("SELECT version FROM loads WHERE load_id = $1", &[&lid])
+                .await
+                .map_err(pg)?
+                .map(|r| r.get(0));
+            return Err(ConcurrencyConflictError {
+                load_id: lid.to_owned(),
+                expected: expected_version,
+                actual: actual.unwrap_or(0) as u64,
+            }
+            .into());
+        }
+
+        // 2. The entry ids.
+        let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
+        let mut seen = BTreeSet::new();
+        if let Some(dup) = ids.iter().find(|id| !seen.insert(**id)) {
+            return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: (*dup).to_owned() }.into());
+        }
+        if let Some(row) = tx
+            .query_opt("SELECT entry_id FROM events WHERE load_id = $1 AND entry_id = ANY($2) LIMIT 1", &[&lid, &ids])
+            .await
+            .map_err(pg)?
+        {
+            return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: row.get(0) }.into());
+        }
+
+        // 3. The outbox keys.
+        let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
+        let mut seen = BTreeSet::new();
+        if let Some(dup) = keys.iter().find(|k| !seen.insert(**k)) {
+            return Err(DuplicateActionKeyError { key: (*dup).to_owned() }.into());
+        }
+        if !keys.is_empty()
+            && let Some(row) =
+                tx.query_opt("SELECT id FROM outbox WHERE id = ANY($1) LIMIT 1", &[&keys]).await.map_err(pg)?
+        {
+            return Err(DuplicateActionKeyError { key: row.get(0) }.into());
+        }
+
+        let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
+        let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
+        let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
+        tx.execute(
+            "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at)
+             SELECT $1, s, e, k, p, $6 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS t(s, e, k, p)",
+            &[&lid, &seqs, &ids, &kinds, &payloads, &now],
+        )
+        .await
+        .map_err(|e| match constraint(&e) {
+            Some("events_entry_id_key") => {
+                AppendError::DuplicateEntry(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
+            }
+            _ => AppendError::Store(pg(e)),
+        })?;
+        if !outbox.is_empty() {
+            let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
+            let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
+            tx.execute(
+                "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at)
+                 SELECT i, $1, t, a, 'pending', $5, $5, $5 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(i, t, a)",
+                &[&lid, &keys, &types, &actions, &now],
+            )
+            .await
+            .map_err(|e| match constraint(&e) {
+                // Another load's transaction took the key between our check and insert.
+                Some("outbox_pkey") => AppendError::DuplicateActionKey(DuplicateActionKeyError { key: "?".into() }),
+                _ => AppendError::Store(pg(e)),
+            })?;
+        }
+        tx.commit().await.map_err(pg)?;
+        Ok(new_version as u64)
+    }
+
+    async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
+        let client = self.client().await?;
+        let after = after.map(|a| a.as_str()).unwrap_or("");
+        let rows = client
+            .query("SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2", &[&after, &(limit as i64)])
+            .await
+            .map_err(pg)?;
+        rows.iter()
+            .map(|r| {
+                let s: String = r.get(0);
+                LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
+            })
+            .collect()
+    }
+}
+
+/// The row's lease when `token` is its claim on a pending row.
+async fn owns(client: &deadpool_postgres::Object, id: &str, token: &str) -> Result<Option<i64>, ClaimError> {
+    let row = client
+        .query_opt(
+            "SELECT lease_until FROM outbox WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+            &[&id, &token],
+        )
+        .await
+        .map_err(pg)?;
+    match row {
+        Some(r) => Ok(r.get(0)),
+        None => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
+    }
+}
+
+#[async_trait]
+impl Outbox for PgStore {
+    async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
+        let token = self.token();
+        let (now, until) = (to_ms(now), to_ms(add(now, lease)));
+        let sql = format!(
+            "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
+             FROM (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= $3
+                   AND (lease_until IS NULL OR lease_until <= $3)
+                   ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) c
+             WHERE o.id = c.id RETURNING {}",
+            OUTBOX_COLS.split(", ").map(|c| format!("o.{c}")).collect::<Vec<_>>().join(", ")
+        );
+        let mut rows = self.outbox_query(&sql, &[&token, &until, &now, &(limit as i64)]).await?;
+        rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
+        Ok(rows.into_iter().map(|row| Claim { row, token: token.clone() }).collect())
+    }
+
+    async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
+        let client = self.client().await?;
+        match owns(&client, id, token).await? {
+            Some(until) if until > to_ms(now) => Ok(()),
+            _ => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
+        }
+    }
+
+    async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE outbox SET status = 'dispatched', receipt = $3, updated_at = $4, lease_until = NULL
+                 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+                &[&id, &token, &receipt, &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
+        if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
+    }
+
+    async fn mark_failed(
+        &self,
+        id: &str,
+        token: &str,
+        failure: &str,
+        retry_at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<(), ClaimError> {
+        let client = self.client().await?;
+        let now = to_ms(now);
+        let n =
+            match retry_at {
+                Some(at) => client
+                    .execute(
+                        "UPDATE outbox SET attempts = attempts + 1, last_failure = $3, due_at = $4, claim_token = NULL,
+                         lease_until = NULL, updated_at = $5 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+                        &[&id, &token, &failure, &to_ms(at), &now],
+                    )
+                    .await,
+                None => client
+                    .execute(
+                        "UPDATE outbox SET attempts = attempts + 1, last_failure = $3, status = 'dead', dead_at = $4,
+                         lease_until = NULL, updated_at = $4 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+                        &[&id, &token, &failure, &now],
+                    )
+                    .await,
+            }
+            .map_err(pg)?;
+        if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError> {
+        Ok(self.outbox_query(&format!("SELECT {OUTBOX_COLS} FROM outbox WHERE id = $1"), &[&id]).await?.pop())
+    }
+
+    async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError> {
+        self.outbox_query(
+            &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE load_id = $1 ORDER BY created_at, id"),
+            &[&load_id.as_str()],
+        )
+        .await
+    }
+
+    async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
+        let client = self.client().await?;
+        let row =
+            client.query_one("SELECT min(created_at) FROM outbox WHERE status = 'pending'", &[]).await.map_err(pg)?;
+        Ok(row.get::<_, Option<i64>>(0).map(from_ms))
+    }
+
+    async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        self.outbox_query(
+            &format!(
+                "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND dead_at >= $1 ORDER BY dead_at, id LIMIT $2"
+            ),
+            &[&to_ms(since), &(limit as i64)],
+        )
+        .await
+    }
+
+    async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let row =
+            client.query_one("SELECT count(*) FROM outbox WHERE status = $1", &[&status.as_str()]).await.map_err(pg)?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+}
+
+#[async_trait]
+impl TimerStore for PgStore {
+    async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError> {
+        let (load_id, _, _) = timer_id.parts();
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at) VALUES ($1, $2, $3, 'scheduled', $4)
+                 ON CONFLICT (timer_id) DO NOTHING",
+                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(fire_at), &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(n == 1)
+    }
+
+    async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
+        let (load_id, _, _) = timer_id.parts();
+        let client = self.client().await?;
+        // A cancel that arrives before its schedule leaves a canceled row behind, so the
+        // late schedule is a noop. The upsert's WHERE makes it change only a scheduled
+        // timer; a fired or canceled one stays as it is.
+        let row = client
+            .query_opt(
+                "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
+                 VALUES ($1, $2, 0, 'canceled', $3, $3)
+                 ON CONFLICT (timer_id) DO UPDATE SET status = 'canceled', canceled_at = $3
+                 WHERE timers.status = 'scheduled'
+                 RETURNING timer_id",
+                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(row.is_some())
+    }
+
+    async fn mark_fired(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE timers SET status = 'fired', fired_at = $2 WHERE timer_id = $1 AND status = 'scheduled'",
+                &[&timer_id.as_str(), &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(n == 1)
+    }
+
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError> {
+        self.timer_query(
+            &format!(
+                "SELECT {TIMER_COLS} FROM timers WHERE status = 'scheduled' AND fire_at <= $1 ORDER BY fire_at, timer_id LIMIT $2"
+            ),
+            &[&to_ms(now), &(limit as i64)],
+        )
+        .await
+    }
+
+    async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError> {
+        self.timer_query(
+            &format!("SELECT {TIMER_COLS} FROM timers WHERE load_id = $1 ORDER BY created_at, timer_id"),
+            &[&load_id.as_str()],
+        )
+        .await
+    }
+
+    async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError> {
+        Ok(self
+            .timer_query(&format!("SELECT {TIMER_COLS} FROM timers WHERE timer_id = $1"), &[&timer_id.as_str()])
+            .await?
+            .pop())
+    }
+}
+
+/// A receipt is `{message id}.{token}`.
+fn parse_receipt(receipt: &str) -> Option<i64> {
+    receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
+}
+
+#[async_trait]
+impl LoadQueue for PgStore {
+    async fn publish(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, StoreError> {
+        let (lid, now) = (load_id.as_str(), to_ms(now));
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let id: Option<i64> = tx
+            .query_opt(
+                "INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id",
+                &[&lid, &event_id, &body, &now],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| r.get(0));
+        let Some(id) = id else { return Ok(Published::Duplicate) };
+        // An empty head takes this message; a busy head keeps its own. The upsert locks
+        // the head row, so it serializes with an ack moving the head.
+        tx.execute(
+            "INSERT INTO queue_heads (load_id, message_id, visible_at) VALUES ($1, $2, $3)
+             ON CONFLICT (load_id) DO UPDATE SET
+               visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
+               message_id = COALESCE(queue_heads.message_id, excluded.message_id)",
+            &[&lid, &id, &now],
+        )
+        .await
+        .map_err(pg)?;
+        tx.commit().await.map_err(pg)?;
+        Ok(Published::New)
+    }
+
+    async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
+        let token = self.token();
+        let (now, until) = (to_ms(now), to_ms(now).saturating_add(ms(visibility)));
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "WITH h AS (
+                   SELECT load_id FROM queue_heads WHERE message_id IS NOT NULL AND visible_at <= $1
+                   ORDER BY visible_at, message_id LIMIT $2 FOR UPDATE SKIP LOCKED),
+                 u AS (
+                   UPDATE queue_heads qh SET visible_at = $3 FROM h WHERE qh.load_id = h.load_id
+                   RETURNING qh.message_id)
+                 UPDATE queue q SET receipt = q.id::text || '.' || $4, receive_count = q.receive_count + 1
+                 FROM u WHERE q.id = u.message_id
+                 RETURNING q.id, q.load_id, q.event_id, q.body, q.enqueued_at, q.receipt, q.receive_count",
+                &[&now, &(max as i64), &until, &token],
+            )
+            .await
+            .map_err(pg)?;
+        let mut out = rows
+            .iter()
+            .map(|r| {
+                let load_id: String = r.get(1);
+                Ok((
+                    r.get::<_, i64>(0),
+                    QueueMessage {
+                        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                        event_id: r.get(2),
+                        body: r.get(3),
+                        enqueued_at: from_ms(r.get(4)),
+                        receipt: r.get(5),
+                        receive_count: r.get::<_, i32>(6) as u32,
+                    },
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        out.sort_by_key(|(id, _)| *id);
+        Ok(out.into_iter().map(|(_, m)| m).collect())
+    }
+
+    async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError> {
+        let stale = || QueueError::StaleReceipt(receipt.to_owned());
+        let id = parse_receipt(receipt).ok_or_else(stale)?;
+        let now = to_ms(now);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        // Lock order everywhere: head row, then message row.
+        let Some(head) = tx
+            .query_opt(
+                "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id
+                 WHERE q.id = $1 FOR UPDATE OF h",
+                &[&id],
+            )
+            .await
+            .map_err(pg)?
+        else {
+            return Err(stale());
+        };
+        let load_id: String = head.get(0);
+        let n = tx
+            .execute(
+                "UPDATE queue SET acked_at = $3 WHERE id = $1 AND receipt = $2 AND acked_at IS NULL",
+                &[&id, &receipt, &now],
+            )
+            .await
+            .map_err(pg)?;
+        if n != 1 {
+            return Err(stale());
+        }
+        tx.execute(
+            "UPDATE queue_heads SET visible_at = $2,
+               message_id = (SELECT id FROM queue WHERE load_id = $1 AND acked_at IS NULL ORDER BY id LIMIT 1)
+             WHERE load_id = $1",
+            &[&load_id, &now],
+        )
+        .await
+        .map_err(pg)?;
+        tx.commit().await.map_err(pg)?;
+        Ok(())
+    }
+
+    async fn nack(&self, receipt: &str, delay: Duration, now: Timestamp) -> Result<(), QueueError> {
+        let stale = || QueueError::StaleReceipt(receipt.to_owned());
+        let id = parse_receipt(receipt).ok_or_else(stale)?;
+        let visible_at = to_ms(now).saturating_add(ms(delay));
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let Some(head) = tx
+            .query_opt(
+                "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id
+                 WHERE q.id = $1 FOR UPDATE OF h",
+                &[&id],
+            )
+            .await
+            .map_err(pg)?
+        else {
+            return Err(stale());
+        };
+        let load_id: String = head.get(0);
+        let n = tx
+            .execute(
+                "UPDATE queue SET receipt = NULL WHERE id = $1 AND receipt = $2 AND acked_at IS NULL",
+                &[&id, &receipt],
+            )
+            .await
+            .map_err(pg)?;
+        if n != 1 {
+            return Err(stale());
+        }
+        tx.execute("UPDATE queue_heads SET visible_at = $2 WHERE load_id = $1", &[&load_id, &visible_at])
+            .await
+            .map_err(pg)?;
+        tx.commit().await.map_err(pg)?;
+        Ok(())
+    }
+
+    async fn depth(&self) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_one("SELECT count(*) FROM queue WHERE acked_at IS NULL", &[]).await.map_err(pg)?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+}
+
+/// A session-level advisory lock held on one pooled connection for the run.
+struct PgLease {
+    client: Option<deadpool_postgres::Object>,
+    key: i64,
+}
+
+#[async_trait]
+impl LoadLease for PgLease {
+    async fn release(mut self: Box<Self>) -> Result<(), StoreError> {
+        let Some(client) = self.client.take() else { return Ok(()) };
+        match client.execute("SELECT pg_advisory_unlock($1)", &[&self.key]).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // The session may still hold the lock: close it rather than pool it.
+                drop(deadpool_postgres::Object::take(client));
+                Err(pg(e))
+            }
+        }
+    }
+}
+
+impl Drop for PgLease {
+    fn drop(&mut self) {
+        // Dropped without release (a cancelled run): close the connection, which ends
+        // the session and so the lock, instead of returning a locked session to the pool.
+        if let Some(client) = self.client.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
+#[async_trait]
+impl LoadLock for PgStore {
+    async fn try_lock(
+        &self,
+        load_id: &LoadId,
+        _ttl: Duration,
+        _now: Timestamp,
+    ) -> Result<Option<Box<dyn LoadLease>>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT hashtextextended('haul:load:' || $1, 0) AS key, pg_try_advisory_lock(hashtextextended('haul:load:' || $1, 0))",
+                &[&load_id.as_str()],
+            )
+            .await
+            .map_err(pg)?;
+        let (key, got): (i64, bool) = (row.get(0), row.get(1));
+        Ok(got.then(|| Box::new(PgLease { client: Some(client), key }) as Box<dyn LoadLease>))
+    }
+}

@@ -1,0 +1,43 @@
+//! Opening a store from `store.url`.
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use haul_postgres::{PgConfig, PgStore};
+use haul_sqlite::{SqliteConfig, SqliteStore};
+use haul_store::Store;
+
+/// Which backend a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub fn backend_of(url: &str) -> anyhow::Result<Backend> {
+    if url.starts_with("sqlite:") {
+        Ok(Backend::Sqlite)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Backend::Postgres)
+    } else {
+        bail!("store.url {url:?} is neither sqlite://PATH, sqlite::memory: nor postgres://…")
+    }
+}
+
+/// Opens the store and brings its schema up to date.
+pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match backend_of(url)? {
+        Backend::Sqlite => {
+            let mut config = SqliteConfig::from_url(url).context("store.url")?;
+            config.seed = seed;
+            let store = SqliteStore::open(&config)?;
+            store.migrate().await.context("migrating the SQLite schema")?;
+            Arc::new(store)
+        }
+        Backend::Postgres => {
+            let store = PgStore::connect(&PgConfig { seed, ..PgConfig::new(url) }).await?;
+            store.migrate().await.context("migrating the PostgreSQL schema")?;
+            Arc::new(store)
+        }
+    })
+}
