@@ -9,9 +9,10 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::{
-    AppendError, Claim, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, EventStore,
-    LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow, OutboxStatus, Published, QueueError,
-    QueueMessage, StaleClaimError, StoreError, Timer, TimerStatus, TimerStore,
+    AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
+    DuplicateEntryError, EventStore, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow,
+    OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
+    TimerStatus, TimerStore,
 };
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -656,5 +657,59 @@ impl LoadLock for PgStore {
             .map_err(pg)?;
         let (key, got): (i64, bool) = (row.get(0), row.get(1));
         Ok(got.then(|| Box::new(PgLease { client: Some(client), key }) as Box<dyn LoadLease>))
+    }
+}
+
+#[async_trait]
+impl DeliveryLog for PgStore {
+    async fn record_delivery(
+        &self,
+        channel: &str,
+        key: &str,
+        load_id: &LoadId,
+        payload: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(String, bool), StoreError> {
+        let client = self.client().await?;
+        let payload = payload.to_string();
+        // The no-op update makes the conflicting row come back (and waits for a racing
+        // insert of the same key), so every caller gets the first receipt.
+        let row = client
+            .query_one(
+                "INSERT INTO deliveries (channel, key, load_id, payload, created_at) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (channel, key) DO UPDATE SET channel = deliveries.channel
+                 RETURNING id, (xmax = 0) AS inserted",
+                &[&channel, &key, &load_id.as_str(), &payload, &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok((format!("rec:{}", row.get::<_, i64>(0)), row.get(1)))
+    }
+
+    async fn deliveries(&self, load_id: Option<&LoadId>, limit: usize) -> Result<Vec<RecordedDelivery>, StoreError> {
+        let client = self.client().await?;
+        let load_id = load_id.map(|l| l.as_str());
+        let rows = client
+            .query(
+                "SELECT id, channel, key, load_id, payload, created_at FROM deliveries
+                 WHERE $1::text IS NULL OR load_id = $1 ORDER BY id LIMIT $2",
+                &[&load_id, &(limit as i64)],
+            )
+            .await
+            .map_err(pg)?;
+        rows.iter()
+            .map(|r| {
+                let load_id: String = r.get(3);
+                let payload: String = r.get(4);
+                Ok(RecordedDelivery {
+                    channel: r.get(1),
+                    key: r.get(2),
+                    load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                    payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
+                    receipt: format!("rec:{}", r.get::<_, i64>(0)),
+                    created_at: from_ms(r.get(5)),
+                })
+            })
+            .collect()
     }
 }

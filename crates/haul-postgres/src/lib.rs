@@ -15,7 +15,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use haul_store::StoreError;
 use tokio_postgres::NoTls;
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] =
+    &[(1, include_str!("../migrations/0001_init.sql")), (2, include_str!("../migrations/0002_deliveries.sql"))];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PgConfig {

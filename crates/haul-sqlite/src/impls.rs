@@ -9,9 +9,10 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::{
-    AppendError, Claim, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, EventStore,
-    LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow, OutboxStatus, Published, QueueError,
-    QueueMessage, StaleClaimError, StoreError, Timer, TimerStatus, TimerStore,
+    AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
+    DuplicateEntryError, EventStore, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow,
+    OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
+    TimerStatus, TimerStore,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -673,5 +674,78 @@ impl LoadLock for SqliteStore {
         Ok(got.then(|| {
             Box::new(SqliteLease { store: self.clone(), load_id: load_id.to_string(), token }) as Box<dyn LoadLease>
         }))
+    }
+}
+
+#[async_trait]
+impl DeliveryLog for SqliteStore {
+    async fn record_delivery(
+        &self,
+        channel: &str,
+        key: &str,
+        load_id: &LoadId,
+        payload: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(String, bool), StoreError> {
+        let (channel, key, load_id, payload, now) =
+            (channel.to_owned(), key.to_owned(), load_id.to_string(), payload.to_string(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let new: Option<i64> = conn
+                    .prepare_cached(
+                        "INSERT INTO deliveries (channel, key, load_id, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (channel, key) DO NOTHING RETURNING id",
+                    )
+                    .and_then(|mut s| s.query_row(params![channel, key, load_id, payload, now], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                match new {
+                    Some(id) => Ok((format!("rec:{id}"), true)),
+                    None => {
+                        let id: i64 = conn
+                            .query_row("SELECT id FROM deliveries WHERE channel = ?1 AND key = ?2", params![channel, key], |r| r.get(0))
+                            .map_err(db)?;
+                        Ok((format!("rec:{id}"), false))
+                    }
+                }
+            })
+            .await
+    }
+
+    async fn deliveries(&self, load_id: Option<&LoadId>, limit: usize) -> Result<Vec<RecordedDelivery>, StoreError> {
+        let load_id = load_id.map(|l| l.to_string());
+        self.writer
+            .run(move |conn: &Connection| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT id, channel, key, load_id, payload, created_at FROM deliveries
+                         WHERE ?1 IS NULL OR load_id = ?1 ORDER BY id LIMIT ?2",
+                    )
+                    .map_err(db)?;
+                let rows = stmt
+                    .query_map(params![load_id, limit as i64], |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, String>(3)?,
+                            r.get::<_, String>(4)?,
+                            r.get::<_, i64>(5)?,
+                        ))
+                    })
+                    .map_err(db)?;
+                rows.map(|r| {
+                    let (id, channel, key, load_id, payload, created_at) = r.map_err(db)?;
+                    Ok(RecordedDelivery {
+                        channel,
+                        key,
+                        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                        payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
+                        receipt: format!("rec:{id}"),
+                        created_at: from_ms(created_at),
+                    })
+                })
+                .collect()
+            })
+            .await
     }
 }

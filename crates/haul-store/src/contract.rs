@@ -60,6 +60,7 @@ macro_rules! contract_tests {
             queue_stale_receipt_is_rejected,
             queue_concurrent_receivers_never_hold_one_load_twice,
             load_lock_excludes_a_second_holder,
+            recorded_delivery_is_deduplicated_by_channel_and_key,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -666,4 +667,23 @@ pub async fn load_lock_excludes_a_second_holder(s: DynStore) {
     let again = s.try_lock(&load("L1"), ttl, at(2)).await.unwrap().expect("released lock is free");
     again.release().await.unwrap();
     other.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------
+// DeliveryLog (record mode)
+
+pub async fn recorded_delivery_is_deduplicated_by_channel_and_key(s: DynStore) {
+    let body = json!({"to": "+15555550100", "body": "ETA?"});
+    let (r1, new1) = s.record_delivery("sms", "L1/a/send_sms", &load("L1"), &body, at(1)).await.unwrap();
+    let (r2, new2) = s.record_delivery("sms", "L1/a/send_sms", &load("L1"), &json!({"other": 1}), at(2)).await.unwrap();
+    assert!(new1 && !new2);
+    assert_eq!(r1, r2, "a repeated key returns the first receipt");
+    let (r3, new3) = s.record_delivery("hero", "L1/a/send_sms", &load("L1"), &body, at(3)).await.unwrap();
+    assert!(new3 && r3 != r1, "keys are per channel");
+    s.record_delivery("sms", "L2/b/send_sms", &load("L2"), &body, at(4)).await.unwrap();
+    let mine = s.deliveries(Some(&load("L1")), 10).await.unwrap();
+    assert_eq!(mine.len(), 2);
+    assert_eq!((mine[0].channel.as_str(), &mine[0].payload, mine[0].created_at), ("sms", &body, at(1)));
+    assert_eq!(s.deliveries(None, 10).await.unwrap().len(), 3);
+    assert_eq!(s.deliveries(None, 1).await.unwrap().len(), 1);
 }

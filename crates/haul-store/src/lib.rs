@@ -353,7 +353,39 @@ pub trait LoadLock: Send + Sync {
     ) -> Result<Option<Box<dyn LoadLease>>, StoreError>;
 }
 
-/// Everything one database provides.
-pub trait Store: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static {}
+// ---------------------------------------------------------------------------------
+// Record mode.
 
-impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + Send + Sync + 'static> Store for T {}
+/// A delivery recorded in place of a call to a channel service with no URL.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordedDelivery {
+    pub channel: String,
+    pub key: String,
+    pub load_id: LoadId,
+    pub payload: Value,
+    pub receipt: String,
+    pub created_at: Timestamp,
+}
+
+#[async_trait]
+pub trait DeliveryLog: Send + Sync {
+    /// Records a delivery, deduplicated by `(channel, key)` as the real services dedupe
+    /// by idempotency key. Returns the receipt (the first one for a repeated key) and
+    /// whether this call recorded it.
+    async fn record_delivery(
+        &self,
+        channel: &str,
+        key: &str,
+        load_id: &LoadId,
+        payload: &Value,
+        now: Timestamp,
+    ) -> Result<(String, bool), StoreError>;
+
+    /// Recorded deliveries, oldest first, of one load or of all.
+    async fn deliveries(&self, load_id: Option<&LoadId>, limit: usize) -> Result<Vec<RecordedDelivery>, StoreError>;
+}
+
+/// Everything one database provides.
+pub trait Store: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + Send + Sync + 'static {}
+
+impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + Send + Sync + 'static> Store for T {}
