@@ -292,8 +292,8 @@ impl Outbox for PgStore {
         let client = self.client().await?;
         let n = client
             .execute(
-                "UPDATE outbox SET status = 'dispatched', receipt = $3, updated_at = $4, lease_until = NULL
-                 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
+                "UPDATE outbox SET status = 'dispatched', receipt = $3, updated_at = $4, lease_until = NULL,
+                 outcome_published_at = $4 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
                 &[&id, &token, &receipt, &to_ms(now)],
             )
             .await
@@ -357,6 +357,29 @@ impl Outbox for PgStore {
                 "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND dead_at >= $1 ORDER BY dead_at, id LIMIT $2"
             ),
             &[&to_ms(since), &(limit as i64)],
+        )
+        .await
+    }
+
+    async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE outbox SET outcome_published_at = $2 WHERE id = $1 AND outcome_published_at IS NULL",
+                &[&id, &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(())
+    }
+
+    async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        self.outbox_query(
+            &format!(
+                "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
+                 ORDER BY dead_at, id LIMIT $1"
+            ),
+            &[&(limit as i64)],
         )
         .await
     }

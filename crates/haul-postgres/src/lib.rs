@@ -15,8 +15,11 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use haul_store::StoreError;
 use tokio_postgres::NoTls;
 
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("../migrations/0001_init.sql")), (2, include_str!("../migrations/0002_deliveries.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_deliveries.sql")),
+    (3, include_str!("../migrations/0003_outcome_published.sql")),
+];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PgConfig {

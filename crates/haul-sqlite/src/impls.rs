@@ -281,7 +281,8 @@ impl Outbox for SqliteStore {
             .run(move |conn: &Connection| {
                 owns(conn, &id, &token)?;
                 conn.execute(
-                    "UPDATE outbox SET status = 'dispatched', receipt = ?2, updated_at = ?3, lease_until = NULL WHERE id = ?1",
+                    "UPDATE outbox SET status = 'dispatched', receipt = ?2, updated_at = ?3, lease_until = NULL,
+                     outcome_published_at = ?3 WHERE id = ?1",
                     params![id, receipt, now],
                 )
                 .map_err(db)?;
@@ -369,6 +370,14 @@ impl Outbox for SqliteStore {
             .await
     }
 
+    async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
+        self.outcome_published(id, now).await
+    }
+
+    async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        self.dead_unpublished(limit).await
+    }
+
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
         self.writer
             .run(move |conn: &Connection| {
@@ -376,6 +385,37 @@ impl Outbox for SqliteStore {
                     .query_row("SELECT count(*) FROM outbox WHERE status = ?1", [status.as_str()], |r| r.get(0))
                     .map_err(db)?;
                 Ok(n as u64)
+            })
+            .await
+    }
+}
+
+impl SqliteStore {
+    async fn outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
+        let (id, now) = (id.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                conn.execute(
+                    "UPDATE outbox SET outcome_published_at = ?2 WHERE id = ?1 AND outcome_published_at IS NULL",
+                    params![id, now],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn dead_unpublished(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
+        self.writer
+            .run(move |conn: &Connection| {
+                outbox_rows(
+                    conn,
+                    &format!(
+                        "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
+                         ORDER BY dead_at, id LIMIT ?1"
+                    ),
+                    [limit as i64],
+                )
             })
             .await
     }

@@ -18,8 +18,11 @@ use rusqlite::Connection;
 
 pub use writer::MAX_BATCH;
 
-const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("../migrations/0001_init.sql")), (2, include_str!("../migrations/0002_deliveries.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_deliveries.sql")),
+    (3, include_str!("../migrations/0003_outcome_published.sql")),
+];
 
 /// Where the database lives and how hard it syncs.
 #[derive(Clone, Debug, PartialEq, Eq)]

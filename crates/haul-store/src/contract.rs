@@ -61,6 +61,7 @@ macro_rules! contract_tests {
             queue_concurrent_receivers_never_hold_one_load_twice,
             load_lock_excludes_a_second_holder,
             recorded_delivery_is_deduplicated_by_channel_and_key,
+            dead_rows_without_a_published_outcome_are_found,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -439,6 +440,21 @@ pub async fn oldest_pending_row_is_reported(s: DynStore) {
     assert_eq!(c.row.id, "L1/a/send_sms");
     s.mark_dispatched(&c.row.id, &c.token, "r", at(11)).await.unwrap();
     assert_eq!(s.oldest_pending_created_at().await.unwrap(), Some(at(7)));
+}
+
+pub async fn dead_rows_without_a_published_outcome_are_found(s: DynStore) {
+    commit(&s, "L1", "e1", 0, &["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms"]).await;
+    let claims = s.pending(3, at(0), LEASE).await.unwrap();
+    for c in &claims {
+        s.mark_failed(&c.row.id, &c.token, "400", None, at(1)).await.unwrap();
+    }
+    s.mark_outcome_published("L1/b/send_sms", at(2)).await.unwrap();
+    let ids: Vec<String> = s.dead_without_outcome(10).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec!["L1/a/send_sms", "L1/c/send_sms"]);
+    assert_eq!(s.dead_without_outcome(1).await.unwrap().len(), 1);
+    s.mark_outcome_published("L1/a/send_sms", at(3)).await.unwrap();
+    s.mark_outcome_published("L1/a/send_sms", at(4)).await.unwrap();
+    assert_eq!(s.dead_without_outcome(10).await.unwrap().len(), 1);
 }
 
 // ---------------------------------------------------------------------------------

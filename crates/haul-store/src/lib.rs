@@ -222,6 +222,12 @@ pub trait Outbox: Send + Sync {
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError>;
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError>;
+
+    /// Records that the row's terminal outcome reached the load queue.
+    async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError>;
+
+    /// Dead rows whose failed outcome has not reached the load queue, oldest first.
+    async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError>;
 }
 
 // ---------------------------------------------------------------------------------

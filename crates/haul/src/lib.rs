@@ -1,4 +1,13 @@
-//! haul's runtime: everything with IO at the edges of the pure core.
+//! haul's runtime: everything with IO, at the edges of the pure core.
 
+pub mod channels;
 pub mod clock;
+pub mod config;
+pub mod decider;
+pub mod dispatcher;
+pub mod faults;
+pub mod pipeline;
+pub mod pump;
 pub mod store;
+pub mod testkit;
+pub mod worker;

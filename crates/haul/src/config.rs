@@ -1,0 +1,369 @@
+//! Settings (config.md): defaults that work on a fresh machine, a TOML file on top.
+//!
+//! Unknown keys and bad values are errors that name the key, so a typo never silently
+//! falls back to a default.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use haul_core::sop::{EtaPolicy, Policies};
+use haul_core::{RetryPolicy, Risk, parse_duration};
+use serde::{Deserialize, Deserializer};
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = Option::<String>::deserialize(d)?;
+    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom)).transpose()
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub store: StoreConfig,
+    pub queue: QueueConfig,
+    pub server: ServerConfig,
+    pub worker: WorkerConfig,
+    pub decider: DeciderConfig,
+    pub dispatcher: DispatcherConfig,
+    pub timers: TimersConfig,
+    pub channels: ChannelsConfig,
+    pub load_lock: LoadLockConfig,
+    pub clients: BTreeMap<String, ClientConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    pub url: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { url: "sqlite://haul.db".into() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// `store` or `sqs`.
+    pub kind: String,
+    pub url: Option<String>,
+    /// How long a received message stays invisible: longer than a run may take.
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub visibility: Option<Duration>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig { kind: "store".into(), url: None, visibility: None }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub public_url: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { listen: "127.0.0.1:8080".into(), public_url: None }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub concurrency: usize,
+    pub conflict_retries: u32,
+    #[serde(deserialize_with = "de_duration")]
+    pub run_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig { concurrency: 8, conflict_retries: 5, run_timeout: Duration::from_secs(300) }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeciderConfig {
+    /// `sop` or `llm`.
+    pub kind: String,
+    pub llm: LlmConfig,
+}
+
+impl Default for DeciderConfig {
+    fn default() -> Self {
+        DeciderConfig { kind: "sop".into(), llm: LlmConfig::default() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmConfig {
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub api_key_env: String,
+    #[serde(deserialize_with = "de_duration")]
+    pub timeout: Duration,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        LlmConfig {
+            base_url: None,
+            model: None,
+            api_key_env: "HAUL_LLM_API_KEY".into(),
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DispatcherConfig {
+    pub batch: usize,
+    #[serde(deserialize_with = "de_duration")]
+    pub lease: Duration,
+    pub retry: RetryConfig,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        DispatcherConfig { batch: 32, lease: Duration::from_secs(90), retry: RetryConfig::default() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    #[serde(deserialize_with = "de_duration")]
+    pub base: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub cap: Duration,
+    pub max_attempts: u32,
+    #[serde(deserialize_with = "de_duration")]
+    pub budget: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        let p = RetryPolicy::default();
+        RetryConfig { base: p.base, cap: p.cap, max_attempts: p.max_attempts, budget: p.budget }
+    }
+}
+
+impl RetryConfig {
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy { base: self.base, cap: self.cap, max_attempts: self.max_attempts, budget: self.budget }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimersConfig {
+    #[serde(deserialize_with = "de_duration")]
+    pub poll: Duration,
+}
+
+impl Default for TimersConfig {
+    fn default() -> Self {
+        TimersConfig { poll: Duration::from_secs(10) }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelsConfig {
+    pub sms: ChannelConfig,
+    pub hero: ChannelConfig,
+    pub slack: ChannelConfig,
+    pub tms: ChannelConfig,
+    pub ops: ChannelConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelConfig {
+    /// None: record mode.
+    pub url: Option<String>,
+    /// The environment variable holding the bearer token.
+    pub token_env: Option<String>,
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadLockConfig {
+    pub enabled: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    pub eta_request: EtaRequestConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtaRequestConfig {
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub retry_after: Option<Duration>,
+    pub max_attempts: Option<u32>,
+    pub trigger_risk: Option<Risk>,
+}
+
+/// Builds the SOP policies from `clients.*.eta_request` over the defaults.
+pub fn policies(clients: &BTreeMap<String, ClientConfig>) -> Policies {
+    let default = EtaPolicy::default();
+    let clients = clients
+        .iter()
+        .map(|(name, c)| {
+            let e = &c.eta_request;
+            (
+                name.clone(),
+                EtaPolicy {
+                    retry_after: e.retry_after.unwrap_or(default.retry_after),
+                    max_attempts: e.max_attempts.unwrap_or(default.max_attempts),
+                    trigger_risk: e.trigger_risk.unwrap_or(default.trigger_risk),
+                },
+            )
+        })
+        .collect();
+    Policies { default, clients }
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+        let config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::from_toml(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// The visibility timeout: the run timeout plus a minute, so a run that is still
+    /// inside its time limit is never redelivered under itself.
+    pub fn visibility(&self) -> Duration {
+        self.queue.visibility.unwrap_or(self.worker.run_timeout + Duration::from_secs(60))
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        crate::store::backend_of(&self.store.url).context("store.url")?;
+        if !(1..=1024).contains(&self.worker.concurrency) {
+            bail!("worker.concurrency must be 1 to 1024, not {}", self.worker.concurrency);
+        }
+        if self.worker.conflict_retries > 100 {
+            bail!("worker.conflict_retries must be at most 100");
+        }
+        if self.worker.run_timeout < Duration::from_secs(1) {
+            bail!("worker.run_timeout must be at least 1s");
+        }
+        if self.visibility() <= self.worker.run_timeout {
+            bail!("queue.visibility must outlast worker.run_timeout");
+        }
+        if !["sop", "llm"].contains(&self.decider.kind.as_str()) {
+            bail!("decider.kind must be \"sop\" or \"llm\", not {:?}", self.decider.kind);
+        }
+        if !["store", "sqs"].contains(&self.queue.kind.as_str()) {
+            bail!("queue.kind must be \"store\" or \"sqs\", not {:?}", self.queue.kind);
+        }
+        if !(1..=1000).contains(&self.dispatcher.batch) {
+            bail!("dispatcher.batch must be 1 to 1000, not {}", self.dispatcher.batch);
+        }
+        if self.dispatcher.lease < Duration::from_secs(10) {
+            bail!("dispatcher.lease must be at least 10s (sends time out after 5s)");
+        }
+        let r = &self.dispatcher.retry;
+        if r.base.is_zero() || r.cap < r.base {
+            bail!("dispatcher.retry.base must be above zero and at most dispatcher.retry.cap");
+        }
+        if !(2..=100).contains(&r.max_attempts) {
+            bail!("dispatcher.retry.max_attempts must be 2 to 100 (the first retry is always allowed)");
+        }
+        if self.timers.poll.is_zero() || self.timers.poll > Duration::from_secs(30) {
+            bail!("timers.poll must be above zero and at most 30s");
+        }
+        for (name, c) in &self.clients {
+            haul_core::event::validate_client(name).with_context(|| format!("clients.{name}"))?;
+            if let Some(n) = c.eta_request.max_attempts
+                && !(1..=20).contains(&n)
+            {
+                bail!("clients.{name}.eta_request.max_attempts must be 1 to 20");
+            }
+            if c.eta_request.retry_after.is_some_and(|d| d < Duration::from_secs(1)) {
+                bail!("clients.{name}.eta_request.retry_after must be at least 1s");
+            }
+        }
+        for (name, c) in [
+            ("sms", &self.channels.sms),
+            ("hero", &self.channels.hero),
+            ("slack", &self.channels.slack),
+            ("tms", &self.channels.tms),
+            ("ops", &self.channels.ops),
+        ] {
+            if let Some(url) = &c.url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                bail!("channels.{name}.url must start with http:// or https://");
+            }
+            if c.timeout.is_some_and(|t| t.is_zero() || t >= self.dispatcher.lease) {
+                bail!("channels.{name}.timeout must be above zero and well inside dispatcher.lease");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(toml: &str, expected_err: Option<&str>) {
+        match (Config::from_toml(toml), expected_err) {
+            (Ok(_), None) => {}
+            (Err(e), Some(want)) => assert!(format!("{e:#}").contains(want), "{toml}: {e:#} lacks {want:?}"),
+            (got, want) => panic!("{toml}: got {got:?}, want error {want:?}"),
+        }
+    }
+
+    #[test]
+    fn settings() {
+        check("", None);
+        check("[worker]\nconcurrency = 4\n[timers]\npoll = \"5s\"", None);
+        check(
+            "[clients.client_a.eta_request]\nretry_after = \"30m\"\nmax_attempts = 3\ntrigger_risk = \"medium\"",
+            None,
+        );
+        check("[worker]\nconcurency = 4", Some("concurency"));
+        check("[timers]\npoll = \"45s\"", Some("timers.poll"));
+        check("[timers]\npoll = \"soon\"", Some("bad duration"));
+        check("[dispatcher.retry]\nmax_attempts = 1", Some("max_attempts"));
+        check("[store]\nurl = \"mysql://x\"", Some("store.url"));
+        check("[channels.sms]\nurl = \"ftp://x\"", Some("channels.sms.url"));
+        check("[clients.client_a.eta_request]\ntrigger_risk = \"extreme\"", Some("extreme"));
+        check("[decider]\nkind = \"magic\"", Some("decider.kind"));
+    }
+
+    #[test]
+    fn client_policies_fall_back_to_defaults() {
+        let c = Config::from_toml("[clients.b.eta_request]\nmax_attempts = 5").unwrap();
+        let p = policies(&c.clients);
+        assert_eq!(p.for_client(Some("b")).max_attempts, 5);
+        assert_eq!(p.for_client(Some("b")).retry_after, Duration::from_secs(1800));
+        assert_eq!(p.for_client(Some("zzz")), EtaPolicy::default());
+    }
+}

@@ -1,0 +1,48 @@
+//! The `Decider` trait: what the worker asks when the deterministic filter does not
+//! decide. It takes the projected state, the event and `now`, and returns a decision;
+//! it writes nothing and calls no channel, so a decision can be replayed. (An LLM
+//! decider makes one request to its model; the SOP makes none.)
+
+use async_trait::async_trait;
+use haul_core::InboundEvent;
+use haul_core::decision::Decision;
+use haul_core::ids::LoadId;
+use haul_core::projection::LoadState;
+use haul_core::sop::{self, Policies};
+use haul_core::time::Timestamp;
+
+#[async_trait]
+pub trait Decider: Send + Sync {
+    /// What goes in `decision_recorded.decider` (`sop`, `llm:{model}`).
+    fn name(&self) -> String;
+
+    async fn decide(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> anyhow::Result<Decision>;
+}
+
+/// The SOP of domain.md with per-client policies.
+pub struct SopDecider {
+    pub policies: Policies,
+}
+
+#[async_trait]
+impl Decider for SopDecider {
+    fn name(&self) -> String {
+        "sop".into()
+    }
+
+    async fn decide(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> anyhow::Result<Decision> {
+        Ok(sop::decide(&self.policies, load, state, event, now))
+    }
+}

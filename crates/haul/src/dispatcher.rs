@@ -1,0 +1,325 @@
+//! The dispatcher: claims due outbox rows and applies them (ADR 0003).
+//!
+//! It calls the owning service with `Idempotency-Key = outbox id`, retries by the
+//! `RetryPolicy`, buries dead rows, applies `set_timer`/`cancel_timer` to the
+//! TimerStore, and publishes an `action_outcome` to the load queue. It never writes a
+//! log: outcomes reach the log through the load worker, the one writer per load.
+//! Several dispatchers may run at once; claims and tokens keep them apart.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use haul_core::action::{Action, ActionKind, ActionType, ChannelClass};
+use haul_core::event::{ActionOutcome, EventBody, OutcomeStatus};
+use haul_core::ids::action_outcome_event_id;
+use haul_core::time::{Timestamp, since};
+use haul_core::{Clock, InboundEvent, RetryDecision, RetryPolicy};
+use haul_store::{Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
+use serde_json::json;
+use tokio::task::JoinSet;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::channels::{
+    ChannelName, Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError, request_for,
+};
+use crate::faults::{Crash, FaultPoint, Faults};
+
+#[derive(Clone, Debug)]
+pub struct DispatcherSettings {
+    pub batch: usize,
+    pub lease: Duration,
+    pub retry: RetryPolicy,
+}
+
+impl Default for DispatcherSettings {
+    fn default() -> Self {
+        DispatcherSettings { batch: 32, lease: Duration::from_secs(90), retry: RetryPolicy::default() }
+    }
+}
+
+/// How one claimed row ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dispatched {
+    Delivered,
+    /// A failed attempt; the row is due again at `retry_at`.
+    Retrying {
+        retry_at: Timestamp,
+    },
+    /// Dead: permanent failure or attempts spent.
+    Buried,
+    /// Another dispatcher owns the row: nothing changed.
+    Stale,
+    /// The store failed around the send; the lease lapses and the row is tried again.
+    Unsettled(String),
+    Crashed(Crash),
+}
+
+impl Dispatched {
+    fn label(&self) -> &'static str {
+        match self {
+            Dispatched::Delivered => "delivered",
+            Dispatched::Retrying { .. } => "retrying",
+            Dispatched::Buried => "buried",
+            Dispatched::Stale => "stale",
+            Dispatched::Unsettled(_) => "unsettled",
+            Dispatched::Crashed(_) => "crashed",
+        }
+    }
+}
+
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn LoadQueue>,
+    channels: Channels,
+    clock: Arc<dyn Clock>,
+    settings: DispatcherSettings,
+    faults: Faults,
+    rng: Mutex<fastrand::Rng>,
+}
+
+impl Dispatcher {
+    pub fn new(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn LoadQueue>,
+        channels: Channels,
+        clock: Arc<dyn Clock>,
+        settings: DispatcherSettings,
+        faults: Faults,
+        seed: Option<u64>,
+    ) -> Self {
+        let rng = seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+        Dispatcher { store, queue, channels, clock, settings, faults, rng: Mutex::new(rng) }
+    }
+
+    /// Claims one batch of due rows and dispatches them concurrently; first publishes
+    /// the failed outcomes that an earlier burial could not.
+    pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
+        let mut out = self.sweep_dead().await?;
+        let claims = self.store.pending(self.settings.batch, self.clock.now(), self.settings.lease).await?;
+        if let Some(first) = claims.first()
+            && let Err(crash) = self.faults.check(FaultPoint::AfterClaim, &first.row.id)
+        {
+            return Ok(vec![Dispatched::Crashed(crash)]);
+        }
+        let mut sends = JoinSet::new();
+        for claim in claims {
+            let d = self.clone();
+            let span = info_span!("dispatch", outbox_id = %claim.row.id, load_id = %claim.row.load_id, attempts = claim.row.attempts);
+            sends.spawn(async move { d.dispatch(claim).await }.instrument(span));
+        }
+        while let Some(r) = sends.join_next().await {
+            match r {
+                Ok(d) => out.push(d),
+                Err(e) => error!(error = %e, "a dispatch panicked; its lease will lapse and the row be retried"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Dead rows whose failed outcome never reached the queue (it was down when they
+    /// were buried): publish it now, then raise the OpsAlert their class calls for.
+    async fn sweep_dead(&self) -> Result<Vec<Dispatched>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.store.dead_without_outcome(self.settings.batch).await? {
+            let why = row.last_failure.clone().unwrap_or_else(|| "unknown failure".into());
+            if let Err(e) =
+                self.publish(&row, outcome(&row, row.action_type, OutcomeStatus::Failed, None, Some(why.clone()))).await
+            {
+                debug!(error = %e, outbox_id = %row.id, "the failed outcome still cannot be published");
+                break;
+            }
+            self.store.mark_outcome_published(&row.id, self.clock.now()).await?;
+            self.alert_for(&row, &why).await;
+            out.push(Dispatched::Buried);
+        }
+        Ok(out)
+    }
+
+    async fn dispatch(&self, claim: Claim) -> Dispatched {
+        let result = self.dispatch_inner(&claim).await.unwrap_or_else(Dispatched::Crashed);
+        match &result {
+            Dispatched::Stale => info!("another dispatcher owns the row; changed nothing"),
+            Dispatched::Unsettled(why) => warn!(why, "left for the lease to lapse"),
+            Dispatched::Crashed(c) => info!(%c, "dispatch crashed at a fault point"),
+            other => debug!(result = other.label()),
+        }
+        metrics::counter!("haul_dispatches_total", "result" => result.label()).increment(1);
+        result
+    }
+
+    async fn dispatch_inner(&self, claim: &Claim) -> Result<Dispatched, Crash> {
+        let (row, token) = (&claim.row, claim.token.as_str());
+        let action: Action = match serde_json::from_value(row.action.clone()) {
+            Ok(a) => a,
+            Err(e) => return self.bury(row, token, &format!("unreadable action: {e}")).await,
+        };
+        match self.store.check_claim(&row.id, token, self.clock.now()).await {
+            Ok(()) => {}
+            Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
+            Err(ClaimError::Store(e)) => return Ok(Dispatched::Unsettled(format!("claim check failed: {e}"))),
+        }
+        let sent = self.apply(row, &action).await;
+        self.faults.check(FaultPoint::AfterSend, &row.id)?;
+        match sent {
+            Ok(receipt) => {
+                let outcome = outcome(row, row.action_type, OutcomeStatus::Delivered, Some(receipt.clone()), None);
+                if let Err(e) = self.publish(row, outcome).await {
+                    // The effect happened but the agent cannot learn it yet: an attempt
+                    // like any other (the service dedupes the resend).
+                    return self.failed_attempt(row, token, &format!("publishing the outcome failed: {e}")).await;
+                }
+                self.faults.check(FaultPoint::AfterPublish, &row.id)?;
+                let marked = self.store.mark_dispatched(&row.id, token, &receipt, self.clock.now()).await;
+                self.faults.check(FaultPoint::AfterMark, &row.id)?;
+                Ok(match marked {
+                    Ok(()) => Dispatched::Delivered,
+                    Err(ClaimError::Stale(_)) => Dispatched::Stale,
+                    Err(ClaimError::Store(e)) => Dispatched::Unsettled(format!("mark_dispatched failed: {e}")),
+                })
+            }
+            Err(DeliveryError::Retryable(RetryableDeliveryError(why))) => self.failed_attempt(row, token, &why).await,
+            Err(DeliveryError::Permanent(PermanentDeliveryError(why))) => self.bury(row, token, &why).await,
+        }
+    }
+
+    /// Applies an action: timers to the TimerStore, the rest to its channel service.
+    async fn apply(&self, row: &OutboxRow, action: &Action) -> Result<String, DeliveryError> {
+        let now = self.clock.now();
+        let store_err = |e: StoreError| DeliveryError::from(RetryableDeliveryError(e.to_string()));
+        match &action.kind {
+            ActionKind::SetTimer { timer_id, fire_at, .. } => {
+                let new = self.store.schedule(timer_id, *fire_at, now).await.map_err(store_err)?;
+                Ok(if new { "scheduled" } else { "already scheduled" }.into())
+            }
+            ActionKind::CancelTimer { timer_id } => {
+                let canceled = self.store.cancel(timer_id, now).await.map_err(store_err)?;
+                Ok(if canceled { "canceled" } else { "not scheduled" }.into())
+            }
+            _ => {
+                let Some((channel, path, body)) = request_for(&row.load_id, action) else {
+                    return Err(PermanentDeliveryError(format!("no channel for {}", action.action_type())).into());
+                };
+                self.channels.get(channel).send(&row.id, &row.load_id, &path, &body, now).await
+            }
+        }
+    }
+
+    async fn failed_attempt(&self, row: &OutboxRow, token: &str, why: &str) -> Result<Dispatched, Crash> {
+        let now = self.clock.now();
+        let attempts = row.attempts + 1;
+        let first = row.first_attempt_at.unwrap_or(now);
+        let jitter = self.rng.lock().unwrap_or_else(|p| p.into_inner()).f64();
+        match self.settings.retry.after_failure(attempts, first, now, jitter) {
+            RetryDecision::RetryAt(retry_at) => {
+                let failure = format!("attempt {attempts}: {why}");
+                info!(attempts, %retry_at, why, "attempt failed; retrying");
+                Ok(match self.store.mark_failed(&row.id, token, &failure, Some(retry_at), now).await {
+                    Ok(()) => Dispatched::Retrying { retry_at },
+                    Err(ClaimError::Stale(_)) => Dispatched::Stale,
+                    Err(ClaimError::Store(e)) => Dispatched::Unsettled(format!("mark_failed failed: {e}")),
+                })
+            }
+            RetryDecision::Dead(spent) => self.bury(row, token, &format!("{why} ({spent})")).await,
+        }
+    }
+
+    /// Publishes the failed outcome (best effort), marks the row dead, and, once the
+    /// outcome is published, raises the OpsAlert a Hero-channel or internal action
+    /// calls for. An outcome that cannot be published now (a queue outage) is left to
+    /// the sweep, so an outage does not page on every pass.
+    async fn bury(&self, row: &OutboxRow, token: &str, why: &str) -> Result<Dispatched, Crash> {
+        let now = self.clock.now();
+        let published =
+            match self.publish(row, outcome(row, row.action_type, OutcomeStatus::Failed, None, Some(why.into()))).await
+            {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(error = %e, "publishing the failed outcome failed; the sweep will retry it");
+                    false
+                }
+            };
+        self.faults.check(FaultPoint::AfterPublish, &row.id)?;
+        match self.store.mark_failed(&row.id, token, why, None, now).await {
+            Ok(()) => {}
+            Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
+            Err(ClaimError::Store(e)) => return Ok(Dispatched::Unsettled(format!("burying failed: {e}"))),
+        }
+        metrics::counter!("haul_outbox_dead_rows_total", "action_type" => row.action_type.as_str()).increment(1);
+        warn!(why, action_type = %row.action_type, "row buried");
+        self.faults.check(FaultPoint::AfterMark, &row.id)?;
+        if published {
+            if let Err(e) = self.store.mark_outcome_published(&row.id, self.clock.now()).await {
+                warn!(error = %e, "recording the published outcome failed; the sweep publishes it again (deduped)");
+            }
+            self.alert_for(row, why).await;
+        }
+        Ok(Dispatched::Buried)
+    }
+
+    async fn alert_for(&self, row: &OutboxRow, why: &str) {
+        let kind = match row.action_type.class() {
+            ChannelClass::HeroChannel => "hero_channel_failure",
+            ChannelClass::Internal => "internal_failure",
+            ChannelClass::External => return,
+        };
+        self.alert(kind, row, row.action_type, why).await;
+    }
+
+    async fn publish(&self, row: &OutboxRow, outcome: ActionOutcome) -> Result<(), StoreError> {
+        let event_id = action_outcome_event_id(&row.id, outcome.status);
+        let event = InboundEvent { load_id: row.load_id.clone(), event_id, body: EventBody::ActionOutcome(outcome) };
+        let body = event.to_json().to_string();
+        self.queue.publish(&row.load_id, event.event_id.as_str(), &body, self.clock.now()).await.map(|_| ())
+    }
+
+    /// An OpsAlert: to the ops service (HTTP or record mode), the log and the counter.
+    /// Independent of the Hero tooling, so a Hero outage cannot loop.
+    async fn alert(&self, kind: &'static str, row: &OutboxRow, action_type: ActionType, failure: &str) {
+        metrics::counter!("haul_ops_alerts_total", "kind" => kind).increment(1);
+        error!(alert = kind, outbox_id = %row.id, load_id = %row.load_id, %action_type, failure, "OpsAlert");
+        let body = json!({
+            "kind": kind,
+            "load_id": row.load_id,
+            "outbox_id": row.id,
+            "action_type": action_type,
+            "failure": failure,
+        });
+        let key = format!("alert:{}", row.id);
+        if let Err(e) =
+            self.channels.get(ChannelName::Ops).send(&key, &row.load_id, "/v1/alerts", &body, self.clock.now()).await
+        {
+            error!(error = %e, outbox_id = %row.id, "the OpsAlert could not be delivered to the ops service");
+        }
+    }
+
+    /// Age of the oldest pending row, for the monitoring gauge.
+    pub async fn oldest_pending_age(&self) -> Result<Duration, StoreError> {
+        let now = self.clock.now();
+        Ok(self.store.oldest_pending_created_at().await?.map(|t| since(now, t)).unwrap_or_default())
+    }
+}
+
+fn outcome(
+    row: &OutboxRow,
+    action_type: ActionType,
+    status: OutcomeStatus,
+    receipt: Option<String>,
+    failure: Option<String>,
+) -> ActionOutcome {
+    let class = action_type.class();
+    ActionOutcome {
+        outbox_id: row.id.clone(),
+        action_type,
+        status,
+        // Bounded and cleaned as the event validator requires: a service's answer must
+        // not turn the outcome into a message the worker cannot read.
+        receipt: receipt.map(|r| clean(&r, 256)),
+        failure: failure.map(|f| clean(&f, 2000)),
+        hero_channel: class == ChannelClass::HeroChannel,
+        internal: class == ChannelClass::Internal,
+    }
+}
+
+fn clean(s: &str, max_chars: usize) -> String {
+    s.chars().map(|c| if c.is_control() { ' ' } else { c }).take(max_chars).collect()
+}

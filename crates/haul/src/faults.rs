@@ -1,0 +1,101 @@
+//! Fault points: named places where a test or the simulator can make a run stop as
+//! if the process died there.
+//!
+//! This is not a mock: the worker, dispatcher and pump run their production code and
+//! ask `Faults::check` at each point; in production the hook is absent and the check
+//! is a branch on `None`. A crash returns `Crash`, and the caller unwinds at once
+//! without acking, marking or cleaning up, exactly what a dead process leaves behind.
+
+use std::fmt;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultPoint {
+    /// Worker: the log was read, nothing decided.
+    AfterRead,
+    /// Worker: decided, not appended.
+    AfterDecide,
+    /// Worker: appended, not acked.
+    AfterAppend,
+    /// Worker: the append committed but reported an error (the answer was lost).
+    AppendAnswerLost,
+    /// Dispatcher: rows claimed, nothing sent.
+    AfterClaim,
+    /// Dispatcher: the service applied the effect, nothing marked or published.
+    AfterSend,
+    /// Dispatcher: the outcome was published, the row not marked.
+    AfterPublish,
+    /// Dispatcher: the row was marked, the OpsAlert (if any) not raised.
+    AfterMark,
+    /// Pump: `timer_fired` published, `mark_fired` not done.
+    AfterPumpPublish,
+}
+
+impl FaultPoint {
+    pub const ALL: [FaultPoint; 9] = [
+        FaultPoint::AfterRead,
+        FaultPoint::AfterDecide,
+        FaultPoint::AfterAppend,
+        FaultPoint::AppendAnswerLost,
+        FaultPoint::AfterClaim,
+        FaultPoint::AfterSend,
+        FaultPoint::AfterPublish,
+        FaultPoint::AfterMark,
+        FaultPoint::AfterPumpPublish,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultPoint::AfterRead => "after_read",
+            FaultPoint::AfterDecide => "after_decide",
+            FaultPoint::AfterAppend => "after_append",
+            FaultPoint::AppendAnswerLost => "append_answer_lost",
+            FaultPoint::AfterClaim => "after_claim",
+            FaultPoint::AfterSend => "after_send",
+            FaultPoint::AfterPublish => "after_publish",
+            FaultPoint::AfterMark => "after_mark",
+            FaultPoint::AfterPumpPublish => "after_pump_publish",
+        }
+    }
+}
+
+impl fmt::Display for FaultPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The process "died" at a fault point.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("crashed at fault point {point} ({context})")]
+pub struct Crash {
+    pub point: FaultPoint,
+    pub context: String,
+}
+
+type Hook = dyn Fn(FaultPoint, &str) -> bool + Send + Sync;
+
+/// The hook; `Faults::default()` never crashes.
+#[derive(Clone, Default)]
+pub struct Faults(Option<Arc<Hook>>);
+
+impl fmt::Debug for Faults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "Faults(hooked)" } else { "Faults(none)" })
+    }
+}
+
+impl Faults {
+    /// `hook(point, context)` returns true to crash there. `context` is the outbox id,
+    /// event id or timer id at hand.
+    pub fn new(hook: impl Fn(FaultPoint, &str) -> bool + Send + Sync + 'static) -> Self {
+        Faults(Some(Arc::new(hook)))
+    }
+
+    pub fn check(&self, point: FaultPoint, context: &str) -> Result<(), Crash> {
+        match &self.0 {
+            Some(hook) if hook(point, context) => Err(Crash { point, context: context.to_owned() }),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The load worker: one run per inbound message (ADR 0003).
+//!
+//! Read the log and its version, project, filter, decide, validate, and append the
+//! event, its `decision_recorded` and one outbox row per action in one transaction
+//! guarded by the version. The worker is the only writer of a load's log. Whatever
+//! goes wrong, the inbound event is never lost: a failing decider becomes the
+//! fallback decision, and a run that cannot append leaves the message to the queue.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use haul_core::decision::{DECISION_RECORDED, Decision};
+use haul_core::filter::filter;
+use haul_core::ids::LoadId;
+use haul_core::projection::{LoadState, project};
+use haul_core::validate::validate_decision;
+use haul_core::{Clock, InboundEvent};
+use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, QueueMessage, Store, StoreError};
+use tokio::task::JoinSet;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::decider::Decider;
+use crate::faults::{Crash, FaultPoint, Faults};
+
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// Messages (so loads) in flight at once.
+    pub concurrency: usize,
+    pub conflict_retries: u32,
+    /// A run still going after this is abandoned before it appends.
+    pub run_timeout: Duration,
+    /// The decider's own time limit (inside `run_timeout`).
+    pub decider_timeout: Duration,
+    /// The queue's visibility timeout: longer than `run_timeout`.
+    pub visibility: Duration,
+    pub load_lock: bool,
+    /// How long a message left to redelivery waits before it is visible again.
+    pub redelivery_delay: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            concurrency: 8,
+            conflict_retries: 5,
+            run_timeout: Duration::from_secs(300),
+            decider_timeout: Duration::from_secs(120),
+            visibility: Duration::from_secs(360),
+            load_lock: false,
+            redelivery_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How one run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// Event, decision and outbox rows appended; the message acked.
+    Committed { decider: String, filtered: bool, actions: usize },
+    /// The event was already in the log (a redelivery): acked, nothing written.
+    AlreadyProcessed,
+    /// The append found the entry id taken (a concurrent run logged it): acked.
+    Duplicate,
+    /// Not appended; the queue will redeliver (conflicts spent, store error, late run).
+    LeftForRedelivery(String),
+    /// Another run of this load holds it (in this process or, with `load_lock`, anywhere).
+    Busy,
+    /// The message cannot be an event (only a bug upstream makes one): acked and logged.
+    Poison(String),
+    /// A fault point stopped the run as a dead process would.
+    Crashed(Crash),
+}
+
+impl RunOutcome {
+    fn label(&self) -> &'static str {
+        match self {
+            RunOutcome::Committed { .. } => "committed",
+            RunOutcome::AlreadyProcessed => "already_processed",
+            RunOutcome::Duplicate => "duplicate",
+            RunOutcome::LeftForRedelivery(_) => "left_for_redelivery",
+            RunOutcome::Busy => "busy",
+            RunOutcome::Poison(_) => "poison",
+            RunOutcome::Crashed(_) => "crashed",
+        }
+    }
+}
+
+pub struct Worker {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn LoadQueue>,
+    decider: Arc<dyn Decider>,
+    clock: Arc<dyn Clock>,
+    settings: WorkerSettings,
+    faults: Faults,
+    /// Loads with a run in this process: never two runs of one load here.
+    running: Mutex<HashSet<LoadId>>,
+}
+
+/// Removes the load from `running` however the run ends.
+struct Running<'a>(&'a Mutex<HashSet<LoadId>>, LoadId);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.1);
+    }
+}
+
+impl Worker {
+    pub fn new(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn LoadQueue>,
+        decider: Arc<dyn Decider>,
+        clock: Arc<dyn Clock>,
+        settings: WorkerSettings,
+        faults: Faults,
+    ) -> Self {
+        Worker { store, queue, decider, clock, settings, faults, running: Mutex::new(HashSet::new()) }
+    }
+
+    pub fn settings(&self) -> &WorkerSettings {
+        &self.settings
+    }
+
+    /// Receives up to `concurrency` messages and runs them (one per load, at once).
+    /// Returns the outcomes; empty when nothing was visible.
+    pub async fn run_once(self: &Arc<Self>) -> Result<Vec<RunOutcome>, StoreError> {
+        let free =
+            self.settings.concurrency.saturating_sub(self.running.lock().unwrap_or_else(|p| p.into_inner()).len());
+        if free == 0 {
+            return Ok(vec![]);
+        }
+        let messages = self.queue.receive(free, self.settings.visibility, self.clock.now()).await?;
+        let mut runs = JoinSet::new();
+        for m in messages {
+            let w = self.clone();
+            runs.spawn(async move { w.process(m).await });
+        }
+        let mut outcomes = Vec::new();
+        while let Some(r) = runs.join_next().await {
+            match r {
+                Ok(o) => outcomes.push(o),
+                Err(e) => error!(error = %e, "a run panicked; its message will be redelivered"),
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// One run for one message.
+    pub async fn process(&self, msg: QueueMessage) -> RunOutcome {
+        let span =
+            info_span!("run", load_id = %msg.load_id, event_id = %msg.event_id, receive_count = msg.receive_count);
+        let started = Instant::now();
+        let outcome = self.process_inner(&msg, started).instrument(span.clone()).await;
+        let _enter = span.enter();
+        match &outcome {
+            RunOutcome::Committed { decider, filtered, actions } => {
+                debug!(decider, filtered, actions, "committed")
+            }
+            RunOutcome::LeftForRedelivery(why) => warn!(why, "left for redelivery"),
+            RunOutcome::Poison(why) => error!(why, "dropped a message that is not an event"),
+            RunOutcome::Crashed(c) => info!(%c, "run crashed at a fault point"),
+            _ => debug!(outcome = outcome.label()),
+        }
+        metrics::counter!("haul_runs_total", "outcome" => outcome.label()).increment(1);
+        metrics::histogram!("haul_run_duration_seconds").record(started.elapsed().as_secs_f64());
+        outcome
+    }
+
+    async fn process_inner(&self, msg: &QueueMessage, started: Instant) -> RunOutcome {
+        let event = match serde_json::from_str(&msg.body)
+            .map_err(|e| e.to_string())
+            .and_then(|v| InboundEvent::from_json(msg.load_id.clone(), v).map_err(|e| e.message))
+        {
+            Ok(e) if e.event_id.as_str() == msg.event_id => e,
+            Ok(e) => {
+                return self.poison(msg, format!("message id {} carries event {}", msg.event_id, e.event_id)).await;
+            }
+            Err(why) => return self.poison(msg, why).await,
+        };
+        let load = msg.load_id.clone();
+        if !self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(load.clone()) {
+            self.leave(msg, self.settings.redelivery_delay).await;
+            return RunOutcome::Busy;
+        }
+        let _running = Running(&self.running, load.clone());
+        let lease = if self.settings.load_lock {
+            match self.store.try_lock(&load, self.settings.run_timeout, self.clock.now()).await {
+                Ok(Some(lease)) => Some(lease),
+                Ok(None) => {
+                    metrics::counter!("haul_load_lock_busy_total").increment(1);
+                    self.leave(msg, self.settings.redelivery_delay).await;
+                    return RunOutcome::Busy;
+                }
+                Err(e) => {
+                    // The lease is an optimization: without it the version check still holds.
+                    warn!(error = %e, "LoadLock unavailable; running without it");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let outcome = match self.run(msg, &event, started).await {
+            Ok(o) => o,
+            Err(crash) => return RunOutcome::Crashed(crash),
+        };
+        if let Some(lease) = lease
+            && let Err(e) = lease.release().await
+        {
+            warn!(error = %e, "releasing the LoadLock failed; it lapses on its own");
+        }
+        outcome
+    }
+
+    async fn run(&self, msg: &QueueMessage, event: &InboundEvent, started: Instant) -> Result<RunOutcome, Crash> {
+        let load = &msg.load_id;
+        let ctx = event.event_id.as_str();
+        let mut fallback_reason: Option<String> = None;
+        for _attempt in 0..=self.settings.conflict_retries {
+            let (records, version) = match self.store.read(load).await {
+                Ok(r) => r,
+                Err(e) => return Ok(self.left(msg, format!("reading the log failed: {e}")).await),
+            };
+            let state = project(&records);
+            if state.processed.contains(&event.event_id) {
+                self.ack(msg).await;
+                return Ok(RunOutcome::AlreadyProcessed);
+            }
+            self.faults.check(FaultPoint::AfterRead, ctx)?;
+            let now = self.clock.now();
+            let decision = match &fallback_reason {
+                Some(why) => Decision::fallback(load, &event.event_id, event.kind(), now, why),
+                None => self.decide(load, &state, event, now).await,
+            };
+            self.faults.check(FaultPoint::AfterDecide, ctx)?;
+            if started.elapsed() > self.settings.run_timeout {
+                return Ok(self
+                    .left(msg, "the run outlasted worker.run_timeout; abandoned before append".into())
+                    .await);
+            }
+            let (entries, outbox) = match rows(event, &decision) {
+                Ok(r) => r,
+                Err(e) => return Ok(self.left(msg, e).await),
+            };
+            match self.store.append(load, entries, version, outbox, now).await {
+                Ok(_) => {
+                    if self.faults.check(FaultPoint::AppendAnswerLost, ctx).is_err() {
+                        return Ok(self.left(msg, "the append's answer was lost".into()).await);
+                    }
+                    self.faults.check(FaultPoint::AfterAppend, ctx)?;
+                    self.ack(msg).await;
+                    metrics::counter!("haul_decisions_total", "decider" => decision.decider.clone(), "filtered" => decision.filtered.to_string()).increment(1);
+                    return Ok(RunOutcome::Committed {
+                        decider: decision.decider,
+                        filtered: decision.filtered,
+                        actions: decision.actions.len(),
+                    });
+                }
+                Err(AppendError::ConcurrencyConflict(c)) => {
+                    metrics::counter!("haul_append_conflicts_total").increment(1);
+                    debug!(%c, "conflict: re-read, re-project, re-decide");
+                }
+                Err(AppendError::DuplicateEntry(_)) => {
+                    self.ack(msg).await;
+                    return Ok(RunOutcome::Duplicate);
+                }
+                Err(AppendError::DuplicateActionKey(k)) => {
+                    error!(key = %k.key, decider = %decision.decider, "decision reused an action key; falling back to a Hero task");
+                    fallback_reason = Some(format!("the decision reused action key {}", k.key));
+                }
+                Err(AppendError::Store(e)) => return Ok(self.left(msg, format!("append failed: {e}")).await),
+            }
+        }
+        Ok(self.left(msg, format!("{} conflict retries spent", self.settings.conflict_retries)).await)
+    }
+
+    /// The filter, else the decider under its time limit; a failed, late or invalid
+    /// decision becomes the fallback.
+    async fn decide(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: haul_core::Timestamp,
+    ) -> Decision {
+        if let Some(d) = filter(state, event, now) {
+            return d;
+        }
+        let limit = self.settings.decider_timeout.min(self.settings.run_timeout);
+        let why = match tokio::time::timeout(limit, self.decider.decide(load, state, event, now)).await {
+            Err(_) => format!("the {} decider did not answer within {}s", self.decider.name(), limit.as_secs()),
+            Ok(Err(e)) => format!("the {} decider failed: {e:#}", self.decider.name()),
+            Ok(Ok(d)) => match validate_decision(load, state, event, &d) {
+                Ok(()) => return d,
+                Err(why) => format!("the {} decision did not validate: {why}", self.decider.name()),
+            },
+        };
+        warn!(why, "fallback decision");
+        Decision::fallback(load, &event.event_id, event.kind(), now, &why)
+    }
+
+    async fn ack(&self, msg: &QueueMessage) {
+        if let Err(e) = self.queue.ack(&msg.receipt, self.clock.now()).await {
+            // The run's work is durable; a lost ack only means a redelivery, which
+            // the log turns into "already processed".
+            warn!(error = %e, "ack failed; the message will be redelivered and found processed");
+        }
+    }
+
+    async fn leave(&self, msg: &QueueMessage, delay: Duration) {
+        if let Err(e) = self.queue.nack(&msg.receipt, delay, self.clock.now()).await {
+            warn!(error = %e, "nack failed; the visibility timeout will redeliver");
+        }
+    }
+
+    async fn left(&self, msg: &QueueMessage, why: String) -> RunOutcome {
+        self.leave(msg, self.settings.redelivery_delay).await;
+        RunOutcome::LeftForRedelivery(why)
+    }
+
+    async fn poison(&self, msg: &QueueMessage, why: String) -> RunOutcome {
+        metrics::counter!("haul_queue_poison_total").increment(1);
+        self.ack(msg).await;
+        RunOutcome::Poison(why)
+    }
+}
+
+/// The two log entries and the outbox rows of one run.
+fn rows(event: &InboundEvent, d: &Decision) -> Result<(Vec<NewEntry>, Vec<NewOutboxRow>), String> {
+    let decision = serde_json::to_value(d).map_err(|e| format!("cannot encode the decision: {e}"))?;
+    let entries = vec![
+        NewEntry { entry_id: event.event_id.to_string(), kind: event.kind().into(), payload: event.body.payload() },
+        NewEntry { entry_id: d.decision_id.clone(), kind: DECISION_RECORDED.into(), payload: decision },
+    ];
+    let mut outbox = Vec::with_capacity(d.actions.len());
+    for a in &d.actions {
+        let action = serde_json::to_value(a).map_err(|e| format!("cannot encode action {}: {e}", a.key))?;
+        outbox.push(NewOutboxRow { id: a.key.clone(), action_type: a.action_type(), action });
+    }
+    Ok((entries, outbox))
+}
