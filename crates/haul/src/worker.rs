@@ -287,7 +287,9 @@ impl Worker {
         if let Some(d) = filter(state, event, now) {
             return d;
         }
-        let limit = self.settings.decider_timeout.min(self.settings.run_timeout);
+        // Inside the run's own limit with room to append the fallback, so a late
+        // decider ends in a fallback decision, not an abandoned run.
+        let limit = self.settings.decider_timeout.min(self.settings.run_timeout.mul_f64(0.8));
         let why = match tokio::time::timeout(limit, self.decider.decide(load, state, event, now)).await {
             Err(_) => format!("the {} decider did not answer within {}s", self.decider.name(), limit.as_secs()),
             Ok(Err(e)) => format!("the {} decider failed: {e:#}", self.decider.name()),
