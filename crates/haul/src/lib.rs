@@ -5,6 +5,7 @@ pub mod clock;
 pub mod config;
 pub mod decider;
 pub mod dispatcher;
+pub mod eval;
 pub mod faults;
 pub mod pipeline;
 pub mod pump;
