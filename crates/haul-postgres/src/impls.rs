@@ -14,6 +14,7 @@ use haul_store::{
     OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
     TimerStatus, TimerStore,
 };
+use haul_store::{LoadIndex, UnmatchedSms};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 
@@ -629,6 +630,15 @@ impl LoadQueue for PgStore {
         let row = client.query_one("SELECT count(*) FROM queue WHERE acked_at IS NULL", &[]).await.map_err(pg)?;
         Ok(row.get::<_, i64>(0) as u64)
     }
+
+    async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT body FROM queue WHERE load_id = $1 AND event_id = $2", &[&load_id.as_str(), &event_id])
+            .await
+            .map_err(pg)?;
+        Ok(row.map(|r| r.get(0)))
+    }
 }
 
 /// A session-level advisory lock held on one pooled connection for the run.
@@ -734,5 +744,80 @@ impl DeliveryLog for PgStore {
                 })
             })
             .collect()
+    }
+}
+
+#[async_trait]
+impl LoadIndex for PgStore {
+    async fn set_load_facts(
+        &self,
+        load_id: &LoadId,
+        driver_phone: Option<&str>,
+        active: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO load_facts (load_id, driver_phone, active, updated_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (load_id) DO UPDATE SET driver_phone = excluded.driver_phone, active = excluded.active,
+                 updated_at = excluded.updated_at",
+                &[&load_id.as_str(), &driver_phone, &active, &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(())
+    }
+
+    async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT load_id FROM load_facts WHERE driver_phone = $1 AND active ORDER BY load_id LIMIT 100",
+                &[&phone],
+            )
+            .await
+            .map_err(pg)?;
+        rows.iter()
+            .map(|r| {
+                let s: String = r.get(0);
+                LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
+            })
+            .collect()
+    }
+
+    async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (message_sid) DO NOTHING",
+                &[&sms.message_sid, &sms.from, &sms.to, &sms.body, &to_ms(sms.received_at)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(n == 1)
+    }
+
+    async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT message_sid, from_phone, to_phone, body, received_at FROM unmatched_sms
+                 ORDER BY received_at DESC, message_sid DESC LIMIT $1",
+                &[&(limit as i64)],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(rows
+            .iter()
+            .map(|r| UnmatchedSms {
+                message_sid: r.get(0),
+                from: r.get(1),
+                to: r.get(2),
+                body: r.get(3),
+                received_at: from_ms(r.get(4)),
+            })
+            .collect())
     }
 }

@@ -14,6 +14,7 @@ use haul_store::{
     OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
     TimerStatus, TimerStore,
 };
+use haul_store::{LoadIndex, UnmatchedSms};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::{SqliteStore, db};
@@ -663,6 +664,21 @@ impl LoadQueue for SqliteStore {
             })
             .await
     }
+
+    async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
+        let (load_id, event_id) = (load_id.to_string(), event_id.to_owned());
+        self.writer
+            .run(move |conn: &Connection| {
+                conn.query_row(
+                    "SELECT body FROM queue WHERE load_id = ?1 AND event_id = ?2",
+                    params![load_id, event_id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(db)
+            })
+            .await
+    }
 }
 
 struct SqliteLease {
@@ -785,6 +801,89 @@ impl DeliveryLog for SqliteStore {
                     })
                 })
                 .collect()
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl LoadIndex for SqliteStore {
+    async fn set_load_facts(
+        &self,
+        load_id: &LoadId,
+        driver_phone: Option<&str>,
+        active: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let (load_id, phone, now) = (load_id.to_string(), driver_phone.map(str::to_owned), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                conn.execute(
+                    "INSERT INTO load_facts (load_id, driver_phone, active, updated_at) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (load_id) DO UPDATE SET driver_phone = excluded.driver_phone, active = excluded.active,
+                     updated_at = excluded.updated_at",
+                    params![load_id, phone, active, now],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError> {
+        let phone = phone.to_owned();
+        self.writer
+            .run(move |conn: &Connection| {
+                let mut stmt = conn
+                    .prepare_cached("SELECT load_id FROM load_facts WHERE driver_phone = ?1 AND active = 1 ORDER BY load_id LIMIT 100")
+                    .map_err(db)?;
+                let rows = stmt.query_map([&phone], |r| r.get::<_, String>(0)).map_err(db)?;
+                rows.map(|r| {
+                    let s = r.map_err(db)?;
+                    LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
+                })
+                .collect()
+            })
+            .await
+    }
+
+    async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {
+        let sms = sms.clone();
+        self.writer
+            .run(move |conn: &Connection| {
+                let n = conn
+                    .execute(
+                        "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (message_sid) DO NOTHING",
+                        params![sms.message_sid, sms.from, sms.to, sms.body, to_ms(sms.received_at)],
+                    )
+                    .map_err(db)?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {
+        self.writer
+            .run(move |conn: &Connection| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT message_sid, from_phone, to_phone, body, received_at FROM unmatched_sms
+                         ORDER BY received_at DESC, message_sid DESC LIMIT ?1",
+                    )
+                    .map_err(db)?;
+                let rows = stmt
+                    .query_map([limit as i64], |r| {
+                        Ok(UnmatchedSms {
+                            message_sid: r.get(0)?,
+                            from: r.get(1)?,
+                            to: r.get(2)?,
+                            body: r.get(3)?,
+                            received_at: from_ms(r.get(4)?),
+                        })
+                    })
+                    .map_err(db)?;
+                rows.collect::<Result<_, _>>().map_err(db)
             })
             .await
     }

@@ -14,7 +14,10 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
-use crate::{AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, Published, QueueError, Store, TimerStatus};
+use crate::{
+    AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, Published, QueueError, Store, TimerStatus,
+    UnmatchedSms,
+};
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
 /// returning a fresh, empty `Arc<dyn Store>`.
@@ -62,6 +65,9 @@ macro_rules! contract_tests {
             load_lock_excludes_a_second_holder,
             recorded_delivery_is_deduplicated_by_channel_and_key,
             dead_rows_without_a_published_outcome_are_found,
+            queue_remembers_the_first_body_of_an_event_id,
+            loads_are_found_by_active_driver_phone,
+            unmatched_sms_is_kept_once,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -702,4 +708,48 @@ pub async fn recorded_delivery_is_deduplicated_by_channel_and_key(s: DynStore) {
     assert_eq!((mine[0].channel.as_str(), &mine[0].payload, mine[0].created_at), ("sms", &body, at(1)));
     assert_eq!(s.deliveries(None, 10).await.unwrap().len(), 3);
     assert_eq!(s.deliveries(None, 1).await.unwrap().len(), 1);
+}
+
+pub async fn queue_remembers_the_first_body_of_an_event_id(s: DynStore) {
+    s.publish(&load("L1"), "e1", "{\"v\":1}", t0()).await.unwrap();
+    s.publish(&load("L1"), "e1", "{\"v\":2}", t0()).await.unwrap();
+    assert_eq!(s.published_body(&load("L1"), "e1").await.unwrap().as_deref(), Some("{\"v\":1}"));
+    assert_eq!(s.published_body(&load("L1"), "e2").await.unwrap(), None);
+    assert_eq!(s.published_body(&load("L2"), "e1").await.unwrap(), None);
+}
+
+// ---------------------------------------------------------------------------------
+// LoadIndex
+
+pub async fn loads_are_found_by_active_driver_phone(s: DynStore) {
+    let phone = "+15555550100";
+    s.set_load_facts(&load("L1"), Some(phone), true, at(0)).await.unwrap();
+    s.set_load_facts(&load("L2"), Some(phone), true, at(0)).await.unwrap();
+    s.set_load_facts(&load("L3"), Some("+15555550111"), true, at(0)).await.unwrap();
+    let mut got = s.loads_by_phone(phone).await.unwrap();
+    got.sort();
+    assert_eq!(got, vec![load("L1"), load("L2")]);
+    // Delivered: no longer active.
+    s.set_load_facts(&load("L2"), Some(phone), false, at(1)).await.unwrap();
+    assert_eq!(s.loads_by_phone(phone).await.unwrap(), vec![load("L1")]);
+    // A new phone replaces the old.
+    s.set_load_facts(&load("L1"), Some("+15555550122"), true, at(2)).await.unwrap();
+    assert!(s.loads_by_phone(phone).await.unwrap().is_empty());
+    assert!(s.loads_by_phone("' OR 1=1 --").await.unwrap().is_empty());
+}
+
+pub async fn unmatched_sms_is_kept_once(s: DynStore) {
+    let sms = |sid: &str, t: u64| UnmatchedSms {
+        message_sid: sid.into(),
+        from: "+15555550199".into(),
+        to: "+15555550000".into(),
+        body: "hello'); DROP TABLE unmatched_sms; --".into(),
+        received_at: at(t),
+    };
+    assert!(s.record_unmatched_sms(&sms("SM1", 1)).await.unwrap());
+    assert!(!s.record_unmatched_sms(&sms("SM1", 2)).await.unwrap());
+    assert!(s.record_unmatched_sms(&sms("SM2", 3)).await.unwrap());
+    let got = s.unmatched_sms(10).await.unwrap();
+    assert_eq!(got.iter().map(|u| u.message_sid.as_str()).collect::<Vec<_>>(), vec!["SM2", "SM1"]);
+    assert_eq!(got[1], sms("SM1", 1));
 }

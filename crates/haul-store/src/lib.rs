@@ -335,6 +335,10 @@ pub trait LoadQueue: Send + Sync {
 
     /// Messages not yet acked.
     async fn depth(&self) -> Result<u64, StoreError>;
+
+    /// The body an event id was first published with, while the queue remembers it
+    /// (`None` when it does not, or cannot say, as SQS cannot).
+    async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError>;
 }
 
 // ---------------------------------------------------------------------------------
@@ -391,7 +395,48 @@ pub trait DeliveryLog: Send + Sync {
     async fn deliveries(&self, load_id: Option<&LoadId>, limit: usize) -> Result<Vec<RecordedDelivery>, StoreError>;
 }
 
-/// Everything one database provides.
-pub trait Store: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + Send + Sync + 'static {}
+// ---------------------------------------------------------------------------------
+// Lookups for the API.
 
-impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + Send + Sync + 'static> Store for T {}
+/// An inbound SMS that matched no active load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnmatchedSms {
+    pub message_sid: String,
+    pub from: String,
+    pub to: String,
+    pub body: String,
+    pub received_at: Timestamp,
+}
+
+/// Facts derived from logs that the API looks loads up by. The log stays the source
+/// of truth; the worker rewrites a load's facts after each `load_update` it commits.
+#[async_trait]
+pub trait LoadIndex: Send + Sync {
+    async fn set_load_facts(
+        &self,
+        load_id: &LoadId,
+        driver_phone: Option<&str>,
+        active: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Active loads whose driver phone is `phone`.
+    async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError>;
+
+    /// Keeps an unmatched SMS (idempotent on `message_sid`); true when new.
+    async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError>;
+
+    /// The most recent unmatched SMS first.
+    async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError>;
+}
+
+/// Everything one database provides.
+pub trait Store:
+    EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Send + Sync + 'static
+{
+}
+
+impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Send + Sync + 'static> Store
+    for T
+{
+}

@@ -243,7 +243,129 @@ pub fn policies(clients: &BTreeMap<String, ClientConfig>) -> Policies {
     Policies { default, clients }
 }
 
+/// Every setting an environment variable can set: `HAUL_` and the dotted path in
+/// capitals with `_` for `.` (`worker.run_timeout` is `HAUL_WORKER_RUN_TIMEOUT`).
+/// Per-client policies are for the TOML file only.
+const ENV_SETTINGS: &[(&str, Kind)] = &[
+    ("store.url", Kind::Text),
+    ("queue.kind", Kind::Text),
+    ("queue.url", Kind::Text),
+    ("queue.visibility", Kind::Text),
+    ("server.listen", Kind::Text),
+    ("server.public_url", Kind::Text),
+    ("worker.concurrency", Kind::Int),
+    ("worker.conflict_retries", Kind::Int),
+    ("worker.run_timeout", Kind::Text),
+    ("decider.kind", Kind::Text),
+    ("decider.llm.base_url", Kind::Text),
+    ("decider.llm.model", Kind::Text),
+    ("decider.llm.api_key_env", Kind::Text),
+    ("decider.llm.timeout", Kind::Text),
+    ("dispatcher.batch", Kind::Int),
+    ("dispatcher.lease", Kind::Text),
+    ("dispatcher.retry.base", Kind::Text),
+    ("dispatcher.retry.cap", Kind::Text),
+    ("dispatcher.retry.max_attempts", Kind::Int),
+    ("dispatcher.retry.budget", Kind::Text),
+    ("timers.poll", Kind::Text),
+    ("channels.sms.url", Kind::Text),
+    ("channels.sms.token_env", Kind::Text),
+    ("channels.sms.timeout", Kind::Text),
+    ("channels.hero.url", Kind::Text),
+    ("channels.hero.token_env", Kind::Text),
+    ("channels.hero.timeout", Kind::Text),
+    ("channels.slack.url", Kind::Text),
+    ("channels.slack.token_env", Kind::Text),
+    ("channels.slack.timeout", Kind::Text),
+    ("channels.tms.url", Kind::Text),
+    ("channels.tms.token_env", Kind::Text),
+    ("channels.tms.timeout", Kind::Text),
+    ("channels.ops.url", Kind::Text),
+    ("channels.ops.token_env", Kind::Text),
+    ("channels.ops.timeout", Kind::Text),
+    ("load_lock.enabled", Kind::Bool),
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Text,
+    Int,
+    Bool,
+}
+
+/// `HAUL_*` variables that are not settings (secrets and logging).
+const NOT_SETTINGS: &[&str] = &["HAUL_API_TOKEN", "HAUL_TWILIO_AUTH_TOKEN", "HAUL_LOG", "HAUL_LLM_API_KEY"];
+
+fn env_name(path: &str) -> String {
+    format!("HAUL_{}", path.to_ascii_uppercase().replace('.', "_"))
+}
+
+/// Sets `path` (dotted) in a TOML table, creating the tables on the way.
+fn set_path(table: &mut toml::Table, path: &str, value: toml::Value) -> anyhow::Result<()> {
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let last = parts.pop().unwrap_or_default();
+    let mut t = table;
+    for p in parts {
+        let entry = t.entry(p.to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry.as_table_mut().ok_or_else(|| anyhow::anyhow!("{p} is not a table"))?;
+    }
+    t.insert(last.to_owned(), value);
+    Ok(())
+}
+
 impl Config {
+    /// Defaults, then the TOML file (if any), then `HAUL_*` variables. Returns the
+    /// config and the `HAUL_*` variables that named no setting (for a warning).
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> anyhow::Result<(Self, Vec<String>)> {
+        let mut table: toml::Table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                text.parse()
+                    .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim()))?
+            }
+            None => toml::Table::new(),
+        };
+        let mut unknown = Vec::new();
+        for (name, value) in env.filter(|(k, _)| k.starts_with("HAUL_")) {
+            if NOT_SETTINGS.contains(&name.as_str()) {
+                continue;
+            }
+            let found = if name == "HAUL_PUBLIC_URL" {
+                Some(("server.public_url", Kind::Text))
+            } else {
+                ENV_SETTINGS.iter().copied().find(|(path, _)| env_name(path) == name)
+            };
+            let Some((path, kind)) = found else {
+                unknown.push(name);
+                continue;
+            };
+            let v = match kind {
+                Kind::Text => toml::Value::String(value),
+                Kind::Int => toml::Value::Integer(
+                    value
+                        .trim()
+                        .parse()
+                        .map_err(|_| anyhow::anyhow!("{name} ({path}) must be a whole number, not {value:?}"))?,
+                ),
+                Kind::Bool => toml::Value::Boolean(match value.trim() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => anyhow::bail!("{name} ({path}) must be true or false, not {value:?}"),
+                }),
+            };
+            set_path(&mut table, path, v)?;
+        }
+        let text = toml::to_string(&table)?;
+        let config = Self::from_toml(&text).map_err(|e| match file {
+            Some(p) => anyhow::anyhow!("{} (with HAUL_* variables): {e:#}", p.display()),
+            None => e,
+        })?;
+        Ok((config, unknown))
+    }
+
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
         let config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim()))?;
         config.validate()?;
@@ -356,6 +478,35 @@ mod tests {
         check("[channels.sms]\nurl = \"ftp://x\"", Some("channels.sms.url"));
         check("[clients.client_a.eta_request]\ntrigger_risk = \"extreme\"", Some("extreme"));
         check("[decider]\nkind = \"magic\"", Some("decider.kind"));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>().into_iter()
+        };
+        let (c, unknown) = Config::load(
+            None,
+            env(&[
+                ("HAUL_WORKER_CONCURRENCY", "3"),
+                ("HAUL_TIMERS_POLL", "5s"),
+                ("HAUL_PUBLIC_URL", "https://x.example"),
+                ("HAUL_LOAD_LOCK_ENABLED", "true"),
+                ("HAUL_API_TOKEN", "secret"),
+                ("HAUL_NOPE", "1"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.worker.concurrency, 3);
+        assert_eq!(c.timers.poll, Duration::from_secs(5));
+        assert_eq!(c.server.public_url.as_deref(), Some("https://x.example"));
+        assert!(c.load_lock.enabled);
+        assert_eq!(unknown, vec!["HAUL_NOPE".to_string()]);
+        let err = Config::load(None, env(&[("HAUL_WORKER_CONCURRENCY", "lots")])).unwrap_err();
+        assert!(format!("{err:#}").contains("HAUL_WORKER_CONCURRENCY"), "{err:#}");
+        let err = Config::load(None, env(&[("HAUL_TIMERS_POLL", "2m")])).unwrap_err();
+        assert!(format!("{err:#}").contains("timers.poll"), "{err:#}");
     }
 
     #[test]

@@ -23,6 +23,36 @@ enum StoreKind {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the ingestion API, the load workers, the dispatcher and the timer pump.
+    /// With no configuration: SQLite file haul.db, the store-backed queue, record mode
+    /// for every channel, listening on 127.0.0.1:8080.
+    Serve {
+        /// A TOML config file (config.md); HAUL_* variables and flags override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The store URL (overrides store.url).
+        #[arg(long)]
+        db: Option<String>,
+        /// Address for the API, /metrics and /healthz (overrides server.listen).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Which roles this process runs: any of api,worker,dispatcher,pump.
+        #[arg(long, default_value = "api,worker,dispatcher,pump")]
+        roles: String,
+    },
+    /// Show one load as a readable timeline: events, decisions with their actions and
+    /// rationale, outbox rows with attempts and status, timers.
+    Inspect {
+        load_id: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The store URL (overrides store.url).
+        #[arg(long)]
+        db: Option<String>,
+        /// Print the load as JSON (the body of GET /v1/loads/{id}).
+        #[arg(long)]
+        json: bool,
+    },
     /// Create or upgrade the database schema.
     Migrate {
         /// The store: sqlite://PATH, sqlite::memory: or postgres://…
@@ -47,12 +77,17 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Evals report through their own lines; the pipeline's logs would bury them.
-    let default_filter = if matches!(cli.command, Command::Eval { .. }) { "off" } else { "info" };
+    let default_filter = match cli.command {
+        Command::Eval { .. } => "off",
+        Command::Inspect { .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HAUL_LOG").unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
@@ -70,8 +105,50 @@ fn main() -> ExitCode {
     }
 }
 
+/// Defaults, the file, HAUL_* variables, then flags; warns about HAUL_* variables
+/// that name no setting.
+fn load_config(
+    file: Option<&std::path::Path>,
+    db: Option<String>,
+    listen: Option<String>,
+) -> anyhow::Result<haul::config::Config> {
+    let (mut config, unknown) = haul::config::Config::load(file, std::env::vars())?;
+    for name in unknown {
+        tracing::warn!("{name} names no setting; ignored");
+    }
+    if let Some(db) = db {
+        config.store.url = db;
+    }
+    if let Some(listen) = listen {
+        config.server.listen = listen;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Serve { config, db, listen, roles } => {
+            let config = load_config(config.as_deref(), db, listen)?;
+            let roles = haul::serve::Roles::parse(&roles)?;
+            haul::serve::serve(config, roles, haul::serve::shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inspect { load_id, config, db, json } => {
+            let config = load_config(config.as_deref(), db, None)?;
+            let load = haul_core::ids::LoadId::parse(&load_id).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            let store = haul::store::open(&config.store.url, None).await.context("store.url")?;
+            let Some(view) = haul::inspect::load_view(store.as_ref(), &load).await? else {
+                eprintln!("load {load} has no records in {}", haul::store::describe(&config.store.url));
+                return Ok(ExitCode::from(2));
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else {
+                print!("{}", haul::inspect::timeline(&view));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Migrate { db } => {
             let store = haul::store::open(&db, None).await.with_context(|| format!("opening {db}"))?;
             drop(store);

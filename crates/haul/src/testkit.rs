@@ -298,6 +298,10 @@ impl LoadQueue for FlakyQueue {
     async fn depth(&self) -> Result<u64, StoreError> {
         self.inner.depth().await
     }
+
+    async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
+        self.inner.published_body(load_id, event_id).await
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::validate::validate_decision;
-use haul_core::{Clock, InboundEvent};
+use haul_core::{Clock, EventBody, InboundEvent};
 use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, QueueMessage, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -95,6 +95,8 @@ pub struct Worker {
     faults: Faults,
     /// Loads with a run in this process: never two runs of one load here.
     running: Mutex<HashSet<LoadId>>,
+    /// Set on shutdown: runs not yet appended give their message back.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// Removes the load from `running` however the run ends.
@@ -115,7 +117,31 @@ impl Worker {
         settings: WorkerSettings,
         faults: Faults,
     ) -> Self {
-        Worker { store, queue, decider, clock, settings, faults, running: Mutex::new(HashSet::new()) }
+        Worker {
+            store,
+            queue,
+            decider,
+            clock,
+            settings,
+            faults,
+            running: Mutex::new(HashSet::new()),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// From now on, runs that have not appended abandon and give their message back
+    /// at once, so another process picks it up: nothing half-done at shutdown.
+    pub fn stop(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Receives up to `max` messages (for the serve loop, which runs them itself).
+    pub async fn receive(&self, max: usize) -> Result<Vec<QueueMessage>, StoreError> {
+        self.queue.receive(max, self.settings.visibility, self.clock.now()).await
     }
 
     pub fn settings(&self) -> &WorkerSettings {
@@ -234,6 +260,10 @@ impl Worker {
                 None => self.decide(load, &state, event, now).await,
             };
             self.faults.check(FaultPoint::AfterDecide, ctx)?;
+            if self.is_stopping() {
+                self.leave(msg, Duration::ZERO).await;
+                return Ok(RunOutcome::LeftForRedelivery("shutting down; abandoned before append".into()));
+            }
             if started.elapsed() > self.settings.run_timeout {
                 return Ok(self
                     .left(msg, "the run outlasted worker.run_timeout; abandoned before append".into())
@@ -250,6 +280,9 @@ impl Worker {
                     }
                     self.faults.check(FaultPoint::AfterAppend, ctx)?;
                     self.ack(msg).await;
+                    if let EventBody::LoadUpdate(u) = &event.body {
+                        self.index_facts(load, &state, u).await;
+                    }
                     metrics::counter!("haul_decisions_total", "decider" => decision.decider.clone(), "filtered" => decision.filtered.to_string()).increment(1);
                     return Ok(RunOutcome::Committed {
                         decider: decision.decider,
@@ -300,6 +333,17 @@ impl Worker {
         };
         warn!(why, "fallback decision");
         Decision::fallback(load, &event.event_id, event.kind(), now, &why)
+    }
+
+    /// Rewrites the load's derived facts (driver phone, active) after a load_update.
+    /// Derived data: if this fails, the next load_update rewrites it.
+    async fn index_facts(&self, load: &LoadId, before: &LoadState, u: &haul_core::event::LoadUpdate) {
+        let phone = u.driver_phone.as_deref().or(before.driver_phone.as_deref());
+        let stage = u.stage.as_deref().or(before.stage.as_deref());
+        let active = stage != Some(haul_core::projection::STAGE_DELIVERED);
+        if let Err(e) = self.store.set_load_facts(load, phone, active, self.clock.now()).await {
+            warn!(error = %e, "updating the load index failed; the next load_update rewrites it");
+        }
     }
 
     async fn ack(&self, msg: &QueueMessage) {
