@@ -1,0 +1,242 @@
+//! End to end: the real `haul serve` binary, driven over HTTP, with the channel
+//! services as real HTTP servers on 127.0.0.1. SQLite in one process; PostgreSQL with
+//! the api, worker, dispatcher and pump roles as four processes.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use haul::testkit::FakeServices;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "e2e-token-0123456789";
+const SMS1: &str = "481207/ask:eta_request:ping_0700/1/send_sms";
+const SMS2: &str = "481207/ask:eta_request:ping_0700/2/send_sms";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("haul-e2e-{tag}-{}-{}", std::process::id(), fastrand::u32(..)));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A `haul serve` child; killed (SIGKILL) if the test ends without stopping it.
+struct Serve {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(dir: &PathBuf, name: &str, args: &[&str], env: &[(String, String)]) -> Serve {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_haul"))
+            .arg("serve")
+            .args(args)
+            .current_dir(dir)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("HAUL_API_TOKEN", TOKEN)
+            .env("HAUL_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Serve { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status within ten seconds.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "did not exit within 10 s of SIGTERM:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn channel_env(svc: &FakeServices) -> Vec<(String, String)> {
+    let mut env = vec![("HAUL_SVC_TOKEN".to_string(), "svc-token-123".to_string())];
+    for (name, path) in [("SMS", "sms"), ("HERO", "hero"), ("SLACK", "slack"), ("TMS", "tms"), ("OPS", "ops")] {
+        env.push((format!("HAUL_CHANNELS_{name}_URL"), format!("http://{}/{path}", svc.addr)));
+        env.push((format!("HAUL_CHANNELS_{name}_TOKEN_ENV"), "HAUL_SVC_TOKEN".into()));
+    }
+    env
+}
+
+async fn wait_healthy(client: &reqwest::Client, base: &str, serve: &Serve) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(r) = client.get(format!("{base}/healthz")).send().await
+            && r.status() == StatusCode::OK
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("haul serve at {base} never became healthy:\n{}", serve.log());
+}
+
+async fn post(client: &reqwest::Client, base: &str, event: Value) -> StatusCode {
+    client.post(format!("{base}/v1/loads/481207/events")).bearer_auth(TOKEN).json(&event).send().await.unwrap().status()
+}
+
+/// Polls `GET /v1/loads/481207` until `done` holds for it.
+async fn wait_for(
+    client: &reqwest::Client,
+    base: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+    logs: &dyn Fn() -> String,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        if let Ok(r) = client.get(format!("{base}/v1/loads/481207")).bearer_auth(TOKEN).send().await
+            && r.status() == StatusCode::OK
+        {
+            last = r.json().await.unwrap();
+            if done(&last) {
+                return last;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}; last view: {last:#}\nlogs:\n{}", logs());
+}
+
+fn outbox_status(view: &Value, key: &str) -> Option<String> {
+    view["outbox"].as_array()?.iter().find(|r| r["id"] == key).and_then(|r| r["status"].as_str()).map(str::to_owned)
+}
+
+fn init() -> Value {
+    json!({"event_id": "load:init", "kind": "load_update", "client": "client_a", "driver_phone": "+15555550100", "stage": "in_transit"})
+}
+
+fn ping() -> Value {
+    json!({"event_id": "ping_0700", "kind": "location_ping", "lat": 41.88, "lon": -87.63, "risk": "high"})
+}
+
+const FAST_POLICY: &str =
+    "[timers]\npoll = \"1s\"\n[clients.client_a.eta_request]\nretry_after = \"2s\"\nmax_attempts = 2\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_sqlite_sends_the_eta_request_and_follows_up() {
+    let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
+    let dir = temp_dir("sqlite");
+    std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let mut serve = Serve::start(
+        &dir,
+        "serve",
+        &["--config", "haul.toml", "--listen", &listen, "--db", "sqlite://haul.db"],
+        &channel_env(&svc),
+    );
+    let client = reqwest::Client::new();
+    wait_healthy(&client, &base, &serve).await;
+    assert_eq!(post(&client, &base, init()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&client, &base, ping()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&client, &base, ping()).await, StatusCode::OK, "a duplicate");
+    let logs = || serve.log();
+    // The first ask goes out, then the timer (2 s) fires the follow-up.
+    let view =
+        wait_for(&client, &base, "step 2", |v| outbox_status(v, SMS2).as_deref() == Some("dispatched"), &logs).await;
+    assert_eq!(outbox_status(&view, SMS1).as_deref(), Some("dispatched"));
+    assert_eq!(svc.effect_count("sms", SMS1), 1);
+    assert_eq!(svc.effect_count("sms", SMS2), 1);
+    let first = svc.effects().into_iter().find(|e| e.key == SMS1).unwrap();
+    assert_eq!(first.payload["to"], "+15555550100");
+    assert_eq!(first.payload["load_id"], "481207");
+    assert_eq!(view["state"]["asks"]["ask:eta_request:ping_0700"]["step"], 2);
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    let log = serve.log();
+    assert!(log.contains("stopped"), "{log}");
+    assert!(!log.contains("+15555550100"), "a phone number appeared whole in the logs:\n{log}");
+    assert!(!log.contains(TOKEN) && !log.contains("svc-token-123"), "a token appeared in the logs");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_roles_as_separate_processes_on_postgres() {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = haul_postgres::testing::fresh_schema(&url).await;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
+    tokio::spawn(conn);
+    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await.unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let db = format!("{url}{sep}options=-csearch_path%3D{schema}");
+    let dir = temp_dir("pg");
+    std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
+    let migrate = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).output().unwrap();
+    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+
+    let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
+    let env = channel_env(&svc);
+    let mut procs = Vec::new();
+    let mut api_base = String::new();
+    for role in ["api", "worker", "worker", "dispatcher", "dispatcher", "pump"] {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        if role == "api" {
+            api_base = format!("http://{listen}");
+        }
+        let name = format!("{role}-{port}");
+        procs.push(Serve::start(
+            &dir,
+            &name,
+            &["--config", "haul.toml", "--listen", &listen, "--db", &db, "--roles", role],
+            &env,
+        ));
+    }
+    let http = reqwest::Client::new();
+    wait_healthy(&http, &api_base, &procs[0]).await;
+    assert_eq!(post(&http, &api_base, init()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&http, &api_base, ping()).await, StatusCode::ACCEPTED);
+    let logs = || procs.iter().map(|p| format!("== {}\n{}", p.log.display(), p.log())).collect::<Vec<_>>().join("\n");
+    // Step 1, step 2 by the pump process's timer, then the escalation (max_attempts 2).
+    let escalation = "481207/ask:eta_request:ping_0700/3/create_hero_task";
+    let view = wait_for(
+        &http,
+        &api_base,
+        "escalation",
+        |v| outbox_status(v, escalation).as_deref() == Some("dispatched"),
+        &logs,
+    )
+    .await;
+    assert_eq!(svc.effect_count("sms", SMS1), 1, "one effect per key across two dispatchers");
+    assert_eq!(svc.effect_count("sms", SMS2), 1);
+    assert_eq!(svc.effect_count("hero", escalation), 1);
+    assert_eq!(view["state"]["asks"]["ask:eta_request:ping_0700"]["status"], "escalated");
+    let seqs: Vec<u64> = view["log"].as_array().unwrap().iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless log");
+    for p in &mut procs {
+        let status = p.terminate();
+        assert!(status.success(), "{status:?}\n{}", p.log());
+    }
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}
