@@ -223,6 +223,15 @@ pub struct EtaRequestConfig {
     pub trigger_risk: Option<Risk>,
 }
 
+/// A TOML error as one line: `line N: message`.
+fn one_line(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().replace('\n', " ");
+    match e.span() {
+        Some(span) => format!("line {}: {msg}", text[..span.start.min(text.len())].matches('\n').count() + 1),
+        None => msg,
+    }
+}
+
 /// Builds the SOP policies from `clients.*.eta_request` over the defaults.
 pub fn policies(clients: &BTreeMap<String, ClientConfig>) -> Policies {
     let default = EtaPolicy::default();
@@ -323,8 +332,10 @@ impl Config {
         let mut table: toml::Table = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                // Checked alone first, so errors point at the file's own lines.
+                Self::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
                 text.parse()
-                    .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim()))?
+                    .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), one_line(&text, &e)))?
             }
             None => toml::Table::new(),
         };
@@ -359,15 +370,12 @@ impl Config {
             set_path(&mut table, path, v)?;
         }
         let text = toml::to_string(&table)?;
-        let config = Self::from_toml(&text).map_err(|e| match file {
-            Some(p) => anyhow::anyhow!("{} (with HAUL_* variables): {e:#}", p.display()),
-            None => e,
-        })?;
+        let config = Self::from_toml(&text).map_err(|e| anyhow::anyhow!("with the HAUL_* variables: {e:#}"))?;
         Ok((config, unknown))
     }
 
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
-        let config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim()))?;
+        let config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", one_line(text, &e)))?;
         config.validate()?;
         Ok(config)
     }

@@ -536,6 +536,15 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 /// Runs the roles until `shutdown` resolves, then stops within ten seconds.
 pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let store = crate::store::open(&config.store.url, None).await.context("store.url")?;
+    // Series that dashboards divide by exist from the start, at zero.
+    let _ = metrics_handle();
+    metrics::counter!("haul_append_conflicts_total").absolute(0);
+    for kind in ["hero_channel_failure", "internal_failure"] {
+        metrics::counter!("haul_ops_alerts_total", "kind" => kind).absolute(0);
+    }
+    for t in haul_core::ActionType::ALL {
+        metrics::counter!("haul_outbox_dead_rows_total", "action_type" => t.as_str()).absolute(0);
+    }
     let queue: Arc<dyn LoadQueue> = match config.queue.kind.as_str() {
         "store" => store.clone(),
         other => bail!("queue.kind {other:?} is not available in this build"),
