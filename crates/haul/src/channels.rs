@@ -103,16 +103,25 @@ pub struct HttpChannel {
     client: reqwest::Client,
     base_url: String,
     token: Option<String>,
+    timeout: Duration,
+}
+
+/// One HTTP client for every channel: building one loads the TLS roots, which is
+/// slow, and a client is a cheap handle to a shared connection pool.
+pub fn http_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?)
 }
 
 impl HttpChannel {
     pub fn new(base_url: &str, token: Option<String>, timeout: Duration) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
-        Ok(HttpChannel { client, base_url: base_url.trim_end_matches('/').to_owned(), token })
+        Ok(Self::with_client(http_client()?, base_url, token, timeout))
+    }
+
+    pub fn with_client(client: reqwest::Client, base_url: &str, token: Option<String>, timeout: Duration) -> Self {
+        HttpChannel { client, base_url: base_url.trim_end_matches('/').to_owned(), token, timeout }
     }
 }
 
@@ -126,7 +135,12 @@ impl ChannelClient for HttpChannel {
         body: &Value,
         _now: Timestamp,
     ) -> Result<String, DeliveryError> {
-        let mut req = self.client.post(format!("{}{path}", self.base_url)).header("Idempotency-Key", key).json(body);
+        let mut req = self
+            .client
+            .post(format!("{}{path}", self.base_url))
+            .timeout(self.timeout)
+            .header("Idempotency-Key", key)
+            .json(body);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
@@ -223,6 +237,7 @@ impl Channels {
     /// read from the environment variables the config names; a named variable that is
     /// unset is an error (a token that silently goes missing would fail every send).
     pub fn from_config(config: &ChannelsConfig, log: Arc<dyn DeliveryLog>) -> anyhow::Result<Self> {
+        let client = http_client()?;
         let make = |name: ChannelName, c: &ChannelConfig| -> anyhow::Result<Arc<dyn ChannelClient>> {
             let Some(url) = &c.url else { return Ok(Arc::new(RecordChannel::new(name, log.clone()))) };
             let token = match &c.token_env {
@@ -231,7 +246,12 @@ impl Channels {
                 })?),
                 None => None,
             };
-            Ok(Arc::new(HttpChannel::new(url, token, c.timeout.unwrap_or(Duration::from_secs(5)))?))
+            Ok(Arc::new(HttpChannel::with_client(
+                client.clone(),
+                url,
+                token,
+                c.timeout.unwrap_or(Duration::from_secs(5)),
+            )))
         };
         Ok(Channels {
             sms: make(ChannelName::Sms, &config.sms)?,

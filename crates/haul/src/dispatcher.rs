@@ -22,18 +22,26 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::channels::{
     ChannelName, Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError, request_for,
 };
-use crate::faults::{Crash, FaultPoint, Faults};
+use crate::faults::{Crash, FaultPoint, Faults, Observed};
 
 #[derive(Clone, Debug)]
 pub struct DispatcherSettings {
     pub batch: usize,
     pub lease: Duration,
     pub retry: RetryPolicy,
+    /// Send a batch's rows one after another instead of at once (the simulator, whose
+    /// runs must repeat exactly).
+    pub sequential: bool,
 }
 
 impl Default for DispatcherSettings {
     fn default() -> Self {
-        DispatcherSettings { batch: 32, lease: Duration::from_secs(90), retry: RetryPolicy::default() }
+        DispatcherSettings {
+            batch: 32,
+            lease: Duration::from_secs(90),
+            retry: RetryPolicy::default(),
+            sequential: false,
+        }
     }
 }
 
@@ -101,6 +109,15 @@ impl Dispatcher {
         {
             return Ok(vec![Dispatched::Crashed(crash)]);
         }
+        for c in &claims {
+            self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
+        }
+        if self.settings.sequential {
+            for claim in claims {
+                out.push(self.dispatch(claim).await);
+            }
+            return Ok(out);
+        }
         let mut sends = JoinSet::new();
         for claim in claims {
             let d = self.clone();
@@ -128,8 +145,10 @@ impl Dispatcher {
                 debug!(error = %e, outbox_id = %row.id, "the failed outcome still cannot be published");
                 break;
             }
+            if !self.alert_for(&row, &why).await {
+                break;
+            }
             self.store.mark_outcome_published(&row.id, self.clock.now()).await?;
-            self.alert_for(&row, &why).await;
             out.push(Dispatched::Buried);
         }
         Ok(out)
@@ -163,22 +182,35 @@ impl Dispatcher {
         match sent {
             Ok(receipt) => {
                 let outcome = outcome(row, row.action_type, OutcomeStatus::Delivered, Some(receipt.clone()), None);
+                if self.faults.bugs.mark_before_publish {
+                    let marked = self.mark_dispatched(row, token, &receipt).await;
+                    self.faults.check(FaultPoint::AfterMark, &row.id)?;
+                    let _ = self.publish(row, outcome).await;
+                    return Ok(marked);
+                }
                 if let Err(e) = self.publish(row, outcome).await {
                     // The effect happened but the agent cannot learn it yet: an attempt
                     // like any other (the service dedupes the resend).
                     return self.failed_attempt(row, token, &format!("publishing the outcome failed: {e}")).await;
                 }
                 self.faults.check(FaultPoint::AfterPublish, &row.id)?;
-                let marked = self.store.mark_dispatched(&row.id, token, &receipt, self.clock.now()).await;
+                let marked = self.mark_dispatched(row, token, &receipt).await;
                 self.faults.check(FaultPoint::AfterMark, &row.id)?;
-                Ok(match marked {
-                    Ok(()) => Dispatched::Delivered,
-                    Err(ClaimError::Stale(_)) => Dispatched::Stale,
-                    Err(ClaimError::Store(e)) => Dispatched::Unsettled(format!("mark_dispatched failed: {e}")),
-                })
+                Ok(marked)
             }
             Err(DeliveryError::Retryable(RetryableDeliveryError(why))) => self.failed_attempt(row, token, &why).await,
             Err(DeliveryError::Permanent(PermanentDeliveryError(why))) => self.bury(row, token, &why).await,
+        }
+    }
+
+    async fn mark_dispatched(&self, row: &OutboxRow, token: &str, receipt: &str) -> Dispatched {
+        match self.store.mark_dispatched(&row.id, token, receipt, self.clock.now()).await {
+            Ok(()) => {
+                self.faults.observe(Observed::Marked { outbox_id: &row.id, token });
+                Dispatched::Delivered
+            }
+            Err(ClaimError::Stale(_)) => Dispatched::Stale,
+            Err(ClaimError::Store(e)) => Dispatched::Unsettled(format!("mark_dispatched failed: {e}")),
         }
     }
 
@@ -214,7 +246,10 @@ impl Dispatcher {
                 let failure = format!("attempt {attempts}: {why}");
                 info!(attempts, %retry_at, why, "attempt failed; retrying");
                 Ok(match self.store.mark_failed(&row.id, token, &failure, Some(retry_at), now).await {
-                    Ok(()) => Dispatched::Retrying { retry_at },
+                    Ok(()) => {
+                        self.faults.observe(Observed::Marked { outbox_id: &row.id, token });
+                        Dispatched::Retrying { retry_at }
+                    }
                     Err(ClaimError::Stale(_)) => Dispatched::Stale,
                     Err(ClaimError::Store(e)) => Dispatched::Unsettled(format!("mark_failed failed: {e}")),
                 })
@@ -240,29 +275,32 @@ impl Dispatcher {
             };
         self.faults.check(FaultPoint::AfterPublish, &row.id)?;
         match self.store.mark_failed(&row.id, token, why, None, now).await {
-            Ok(()) => {}
+            Ok(()) => self.faults.observe(Observed::Marked { outbox_id: &row.id, token }),
             Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
             Err(ClaimError::Store(e)) => return Ok(Dispatched::Unsettled(format!("burying failed: {e}"))),
         }
         metrics::counter!("haul_outbox_dead_rows_total", "action_type" => row.action_type.as_str()).increment(1);
         warn!(why, action_type = %row.action_type, "row buried");
         self.faults.check(FaultPoint::AfterMark, &row.id)?;
-        if published {
-            if let Err(e) = self.store.mark_outcome_published(&row.id, self.clock.now()).await {
-                warn!(error = %e, "recording the published outcome failed; the sweep publishes it again (deduped)");
-            }
-            self.alert_for(row, why).await;
+        if published
+            && self.alert_for(row, why).await
+            && let Err(e) = self.store.mark_outcome_published(&row.id, self.clock.now()).await
+        {
+            warn!(error = %e, "recording the settled burial failed; the sweep repeats it (deduped)");
         }
         Ok(Dispatched::Buried)
     }
 
-    async fn alert_for(&self, row: &OutboxRow, why: &str) {
+    /// The OpsAlert a dead row's class calls for; true when none is needed or it was
+    /// delivered. An undelivered one leaves the row to the sweep, so alerts are
+    /// at least once (the ops service dedupes by key).
+    async fn alert_for(&self, row: &OutboxRow, why: &str) -> bool {
         let kind = match row.action_type.class() {
             ChannelClass::HeroChannel => "hero_channel_failure",
             ChannelClass::Internal => "internal_failure",
-            ChannelClass::External => return,
+            ChannelClass::External => return true,
         };
-        self.alert(kind, row, row.action_type, why).await;
+        self.alert(kind, row, row.action_type, why).await
     }
 
     async fn publish(&self, row: &OutboxRow, outcome: ActionOutcome) -> Result<(), StoreError> {
@@ -274,7 +312,7 @@ impl Dispatcher {
 
     /// An OpsAlert: to the ops service (HTTP or record mode), the log and the counter.
     /// Independent of the Hero tooling, so a Hero outage cannot loop.
-    async fn alert(&self, kind: &'static str, row: &OutboxRow, action_type: ActionType, failure: &str) {
+    async fn alert(&self, kind: &'static str, row: &OutboxRow, action_type: ActionType, failure: &str) -> bool {
         metrics::counter!("haul_ops_alerts_total", "kind" => kind).increment(1);
         error!(alert = kind, outbox_id = %row.id, load_id = %row.load_id, %action_type, failure, "OpsAlert");
         let body = json!({
@@ -285,10 +323,13 @@ impl Dispatcher {
             "failure": failure,
         });
         let key = format!("alert:{}", row.id);
-        if let Err(e) =
-            self.channels.get(ChannelName::Ops).send(&key, &row.load_id, "/v1/alerts", &body, self.clock.now()).await
+        match self.channels.get(ChannelName::Ops).send(&key, &row.load_id, "/v1/alerts", &body, self.clock.now()).await
         {
-            error!(error = %e, outbox_id = %row.id, "the OpsAlert could not be delivered to the ops service");
+            Ok(_) => true,
+            Err(e) => {
+                error!(error = %e, outbox_id = %row.id, "the OpsAlert could not be delivered; the sweep retries it");
+                false
+            }
         }
     }
 

@@ -74,14 +74,51 @@ pub struct Crash {
 }
 
 type Hook = dyn Fn(FaultPoint, &str) -> bool + Send + Sync;
+type Observer = dyn Fn(Observed<'_>) + Send + Sync;
 
-/// The hook; `Faults::default()` never crashes.
+/// Bugs that the simulator's own test plants to prove it catches them. Never set
+/// outside `haul sim --plant` and that test.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlantedBugs {
+    /// The worker appends a stale decision at the current version instead of re-deciding.
+    pub skip_version_check: bool,
+    /// The dispatcher marks a row dispatched before publishing its outcome.
+    pub mark_before_publish: bool,
+    /// The worker acks the message before appending.
+    pub ack_before_append: bool,
+}
+
+impl PlantedBugs {
+    pub fn parse(name: &str) -> Option<Self> {
+        let mut b = PlantedBugs::default();
+        match name {
+            "skip_version_check" => b.skip_version_check = true,
+            "mark_before_publish" => b.mark_before_publish = true,
+            "ack_before_append" => b.ack_before_append = true,
+            _ => return None,
+        }
+        Some(b)
+    }
+}
+
+/// What the dispatcher reports to an observer (the simulator checks claims with it).
+#[derive(Clone, Copy, Debug)]
+pub enum Observed<'a> {
+    Claimed { outbox_id: &'a str, token: &'a str },
+    Marked { outbox_id: &'a str, token: &'a str },
+}
+
+/// The hooks; `Faults::default()` never crashes, observes nothing and plants nothing.
 #[derive(Clone, Default)]
-pub struct Faults(Option<Arc<Hook>>);
+pub struct Faults {
+    hook: Option<Arc<Hook>>,
+    observer: Option<Arc<Observer>>,
+    pub bugs: PlantedBugs,
+}
 
 impl fmt::Debug for Faults {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "Faults(hooked)" } else { "Faults(none)" })
+        f.write_str(if self.hook.is_some() { "Faults(hooked)" } else { "Faults(none)" })
     }
 }
 
@@ -89,13 +126,29 @@ impl Faults {
     /// `hook(point, context)` returns true to crash there. `context` is the outbox id,
     /// event id or timer id at hand.
     pub fn new(hook: impl Fn(FaultPoint, &str) -> bool + Send + Sync + 'static) -> Self {
-        Faults(Some(Arc::new(hook)))
+        Faults { hook: Some(Arc::new(hook)), ..Faults::default() }
+    }
+
+    pub fn with_observer(mut self, observer: impl Fn(Observed<'_>) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    pub fn with_bugs(mut self, bugs: PlantedBugs) -> Self {
+        self.bugs = bugs;
+        self
     }
 
     pub fn check(&self, point: FaultPoint, context: &str) -> Result<(), Crash> {
-        match &self.0 {
+        match &self.hook {
             Some(hook) if hook(point, context) => Err(Crash { point, context: context.to_owned() }),
             _ => Ok(()),
+        }
+    }
+
+    pub fn observe(&self, what: Observed<'_>) {
+        if let Some(o) = &self.observer {
+            o(what);
         }
     }
 }

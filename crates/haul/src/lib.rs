@@ -11,6 +11,7 @@ pub mod inspect;
 pub mod pipeline;
 pub mod pump;
 pub mod serve;
+pub mod sim;
 pub mod store;
 pub mod testkit;
 pub mod twilio;

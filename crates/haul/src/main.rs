@@ -40,6 +40,33 @@ enum Command {
         #[arg(long, default_value = "api,worker,dispatcher,pump")]
         roles: String,
     },
+    /// Deterministic simulation with fault injection: a seed reproduces a run exactly.
+    /// Prints one line per seed (with its trace digest), the coverage of faults, and
+    /// `N passed, N failed`; a failure prints the seed, the broken invariant and the
+    /// trace lines that show it.
+    Sim {
+        /// The first seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How many seeds to run, from --seed up.
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
+        /// Loads per run.
+        #[arg(long, default_value_t = 4)]
+        loads: usize,
+        /// Steps of the fault phase per run.
+        #[arg(long, default_value_t = 200)]
+        steps: usize,
+        /// Faults to inject: all, none, or some of crash,duplicate,redelivery,interleave,outage,service,clock.
+        #[arg(long, default_value = "all")]
+        faults: String,
+        /// The backend: SQLite in memory, or PostgreSQL from DATABASE_URL (a schema per seed).
+        #[arg(long, value_enum, default_value = "sqlite")]
+        store: StoreKind,
+        /// Plant a known bug, to check the simulator catches it (test use only).
+        #[arg(long, hide = true)]
+        plant: Option<String>,
+    },
     /// Show one load as a readable timeline: events, decisions with their actions and
     /// rationale, outbox rows with attempts and status, timers.
     Inspect {
@@ -78,7 +105,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Evals report through their own lines; the pipeline's logs would bury them.
     let default_filter = match cli.command {
-        Command::Eval { .. } => "off",
+        Command::Eval { .. } | Command::Sim { .. } => "off",
         Command::Inspect { .. } => "warn",
         _ => "info",
     };
@@ -102,6 +129,23 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints a line; a closed stdout (`| head`) ends the program quietly instead of panicking.
+fn say(line: impl std::fmt::Display) {
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+fn eval_store(kind: StoreKind) -> haul::eval::EvalStore {
+    match kind {
+        StoreKind::Sqlite => haul::eval::EvalStore::SqliteMemory,
+        StoreKind::Postgres => haul::eval::EvalStore::Postgres(
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        ),
     }
 }
 
@@ -143,36 +187,69 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                say(format_args!("{}", serde_json::to_string_pretty(&view)?));
             } else {
-                print!("{}", haul::inspect::timeline(&view));
+                say(haul::inspect::timeline(&view).trim_end());
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate { db } => {
             let store = haul::store::open(&db, None).await.with_context(|| format!("opening {db}"))?;
             drop(store);
-            println!("schema of {db} is up to date");
+            say(format_args!("schema of {db} is up to date"));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Eval { paths, json, store } => {
-            let store = match store {
-                StoreKind::Sqlite => haul::eval::EvalStore::SqliteMemory,
-                StoreKind::Postgres => haul::eval::EvalStore::Postgres(
-                    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
-                ),
+        Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {
+            let faults = haul::sim::FaultSet::parse(&faults)?;
+            let bugs = match plant.as_deref() {
+                None => haul::faults::PlantedBugs::default(),
+                Some(name) => haul::faults::PlantedBugs::parse(name)
+                    .ok_or_else(|| anyhow::anyhow!("--plant: unknown bug {name:?}"))?,
             };
+            let store = eval_store(store);
+            let (mut passed, mut failed) = (0, 0);
+            let mut coverage = std::collections::BTreeMap::<String, u64>::new();
+            for s in seed..seed.saturating_add(seeds) {
+                let opts = haul::sim::SimOptions { seed: s, loads, steps, faults, bugs };
+                let report = haul::sim::run(&opts, &store).await.with_context(|| format!("seed {s}"))?;
+                for (k, v) in &report.coverage {
+                    *coverage.entry(k.clone()).or_default() += v;
+                }
+                match &report.violation {
+                    None => {
+                        passed += 1;
+                        say(format_args!(
+                            "seed {s}: ok  digest {}  events {}  effects {}",
+                            report.digest, report.events, report.effects
+                        ));
+                    }
+                    Some(v) => {
+                        failed += 1;
+                        say(format_args!("seed {s}: FAILED  digest {}: {v}", report.digest));
+                        say(format_args!("  reproduce: haul sim --seed {s} --loads {loads} --steps {steps}"));
+                        for line in &report.excerpt {
+                            say(format_args!("  | {line}"));
+                        }
+                    }
+                }
+            }
+            let cov: Vec<String> = coverage.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            say(format_args!("coverage: {}", cov.join(" ")));
+            say(format_args!("{passed} passed, {failed} failed"));
+            Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Eval { paths, json, store } => {
+            let store = eval_store(store);
             let report = haul::eval::run_paths(&paths, &store, |r| {
                 if !json {
-                    println!("{}", r.line());
-                    let _ = std::io::stdout().flush();
+                    say(format_args!("{}", r.line()));
                 }
             })
             .await;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                say(format_args!("{}", serde_json::to_string_pretty(&report)?));
             } else {
-                println!("{} passed, {} failed", report.passed, report.failed);
+                say(format_args!("{} passed, {} failed", report.passed, report.failed));
             }
             Ok(if report.failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }

@@ -69,6 +69,7 @@ impl Pipeline {
             batch: config.dispatcher.batch,
             lease: config.dispatcher.lease,
             retry: config.dispatcher.retry.policy(),
+            sequential: false,
         };
         let Parts { store, queue, channels, clock, faults, seed } = parts;
         Pipeline {

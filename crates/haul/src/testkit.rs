@@ -76,9 +76,13 @@ struct Shared {
     /// Keys seen again with a different payload (scenarios.md invariant 3).
     conflicts: Vec<String>,
     rules: Vec<(FaultRule, u32)>,
+    chaos: Option<Arc<Chaos>>,
     next_id: u64,
     token: Option<String>,
 }
+
+/// Decides, call by call, whether a call misbehaves: `(channel, key) -> fault`.
+pub type Chaos = dyn Fn(&str, &str) -> Option<FaultKind> + Send + Sync;
 
 /// The fake services on one HTTP server; each channel under its own path prefix.
 #[derive(Clone)]
@@ -133,8 +137,9 @@ impl FakeServices {
 
     /// HTTP clients for every channel pointed at these services.
     pub fn channels(&self, token: Option<String>, timeout: Duration) -> anyhow::Result<Channels> {
+        let client = shared_client()?;
         let make = |c: ChannelName| -> anyhow::Result<Arc<dyn crate::channels::ChannelClient>> {
-            Ok(Arc::new(HttpChannel::new(&self.base_url(c), token.clone(), timeout)?))
+            Ok(Arc::new(HttpChannel::with_client(client.clone(), &self.base_url(c), token.clone(), timeout)))
         };
         Ok(Channels {
             sms: make(ChannelName::Sms)?,
@@ -150,7 +155,14 @@ impl FakeServices {
     }
 
     pub fn clear_faults(&self) {
-        self.lock().rules.clear();
+        let mut s = self.lock();
+        s.rules.clear();
+        s.chaos = None;
+    }
+
+    /// Consulted for every call that no rule matched (the simulator's random faults).
+    pub fn set_chaos(&self, chaos: Option<Arc<Chaos>>) {
+        self.lock().chaos = chaos;
     }
 
     /// Every new effect so far, in the order applied.
@@ -174,6 +186,17 @@ impl FakeServices {
     pub fn conflicts(&self) -> Vec<String> {
         self.lock().conflicts.clone()
     }
+}
+
+/// One client for every fake-service channel set in this process (evals and the
+/// simulator make hundreds of them; building a client loads the TLS roots).
+fn shared_client() -> anyhow::Result<reqwest::Client> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c.clone());
+    }
+    let c = crate::channels::http_client()?;
+    Ok(CLIENT.get_or_init(|| c).clone())
 }
 
 fn answer(status: StatusCode, body: Value) -> Response {
@@ -207,10 +230,13 @@ async fn handle(
             .rules
             .iter_mut()
             .find(|(r, used)| r.channel == channel && glob_match(&r.key, &key) && r.times.is_none_or(|n| *used < n));
-        hit.map(|(r, used)| {
+        let ruled = hit.map(|(r, used)| {
             *used += 1;
             r.kind.clone()
-        })
+        });
+        let chaos = s.chaos.clone();
+        drop(s);
+        ruled.or_else(|| chaos.and_then(|c| c(&channel, &key)))
     };
     let refuse = match &fault {
         Some(FaultKind::Retryable) => Some(StatusCode::SERVICE_UNAVAILABLE),

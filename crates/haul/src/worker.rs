@@ -240,72 +240,142 @@ impl Worker {
     }
 
     async fn run(&self, msg: &QueueMessage, event: &InboundEvent, started: Instant) -> Result<RunOutcome, Crash> {
-        let load = &msg.load_id;
-        let ctx = event.event_id.as_str();
         let mut fallback_reason: Option<String> = None;
         for _attempt in 0..=self.settings.conflict_retries {
-            let (records, version) = match self.store.read(load).await {
-                Ok(r) => r,
-                Err(e) => return Ok(self.left(msg, format!("reading the log failed: {e}")).await),
+            let prepared = match self.prepare(msg, event, fallback_reason.as_deref(), started).await? {
+                Prepare::Ready(p) => p,
+                Prepare::Done(outcome) => return Ok(outcome),
             };
-            let state = project(&records);
-            if state.processed.contains(&event.event_id) {
-                self.ack(msg).await;
-                return Ok(RunOutcome::AlreadyProcessed);
-            }
-            self.faults.check(FaultPoint::AfterRead, ctx)?;
-            let now = self.clock.now();
-            let decision = match &fallback_reason {
-                Some(why) => Decision::fallback(load, &event.event_id, event.kind(), now, why),
-                None => self.decide(load, &state, event, now).await,
-            };
-            self.faults.check(FaultPoint::AfterDecide, ctx)?;
-            if self.is_stopping() {
-                self.leave(msg, Duration::ZERO).await;
-                return Ok(RunOutcome::LeftForRedelivery("shutting down; abandoned before append".into()));
-            }
-            if started.elapsed() > self.settings.run_timeout {
-                return Ok(self
-                    .left(msg, "the run outlasted worker.run_timeout; abandoned before append".into())
-                    .await);
-            }
-            let (entries, outbox) = match rows(event, &decision) {
-                Ok(r) => r,
-                Err(e) => return Ok(self.left(msg, e).await),
-            };
-            match self.store.append(load, entries, version, outbox, now).await {
-                Ok(_) => {
-                    if self.faults.check(FaultPoint::AppendAnswerLost, ctx).is_err() {
-                        return Ok(self.left(msg, "the append's answer was lost".into()).await);
-                    }
-                    self.faults.check(FaultPoint::AfterAppend, ctx)?;
-                    self.ack(msg).await;
-                    if let EventBody::LoadUpdate(u) = &event.body {
-                        self.index_facts(load, &state, u).await;
-                    }
-                    metrics::counter!("haul_decisions_total", "decider" => decision.decider.clone(), "filtered" => decision.filtered.to_string()).increment(1);
-                    return Ok(RunOutcome::Committed {
-                        decider: decision.decider,
-                        filtered: decision.filtered,
-                        actions: decision.actions.len(),
-                    });
-                }
-                Err(AppendError::ConcurrencyConflict(c)) => {
-                    metrics::counter!("haul_append_conflicts_total").increment(1);
-                    debug!(%c, "conflict: re-read, re-project, re-decide");
-                }
-                Err(AppendError::DuplicateEntry(_)) => {
-                    self.ack(msg).await;
-                    return Ok(RunOutcome::Duplicate);
-                }
-                Err(AppendError::DuplicateActionKey(k)) => {
-                    error!(key = %k.key, decider = %decision.decider, "decision reused an action key; falling back to a Hero task");
-                    fallback_reason = Some(format!("the decision reused action key {}", k.key));
-                }
-                Err(AppendError::Store(e)) => return Ok(self.left(msg, format!("append failed: {e}")).await),
+            match self.commit(msg, event, prepared).await? {
+                Commit::Done(outcome) => return Ok(outcome),
+                Commit::Conflict => {}
+                Commit::Fallback(why) => fallback_reason = Some(why),
             }
         }
         Ok(self.left(msg, format!("{} conflict retries spent", self.settings.conflict_retries)).await)
+    }
+
+    /// Read, project, filter, decide: everything before the append.
+    async fn prepare(
+        &self,
+        msg: &QueueMessage,
+        event: &InboundEvent,
+        fallback_reason: Option<&str>,
+        started: Instant,
+    ) -> Result<Prepare, Crash> {
+        let load = &msg.load_id;
+        let (records, version) = match self.store.read(load).await {
+            Ok(r) => r,
+            Err(e) => return Ok(Prepare::Done(self.left(msg, format!("reading the log failed: {e}")).await)),
+        };
+        let state = project(&records);
+        if state.processed.contains(&event.event_id) {
+            self.ack(msg).await;
+            return Ok(Prepare::Done(RunOutcome::AlreadyProcessed));
+        }
+        self.faults.check(FaultPoint::AfterRead, event.event_id.as_str())?;
+        let now = self.clock.now();
+        let decision = match fallback_reason {
+            Some(why) => Decision::fallback(load, &event.event_id, event.kind(), now, why),
+            None => self.decide(load, &state, event, now).await,
+        };
+        self.faults.check(FaultPoint::AfterDecide, event.event_id.as_str())?;
+        if self.is_stopping() {
+            self.leave(msg, Duration::ZERO).await;
+            return Ok(Prepare::Done(RunOutcome::LeftForRedelivery("shutting down; abandoned before append".into())));
+        }
+        if started.elapsed() > self.settings.run_timeout {
+            let why = "the run outlasted worker.run_timeout; abandoned before append";
+            return Ok(Prepare::Done(self.left(msg, why.into()).await));
+        }
+        Ok(Prepare::Ready(Box::new(Prepared { version, state, decision, now })))
+    }
+
+    /// The append, guarded by the version the run read, and what follows it.
+    async fn commit(&self, msg: &QueueMessage, event: &InboundEvent, p: Box<Prepared>) -> Result<Commit, Crash> {
+        let load = &msg.load_id;
+        let ctx = event.event_id.as_str();
+        let (entries, outbox) = match rows(event, &p.decision) {
+            Ok(r) => r,
+            Err(e) => return Ok(Commit::Done(self.left(msg, e).await)),
+        };
+        if self.faults.bugs.ack_before_append {
+            self.ack(msg).await;
+            self.faults.check(FaultPoint::AfterAppend, ctx)?;
+        }
+        let mut appended = self.store.append(load, entries.clone(), p.version, outbox.clone(), p.now).await;
+        if self.faults.bugs.skip_version_check
+            && let Err(AppendError::ConcurrencyConflict(c)) = &appended
+        {
+            appended = self.store.append(load, entries, c.actual, outbox, p.now).await;
+        }
+        match appended {
+            Ok(_) => {
+                if self.faults.check(FaultPoint::AppendAnswerLost, ctx).is_err() {
+                    return Ok(Commit::Done(self.left(msg, "the append's answer was lost".into()).await));
+                }
+                self.faults.check(FaultPoint::AfterAppend, ctx)?;
+                self.ack(msg).await;
+                if let EventBody::LoadUpdate(u) = &event.body {
+                    self.index_facts(load, &p.state, u).await;
+                }
+                let d = p.decision;
+                metrics::counter!("haul_decisions_total", "decider" => d.decider.clone(), "filtered" => d.filtered.to_string())
+                    .increment(1);
+                Ok(Commit::Done(RunOutcome::Committed {
+                    decider: d.decider,
+                    filtered: d.filtered,
+                    actions: d.actions.len(),
+                }))
+            }
+            Err(AppendError::ConcurrencyConflict(c)) => {
+                metrics::counter!("haul_append_conflicts_total").increment(1);
+                debug!(%c, "conflict: re-read, re-project, re-decide");
+                Ok(Commit::Conflict)
+            }
+            Err(AppendError::DuplicateEntry(_)) => {
+                self.ack(msg).await;
+                Ok(Commit::Done(RunOutcome::Duplicate))
+            }
+            Err(AppendError::DuplicateActionKey(k)) => {
+                error!(key = %k.key, decider = %p.decision.decider, "decision reused an action key; falling back to a Hero task");
+                Ok(Commit::Fallback(format!("the decision reused action key {}", k.key)))
+            }
+            Err(AppendError::Store(e)) => Ok(Commit::Done(self.left(msg, format!("append failed: {e}")).await)),
+        }
+    }
+
+    /// Two runs that both read before either appends, as two processes given two
+    /// messages of one load at once would (a queue without per-load order, or a
+    /// visibility lapse): `self` appends first, `other` second, then `other` goes on
+    /// as a run does after a conflict. The simulator drives this; the version check
+    /// is what keeps it harmless.
+    pub async fn interleave(&self, a: QueueMessage, other: &Worker, b: QueueMessage) -> (RunOutcome, RunOutcome) {
+        let (Some(ea), Some(eb)) = (parse_message(&a), parse_message(&b)) else {
+            return (self.process(a).await, other.process(b).await);
+        };
+        let started = Instant::now();
+        let pa = self.prepare(&a, &ea, None, started).await;
+        let pb = other.prepare(&b, &eb, None, started).await;
+        let ra = match pa {
+            Ok(Prepare::Ready(p)) => match self.commit(&a, &ea, p).await {
+                Ok(Commit::Done(o)) => o,
+                Ok(_) => self.run(&a, &ea, started).await.unwrap_or_else(RunOutcome::Crashed),
+                Err(c) => RunOutcome::Crashed(c),
+            },
+            Ok(Prepare::Done(o)) => o,
+            Err(c) => RunOutcome::Crashed(c),
+        };
+        let rb = match pb {
+            Ok(Prepare::Ready(p)) => match other.commit(&b, &eb, p).await {
+                Ok(Commit::Done(o)) => o,
+                Ok(_) => other.run(&b, &eb, started).await.unwrap_or_else(RunOutcome::Crashed),
+                Err(c) => RunOutcome::Crashed(c),
+            },
+            Ok(Prepare::Done(o)) => o,
+            Err(c) => RunOutcome::Crashed(c),
+        };
+        (ra, rb)
     }
 
     /// The filter, else the decider under its time limit; a failed, late or invalid
@@ -370,6 +440,30 @@ impl Worker {
         self.ack(msg).await;
         RunOutcome::Poison(why)
     }
+}
+
+enum Prepare {
+    Ready(Box<Prepared>),
+    Done(RunOutcome),
+}
+
+/// A decision ready to append at the version it was made on.
+struct Prepared {
+    version: u64,
+    state: LoadState,
+    decision: Decision,
+    now: haul_core::Timestamp,
+}
+
+enum Commit {
+    Done(RunOutcome),
+    Conflict,
+    Fallback(String),
+}
+
+fn parse_message(msg: &QueueMessage) -> Option<InboundEvent> {
+    let v = serde_json::from_str(&msg.body).ok()?;
+    InboundEvent::from_json(msg.load_id.clone(), v).ok().filter(|e| e.event_id.as_str() == msg.event_id)
 }
 
 /// The two log entries and the outbox rows of one run.

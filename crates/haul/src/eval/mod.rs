@@ -194,15 +194,16 @@ struct Run {
     log_seen: BTreeMap<LoadId, usize>,
 }
 
-async fn open_store(store: &EvalStore) -> anyhow::Result<Arc<dyn Store>> {
+/// A fresh, empty store of the kind asked for, its tokens seeded.
+pub(crate) async fn open_store(store: &EvalStore, seed: u64) -> anyhow::Result<Arc<dyn Store>> {
     match store {
-        EvalStore::SqliteMemory => crate::store::open("sqlite::memory:", Some(1)).await,
+        EvalStore::SqliteMemory => crate::store::open("sqlite::memory:", Some(seed)).await,
         EvalStore::Postgres(url) => {
             let schema = haul_postgres::testing::fresh_schema(url).await;
             let s = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
                 schema: Some(schema),
                 pool_size: 4,
-                seed: Some(1),
+                seed: Some(seed),
                 ..haul_postgres::PgConfig::new(url.clone())
             })
             .await?;
@@ -218,7 +219,7 @@ fn fail(step: Option<(usize, &str)>, key: &str, message: String) -> Failure {
 
 impl Run {
     async fn start(s: &Scenario, store: &EvalStore, faults: Faults) -> anyhow::Result<Run> {
-        let store = open_store(store).await?;
+        let store = open_store(store, 1).await?;
         let clock = Arc::new(FakeClock::new(s.start));
         let svc = FakeServices::start(None).await?;
         for f in &s.faults {

@@ -173,6 +173,7 @@ impl H {
                 batch: self.config.dispatcher.batch,
                 lease: self.config.dispatcher.lease,
                 retry: self.config.dispatcher.retry.policy(),
+                sequential: false,
             },
             Faults::default(),
             Some(seed),
