@@ -3,6 +3,7 @@
 pub mod channels;
 pub mod clock;
 pub mod config;
+pub mod crashtest;
 pub mod decider;
 pub mod dispatcher;
 pub mod eval;

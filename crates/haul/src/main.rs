@@ -21,8 +21,51 @@ enum StoreKind {
     Postgres,
 }
 
+/// The crash test's tools (scripts/crash-test); not for production.
+#[derive(Subcommand, Debug)]
+enum Testkit {
+    /// Run the fake channel services on ADDR until killed (GET /stats reports effects).
+    Services {
+        #[arg(long)]
+        listen: String,
+    },
+    /// Create a fresh schema in DATABASE_URL and print a store URL that uses it.
+    Schema {
+        #[arg(long)]
+        db: String,
+    },
+    /// Post events over HTTP for a while; write the accepted ones to a file.
+    Load {
+        #[arg(long)]
+        api: String,
+        #[arg(long, env = "HAUL_API_TOKEN")]
+        token: String,
+        #[arg(long, default_value_t = 20)]
+        loads: usize,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        accepted: PathBuf,
+    },
+    /// Wait for everything to drain, then check the crash test's invariants.
+    Check {
+        #[arg(long)]
+        db: String,
+        #[arg(long)]
+        services: String,
+        #[arg(long)]
+        accepted: PathBuf,
+        #[arg(long, default_value_t = 180)]
+        timeout: u64,
+    },
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    #[command(subcommand, hide = true)]
+    Testkit(Testkit),
     /// Run the ingestion API, the load workers, the dispatcher and the timer pump.
     /// With no configuration: SQLite file haul.db, the store-backed queue, record mode
     /// for every channel, listening on 127.0.0.1:8080.
@@ -106,6 +149,7 @@ fn main() -> ExitCode {
     // Evals report through their own lines; the pipeline's logs would bury them.
     let default_filter = match cli.command {
         Command::Eval { .. } | Command::Sim { .. } => "off",
+        Command::Testkit(_) => "warn",
         Command::Inspect { .. } => "warn",
         _ => "info",
     };
@@ -197,6 +241,31 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = haul::store::open(&db, None).await.with_context(|| format!("opening {db}"))?;
             drop(store);
             say(format_args!("schema of {db} is up to date"));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Testkit(t) => {
+            match t {
+                Testkit::Services { listen } => {
+                    let svc = haul::testkit::FakeServices::start_on(&listen, None).await?;
+                    say(format_args!("fake services on {}", svc.addr));
+                    haul::serve::shutdown_signal().await;
+                }
+                Testkit::Schema { db } => {
+                    let schema = haul_postgres::testing::fresh_schema(&db).await;
+                    let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls).await?;
+                    tokio::spawn(conn);
+                    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await?;
+                    let sep = if db.contains('?') { '&' } else { '?' };
+                    say(format_args!("{db}{sep}options=-csearch_path%3D{schema}"));
+                }
+                Testkit::Load { api, token, loads, seconds, seed, accepted } => {
+                    haul::crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
+                }
+                Testkit::Check { db, services, accepted, timeout } => {
+                    let store = haul::store::open(&db, None).await?;
+                    haul::crashtest::check(store, &services, &accepted, timeout).await?;
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {

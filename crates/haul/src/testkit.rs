@@ -115,9 +115,18 @@ impl FakeServices {
     /// Starts the server on an ephemeral port of 127.0.0.1. `token`: the bearer token
     /// every call must carry (401 otherwise).
     pub async fn start(token: Option<String>) -> anyhow::Result<Self> {
+        Self::start_on("127.0.0.1:0", token).await
+    }
+
+    /// Starts on a given address; `GET /stats` reports effects and conflicts (for the
+    /// crash test, which runs the services as a process of their own).
+    pub async fn start_on(addr: &str, token: Option<String>) -> anyhow::Result<Self> {
         let shared = Arc::new(Mutex::new(Shared { token, ..Shared::default() }));
-        let app = Router::new().route("/{channel}/v1/{*rest}", post(handle)).with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let app = Router::new()
+            .route("/{channel}/v1/{*rest}", post(handle))
+            .route("/stats", axum::routing::get(stats))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -197,6 +206,15 @@ fn shared_client() -> anyhow::Result<reqwest::Client> {
     }
     let c = crate::channels::http_client()?;
     Ok(CLIENT.get_or_init(|| c).clone())
+}
+
+async fn stats(State(shared): State<Arc<Mutex<Shared>>>) -> Response {
+    let s = shared.lock().unwrap_or_else(|p| p.into_inner());
+    let mut effects: HashMap<String, usize> = HashMap::new();
+    for e in &s.effects {
+        *effects.entry(format!("{} {}", e.channel, e.key)).or_default() += 1;
+    }
+    axum::Json(json!({"effects": effects, "calls": s.calls.len(), "conflicts": s.conflicts})).into_response()
 }
 
 fn answer(status: StatusCode, body: Value) -> Response {
