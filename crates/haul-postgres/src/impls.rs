@@ -100,14 +100,18 @@ impl PgStore {
 #[async_trait]
 impl EventStore for PgStore {
     async fn read(&self, load_id: &LoadId) -> Result<(Vec<Record>, u64), StoreError> {
+        self.read_after(load_id, 0).await
+    }
+
+    async fn read_after(&self, load_id: &LoadId, after_seq: u64) -> Result<(Vec<Record>, u64), StoreError> {
         let client = self.client().await?;
         let stmt = client
             .prepare_cached(
-                "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = $1 ORDER BY seq",
+                "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq",
             )
             .await
             .map_err(pg)?;
-        let rows = client.query(&stmt, &[&load_id.as_str()]).await.map_err(pg)?;
+        let rows = client.query(&stmt, &[&load_id.as_str(), &(after_seq as i64)]).await.map_err(pg)?;
         let records: Vec<Record> = rows
             .iter()
             .map(|r| {
@@ -121,7 +125,7 @@ impl EventStore for PgStore {
                 }
             })
             .collect();
-        let version = records.last().map_or(0, |r| r.seq);
+        let version = records.last().map_or(after_seq, |r| r.seq);
         Ok((records, version))
     }
 

@@ -108,16 +108,20 @@ fn version(conn: &Connection, load_id: &str) -> Result<u64, StoreError> {
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn read(&self, load_id: &LoadId) -> Result<(Vec<Record>, u64), StoreError> {
+        self.read_after(load_id, 0).await
+    }
+
+    async fn read_after(&self, load_id: &LoadId, after_seq: u64) -> Result<(Vec<Record>, u64), StoreError> {
         let load_id = load_id.to_string();
         self.writer
             .run(move |conn: &Connection| {
                 let mut stmt = conn
                     .prepare_cached(
-                        "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = ?1 ORDER BY seq",
+                        "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = ?1 AND seq > ?2 ORDER BY seq",
                     )
                     .map_err(db)?;
                 let rows = stmt
-                    .query_map([&load_id], |r| {
+                    .query_map(params![load_id, after_seq as i64], |r| {
                         Ok((
                             r.get::<_, i64>(0)?,
                             r.get::<_, String>(1)?,
@@ -133,15 +137,9 @@ impl EventStore for SqliteStore {
                     // An unparseable payload is kept as a string: the projection
                     // counts it as unreadable instead of the read failing.
                     let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload));
-                    records.push(Record {
-                        seq: seq as u64,
-                        entry_id,
-                        kind,
-                        payload,
-                        recorded_at: from_ms(recorded_at),
-                    });
+                    records.push(Record { seq: seq as u64, entry_id, kind, payload, recorded_at: from_ms(recorded_at) });
                 }
-                let version = records.last().map_or(0, |r| r.seq);
+                let version = records.last().map_or(after_seq, |r| r.seq);
                 Ok((records, version))
             })
             .await

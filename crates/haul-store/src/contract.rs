@@ -27,6 +27,7 @@ macro_rules! contract_tests {
         $crate::contract_tests!(@cases $factory;
             read_empty_load_has_version_zero,
             append_then_read_round_trips,
+            read_after_returns_the_tail_and_the_version,
             append_writes_outbox_rows_with_the_entries,
             append_with_stale_version_is_concurrency_conflict,
             append_with_future_version_is_concurrency_conflict,
@@ -161,6 +162,18 @@ pub async fn append_then_read_round_trips(s: DynStore) {
     assert_eq!(records[0].recorded_at, at(5));
     assert_eq!(commit(&s, "L1", "e2", 2, &[]).await, 4);
     assert_eq!(s.load_ids(None, 10).await.unwrap(), vec![load("L1")]);
+}
+
+pub async fn read_after_returns_the_tail_and_the_version(s: DynStore) {
+    commit(&s, "L1", "e1", 0, &[]).await;
+    commit(&s, "L1", "e2", 2, &[]).await;
+    let (tail, v) = s.read_after(&load("L1"), 2).await.unwrap();
+    assert_eq!((tail.iter().map(|r| r.seq).collect::<Vec<_>>(), v), (vec![3, 4], 4));
+    let (tail, v) = s.read_after(&load("L1"), 4).await.unwrap();
+    assert_eq!((tail.len(), v), (0, 4), "nothing new: the version is the one asked from");
+    let (all, v) = s.read_after(&load("L1"), 0).await.unwrap();
+    assert_eq!((all, v), s.read(&load("L1")).await.unwrap());
+    assert_eq!(s.read_after(&load("L9"), 0).await.unwrap(), (vec![], 0));
 }
 
 pub async fn append_writes_outbox_rows_with_the_entries(s: DynStore) {

@@ -120,6 +120,11 @@ pub trait EventStore: Send + Sync {
     /// The load's records in `seq` order and its version (last `seq`, 0 when empty).
     async fn read(&self, load_id: &LoadId) -> Result<(Vec<Record>, u64), StoreError>;
 
+    /// The records after `after_seq` and the version: how a cached snapshot at
+    /// `after_seq` catches up with the log (the log is append-only, so snapshot plus
+    /// tail is the full fold).
+    async fn read_after(&self, load_id: &LoadId, after_seq: u64) -> Result<(Vec<Record>, u64), StoreError>;
+
     /// Appends `entries` and writes `outbox` in one transaction, only if the version is
     /// still `expected_version`. Checks, in order: the version, the entry ids, the
     /// outbox keys; writes nothing when one fails. Returns the new version.

@@ -1,5 +1,6 @@
 //! haul's runtime: everything with IO, at the edges of the pure core.
 
+pub mod bench;
 pub mod channels;
 pub mod clock;
 pub mod config;
@@ -10,6 +11,7 @@ pub mod eval;
 pub mod faults;
 pub mod inspect;
 pub mod pipeline;
+pub mod projector;
 pub mod pump;
 pub mod serve;
 pub mod sim;

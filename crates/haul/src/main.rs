@@ -110,6 +110,21 @@ enum Command {
         #[arg(long, hide = true)]
         plant: Option<String>,
     },
+    /// Benchmark workloads; each throughput is reported with the limit measured in the
+    /// same run (append, projection, contention, e2e, dispatch).
+    Bench {
+        /// Workloads to run (default: all).
+        workloads: Vec<String>,
+        /// The backend: a SQLite file in a temporary folder, or PostgreSQL from DATABASE_URL.
+        #[arg(long, value_enum, default_value = "sqlite")]
+        store: StoreKind,
+        /// Print one JSON object { "<workload>": { "<figure>": number } }.
+        #[arg(long)]
+        json: bool,
+        /// Smaller sizes, for a quick look.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Show one load as a readable timeline: events, decisions with their actions and
     /// rationale, outbox rows with attempts and status, timers.
     Inspect {
@@ -150,6 +165,7 @@ fn main() -> ExitCode {
     let default_filter = match cli.command {
         Command::Eval { .. } | Command::Sim { .. } => "off",
         Command::Testkit(_) => "warn",
+        Command::Bench { .. } => "error",
         Command::Inspect { .. } => "warn",
         _ => "info",
     };
@@ -265,6 +281,36 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let store = haul::store::open(&db, None).await?;
                     haul::crashtest::check(store, &services, &accepted, timeout).await?;
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench { workloads, store, json, quick } => {
+            let workloads: Vec<String> = if workloads.is_empty() {
+                haul::bench::WORKLOADS.iter().map(|w| w.to_string()).collect()
+            } else {
+                workloads
+            };
+            let dir = std::env::temp_dir().join(format!("haul-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let store = match store {
+                StoreKind::Sqlite => haul::bench::BenchStore::Sqlite(dir.clone()),
+                StoreKind::Postgres => haul::bench::BenchStore::Postgres(
+                    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+                ),
+            };
+            let mut all = std::collections::BTreeMap::new();
+            for w in &workloads {
+                let figures = haul::bench::run_workload(w, &store, quick).await?;
+                if !json {
+                    for (k, v) in &figures {
+                        say(format_args!("{w}.{k} = {v:.3}"));
+                    }
+                }
+                all.insert(w.clone(), figures);
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            if json {
+                say(serde_json::to_string_pretty(&all)?);
             }
             Ok(ExitCode::SUCCESS)
         }

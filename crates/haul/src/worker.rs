@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use haul_core::decision::{DECISION_RECORDED, Decision};
 use haul_core::filter::filter;
 use haul_core::ids::LoadId;
-use haul_core::projection::{LoadState, project};
+use haul_core::projection::{LoadState, Record};
 use haul_core::validate::validate_decision;
 use haul_core::{Clock, EventBody, InboundEvent};
 use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, QueueMessage, Store, StoreError};
@@ -22,6 +22,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::decider::Decider;
 use crate::faults::{Crash, FaultPoint, Faults};
+use crate::projector::Projector;
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -97,7 +98,11 @@ pub struct Worker {
     running: Mutex<HashSet<LoadId>>,
     /// Set on shutdown: runs not yet appended give their message back.
     stopping: std::sync::atomic::AtomicBool,
+    projector: Projector,
 }
+
+/// Loads whose snapshot the worker keeps between runs.
+const SNAPSHOT_CAPACITY: usize = 1024;
 
 /// Removes the load from `running` however the run ends.
 struct Running<'a>(&'a Mutex<HashSet<LoadId>>, LoadId);
@@ -118,7 +123,6 @@ impl Worker {
         faults: Faults,
     ) -> Self {
         Worker {
-            store,
             queue,
             decider,
             clock,
@@ -126,6 +130,8 @@ impl Worker {
             faults,
             running: Mutex::new(HashSet::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
+            store,
         }
     }
 
@@ -264,12 +270,13 @@ impl Worker {
         started: Instant,
     ) -> Result<Prepare, Crash> {
         let load = &msg.load_id;
-        let (records, version) = match self.store.read(load).await {
-            Ok(r) => r,
+        let state = match self.projector.take(load).await {
+            Ok(s) => s,
             Err(e) => return Ok(Prepare::Done(self.left(msg, format!("reading the log failed: {e}")).await)),
         };
-        let state = project(&records);
+        let version = state.version;
         if state.processed.contains(&event.event_id) {
+            self.projector.put(load, state);
             self.ack(msg).await;
             return Ok(Prepare::Done(RunOutcome::AlreadyProcessed));
         }
@@ -303,6 +310,18 @@ impl Worker {
             self.ack(msg).await;
             self.faults.check(FaultPoint::AfterAppend, ctx)?;
         }
+        // The records as the store will hold them, to fold into the snapshot after.
+        let records: Vec<Record> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Record {
+                seq: p.version + 1 + i as u64,
+                entry_id: e.entry_id.clone(),
+                kind: e.kind.clone(),
+                payload: e.payload.clone(),
+                recorded_at: p.now,
+            })
+            .collect();
         let mut appended = self.store.append(load, entries.clone(), p.version, outbox.clone(), p.now).await;
         if self.faults.bugs.skip_version_check
             && let Err(AppendError::ConcurrencyConflict(c)) = &appended
@@ -319,7 +338,11 @@ impl Worker {
                 if let EventBody::LoadUpdate(u) = &event.body {
                     self.index_facts(load, &p.state, u).await;
                 }
-                let d = p.decision;
+                let Prepared { mut state, decision: d, .. } = *p;
+                for r in &records {
+                    state.apply(r);
+                }
+                self.projector.put(load, state);
                 metrics::counter!("haul_decisions_total", "decider" => d.decider.clone(), "filtered" => d.filtered.to_string())
                     .increment(1);
                 Ok(Commit::Done(RunOutcome::Committed {

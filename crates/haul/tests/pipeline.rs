@@ -35,6 +35,7 @@ on_both_backends!(
     one_process_never_runs_one_load_twice_at_once,
     load_lock_makes_a_second_worker_skip_a_held_load,
     record_mode_records_each_delivery_once,
+    snapshot_caught_up_is_the_full_fold,
 );
 
 /// A decider that misbehaves in a chosen way.
@@ -183,6 +184,52 @@ async fn record_mode_records_each_delivery_once(store: Arc<dyn Store>) {
     let again = channels_sms(&store).send(SMS1, &load, "/v1/messages", &json!({}), clock.now()).await.unwrap();
     assert_eq!(again, got[0].receipt);
     assert_eq!(store.deliveries(Some(&load), 10).await.unwrap().len(), 1);
+}
+
+async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
+    // One worker keeps a snapshot; "another process" (the second worker) appends too.
+    let h = harness(store.clone(), Config::default(), Faults::default(), None).await;
+    let sop = || Arc::new(SopDecider { policies: Policies::default() }) as Arc<dyn Decider>;
+    let (a, b) = (
+        Worker::new(
+            store.clone(),
+            h.queue.clone(),
+            sop(),
+            h.clock.clone() as Arc<dyn Clock>,
+            WorkerSettings::default(),
+            Faults::default(),
+        ),
+        Worker::new(
+            store.clone(),
+            h.queue.clone(),
+            sop(),
+            h.clock.clone() as Arc<dyn Clock>,
+            WorkerSettings::default(),
+            Faults::default(),
+        ),
+    );
+    let events = [
+        init(),
+        ping("ping_0700"),
+        sms("s1", "+15555550199", "hi"),
+        ping("ping_0800"),
+        sms("s2", DRIVER, "ETA 9"),
+        ping("ping_0900"),
+    ];
+    let projector = haul::projector::Projector::new(store.clone(), 4);
+    for (i, e) in events.into_iter().enumerate() {
+        let w = if i % 3 == 1 { &b } else { &a };
+        assert!(matches!(w.process(h.message(e)).await, RunOutcome::Committed { .. }));
+        let caught_up = projector.take(&h.load).await.unwrap();
+        assert_eq!(caught_up, h.state().await, "after event {i}");
+        projector.put(&h.load, caught_up);
+    }
+    let ask = AskId::parse("ask:eta_request:ping_0900").unwrap();
+    assert_eq!(
+        h.state().await.asks[&ask].status,
+        haul_core::AskStatus::Open,
+        "the last ping opened an ask on the caught-up state"
+    );
 }
 
 fn channels_sms(store: &Arc<dyn Store>) -> RecordChannel {
