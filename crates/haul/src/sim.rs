@@ -693,8 +693,13 @@ impl World {
         }
         for (l, recs) in &logs {
             let mut before = LoadState::default();
-            for r in recs {
-                let states = by_event.get(&(l, r.entry_id.as_str()));
+            for (i, r) in recs.iter().enumerate() {
+                // Only decisions the decider made: a run that asked the decider and
+                // died may be followed by one the filter decides.
+                let by_decider = recs
+                    .get(i + 1)
+                    .is_some_and(|d| !matches!(d.payload["decider"].as_str(), Some("filter" | "fallback")));
+                let states = by_event.get(&(l, r.entry_id.as_str())).filter(|_| by_decider);
                 if r.kind == DECISION_RECORDED || states.is_none() {
                     before.apply(r);
                     continue; // a decision, or decided by the filter or a fallback
