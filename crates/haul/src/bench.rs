@@ -443,9 +443,15 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
     };
     let p = crate::pipeline::Pipeline::new(&config, parts, None);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (wake_worker, wake_dispatcher) = p.wakeups();
     let mut loops = tokio::task::JoinSet::new();
-    loops.spawn(crate::serve::worker_loop(p.worker.clone(), config.worker.concurrency, stop_rx.clone()));
-    loops.spawn(crate::serve::dispatcher_loop(p.dispatcher.clone(), stop_rx.clone()));
+    loops.spawn(crate::serve::worker_loop(
+        p.worker.clone(),
+        config.worker.concurrency,
+        wake_worker.clone(),
+        stop_rx.clone(),
+    ));
+    loops.spawn(crate::serve::dispatcher_loop(p.dispatcher.clone(), wake_dispatcher, stop_rx.clone()));
     let started = Instant::now();
     for i in 0..events {
         if let Some(r) = rate {
@@ -461,6 +467,7 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
             let ev = InboundEvent::from_json(l.clone(), v)?;
             s.publish(&l, ev.event_id.as_str(), &ev.to_json().to_string(), clock.now()).await?;
         }
+        wake_worker.notify_one();
     }
     // Done when every row is dispatched and the queue is empty.
     let deadline = Instant::now() + Duration::from_secs(300);

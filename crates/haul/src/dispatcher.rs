@@ -83,6 +83,8 @@ pub struct Dispatcher {
     settings: DispatcherSettings,
     faults: Faults,
     rng: Mutex<fastrand::Rng>,
+    /// Woken after an outcome is published (in-process workers react at once).
+    wake_worker: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 impl Dispatcher {
@@ -96,7 +98,21 @@ impl Dispatcher {
         seed: Option<u64>,
     ) -> Self {
         let rng = seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
-        Dispatcher { store, queue, channels, clock, settings, faults, rng: Mutex::new(rng) }
+        Dispatcher {
+            store,
+            queue,
+            channels,
+            clock,
+            settings,
+            faults,
+            rng: Mutex::new(rng),
+            wake_worker: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Wakes `worker` whenever an outcome is published.
+    pub fn wake_on_publish(&self, worker: Arc<tokio::sync::Notify>) {
+        let _ = self.wake_worker.set(worker);
     }
 
     /// Claims one batch of due rows and dispatches them concurrently; first publishes
@@ -307,7 +323,11 @@ impl Dispatcher {
         let event_id = action_outcome_event_id(&row.id, outcome.status);
         let event = InboundEvent { load_id: row.load_id.clone(), event_id, body: EventBody::ActionOutcome(outcome) };
         let body = event.to_json().to_string();
-        self.queue.publish(&row.load_id, event.event_id.as_str(), &body, self.clock.now()).await.map(|_| ())
+        self.queue.publish(&row.load_id, event.event_id.as_str(), &body, self.clock.now()).await?;
+        if let Some(w) = self.wake_worker.get() {
+            w.notify_one();
+        }
+        Ok(())
     }
 
     /// An OpsAlert: to the ops service (HTTP or record mode), the log and the counter.

@@ -87,6 +87,17 @@ impl Pipeline {
         }
     }
 
+    /// In-process wake-ups: the worker loop wakes on a publish (API, dispatcher, pump),
+    /// the dispatcher loop on a commit with outbox rows; polling stays the fallback
+    /// (other processes publish and commit too).
+    pub fn wakeups(&self) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let (work, dispatch) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+        self.worker.wake_on_commit(dispatch.clone());
+        self.dispatcher.wake_on_publish(work.clone());
+        self.pump.wake_on_publish(work.clone());
+        (work, dispatch)
+    }
+
     /// One round: pump due timers, process the queue, dispatch due rows.
     pub async fn round(&self) -> anyhow::Result<Round> {
         let fired = self.pump.run_once().await?.fired;

@@ -23,6 +23,7 @@ pub struct TimerPump {
     faults: Faults,
     /// Timers fired per poll at most.
     batch: usize,
+    wake_worker: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 /// What one poll did.
@@ -42,7 +43,12 @@ impl TimerPump {
         faults: Faults,
         batch: usize,
     ) -> Self {
-        TimerPump { store, queue, clock, faults, batch: batch.max(1) }
+        TimerPump { store, queue, clock, faults, batch: batch.max(1), wake_worker: std::sync::OnceLock::new() }
+    }
+
+    /// Wakes `worker` whenever a `timer_fired` is published.
+    pub fn wake_on_publish(&self, worker: Arc<tokio::sync::Notify>) {
+        let _ = self.wake_worker.set(worker);
     }
 
     pub async fn run_once(&self) -> Result<PumpRound, StoreError> {
@@ -76,6 +82,9 @@ impl TimerPump {
             metrics::gauge!("haul_timer_pump_last_lag_seconds").set(lag);
             debug!(timer_id = %timer.timer_id, lag_s = lag, "timer fired");
             round.fired += 1;
+            if let Some(w) = self.wake_worker.get() {
+                w.notify_one();
+            }
             round.max_lag_s = round.max_lag_s.max(lag);
         }
         Ok(round)

@@ -117,6 +117,8 @@ pub struct ApiState {
     pub public_url: String,
     pub metrics: PrometheusHandle,
     rate: Mutex<HashMap<String, (Instant, u32)>>,
+    /// Woken after an event is queued (an in-process worker takes it at once).
+    pub wake_worker: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl ApiState {
@@ -137,6 +139,7 @@ impl ApiState {
             public_url,
             metrics: metrics_handle(),
             rate: Mutex::new(HashMap::new()),
+            wake_worker: None,
         }
     }
 
@@ -268,6 +271,9 @@ async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: bool) -> Respo
     match s.queue.publish(&event.load_id, event.event_id.as_str(), &body, s.clock.now()).await {
         Ok(Published::New) => {
             metrics::counter!("haul_events_accepted_total", "kind" => event.kind()).increment(1);
+            if let Some(w) = &s.wake_worker {
+                w.notify_one();
+            }
             (StatusCode::ACCEPTED, axum::Json(json!({"event_id": event.event_id, "status": "queued"}))).into_response()
         }
         Ok(Published::Duplicate) => {
@@ -424,10 +430,24 @@ async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) {
     }
 }
 
+/// Sleeps up to `d`, less when woken (new work in this process) or stopped.
+async fn idle(d: Duration, wake: &tokio::sync::Notify, stop: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = wake.notified() => {}
+        _ = stop.changed() => {}
+    }
+}
+
 /// Keeps up to `concurrency` runs going, one per load; each run holds a permit.
-pub async fn worker_loop(worker: Arc<Worker>, concurrency: usize, mut stop: watch::Receiver<bool>) {
+pub async fn worker_loop(
+    worker: Arc<Worker>,
+    concurrency: usize,
+    wake: Arc<tokio::sync::Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
     let permits = Arc::new(Semaphore::new(concurrency));
-    let mut idle = Duration::from_millis(10);
+    let mut idle_for = Duration::from_millis(10);
     while !*stop.borrow() {
         let free = permits.available_permits();
         if free == 0 {
@@ -439,7 +459,7 @@ pub async fn worker_loop(worker: Arc<Worker>, concurrency: usize, mut stop: watc
         }
         match worker.receive(free).await {
             Ok(msgs) if !msgs.is_empty() => {
-                idle = Duration::from_millis(10);
+                idle_for = Duration::from_millis(10);
                 for m in msgs {
                     let Ok(permit) = permits.clone().acquire_owned().await else { break };
                     let w = worker.clone();
@@ -450,8 +470,8 @@ pub async fn worker_loop(worker: Arc<Worker>, concurrency: usize, mut stop: watc
                 }
             }
             Ok(_) => {
-                sleep_or_stop(idle, &mut stop).await;
-                idle = (idle * 2).min(Duration::from_millis(250));
+                self::idle(idle_for, &wake, &mut stop).await;
+                idle_for = (idle_for * 2).min(Duration::from_millis(250));
             }
             Err(e) => {
                 warn!(error = %e, "receiving from the load queue failed");
@@ -463,14 +483,18 @@ pub async fn worker_loop(worker: Arc<Worker>, concurrency: usize, mut stop: watc
     let _ = permits.acquire_many(concurrency as u32).await;
 }
 
-pub async fn dispatcher_loop(dispatcher: Arc<Dispatcher>, mut stop: watch::Receiver<bool>) {
-    let mut idle = Duration::from_millis(10);
+pub async fn dispatcher_loop(
+    dispatcher: Arc<Dispatcher>,
+    wake: Arc<tokio::sync::Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut idle_for = Duration::from_millis(10);
     while !*stop.borrow() {
         match dispatcher.run_once().await {
-            Ok(done) if !done.is_empty() => idle = Duration::from_millis(10),
+            Ok(done) if !done.is_empty() => idle_for = Duration::from_millis(10),
             Ok(_) => {
-                sleep_or_stop(idle, &mut stop).await;
-                idle = (idle * 2).min(Duration::from_millis(500));
+                idle(idle_for, &wake, &mut stop).await;
+                idle_for = (idle_for * 2).min(Duration::from_millis(500));
             }
             Err(e) => {
                 warn!(error = %e, "claiming outbox rows failed");
@@ -575,24 +599,32 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     );
     let tokens = if roles.api { api_tokens()? } else { vec![] };
     let public_url = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
-    let state = Arc::new(ApiState::new(
+    let (wake_worker, wake_dispatcher) = pipeline.wakeups();
+    let mut state = ApiState::new(
         store.clone(),
         queue.clone(),
         clock.clone(),
         tokens,
         std::env::var("HAUL_TWILIO_AUTH_TOKEN").ok().filter(|t| !t.is_empty()),
         public_url,
-    ));
+    );
+    state.wake_worker = Some(wake_worker.clone());
+    let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
         .with_context(|| format!("server.listen: cannot listen on {}", config.server.listen))?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     if roles.worker {
-        tasks.spawn(worker_loop(pipeline.worker.clone(), config.worker.concurrency, stop_rx.clone()));
+        tasks.spawn(worker_loop(
+            pipeline.worker.clone(),
+            config.worker.concurrency,
+            wake_worker.clone(),
+            stop_rx.clone(),
+        ));
     }
     if roles.dispatcher {
-        tasks.spawn(dispatcher_loop(pipeline.dispatcher.clone(), stop_rx.clone()));
+        tasks.spawn(dispatcher_loop(pipeline.dispatcher.clone(), wake_dispatcher.clone(), stop_rx.clone()));
     }
     if roles.pump {
         tasks.spawn(pump_loop(pipeline.pump.clone(), config.timers.poll, 256, stop_rx.clone()));

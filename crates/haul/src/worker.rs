@@ -99,6 +99,8 @@ pub struct Worker {
     /// Set on shutdown: runs not yet appended give their message back.
     stopping: std::sync::atomic::AtomicBool,
     projector: Projector,
+    /// Woken after a commit that wrote outbox rows (in-process dispatchers react at once).
+    wake_dispatcher: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 /// Loads whose snapshot the worker keeps between runs.
@@ -131,8 +133,14 @@ impl Worker {
             running: Mutex::new(HashSet::new()),
             stopping: std::sync::atomic::AtomicBool::new(false),
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
+            wake_dispatcher: std::sync::OnceLock::new(),
             store,
         }
+    }
+
+    /// Wakes `dispatcher` whenever a run commits outbox rows.
+    pub fn wake_on_commit(&self, dispatcher: Arc<tokio::sync::Notify>) {
+        let _ = self.wake_dispatcher.set(dispatcher);
     }
 
     /// From now on, runs that have not appended abandon and give their message back
@@ -343,6 +351,11 @@ impl Worker {
                     state.apply(r);
                 }
                 self.projector.put(load, state);
+                if !d.actions.is_empty()
+                    && let Some(w) = self.wake_dispatcher.get()
+                {
+                    w.notify_one();
+                }
                 metrics::counter!("haul_decisions_total", "decider" => d.decider.clone(), "filtered" => d.filtered.to_string())
                     .increment(1);
                 Ok(Commit::Done(RunOutcome::Committed {
