@@ -28,7 +28,7 @@ use crate::decider::{Decider, SopDecider};
 use crate::faults::Faults;
 use crate::worker::{RunOutcome, Worker, WorkerSettings};
 
-pub const WORKLOADS: [&str; 5] = ["append", "projection", "contention", "e2e", "dispatch"];
+pub const WORKLOADS: [&str; 6] = ["append", "projection", "contention", "e2e", "dispatch", "timers"];
 
 /// Figures of one workload: name → number.
 pub type Figures = BTreeMap<String, f64>;
@@ -392,6 +392,7 @@ pub async fn run_workload(name: &str, store: &BenchStore, quick: bool) -> anyhow
         "contention" => contention(store).await,
         "e2e" => e2e(store, quick).await,
         "dispatch" => dispatch(store, if quick { 500 } else { 3_000 }).await,
+        "timers" => timers(store, if quick { 50_000 } else { 1_000_000 }, if quick { 1_000 } else { 10_000 }).await,
         other => anyhow::bail!("unknown workload {other:?} (one of {})", WORKLOADS.join(", ")),
     }
     .with_context(|| format!("workload {name}"))?;
@@ -580,5 +581,77 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
     let raw = rows as f64 / started.elapsed().as_secs_f64();
     f.insert("raw_posts_per_s".into(), raw);
     f.insert("ratio_4_dispatchers".into(), f["rows_per_s_4_dispatchers"] / raw);
+    Ok(f)
+}
+
+/// `pending` timers, `due` of them firing within the next minute (the rest later), and
+/// the timer pump polling every `timers.poll` (10 s) on the system clock: lag
+/// (fired − `fire_at`) p50 and p99 against the target of poll + 1 s.
+async fn timers(store: &BenchStore, pending: usize, due: usize) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let (s, _) = fresh_store(store, "timers").await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let window = Duration::from_secs(60);
+    let timer = |i: usize| -> anyhow::Result<haul_core::ids::TimerId> {
+        let ask = haul_core::ids::AskId::parse(&format!("ask:eta_request:t{i}"))?;
+        Ok(haul_core::ids::TimerId::new(&load(i % 10_000), &ask, 1))
+    };
+    // All but `due` a day out, then the `due` ones spread over the next minute.
+    let started = Instant::now();
+    let schedule = |from: usize, to: usize, fire: Arc<dyn Fn(usize) -> Timestamp + Send + Sync>| {
+        let s = s.clone();
+        async move {
+            let writers = 32;
+            let mut tasks = tokio::task::JoinSet::new();
+            for w in 0..writers {
+                let (s, fire) = (s.clone(), fire.clone());
+                tasks.spawn(async move {
+                    for i in (from + w..to).step_by(writers) {
+                        s.schedule(&timer(i)?, fire(i), SystemClock.now()).await?;
+                    }
+                    anyhow::Ok(())
+                });
+            }
+            while let Some(r) = tasks.join_next().await {
+                r??;
+            }
+            anyhow::Ok(())
+        }
+    };
+    let far = haul_core::time::add(clock.now(), Duration::from_secs(86_400));
+    schedule(due, pending, Arc::new(move |_| far)).await?;
+    let start = clock.now();
+    let spread =
+        move |i: usize| haul_core::time::add(start, window.mul_f64(i as f64 / due as f64) + Duration::from_secs(2));
+    schedule(0, due, Arc::new(spread)).await?;
+    let setup_secs = started.elapsed().as_secs_f64();
+    f.insert("setup_timers_per_s".into(), pending as f64 / setup_secs);
+    let poll = Duration::from_secs(10);
+    let pump = Arc::new(crate::pump::TimerPump::new(
+        s.clone(),
+        s.clone() as Arc<dyn LoadQueue>,
+        clock.clone(),
+        Faults::default(),
+        256,
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let looping = tokio::spawn(crate::serve::pump_loop(pump, poll, 256, stop_rx));
+    // Until the last due timer has had a full poll to fire.
+    let last = haul_core::time::add(start, window + Duration::from_secs(2) + poll + Duration::from_secs(2));
+    tokio::time::sleep(haul_core::time::since(last, clock.now())).await;
+    let _ = stop_tx.send(true);
+    looping.await?;
+    let mut lags = Vec::with_capacity(due);
+    for i in 0..due {
+        let t = s.get_timer(&timer(i)?).await?.context("a due timer vanished")?;
+        let fired = t.fired_at.with_context(|| format!("timer {} never fired", t.timer_id))?;
+        lags.push((fired.as_millisecond() - t.fire_at.as_millisecond()) as f64 / 1000.0);
+    }
+    lags.sort_by(|a, b| a.total_cmp(b));
+    f.insert("pending_timers".into(), pending as f64);
+    f.insert("setup_seconds".into(), setup_secs);
+    f.insert("lag_p50_s".into(), percentile(&lags, 0.5));
+    f.insert("lag_p99_s".into(), percentile(&lags, 0.99));
+    f.insert("target_p99_s".into(), poll.as_secs_f64() + 1.0);
     Ok(f)
 }
