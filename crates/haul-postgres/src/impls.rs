@@ -471,6 +471,19 @@ impl TimerStore for PgStore {
     }
 }
 
+/// Locks the head row of the message's load and names the load. Lock order
+/// everywhere: head row, then message row.
+async fn lock_head(tx: &deadpool_postgres::Transaction<'_>, message_id: i64) -> Result<Option<String>, StoreError> {
+    let row = tx
+        .query_opt(
+            "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id WHERE q.id = $1 FOR UPDATE OF h",
+            &[&message_id],
+        )
+        .await
+        .map_err(pg)?;
+    Ok(row.map(|r| r.get(0)))
+}
+
 /// A receipt is `{message id}.{token}`.
 fn parse_receipt(receipt: &str) -> Option<i64> {
     receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
@@ -559,19 +572,7 @@ impl LoadQueue for PgStore {
         let now = to_ms(now);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        // Lock order everywhere: head row, then message row.
-        let Some(head) = tx
-            .query_opt(
-                "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id
-                 WHERE q.id = $1 FOR UPDATE OF h",
-                &[&id],
-            )
-            .await
-            .map_err(pg)?
-        else {
-            return Err(stale());
-        };
-        let load_id: String = head.get(0);
+        let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
         let n = tx
             .execute(
                 "UPDATE queue SET acked_at = $3 WHERE id = $1 AND receipt = $2 AND acked_at IS NULL",
@@ -600,18 +601,7 @@ impl LoadQueue for PgStore {
         let visible_at = to_ms(now).saturating_add(ms(delay));
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let Some(head) = tx
-            .query_opt(
-                "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id
-                 WHERE q.id = $1 FOR UPDATE OF h",
-                &[&id],
-            )
-            .await
-            .map_err(pg)?
-        else {
-            return Err(stale());
-        };
-        let load_id: String = head.get(0);
+        let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
         let n = tx
             .execute(
                 "UPDATE queue SET receipt = NULL WHERE id = $1 AND receipt = $2 AND acked_at IS NULL",

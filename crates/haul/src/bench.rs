@@ -58,7 +58,8 @@ async fn fresh_store(store: &BenchStore, tag: &str) -> anyhow::Result<(Arc<dyn S
     match store {
         BenchStore::Sqlite(dir) => {
             let path = dir.join(format!("bench-{tag}-{}.db", fastrand::u32(..)));
-            let url = format!("sqlite://{}", path.display());
+            let url =
+                format!("sqlite://{}{}", path.display(), std::env::var("HAUL_BENCH_SQLITE_OPTS").unwrap_or_default());
             Ok((crate::store::open(&url, None).await?, url))
         }
         BenchStore::Postgres(url) => {

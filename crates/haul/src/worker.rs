@@ -103,6 +103,9 @@ pub struct Worker {
     wake_dispatcher: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
+/// How long a message for a load already running in this process waits.
+const BUSY_HERE_DELAY: Duration = Duration::from_millis(5);
+
 /// Loads whose snapshot the worker keeps between runs.
 const SNAPSHOT_CAPACITY: usize = 1024;
 
@@ -220,7 +223,9 @@ impl Worker {
         };
         let load = msg.load_id.clone();
         if !self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(load.clone()) {
-            self.leave(msg, self.settings.redelivery_delay).await;
+            // The run before it acked and is finishing its epilogue: a moment, not a
+            // redelivery delay.
+            self.leave(msg, BUSY_HERE_DELAY).await;
             return RunOutcome::Busy;
         }
         let _running = Running(&self.running, load.clone());
@@ -381,6 +386,25 @@ impl Worker {
         }
     }
 
+    /// Commits a prepared run; after a conflict or a fallback, goes on as `run` does.
+    async fn finish(
+        &self,
+        msg: &QueueMessage,
+        event: &InboundEvent,
+        prepared: Result<Prepare, Crash>,
+        started: Instant,
+    ) -> RunOutcome {
+        match prepared {
+            Ok(Prepare::Ready(p)) => match self.commit(msg, event, p).await {
+                Ok(Commit::Done(o)) => o,
+                Ok(_) => self.run(msg, event, started).await.unwrap_or_else(RunOutcome::Crashed),
+                Err(c) => RunOutcome::Crashed(c),
+            },
+            Ok(Prepare::Done(o)) => o,
+            Err(c) => RunOutcome::Crashed(c),
+        }
+    }
+
     /// Two runs that both read before either appends, as two processes given two
     /// messages of one load at once would (a queue without per-load order, or a
     /// visibility lapse): `self` appends first, `other` second, then `other` goes on
@@ -393,24 +417,8 @@ impl Worker {
         let started = Instant::now();
         let pa = self.prepare(&a, &ea, None, started).await;
         let pb = other.prepare(&b, &eb, None, started).await;
-        let ra = match pa {
-            Ok(Prepare::Ready(p)) => match self.commit(&a, &ea, p).await {
-                Ok(Commit::Done(o)) => o,
-                Ok(_) => self.run(&a, &ea, started).await.unwrap_or_else(RunOutcome::Crashed),
-                Err(c) => RunOutcome::Crashed(c),
-            },
-            Ok(Prepare::Done(o)) => o,
-            Err(c) => RunOutcome::Crashed(c),
-        };
-        let rb = match pb {
-            Ok(Prepare::Ready(p)) => match other.commit(&b, &eb, p).await {
-                Ok(Commit::Done(o)) => o,
-                Ok(_) => other.run(&b, &eb, started).await.unwrap_or_else(RunOutcome::Crashed),
-                Err(c) => RunOutcome::Crashed(c),
-            },
-            Ok(Prepare::Done(o)) => o,
-            Err(c) => RunOutcome::Crashed(c),
-        };
+        let ra = self.finish(&a, &ea, pa, started).await;
+        let rb = other.finish(&b, &eb, pb, started).await;
         (ra, rb)
     }
 
