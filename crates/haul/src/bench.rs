@@ -137,7 +137,13 @@ async fn append_rate(store: Arc<dyn Store>, loads: usize, writers: usize, offset
 }
 
 /// The same rows, one transaction each, with the bare driver: the physical limit.
-async fn raw_rate(store: &BenchStore, url_or_schema: &str, loads: usize, writers: usize) -> anyhow::Result<f64> {
+async fn raw_rate(
+    store: &BenchStore,
+    url_or_schema: &str,
+    loads: usize,
+    writers: usize,
+    offset: usize,
+) -> anyhow::Result<f64> {
     let now = SystemClock.now();
     match store {
         BenchStore::Sqlite(_) => {
@@ -148,7 +154,7 @@ async fn raw_rate(store: &BenchStore, url_or_schema: &str, loads: usize, writers
                 let conn = rusqlite::Connection::open(&path)?;
                 conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")?;
                 for i in 0..loads {
-                    let l = load(1_000_000 + i);
+                    let l = load(offset + i);
                     let (entries, outbox) = run_rows(&l, i, now);
                     let ms = now.as_millisecond();
                     conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -184,7 +190,7 @@ async fn raw_rate(store: &BenchStore, url_or_schema: &str, loads: usize, writers
                     client.batch_execute(&format!("SET search_path = {schema}")).await?;
                     let ms = now.as_millisecond();
                     for i in (w..loads).step_by(writers) {
-                        let l = load(1_000_000 + i);
+                        let l = load(offset + i);
                         let (entries, outbox) = run_rows(&l, i, now);
                         let tx = client.transaction().await?;
                         tx.execute("INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, 2, $2, $2)", &[&l.as_str(), &ms]).await?;
@@ -220,10 +226,10 @@ async fn append(store: &BenchStore, loads: usize) -> anyhow::Result<Figures> {
     let (s, handle) = fresh_store(store, "append").await?;
     let one = append_rate(s.clone(), loads, 1, 0).await?;
     let eight = append_rate(s.clone(), loads, 8, loads).await?;
-    let raw1 = raw_rate(store, &handle, loads, 1).await?;
+    let raw1 = raw_rate(store, &handle, loads, 1, 1_000_000).await?;
     let raw8 = match store {
         BenchStore::Sqlite(_) => raw1,
-        BenchStore::Postgres(_) => raw_rate(store, &handle, loads, 8).await?,
+        BenchStore::Postgres(_) => raw_rate(store, &handle, loads, 8, 2_000_000).await?,
     };
     f.insert("runs_per_s_1_writer".into(), one);
     f.insert("runs_per_s_8_writers".into(), eight);
