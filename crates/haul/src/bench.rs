@@ -461,6 +461,9 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
     ));
     loops.spawn(crate::serve::dispatcher_loop(p.dispatcher.clone(), wake_dispatcher, stop_rx.clone()));
     let started = Instant::now();
+    // Publishers run as the API's requests do: concurrently (a bounded number).
+    let publishers = Arc::new(tokio::sync::Semaphore::new(32));
+    let mut publishing = tokio::task::JoinSet::new();
     for i in 0..events {
         if let Some(r) = rate {
             let due = Duration::from_secs_f64(i as f64 / r);
@@ -468,14 +471,23 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
                 tokio::time::sleep(wait).await;
             }
         }
-        let l = load(i);
-        let init = json!({"event_id": "load:init", "kind": "load_update", "driver_phone": "+15555550100", "stage": "in_transit"});
-        let ping = json!({"event_id": "ping", "kind": "location_ping", "lat": 41.0, "lon": -87.0, "risk": "high", "at": clock.now().to_string()});
-        for v in [init, ping] {
-            let ev = InboundEvent::from_json(l.clone(), v)?;
-            s.publish(&l, ev.event_id.as_str(), &ev.to_json().to_string(), clock.now()).await?;
-        }
-        wake_worker.notify_one();
+        let permit = publishers.clone().acquire_owned().await?;
+        let (s, clock, wake) = (s.clone(), clock.clone(), wake_worker.clone());
+        publishing.spawn(async move {
+            let l = load(i);
+            let init = json!({"event_id": "load:init", "kind": "load_update", "driver_phone": "+15555550100", "stage": "in_transit"});
+            let ping = json!({"event_id": "ping", "kind": "location_ping", "lat": 41.0, "lon": -87.0, "risk": "high", "at": clock.now().to_string()});
+            for v in [init, ping] {
+                let ev = InboundEvent::from_json(l.clone(), v)?;
+                s.publish(&l, ev.event_id.as_str(), &ev.to_json().to_string(), clock.now()).await?;
+            }
+            wake.notify_one();
+            drop(permit);
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = publishing.join_next().await {
+        r??;
     }
     // Done when every row is dispatched and the queue is empty.
     let deadline = Instant::now() + Duration::from_secs(300);
