@@ -569,6 +569,9 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     for t in haul_core::ActionType::ALL {
         metrics::counter!("haul_outbox_dead_rows_total", "action_type" => t.as_str()).absolute(0);
     }
+    if config.decider.kind != "sop" {
+        bail!("decider.kind {:?} is not available in this build (only \"sop\")", config.decider.kind);
+    }
     let queue: Arc<dyn LoadQueue> = match config.queue.kind.as_str() {
         "store" => store.clone(),
         other => bail!("queue.kind {other:?} is not available in this build"),
