@@ -75,25 +75,27 @@ fn constraint(e: &tokio_postgres::Error) -> Option<&str> {
     e.as_db_error().filter(|d| *d.code() == SqlState::UNIQUE_VIOLATION).and_then(|d| d.constraint())
 }
 
+type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
+
 impl PgStore {
-    async fn outbox_query(
+    /// Runs a (cached) query and maps each row.
+    async fn query_rows<T>(
         &self,
         sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<OutboxRow>, StoreError> {
+        params: Params<'_>,
+        map: fn(&Row) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(pg)?;
-        client.query(&stmt, params).await.map_err(pg)?.iter().map(outbox_row).collect()
+        client.query(&stmt, params).await.map_err(pg)?.iter().map(map).collect()
     }
 
-    async fn timer_query(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<Timer>, StoreError> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await.map_err(pg)?;
-        client.query(&stmt, params).await.map_err(pg)?.iter().map(timer_row).collect()
+    async fn outbox_query(&self, sql: &str, params: Params<'_>) -> Result<Vec<OutboxRow>, StoreError> {
+        self.query_rows(sql, params, outbox_row).await
+    }
+
+    async fn timer_query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Timer>, StoreError> {
+        self.query_rows(sql, params, timer_row).await
     }
 }
 
