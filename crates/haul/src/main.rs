@@ -111,7 +111,7 @@ enum Command {
         plant: Option<String>,
     },
     /// Benchmark workloads; each throughput is reported with the limit measured in the
-    /// same run (append, projection, contention, e2e, dispatch).
+    /// same run (append, projection, contention, e2e, dispatch, timers).
     Bench {
         /// Workloads to run (default: all).
         workloads: Vec<String>,
