@@ -38,7 +38,7 @@ fn outbox_row(r: &Row) -> Result<OutboxRow, StoreError> {
     let status: String = r.get(4);
     Ok(OutboxRow {
         id: r.get(0),
-        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+        load_id: parse_load_id(&load_id)?,
         action_type: ActionType::parse(&action_type).ok_or_else(|| corrupt("action_type", &action_type))?,
         action: serde_json::from_str(&action).map_err(|_| corrupt("action", &action))?,
         status: OutboxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
@@ -62,13 +62,22 @@ fn timer_row(r: &Row) -> Result<Timer, StoreError> {
     let status: String = r.get(3);
     Ok(Timer {
         timer_id: TimerId::parse(&timer_id).map_err(|_| corrupt("timer_id", &timer_id))?,
-        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+        load_id: parse_load_id(&load_id)?,
         fire_at: from_ms(r.get(2)),
         status: TimerStatus::parse(&status).ok_or_else(|| corrupt("timer status", &status))?,
         created_at: from_ms(r.get(4)),
         canceled_at: r.get::<_, Option<i64>>(5).map(from_ms),
         fired_at: r.get::<_, Option<i64>>(6).map(from_ms),
     })
+}
+
+/// A load id read back from a row; one out of form is a corrupt row.
+fn parse_load_id(s: &str) -> Result<LoadId, StoreError> {
+    LoadId::parse(s).map_err(|_| corrupt("load_id", s))
+}
+
+fn load_id_row(r: &Row) -> Result<LoadId, StoreError> {
+    parse_load_id(r.get(0))
 }
 
 fn constraint(e: &tokio_postgres::Error) -> Option<&str> {
@@ -239,18 +248,13 @@ impl EventStore for PgStore {
     }
 
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
-        let client = self.client().await?;
         let after = after.map(|a| a.as_str()).unwrap_or("");
-        let rows = client
-            .query("SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2", &[&after, &(limit as i64)])
-            .await
-            .map_err(pg)?;
-        rows.iter()
-            .map(|r| {
-                let s: String = r.get(0);
-                LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
-            })
-            .collect()
+        self.query_rows(
+            "SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2",
+            &[&after, &(limit as i64)],
+            load_id_row,
+        )
+        .await
     }
 }
 
@@ -554,7 +558,7 @@ impl LoadQueue for PgStore {
                 Ok((
                     r.get::<_, i64>(0),
                     QueueMessage {
-                        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                        load_id: parse_load_id(&load_id)?,
                         event_id: r.get(2),
                         body: r.get(3),
                         enqueued_at: from_ms(r.get(4)),
@@ -733,7 +737,7 @@ impl DeliveryLog for PgStore {
                 Ok(RecordedDelivery {
                     channel: r.get(1),
                     key: r.get(2),
-                    load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                    load_id: parse_load_id(&load_id)?,
                     payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
                     receipt: format!("rec:{}", r.get::<_, i64>(0)),
                     created_at: from_ms(r.get(5)),
@@ -766,20 +770,12 @@ impl LoadIndex for PgStore {
     }
 
     async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT load_id FROM load_facts WHERE driver_phone = $1 AND active ORDER BY load_id LIMIT 100",
-                &[&phone],
-            )
-            .await
-            .map_err(pg)?;
-        rows.iter()
-            .map(|r| {
-                let s: String = r.get(0);
-                LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
-            })
-            .collect()
+        self.query_rows(
+            "SELECT load_id FROM load_facts WHERE driver_phone = $1 AND active ORDER BY load_id LIMIT 100",
+            &[&phone],
+            load_id_row,
+        )
+        .await
     }
 
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {

@@ -50,7 +50,7 @@ fn is_schema_name(s: &str) -> bool {
 }
 
 /// Says where the database is without the password.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];

@@ -23,6 +23,15 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A load id read back from a row; one out of form is a corrupt row.
+fn parse_load_id(s: &str) -> Result<LoadId, StoreError> {
+    LoadId::parse(s).map_err(|_| corrupt("load_id", s))
+}
+
+fn load_id_of(s: String) -> Result<LoadId, StoreError> {
+    parse_load_id(&s)
+}
+
 fn opt_ts(v: Option<i64>) -> Option<Timestamp> {
     v.map(from_ms)
 }
@@ -45,7 +54,7 @@ fn outbox_row(r: &Row<'_>) -> rusqlite::Result<Result<OutboxRow, StoreError>> {
     Ok((|| {
         Ok(OutboxRow {
             id,
-            load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+            load_id: parse_load_id(&load_id)?,
             action_type: ActionType::parse(&action_type).ok_or_else(|| corrupt("action_type", &action_type))?,
             action: serde_json::from_str(&action).map_err(|_| corrupt("action", &action))?,
             status: OutboxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
@@ -81,7 +90,7 @@ fn timer_row(r: &Row<'_>) -> rusqlite::Result<Result<Timer, StoreError>> {
     Ok((|| {
         Ok(Timer {
             timer_id: TimerId::parse(&timer_id).map_err(|_| corrupt("timer_id", &timer_id))?,
-            load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+            load_id: parse_load_id(&load_id)?,
             fire_at: from_ms(fire_at),
             status: TimerStatus::parse(&status).ok_or_else(|| corrupt("timer status", &status))?,
             created_at: from_ms(created_at),
@@ -222,11 +231,7 @@ impl EventStore for SqliteStore {
                     .prepare_cached("SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT ?2")
                     .map_err(db)?;
                 let rows = stmt.query_map(params![after, limit as i64], |r| r.get::<_, String>(0)).map_err(db)?;
-                rows.map(|r| {
-                    let s = r.map_err(db)?;
-                    LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
-                })
-                .collect()
+                rows.map(|r| load_id_of(r.map_err(db)?)).collect()
             })
             .await
     }
@@ -603,7 +608,7 @@ impl LoadQueue for SqliteStore {
                         .and_then(|mut s| s.query_row(params![id, receipt], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))))
                         .map_err(db)?;
                     out.push(QueueMessage {
-                        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                        load_id: parse_load_id(&load_id)?,
                         event_id,
                         body,
                         enqueued_at: from_ms(enqueued_at),
@@ -792,7 +797,7 @@ impl DeliveryLog for SqliteStore {
                     Ok(RecordedDelivery {
                         channel,
                         key,
-                        load_id: LoadId::parse(&load_id).map_err(|_| corrupt("load_id", &load_id))?,
+                        load_id: parse_load_id(&load_id)?,
                         payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
                         receipt: format!("rec:{id}"),
                         created_at: from_ms(created_at),
@@ -836,10 +841,7 @@ impl LoadIndex for SqliteStore {
                     .prepare_cached("SELECT load_id FROM load_facts WHERE driver_phone = ?1 AND active = 1 ORDER BY load_id LIMIT 100")
                     .map_err(db)?;
                 let rows = stmt.query_map([&phone], |r| r.get::<_, String>(0)).map_err(db)?;
-                rows.map(|r| {
-                    let s = r.map_err(db)?;
-                    LoadId::parse(&s).map_err(|_| corrupt("load_id", &s))
-                })
+                rows.map(|r| load_id_of(r.map_err(db)?))
                 .collect()
             })
             .await

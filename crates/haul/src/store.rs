@@ -44,11 +44,5 @@ pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>
 
 /// The store's address without a password, for logs.
 pub fn describe(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let user = url[s + 3..at].split(':').next().unwrap_or("");
-            format!("{}{user}@{}", &url[..s + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
+    haul_postgres::redact(url)
 }

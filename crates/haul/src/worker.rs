@@ -335,12 +335,16 @@ impl Worker {
                 recorded_at: p.now,
             })
             .collect();
-        let mut appended = self.store.append(load, entries.clone(), p.version, outbox.clone(), p.now).await;
-        if self.faults.bugs.skip_version_check
-            && let Err(AppendError::ConcurrencyConflict(c)) = &appended
-        {
-            appended = self.store.append(load, entries, c.actual, outbox, p.now).await;
-        }
+        let appended = if self.faults.bugs.skip_version_check {
+            match self.store.append(load, entries.clone(), p.version, outbox.clone(), p.now).await {
+                Err(AppendError::ConcurrencyConflict(c)) => {
+                    self.store.append(load, entries, c.actual, outbox, p.now).await
+                }
+                other => other,
+            }
+        } else {
+            self.store.append(load, entries, p.version, outbox, p.now).await
+        };
         match appended {
             Ok(_) => {
                 if self.faults.check(FaultPoint::AppendAnswerLost, ctx).is_err() {
