@@ -14,10 +14,7 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
-use crate::{
-    AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, Published, QueueError, Store, TimerStatus,
-    UnmatchedSms,
-};
+use crate::{AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, Store, TimerStatus, UnmatchedSms};
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
 /// returning a fresh, empty `Arc<dyn Store>`.
@@ -55,21 +52,17 @@ macro_rules! contract_tests {
             canceled_timer_is_not_due,
             cancel_before_schedule_stays_canceled,
             mark_fired_is_idempotent,
-            queue_drops_duplicate_event_ids,
-            queue_is_fifo_per_load,
-            queue_holds_a_loads_next_message_while_one_is_in_flight,
-            queue_lets_other_loads_through_meanwhile,
-            queue_redelivers_after_the_visibility_timeout,
-            queue_nack_delays_redelivery,
-            queue_stale_receipt_is_rejected,
-            queue_concurrent_receivers_never_hold_one_load_twice,
             load_lock_excludes_a_second_holder,
             recorded_delivery_is_deduplicated_by_channel_and_key,
             dead_rows_without_a_published_outcome_are_found,
-            queue_remembers_the_first_body_of_an_event_id,
             loads_are_found_by_active_driver_phone,
             unmatched_sms_is_kept_once,
         );
+        /// The store's own queue, driven by the suite's clock.
+        async fn __queue_under_test() -> $crate::queue_contract::QueueUnderTest {
+            $crate::queue_contract::QueueUnderTest::store($factory().await)
+        }
+        $crate::queue_contract_tests!(__queue_under_test);
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
         $(
@@ -105,7 +98,6 @@ fn row(id: &str) -> NewOutboxRow {
 }
 
 const LEASE: Duration = Duration::from_secs(90);
-const VIS: Duration = Duration::from_secs(30);
 
 /// Appends one event+decision pair with the given outbox keys; returns the new version.
 async fn commit(s: &DynStore, l: &str, event: &str, expected: u64, keys: &[&str]) -> u64 {
@@ -537,160 +529,6 @@ pub async fn mark_fired_is_idempotent(s: DynStore) {
 }
 
 // ---------------------------------------------------------------------------------
-// LoadQueue
-
-async fn publish(s: &DynStore, l: &str, event: &str) -> Published {
-    s.publish(&load(l), event, &json!({"event_id": event}).to_string(), t0()).await.unwrap()
-}
-
-async fn receive(s: &DynStore, now: Timestamp) -> Vec<(String, String)> {
-    s.receive(10, VIS, now).await.unwrap().into_iter().map(|m| (m.load_id.to_string(), m.event_id)).collect()
-}
-
-async fn receive_one(s: &DynStore, now: Timestamp) -> crate::QueueMessage {
-    let mut got = s.receive(1, VIS, now).await.unwrap();
-    assert_eq!(got.len(), 1, "expected one message");
-    got.remove(0)
-}
-
-fn pair(l: &str, e: &str) -> (String, String) {
-    (l.into(), e.into())
-}
-
-pub async fn queue_drops_duplicate_event_ids(s: DynStore) {
-    assert_eq!(publish(&s, "L1", "e1").await, Published::New);
-    assert_eq!(publish(&s, "L1", "e1").await, Published::Duplicate);
-    assert_eq!(publish(&s, "L2", "e1").await, Published::New, "dedup is per load");
-    assert_eq!(s.depth().await.unwrap(), 2);
-    let m = receive_one(&s, at(0)).await;
-    s.ack(&m.receipt, at(1)).await.unwrap();
-    // Still a duplicate after it was acked (well past the five minutes SQS keeps).
-    assert_eq!(s.publish(&load("L1"), "e1", "{}", at(600)).await.unwrap(), Published::Duplicate);
-    assert_eq!(receive(&s, at(600)).await, vec![pair("L2", "e1")]);
-}
-
-pub async fn queue_is_fifo_per_load(s: DynStore) {
-    for e in ["e1", "e2", "e3"] {
-        publish(&s, "L1", e).await;
-    }
-    let mut got = Vec::new();
-    for i in 0..3 {
-        let m = receive_one(&s, at(i)).await;
-        assert_eq!(m.receive_count, 1);
-        got.push(m.event_id.clone());
-        s.ack(&m.receipt, at(i)).await.unwrap();
-    }
-    assert_eq!(got, vec!["e1", "e2", "e3"]);
-    assert!(receive(&s, at(10)).await.is_empty());
-    assert_eq!(s.depth().await.unwrap(), 0);
-}
-
-pub async fn queue_holds_a_loads_next_message_while_one_is_in_flight(s: DynStore) {
-    publish(&s, "L1", "e1").await;
-    publish(&s, "L1", "e2").await;
-    assert_eq!(receive(&s, at(0)).await, vec![pair("L1", "e1")], "one message per load per receive");
-    assert!(receive(&s, at(1)).await.is_empty(), "e2 waits while e1 is in flight");
-}
-
-pub async fn queue_lets_other_loads_through_meanwhile(s: DynStore) {
-    publish(&s, "L1", "a1").await;
-    publish(&s, "L1", "a2").await;
-    publish(&s, "L2", "b1").await;
-    let first = receive_one(&s, at(0)).await;
-    assert_eq!(first.event_id, "a1");
-    assert_eq!(receive(&s, at(1)).await, vec![pair("L2", "b1")]);
-    s.ack(&first.receipt, at(2)).await.unwrap();
-    assert_eq!(receive(&s, at(2)).await, vec![pair("L1", "a2")]);
-}
-
-pub async fn queue_redelivers_after_the_visibility_timeout(s: DynStore) {
-    publish(&s, "L1", "e1").await;
-    publish(&s, "L1", "e2").await;
-    let m1 = receive_one(&s, at(0)).await;
-    assert!(receive(&s, at(29)).await.is_empty());
-    let again = receive_one(&s, at(30)).await;
-    assert_eq!((again.event_id.as_str(), again.receive_count), ("e1", 2), "the same message, FIFO kept");
-    assert_ne!(again.receipt, m1.receipt);
-    s.ack(&again.receipt, at(31)).await.unwrap();
-    assert_eq!(receive(&s, at(31)).await, vec![pair("L1", "e2")]);
-}
-
-pub async fn queue_nack_delays_redelivery(s: DynStore) {
-    publish(&s, "L1", "e1").await;
-    publish(&s, "L1", "e2").await;
-    let m = receive_one(&s, at(0)).await;
-    s.nack(&m.receipt, Duration::from_secs(5), at(1)).await.unwrap();
-    assert!(receive(&s, at(5)).await.is_empty(), "nacked head keeps the load waiting");
-    let again = receive_one(&s, at(6)).await;
-    assert_eq!(again.event_id, "e1");
-    assert!(matches!(s.ack(&m.receipt, at(6)).await, Err(QueueError::StaleReceipt(_))), "the nacked receipt is spent");
-    s.ack(&again.receipt, at(7)).await.unwrap();
-}
-
-pub async fn queue_stale_receipt_is_rejected(s: DynStore) {
-    publish(&s, "L1", "e1").await;
-    let m1 = receive_one(&s, at(0)).await;
-    let m2 = receive_one(&s, at(30)).await;
-    assert!(matches!(s.ack(&m1.receipt, at(31)).await, Err(QueueError::StaleReceipt(_))));
-    assert!(matches!(s.ack("garbage", at(31)).await, Err(QueueError::StaleReceipt(_))));
-    assert_eq!(s.depth().await.unwrap(), 1, "a stale ack removes nothing");
-    s.ack(&m2.receipt, at(31)).await.unwrap();
-    assert!(matches!(s.ack(&m2.receipt, at(32)).await, Err(QueueError::StaleReceipt(_))), "acked once");
-    assert_eq!(s.depth().await.unwrap(), 0);
-}
-
-pub async fn queue_concurrent_receivers_never_hold_one_load_twice(s: DynStore) {
-    let loads = 6;
-    let per_load = 5;
-    for i in 0..per_load {
-        for l in 0..loads {
-            publish(&s, &format!("L{l}"), &format!("e{i}")).await;
-        }
-    }
-    let in_flight = Arc::new(std::sync::Mutex::new(BTreeSet::<String>::new()));
-    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
-    let receivers = 4;
-    let barrier = Arc::new(tokio::sync::Barrier::new(receivers));
-    let mut tasks = Vec::new();
-    for _ in 0..receivers {
-        let (s, in_flight, seen, barrier) = (s.clone(), in_flight.clone(), seen.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let mut idle = 0;
-            while idle < 50 {
-                let got = s.receive(3, Duration::from_secs(600), t0()).await.unwrap();
-                if got.is_empty() {
-                    idle += 1;
-                    tokio::task::yield_now().await;
-                    continue;
-                }
-                idle = 0;
-                for m in got {
-                    assert!(
-                        in_flight.lock().unwrap().insert(m.load_id.to_string()),
-                        "load {} received twice at once",
-                        m.load_id
-                    );
-                    seen.lock().unwrap().push((m.load_id.to_string(), m.event_id.clone()));
-                    tokio::task::yield_now().await;
-                    in_flight.lock().unwrap().remove(m.load_id.as_str());
-                    s.ack(&m.receipt, t0()).await.unwrap();
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), loads * per_load, "every message delivered once");
-    for l in 0..loads {
-        let order: Vec<&str> = seen.iter().filter(|(ll, _)| *ll == format!("L{l}")).map(|(_, e)| e.as_str()).collect();
-        assert_eq!(order, (0..per_load).map(|i| format!("e{i}")).collect::<Vec<_>>(), "FIFO for L{l}");
-    }
-}
-
-// ---------------------------------------------------------------------------------
 // LoadLock
 
 pub async fn load_lock_excludes_a_second_holder(s: DynStore) {
@@ -721,14 +559,6 @@ pub async fn recorded_delivery_is_deduplicated_by_channel_and_key(s: DynStore) {
     assert_eq!((mine[0].channel.as_str(), &mine[0].payload, mine[0].created_at), ("sms", &body, at(1)));
     assert_eq!(s.deliveries(None, 10).await.unwrap().len(), 3);
     assert_eq!(s.deliveries(None, 1).await.unwrap().len(), 1);
-}
-
-pub async fn queue_remembers_the_first_body_of_an_event_id(s: DynStore) {
-    s.publish(&load("L1"), "e1", "{\"v\":1}", t0()).await.unwrap();
-    s.publish(&load("L1"), "e1", "{\"v\":2}", t0()).await.unwrap();
-    assert_eq!(s.published_body(&load("L1"), "e1").await.unwrap().as_deref(), Some("{\"v\":1}"));
-    assert_eq!(s.published_body(&load("L1"), "e2").await.unwrap(), None);
-    assert_eq!(s.published_body(&load("L2"), "e1").await.unwrap(), None);
 }
 
 // ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod contract;
+pub mod queue_contract;
 
 // ---------------------------------------------------------------------------------
 // Errors. Callers branch on these, so each has its own type (the names are ADR 0003's).

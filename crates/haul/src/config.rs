@@ -53,7 +53,12 @@ impl Default for StoreConfig {
 pub struct QueueConfig {
     /// `store` or `sqs`.
     pub kind: String,
+    /// The SQS FIFO queue's URL (`kind = "sqs"`).
     pub url: Option<String>,
+    /// An SQS endpoint other than AWS's (a local emulator).
+    pub endpoint: Option<String>,
+    /// The AWS region; unset: the SDK's default chain (`AWS_REGION`, profile).
+    pub region: Option<String>,
     /// How long a received message stays invisible: longer than a run may take.
     #[serde(deserialize_with = "de_opt_duration")]
     pub visibility: Option<Duration>,
@@ -61,7 +66,7 @@ pub struct QueueConfig {
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        QueueConfig { kind: "store".into(), url: None, visibility: None }
+        QueueConfig { kind: "store".into(), url: None, endpoint: None, region: None, visibility: None }
     }
 }
 
@@ -259,6 +264,8 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("store.url", Kind::Text),
     ("queue.kind", Kind::Text),
     ("queue.url", Kind::Text),
+    ("queue.endpoint", Kind::Text),
+    ("queue.region", Kind::Text),
     ("queue.visibility", Kind::Text),
     ("server.listen", Kind::Text),
     ("server.public_url", Kind::Text),
@@ -411,6 +418,18 @@ impl Config {
         if !["store", "sqs"].contains(&self.queue.kind.as_str()) {
             bail!("queue.kind must be \"store\" or \"sqs\", not {:?}", self.queue.kind);
         }
+        if self.queue.kind == "sqs" {
+            match self.queue.url.as_deref() {
+                None | Some("") => bail!("queue.url must name the SQS FIFO queue when queue.kind = \"sqs\""),
+                Some(u) if !u.ends_with(".fifo") => {
+                    bail!("queue.url must be an SQS FIFO queue (ending in .fifo), not {u:?}")
+                }
+                Some(_) => {}
+            }
+            if self.visibility() > Duration::from_secs(12 * 60 * 60) {
+                bail!("queue.visibility must be at most 12h on SQS");
+            }
+        }
         if !(1..=1000).contains(&self.dispatcher.batch) {
             bail!("dispatcher.batch must be 1 to 1000, not {}", self.dispatcher.batch);
         }
@@ -479,6 +498,12 @@ mod tests {
             None,
         );
         check("[worker]\nconcurency = 4", Some("concurency"));
+        check("[queue]\nkind = \"sqs\"", Some("queue.url"));
+        check("[queue]\nkind = \"sqs\"\nurl = \"https://sqs.us-east-1.amazonaws.com/1/loads\"", Some(".fifo"));
+        check(
+            "[queue]\nkind = \"sqs\"\nurl = \"https://sqs.us-east-1.amazonaws.com/1/loads.fifo\"\nregion = \"us-east-1\"",
+            None,
+        );
         check("[timers]\npoll = \"45s\"", Some("timers.poll"));
         check("[timers]\npoll = \"soon\"", Some("bad duration"));
         check("[dispatcher.retry]\nmax_attempts = 1", Some("max_attempts"));

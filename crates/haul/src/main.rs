@@ -21,6 +21,15 @@ enum StoreKind {
     Postgres,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum QueueKind {
+    /// The store's own queue.
+    Store,
+    /// SQS FIFO on a local emulator: HAUL_SQS_ENDPOINT, or a moto_server started for the run
+    /// (needs a build with `--features sqs`).
+    Sqs,
+}
+
 /// The crash test's tools (scripts/crash-test); not for production.
 #[derive(Subcommand, Debug)]
 enum Testkit {
@@ -156,6 +165,9 @@ enum Command {
         /// The backend: SQLite in memory, or PostgreSQL from DATABASE_URL (a schema per scenario).
         #[arg(long, value_enum, default_value = "sqlite")]
         store: StoreKind,
+        /// The load queue: the store's own, or a fresh SQS FIFO queue per scenario.
+        #[arg(long, value_enum, default_value = "store")]
+        queue: QueueKind,
     },
 }
 
@@ -206,6 +218,18 @@ fn eval_store(kind: StoreKind) -> haul::eval::EvalStore {
         StoreKind::Postgres => haul::eval::EvalStore::Postgres(
             std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
         ),
+    }
+}
+
+async fn eval_queue(kind: QueueKind) -> anyhow::Result<haul::eval::EvalQueue> {
+    match kind {
+        QueueKind::Store => Ok(haul::eval::EvalQueue::Store),
+        #[cfg(feature = "sqs")]
+        QueueKind::Sqs => {
+            Ok(haul::eval::EvalQueue::Sqs(haul_sqs::testing::endpoint().await.map_err(|e| anyhow::anyhow!(e))?))
+        }
+        #[cfg(not(feature = "sqs"))]
+        QueueKind::Sqs => anyhow::bail!("--queue sqs needs a build with SQS (cargo build --features sqs)"),
     }
 }
 
@@ -353,9 +377,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             say(format_args!("{passed} passed, {failed} failed"));
             Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Eval { paths, json, store } => {
+        Command::Eval { paths, json, store, queue } => {
             let store = eval_store(store);
-            let report = haul::eval::run_paths(&paths, &store, |r| {
+            let queue = eval_queue(queue).await?;
+            let report = haul::eval::run_paths_on(&paths, &store, &queue, |r| {
                 if !json {
                     say(format_args!("{}", r.line()));
                 }

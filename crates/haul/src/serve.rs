@@ -574,7 +574,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     }
     let queue: Arc<dyn LoadQueue> = match config.queue.kind.as_str() {
         "store" => store.clone(),
-        other => bail!("queue.kind {other:?} is not available in this build"),
+        _ => crate::store::open_sqs(&config.queue).await?,
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let channels = Channels::from_config(&config.channels, store.clone())?;

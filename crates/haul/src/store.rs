@@ -46,3 +46,22 @@ pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>
 pub fn describe(url: &str) -> String {
     haul_postgres::redact(url)
 }
+
+/// The SQS FIFO load queue of `queue.*`, checked to answer before anything runs.
+#[cfg(feature = "sqs")]
+pub async fn open_sqs(queue: &crate::config::QueueConfig) -> anyhow::Result<Arc<dyn haul_store::LoadQueue>> {
+    let settings = haul_sqs::SqsSettings {
+        queue_url: queue.url.clone().unwrap_or_default(),
+        endpoint: queue.endpoint.clone(),
+        region: queue.region.clone(),
+        static_credentials: None,
+    };
+    let sqs = haul_sqs::SqsQueue::connect(&settings).await;
+    sqs.check().await.with_context(|| format!("queue.url {}", settings.queue_url))?;
+    Ok(Arc::new(sqs))
+}
+
+#[cfg(not(feature = "sqs"))]
+pub async fn open_sqs(_queue: &crate::config::QueueConfig) -> anyhow::Result<Arc<dyn haul_store::LoadQueue>> {
+    bail!("queue.kind \"sqs\" needs a build with SQS (cargo build --features sqs)")
+}

@@ -240,3 +240,71 @@ async fn serve_roles_as_separate_processes_on_postgres() {
     client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Production's shape: PostgreSQL for the log and SQS FIFO (moto here) for the load
+/// queue, configured the way an operator would, through `HAUL_QUEUE_*`.
+#[cfg(feature = "sqs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_postgres_with_the_sqs_fifo_queue() {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = haul_postgres::testing::fresh_schema(&url).await;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
+    tokio::spawn(conn);
+    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await.unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let db = format!("{url}{sep}options=-csearch_path%3D{schema}");
+    let queue = haul_sqs::testing::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
+    let endpoint = haul_sqs::testing::endpoint().await.unwrap();
+
+    let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
+    let mut env = channel_env(&svc);
+    for (k, v) in [
+        ("HAUL_QUEUE_KIND", "sqs"),
+        ("HAUL_QUEUE_URL", queue.queue_url()),
+        ("HAUL_QUEUE_ENDPOINT", &endpoint),
+        ("HAUL_QUEUE_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", "haul-test"),
+        ("AWS_SECRET_ACCESS_KEY", "haul-test"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ] {
+        env.push((k.into(), v.into()));
+    }
+    let dir = temp_dir("sqs");
+    std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let mut serve = Serve::start(&dir, "serve", &["--config", "haul.toml", "--listen", &listen, "--db", &db], &env);
+    let http = reqwest::Client::new();
+    wait_healthy(&http, &base, &serve).await;
+    assert_eq!(post(&http, &base, init()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&http, &base, ping()).await, StatusCode::ACCEPTED);
+    // SQS cannot say a publish was a duplicate; it drops it, and the log would too.
+    assert_eq!(post(&http, &base, ping()).await, StatusCode::ACCEPTED);
+    let logs = || serve.log();
+    let view =
+        wait_for(&http, &base, "step 2", |v| outbox_status(v, SMS2).as_deref() == Some("dispatched"), &logs).await;
+    assert_eq!(svc.effect_count("sms", SMS1), 1);
+    assert_eq!(svc.effect_count("sms", SMS2), 1);
+    let inbound: Vec<&str> = view["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "location_ping")
+        .map(|r| r["entry_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(inbound, vec!["ping_0700"], "the repeated ping is in the log once");
+    // Outcomes and the timer came back through SQS and were acked.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while haul_store::LoadQueue::depth(&queue).await.unwrap() > 0 {
+        assert!(Instant::now() < deadline, "SQS kept messages:\n{}", serve.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    queue.delete_queue().await.ok();
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}

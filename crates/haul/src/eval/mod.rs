@@ -38,6 +38,21 @@ pub enum EvalStore {
     Postgres(String),
 }
 
+/// Which load queue a scenario runs on.
+#[derive(Clone, Debug, Default)]
+pub enum EvalQueue {
+    /// The store's own queue, on the scenario's fake clock.
+    #[default]
+    Store,
+    /// A fresh SQS FIFO queue per scenario on this endpoint (a local emulator). SQS
+    /// keeps its own clock, so a nacked message is waited for in real time.
+    Sqs(String),
+}
+
+/// How long a scenario waits, in real time, for messages SQS holds back (a nack's
+/// delay) before it calls the pipeline stuck.
+const SQS_SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
 /// Where a scenario failed.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Failure {
@@ -114,11 +129,21 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Runs every file; `on_report` sees each scenario as it finishes.
-pub async fn run_paths(paths: &[PathBuf], store: &EvalStore, mut on_report: impl FnMut(&ScenarioReport)) -> Report {
+pub async fn run_paths(paths: &[PathBuf], store: &EvalStore, on_report: impl FnMut(&ScenarioReport)) -> Report {
+    run_paths_on(paths, store, &EvalQueue::Store, on_report).await
+}
+
+/// [`run_paths`] with the load queue of `queue`.
+pub async fn run_paths_on(
+    paths: &[PathBuf],
+    store: &EvalStore,
+    queue: &EvalQueue,
+    mut on_report: impl FnMut(&ScenarioReport),
+) -> Report {
     let mut scenarios = Vec::new();
     for item in collect(paths) {
         let report = match item {
-            Ok(path) => run_file(&path, store).await,
+            Ok(path) => run_file(&path, store, queue).await,
             Err((path, why)) => file_failure(&path, "path", why),
         };
         on_report(&report);
@@ -140,7 +165,7 @@ fn file_failure(path: &Path, key: &str, message: String) -> ScenarioReport {
     }
 }
 
-pub async fn run_file(path: &Path, store: &EvalStore) -> ScenarioReport {
+pub async fn run_file(path: &Path, store: &EvalStore, queue: &EvalQueue) -> ScenarioReport {
     let text = match std::fs::read(path) {
         Ok(b) => match String::from_utf8(b) {
             Ok(t) => t,
@@ -158,14 +183,29 @@ pub async fn run_file(path: &Path, store: &EvalStore) -> ScenarioReport {
             return file_failure(path, &e.key, message);
         }
     };
-    run_scenario(&scenario, &path.display().to_string(), store, Faults::default()).await
+    run_scenario_on(&scenario, &path.display().to_string(), store, queue, Faults::default()).await
 }
 
 /// Runs one parsed scenario. `faults` lets the runner's self-checks plant failures.
 pub async fn run_scenario(s: &Scenario, file: &str, store: &EvalStore, faults: Faults) -> ScenarioReport {
+    run_scenario_on(s, file, store, &EvalQueue::Store, faults).await
+}
+
+/// [`run_scenario`] with the load queue of `queue`.
+pub async fn run_scenario_on(
+    s: &Scenario,
+    file: &str,
+    store: &EvalStore,
+    queue: &EvalQueue,
+    faults: Faults,
+) -> ScenarioReport {
     let started = std::time::Instant::now();
-    let failure = match Run::start(s, store, faults).await {
-        Ok(mut run) => run.steps(s).await.err(),
+    let failure = match Run::start(s, store, queue, faults).await {
+        Ok(mut run) => {
+            let failure = run.steps(s).await.err();
+            run.close().await;
+            failure
+        }
         Err(e) => Some(Failure { step: None, at: None, key: "setup".into(), message: format!("{e:#}") }),
     };
     ScenarioReport {
@@ -184,6 +224,10 @@ struct Run {
     clock: Arc<FakeClock>,
     svc: FakeServices,
     pipeline: Pipeline,
+    queue: Arc<dyn LoadQueue>,
+    /// The SQS queue to delete when the scenario ends.
+    #[cfg(feature = "sqs")]
+    sqs: Option<Arc<haul_sqs::SqsQueue>>,
     load: Option<LoadId>,
     loads: BTreeSet<LoadId>,
     /// Every (load, event id) published, for invariant 1.
@@ -218,8 +262,26 @@ fn fail(step: Option<(usize, &str)>, key: &str, message: String) -> Failure {
 }
 
 impl Run {
-    async fn start(s: &Scenario, store: &EvalStore, faults: Faults) -> anyhow::Result<Run> {
+    async fn start(s: &Scenario, store: &EvalStore, queue: &EvalQueue, faults: Faults) -> anyhow::Result<Run> {
         let store = open_store(store, 1).await?;
+        #[cfg(feature = "sqs")]
+        let sqs = match queue {
+            EvalQueue::Store => None,
+            EvalQueue::Sqs(endpoint) => {
+                let name = format!("haul-eval-{:016x}.fifo", fastrand::u64(..));
+                Some(Arc::new(haul_sqs::SqsQueue::create(&haul_sqs::testing::settings(endpoint), &name).await?))
+            }
+        };
+        #[cfg(feature = "sqs")]
+        let queue: Arc<dyn LoadQueue> = match &sqs {
+            Some(q) => q.clone(),
+            None => store.clone(),
+        };
+        #[cfg(not(feature = "sqs"))]
+        let queue: Arc<dyn LoadQueue> = match queue {
+            EvalQueue::Store => store.clone(),
+            EvalQueue::Sqs(_) => anyhow::bail!("--queue sqs needs a build with SQS (cargo build --features sqs)"),
+        };
         let clock = Arc::new(FakeClock::new(s.start));
         let svc = FakeServices::start(None).await?;
         for f in &s.faults {
@@ -228,7 +290,7 @@ impl Run {
         let config = Config { clients: s.clients.clone(), ..Config::default() };
         let parts = Parts {
             store: store.clone(),
-            queue: store.clone() as Arc<dyn LoadQueue>,
+            queue: queue.clone(),
             channels: svc.channels(None, Duration::from_secs(5))?,
             clock: clock.clone(),
             faults,
@@ -240,6 +302,9 @@ impl Run {
             clock,
             svc,
             pipeline,
+            queue,
+            #[cfg(feature = "sqs")]
+            sqs,
             load: s.load.clone(),
             loads: s.load.iter().cloned().collect(),
             published: vec![],
@@ -274,7 +339,7 @@ impl Run {
     async fn publish(&mut self, event: &InboundEvent, repeat: u32) -> Result<(), String> {
         let body = event.to_json().to_string();
         for _ in 0..repeat {
-            self.store
+            self.queue
                 .publish(&event.load_id, event.event_id.as_str(), &body, self.clock.now())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -285,7 +350,38 @@ impl Run {
     }
 
     async fn settle(&self) -> Result<(), String> {
-        self.pipeline.run_until_quiet().await.map(|_| ()).map_err(|e| format!("{e:#}"))
+        let started = std::time::Instant::now();
+        loop {
+            self.pipeline.run_until_quiet().await.map_err(|e| format!("{e:#}"))?;
+            // The store's queue is quiet when the pipeline is; SQS may still hold a
+            // nacked message back for its delay, in real time.
+            if !self.real_time_queue() || self.queue.depth().await.map_err(|e| e.to_string())? == 0 {
+                return Ok(());
+            }
+            if started.elapsed() > SQS_SETTLE_LIMIT {
+                return Err(format!(
+                    "messages stayed on the queue for {SQS_SETTLE_LIMIT:?} after the pipeline went quiet"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn real_time_queue(&self) -> bool {
+        #[cfg(feature = "sqs")]
+        return self.sqs.is_some();
+        #[cfg(not(feature = "sqs"))]
+        false
+    }
+
+    /// Deletes what the scenario made outside its store.
+    async fn close(&self) {
+        #[cfg(feature = "sqs")]
+        if let Some(q) = &self.sqs
+            && let Err(e) = q.delete_queue().await
+        {
+            tracing::warn!(error = %e, "deleting the scenario's SQS queue failed");
+        }
     }
 
     async fn rows(&self) -> Result<Vec<OutboxRow>, String> {

@@ -1,0 +1,378 @@
+//! The load queue on SQS FIFO: production's queue when the log lives in PostgreSQL.
+//!
+//! One message group per load gives SQS's own guarantee the worker needs: a group's
+//! next message is not handed out while one is in flight. The deduplication id is
+//! derived from `(load, event id)`, so a republished event is dropped inside SQS's
+//! five-minute window (the log's `DuplicateEntry` catches it after that).
+//!
+//! Where SQS cannot give what the store-backed queues give, this adapter says so
+//! rather than pretending (ARCHITECTURE.md, "SQS FIFO"): it cannot tell a duplicate
+//! publish from a new one, cannot reject a stale receipt on ack, keeps no bodies and
+//! keeps its own clock for visibility (the `now` callers pass is recorded, not obeyed).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use haul_core::ids::LoadId;
+use haul_core::time::{Timestamp, from_ms, to_ms};
+use haul_store::{LoadQueue, Published, QueueError, QueueMessage, StoreError};
+use sha2::{Digest, Sha256};
+
+/// Message attributes carrying what the body does not: the load and the publish time
+/// on the caller's clock (SQS's `SentTimestamp` is wall time, which evals do not use).
+const ATTR_LOAD: &str = "haul_load_id";
+const ATTR_EVENT: &str = "haul_event_id";
+const ATTR_ENQUEUED_AT: &str = "haul_enqueued_at_ms";
+
+/// SQS takes at most 10 per call; receives of one message each keep one message per
+/// group in flight (a batch can hold a group's next message too), so `max` above this
+/// is capped.
+pub const MAX_RECEIVE: usize = 10;
+
+/// SQS's limit on a message body (256 KiB); the API's own limit is far below it.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// The longest visibility SQS allows (12 hours).
+const MAX_VISIBILITY_S: u64 = 12 * 60 * 60;
+
+/// Where the queue is and how to reach it.
+#[derive(Clone, Debug, Default)]
+pub struct SqsSettings {
+    /// The FIFO queue's URL (ends in `.fifo`).
+    pub queue_url: String,
+    /// An endpoint other than AWS's (a local emulator); `None` for AWS itself.
+    pub endpoint: Option<String>,
+    /// `None`: the SDK's default chain (`AWS_REGION`, profile).
+    pub region: Option<String>,
+    /// Static credentials; `None`: the SDK's default chain (environment, profile, the
+    /// instance role). Tests always pass these so the SDK never probes the network.
+    pub static_credentials: Option<(String, String)>,
+}
+
+pub struct SqsQueue {
+    client: Client,
+    queue_url: String,
+}
+
+impl SqsQueue {
+    /// A client for the queue; makes no call (use [`SqsQueue::check`] to see it answers).
+    pub async fn connect(settings: &SqsSettings) -> Self {
+        SqsQueue { client: client(settings).await, queue_url: settings.queue_url.clone() }
+    }
+
+    /// Creates (or finds) a FIFO queue by name and returns a queue on it.
+    pub async fn create(settings: &SqsSettings, name: &str) -> Result<Self, StoreError> {
+        if !name.ends_with(".fifo") {
+            return Err(StoreError::new(format!("SQS FIFO queue names end in .fifo, not {name:?}")));
+        }
+        let client = client(settings).await;
+        let out = client
+            .create_queue()
+            .queue_name(name)
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .send()
+            .await
+            .map_err(|e| sqs_error("create_queue", e))?;
+        let queue_url = out.queue_url.ok_or_else(|| StoreError::new("create_queue answered without a URL"))?;
+        Ok(SqsQueue { client, queue_url })
+    }
+
+    pub fn queue_url(&self) -> &str {
+        &self.queue_url
+    }
+
+    /// One call that proves the queue exists and the credentials work.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        self.depth().await.map(|_| ())
+    }
+
+    pub async fn delete_queue(&self) -> Result<(), StoreError> {
+        self.client
+            .delete_queue()
+            .queue_url(&self.queue_url)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| sqs_error("delete_queue", e))
+    }
+
+    async fn receive_one(&self, visibility_s: i32) -> Result<Option<QueueMessage>, StoreError> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(1)
+            .visibility_timeout(visibility_s)
+            .wait_time_seconds(0)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| sqs_error("receive_message", e))?;
+        let Some(m) = out.messages.unwrap_or_default().into_iter().next() else {
+            return Ok(None);
+        };
+        let attr =
+            |name: &str| m.message_attributes.as_ref().and_then(|a| a.get(name)).and_then(|v| v.string_value.clone());
+        let receipt =
+            m.receipt_handle.clone().ok_or_else(|| StoreError::new("SQS message without a receipt handle"))?;
+        let (Some(load), Some(event_id), Some(enqueued_ms)) =
+            (attr(ATTR_LOAD), attr(ATTR_EVENT), attr(ATTR_ENQUEUED_AT))
+        else {
+            // Not ours (published by something else): give it a clear error rather than
+            // a guessed load; it stays on the queue for an operator (or a dead-letter queue).
+            return Err(StoreError::new(format!(
+                "SQS message {} lacks haul's attributes; not a haul message",
+                m.message_id.as_deref().unwrap_or("?")
+            )));
+        };
+        let load_id = LoadId::parse(&load).map_err(|e| StoreError::new(format!("SQS message load id: {e}")))?;
+        let enqueued_at = enqueued_ms
+            .parse::<i64>()
+            .map(from_ms)
+            .map_err(|_| StoreError::new(format!("SQS message enqueued_at {enqueued_ms:?} is not epoch ms")))?;
+        let receive_count = m
+            .attributes
+            .as_ref()
+            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(1);
+        Ok(Some(QueueMessage {
+            load_id,
+            event_id,
+            body: m.body.unwrap_or_default(),
+            enqueued_at,
+            receipt,
+            receive_count,
+        }))
+    }
+}
+
+async fn client(settings: &SqsSettings) -> Client {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if let Some(region) = &settings.region {
+        loader = loader.region(Region::new(region.clone()));
+    }
+    if let Some(endpoint) = &settings.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    // Bounded calls: a hung SQS call must not hold a worker past its run.
+    loader = loader.timeout_config(
+        aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .operation_attempt_timeout(Duration::from_secs(10))
+            .operation_timeout(Duration::from_secs(30))
+            .build(),
+    );
+    if let Some((key, secret)) = &settings.static_credentials {
+        loader = loader.credentials_provider(Credentials::new(key, secret, None, None, "haul-static"));
+    }
+    Client::new(&loader.load().await)
+}
+
+/// `(load, event)` as a deduplication id: readable when it fits SQS's rules (128
+/// characters of ASCII letters, digits and punctuation), a SHA-256 otherwise.
+pub fn deduplication_id(load_id: &LoadId, event_id: &str) -> String {
+    let readable = format!("{}|{}", load_id.as_str(), event_id);
+    if readable.len() <= 128 && readable.bytes().all(|b| b.is_ascii_graphic()) {
+        return readable;
+    }
+    let digest = Sha256::digest(readable.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn seconds(d: Duration) -> i32 {
+    // SQS counts whole seconds; round up so a message is never visible early.
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.min(MAX_VISIBILITY_S) as i32
+}
+
+fn sqs_error<E: std::error::Error + 'static>(op: &str, e: E) -> StoreError {
+    StoreError::new(format!("SQS {op}: {}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
+}
+
+fn string_attr(v: &str) -> MessageAttributeValue {
+    // Built from fixed fields: both are set, so the builder cannot fail.
+    MessageAttributeValue::builder().data_type("String").string_value(v).build().expect("data_type is set")
+}
+
+#[async_trait]
+impl LoadQueue for SqsQueue {
+    async fn publish(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, StoreError> {
+        if body.len() > MAX_BODY_BYTES {
+            return Err(StoreError::new(format!(
+                "message body of {} bytes is over SQS's {MAX_BODY_BYTES}",
+                body.len()
+            )));
+        }
+        self.client
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body)
+            .message_group_id(load_id.as_str())
+            .message_deduplication_id(deduplication_id(load_id, event_id))
+            .message_attributes(ATTR_LOAD, string_attr(load_id.as_str()))
+            .message_attributes(ATTR_EVENT, string_attr(event_id))
+            .message_attributes(ATTR_ENQUEUED_AT, string_attr(&to_ms(now).to_string()))
+            .send()
+            .await
+            .map_err(|e| sqs_error("send_message", e))?;
+        // SQS accepts a duplicate as if it were new (and drops it): it cannot say which.
+        Ok(Published::New)
+    }
+
+    async fn receive(
+        &self,
+        max: usize,
+        visibility: Duration,
+        _now: Timestamp,
+    ) -> Result<Vec<QueueMessage>, StoreError> {
+        let visibility_s = seconds(visibility);
+        let mut got = Vec::new();
+        // One message per call: SQS hands out a group's later messages in the same
+        // batch, and the worker needs at most one per load in flight.
+        for _ in 0..max.min(MAX_RECEIVE) {
+            match self.receive_one(visibility_s).await? {
+                Some(m) => got.push(m),
+                None => break,
+            }
+        }
+        Ok(got)
+    }
+
+    async fn ack(&self, receipt: &str, _now: Timestamp) -> Result<(), QueueError> {
+        match self.client.delete_message().queue_url(&self.queue_url).receipt_handle(receipt).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_receipt_handle_is_invalid()) => {
+                Err(QueueError::StaleReceipt(receipt.chars().take(32).collect()))
+            }
+            Err(e) => Err(sqs_error("delete_message", e).into()),
+        }
+    }
+
+    async fn nack(&self, receipt: &str, delay: Duration, _now: Timestamp) -> Result<(), QueueError> {
+        match self
+            .client
+            .change_message_visibility()
+            .queue_url(&self.queue_url)
+            .receipt_handle(receipt)
+            .visibility_timeout(seconds(delay))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_receipt_handle_is_invalid() || s.is_message_not_inflight()) =>
+            {
+                Err(QueueError::StaleReceipt(receipt.chars().take(32).collect()))
+            }
+            Err(e) => Err(sqs_error("change_message_visibility", e).into()),
+        }
+    }
+
+    async fn depth(&self) -> Result<u64, StoreError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.queue_url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .map_err(|e| sqs_error("get_queue_attributes", e))?;
+        let attrs = out.attributes.unwrap_or_default();
+        Ok(attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum())
+    }
+
+    async fn published_body(&self, _load_id: &LoadId, _event_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// A local SQS emulator for tests and evals (moto in server mode on 127.0.0.1).
+pub mod testing {
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    use tokio::sync::OnceCell;
+
+    use super::{SqsQueue, SqsSettings};
+
+    /// The variable naming a running emulator (`scripts/test` starts one for the run).
+    pub const ENDPOINT_VAR: &str = "HAUL_SQS_ENDPOINT";
+
+    static STARTED: OnceCell<String> = OnceCell::const_new();
+
+    /// Settings for the emulator: static credentials and region, so the SDK never
+    /// looks for credentials anywhere else.
+    pub fn settings(endpoint: &str) -> SqsSettings {
+        SqsSettings {
+            queue_url: String::new(),
+            endpoint: Some(endpoint.to_string()),
+            region: Some("us-east-1".into()),
+            static_credentials: Some(("haul-test".into(), "haul-test".into())),
+        }
+    }
+
+    /// The emulator's endpoint: `HAUL_SQS_ENDPOINT` when set, else a `moto_server` this
+    /// process starts (once) and that stops when this process exits. Errors say how to
+    /// install moto; tests fail on them, never skip.
+    pub async fn endpoint() -> Result<String, String> {
+        if let Ok(url) = std::env::var(ENDPOINT_VAR) {
+            return Ok(url);
+        }
+        STARTED.get_or_try_init(start).await.cloned()
+    }
+
+    /// A fresh FIFO queue on the emulator, named so runs never share one.
+    pub async fn fresh_queue() -> Result<SqsQueue, String> {
+        let endpoint = endpoint().await?;
+        let name = format!("haul-test-{}-{:016x}.fifo", std::process::id(), fastrand::u64(..));
+        SqsQueue::create(&settings(&endpoint), &name).await.map_err(|e| format!("{e} (emulator at {endpoint})"))
+    }
+
+    async fn start() -> Result<String, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port for moto_server: {e}"))?
+            .port();
+        // moto's server outlives a killed parent; a small Python wrapper kills it when
+        // its stdin (this process's pipe) closes, however this process ends.
+        let wrapper = "import subprocess, sys\n\
+            p = subprocess.Popen([sys.executable, '-m', 'moto.server', '-H', '127.0.0.1', '-p', sys.argv[1]], \
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n\
+            sys.stdin.read()\n\
+            p.kill()\n";
+        let mut child = tokio::process::Command::new("python3")
+            .args(["-c", wrapper, &port.to_string()])
+            .stdin(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run python3 for moto_server: {e}"))?;
+        // Keep the pipe open for the life of the process.
+        let stdin = child.stdin.take();
+        std::mem::forget(stdin);
+        std::mem::forget(child);
+        let endpoint = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Ok(endpoint);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!(
+            "moto_server did not start on {endpoint} within 10 s; install it with `pip install 'moto[server]'` \
+             or set {ENDPOINT_VAR} to a running SQS emulator"
+        ))
+    }
+}
