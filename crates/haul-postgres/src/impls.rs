@@ -14,10 +14,11 @@ use haul_store::{
     OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
     TimerStatus, TimerStore,
 };
-use haul_store::{LoadIndex, UnmatchedSms};
+use haul_store::{LoadIndex, Prune, PruneReport, UnmatchedSms, is_key_of_load, outbox_key_load};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 
+use crate::sql::*;
 use crate::{PgStore, pg};
 
 fn ms(d: Duration) -> i64 {
@@ -27,9 +28,6 @@ fn ms(d: Duration) -> i64 {
 fn corrupt(what: &str, v: &str) -> StoreError {
     StoreError::new(format!("corrupt row: {what} {v:?}"))
 }
-
-const OUTBOX_COLS: &str = "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-     lease_until, last_failure, receipt, created_at, updated_at";
 
 fn outbox_row(r: &Row) -> Result<OutboxRow, StoreError> {
     let load_id: String = r.get(1);
@@ -53,8 +51,6 @@ fn outbox_row(r: &Row) -> Result<OutboxRow, StoreError> {
         updated_at: from_ms(r.get(13)),
     })
 }
-
-const TIMER_COLS: &str = "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at";
 
 fn timer_row(r: &Row) -> Result<Timer, StoreError> {
     let timer_id: String = r.get(0);
@@ -80,6 +76,9 @@ fn load_id_row(r: &Row) -> Result<LoadId, StoreError> {
     parse_load_id(r.get(0))
 }
 
+/// The unique constraint a statement broke. On a partitioned table PostgreSQL names the
+/// partition's index (`events_p03_load_id_entry_id_key`, `outbox_p11_pkey`), so callers
+/// match on how the name ends.
 fn constraint(e: &tokio_postgres::Error) -> Option<&str> {
     e.as_db_error().filter(|d| *d.code() == SqlState::UNIQUE_VIOLATION).and_then(|d| d.constraint())
 }
@@ -116,12 +115,7 @@ impl EventStore for PgStore {
 
     async fn read_after(&self, load_id: &LoadId, after_seq: u64) -> Result<(Vec<Record>, u64), StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq",
-            )
-            .await
-            .map_err(pg)?;
+        let stmt = client.prepare_cached(READ_AFTER).await.map_err(pg)?;
         let rows = client.query(&stmt, &[&load_id.as_str(), &(after_seq as i64)]).await.map_err(pg)?;
         let records: Vec<Record> = rows
             .iter()
@@ -149,6 +143,9 @@ impl EventStore for PgStore {
         now: Timestamp,
     ) -> Result<u64, AppendError> {
         let lid = load_id.as_str();
+        if let Some(bad) = outbox.iter().find(|o| !is_key_of_load(&o.id, lid)) {
+            return Err(StoreError::new(format!("outbox key {:?} is not an action key of load {lid}", bad.id)).into());
+        }
         let now = to_ms(now);
         let expected = expected_version as i64;
         let new_version = expected + entries.len() as i64;
@@ -158,26 +155,14 @@ impl EventStore for PgStore {
         // 1. The version. Taking the loads row (insert or guarded update) serializes
         // appends to one load; a loser waits for the winner's commit, then fails here.
         let won = if expected == 0 {
-            tx.execute(
-                "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3) ON CONFLICT (load_id) DO NOTHING",
-                &[&lid, &new_version, &now],
-            )
-            .await
+            tx.execute(LOAD_CREATE, &[&lid, &new_version, &now]).await
         } else {
-            tx.execute(
-                "UPDATE loads SET version = $2, updated_at = $4 WHERE load_id = $1 AND version = $3",
-                &[&lid, &new_version, &expected, &now],
-            )
-            .await
+            tx.execute(LOAD_ADVANCE, &[&lid, &new_version, &expected, &now]).await
         }
         .map_err(pg)?;
         if won != 1 {
             drop(tx);
-            let actual: Option<i64> = client
-                .query_opt("SELECT version FROM loads WHERE load_id = $1", &[&lid])
-                .await
-                .map_err(pg)?
-                .map(|r| r.get(0));
+            let actual: Option<i64> = client.query_opt(LOAD_VERSION, &[&lid]).await.map_err(pg)?.map(|r| r.get(0));
             return Err(ConcurrencyConflictError {
                 load_id: lid.to_owned(),
                 expected: expected_version,
@@ -192,11 +177,7 @@ impl EventStore for PgStore {
         if let Some(dup) = ids.iter().find(|id| !seen.insert(**id)) {
             return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: (*dup).to_owned() }.into());
         }
-        if let Some(row) = tx
-            .query_opt("SELECT entry_id FROM events WHERE load_id = $1 AND entry_id = ANY($2) LIMIT 1", &[&lid, &ids])
-            .await
-            .map_err(pg)?
-        {
+        if let Some(row) = tx.query_opt(ENTRY_IDS_TAKEN, &[&lid, &ids]).await.map_err(pg)? {
             return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: row.get(0) }.into());
         }
 
@@ -207,8 +188,7 @@ impl EventStore for PgStore {
             return Err(DuplicateActionKeyError { key: (*dup).to_owned() }.into());
         }
         if !keys.is_empty()
-            && let Some(row) =
-                tx.query_opt("SELECT id FROM outbox WHERE id = ANY($1) LIMIT 1", &[&keys]).await.map_err(pg)?
+            && let Some(row) = tx.query_opt(OUTBOX_KEYS_TAKEN, &[&lid, &keys]).await.map_err(pg)?
         {
             return Err(DuplicateActionKeyError { key: row.get(0) }.into());
         }
@@ -216,31 +196,25 @@ impl EventStore for PgStore {
         let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
         let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
         let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
-        tx.execute(
-            "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at)
-             SELECT $1, s, e, k, p, $6 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS t(s, e, k, p)",
-            &[&lid, &seqs, &ids, &kinds, &payloads, &now],
-        )
-        .await
-        .map_err(|e| match constraint(&e) {
-            Some("events_entry_id_key") => {
-                AppendError::DuplicateEntry(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
-            }
-            _ => AppendError::Store(pg(e)),
-        })?;
+        tx.execute(EVENTS_INSERT, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await.map_err(
+            |e| match constraint(&e) {
+                Some(c) if c.ends_with("entry_id_key") => {
+                    AppendError::DuplicateEntry(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
+                }
+                _ => AppendError::Store(pg(e)),
+            },
+        )?;
         if !outbox.is_empty() {
             let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
             let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
-            tx.execute(
-                "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at)
-                 SELECT i, $1, t, a, 'pending', $5, $5, $5 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(i, t, a)",
-                &[&lid, &keys, &types, &actions, &now],
-            )
-            .await
-            .map_err(|e| match constraint(&e) {
-                // Another load's transaction took the key between our check and insert.
-                Some("outbox_pkey") => AppendError::DuplicateActionKey(DuplicateActionKeyError { key: "?".into() }),
-                _ => AppendError::Store(pg(e)),
+            tx.execute(OUTBOX_INSERT, &[&lid, &keys, &types, &actions, &now]).await.map_err(|e| {
+                match constraint(&e) {
+                    // Another transaction took the key between our check and insert.
+                    Some(c) if c.ends_with("pkey") => {
+                        AppendError::DuplicateActionKey(DuplicateActionKeyError { key: "?".into() })
+                    }
+                    _ => AppendError::Store(pg(e)),
+                }
             })?;
         }
         tx.commit().await.map_err(pg)?;
@@ -249,24 +223,13 @@ impl EventStore for PgStore {
 
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
         let after = after.map(|a| a.as_str()).unwrap_or("");
-        self.query_rows(
-            "SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2",
-            &[&after, &(limit as i64)],
-            load_id_row,
-        )
-        .await
+        self.query_rows(LOAD_IDS, &[&after, &(limit as i64)], load_id_row).await
     }
 }
 
 /// The row's lease when `token` is its claim on a pending row.
 async fn owns(client: &deadpool_postgres::Object, id: &str, token: &str) -> Result<Option<i64>, ClaimError> {
-    let row = client
-        .query_opt(
-            "SELECT lease_until FROM outbox WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
-            &[&id, &token],
-        )
-        .await
-        .map_err(pg)?;
+    let row = client.query_opt(OUTBOX_OWNS, &[&outbox_key_load(id), &id, &token]).await.map_err(pg)?;
     match row {
         Some(r) => Ok(r.get(0)),
         None => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
@@ -278,15 +241,7 @@ impl Outbox for PgStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
         let token = self.token();
         let (now, until) = (to_ms(now), to_ms(add(now, lease)));
-        let sql = format!(
-            "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
-             FROM (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= $3
-                   AND (lease_until IS NULL OR lease_until <= $3)
-                   ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) c
-             WHERE o.id = c.id RETURNING {}",
-            OUTBOX_COLS.split(", ").map(|c| format!("o.{c}")).collect::<Vec<_>>().join(", ")
-        );
-        let mut rows = self.outbox_query(&sql, &[&token, &until, &now, &(limit as i64)]).await?;
+        let mut rows = self.outbox_query(OUTBOX_CLAIM, &[&token, &until, &now, &(limit as i64)]).await?;
         rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
         Ok(rows.into_iter().map(|row| Claim { row, token: token.clone() }).collect())
     }
@@ -302,11 +257,7 @@ impl Outbox for PgStore {
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
         let client = self.client().await?;
         let n = client
-            .execute(
-                "UPDATE outbox SET status = 'dispatched', receipt = $3, updated_at = $4, lease_until = NULL,
-                 outcome_published_at = $4 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
-                &[&id, &token, &receipt, &to_ms(now)],
-            )
+            .execute(OUTBOX_MARK_DISPATCHED, &[&outbox_key_load(id), &id, &token, &receipt, &to_ms(now)])
             .await
             .map_err(pg)?;
         if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
@@ -321,84 +272,46 @@ impl Outbox for PgStore {
         now: Timestamp,
     ) -> Result<(), ClaimError> {
         let client = self.client().await?;
-        let now = to_ms(now);
-        let n =
-            match retry_at {
-                Some(at) => client
-                    .execute(
-                        "UPDATE outbox SET attempts = attempts + 1, last_failure = $3, due_at = $4, claim_token = NULL,
-                         lease_until = NULL, updated_at = $5 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
-                        &[&id, &token, &failure, &to_ms(at), &now],
-                    )
-                    .await,
-                None => client
-                    .execute(
-                        "UPDATE outbox SET attempts = attempts + 1, last_failure = $3, status = 'dead', dead_at = $4,
-                         lease_until = NULL, updated_at = $4 WHERE id = $1 AND claim_token = $2 AND status = 'pending'",
-                        &[&id, &token, &failure, &now],
-                    )
-                    .await,
-            }
-            .map_err(pg)?;
+        let (now, lid) = (to_ms(now), outbox_key_load(id));
+        let n = match retry_at {
+            Some(at) => client.execute(OUTBOX_MARK_RETRY, &[&lid, &id, &token, &failure, &to_ms(at), &now]).await,
+            None => client.execute(OUTBOX_MARK_DEAD, &[&lid, &id, &token, &failure, &now]).await,
+        }
+        .map_err(pg)?;
         if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
     }
 
     async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError> {
-        Ok(self.outbox_query(&format!("SELECT {OUTBOX_COLS} FROM outbox WHERE id = $1"), &[&id]).await?.pop())
+        Ok(self.outbox_query(OUTBOX_GET, &[&outbox_key_load(id), &id]).await?.pop())
     }
 
     async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError> {
-        self.outbox_query(
-            &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE load_id = $1 ORDER BY created_at, id"),
-            &[&load_id.as_str()],
-        )
-        .await
+        self.outbox_query(OUTBOX_FOR_LOAD, &[&load_id.as_str()]).await
     }
 
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
         let client = self.client().await?;
-        let row =
-            client.query_one("SELECT min(created_at) FROM outbox WHERE status = 'pending'", &[]).await.map_err(pg)?;
+        let row = client.query_one(OUTBOX_OLDEST_PENDING, &[]).await.map_err(pg)?;
         Ok(row.get::<_, Option<i64>>(0).map(from_ms))
     }
 
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
-        self.outbox_query(
-            &format!(
-                "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND dead_at >= $1 ORDER BY dead_at, id LIMIT $2"
-            ),
-            &[&to_ms(since), &(limit as i64)],
-        )
-        .await
+        self.outbox_query(OUTBOX_DEAD, &[&to_ms(since), &(limit as i64)]).await
     }
 
     async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
         let client = self.client().await?;
-        client
-            .execute(
-                "UPDATE outbox SET outcome_published_at = $2 WHERE id = $1 AND outcome_published_at IS NULL",
-                &[&id, &to_ms(now)],
-            )
-            .await
-            .map_err(pg)?;
+        client.execute(OUTBOX_MARK_OUTCOME_PUBLISHED, &[&outbox_key_load(id), &id, &to_ms(now)]).await.map_err(pg)?;
         Ok(())
     }
 
     async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
-        self.outbox_query(
-            &format!(
-                "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
-                 ORDER BY dead_at, id LIMIT $1"
-            ),
-            &[&(limit as i64)],
-        )
-        .await
+        self.outbox_query(OUTBOX_DEAD_WITHOUT_OUTCOME, &[&(limit as i64)]).await
     }
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
         let client = self.client().await?;
-        let row =
-            client.query_one("SELECT count(*) FROM outbox WHERE status = $1", &[&status.as_str()]).await.map_err(pg)?;
+        let row = client.query_one(OUTBOX_COUNT_BY_STATUS, &[&status.as_str()]).await.map_err(pg)?;
         Ok(row.get::<_, i64>(0) as u64)
     }
 }
@@ -409,11 +322,7 @@ impl TimerStore for PgStore {
         let (load_id, _, _) = timer_id.parts();
         let client = self.client().await?;
         let n = client
-            .execute(
-                "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at) VALUES ($1, $2, $3, 'scheduled', $4)
-                 ON CONFLICT (timer_id) DO NOTHING",
-                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(fire_at), &to_ms(now)],
-            )
+            .execute(TIMER_SCHEDULE, &[&timer_id.as_str(), &load_id.as_str(), &to_ms(fire_at), &to_ms(now)])
             .await
             .map_err(pg)?;
         Ok(n == 1)
@@ -425,68 +334,34 @@ impl TimerStore for PgStore {
         // A cancel that arrives before its schedule leaves a canceled row behind, so the
         // late schedule is a noop. The upsert's WHERE makes it change only a scheduled
         // timer; a fired or canceled one stays as it is.
-        let row = client
-            .query_opt(
-                "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
-                 VALUES ($1, $2, 0, 'canceled', $3, $3)
-                 ON CONFLICT (timer_id) DO UPDATE SET status = 'canceled', canceled_at = $3
-                 WHERE timers.status = 'scheduled'
-                 RETURNING timer_id",
-                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(now)],
-            )
-            .await
-            .map_err(pg)?;
+        let row =
+            client.query_opt(TIMER_CANCEL, &[&timer_id.as_str(), &load_id.as_str(), &to_ms(now)]).await.map_err(pg)?;
         Ok(row.is_some())
     }
 
     async fn mark_fired(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE timers SET status = 'fired', fired_at = $2 WHERE timer_id = $1 AND status = 'scheduled'",
-                &[&timer_id.as_str(), &to_ms(now)],
-            )
-            .await
-            .map_err(pg)?;
+        let n = client.execute(TIMER_MARK_FIRED, &[&timer_id.as_str(), &to_ms(now)]).await.map_err(pg)?;
         Ok(n == 1)
     }
 
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError> {
-        self.timer_query(
-            &format!(
-                "SELECT {TIMER_COLS} FROM timers WHERE status = 'scheduled' AND fire_at <= $1 ORDER BY fire_at, timer_id LIMIT $2"
-            ),
-            &[&to_ms(now), &(limit as i64)],
-        )
-        .await
+        self.timer_query(TIMERS_DUE, &[&to_ms(now), &(limit as i64)]).await
     }
 
     async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError> {
-        self.timer_query(
-            &format!("SELECT {TIMER_COLS} FROM timers WHERE load_id = $1 ORDER BY created_at, timer_id"),
-            &[&load_id.as_str()],
-        )
-        .await
+        self.timer_query(TIMERS_FOR_LOAD, &[&load_id.as_str()]).await
     }
 
     async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError> {
-        Ok(self
-            .timer_query(&format!("SELECT {TIMER_COLS} FROM timers WHERE timer_id = $1"), &[&timer_id.as_str()])
-            .await?
-            .pop())
+        Ok(self.timer_query(TIMER_GET, &[&timer_id.as_str()]).await?.pop())
     }
 }
 
 /// Locks the head row of the message's load and names the load. Lock order
 /// everywhere: head row, then message row.
 async fn lock_head(tx: &deadpool_postgres::Transaction<'_>, message_id: i64) -> Result<Option<String>, StoreError> {
-    let row = tx
-        .query_opt(
-            "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id WHERE q.id = $1 FOR UPDATE OF h",
-            &[&message_id],
-        )
-        .await
-        .map_err(pg)?;
+    let row = tx.query_opt(QUEUE_LOCK_HEAD, &[&message_id]).await.map_err(pg)?;
     Ok(row.map(|r| r.get(0)))
 }
 
@@ -507,27 +382,12 @@ impl LoadQueue for PgStore {
         let (lid, now) = (load_id.as_str(), to_ms(now));
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let id: Option<i64> = tx
-            .query_opt(
-                "INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id",
-                &[&lid, &event_id, &body, &now],
-            )
-            .await
-            .map_err(pg)?
-            .map(|r| r.get(0));
+        let id: Option<i64> =
+            tx.query_opt(QUEUE_PUBLISH, &[&lid, &event_id, &body, &now]).await.map_err(pg)?.map(|r| r.get(0));
         let Some(id) = id else { return Ok(Published::Duplicate) };
         // An empty head takes this message; a busy head keeps its own. The upsert locks
         // the head row, so it serializes with an ack moving the head.
-        tx.execute(
-            "INSERT INTO queue_heads (load_id, message_id, visible_at) VALUES ($1, $2, $3)
-             ON CONFLICT (load_id) DO UPDATE SET
-               visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
-               message_id = COALESCE(queue_heads.message_id, excluded.message_id)",
-            &[&lid, &id, &now],
-        )
-        .await
-        .map_err(pg)?;
+        tx.execute(QUEUE_HEAD_TAKE, &[&lid, &id, &now]).await.map_err(pg)?;
         tx.commit().await.map_err(pg)?;
         Ok(Published::New)
     }
@@ -536,21 +396,7 @@ impl LoadQueue for PgStore {
         let token = self.token();
         let (now, until) = (to_ms(now), to_ms(now).saturating_add(ms(visibility)));
         let client = self.client().await?;
-        let rows = client
-            .query(
-                "WITH h AS (
-                   SELECT load_id FROM queue_heads WHERE message_id IS NOT NULL AND visible_at <= $1
-                   ORDER BY visible_at, message_id LIMIT $2 FOR UPDATE SKIP LOCKED),
-                 u AS (
-                   UPDATE queue_heads qh SET visible_at = $3 FROM h WHERE qh.load_id = h.load_id
-                   RETURNING qh.message_id)
-                 UPDATE queue q SET receipt = q.id::text || '.' || $4, receive_count = q.receive_count + 1
-                 FROM u WHERE q.id = u.message_id
-                 RETURNING q.id, q.load_id, q.event_id, q.body, q.enqueued_at, q.receipt, q.receive_count",
-                &[&now, &(max as i64), &until, &token],
-            )
-            .await
-            .map_err(pg)?;
+        let rows = client.query(QUEUE_RECEIVE, &[&now, &(max as i64), &until, &token]).await.map_err(pg)?;
         let mut out = rows
             .iter()
             .map(|r| {
@@ -579,24 +425,11 @@ impl LoadQueue for PgStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
-        let n = tx
-            .execute(
-                "UPDATE queue SET acked_at = $3 WHERE id = $1 AND receipt = $2 AND acked_at IS NULL",
-                &[&id, &receipt, &now],
-            )
-            .await
-            .map_err(pg)?;
+        let n = tx.execute(QUEUE_ACK, &[&id, &receipt, &now]).await.map_err(pg)?;
         if n != 1 {
             return Err(stale());
         }
-        tx.execute(
-            "UPDATE queue_heads SET visible_at = $2,
-               message_id = (SELECT id FROM queue WHERE load_id = $1 AND acked_at IS NULL ORDER BY id LIMIT 1)
-             WHERE load_id = $1",
-            &[&load_id, &now],
-        )
-        .await
-        .map_err(pg)?;
+        tx.execute(QUEUE_HEAD_ADVANCE, &[&load_id, &now]).await.map_err(pg)?;
         tx.commit().await.map_err(pg)?;
         Ok(())
     }
@@ -608,35 +441,24 @@ impl LoadQueue for PgStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
-        let n = tx
-            .execute(
-                "UPDATE queue SET receipt = NULL WHERE id = $1 AND receipt = $2 AND acked_at IS NULL",
-                &[&id, &receipt],
-            )
-            .await
-            .map_err(pg)?;
+        let n = tx.execute(QUEUE_NACK, &[&id, &receipt]).await.map_err(pg)?;
         if n != 1 {
             return Err(stale());
         }
-        tx.execute("UPDATE queue_heads SET visible_at = $2 WHERE load_id = $1", &[&load_id, &visible_at])
-            .await
-            .map_err(pg)?;
+        tx.execute(QUEUE_HEAD_DELAY, &[&load_id, &visible_at]).await.map_err(pg)?;
         tx.commit().await.map_err(pg)?;
         Ok(())
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
-        let row = client.query_one("SELECT count(*) FROM queue WHERE acked_at IS NULL", &[]).await.map_err(pg)?;
+        let row = client.query_one(QUEUE_DEPTH, &[]).await.map_err(pg)?;
         Ok(row.get::<_, i64>(0) as u64)
     }
 
     async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
         let client = self.client().await?;
-        let row = client
-            .query_opt("SELECT body FROM queue WHERE load_id = $1 AND event_id = $2", &[&load_id.as_str(), &event_id])
-            .await
-            .map_err(pg)?;
+        let row = client.query_opt(QUEUE_PUBLISHED_BODY, &[&load_id.as_str(), &event_id]).await.map_err(pg)?;
         Ok(row.map(|r| r.get(0)))
     }
 }
@@ -811,5 +633,24 @@ impl LoadIndex for PgStore {
                 received_at: from_ms(r.get(4)),
             })
             .collect())
+    }
+}
+
+#[async_trait]
+impl Prune for PgStore {
+    async fn prune(&self, older_than: Timestamp, batch_limit: usize) -> Result<PruneReport, StoreError> {
+        let (cutoff, limit) = (to_ms(older_than), i64::try_from(batch_limit).unwrap_or(i64::MAX));
+        let client = self.client().await?;
+        // One statement (and so one short transaction) per table: a batch holds its
+        // row locks only while it deletes them.
+        let run = async |sql: &str| -> Result<u64, StoreError> {
+            let stmt = client.prepare_cached(sql).await.map_err(pg)?;
+            client.execute(&stmt, &[&cutoff, &limit]).await.map_err(pg)
+        };
+        Ok(PruneReport {
+            outbox: run(PRUNE_OUTBOX).await?,
+            timers: run(PRUNE_TIMERS).await?,
+            queue: run(PRUNE_QUEUE).await?,
+        })
     }
 }

@@ -14,7 +14,7 @@ use haul_store::{
     OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
     TimerStatus, TimerStore,
 };
-use haul_store::{LoadIndex, UnmatchedSms};
+use haul_store::{LoadIndex, Prune, PruneReport, UnmatchedSms, is_key_of_load};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::{SqliteStore, db};
@@ -162,6 +162,11 @@ impl EventStore for SqliteStore {
         outbox: Vec<NewOutboxRow>,
         now: Timestamp,
     ) -> Result<u64, AppendError> {
+        if let Some(bad) = outbox.iter().find(|o| !is_key_of_load(&o.id, load_id.as_str())) {
+            return Err(
+                StoreError::new(format!("outbox key {:?} is not an action key of load {load_id}", bad.id)).into()
+            );
+        }
         let load_id = load_id.to_string();
         self.writer
             .run(move |conn: &Connection| -> Result<u64, AppendError> {
@@ -884,6 +889,34 @@ impl LoadIndex for SqliteStore {
                     })
                     .map_err(db)?;
                 rows.collect::<Result<_, _>>().map_err(db)
+            })
+            .await
+    }
+}
+
+/// Retention batches: the oldest finished rows first, through the indexes of migration 5.
+const PRUNE_OUTBOX: &str = "DELETE FROM outbox WHERE id IN (
+       SELECT id FROM outbox WHERE status <> 'pending' AND outcome_published_at IS NOT NULL
+       AND updated_at < ?1 AND outcome_published_at < ?1 ORDER BY updated_at LIMIT ?2)";
+const PRUNE_TIMERS: &str = "DELETE FROM timers WHERE timer_id IN (
+       SELECT timer_id FROM timers WHERE status <> 'scheduled' AND COALESCE(fired_at, canceled_at) < ?1
+       ORDER BY COALESCE(fired_at, canceled_at) LIMIT ?2)";
+const PRUNE_QUEUE: &str = "DELETE FROM queue WHERE id IN (
+       SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < ?1 ORDER BY acked_at LIMIT ?2)";
+
+#[async_trait]
+impl Prune for SqliteStore {
+    async fn prune(&self, older_than: Timestamp, batch_limit: usize) -> Result<PruneReport, StoreError> {
+        let (cutoff, limit) = (to_ms(older_than), i64::try_from(batch_limit).unwrap_or(i64::MAX));
+        self.writer
+            .run(move |conn: &Connection| {
+                let run = |sql: &str| -> Result<u64, StoreError> {
+                    conn.prepare_cached(sql)
+                        .and_then(|mut s| s.execute(params![cutoff, limit]))
+                        .map_err(db)
+                        .map(|n| n as u64)
+                };
+                Ok(PruneReport { outbox: run(PRUNE_OUTBOX)?, timers: run(PRUNE_TIMERS)?, queue: run(PRUNE_QUEUE)? })
             })
             .await
     }

@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/0002_deliveries.sql")),
     (3, include_str!("../migrations/0003_outcome_published.sql")),
     (4, include_str!("../migrations/0004_load_index.sql")),
+    (5, include_str!("../migrations/0005_retention.sql")),
 ];
 
 /// Where the database lives and how hard it syncs.

@@ -14,7 +14,10 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
-use crate::{AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, Store, TimerStatus, UnmatchedSms};
+use crate::{
+    AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, Store, TimerStatus,
+    UnmatchedSms,
+};
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
 /// returning a fresh, empty `Arc<dyn Store>`.
@@ -57,6 +60,10 @@ macro_rules! contract_tests {
             dead_rows_without_a_published_outcome_are_found,
             loads_are_found_by_active_driver_phone,
             unmatched_sms_is_kept_once,
+            append_refuses_an_outbox_key_of_another_load,
+            prune_deletes_only_finished_rows_older_than_the_cutoff,
+            prune_honours_the_batch_bound,
+            store_keeps_working_after_prune,
         );
         /// The store's own queue, driven by the suite's clock.
         async fn __queue_under_test() -> $crate::queue_contract::QueueUnderTest {
@@ -98,6 +105,28 @@ fn row(id: &str) -> NewOutboxRow {
 }
 
 const LEASE: Duration = Duration::from_secs(90);
+const VIS: Duration = Duration::from_secs(30);
+
+// The queue helpers the retention cases use (the queue's own cases are in
+// `queue_contract.rs`).
+
+async fn publish(s: &DynStore, l: &str, event: &str) -> Published {
+    s.publish(&load(l), event, &json!({"event_id": event}).to_string(), t0()).await.unwrap()
+}
+
+async fn receive(s: &DynStore, now: Timestamp) -> Vec<(String, String)> {
+    s.receive(10, VIS, now).await.unwrap().into_iter().map(|m| (m.load_id.to_string(), m.event_id)).collect()
+}
+
+async fn receive_one(s: &DynStore, now: Timestamp) -> crate::QueueMessage {
+    let mut got = s.receive(1, VIS, now).await.unwrap();
+    assert_eq!(got.len(), 1, "expected one message");
+    got.remove(0)
+}
+
+fn pair(l: &str, e: &str) -> (String, String) {
+    (l.into(), e.into())
+}
 
 /// Appends one event+decision pair with the given outbox keys; returns the new version.
 async fn commit(s: &DynStore, l: &str, event: &str, expected: u64, keys: &[&str]) -> u64 {
@@ -595,4 +624,165 @@ pub async fn unmatched_sms_is_kept_once(s: DynStore) {
     let got = s.unmatched_sms(10).await.unwrap();
     assert_eq!(got.iter().map(|u| u.message_sid.as_str()).collect::<Vec<_>>(), vec!["SM2", "SM1"]);
     assert_eq!(got[1], sms("SM1", 1));
+}
+
+pub async fn append_refuses_an_outbox_key_of_another_load(s: DynStore) {
+    // Action keys are `{load}/...`: a key naming another load is refused, nothing is written.
+    for bad in ["L2/e1/send_sms", "L1", "L10/e1/send_sms", "e1/send_sms"] {
+        let err = s.append(&load("L1"), vec![entry("e1")], 0, vec![row(bad)], t0()).await.unwrap_err();
+        assert!(matches!(err, AppendError::Store(_)), "{bad}: {err:?}");
+    }
+    assert!(log_ids(&s, "L1").await.is_empty());
+    assert!(s.rows_for_load(&load("L1")).await.unwrap().is_empty());
+    assert_eq!(commit(&s, "L1", "e1", 0, &["L1/e1/send_sms"]).await, 2);
+}
+
+// ---------------------------------------------------------------------------------
+// Prune (retention)
+
+/// Outbox rows in every state, timers in every state, messages acked and not, old
+/// (finished at 10 s) and new (finished at 200 s), on loads L1 and L2.
+async fn retention_fixture(s: &DynStore) {
+    let keys = ["L1/disp/send_sms", "L1/dead_pub/send_sms", "L1/dead_unpub/send_sms", "L1/claimed/send_sms"];
+    commit(s, "L1", "e1", 0, &keys).await;
+    commit(s, "L1", "e2", 2, &["L1/retry/send_sms", "L1/pub_pending/send_sms", "L1/disp_new/send_sms"]).await;
+    commit(s, "L2", "e1", 0, &["L2/never/send_sms"]).await;
+    let claims = s.pending(10, t0(), LEASE).await.unwrap();
+    let token = |id: &str| claims.iter().find(|c| c.row.id == id).unwrap().token.clone();
+    s.mark_dispatched("L1/disp/send_sms", &token("L1/disp/send_sms"), "r1", at(10)).await.unwrap();
+    s.mark_failed("L1/dead_pub/send_sms", &token("L1/dead_pub/send_sms"), "400", None, at(5)).await.unwrap();
+    s.mark_outcome_published("L1/dead_pub/send_sms", at(10)).await.unwrap();
+    s.mark_failed("L1/dead_unpub/send_sms", &token("L1/dead_unpub/send_sms"), "400", None, at(5)).await.unwrap();
+    s.mark_failed("L1/retry/send_sms", &token("L1/retry/send_sms"), "503", Some(at(10_000)), at(5)).await.unwrap();
+    // An outcome recorded for a row still pending (a crash between publish and mark).
+    s.mark_outcome_published("L1/pub_pending/send_sms", at(5)).await.unwrap();
+    s.mark_dispatched("L1/disp_new/send_sms", &token("L1/disp_new/send_sms"), "r2", at(200)).await.unwrap();
+    // L1/claimed keeps its live claim; L2/never was released by nobody: pending too.
+    s.mark_failed("L2/never/send_sms", &token("L2/never/send_sms"), "503", Some(at(1)), at(1)).await.unwrap();
+
+    s.schedule(&timer("L1", 1), at(5), at(0)).await.unwrap();
+    s.mark_fired(&timer("L1", 1), at(10)).await.unwrap();
+    s.schedule(&timer("L1", 2), at(50), at(0)).await.unwrap();
+    s.cancel(&timer("L1", 2), at(10)).await.unwrap();
+    s.cancel(&timer("L1", 3), at(10)).await.unwrap(); // canceled before it was scheduled
+    s.schedule(&timer("L1", 4), at(5), at(0)).await.unwrap(); // due long ago, never fired
+    s.schedule(&timer("L1", 5), at(5), at(0)).await.unwrap();
+    s.mark_fired(&timer("L1", 5), at(200)).await.unwrap();
+
+    for e in ["q1", "q2", "q3", "q4"] {
+        publish(s, "L1", e).await;
+    }
+    let m = receive_one(s, at(1)).await;
+    assert_eq!(m.event_id, "q1");
+    s.ack(&m.receipt, at(10)).await.unwrap();
+    let m = receive_one(s, at(11)).await;
+    assert_eq!(m.event_id, "q2");
+    s.ack(&m.receipt, at(200)).await.unwrap();
+    publish(s, "L2", "q1").await;
+    let m = s.receive(10, VIS, at(201)).await.unwrap(); // L1/q3 and L2/q1 in flight
+    assert_eq!(m.len(), 2);
+}
+
+pub async fn prune_deletes_only_finished_rows_older_than_the_cutoff(s: DynStore) {
+    retention_fixture(&s).await;
+    let log_before = (s.read(&load("L1")).await.unwrap(), s.read(&load("L2")).await.unwrap());
+    let report = s.prune(at(100), 1000).await.unwrap();
+    assert_eq!(report, PruneReport { outbox: 2, timers: 3, queue: 1 });
+    for gone in ["L1/disp/send_sms", "L1/dead_pub/send_sms"] {
+        assert_eq!(s.get(gone).await.unwrap(), None, "{gone} was finished before the cutoff");
+    }
+    for kept in [
+        "L1/dead_unpub/send_sms",
+        "L1/claimed/send_sms",
+        "L1/retry/send_sms",
+        "L1/pub_pending/send_sms",
+        "L1/disp_new/send_sms",
+        "L2/never/send_sms",
+    ] {
+        assert!(s.get(kept).await.unwrap().is_some(), "{kept} must stay");
+    }
+    assert_eq!(s.dead_without_outcome(10).await.unwrap().len(), 1, "the sweep still finds its row");
+    for n in [1, 2, 3] {
+        assert_eq!(s.get_timer(&timer("L1", n)).await.unwrap(), None, "timer {n} finished before the cutoff");
+    }
+    assert_eq!(s.get_timer(&timer("L1", 4)).await.unwrap().unwrap().status, TimerStatus::Scheduled);
+    assert_eq!(s.get_timer(&timer("L1", 5)).await.unwrap().unwrap().status, TimerStatus::Fired);
+    assert_eq!(s.due(at(300), 10).await.unwrap().len(), 1, "a scheduled timer is never pruned");
+    assert_eq!(s.published_body(&load("L1"), "q1").await.unwrap(), None, "acked before the cutoff");
+    for (l, e) in [("L1", "q2"), ("L1", "q3"), ("L1", "q4"), ("L2", "q1")] {
+        assert!(s.published_body(&load(l), e).await.unwrap().is_some(), "{l}/{e} must stay");
+    }
+    assert_eq!(s.depth().await.unwrap(), 3);
+    assert_eq!((s.read(&load("L1")).await.unwrap(), s.read(&load("L2")).await.unwrap()), log_before, "never the log");
+    // Nothing is left to prune at that cutoff; a later cutoff takes the newer rows.
+    assert_eq!(s.prune(at(100), 1000).await.unwrap(), PruneReport::default());
+    assert_eq!(s.prune(at(300), 1000).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1 });
+    assert_eq!(s.count_by_status(OutboxStatus::Pending).await.unwrap(), 4);
+}
+
+pub async fn prune_honours_the_batch_bound(s: DynStore) {
+    let keys: Vec<String> = (0..5).map(|i| format!("L1/k{i}/send_sms")).collect();
+    commit(&s, "L1", "e1", 0, &keys.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    for c in s.pending(10, t0(), LEASE).await.unwrap() {
+        s.mark_dispatched(&c.row.id, &c.token, "r", at(1)).await.unwrap();
+    }
+    for n in 0..5 {
+        s.schedule(&timer("L1", n), at(1), at(0)).await.unwrap();
+        s.mark_fired(&timer("L1", n), at(1)).await.unwrap();
+    }
+    for i in 0..5 {
+        publish(&s, "L1", &format!("q{i}")).await;
+        let m = receive_one(&s, at(1)).await;
+        s.ack(&m.receipt, at(1)).await.unwrap();
+    }
+    let two = PruneReport { outbox: 2, timers: 2, queue: 2 };
+    assert_eq!(s.prune(at(10), 2).await.unwrap(), two);
+    assert!(two.full(2));
+    assert_eq!(s.prune(at(10), 2).await.unwrap(), two);
+    assert_eq!(s.prune(at(10), 2).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1 });
+    assert_eq!(s.prune(at(10), 2).await.unwrap(), PruneReport::default());
+    assert_eq!(s.prune(at(10), 0).await.unwrap(), PruneReport::default(), "a zero batch deletes nothing");
+
+    // prune_all loops until a batch comes back short, and stops at max_batches.
+    commit(&s, "L1", "e2", 2, &["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms"]).await;
+    for c in s.pending(10, t0(), LEASE).await.unwrap() {
+        s.mark_dispatched(&c.row.id, &c.token, "r", at(1)).await.unwrap();
+    }
+    let mut batches = 0;
+    let sum = crate::prune_all(s.as_ref(), at(10), 1, 2, |_| batches += 1).await.unwrap();
+    assert_eq!((sum.outbox, batches), (2, 2), "at most max_batches batches");
+    let sum = crate::prune_all(s.as_ref(), at(10), 2, 100, |_| {}).await.unwrap();
+    assert_eq!(sum.total(), 1);
+    assert!(s.rows_for_load(&load("L1")).await.unwrap().is_empty());
+}
+
+pub async fn store_keeps_working_after_prune(s: DynStore) {
+    retention_fixture(&s).await;
+    s.prune(at(300), 1000).await.unwrap();
+    // The log: the version survived, an append at the right version succeeds, a stale one conflicts.
+    let (_, v) = s.read(&load("L1")).await.unwrap();
+    assert_eq!(v, 4);
+    let err = s.append(&load("L1"), vec![entry("e3")], 2, vec![], at(300)).await.unwrap_err();
+    assert!(matches!(err, AppendError::ConcurrencyConflict(_)), "{err:?}");
+    assert_eq!(commit(&s, "L1", "e3", 4, &["L1/e3/send_sms"]).await, 6);
+    // The log still dedups an event whose queue record was pruned.
+    let err = s.append(&load("L1"), vec![entry("e1")], 6, vec![], at(300)).await.unwrap_err();
+    assert!(matches!(err, AppendError::DuplicateEntry(_)), "{err:?}");
+    // Claims go on as before.
+    let ids = pending_ids(&s, 10, at(20_000)).await;
+    assert!(ids.contains(&"L1/e3/send_sms".to_string()) && ids.contains(&"L1/retry/send_sms".to_string()), "{ids:?}");
+    // The queue: the messages in flight at the prune come back after their visibility, FIFO goes on.
+    let got = s.receive(10, VIS, at(301)).await.unwrap();
+    assert_eq!(got.iter().map(|m| m.event_id.as_str()).collect::<Vec<_>>(), vec!["q3", "q1"]);
+    for m in &got {
+        s.ack(&m.receipt, at(302)).await.unwrap();
+    }
+    assert_eq!(receive(&s, at(303)).await, vec![pair("L1", "q4")]);
+    // The dedup window ended at the cutoff: a pruned event id is accepted again (the
+    // log's DuplicateEntryError above is what keeps it from being processed twice).
+    assert_eq!(publish(&s, "L1", "q1").await, Published::New);
+    // Timers: a pruned timer id can be scheduled again (the timer_fired event id is
+    // deduplicated by the log the same way).
+    assert!(s.schedule(&timer("L1", 1), at(400), at(300)).await.unwrap());
+    assert_eq!(s.due(at(400), 10).await.unwrap().len(), 2);
 }

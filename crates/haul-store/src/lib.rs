@@ -1,6 +1,6 @@
 //! The storage contracts of ADR 0003, with no backend behind them.
 //!
-//! `EventStore`, `Outbox`, `TimerStore`, `LoadQueue` and `LoadLock` are traits; each
+//! `EventStore`, `Outbox`, `TimerStore`, `LoadQueue`, `LoadLock` and `Prune` are traits; each
 //! backend (haul-sqlite, haul-postgres, later SQS for the queue) implements them and
 //! proves it by running [`contract`], the one suite written once. Every method takes
 //! `now` from the caller: stores never read a clock, so evals and the simulator drive
@@ -129,6 +129,11 @@ pub trait EventStore: Send + Sync {
     /// Appends `entries` and writes `outbox` in one transaction, only if the version is
     /// still `expected_version`. Checks, in order: the version, the entry ids, the
     /// outbox keys; writes nothing when one fails. Returns the new version.
+    ///
+    /// Every outbox id is an action key, `{load_id}/...` (domain.md); a row whose id
+    /// names another load is refused with a `StoreError` before anything is checked.
+    /// That is what lets PostgreSQL keep the outbox unique per `(load_id, id)`
+    /// (partitioned by load) and still have every id unique globally.
     async fn append(
         &self,
         load_id: &LoadId,
@@ -436,13 +441,94 @@ pub trait LoadIndex: Send + Sync {
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError>;
 }
 
+// ---------------------------------------------------------------------------------
+// Retention.
+
+/// Rows one `prune` call deleted, per table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneReport {
+    pub outbox: u64,
+    pub timers: u64,
+    pub queue: u64,
+}
+
+impl PruneReport {
+    pub fn total(&self) -> u64 {
+        self.outbox + self.timers + self.queue
+    }
+
+    /// True when some table gave a whole batch: another call may find more.
+    pub fn full(&self, batch_limit: usize) -> bool {
+        let limit = batch_limit as u64;
+        limit > 0 && (self.outbox >= limit || self.timers >= limit || self.queue >= limit)
+    }
+
+    fn add(&mut self, other: PruneReport) {
+        self.outbox += other.outbox;
+        self.timers += other.timers;
+        self.queue += other.queue;
+    }
+}
+
+/// The load an outbox id (an action key, `{load_id}/...`) belongs to; the whole id when
+/// it has no `/` (no stored row has such an id).
+pub fn outbox_key_load(id: &str) -> &str {
+    id.split_once('/').map_or(id, |(load, _)| load)
+}
+
+/// True when `id` is an action key of `load`: it starts with `{load}/`.
+pub fn is_key_of_load(id: &str, load: &str) -> bool {
+    id.strip_prefix(load).is_some_and(|rest| rest.starts_with('/'))
+}
+
+#[async_trait]
+pub trait Prune: Send + Sync {
+    /// Deletes finished rows that finished before `older_than`, at most `batch_limit`
+    /// rows of each table per call (so one call holds its locks briefly):
+    ///
+    /// - outbox rows `dispatched` or `dead` whose outcome reached the load queue
+    ///   (`outcome_published_at` set), last updated and published before the cutoff;
+    /// - timers `fired` or `canceled` before the cutoff;
+    /// - queue messages acked before the cutoff.
+    ///
+    /// Never a log entry, a pending or claimed outbox row, a dead row whose outcome
+    /// is not published yet, a scheduled timer or an unacked message. A pruned
+    /// message's event id is no longer deduplicated by the queue: the queue's dedup
+    /// window is the retention age, and the log's `DuplicateEntryError` stays the
+    /// guarantee that an event is processed once.
+    async fn prune(&self, older_than: Timestamp, batch_limit: usize) -> Result<PruneReport, StoreError>;
+}
+
+/// Prunes in batches of `batch_limit` until a batch comes back short, at most
+/// `max_batches` batches; returns the sum. The cutoff is fixed, so every batch deletes
+/// rows that cannot come back, and the loop ends.
+pub async fn prune_all(
+    store: &dyn Prune,
+    older_than: Timestamp,
+    batch_limit: usize,
+    max_batches: usize,
+    mut on_batch: impl FnMut(&PruneReport) + Send,
+) -> Result<PruneReport, StoreError> {
+    let mut sum = PruneReport::default();
+    for _ in 0..max_batches {
+        let batch = store.prune(older_than, batch_limit).await?;
+        on_batch(&batch);
+        sum.add(batch);
+        if !batch.full(batch_limit) {
+            break;
+        }
+    }
+    Ok(sum)
+}
+
 /// Everything one database provides.
 pub trait Store:
-    EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Send + Sync + 'static
+    EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Prune + Send + Sync + 'static
 {
 }
 
-impl<T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Send + Sync + 'static> Store
-    for T
+impl<
+    T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Prune + Send + Sync + 'static,
+> Store for T
 {
 }

@@ -153,6 +153,24 @@ enum Command {
         #[arg(long, env = "HAUL_STORE_URL", default_value = "sqlite://haul.db")]
         db: String,
     },
+    /// Delete finished rows older than the retention age, in bounded batches until none
+    /// is left: dispatched outbox rows and dead ones whose outcome was published, fired
+    /// and canceled timers, acked queue messages. Never the log, a pending or claimed
+    /// row, a dead row still waiting for its outcome, a scheduled timer or an unacked
+    /// message. Safe to run while haul serves (cron it, e.g. hourly).
+    Prune {
+        /// The store: sqlite://PATH or postgres://…
+        #[arg(long, env = "HAUL_STORE_URL", default_value = "sqlite://haul.db")]
+        db: String,
+        /// Retention age: rows that finished longer ago than this go. At least 5m, the
+        /// queue's shortest dedup window; an acked event id older than this is no
+        /// longer deduplicated by the queue (the log still drops it).
+        #[arg(long, default_value = "7d")]
+        older_than: String,
+        /// Rows per table per batch; each batch is its own short transaction.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch: u32,
+    },
     /// Run eval scenarios (TOML files, or folders of them) through the real pipeline
     /// on a fake clock. Prints one line per scenario and `N passed, N failed`.
     Eval {
@@ -203,6 +221,11 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// The shortest `haul prune --older-than`: the queue's dedup promise (LoadQueue::publish).
+const MIN_RETENTION: std::time::Duration = std::time::Duration::from_secs(300);
+/// Batches one `haul prune` runs at most (100M rows per table at the default batch).
+const MAX_PRUNE_BATCHES: usize = 100_000;
 
 /// Prints a line; a closed stdout (`| head`) ends the program quietly instead of panicking.
 fn say(line: impl std::fmt::Display) {
@@ -281,6 +304,35 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = haul::store::open(&db, None).await.with_context(|| format!("opening {db}"))?;
             drop(store);
             say(format_args!("schema of {db} is up to date"));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Prune { db, older_than, batch } => {
+            let age = haul_core::time::parse_duration(&older_than)
+                .map_err(|e| anyhow::anyhow!("--older-than: {}", e.message))?;
+            if age < MIN_RETENTION {
+                anyhow::bail!(
+                    "--older-than {older_than}: at least 5m (the queue deduplicates event ids for at least five minutes)"
+                );
+            }
+            let store = haul::store::open(&db, None)
+                .await
+                .with_context(|| format!("opening {}", haul::store::describe(&db)))?;
+            let now = haul_core::Clock::now(&haul::clock::SystemClock);
+            let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            let cutoff = haul_core::time::from_ms(haul_core::time::to_ms(now).saturating_sub(age_ms));
+            let mut batches = 0u64;
+            let sum = haul_store::prune_all(store.as_ref(), cutoff, batch as usize, MAX_PRUNE_BATCHES, |b| {
+                batches += 1;
+                tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, "prune batch");
+            })
+            .await?;
+            say(format_args!(
+                "pruned {} outbox rows, {} timers, {} queue messages finished before {cutoff} ({batches} batches of at most {batch} per table)",
+                sum.outbox, sum.timers, sum.queue
+            ));
+            if batches as usize >= MAX_PRUNE_BATCHES {
+                say(format_args!("stopped after {MAX_PRUNE_BATCHES} batches; run it again for the rest"));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Testkit(t) => {

@@ -237,6 +237,11 @@ async fn serve_roles_as_separate_processes_on_postgres() {
         let status = p.terminate();
         assert!(status.success(), "{status:?}\n{}", p.log());
     }
+    // Retention on the partitioned schema: nothing finished a week ago, so nothing goes.
+    let prune = Command::new(env!("CARGO_BIN_EXE_haul")).args(["prune", "--db", &db]).output().unwrap();
+    assert!(prune.status.success(), "{}", String::from_utf8_lossy(&prune.stderr));
+    let out = String::from_utf8_lossy(&prune.stdout);
+    assert!(out.starts_with("pruned 0 outbox rows, 0 timers, 0 queue messages"), "{out}");
     client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
 }
@@ -306,5 +311,47 @@ async fn serve_on_postgres_with_the_sqs_fifo_queue() {
     assert!(status.success(), "exit {status:?}\n{}", serve.log());
     queue.delete_queue().await.ok();
     client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
+    use haul_core::ids::{LoadId, TimerId};
+    use haul_store::{NewEntry, NewOutboxRow};
+    let dir = temp_dir("prune");
+    let db = format!("sqlite://{}", dir.join("haul.db").display());
+    let long_ago = |s: u64| haul_core::time::add("2020-01-01T00:00:00Z".parse().unwrap(), Duration::from_secs(s));
+    {
+        let store = haul::store::open(&db, Some(1)).await.unwrap();
+        let l = LoadId::parse("481207").unwrap();
+        let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({}) };
+        let row = |k: &str| NewOutboxRow {
+            id: format!("481207/e1/{k}"),
+            action_type: haul_core::action::ActionType::SendSms,
+            action: json!({}),
+        };
+        store.append(&l, vec![entry], 0, vec![row("a"), row("b")], long_ago(0)).await.unwrap();
+        let claims = store.pending(10, long_ago(1), Duration::from_secs(90)).await.unwrap();
+        store.mark_dispatched(&claims[0].row.id, &claims[0].token, "r", long_ago(2)).await.unwrap();
+        let t = TimerId::parse("tmr:481207:ask:eta_request:p:1").unwrap();
+        store.schedule(&t, long_ago(5), long_ago(0)).await.unwrap();
+        store.mark_fired(&t, long_ago(5)).await.unwrap();
+        store.publish(&l, "e1", "{}", long_ago(0)).await.unwrap();
+        let m = store.receive(1, Duration::from_secs(30), long_ago(1)).await.unwrap().remove(0);
+        store.ack(&m.receipt, long_ago(2)).await.unwrap();
+    }
+    let haul = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_haul")).args(args).output().unwrap();
+    let too_short = haul(&["prune", "--db", &db, "--older-than", "1m"]);
+    assert!(!too_short.status.success());
+    let err = String::from_utf8_lossy(&too_short.stderr);
+    assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+    let out = haul(&["prune", "--db", &db, "--older-than", "7d", "--batch", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("pruned 1 outbox rows, 1 timers, 1 queue messages"), "{text}");
+    let store = haul::store::open(&db, None).await.unwrap();
+    let l = LoadId::parse("481207").unwrap();
+    assert_eq!(store.read(&l).await.unwrap().1, 1, "the log stays");
+    assert_eq!(store.rows_for_load(&l).await.unwrap().len(), 1, "the pending row stays");
     std::fs::remove_dir_all(dir).ok();
 }

@@ -1,0 +1,192 @@
+//! The statements of the hot paths (log, outbox, timers, queue, retention), as named
+//! constants.
+//!
+//! The store runs these for those paths, and `tests/explain.rs` runs `EXPLAIN` on the
+//! same constants with `enable_seqscan = off`: a hot query that no index can serve
+//! fails that test instead of turning into a scan of a 100M-row table in production.
+//! A new query belongs here, and in the list of that test.
+//!
+//! Outbox rows are looked up by `(load_id, id)`: the outbox is partitioned by
+//! `load_id` (migration 5) and every id is an action key `{load_id}/...`, so the store
+//! derives the load from the id and the lookup touches one partition.
+
+/// The outbox columns in `OutboxRow` order.
+macro_rules! outbox_cols {
+    () => {
+        "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
+         lease_until, last_failure, receipt, created_at, updated_at"
+    };
+}
+
+/// The timer columns in `Timer` order.
+macro_rules! timer_cols {
+    () => {
+        "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at"
+    };
+}
+
+// ---------------------------------------------------------------------------------
+// The log.
+
+/// `$1` load, `$2` after seq.
+pub const READ_AFTER: &str =
+    "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq";
+/// The version check of a load's first append: `$1` load, `$2` new version, `$3` now.
+pub const LOAD_CREATE: &str = "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3)
+     ON CONFLICT (load_id) DO NOTHING";
+/// The version check of later appends: `$1` load, `$2` new version, `$3` expected, `$4` now.
+pub const LOAD_ADVANCE: &str = "UPDATE loads SET version = $2, updated_at = $4 WHERE load_id = $1 AND version = $3";
+/// `$1` load.
+pub const LOAD_VERSION: &str = "SELECT version FROM loads WHERE load_id = $1";
+/// `$1` load, `$2` entry ids.
+pub const ENTRY_IDS_TAKEN: &str = "SELECT entry_id FROM events WHERE load_id = $1 AND entry_id = ANY($2) LIMIT 1";
+/// `$1` load, `$2` outbox ids (all of that load).
+pub const OUTBOX_KEYS_TAKEN: &str = "SELECT id FROM outbox WHERE load_id = $1 AND id = ANY($2) LIMIT 1";
+/// `$1` load, `$2..$5` seqs, entry ids, kinds, payloads, `$6` now.
+pub const EVENTS_INSERT: &str = "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at)
+     SELECT $1, s, e, k, p, $6 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS t(s, e, k, p)";
+/// `$1` load, `$2..$4` ids, action types, actions, `$5` now.
+pub const OUTBOX_INSERT: &str =
+    "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at)
+     SELECT i, $1, t, a, 'pending', $5, $5, $5 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(i, t, a)";
+/// `$1` after (load id), `$2` limit.
+pub const LOAD_IDS: &str = "SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2";
+
+// ---------------------------------------------------------------------------------
+// The outbox.
+
+/// The dispatcher's claim of due rows across loads: `$1` token, `$2` lease until,
+/// `$3` now, `$4` limit.
+pub const OUTBOX_CLAIM: &str =
+    "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
+     FROM (SELECT load_id, id FROM outbox WHERE status = 'pending' AND due_at <= $3
+           AND (lease_until IS NULL OR lease_until <= $3)
+           ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) c
+     WHERE o.load_id = c.load_id AND o.id = c.id
+     RETURNING o.id, o.load_id, o.action_type, o.action, o.status, o.attempts, o.due_at, o.first_attempt_at,
+       o.claim_token, o.lease_until, o.last_failure, o.receipt, o.created_at, o.updated_at";
+/// `check_claim` and the stale-claim test: `$1` load, `$2` id, `$3` token.
+pub const OUTBOX_OWNS: &str =
+    "SELECT lease_until FROM outbox WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// `$1` load, `$2` id, `$3` token, `$4` receipt, `$5` now.
+pub const OUTBOX_MARK_DISPATCHED: &str =
+    "UPDATE outbox SET status = 'dispatched', receipt = $4, updated_at = $5, lease_until = NULL, outcome_published_at = $5
+     WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// `$1` load, `$2` id, `$3` token, `$4` failure, `$5` retry at, `$6` now.
+pub const OUTBOX_MARK_RETRY: &str =
+    "UPDATE outbox SET attempts = attempts + 1, last_failure = $4, due_at = $5, claim_token = NULL, lease_until = NULL,
+     updated_at = $6 WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// `$1` load, `$2` id, `$3` token, `$4` failure, `$5` now.
+pub const OUTBOX_MARK_DEAD: &str =
+    "UPDATE outbox SET attempts = attempts + 1, last_failure = $4, status = 'dead', dead_at = $5, lease_until = NULL,
+     updated_at = $5 WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// `$1` load, `$2` id.
+pub const OUTBOX_GET: &str = concat!("SELECT ", outbox_cols!(), " FROM outbox WHERE load_id = $1 AND id = $2");
+/// `$1` load.
+pub const OUTBOX_FOR_LOAD: &str =
+    concat!("SELECT ", outbox_cols!(), " FROM outbox WHERE load_id = $1 ORDER BY created_at, id");
+pub const OUTBOX_OLDEST_PENDING: &str = "SELECT min(created_at) FROM outbox WHERE status = 'pending'";
+/// `$1` since, `$2` limit.
+pub const OUTBOX_DEAD: &str = concat!(
+    "SELECT ",
+    outbox_cols!(),
+    " FROM outbox WHERE status = 'dead' AND dead_at >= $1 ORDER BY dead_at, id LIMIT $2"
+);
+/// `$1` load, `$2` id, `$3` now.
+pub const OUTBOX_MARK_OUTCOME_PUBLISHED: &str =
+    "UPDATE outbox SET outcome_published_at = $3 WHERE load_id = $1 AND id = $2 AND outcome_published_at IS NULL";
+/// The dispatcher's sweep: `$1` limit.
+pub const OUTBOX_DEAD_WITHOUT_OUTCOME: &str = concat!(
+    "SELECT ",
+    outbox_cols!(),
+    " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL ORDER BY dead_at, id LIMIT $1"
+);
+/// `$1` status. Served by an index for `pending` and `dead` (the figures `/metrics`
+/// and the crash test read); a count of `dispatched` reads the table (bench only).
+pub const OUTBOX_COUNT_BY_STATUS: &str = "SELECT count(*) FROM outbox WHERE status = $1";
+
+// ---------------------------------------------------------------------------------
+// Timers.
+
+/// `$1` timer, `$2` load, `$3` fire at, `$4` now.
+pub const TIMER_SCHEDULE: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at)
+     VALUES ($1, $2, $3, 'scheduled', $4) ON CONFLICT (timer_id) DO NOTHING";
+/// `$1` timer, `$2` load, `$3` now.
+pub const TIMER_CANCEL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
+     VALUES ($1, $2, 0, 'canceled', $3, $3)
+     ON CONFLICT (timer_id) DO UPDATE SET status = 'canceled', canceled_at = $3 WHERE timers.status = 'scheduled'
+     RETURNING timer_id";
+/// `$1` timer, `$2` now.
+pub const TIMER_MARK_FIRED: &str =
+    "UPDATE timers SET status = 'fired', fired_at = $2 WHERE timer_id = $1 AND status = 'scheduled'";
+/// The pump: `$1` now, `$2` limit.
+pub const TIMERS_DUE: &str = concat!(
+    "SELECT ",
+    timer_cols!(),
+    " FROM timers WHERE status = 'scheduled' AND fire_at <= $1 ORDER BY fire_at, timer_id LIMIT $2"
+);
+/// `$1` load.
+pub const TIMERS_FOR_LOAD: &str =
+    concat!("SELECT ", timer_cols!(), " FROM timers WHERE load_id = $1 ORDER BY created_at, timer_id");
+/// `$1` timer.
+pub const TIMER_GET: &str = concat!("SELECT ", timer_cols!(), " FROM timers WHERE timer_id = $1");
+
+// ---------------------------------------------------------------------------------
+// The load queue.
+
+/// `$1` load, `$2` event id, `$3` body, `$4` now.
+pub const QUEUE_PUBLISH: &str = "INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id";
+/// An empty head takes the new message; a busy head keeps its own: `$1` load, `$2`
+/// message, `$3` now.
+pub const QUEUE_HEAD_TAKE: &str = "INSERT INTO queue_heads (load_id, message_id, visible_at) VALUES ($1, $2, $3)
+     ON CONFLICT (load_id) DO UPDATE SET
+       visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
+       message_id = COALESCE(queue_heads.message_id, excluded.message_id)";
+/// The workers' receive of visible heads: `$1` now, `$2` max, `$3` invisible until, `$4` token.
+pub const QUEUE_RECEIVE: &str = "WITH h AS (
+       SELECT load_id FROM queue_heads WHERE message_id IS NOT NULL AND visible_at <= $1
+       ORDER BY visible_at, message_id LIMIT $2 FOR UPDATE SKIP LOCKED),
+     u AS (
+       UPDATE queue_heads qh SET visible_at = $3 FROM h WHERE qh.load_id = h.load_id
+       RETURNING qh.message_id)
+     UPDATE queue q SET receipt = q.id::text || '.' || $4, receive_count = q.receive_count + 1
+     FROM u WHERE q.id = u.message_id
+     RETURNING q.id, q.load_id, q.event_id, q.body, q.enqueued_at, q.receipt, q.receive_count";
+/// Locks the head row of a message's load: `$1` message.
+pub const QUEUE_LOCK_HEAD: &str =
+    "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id WHERE q.id = $1 FOR UPDATE OF h";
+/// `$1` message, `$2` receipt, `$3` now.
+pub const QUEUE_ACK: &str = "UPDATE queue SET acked_at = $3 WHERE id = $1 AND receipt = $2 AND acked_at IS NULL";
+/// Moves the head to the load's next unacked message: `$1` load, `$2` now.
+pub const QUEUE_HEAD_ADVANCE: &str = "UPDATE queue_heads SET visible_at = $2,
+       message_id = (SELECT id FROM queue WHERE load_id = $1 AND acked_at IS NULL ORDER BY id LIMIT 1)
+     WHERE load_id = $1";
+/// `$1` message, `$2` receipt.
+pub const QUEUE_NACK: &str = "UPDATE queue SET receipt = NULL WHERE id = $1 AND receipt = $2 AND acked_at IS NULL";
+/// `$1` load, `$2` visible at.
+pub const QUEUE_HEAD_DELAY: &str = "UPDATE queue_heads SET visible_at = $2 WHERE load_id = $1";
+pub const QUEUE_DEPTH: &str = "SELECT count(*) FROM queue WHERE acked_at IS NULL";
+/// `$1` load, `$2` event id.
+pub const QUEUE_PUBLISHED_BODY: &str = "SELECT body FROM queue WHERE load_id = $1 AND event_id = $2";
+
+// ---------------------------------------------------------------------------------
+// Retention: one bounded batch per table and call, oldest finished rows first. `SKIP
+// LOCKED` leaves a row some other transaction holds for a later batch.
+
+/// `$1` cutoff, `$2` batch limit.
+pub const PRUNE_OUTBOX: &str = "DELETE FROM outbox o USING (
+       SELECT load_id, id FROM outbox
+       WHERE status <> 'pending' AND outcome_published_at IS NOT NULL AND updated_at < $1 AND outcome_published_at < $1
+       ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
+     WHERE o.load_id = d.load_id AND o.id = d.id";
+/// `$1` cutoff, `$2` batch limit.
+pub const PRUNE_TIMERS: &str = "DELETE FROM timers t USING (
+       SELECT timer_id FROM timers WHERE status <> 'scheduled' AND COALESCE(fired_at, canceled_at) < $1
+       ORDER BY COALESCE(fired_at, canceled_at) LIMIT $2 FOR UPDATE SKIP LOCKED) d
+     WHERE t.timer_id = d.timer_id";
+/// `$1` cutoff, `$2` batch limit.
+pub const PRUNE_QUEUE: &str = "DELETE FROM queue q USING (
+       SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < $1
+       ORDER BY acked_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
+     WHERE q.id = d.id";

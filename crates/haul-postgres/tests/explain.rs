@@ -1,0 +1,198 @@
+//! Every hot query of the PostgreSQL store can be served by an index.
+//!
+//! In its own schema, with some rows of every kind, the test turns `enable_seqscan` off
+//! and runs `EXPLAIN (FORMAT JSON)` on the store's own statements (`haul_postgres::sql`)
+//! with realistic parameters. The planner then picks a sequential scan only where no
+//! index can serve the query, so a `Seq Scan` node fails the test whatever the table
+//! sizes are. Each statement is planned twice: with its parameters (a custom plan, as
+//! for a one-off statement) and as a generic plan (what a cached prepared statement may
+//! switch to after five runs, where partial indexes must match without the values).
+//! Per-load statements must also touch one partition of the log or the outbox.
+
+mod common;
+
+use haul_core::action::ActionType;
+use haul_core::ids::{LoadId, TimerId};
+use haul_core::time::{Timestamp, add, to_ms};
+use haul_postgres::sql::*;
+use haul_store::{EventStore, LoadQueue, NewEntry, NewOutboxRow, Outbox, TimerStore};
+use serde_json::{Value, json};
+use std::time::Duration;
+use tokio_postgres::types::{FromSql, ToSql, Type};
+
+/// A `json` column as text (the crate is built without tokio-postgres' serde feature).
+struct Json(String);
+
+impl<'a> FromSql<'a> for Json {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Json(String::from_utf8(raw.to_vec())?))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSON
+    }
+}
+
+fn at(secs: u64) -> Timestamp {
+    add("2026-03-02T07:00:00Z".parse().unwrap(), Duration::from_secs(secs))
+}
+
+/// Some rows of every kind in every table, over 40 loads.
+async fn fill(s: &haul_postgres::PgStore) {
+    for i in 0..40 {
+        let l = LoadId::parse(&format!("L{i}")).unwrap();
+        let rows = (0..3)
+            .map(|k| {
+                let id = format!("L{i}/e1/a{k}");
+                NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms }
+            })
+            .collect();
+        let entries = ["e1", "dec:e1"]
+            .iter()
+            .map(|e| NewEntry { entry_id: (*e).into(), kind: "inbound_sms".into(), payload: json!({}) })
+            .collect();
+        s.append(&l, entries, 0, rows, at(1)).await.unwrap();
+        let t = TimerId::parse(&format!("tmr:L{i}:ask:eta_request:p:1")).unwrap();
+        s.schedule(&t, at(100), at(1)).await.unwrap();
+        if i % 2 == 0 {
+            s.mark_fired(&t, at(101)).await.unwrap();
+        }
+        s.publish(&l, "q1", "{}", at(1)).await.unwrap();
+        s.publish(&l, "q2", "{}", at(1)).await.unwrap();
+    }
+    let claims = s.pending(1000, at(2), Duration::from_secs(90)).await.unwrap();
+    for (n, c) in claims.iter().enumerate() {
+        match n % 3 {
+            0 => s.mark_dispatched(&c.row.id, &c.token, "r", at(3)).await.unwrap(),
+            1 => s.mark_failed(&c.row.id, &c.token, "400", None, at(3)).await.unwrap(),
+            _ => {}
+        }
+    }
+    for m in s.receive(20, Duration::from_secs(30), at(4)).await.unwrap() {
+        s.ack(&m.receipt, at(5)).await.unwrap();
+    }
+}
+
+/// The plan nodes under `plan`: (node type, relation name).
+fn nodes(plan: &Value, out: &mut Vec<(String, String)>) {
+    let name = |k: &str| plan.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    out.push((name("Node Type"), name("Relation Name")));
+    for child in plan.get("Plans").and_then(Value::as_array).into_iter().flatten() {
+        nodes(child, out);
+    }
+}
+
+struct Case<'a> {
+    name: &'static str,
+    sql: &'static str,
+    params: Vec<&'a (dyn ToSql + Sync)>,
+    /// Names one load: must touch one partition of events / outbox.
+    one_load: bool,
+    /// Only ever run as a one-off statement (never a cached one), so no generic plan.
+    custom_only: bool,
+}
+
+fn case<'a>(name: &'static str, sql: &'static str, params: Vec<&'a (dyn ToSql + Sync)>) -> Case<'a> {
+    Case { name, sql, params, one_load: false, custom_only: false }
+}
+
+fn per_load<'a>(name: &'static str, sql: &'static str, params: Vec<&'a (dyn ToSql + Sync)>) -> Case<'a> {
+    Case { one_load: true, ..case(name, sql, params) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hot_query_is_served_by_an_index() {
+    let (s, schema) = common::store_in_fresh_schema().await;
+    s.migrate().await.unwrap();
+    fill(&s).await;
+    let client = common::raw_client(&schema).await;
+    client
+        .batch_execute("ANALYZE events, outbox, loads, timers, queue, queue_heads; SET enable_seqscan = off;")
+        .await
+        .unwrap();
+
+    let (l, key, token, receipt) = ("L7", "L7/e1/a0", "00ff", "3.00ff");
+    let timer = "tmr:L7:ask:eta_request:p:1";
+    let (now, later, zero, limit, one, version) = (to_ms(at(50)), to_ms(at(140)), 0i64, 32i64, 1i64, 2i64);
+    let entry_ids = vec!["e1", "dec:e1"];
+    let keys = vec![key];
+    let seqs = vec![3i64, 4];
+    let texts = vec!["x", "y"];
+    let (pending, dead, empty) = ("pending", "dead", "");
+    let cases = vec![
+        per_load("read / read_after", READ_AFTER, vec![&l, &zero]),
+        case("append: first version", LOAD_CREATE, vec![&l, &version, &now]),
+        case("append: version check", LOAD_ADVANCE, vec![&l, &seqs[1], &version, &now]),
+        case("append: conflict's version", LOAD_VERSION, vec![&l]),
+        per_load("append: entry ids taken", ENTRY_IDS_TAKEN, vec![&l, &entry_ids]),
+        per_load("append: outbox keys taken", OUTBOX_KEYS_TAKEN, vec![&l, &keys]),
+        per_load("append: events", EVENTS_INSERT, vec![&l, &seqs, &texts, &texts, &texts, &now]),
+        per_load("append: outbox rows", OUTBOX_INSERT, vec![&l, &keys, &texts, &texts, &now]),
+        case("load_ids", LOAD_IDS, vec![&empty, &limit]),
+        case("outbox claim of due rows", OUTBOX_CLAIM, vec![&token, &later, &now, &limit]),
+        per_load("check_claim", OUTBOX_OWNS, vec![&l, &key, &token]),
+        per_load("mark_dispatched", OUTBOX_MARK_DISPATCHED, vec![&l, &key, &token, &token, &now]),
+        per_load("mark_failed (retry)", OUTBOX_MARK_RETRY, vec![&l, &key, &token, &token, &later, &now]),
+        per_load("mark_failed (bury)", OUTBOX_MARK_DEAD, vec![&l, &key, &token, &token, &now]),
+        per_load("outbox get", OUTBOX_GET, vec![&l, &key]),
+        per_load("rows_for_load", OUTBOX_FOR_LOAD, vec![&l]),
+        case("oldest pending", OUTBOX_OLDEST_PENDING, vec![]),
+        case("dead since", OUTBOX_DEAD, vec![&zero, &limit]),
+        per_load("mark_outcome_published", OUTBOX_MARK_OUTCOME_PUBLISHED, vec![&l, &key, &now]),
+        case("dead without outcome (sweep)", OUTBOX_DEAD_WITHOUT_OUTCOME, vec![&limit]),
+        Case { custom_only: true, ..case("count pending", OUTBOX_COUNT_BY_STATUS, vec![&pending]) },
+        Case { custom_only: true, ..case("count dead (/metrics)", OUTBOX_COUNT_BY_STATUS, vec![&dead]) },
+        case("timer schedule", TIMER_SCHEDULE, vec![&timer, &l, &later, &now]),
+        case("timer cancel", TIMER_CANCEL, vec![&timer, &l, &now]),
+        case("timer mark_fired", TIMER_MARK_FIRED, vec![&timer, &now]),
+        case("timers due", TIMERS_DUE, vec![&later, &limit]),
+        case("timers_for_load", TIMERS_FOR_LOAD, vec![&l]),
+        case("get_timer", TIMER_GET, vec![&timer]),
+        case("queue publish", QUEUE_PUBLISH, vec![&l, &key, &token, &now]),
+        case("queue head take", QUEUE_HEAD_TAKE, vec![&l, &one, &now]),
+        case("queue receive (heads)", QUEUE_RECEIVE, vec![&now, &limit, &later, &token]),
+        case("queue lock head", QUEUE_LOCK_HEAD, vec![&one]),
+        case("queue ack", QUEUE_ACK, vec![&one, &receipt, &now]),
+        case("queue head advance", QUEUE_HEAD_ADVANCE, vec![&l, &now]),
+        case("queue nack", QUEUE_NACK, vec![&one, &receipt]),
+        case("queue head delay", QUEUE_HEAD_DELAY, vec![&l, &later]),
+        case("queue depth", QUEUE_DEPTH, vec![]),
+        case("published_body", QUEUE_PUBLISHED_BODY, vec![&l, &key]),
+        case("prune outbox batch", PRUNE_OUTBOX, vec![&later, &limit]),
+        case("prune timers batch", PRUNE_TIMERS, vec![&later, &limit]),
+        case("prune queue batch", PRUNE_QUEUE, vec![&later, &limit]),
+    ];
+
+    let mut failures = Vec::new();
+    for mode in ["auto", "force_generic_plan"] {
+        client.batch_execute(&format!("SET plan_cache_mode = {mode}")).await.unwrap();
+        for c in &cases {
+            if mode != "auto" && c.custom_only {
+                continue;
+            }
+            // A named prepared statement, so plan_cache_mode applies as it does to the
+            // store's cached statements.
+            let stmt = client.prepare(&format!("EXPLAIN (FORMAT JSON) {}", c.sql)).await.unwrap();
+            let Json(text) = client.query_one(&stmt, &c.params).await.unwrap().get(0);
+            let plan: Value = serde_json::from_str(&text).unwrap();
+            let mut all = Vec::new();
+            nodes(&plan[0]["Plan"], &mut all);
+            for (node, rel) in &all {
+                if node == "Seq Scan" {
+                    failures.push(format!("{mode}: {}: Seq Scan on {rel}\n{text}", c.name));
+                }
+            }
+            if c.one_load && mode == "auto" {
+                let parts: std::collections::BTreeSet<&str> = all
+                    .iter()
+                    .map(|(_, rel)| rel.as_str())
+                    .filter(|r| r.starts_with("events_p") || r.starts_with("outbox_p"))
+                    .collect();
+                if parts.len() > 1 {
+                    failures.push(format!("{}: touches {} partitions: {parts:?}", c.name, parts.len()));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} plan(s) without an index:\n{}", failures.len(), failures.join("\n\n"));
+}
