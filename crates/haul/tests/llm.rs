@@ -291,3 +291,26 @@ fn serve_with_the_llm_decider_and_no_base_url_stops_with_one_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn repo(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_llm_eval_library_passes_and_a_missing_answer_fails_its_scenario() {
+    use haul::eval::{EvalDecider, EvalStore, run_paths_with};
+    let answers = Answers::from_file(&repo("evals-llm/answers.toml")).unwrap();
+    let scenarios = [repo("evals-llm/scenarios")];
+    let report = run_paths_with(&scenarios, &EvalStore::SqliteMemory, &EvalDecider::Llm(answers.clone()), |_| {}).await;
+    let lines: Vec<String> = report.scenarios.iter().map(|s| s.line()).collect();
+    assert!(report.failed == 0 && report.passed >= 6, "{lines:#?}");
+    // Without the answer to the driver's SMS, the request has no answer: the scenario
+    // fails naming it, rather than passing on a fallback.
+    let mut partial = answers;
+    partial.answers.retain(|a| a.event != "sms_race");
+    let one = [repo("evals-llm/scenarios/llm_filtered_events_make_no_call.toml")];
+    let report = run_paths_with(&one, &EvalStore::SqliteMemory, &EvalDecider::Llm(partial), |_| {}).await;
+    let f = report.scenarios[0].failure.clone().expect("must fail");
+    assert_eq!(f.key, "llm", "{f:?}");
+    assert!(f.message.contains("no recorded answer for load llm_filtered event sms_race"), "{f:?}");
+}

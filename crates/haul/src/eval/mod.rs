@@ -6,6 +6,11 @@
 //! quiescence (`Pipeline::run_until_quiet`, the same objects `serve` runs), check the
 //! step's `expect` keys, then the four invariants. The first failure ends the
 //! scenario with a message naming the step, its time, the key, expected and actual.
+//!
+//! With [`EvalDecider::Llm`] the worker decides with the real `LlmDecider`, pointed at
+//! a recorded chat-completions server (`testkit_llm`) that each scenario starts on
+//! 127.0.0.1; a request with no recorded answer, or of the wrong shape, fails the
+//! scenario (key `llm`).
 
 pub mod scenario;
 
@@ -26,8 +31,10 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::faults::Faults;
+use crate::llm::{LlmDecider, LlmSettings};
 use crate::pipeline::{Parts, Pipeline};
 use crate::testkit::{Effect, FakeServices};
+use crate::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm};
 use scenario::{Expect, Scenario, SentExpect};
 
 /// Which store each scenario runs on.
@@ -36,6 +43,16 @@ pub enum EvalStore {
     SqliteMemory,
     /// Each scenario in its own schema of this database.
     Postgres(String),
+}
+
+/// Which decider the worker runs.
+#[derive(Clone, Debug, Default)]
+pub enum EvalDecider {
+    /// The SOP of domain.md with the scenario's client policies.
+    #[default]
+    Sop,
+    /// The LLM decider against a recorded server replying with these answers.
+    Llm(Answers),
 }
 
 /// Where a scenario failed.
@@ -113,12 +130,22 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Runs every file; `on_report` sees each scenario as it finishes.
-pub async fn run_paths(paths: &[PathBuf], store: &EvalStore, mut on_report: impl FnMut(&ScenarioReport)) -> Report {
+/// Runs every file with the SOP decider; `on_report` sees each scenario as it finishes.
+pub async fn run_paths(paths: &[PathBuf], store: &EvalStore, on_report: impl FnMut(&ScenarioReport)) -> Report {
+    run_paths_with(paths, store, &EvalDecider::Sop, on_report).await
+}
+
+/// Runs every file with the given decider.
+pub async fn run_paths_with(
+    paths: &[PathBuf],
+    store: &EvalStore,
+    decider: &EvalDecider,
+    mut on_report: impl FnMut(&ScenarioReport),
+) -> Report {
     let mut scenarios = Vec::new();
     for item in collect(paths) {
         let report = match item {
-            Ok(path) => run_file(&path, store).await,
+            Ok(path) => run_file_with(&path, store, decider).await,
             Err((path, why)) => file_failure(&path, "path", why),
         };
         on_report(&report);
@@ -141,6 +168,10 @@ fn file_failure(path: &Path, key: &str, message: String) -> ScenarioReport {
 }
 
 pub async fn run_file(path: &Path, store: &EvalStore) -> ScenarioReport {
+    run_file_with(path, store, &EvalDecider::Sop).await
+}
+
+pub async fn run_file_with(path: &Path, store: &EvalStore, decider: &EvalDecider) -> ScenarioReport {
     let text = match std::fs::read(path) {
         Ok(b) => match String::from_utf8(b) {
             Ok(t) => t,
@@ -158,13 +189,24 @@ pub async fn run_file(path: &Path, store: &EvalStore) -> ScenarioReport {
             return file_failure(path, &e.key, message);
         }
     };
-    run_scenario(&scenario, &path.display().to_string(), store, Faults::default()).await
+    run_scenario_with(&scenario, &path.display().to_string(), store, Faults::default(), decider).await
 }
 
 /// Runs one parsed scenario. `faults` lets the runner's self-checks plant failures.
 pub async fn run_scenario(s: &Scenario, file: &str, store: &EvalStore, faults: Faults) -> ScenarioReport {
+    run_scenario_with(s, file, store, faults, &EvalDecider::Sop).await
+}
+
+/// Runs one parsed scenario with the given decider.
+pub async fn run_scenario_with(
+    s: &Scenario,
+    file: &str,
+    store: &EvalStore,
+    faults: Faults,
+    decider: &EvalDecider,
+) -> ScenarioReport {
     let started = std::time::Instant::now();
-    let failure = match Run::start(s, store, faults).await {
+    let failure = match Run::start(s, store, faults, decider).await {
         Ok(mut run) => run.steps(s).await.err(),
         Err(e) => Some(Failure { step: None, at: None, key: "setup".into(), message: format!("{e:#}") }),
     };
@@ -192,6 +234,9 @@ struct Run {
     effects_seen: usize,
     rows_seen: BTreeMap<String, (OutboxStatus, Option<String>)>,
     log_seen: BTreeMap<LoadId, usize>,
+    /// The recorded model server, with the LLM decider.
+    llm: Option<RecordedLlm>,
+    llm_seen: usize,
 }
 
 /// A fresh, empty store of the kind asked for, its tokens seeded.
@@ -218,14 +263,31 @@ fn fail(step: Option<(usize, &str)>, key: &str, message: String) -> Failure {
 }
 
 impl Run {
-    async fn start(s: &Scenario, store: &EvalStore, faults: Faults) -> anyhow::Result<Run> {
+    async fn start(s: &Scenario, store: &EvalStore, faults: Faults, decider: &EvalDecider) -> anyhow::Result<Run> {
         let store = open_store(store, 1).await?;
         let clock = Arc::new(FakeClock::new(s.start));
         let svc = FakeServices::start(None).await?;
         for f in &s.faults {
             svc.add_fault(f.clone());
         }
-        let config = Config { clients: s.clients.clone(), ..Config::default() };
+        let mut config = Config { clients: s.clients.clone(), ..Config::default() };
+        let (llm, llm_decider) = match decider {
+            EvalDecider::Sop => (None, None),
+            EvalDecider::Llm(answers) => {
+                let server = RecordedLlm::start(answers.clone(), RECORDED_API_KEY).await?;
+                let settings = LlmSettings {
+                    base_url: server.base_url(),
+                    model: answers.model.clone(),
+                    api_key: RECORDED_API_KEY.into(),
+                    timeout: answers.timeout,
+                };
+                config.decider.kind = "llm".into();
+                config.decider.llm.timeout = answers.timeout;
+                let d: Arc<dyn crate::decider::Decider> =
+                    Arc::new(LlmDecider::new(settings, crate::config::policies(&s.clients))?);
+                (Some(server), Some(d))
+            }
+        };
         let parts = Parts {
             store: store.clone(),
             queue: store.clone() as Arc<dyn LoadQueue>,
@@ -234,7 +296,7 @@ impl Run {
             faults,
             seed: Some(1),
         };
-        let pipeline = Pipeline::new(&config, parts, None);
+        let pipeline = Pipeline::new(&config, parts, llm_decider);
         Ok(Run {
             store,
             clock,
@@ -246,6 +308,8 @@ impl Run {
             effects_seen: 0,
             rows_seen: BTreeMap::new(),
             log_seen: BTreeMap::new(),
+            llm,
+            llm_seen: 0,
         })
     }
 
@@ -253,6 +317,7 @@ impl Run {
         if let Some(init) = &s.init {
             self.publish(init, 1).await.map_err(|m| fail(None, "load", m))?;
             self.settle().await.map_err(|m| fail(None, "pipeline", m))?;
+            self.llm_ok().map_err(|(k, m)| fail(None, &k, m))?;
             self.invariants().await.map_err(|(k, m)| fail(None, &k, m))?;
         }
         for (i, step) in s.steps.iter().enumerate() {
@@ -262,6 +327,7 @@ impl Run {
                 self.publish(event, *repeat).await.map_err(|m| fail(here, "inbound", m))?;
             }
             self.settle().await.map_err(|m| fail(here, "pipeline", m))?;
+            self.llm_ok().map_err(|(k, m)| fail(here, &k, m))?;
             if let Some(expect) = &step.expect {
                 self.check(expect, s.start).await.map_err(|(k, m)| fail(here, &k, m))?;
                 self.mark_checked().await.map_err(|m| fail(here, "store", m))?;
@@ -306,6 +372,7 @@ impl Run {
 
     async fn mark_checked(&mut self) -> Result<(), String> {
         self.effects_seen = self.svc.effects().len();
+        self.llm_seen = self.llm.as_ref().map_or(0, |l| l.requests().len());
         self.rows_seen = self.rows().await?.into_iter().map(|r| (r.id, (r.status, r.receipt))).collect();
         self.log_seen = self.logs().await?.into_iter().map(|(l, r)| (l, r.len())).collect();
         Ok(())
@@ -333,6 +400,17 @@ impl Run {
         if let Some(want) = &e.sent {
             let got: Vec<&Effect> = new_effects.iter().filter(|e| e.channel != "ops").collect();
             check_sent(want, &got).map_err(|m| ("sent".to_string(), m))?;
+        }
+        if let Some(want) = e.llm_calls {
+            let got = self.llm.as_ref().map_or(0, |l| l.requests().len()) - self.llm_seen;
+            if got != want {
+                let events: Vec<String> = self
+                    .llm
+                    .as_ref()
+                    .map(|l| l.requests().into_iter().skip(self.llm_seen).map(|r| r.event).collect())
+                    .unwrap_or_default();
+                return Err(("llm_calls".into(), format!("expected {want} model calls, got {got} {events:?}")));
+            }
         }
         if let Some(want) = &e.ops_alerts {
             let got: BTreeSet<String> = new_effects
@@ -428,6 +506,15 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// With the LLM decider: every model request so far was well formed and had a
+    /// recorded answer. Checked before `expect`, since a missing answer is the cause.
+    fn llm_ok(&self) -> Result<(), (String, String)> {
+        match self.llm.as_ref().and_then(|l| l.problems().into_iter().next()) {
+            Some(problem) => Err(("llm".into(), problem)),
+            None => Ok(()),
+        }
     }
 
     /// The four invariants of scenarios.md.
