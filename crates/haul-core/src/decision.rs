@@ -34,6 +34,10 @@ pub struct Decision {
     pub decider: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub asks: Vec<AskChange>,
+    /// The prompt version an LLM decider decided with; absent for every other decider,
+    /// so logs written before it existed (and their snapshots) read back unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_version: Option<String>,
 }
 
 impl Decision {
@@ -57,6 +61,7 @@ impl Decision {
             rationale: rationale.into(),
             decider: decider.into(),
             asks,
+            prompt_version: None,
         }
     }
 

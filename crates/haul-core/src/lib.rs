@@ -14,6 +14,7 @@ pub mod projection;
 pub mod retry;
 pub mod sop;
 pub mod time;
+pub mod tools;
 pub mod validate;
 
 pub use action::{Action, ActionKind, ActionType, ChannelClass, Urgency};

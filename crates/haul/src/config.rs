@@ -415,6 +415,9 @@ impl Config {
         if !["sop", "llm"].contains(&self.decider.kind.as_str()) {
             bail!("decider.kind must be \"sop\" or \"llm\", not {:?}", self.decider.kind);
         }
+        if self.decider.kind == "llm" {
+            crate::llm::check_config(&self.decider.llm)?;
+        }
         if !["store", "sqs"].contains(&self.queue.kind.as_str()) {
             bail!("queue.kind must be \"store\" or \"sqs\", not {:?}", self.queue.kind);
         }
@@ -511,6 +514,8 @@ mod tests {
         check("[channels.sms]\nurl = \"ftp://x\"", Some("channels.sms.url"));
         check("[clients.client_a.eta_request]\ntrigger_risk = \"extreme\"", Some("extreme"));
         check("[decider]\nkind = \"magic\"", Some("decider.kind"));
+        check("[decider]\nkind = \"llm\"", Some("decider.llm.base_url"));
+        check("[decider]\nkind = \"llm\"\nllm.base_url = \"http://127.0.0.1:9/v1\"", Some("decider.llm.model"));
     }
 
     #[test]

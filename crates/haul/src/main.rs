@@ -30,6 +30,12 @@ enum QueueKind {
     Sqs,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DeciderKind {
+    Sop,
+    Llm,
+}
+
 /// The crash test's tools (scripts/crash-test); not for production.
 #[derive(Subcommand, Debug)]
 enum Testkit {
@@ -173,6 +179,12 @@ enum Command {
     },
     /// Run eval scenarios (TOML files, or folders of them) through the real pipeline
     /// on a fake clock. Prints one line per scenario and `N passed, N failed`.
+    ///
+    /// With `--decider llm --llm-answers FILE` the worker decides with the real LLM
+    /// decider, pointed at a recorded chat-completions server on 127.0.0.1 that replies
+    /// with the answers in FILE (matched by load id and event id); a model request with
+    /// no recorded answer fails the scenario. Example:
+    /// `haul eval --decider llm --llm-answers evals-llm/answers.toml evals-llm/scenarios/`
     Eval {
         /// Scenario files and folders (every *.toml below a folder, sorted).
         #[arg(required = true)]
@@ -186,6 +198,12 @@ enum Command {
         /// The load queue: the store's own, or a fresh SQS FIFO queue per scenario.
         #[arg(long, value_enum, default_value = "store")]
         queue: QueueKind,
+        /// The decider: the SOP, or the LLM decider against recorded answers (--llm-answers).
+        #[arg(long, value_enum, default_value = "sop")]
+        decider: DeciderKind,
+        /// The recorded answers (TOML) the LLM decider's stand-in server replies with.
+        #[arg(long, value_name = "FILE", required_if_eq("decider", "llm"))]
+        llm_answers: Option<PathBuf>,
     },
 }
 
@@ -429,10 +447,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             say(format_args!("{passed} passed, {failed} failed"));
             Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Eval { paths, json, store, queue } => {
+        Command::Eval { paths, json, store, queue, decider, llm_answers } => {
             let store = eval_store(store);
-            let queue = eval_queue(queue).await?;
-            let report = haul::eval::run_paths_on(&paths, &store, &queue, |r| {
+            let decider = match (decider, llm_answers) {
+                (DeciderKind::Llm, Some(file)) => {
+                    haul::eval::EvalDecider::Llm(haul::testkit_llm::Answers::from_file(&file).context("--llm-answers")?)
+                }
+                (DeciderKind::Llm, None) => anyhow::bail!("--decider llm needs --llm-answers FILE"),
+                (DeciderKind::Sop, Some(_)) => anyhow::bail!("--llm-answers goes with --decider llm"),
+                (DeciderKind::Sop, None) => haul::eval::EvalDecider::Sop,
+            };
+            let opts = haul::eval::EvalOptions { queue: eval_queue(queue).await?, decider };
+            let report = haul::eval::run_paths_with(&paths, &store, &opts, |r| {
                 if !json {
                     say(format_args!("{}", r.line()));
                 }

@@ -569,9 +569,15 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     for t in haul_core::ActionType::ALL {
         metrics::counter!("haul_outbox_dead_rows_total", "action_type" => t.as_str()).absolute(0);
     }
-    if config.decider.kind != "sop" {
-        bail!("decider.kind {:?} is not available in this build (only \"sop\")", config.decider.kind);
-    }
+    let decider: Option<Arc<dyn crate::decider::Decider>> = match config.decider.kind.as_str() {
+        "sop" => None,
+        "llm" => {
+            let d = crate::llm::LlmDecider::from_config(&config.decider.llm, crate::config::policies(&config.clients))?;
+            info!(base_url = %d.settings().base_url, model = %d.settings().model, "decider: llm");
+            Some(Arc::new(d))
+        }
+        other => bail!("decider.kind {other:?} is not available in this build"),
+    };
     let queue: Arc<dyn LoadQueue> = match config.queue.kind.as_str() {
         "store" => store.clone(),
         _ => crate::store::open_sqs(&config.queue).await?,
@@ -598,7 +604,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
             faults: Default::default(),
             seed: None,
         },
-        None,
+        decider,
     );
     let tokens = if roles.api { api_tokens()? } else { vec![] };
     let public_url = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));

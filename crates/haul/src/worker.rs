@@ -442,7 +442,7 @@ impl Worker {
         // decider ends in a fallback decision, not an abandoned run.
         let limit = self.settings.decider_timeout.min(self.settings.run_timeout.mul_f64(0.8));
         let why = match tokio::time::timeout(limit, self.decider.decide(load, state, event, now)).await {
-            Err(_) => format!("the {} decider did not answer within {}s", self.decider.name(), limit.as_secs()),
+            Err(_) => format!("the {} decider did not answer within {limit:?}", self.decider.name()),
             Ok(Err(e)) => format!("the {} decider failed: {e:#}", self.decider.name()),
             Ok(Ok(d)) => match validate_decision(load, state, event, &d) {
                 Ok(()) => return d,

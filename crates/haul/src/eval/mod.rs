@@ -6,6 +6,11 @@
 //! quiescence (`Pipeline::run_until_quiet`, the same objects `serve` runs), check the
 //! step's `expect` keys, then the four invariants. The first failure ends the
 //! scenario with a message naming the step, its time, the key, expected and actual.
+//!
+//! With [`EvalDecider::Llm`] the worker decides with the real `LlmDecider`, pointed at
+//! a recorded chat-completions server (`testkit_llm`) that each scenario starts on
+//! 127.0.0.1; a request with no recorded answer, or of the wrong shape, fails the
+//! scenario (key `llm`).
 
 pub mod scenario;
 
@@ -26,8 +31,10 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::faults::Faults;
+use crate::llm::{LlmDecider, LlmSettings};
 use crate::pipeline::{Parts, Pipeline};
 use crate::testkit::{Effect, FakeServices};
+use crate::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm};
 use scenario::{Expect, Scenario, SentExpect};
 
 /// Which store each scenario runs on.
@@ -52,6 +59,23 @@ pub enum EvalQueue {
 /// How long a scenario waits, in real time, for messages SQS holds back (a nack's
 /// delay) before it calls the pipeline stuck.
 const SQS_SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Which decider the worker runs.
+#[derive(Clone, Debug, Default)]
+pub enum EvalDecider {
+    /// The SOP of domain.md with the scenario's client policies.
+    #[default]
+    Sop,
+    /// The LLM decider against a recorded server replying with these answers.
+    Llm(Answers),
+}
+
+/// What a run is made of besides its store; the default is the store's queue and the SOP.
+#[derive(Clone, Debug, Default)]
+pub struct EvalOptions {
+    pub queue: EvalQueue,
+    pub decider: EvalDecider,
+}
 
 /// Where a scenario failed.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -128,22 +152,23 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Runs every file; `on_report` sees each scenario as it finishes.
+/// Runs every file with the store's queue and the SOP; `on_report` sees each scenario
+/// as it finishes.
 pub async fn run_paths(paths: &[PathBuf], store: &EvalStore, on_report: impl FnMut(&ScenarioReport)) -> Report {
-    run_paths_on(paths, store, &EvalQueue::Store, on_report).await
+    run_paths_with(paths, store, &EvalOptions::default(), on_report).await
 }
 
-/// [`run_paths`] with the load queue of `queue`.
-pub async fn run_paths_on(
+/// Runs every file with the given queue and decider.
+pub async fn run_paths_with(
     paths: &[PathBuf],
     store: &EvalStore,
-    queue: &EvalQueue,
+    opts: &EvalOptions,
     mut on_report: impl FnMut(&ScenarioReport),
 ) -> Report {
     let mut scenarios = Vec::new();
     for item in collect(paths) {
         let report = match item {
-            Ok(path) => run_file(&path, store, queue).await,
+            Ok(path) => run_file_with(&path, store, opts).await,
             Err((path, why)) => file_failure(&path, "path", why),
         };
         on_report(&report);
@@ -165,7 +190,11 @@ fn file_failure(path: &Path, key: &str, message: String) -> ScenarioReport {
     }
 }
 
-pub async fn run_file(path: &Path, store: &EvalStore, queue: &EvalQueue) -> ScenarioReport {
+pub async fn run_file(path: &Path, store: &EvalStore) -> ScenarioReport {
+    run_file_with(path, store, &EvalOptions::default()).await
+}
+
+pub async fn run_file_with(path: &Path, store: &EvalStore, opts: &EvalOptions) -> ScenarioReport {
     let text = match std::fs::read(path) {
         Ok(b) => match String::from_utf8(b) {
             Ok(t) => t,
@@ -183,24 +212,24 @@ pub async fn run_file(path: &Path, store: &EvalStore, queue: &EvalQueue) -> Scen
             return file_failure(path, &e.key, message);
         }
     };
-    run_scenario_on(&scenario, &path.display().to_string(), store, queue, Faults::default()).await
+    run_scenario_with(&scenario, &path.display().to_string(), store, Faults::default(), opts).await
 }
 
 /// Runs one parsed scenario. `faults` lets the runner's self-checks plant failures.
 pub async fn run_scenario(s: &Scenario, file: &str, store: &EvalStore, faults: Faults) -> ScenarioReport {
-    run_scenario_on(s, file, store, &EvalQueue::Store, faults).await
+    run_scenario_with(s, file, store, faults, &EvalOptions::default()).await
 }
 
-/// [`run_scenario`] with the load queue of `queue`.
-pub async fn run_scenario_on(
+/// Runs one parsed scenario with the given queue and decider.
+pub async fn run_scenario_with(
     s: &Scenario,
     file: &str,
     store: &EvalStore,
-    queue: &EvalQueue,
     faults: Faults,
+    opts: &EvalOptions,
 ) -> ScenarioReport {
     let started = std::time::Instant::now();
-    let failure = match Run::start(s, store, queue, faults).await {
+    let failure = match Run::start(s, store, faults, opts).await {
         Ok(mut run) => {
             let failure = run.steps(s).await.err();
             run.close().await;
@@ -236,6 +265,9 @@ struct Run {
     effects_seen: usize,
     rows_seen: BTreeMap<String, (OutboxStatus, Option<String>)>,
     log_seen: BTreeMap<LoadId, usize>,
+    /// The recorded model server, with the LLM decider.
+    llm: Option<RecordedLlm>,
+    llm_seen: usize,
 }
 
 /// A fresh, empty store of the kind asked for, its tokens seeded.
@@ -262,7 +294,8 @@ fn fail(step: Option<(usize, &str)>, key: &str, message: String) -> Failure {
 }
 
 impl Run {
-    async fn start(s: &Scenario, store: &EvalStore, queue: &EvalQueue, faults: Faults) -> anyhow::Result<Run> {
+    async fn start(s: &Scenario, store: &EvalStore, faults: Faults, opts: &EvalOptions) -> anyhow::Result<Run> {
+        let (queue, decider) = (&opts.queue, &opts.decider);
         let store = open_store(store, 1).await?;
         #[cfg(feature = "sqs")]
         let sqs = match queue {
@@ -287,7 +320,24 @@ impl Run {
         for f in &s.faults {
             svc.add_fault(f.clone());
         }
-        let config = Config { clients: s.clients.clone(), ..Config::default() };
+        let mut config = Config { clients: s.clients.clone(), ..Config::default() };
+        let (llm, llm_decider) = match decider {
+            EvalDecider::Sop => (None, None),
+            EvalDecider::Llm(answers) => {
+                let server = RecordedLlm::start(answers.clone(), RECORDED_API_KEY).await?;
+                let settings = LlmSettings {
+                    base_url: server.base_url(),
+                    model: answers.model.clone(),
+                    api_key: RECORDED_API_KEY.into(),
+                    timeout: answers.timeout,
+                };
+                config.decider.kind = "llm".into();
+                config.decider.llm.timeout = answers.timeout;
+                let d: Arc<dyn crate::decider::Decider> =
+                    Arc::new(LlmDecider::new(settings, crate::config::policies(&s.clients))?);
+                (Some(server), Some(d))
+            }
+        };
         let parts = Parts {
             store: store.clone(),
             queue: queue.clone(),
@@ -296,7 +346,7 @@ impl Run {
             faults,
             seed: Some(1),
         };
-        let pipeline = Pipeline::new(&config, parts, None);
+        let pipeline = Pipeline::new(&config, parts, llm_decider);
         Ok(Run {
             store,
             clock,
@@ -311,6 +361,8 @@ impl Run {
             effects_seen: 0,
             rows_seen: BTreeMap::new(),
             log_seen: BTreeMap::new(),
+            llm,
+            llm_seen: 0,
         })
     }
 
@@ -318,6 +370,7 @@ impl Run {
         if let Some(init) = &s.init {
             self.publish(init, 1).await.map_err(|m| fail(None, "load", m))?;
             self.settle().await.map_err(|m| fail(None, "pipeline", m))?;
+            self.llm_ok().map_err(|(k, m)| fail(None, &k, m))?;
             self.invariants().await.map_err(|(k, m)| fail(None, &k, m))?;
         }
         for (i, step) in s.steps.iter().enumerate() {
@@ -327,6 +380,7 @@ impl Run {
                 self.publish(event, *repeat).await.map_err(|m| fail(here, "inbound", m))?;
             }
             self.settle().await.map_err(|m| fail(here, "pipeline", m))?;
+            self.llm_ok().map_err(|(k, m)| fail(here, &k, m))?;
             if let Some(expect) = &step.expect {
                 self.check(expect, s.start).await.map_err(|(k, m)| fail(here, &k, m))?;
                 self.mark_checked().await.map_err(|m| fail(here, "store", m))?;
@@ -402,6 +456,7 @@ impl Run {
 
     async fn mark_checked(&mut self) -> Result<(), String> {
         self.effects_seen = self.svc.effects().len();
+        self.llm_seen = self.llm.as_ref().map_or(0, |l| l.requests().len());
         self.rows_seen = self.rows().await?.into_iter().map(|r| (r.id, (r.status, r.receipt))).collect();
         self.log_seen = self.logs().await?.into_iter().map(|(l, r)| (l, r.len())).collect();
         Ok(())
@@ -429,6 +484,17 @@ impl Run {
         if let Some(want) = &e.sent {
             let got: Vec<&Effect> = new_effects.iter().filter(|e| e.channel != "ops").collect();
             check_sent(want, &got).map_err(|m| ("sent".to_string(), m))?;
+        }
+        if let Some(want) = e.llm_calls {
+            let got = self.llm.as_ref().map_or(0, |l| l.requests().len()) - self.llm_seen;
+            if got != want {
+                let events: Vec<String> = self
+                    .llm
+                    .as_ref()
+                    .map(|l| l.requests().into_iter().skip(self.llm_seen).map(|r| r.event).collect())
+                    .unwrap_or_default();
+                return Err(("llm_calls".into(), format!("expected {want} model calls, got {got} {events:?}")));
+            }
         }
         if let Some(want) = &e.ops_alerts {
             let got: BTreeSet<String> = new_effects
@@ -524,6 +590,15 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// With the LLM decider: every model request so far was well formed and had a
+    /// recorded answer. Checked before `expect`, since a missing answer is the cause.
+    fn llm_ok(&self) -> Result<(), (String, String)> {
+        match self.llm.as_ref().and_then(|l| l.problems().into_iter().next()) {
+            Some(problem) => Err(("llm".into(), problem)),
+            None => Ok(()),
+        }
     }
 
     /// The four invariants of scenarios.md.

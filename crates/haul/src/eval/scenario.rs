@@ -78,6 +78,8 @@ pub struct Expect {
     pub decisions: Option<Vec<DecisionExpect>>,
     pub dead: Option<Vec<String>>,
     pub ops_alerts: Option<Vec<String>>,
+    /// Extension: the model calls made since the previous check (0 with the SOP).
+    pub llm_calls: Option<usize>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
