@@ -503,9 +503,12 @@ impl LoadLock for PgStore {
         _now: Timestamp,
     ) -> Result<Option<Box<dyn LoadLease>>, StoreError> {
         let client = self.client().await?;
+        // Advisory locks are database-wide: the schema is in the key, so two haul
+        // deployments (or two tests) sharing a database never hold each other's loads.
         let row = client
             .query_one(
-                "SELECT hashtextextended('haul:load:' || $1, 0) AS key, pg_try_advisory_lock(hashtextextended('haul:load:' || $1, 0))",
+                "WITH k AS (SELECT hashtextextended('haul:load:' || current_schema() || '/' || $1, 0) AS key)
+                 SELECT key, pg_try_advisory_lock(key) FROM k",
                 &[&load_id.as_str()],
             )
             .await

@@ -289,3 +289,134 @@ async fn http_channel_classifies_statuses_as_api_md_says() {
         Err(DeliveryError::Retryable(_))
     ));
 }
+
+/// A decider whose first call waits until the test lets it go: a run held mid-decision.
+struct Gate {
+    entered: tokio::sync::Notify,
+    proceed: tokio::sync::Notify,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl Decider for Gate {
+    fn name(&self) -> String {
+        "sop".into()
+    }
+
+    async fn decide(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> anyhow::Result<Decision> {
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            self.entered.notify_one();
+            self.proceed.notified().await;
+        }
+        SopDecider { policies: Policies::default() }.decide(load, state, event, now).await
+    }
+}
+
+/// ADR 0003: LoadLock is an optimization, never the correctness mechanism. Worker A
+/// takes the lease and is held mid-decision; the lease is lost (`lose`); the message
+/// is redelivered to worker B (another process), which takes the lease and commits;
+/// then A's decision comes back late. One decision is committed, and A's is not.
+async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn Store>, lose: impl AsyncFnOnce()) {
+    let h = harness(store.clone(), Config::default(), Faults::default(), None).await;
+    h.publish(init()).await;
+    h.settle().await;
+    let settings = WorkerSettings { load_lock: true, ..WorkerSettings::default() };
+    let gate = Arc::new(Gate {
+        entered: tokio::sync::Notify::new(),
+        proceed: tokio::sync::Notify::new(),
+        calls: Default::default(),
+    });
+    let worker = |decider: Arc<dyn Decider>| {
+        Arc::new(Worker::new(
+            store.clone(),
+            h.queue.clone(),
+            decider,
+            h.clock.clone() as Arc<dyn Clock>,
+            settings.clone(),
+            Faults::default(),
+        ))
+    };
+    let (a, b) = (worker(gate.clone()), worker(Arc::new(SopDecider { policies: Policies::default() })));
+
+    h.publish(ping("ping_0700")).await;
+    let visibility = settings.visibility;
+    let first = h.queue.receive(1, visibility, h.now()).await.unwrap().remove(0);
+    let run_a = tokio::spawn({
+        let a = a.clone();
+        async move { a.process(first).await }
+    });
+    gate.entered.notified().await;
+    assert_eq!(
+        b.process(h.message(ping("ping_0700"))).await,
+        RunOutcome::Busy,
+        "while A holds the lease, B skips the load"
+    );
+
+    // The lease lapses (and the message's visibility with it): B gets both.
+    h.advance(settings.run_timeout.max(visibility).as_secs() + 1);
+    lose().await;
+    let again = h.queue.receive(1, visibility, h.now()).await.unwrap().remove(0);
+    assert_eq!((again.event_id.as_str(), again.receive_count), ("ping_0700", 2));
+    assert!(matches!(b.process(again).await, RunOutcome::Committed { .. }), "B runs once the lease is gone");
+
+    // A's decision comes back late: the version check turns it away.
+    gate.proceed.notify_one();
+    let outcome_a = run_a.await.unwrap();
+    assert!(
+        matches!(outcome_a, RunOutcome::AlreadyProcessed | RunOutcome::Duplicate),
+        "A must not commit a second decision: {outcome_a:?}"
+    );
+    assert_eq!(h.entries("ping_0700").await, 1);
+    assert_eq!(h.entries("dec:ping_0700").await, 1);
+    let seqs: Vec<u64> = h.log().await.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless log");
+    h.settle().await;
+    assert_eq!(h.svc.effect_count("sms", "481207/ask:eta_request:ping_0700/1/send_sms"), 1);
+    assert_eq!(h.queue.depth().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_load_lock_still_ends_with_one_committed_decision_sqlite() {
+    // SQLite's lease is a row with an expiry: advancing the clock past it loses it.
+    a_lost_load_lock_still_ends_with_one_committed_decision(sqlite().await, async || {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_load_lock_still_ends_with_one_committed_decision_postgres() {
+    // PostgreSQL's lease is a session's advisory lock: it is lost when the session dies,
+    // as when a connection drops mid-run. Kill the session holding this load's lock.
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = haul_postgres::testing::fresh_schema(&url).await;
+    let store = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
+        schema: Some(schema.clone()),
+        pool_size: 8,
+        seed: Some(7),
+        ..haul_postgres::PgConfig::new(&url)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
+    store.migrate().await.unwrap();
+    let lose = async || {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let killed = client
+            .query(
+                "WITH k AS (SELECT hashtextextended('haul:load:' || $1 || '/' || $2, 0) AS key)
+                 SELECT pg_terminate_backend(l.pid) FROM pg_locks l, k
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                   AND l.classid::bigint = ((k.key >> 32) & 4294967295)
+                   AND l.objid::bigint = (k.key & 4294967295)",
+                &[&schema, &LOAD],
+            )
+            .await
+            .unwrap();
+        assert_eq!(killed.len(), 1, "one session held the load's lock");
+    };
+    a_lost_load_lock_still_ends_with_one_committed_decision(Arc::new(store), lose).await;
+}
