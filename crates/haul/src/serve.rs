@@ -182,11 +182,8 @@ fn body_error(r: BytesRejection) -> Response {
     error(status, "bad_body", r.body_text())
 }
 
-/// Masks a phone number for logs: only the last four digits.
-pub fn mask_phone(p: &str) -> String {
-    let tail: String = p.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
-    format!("***{tail}")
-}
+/// Logs and the LLM prompt mask phone numbers the same way (the last four digits).
+pub use haul_core::tools::mask_phone;
 
 pub fn router(state: Arc<ApiState>, api: bool) -> Router {
     let mut r = Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz));
