@@ -106,9 +106,22 @@ fn timer_rows(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> Result<
     rows.map(|r| r.map_err(db).and_then(|x| x)).collect()
 }
 
+// Statements go through the connection's statement cache (`prepare_cached`, `exec`):
+// parsed once, not per call. A `LIMIT` takes its bound value as `CAST(?n AS INTEGER)`:
+// SQLite marks a bare `LIMIT ?n` "re-prepare on bind", and as the cache clears a
+// statement's bindings when it is put back, every use of it was parsed and planned
+// again (the profile in bench/RESULTS.md: a sixth of all instructions of `haul bench
+// e2e` went to those re-prepares).
+
+/// `Connection::execute` through the statement cache.
+fn exec(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(p)
+}
+
 fn version(conn: &Connection, load_id: &str) -> Result<u64, StoreError> {
     let v: Option<i64> = conn
-        .query_row("SELECT version FROM loads WHERE load_id = ?1", [load_id], |r| r.get(0))
+        .prepare_cached("SELECT version FROM loads WHERE load_id = ?1")
+        .and_then(|mut s| s.query_row([load_id], |r| r.get(0)))
         .optional()
         .map_err(db)?;
     Ok(v.unwrap_or(0) as u64)
@@ -233,7 +246,9 @@ impl EventStore for SqliteStore {
         self.writer
             .run(move |conn: &Connection| {
                 let mut stmt = conn
-                    .prepare_cached("SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT ?2")
+                    .prepare_cached(
+                        "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER)",
+                    )
                     .map_err(db)?;
                 let rows = stmt.query_map(params![after, limit as i64], |r| r.get::<_, String>(0)).map_err(db)?;
                 rows.map(|r| load_id_of(r.map_err(db)?)).collect()
@@ -264,7 +279,7 @@ impl Outbox for SqliteStore {
                 let sql = format!(
                     "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
                      WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
-                                  AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT ?4)
+                                  AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
                      RETURNING {OUTBOX_COLS}"
                 );
                 let mut rows = outbox_rows(conn, &sql, params![token, lease_until, now, limit as i64])?;
@@ -289,7 +304,8 @@ impl Outbox for SqliteStore {
         self.writer
             .run(move |conn: &Connection| {
                 owns(conn, &id, &token)?;
-                conn.execute(
+                exec(
+                    conn,
                     "UPDATE outbox SET status = 'dispatched', receipt = ?2, updated_at = ?3, lease_until = NULL,
                      outcome_published_at = ?3 WHERE id = ?1",
                     params![id, receipt, now],
@@ -314,12 +330,14 @@ impl Outbox for SqliteStore {
             .run(move |conn: &Connection| {
                 owns(conn, &id, &token)?;
                 match retry_at {
-                    Some(at) => conn.execute(
+                    Some(at) => exec(
+                        conn,
                         "UPDATE outbox SET attempts = attempts + 1, last_failure = ?2, due_at = ?3, claim_token = NULL,
                          lease_until = NULL, updated_at = ?4 WHERE id = ?1",
                         params![id, failure, at, now],
                     ),
-                    None => conn.execute(
+                    None => exec(
+                        conn,
                         "UPDATE outbox SET attempts = attempts + 1, last_failure = ?2, status = 'dead', dead_at = ?3,
                          lease_until = NULL, updated_at = ?3 WHERE id = ?1",
                         params![id, failure, now],
@@ -371,7 +389,7 @@ impl Outbox for SqliteStore {
                 outbox_rows(
                     conn,
                     &format!(
-                        "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT ?2"
+                        "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT CAST(?2 AS INTEGER)"
                     ),
                     params![since, limit as i64],
                 )
@@ -404,7 +422,8 @@ impl SqliteStore {
         let (id, now) = (id.to_owned(), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
-                conn.execute(
+                exec(
+                    conn,
                     "UPDATE outbox SET outcome_published_at = ?2 WHERE id = ?1 AND outcome_published_at IS NULL",
                     params![id, now],
                 )
@@ -421,7 +440,7 @@ impl SqliteStore {
                     conn,
                     &format!(
                         "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
-                         ORDER BY dead_at, id LIMIT ?1"
+                         ORDER BY dead_at, id LIMIT CAST(?1 AS INTEGER)"
                     ),
                     [limit as i64],
                 )
@@ -499,7 +518,7 @@ impl TimerStore for SqliteStore {
                 timer_rows(
                     conn,
                     &format!(
-                        "SELECT {TIMER_COLS} FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 ORDER BY fire_at, timer_id LIMIT ?2"
+                        "SELECT {TIMER_COLS} FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 ORDER BY fire_at, timer_id LIMIT CAST(?2 AS INTEGER)"
                     ),
                     params![now, limit as i64],
                 )
@@ -593,7 +612,7 @@ impl LoadQueue for SqliteStore {
                 let heads: Vec<(String, i64)> = {
                     let mut stmt = conn
                         .prepare_cached(
-                            "SELECT load_id, message_id FROM queue_heads WHERE visible_at <= ?1 ORDER BY visible_at, message_id LIMIT ?2",
+                            "SELECT load_id, message_id FROM queue_heads WHERE visible_at <= ?1 ORDER BY visible_at, message_id LIMIT CAST(?2 AS INTEGER)",
                         )
                         .map_err(db)?;
                     let rows = stmt.query_map(params![now, max as i64], |r| Ok((r.get(0)?, r.get(1)?))).map_err(db)?;
@@ -702,7 +721,7 @@ impl LoadLease for SqliteLease {
         store
             .writer
             .run(move |conn: &Connection| {
-                conn.execute("DELETE FROM load_leases WHERE load_id = ?1 AND token = ?2", params![load_id, token])
+                exec(conn, "DELETE FROM load_leases WHERE load_id = ?1 AND token = ?2", params![load_id, token])
                     .map_err(db)?;
                 Ok(())
             })
@@ -782,7 +801,7 @@ impl DeliveryLog for SqliteStore {
                 let mut stmt = conn
                     .prepare_cached(
                         "SELECT id, channel, key, load_id, payload, created_at FROM deliveries
-                         WHERE ?1 IS NULL OR load_id = ?1 ORDER BY id LIMIT ?2",
+                         WHERE ?1 IS NULL OR load_id = ?1 ORDER BY id LIMIT CAST(?2 AS INTEGER)",
                     )
                     .map_err(db)?;
                 let rows = stmt
@@ -826,7 +845,8 @@ impl LoadIndex for SqliteStore {
         let (load_id, phone, now) = (load_id.to_string(), driver_phone.map(str::to_owned), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
-                conn.execute(
+                exec(
+                    conn,
                     "INSERT INTO load_facts (load_id, driver_phone, active, updated_at) VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT (load_id) DO UPDATE SET driver_phone = excluded.driver_phone, active = excluded.active,
                      updated_at = excluded.updated_at",
@@ -874,7 +894,7 @@ impl LoadIndex for SqliteStore {
                 let mut stmt = conn
                     .prepare_cached(
                         "SELECT message_sid, from_phone, to_phone, body, received_at FROM unmatched_sms
-                         ORDER BY received_at DESC, message_sid DESC LIMIT ?1",
+                         ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?1 AS INTEGER)",
                     )
                     .map_err(db)?;
                 let rows = stmt
@@ -897,12 +917,12 @@ impl LoadIndex for SqliteStore {
 /// Retention batches: the oldest finished rows first, through the indexes of migration 5.
 const PRUNE_OUTBOX: &str = "DELETE FROM outbox WHERE id IN (
        SELECT id FROM outbox WHERE status <> 'pending' AND outcome_published_at IS NOT NULL
-       AND updated_at < ?1 AND outcome_published_at < ?1 ORDER BY updated_at LIMIT ?2)";
+       AND updated_at < ?1 AND outcome_published_at < ?1 ORDER BY updated_at LIMIT CAST(?2 AS INTEGER))";
 const PRUNE_TIMERS: &str = "DELETE FROM timers WHERE timer_id IN (
        SELECT timer_id FROM timers WHERE status <> 'scheduled' AND COALESCE(fired_at, canceled_at) < ?1
-       ORDER BY COALESCE(fired_at, canceled_at) LIMIT ?2)";
+       ORDER BY COALESCE(fired_at, canceled_at) LIMIT CAST(?2 AS INTEGER))";
 const PRUNE_QUEUE: &str = "DELETE FROM queue WHERE id IN (
-       SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < ?1 ORDER BY acked_at LIMIT ?2)";
+       SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < ?1 ORDER BY acked_at LIMIT CAST(?2 AS INTEGER))";
 
 #[async_trait]
 impl Prune for SqliteStore {
