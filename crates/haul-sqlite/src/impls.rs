@@ -175,6 +175,48 @@ impl EventStore for SqliteStore {
         outbox: Vec<NewOutboxRow>,
         now: Timestamp,
     ) -> Result<u64, AppendError> {
+        self.append_unit(load_id, entries, expected_version, outbox, None, now).await.map(|(v, _)| v)
+    }
+
+    async fn append_acking(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        receipt: &str,
+        now: Timestamp,
+    ) -> Result<(u64, bool), AppendError> {
+        self.append_unit(load_id, entries, expected_version, outbox, Some(receipt.to_owned()), now).await
+    }
+
+    async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
+        let after = after.map(|a| a.to_string()).unwrap_or_default();
+        self.writer
+            .run(move |conn: &Connection| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER)",
+                    )
+                    .map_err(db)?;
+                let rows = stmt.query_map(params![after, limit as i64], |r| r.get::<_, String>(0)).map_err(db)?;
+                rows.map(|r| load_id_of(r.map_err(db)?)).collect()
+            })
+            .await
+    }
+}
+
+impl SqliteStore {
+    /// The append, and with `receipt` the ack of that message, in one unit of work.
+    async fn append_unit(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        receipt: Option<String>,
+        now: Timestamp,
+    ) -> Result<(u64, bool), AppendError> {
         if let Some(bad) = outbox.iter().find(|o| !is_key_of_load(&o.id, load_id.as_str())) {
             return Err(
                 StoreError::new(format!("outbox key {:?} is not an action key of load {load_id}", bad.id)).into()
@@ -182,7 +224,7 @@ impl EventStore for SqliteStore {
         }
         let load_id = load_id.to_string();
         self.writer
-            .run(move |conn: &Connection| -> Result<u64, AppendError> {
+            .run(move |conn: &Connection| -> Result<(u64, bool), AppendError> {
                 let now = to_ms(now);
                 // 1. The version.
                 let actual = version(conn, &load_id)?;
@@ -236,22 +278,11 @@ impl EventStore for SqliteStore {
                 for o in &outbox {
                     ins.execute(params![o.id, load_id, o.action_type.as_str(), o.action.to_string(), now]).map_err(db)?;
                 }
-                Ok(new_version)
-            })
-            .await
-    }
-
-    async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
-        let after = after.map(|a| a.to_string()).unwrap_or_default();
-        self.writer
-            .run(move |conn: &Connection| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER)",
-                    )
-                    .map_err(db)?;
-                let rows = stmt.query_map(params![after, limit as i64], |r| r.get::<_, String>(0)).map_err(db)?;
-                rows.map(|r| load_id_of(r.map_err(db)?)).collect()
+                let acked = match &receipt {
+                    Some(r) => ack_in(conn, r, Some(load_id.as_str()), now)?,
+                    None => false,
+                };
+                Ok((new_version, acked))
             })
             .await
     }
@@ -267,6 +298,17 @@ fn owns(conn: &Connection, id: &str, token: &str) -> Result<Option<i64>, ClaimEr
         Some(l) => Ok(l),
         None => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
     }
+}
+
+fn mark_dispatched_in(conn: &Connection, id: &str, token: &str, receipt: &str, now: i64) -> Result<(), ClaimError> {
+    owns(conn, id, token)?;
+    conn.prepare_cached(
+        "UPDATE outbox SET status = 'dispatched', receipt = ?2, updated_at = ?3, lease_until = NULL,
+         outcome_published_at = ?3 WHERE id = ?1",
+    )
+    .and_then(|mut s| s.execute(params![id, receipt, now]))
+    .map_err(db)?;
+    Ok(())
 }
 
 #[async_trait]
@@ -301,19 +343,33 @@ impl Outbox for SqliteStore {
 
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
         let (id, token, receipt, now) = (id.to_owned(), token.to_owned(), receipt.to_owned(), to_ms(now));
+        self.writer.run(move |conn: &Connection| mark_dispatched_in(conn, &id, &token, &receipt, now)).await
+    }
+
+    async fn publish_and_mark_dispatched(
+        &self,
+        id: &str,
+        token: &str,
+        receipt: &str,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, ClaimError> {
+        let (id, token, receipt, now) = (id.to_owned(), token.to_owned(), receipt.to_owned(), to_ms(now));
+        let (load_id, event_id, body) = (load_id.to_string(), event_id.to_owned(), body.to_owned());
+        // A stale claim must not roll the publish back, so the unit itself succeeds
+        // and carries the mark's answer.
         self.writer
-            .run(move |conn: &Connection| {
-                owns(conn, &id, &token)?;
-                exec(
-                    conn,
-                    "UPDATE outbox SET status = 'dispatched', receipt = ?2, updated_at = ?3, lease_until = NULL,
-                     outcome_published_at = ?3 WHERE id = ?1",
-                    params![id, receipt, now],
-                )
-                .map_err(db)?;
-                Ok(())
+            .run(move |conn: &Connection| -> Result<Result<Published, ClaimError>, StoreError> {
+                let published = publish_in(conn, &load_id, &event_id, &body, now)?;
+                match mark_dispatched_in(conn, &id, &token, &receipt, now) {
+                    Ok(()) => Ok(Ok(published)),
+                    Err(ClaimError::Stale(e)) => Ok(Err(e.into())),
+                    Err(ClaimError::Store(e)) => Err(e),
+                }
             })
-            .await
+            .await?
     }
 
     async fn mark_failed(
@@ -556,6 +612,41 @@ fn parse_receipt(receipt: &str) -> Option<i64> {
     receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
 }
 
+/// Enqueues a message and, when its load has no head, makes it the head.
+fn publish_in(conn: &Connection, load_id: &str, event_id: &str, body: &str, now: i64) -> Result<Published, StoreError> {
+    let id: Option<i64> = conn
+        .prepare_cached(
+            "INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id",
+        )
+        .and_then(|mut s| s.query_row(params![load_id, event_id, body, now], |r| r.get(0)).optional())
+        .map_err(db)?;
+    let Some(id) = id else { return Ok(Published::Duplicate) };
+    conn.prepare_cached(
+        "INSERT INTO queue_heads (load_id, message_id, visible_at) VALUES (?1, ?2, ?3) ON CONFLICT (load_id) DO NOTHING",
+    )
+    .and_then(|mut s| s.execute(params![load_id, id, now]))
+    .map_err(db)?;
+    Ok(Published::New)
+}
+
+/// Acks the message of `receipt` and moves its load's head on; false (and nothing
+/// changed) when the receipt is not the message's current one, or the message is not
+/// of `load` when one is given.
+fn ack_in(conn: &Connection, receipt: &str, load: Option<&str>, now: i64) -> Result<bool, StoreError> {
+    let Some(id) = parse_receipt(receipt) else { return Ok(false) };
+    let load_id: Option<String> = conn
+        .prepare_cached(
+            "UPDATE queue SET acked_at = ?3 WHERE id = ?1 AND receipt = ?2 AND acked_at IS NULL
+             AND (?4 IS NULL OR load_id = ?4) RETURNING load_id",
+        )
+        .and_then(|mut s| s.query_row(params![id, receipt, now, load], |r| r.get(0)).optional())
+        .map_err(db)?;
+    let Some(load_id) = load_id else { return Ok(false) };
+    advance_head(conn, &load_id, now)?;
+    Ok(true)
+}
+
 /// Moves a load's head to its next unacked message, or drops the head row.
 fn advance_head(conn: &Connection, load_id: &str, now: i64) -> Result<(), StoreError> {
     let next: Option<i64> = conn
@@ -584,24 +675,7 @@ impl LoadQueue for SqliteStore {
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         let (load_id, event_id, body, now) = (load_id.to_string(), event_id.to_owned(), body.to_owned(), to_ms(now));
-        self.writer
-            .run(move |conn: &Connection| {
-                let id: Option<i64> = conn
-                    .prepare_cached(
-                        "INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id",
-                    )
-                    .and_then(|mut s| s.query_row(params![load_id, event_id, body, now], |r| r.get(0)).optional())
-                    .map_err(db)?;
-                let Some(id) = id else { return Ok(Published::Duplicate) };
-                conn.prepare_cached(
-                    "INSERT INTO queue_heads (load_id, message_id, visible_at) VALUES (?1, ?2, ?3) ON CONFLICT (load_id) DO NOTHING",
-                )
-                .and_then(|mut s| s.execute(params![load_id, id, now]))
-                .map_err(db)?;
-                Ok(Published::New)
-            })
-            .await
+        self.writer.run(move |conn: &Connection| publish_in(conn, &load_id, &event_id, &body, now)).await
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
@@ -649,15 +723,7 @@ impl LoadQueue for SqliteStore {
         let (receipt, now) = (receipt.to_owned(), to_ms(now));
         self.writer
             .run(move |conn: &Connection| -> Result<(), QueueError> {
-                let stale = || QueueError::StaleReceipt(receipt.clone());
-                let id = parse_receipt(&receipt).ok_or_else(stale)?;
-                let load_id: Option<String> = conn
-                    .prepare_cached("UPDATE queue SET acked_at = ?3 WHERE id = ?1 AND receipt = ?2 AND acked_at IS NULL RETURNING load_id")
-                    .and_then(|mut s| s.query_row(params![id, receipt, now], |r| r.get(0)).optional())
-                    .map_err(db)?;
-                let load_id = load_id.ok_or_else(stale)?;
-                advance_head(conn, &load_id, now)?;
-                Ok(())
+                if ack_in(conn, &receipt, None, now)? { Ok(()) } else { Err(QueueError::StaleReceipt(receipt)) }
             })
             .await
     }
