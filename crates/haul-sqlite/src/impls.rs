@@ -111,7 +111,9 @@ fn timer_rows(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> Result<
 // SQLite marks a bare `LIMIT ?n` "re-prepare on bind", and as the cache clears a
 // statement's bindings when it is put back, every use of it was parsed and planned
 // again (the profile in bench/RESULTS.md: a sixth of all instructions of `haul bench
-// e2e` went to those re-prepares).
+// e2e` went to those re-prepares). The same happens to `col = ?n ... ORDER BY` on a
+// key that starts with `col` (SQLite 3.54): there the value is `CAST(?n AS TEXT)`,
+// which the planner still serves from the key (`SEARCH ... USING PRIMARY KEY`).
 
 /// `Connection::execute` through the statement cache.
 fn exec(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
@@ -139,7 +141,7 @@ impl EventStore for SqliteStore {
             .run(move |conn: &Connection| {
                 let mut stmt = conn
                     .prepare_cached(
-                        "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = ?1 AND seq > ?2 ORDER BY seq",
+                        "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq",
                     )
                     .map_err(db)?;
                 let rows = stmt
@@ -635,13 +637,22 @@ fn publish_in(conn: &Connection, load_id: &str, event_id: &str, body: &str, now:
 /// of `load` when one is given.
 fn ack_in(conn: &Connection, receipt: &str, load: Option<&str>, now: i64) -> Result<bool, StoreError> {
     let Some(id) = parse_receipt(receipt) else { return Ok(false) };
-    let load_id: Option<String> = conn
-        .prepare_cached(
-            "UPDATE queue SET acked_at = ?3 WHERE id = ?1 AND receipt = ?2 AND acked_at IS NULL
-             AND (?4 IS NULL OR load_id = ?4) RETURNING load_id",
-        )
-        .and_then(|mut s| s.query_row(params![id, receipt, now, load], |r| r.get(0)).optional())
-        .map_err(db)?;
+    // Two statements rather than `?4 IS NULL OR load_id = ?4`, which SQLite re-prepares
+    // whenever ?4 is bound again (a tenth of the writer's instructions in the profile).
+    let load_id: Option<String> = match load {
+        None => conn
+            .prepare_cached(
+                "UPDATE queue SET acked_at = ?3 WHERE id = ?1 AND receipt = ?2 AND acked_at IS NULL RETURNING load_id",
+            )
+            .and_then(|mut s| s.query_row(params![id, receipt, now], |r| r.get(0)).optional()),
+        Some(load) => conn
+            .prepare_cached(
+                "UPDATE queue SET acked_at = ?3 WHERE id = ?1 AND receipt = ?2 AND acked_at IS NULL AND load_id = ?4
+                 RETURNING load_id",
+            )
+            .and_then(|mut s| s.query_row(params![id, receipt, now, load], |r| r.get(0)).optional()),
+    }
+    .map_err(db)?;
     let Some(load_id) = load_id else { return Ok(false) };
     advance_head(conn, &load_id, now)?;
     Ok(true)
@@ -650,7 +661,9 @@ fn ack_in(conn: &Connection, receipt: &str, load: Option<&str>, now: i64) -> Res
 /// Moves a load's head to its next unacked message, or drops the head row.
 fn advance_head(conn: &Connection, load_id: &str, now: i64) -> Result<(), StoreError> {
     let next: Option<i64> = conn
-        .prepare_cached("SELECT id FROM queue WHERE load_id = ?1 AND acked_at IS NULL ORDER BY id LIMIT 1")
+        .prepare_cached(
+            "SELECT id FROM queue WHERE load_id = CAST(?1 AS TEXT) AND acked_at IS NULL ORDER BY id LIMIT 1",
+        )
         .and_then(|mut s| s.query_row([load_id], |r| r.get(0)).optional())
         .map_err(db)?;
     match next {
