@@ -142,6 +142,38 @@ impl EventStore for PgStore {
         outbox: Vec<NewOutboxRow>,
         now: Timestamp,
     ) -> Result<u64, AppendError> {
+        self.append_in_tx(load_id, entries, expected_version, outbox, None, now).await.map(|(v, _)| v)
+    }
+
+    async fn append_acking(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        receipt: &str,
+        now: Timestamp,
+    ) -> Result<(u64, bool), AppendError> {
+        self.append_in_tx(load_id, entries, expected_version, outbox, Some(receipt), now).await
+    }
+
+    async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
+        let after = after.map(|a| a.as_str()).unwrap_or("");
+        self.query_rows(LOAD_IDS, &[&after, &(limit as i64)], load_id_row).await
+    }
+}
+
+impl PgStore {
+    /// The append, and with `receipt` the ack of that message, in one transaction.
+    async fn append_in_tx(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        receipt: Option<&str>,
+        now: Timestamp,
+    ) -> Result<(u64, bool), AppendError> {
         let lid = load_id.as_str();
         if let Some(bad) = outbox.iter().find(|o| !is_key_of_load(&o.id, lid)) {
             return Err(StoreError::new(format!("outbox key {:?} is not an action key of load {lid}", bad.id)).into());
@@ -217,13 +249,13 @@ impl EventStore for PgStore {
                 }
             })?;
         }
+        // Last, so the queue head's row lock is held for the shortest time.
+        let acked = match receipt {
+            Some(r) => ack_in(&tx, r, Some(lid), now).await?,
+            None => false,
+        };
         tx.commit().await.map_err(pg)?;
-        Ok(new_version as u64)
-    }
-
-    async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
-        let after = after.map(|a| a.as_str()).unwrap_or("");
-        self.query_rows(LOAD_IDS, &[&after, &(limit as i64)], load_id_row).await
+        Ok((new_version as u64, acked))
     }
 }
 
@@ -261,6 +293,29 @@ impl Outbox for PgStore {
             .await
             .map_err(pg)?;
         if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
+    }
+
+    async fn publish_and_mark_dispatched(
+        &self,
+        id: &str,
+        token: &str,
+        receipt: &str,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, ClaimError> {
+        let now = to_ms(now);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let published = publish_in(&tx, load_id.as_str(), event_id, body, now).await?;
+        let n = tx
+            .execute(OUTBOX_MARK_DISPATCHED, &[&outbox_key_load(id), &id, &token, &receipt, &now])
+            .await
+            .map_err(pg)?;
+        // The publish stands either way, as it would have as a step of its own.
+        tx.commit().await.map_err(pg)?;
+        if n == 1 { Ok(published) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
     }
 
     async fn mark_failed(
@@ -365,6 +420,44 @@ async fn lock_head(tx: &deadpool_postgres::Transaction<'_>, message_id: i64) -> 
     Ok(row.map(|r| r.get(0)))
 }
 
+/// Publishes inside `tx`: the message and, when its load's head is empty, the head.
+async fn publish_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    lid: &str,
+    event_id: &str,
+    body: &str,
+    now: i64,
+) -> Result<Published, StoreError> {
+    let id: Option<i64> =
+        tx.query_opt(QUEUE_PUBLISH, &[&lid, &event_id, &body, &now]).await.map_err(pg)?.map(|r| r.get(0));
+    let Some(id) = id else { return Ok(Published::Duplicate) };
+    // An empty head takes this message; a busy head keeps its own. The upsert locks
+    // the head row, so it serializes with an ack moving the head.
+    tx.execute(QUEUE_HEAD_TAKE, &[&lid, &id, &now]).await.map_err(pg)?;
+    Ok(Published::New)
+}
+
+/// Acks the message of `receipt` inside `tx` and moves its load's head on; false (and
+/// nothing changed) when the receipt is not the message's current one, or the message
+/// is not of `load` when one is given.
+async fn ack_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    receipt: &str,
+    load: Option<&str>,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let Some(id) = parse_receipt(receipt) else { return Ok(false) };
+    let Some(load_id) = lock_head(tx, id).await? else { return Ok(false) };
+    if load.is_some_and(|l| l != load_id) {
+        return Ok(false);
+    }
+    if tx.execute(QUEUE_ACK, &[&id, &receipt, &now]).await.map_err(pg)? != 1 {
+        return Ok(false);
+    }
+    tx.execute(QUEUE_HEAD_ADVANCE, &[&load_id, &now]).await.map_err(pg)?;
+    Ok(true)
+}
+
 /// A receipt is `{message id}.{token}`.
 fn parse_receipt(receipt: &str) -> Option<i64> {
     receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
@@ -379,17 +472,13 @@ impl LoadQueue for PgStore {
         body: &str,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
-        let (lid, now) = (load_id.as_str(), to_ms(now));
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let id: Option<i64> =
-            tx.query_opt(QUEUE_PUBLISH, &[&lid, &event_id, &body, &now]).await.map_err(pg)?.map(|r| r.get(0));
-        let Some(id) = id else { return Ok(Published::Duplicate) };
-        // An empty head takes this message; a busy head keeps its own. The upsert locks
-        // the head row, so it serializes with an ack moving the head.
-        tx.execute(QUEUE_HEAD_TAKE, &[&lid, &id, &now]).await.map_err(pg)?;
-        tx.commit().await.map_err(pg)?;
-        Ok(Published::New)
+        let published = publish_in(&tx, load_id.as_str(), event_id, body, to_ms(now)).await?;
+        if published == Published::New {
+            tx.commit().await.map_err(pg)?;
+        }
+        Ok(published)
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
@@ -419,17 +508,11 @@ impl LoadQueue for PgStore {
     }
 
     async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError> {
-        let stale = || QueueError::StaleReceipt(receipt.to_owned());
-        let id = parse_receipt(receipt).ok_or_else(stale)?;
-        let now = to_ms(now);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
-        let n = tx.execute(QUEUE_ACK, &[&id, &receipt, &now]).await.map_err(pg)?;
-        if n != 1 {
-            return Err(stale());
+        if !ack_in(&tx, receipt, None, to_ms(now)).await? {
+            return Err(QueueError::StaleReceipt(receipt.to_owned()));
         }
-        tx.execute(QUEUE_HEAD_ADVANCE, &[&load_id, &now]).await.map_err(pg)?;
         tx.commit().await.map_err(pg)?;
         Ok(())
     }

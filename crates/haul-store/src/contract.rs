@@ -47,6 +47,7 @@ macro_rules! contract_tests {
             stale_claim_changes_nothing,
             check_claim_fails_after_lease_lapses,
             mark_dispatched_stores_receipt_and_leaves_pending,
+            publish_and_mark_dispatched_publishes_even_when_the_claim_is_stale,
             mark_failed_with_retry_at_reschedules,
             mark_failed_without_retry_at_buries_the_row,
             oldest_pending_row_is_reported,
@@ -61,6 +62,7 @@ macro_rules! contract_tests {
             loads_are_found_by_active_driver_phone,
             unmatched_sms_is_kept_once,
             append_refuses_an_outbox_key_of_another_load,
+            append_acking_acks_if_and_only_if_the_append_commits,
             prune_deletes_only_finished_rows_older_than_the_cutoff,
             prune_honours_the_batch_bound,
             store_keeps_working_after_prune,
@@ -448,6 +450,34 @@ pub async fn mark_dispatched_stores_receipt_and_leaves_pending(s: DynStore) {
     assert_eq!(s.oldest_pending_created_at().await.unwrap(), None);
 }
 
+pub async fn publish_and_mark_dispatched_publishes_even_when_the_claim_is_stale(s: DynStore) {
+    commit(&s, "L1", "e1", 0, &["L1/a/send_sms", "L1/b/send_sms"]).await;
+    let claims = s.pending(2, at(0), LEASE).await.unwrap();
+    let (a, b) = (&claims[0], &claims[1]);
+    let body = |e: &str| json!({"event_id": e}).to_string();
+    // Ours: published and marked together.
+    let p =
+        s.publish_and_mark_dispatched(&a.row.id, &a.token, "SM1", &load("L1"), "out:a", &body("out:a"), at(1)).await;
+    assert_eq!(p.unwrap(), Published::New);
+    let r = s.get(&a.row.id).await.unwrap().unwrap();
+    assert_eq!((r.status, r.receipt.as_deref()), (OutboxStatus::Dispatched, Some("SM1")));
+    assert_eq!(receive(&s, at(1)).await, vec![pair("L1", "out:a")]);
+    // A stale token: the publish stands, the row is left as it was.
+    let p = s
+        .publish_and_mark_dispatched(&b.row.id, "not-the-token", "SM2", &load("L1"), "out:b", &body("out:b"), at(2))
+        .await;
+    assert!(matches!(p, Err(ClaimError::Stale(_))), "{p:?}");
+    let r = s.get(&b.row.id).await.unwrap().unwrap();
+    assert_eq!((r.status, r.receipt, r.claim_token.as_deref()), (OutboxStatus::Pending, None, Some(b.token.as_str())));
+    assert_eq!(s.depth().await.unwrap(), 2, "out:a in flight, out:b published");
+    // The owner's call after it: the publish is a duplicate, the mark goes through.
+    let p =
+        s.publish_and_mark_dispatched(&b.row.id, &b.token, "SM2", &load("L1"), "out:b", &body("out:b"), at(3)).await;
+    assert_eq!(p.unwrap(), Published::Duplicate);
+    assert_eq!(s.get(&b.row.id).await.unwrap().unwrap().status, OutboxStatus::Dispatched);
+    assert_eq!(s.published_body(&load("L1"), "out:b").await.unwrap(), Some(body("out:b")));
+}
+
 pub async fn mark_failed_with_retry_at_reschedules(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
     let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
@@ -624,6 +654,45 @@ pub async fn unmatched_sms_is_kept_once(s: DynStore) {
     let got = s.unmatched_sms(10).await.unwrap();
     assert_eq!(got.iter().map(|u| u.message_sid.as_str()).collect::<Vec<_>>(), vec!["SM2", "SM1"]);
     assert_eq!(got[1], sms("SM1", 1));
+}
+
+pub async fn append_acking_acks_if_and_only_if_the_append_commits(s: DynStore) {
+    publish(&s, "L1", "e1").await;
+    publish(&s, "L1", "e2").await;
+    let m = receive_one(&s, t0()).await;
+    assert_eq!(m.event_id, "e1");
+    let entries = || vec![entry("e1"), entry("dec:e1")];
+    // A failed append acks nothing: the message is still in flight, its receipt good.
+    let err = s.append_acking(&load("L1"), entries(), 7, vec![row("L1/k1")], &m.receipt, t0()).await.unwrap_err();
+    assert!(matches!(err, AppendError::ConcurrencyConflict(_)), "{err:?}");
+    assert!(receive(&s, t0()).await.is_empty(), "e1 still holds the load's head");
+    assert_eq!(s.depth().await.unwrap(), 2);
+    // The append commits, and the ack with it: the head moves to e2.
+    let (v, acked) = s.append_acking(&load("L1"), entries(), 0, vec![row("L1/k1")], &m.receipt, t0()).await.unwrap();
+    assert_eq!((v, acked), (2, true));
+    assert_eq!(log_ids(&s, "L1").await, vec!["e1", "dec:e1"]);
+    assert_eq!(s.depth().await.unwrap(), 1);
+    let m2 = receive_one(&s, t0()).await;
+    assert_eq!(m2.event_id, "e2");
+    assert!(matches!(s.ack(&m.receipt, t0()).await, Err(crate::QueueError::StaleReceipt(_))), "already acked");
+    // A stale receipt (the message was redelivered) acks nothing but does not stop the
+    // append; the new holder's receipt still acks.
+    let later = add(t0(), VIS * 2);
+    let m3 = receive_one(&s, later).await;
+    assert_eq!((m3.event_id.as_str(), m3.receive_count), ("e2", 2));
+    let (v, acked) =
+        s.append_acking(&load("L1"), vec![entry("e2"), entry("dec:e2")], 2, vec![], &m2.receipt, later).await.unwrap();
+    assert_eq!((v, acked), (4, false));
+    assert_eq!(s.depth().await.unwrap(), 1);
+    // A receipt of another load's message acks nothing.
+    publish(&s, "L2", "f1").await;
+    let f = receive_one(&s, later).await;
+    assert_eq!(f.event_id, "f1");
+    let (_, acked) = s.append_acking(&load("L3"), vec![entry("g1")], 0, vec![], &f.receipt, later).await.unwrap();
+    assert!(!acked, "a receipt of load L2 must not be acked by an append to L3");
+    s.ack(&f.receipt, later).await.unwrap();
+    s.ack(&m3.receipt, later).await.unwrap();
+    assert_eq!(s.depth().await.unwrap(), 0);
 }
 
 pub async fn append_refuses_an_outbox_key_of_another_load(s: DynStore) {

@@ -143,6 +143,23 @@ pub trait EventStore: Send + Sync {
         now: Timestamp,
     ) -> Result<u64, AppendError>;
 
+    /// `append`, and in the same transaction the ack of `receipt`, a receipt of this
+    /// store's own `LoadQueue` (the message the run is for): the message is acked if
+    /// and only if the append commits, so "ack only after the append committed" holds
+    /// with one commit instead of two. Returns the new version and whether the receipt
+    /// was still current: a stale receipt (redelivered, already acked) acks nothing and
+    /// does not stop the append, as a separate ack after the commit would not have.
+    /// When the append fails, nothing is acked and the receipt stays good.
+    async fn append_acking(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        receipt: &str,
+        now: Timestamp,
+    ) -> Result<(u64, bool), AppendError>;
+
     /// Load ids with a log, in id order, after `after`, at most `limit`.
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError>;
 }
@@ -211,6 +228,25 @@ pub trait Outbox: Send + Sync {
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError>;
 
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError>;
+
+    /// Publishes the row's delivered outcome to this store's own `LoadQueue` (as
+    /// `LoadQueue::publish(load_id, event_id, body, now)`) and then marks the row
+    /// dispatched (as `mark_dispatched`), in one transaction: the two steps a
+    /// dispatcher takes after a send, with one commit instead of two and no crash
+    /// between them. The publish holds whatever the mark finds: `Stale` means the
+    /// outcome was published and the row left as it was (another dispatcher owns it,
+    /// and publishes the same deduplicated outcome). A `StoreError` changes nothing.
+    #[allow(clippy::too_many_arguments)]
+    async fn publish_and_mark_dispatched(
+        &self,
+        id: &str,
+        token: &str,
+        receipt: &str,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, ClaimError>;
 
     /// Records a failed attempt: `Some(retry_at)` reschedules the row, `None` buries it.
     async fn mark_failed(

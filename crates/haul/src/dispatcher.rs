@@ -85,6 +85,10 @@ pub struct Dispatcher {
     rng: Mutex<fastrand::Rng>,
     /// Woken after an outcome is published (in-process workers react at once).
     wake_worker: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
+    /// The queue is the store itself (the store-backed queue): a delivered outcome's
+    /// publish and the row's mark go in one transaction
+    /// (`Outbox::publish_and_mark_dispatched`). Any other queue: two steps.
+    publish_with_mark: bool,
 }
 
 impl Dispatcher {
@@ -99,6 +103,7 @@ impl Dispatcher {
     ) -> Self {
         let rng = seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         Dispatcher {
+            publish_with_mark: std::ptr::addr_eq(Arc::as_ptr(&store), Arc::as_ptr(&queue)),
             store,
             queue,
             channels,
@@ -204,6 +209,9 @@ impl Dispatcher {
                     let _ = self.publish(row, outcome).await;
                     return Ok(marked);
                 }
+                if self.publish_with_mark {
+                    return Ok(self.publish_and_mark(row, token, &receipt, outcome).await);
+                }
                 if let Err(e) = self.publish(row, outcome).await {
                     // The effect happened but the agent cannot learn it yet: an attempt
                     // like any other (the service dedupes the resend).
@@ -216,6 +224,46 @@ impl Dispatcher {
             }
             Err(DeliveryError::Retryable(RetryableDeliveryError(why))) => self.failed_attempt(row, token, &why).await,
             Err(DeliveryError::Permanent(PermanentDeliveryError(why))) => self.bury(row, token, &why).await,
+        }
+    }
+
+    /// The delivered outcome's publish and the mark in one transaction of the store
+    /// that is also the queue: what `publish` then `mark_dispatched` do, one commit.
+    async fn publish_and_mark(
+        &self,
+        row: &OutboxRow,
+        token: &str,
+        receipt: &str,
+        outcome: ActionOutcome,
+    ) -> Dispatched {
+        let (event, body) = outcome_event(row, outcome);
+        let now = self.clock.now();
+        match self
+            .store
+            .publish_and_mark_dispatched(&row.id, token, receipt, &row.load_id, event.event_id.as_str(), &body, now)
+            .await
+        {
+            Ok(_) => {
+                self.wake_worker();
+                self.faults.observe(Observed::Marked { outbox_id: &row.id, token });
+                Dispatched::Delivered
+            }
+            Err(ClaimError::Stale(_)) => {
+                // Published all the same, as the two steps would have.
+                self.wake_worker();
+                Dispatched::Stale
+            }
+            Err(ClaimError::Store(e)) => {
+                // Nothing changed: an attempt like any other (the service dedupes the resend).
+                let why = format!("publishing the outcome failed: {e}");
+                self.failed_attempt(row, token, &why).await.unwrap_or_else(Dispatched::Crashed)
+            }
+        }
+    }
+
+    fn wake_worker(&self) {
+        if let Some(w) = self.wake_worker.get() {
+            w.notify_one();
         }
     }
 
@@ -320,13 +368,9 @@ impl Dispatcher {
     }
 
     async fn publish(&self, row: &OutboxRow, outcome: ActionOutcome) -> Result<(), StoreError> {
-        let event_id = action_outcome_event_id(&row.id, outcome.status);
-        let event = InboundEvent { load_id: row.load_id.clone(), event_id, body: EventBody::ActionOutcome(outcome) };
-        let body = event.to_json().to_string();
+        let (event, body) = outcome_event(row, outcome);
         self.queue.publish(&row.load_id, event.event_id.as_str(), &body, self.clock.now()).await?;
-        if let Some(w) = self.wake_worker.get() {
-            w.notify_one();
-        }
+        self.wake_worker();
         Ok(())
     }
 
@@ -358,6 +402,14 @@ impl Dispatcher {
         let now = self.clock.now();
         Ok(self.store.oldest_pending_created_at().await?.map(|t| since(now, t)).unwrap_or_default())
     }
+}
+
+/// The outcome as the event the load queue carries, and its JSON body.
+fn outcome_event(row: &OutboxRow, outcome: ActionOutcome) -> (InboundEvent, String) {
+    let event_id = action_outcome_event_id(&row.id, outcome.status);
+    let event = InboundEvent { load_id: row.load_id.clone(), event_id, body: EventBody::ActionOutcome(outcome) };
+    let body = event.to_json().to_string();
+    (event, body)
 }
 
 fn outcome(

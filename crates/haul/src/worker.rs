@@ -101,6 +101,10 @@ pub struct Worker {
     projector: Projector,
     /// Woken after a commit that wrote outbox rows (in-process dispatchers react at once).
     wake_dispatcher: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
+    /// The queue is the store itself (the store-backed queue): a run's ack goes into
+    /// its append's transaction (`EventStore::append_acking`), one commit instead of
+    /// two. Any other queue (SQS, a wrapper) is acked separately after the append.
+    ack_in_append: bool,
 }
 
 /// How long a message for a load already running in this process waits.
@@ -128,7 +132,6 @@ impl Worker {
         faults: Faults,
     ) -> Self {
         Worker {
-            queue,
             decider,
             clock,
             settings,
@@ -137,6 +140,8 @@ impl Worker {
             stopping: std::sync::atomic::AtomicBool::new(false),
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
+            ack_in_append: std::ptr::addr_eq(Arc::as_ptr(&store), Arc::as_ptr(&queue)),
+            queue,
             store,
         }
     }
@@ -335,6 +340,7 @@ impl Worker {
                 recorded_at: p.now,
             })
             .collect();
+        let mut acked_with_append = false;
         let appended = if self.faults.bugs.skip_version_check {
             match self.store.append(load, entries.clone(), p.version, outbox.clone(), p.now).await {
                 Err(AppendError::ConcurrencyConflict(c)) => {
@@ -342,6 +348,16 @@ impl Worker {
                 }
                 other => other,
             }
+        } else if self.ack_in_append {
+            self.store.append_acking(load, entries, p.version, outbox, &msg.receipt, p.now).await.map(|(v, acked)| {
+                acked_with_append = true;
+                if !acked {
+                    // As a separate ack would have: the event is logged; the new
+                    // holder's run finds it processed.
+                    warn!("the message's receipt was stale at the append; it will be redelivered and found processed");
+                }
+                v
+            })
         } else {
             self.store.append(load, entries, p.version, outbox, p.now).await
         };
@@ -351,7 +367,9 @@ impl Worker {
                     return Ok(Commit::Done(self.left(msg, "the append's answer was lost".into()).await));
                 }
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
-                self.ack(msg).await;
+                if !acked_with_append {
+                    self.ack(msg).await;
+                }
                 if let EventBody::LoadUpdate(u) = &event.body {
                     self.index_facts(load, &p.state, u).await;
                 }
