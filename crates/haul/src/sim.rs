@@ -300,12 +300,18 @@ impl World {
         let dispatcher_settings =
             DispatcherSettings { batch: 4, lease: LEASE, retry: config.dispatcher.retry.policy(), sequential: true };
         let q: Arc<dyn LoadQueue> = queue.clone();
+        // The second worker and dispatcher take the store's own queue, as `serve` does:
+        // the ack inside the append and the outcome's publish with the mark, one
+        // transaction each. The first ones go through the flaky queue: two steps, with
+        // the crash windows between them and the queue's outages.
+        let direct: Arc<dyn LoadQueue> = store.clone();
+        let queue_of = |i: usize| if i == 0 { q.clone() } else { direct.clone() };
         let c: Arc<dyn Clock> = clock.clone();
         let workers = (0..2)
-            .map(|_| {
+            .map(|i| {
                 Arc::new(Worker::new(
                     store.clone(),
-                    q.clone(),
+                    queue_of(i),
                     decider.clone(),
                     c.clone(),
                     worker_settings.clone(),
@@ -317,7 +323,7 @@ impl World {
             .map(|i| {
                 Arc::new(Dispatcher::new(
                     store.clone(),
-                    q.clone(),
+                    queue_of(i as usize),
                     channels.clone(),
                     c.clone(),
                     dispatcher_settings.clone(),
