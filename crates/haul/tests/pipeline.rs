@@ -417,6 +417,26 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision_postgres() {
             .await
             .unwrap();
         assert_eq!(killed.len(), 1, "one session held the load's lock");
+        // pg_terminate_backend only signals the session; the lock goes when it exits.
+        for _ in 0..200 {
+            let held: i64 = client
+                .query_one(
+                    "WITH k AS (SELECT hashtextextended('haul:load:' || $1 || '/' || $2, 0) AS key)
+                     SELECT count(*) FROM pg_locks l, k
+                     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                       AND l.classid::bigint = ((k.key >> 32) & 4294967295)
+                       AND l.objid::bigint = (k.key & 4294967295)",
+                    &[&schema, &LOAD],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if held == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the killed session still held the load's lock after 10 s");
     };
     a_lost_load_lock_still_ends_with_one_committed_decision(Arc::new(store), lose).await;
 }
