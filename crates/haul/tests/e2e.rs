@@ -124,6 +124,21 @@ async fn wait_for(
     panic!("timed out waiting for {what}; last view: {last:#}\nlogs:\n{}", logs());
 }
 
+/// A new schema of its own for a test's `haul` processes: a client on the database
+/// (to drop it at the end), its name, and the store URL whose `search_path` is it.
+async fn pg_schema() -> (tokio_postgres::Client, String, String) {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = haul_postgres::testing::fresh_schema(&url).await;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
+    tokio::spawn(conn);
+    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await.unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let db = format!("{url}{sep}options=-csearch_path%3D{schema}");
+    (client, schema, db)
+}
+
 fn outbox_status(view: &Value, key: &str) -> Option<String> {
     view["outbox"].as_array()?.iter().find(|r| r["id"] == key).and_then(|r| r["status"].as_str()).map(str::to_owned)
 }
@@ -180,15 +195,7 @@ async fn serve_on_sqlite_sends_the_eta_request_and_follows_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_roles_as_separate_processes_on_postgres() {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = haul_postgres::testing::fresh_schema(&url).await;
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
-    tokio::spawn(conn);
-    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await.unwrap();
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let db = format!("{url}{sep}options=-csearch_path%3D{schema}");
+    let (client, schema, db) = pg_schema().await;
     let dir = temp_dir("pg");
     std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
     let migrate = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).output().unwrap();
@@ -251,15 +258,7 @@ async fn serve_roles_as_separate_processes_on_postgres() {
 #[cfg(feature = "sqs")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_postgres_with_the_sqs_fifo_queue() {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = haul_postgres::testing::fresh_schema(&url).await;
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
-    tokio::spawn(conn);
-    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await.unwrap();
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let db = format!("{url}{sep}options=-csearch_path%3D{schema}");
+    let (client, schema, db) = pg_schema().await;
     let queue = haul_sqs::testing::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
     let endpoint = haul_sqs::testing::endpoint().await.unwrap();
 

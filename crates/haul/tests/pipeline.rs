@@ -391,17 +391,8 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision_sqlite() {
 async fn a_lost_load_lock_still_ends_with_one_committed_decision_postgres() {
     // PostgreSQL's lease is a session's advisory lock: it is lost when the session dies,
     // as when a connection drops mid-run. Kill the session holding this load's lock.
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = haul_postgres::testing::fresh_schema(&url).await;
-    let store = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
-        schema: Some(schema.clone()),
-        pool_size: 8,
-        seed: Some(7),
-        ..haul_postgres::PgConfig::new(&url)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
-    store.migrate().await.unwrap();
+    let (store, schema) = postgres_in_schema().await;
+    let url = database_url();
     let lose = async || {
         let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);
@@ -438,5 +429,5 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision_postgres() {
         }
         panic!("the killed session still held the load's lock after 10 s");
     };
-    a_lost_load_lock_still_ends_with_one_committed_decision(Arc::new(store), lose).await;
+    a_lost_load_lock_still_ends_with_one_committed_decision(store, lose).await;
 }
