@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use haul::testkit::FakeServices;
+use haul_harness::testkit::FakeServices;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -321,7 +321,7 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     let db = format!("sqlite://{}", dir.join("haul.db").display());
     let long_ago = |s: u64| haul_core::time::add("2020-01-01T00:00:00Z".parse().unwrap(), Duration::from_secs(s));
     {
-        let store = haul::store::open(&db, Some(1)).await.unwrap();
+        let store = haul_runtime::store::open(&db, Some(1)).await.unwrap();
         let l = LoadId::parse("481207").unwrap();
         let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({}) };
         let row = |k: &str| NewOutboxRow {
@@ -348,7 +348,7 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("pruned 1 outbox rows, 1 timers, 1 queue messages"), "{text}");
-    let store = haul::store::open(&db, None).await.unwrap();
+    let store = haul_runtime::store::open(&db, None).await.unwrap();
     let l = LoadId::parse("481207").unwrap();
     assert_eq!(store.read(&l).await.unwrap().1, 1, "the log stays");
     assert_eq!(store.rows_for_load(&l).await.unwrap().len(), 1, "the pending row stays");

@@ -1,0 +1,670 @@
+//! Settings: defaults that work on a fresh machine, a TOML file on top, `HAUL_*`
+//! variables on top of that (flags are the binary's, over all three).
+//!
+//! A leaf: this crate knows the shape and the rules of every setting and nothing of
+//! what uses them, so the runtime, the server, the harness and the binary all read it
+//! and it reads none of them. Unknown keys and bad values are errors that name the key,
+//! so a typo never silently falls back to a default.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use haul_core::sop::{EtaPolicy, Policies};
+use haul_core::{RetryPolicy, Risk, parse_duration};
+use serde::{Deserialize, Deserializer};
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = Option::<String>::deserialize(d)?;
+    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom)).transpose()
+}
+
+/// Which backend `store.url` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    Sqlite,
+    Postgres,
+}
+
+impl StoreKind {
+    pub fn of_url(url: &str) -> anyhow::Result<Self> {
+        if url.starts_with("sqlite:") {
+            Ok(StoreKind::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(StoreKind::Postgres)
+        } else {
+            bail!("store.url {url:?} is neither sqlite://PATH, sqlite::memory: nor postgres://…")
+        }
+    }
+}
+
+/// Declares a setting that is one of a few names, with the error that lists them.
+macro_rules! named_kind {
+    ($(#[$doc:meta])* $name:ident, $setting:literal, { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+        #[serde(try_from = "String")]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+
+            fn try_from(s: String) -> Result<Self, String> {
+                Self::ALL.iter().copied().find(|k| k.as_str() == s).ok_or_else(|| {
+                    let names: Vec<String> = Self::ALL.iter().map(|k| format!("{:?}", k.as_str())).collect();
+                    format!("{} must be {}, not {s:?}", $setting, names.join(" or "))
+                })
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+named_kind!(
+    /// What decides after the deterministic filter.
+    DeciderKind, "decider.kind", {
+        /// The SOP of the standard operating procedure, in code.
+        Sop = "sop",
+        /// A chat-completions model with tool calls (`decider.llm.*`).
+        Llm = "llm",
+    }
+);
+
+named_kind!(
+    /// Where the load queue lives.
+    QueueKind, "queue.kind", {
+        /// In the store's own database.
+        Store = "store",
+        /// An SQS FIFO queue (`queue.url`).
+        Sqs = "sqs",
+    }
+);
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub store: StoreConfig,
+    pub queue: QueueConfig,
+    pub server: ServerConfig,
+    pub worker: WorkerConfig,
+    pub decider: DeciderConfig,
+    pub dispatcher: DispatcherConfig,
+    pub timers: TimersConfig,
+    pub channels: ChannelsConfig,
+    pub load_lock: LoadLockConfig,
+    pub clients: BTreeMap<String, ClientConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    pub url: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { url: "sqlite://haul.db".into() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    pub kind: QueueKind,
+    /// The SQS FIFO queue's URL (`kind = "sqs"`).
+    pub url: Option<String>,
+    /// An SQS endpoint other than AWS's (a local emulator).
+    pub endpoint: Option<String>,
+    /// The AWS region; unset: the SDK's default chain (`AWS_REGION`, profile).
+    pub region: Option<String>,
+    /// How long a received message stays invisible: longer than a run may take.
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub visibility: Option<Duration>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig { kind: QueueKind::Store, url: None, endpoint: None, region: None, visibility: None }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub public_url: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { listen: "127.0.0.1:8080".into(), public_url: None }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub concurrency: usize,
+    pub conflict_retries: u32,
+    #[serde(deserialize_with = "de_duration")]
+    pub run_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig { concurrency: 8, conflict_retries: 5, run_timeout: Duration::from_secs(300) }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeciderConfig {
+    pub kind: DeciderKind,
+    pub llm: LlmConfig,
+}
+
+impl Default for DeciderConfig {
+    fn default() -> Self {
+        DeciderConfig { kind: DeciderKind::Sop, llm: LlmConfig::default() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmConfig {
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub api_key_env: String,
+    #[serde(deserialize_with = "de_duration")]
+    pub timeout: Duration,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        LlmConfig {
+            base_url: None,
+            model: None,
+            api_key_env: "HAUL_LLM_API_KEY".into(),
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A setting `decider.kind = "llm"` needs and did not get.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmConfigError {
+    #[error("decider.llm.{0} must be set when decider.kind is \"llm\"")]
+    Missing(&'static str),
+    #[error("decider.llm.base_url must start with http:// or https://, not {0:?}")]
+    BadBaseUrl(String),
+    #[error("decider.llm.api_key_env: the environment variable {0} is not set (it holds the model's API key)")]
+    NoApiKey(String),
+}
+
+impl LlmConfig {
+    /// Checks the settings `decider.kind = "llm"` needs, reading nothing from the environment.
+    pub fn check(&self) -> Result<(), LlmConfigError> {
+        let base_url =
+            self.base_url.as_deref().filter(|s| !s.trim().is_empty()).ok_or(LlmConfigError::Missing("base_url"))?;
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(LlmConfigError::BadBaseUrl(base_url.to_owned()));
+        }
+        self.model.as_deref().filter(|s| !s.trim().is_empty()).ok_or(LlmConfigError::Missing("model"))?;
+        if self.api_key_env.trim().is_empty() {
+            return Err(LlmConfigError::Missing("api_key_env"));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DispatcherConfig {
+    pub batch: usize,
+    #[serde(deserialize_with = "de_duration")]
+    pub lease: Duration,
+    pub retry: RetryConfig,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        DispatcherConfig { batch: 32, lease: Duration::from_secs(90), retry: RetryConfig::default() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    #[serde(deserialize_with = "de_duration")]
+    pub base: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub cap: Duration,
+    pub max_attempts: u32,
+    #[serde(deserialize_with = "de_duration")]
+    pub budget: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        let p = RetryPolicy::default();
+        RetryConfig { base: p.base, cap: p.cap, max_attempts: p.max_attempts, budget: p.budget }
+    }
+}
+
+impl RetryConfig {
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy { base: self.base, cap: self.cap, max_attempts: self.max_attempts, budget: self.budget }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimersConfig {
+    #[serde(deserialize_with = "de_duration")]
+    pub poll: Duration,
+}
+
+impl Default for TimersConfig {
+    fn default() -> Self {
+        TimersConfig { poll: Duration::from_secs(10) }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelsConfig {
+    pub sms: ChannelConfig,
+    pub hero: ChannelConfig,
+    pub slack: ChannelConfig,
+    pub tms: ChannelConfig,
+    pub ops: ChannelConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelConfig {
+    /// None: record mode.
+    pub url: Option<String>,
+    /// The environment variable holding the bearer token.
+    pub token_env: Option<String>,
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadLockConfig {
+    pub enabled: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    pub eta_request: EtaRequestConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtaRequestConfig {
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub retry_after: Option<Duration>,
+    pub max_attempts: Option<u32>,
+    pub trigger_risk: Option<Risk>,
+}
+
+/// A TOML error as one line: `line N: message`.
+fn one_line(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().replace('\n', " ");
+    match e.span() {
+        Some(span) => format!("line {}: {msg}", text[..span.start.min(text.len())].matches('\n').count() + 1),
+        None => msg,
+    }
+}
+
+/// Builds the SOP policies from `clients.*.eta_request` over the defaults.
+pub fn policies(clients: &BTreeMap<String, ClientConfig>) -> Policies {
+    let default = EtaPolicy::default();
+    let clients = clients
+        .iter()
+        .map(|(name, c)| {
+            let e = &c.eta_request;
+            (
+                name.clone(),
+                EtaPolicy {
+                    retry_after: e.retry_after.unwrap_or(default.retry_after),
+                    max_attempts: e.max_attempts.unwrap_or(default.max_attempts),
+                    trigger_risk: e.trigger_risk.unwrap_or(default.trigger_risk),
+                },
+            )
+        })
+        .collect();
+    Policies { default, clients }
+}
+
+/// Every setting an environment variable can set: `HAUL_` and the dotted path in
+/// capitals with `_` for `.` (`worker.run_timeout` is `HAUL_WORKER_RUN_TIMEOUT`).
+/// Per-client policies are for the TOML file only.
+const ENV_SETTINGS: &[(&str, Kind)] = &[
+    ("store.url", Kind::Text),
+    ("queue.kind", Kind::Text),
+    ("queue.url", Kind::Text),
+    ("queue.endpoint", Kind::Text),
+    ("queue.region", Kind::Text),
+    ("queue.visibility", Kind::Text),
+    ("server.listen", Kind::Text),
+    ("server.public_url", Kind::Text),
+    ("worker.concurrency", Kind::Int),
+    ("worker.conflict_retries", Kind::Int),
+    ("worker.run_timeout", Kind::Text),
+    ("decider.kind", Kind::Text),
+    ("decider.llm.base_url", Kind::Text),
+    ("decider.llm.model", Kind::Text),
+    ("decider.llm.api_key_env", Kind::Text),
+    ("decider.llm.timeout", Kind::Text),
+    ("dispatcher.batch", Kind::Int),
+    ("dispatcher.lease", Kind::Text),
+    ("dispatcher.retry.base", Kind::Text),
+    ("dispatcher.retry.cap", Kind::Text),
+    ("dispatcher.retry.max_attempts", Kind::Int),
+    ("dispatcher.retry.budget", Kind::Text),
+    ("timers.poll", Kind::Text),
+    ("channels.sms.url", Kind::Text),
+    ("channels.sms.token_env", Kind::Text),
+    ("channels.sms.timeout", Kind::Text),
+    ("channels.hero.url", Kind::Text),
+    ("channels.hero.token_env", Kind::Text),
+    ("channels.hero.timeout", Kind::Text),
+    ("channels.slack.url", Kind::Text),
+    ("channels.slack.token_env", Kind::Text),
+    ("channels.slack.timeout", Kind::Text),
+    ("channels.tms.url", Kind::Text),
+    ("channels.tms.token_env", Kind::Text),
+    ("channels.tms.timeout", Kind::Text),
+    ("channels.ops.url", Kind::Text),
+    ("channels.ops.token_env", Kind::Text),
+    ("channels.ops.timeout", Kind::Text),
+    ("load_lock.enabled", Kind::Bool),
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Text,
+    Int,
+    Bool,
+}
+
+/// `HAUL_*` variables that are not settings (secrets and logging).
+const NOT_SETTINGS: &[&str] = &["HAUL_API_TOKEN", "HAUL_TWILIO_AUTH_TOKEN", "HAUL_LOG", "HAUL_LLM_API_KEY"];
+
+fn env_name(path: &str) -> String {
+    format!("HAUL_{}", path.to_ascii_uppercase().replace('.', "_"))
+}
+
+/// Sets `path` (dotted) in a TOML table, creating the tables on the way.
+fn set_path(table: &mut toml::Table, path: &str, value: toml::Value) -> anyhow::Result<()> {
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let last = parts.pop().unwrap_or_default();
+    let mut t = table;
+    for p in parts {
+        let entry = t.entry(p.to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry.as_table_mut().ok_or_else(|| anyhow::anyhow!("{p} is not a table"))?;
+    }
+    t.insert(last.to_owned(), value);
+    Ok(())
+}
+
+impl Config {
+    /// Defaults, then the TOML file (if any), then `HAUL_*` variables. Returns the
+    /// config and the `HAUL_*` variables that named no setting (for a warning).
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> anyhow::Result<(Self, Vec<String>)> {
+        let mut table: toml::Table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                // Checked alone first, so errors point at the file's own lines.
+                Self::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
+                text.parse()
+                    .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), one_line(&text, &e)))?
+            }
+            None => toml::Table::new(),
+        };
+        let mut unknown = Vec::new();
+        for (name, value) in env.filter(|(k, _)| k.starts_with("HAUL_")) {
+            if NOT_SETTINGS.contains(&name.as_str()) {
+                continue;
+            }
+            let found = if name == "HAUL_PUBLIC_URL" {
+                Some(("server.public_url", Kind::Text))
+            } else {
+                ENV_SETTINGS.iter().copied().find(|(path, _)| env_name(path) == name)
+            };
+            let Some((path, kind)) = found else {
+                unknown.push(name);
+                continue;
+            };
+            let v = match kind {
+                Kind::Text => toml::Value::String(value),
+                Kind::Int => toml::Value::Integer(
+                    value
+                        .trim()
+                        .parse()
+                        .map_err(|_| anyhow::anyhow!("{name} ({path}) must be a whole number, not {value:?}"))?,
+                ),
+                Kind::Bool => toml::Value::Boolean(match value.trim() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => anyhow::bail!("{name} ({path}) must be true or false, not {value:?}"),
+                }),
+            };
+            set_path(&mut table, path, v)?;
+        }
+        let text = toml::to_string(&table)?;
+        let config = Self::from_toml(&text).map_err(|e| anyhow::anyhow!("with the HAUL_* variables: {e:#}"))?;
+        Ok((config, unknown))
+    }
+
+    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+        let config: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", one_line(text, &e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::from_toml(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// The visibility timeout: the run timeout plus a minute, so a run that is still
+    /// inside its time limit is never redelivered under itself.
+    pub fn visibility(&self) -> Duration {
+        self.queue.visibility.unwrap_or(self.worker.run_timeout + Duration::from_secs(60))
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        StoreKind::of_url(&self.store.url).context("store.url")?;
+        if !(1..=1024).contains(&self.worker.concurrency) {
+            bail!("worker.concurrency must be 1 to 1024, not {}", self.worker.concurrency);
+        }
+        if self.worker.conflict_retries > 100 {
+            bail!("worker.conflict_retries must be at most 100");
+        }
+        if self.worker.run_timeout < Duration::from_secs(1) {
+            bail!("worker.run_timeout must be at least 1s");
+        }
+        if self.visibility() <= self.worker.run_timeout {
+            bail!("queue.visibility must outlast worker.run_timeout");
+        }
+        if self.decider.kind == DeciderKind::Llm {
+            self.decider.llm.check()?;
+        }
+        if self.queue.kind == QueueKind::Sqs {
+            match self.queue.url.as_deref() {
+                None | Some("") => bail!("queue.url must name the SQS FIFO queue when queue.kind = \"sqs\""),
+                Some(u) if !u.ends_with(".fifo") => {
+                    bail!("queue.url must be an SQS FIFO queue (ending in .fifo), not {u:?}")
+                }
+                Some(_) => {}
+            }
+            if self.visibility() > Duration::from_secs(12 * 60 * 60) {
+                bail!("queue.visibility must be at most 12h on SQS");
+            }
+        }
+        if !(1..=1000).contains(&self.dispatcher.batch) {
+            bail!("dispatcher.batch must be 1 to 1000, not {}", self.dispatcher.batch);
+        }
+        if self.dispatcher.lease < Duration::from_secs(10) {
+            bail!("dispatcher.lease must be at least 10s (sends time out after 5s)");
+        }
+        let r = &self.dispatcher.retry;
+        if r.base.is_zero() || r.cap < r.base {
+            bail!("dispatcher.retry.base must be above zero and at most dispatcher.retry.cap");
+        }
+        if !(2..=100).contains(&r.max_attempts) {
+            bail!("dispatcher.retry.max_attempts must be 2 to 100 (the first retry is always allowed)");
+        }
+        if self.timers.poll.is_zero() || self.timers.poll > Duration::from_secs(30) {
+            bail!("timers.poll must be above zero and at most 30s");
+        }
+        for (name, c) in &self.clients {
+            haul_core::event::validate_client(name).with_context(|| format!("clients.{name}"))?;
+            if let Some(n) = c.eta_request.max_attempts
+                && !(1..=20).contains(&n)
+            {
+                bail!("clients.{name}.eta_request.max_attempts must be 1 to 20");
+            }
+            if c.eta_request.retry_after.is_some_and(|d| d < Duration::from_secs(1)) {
+                bail!("clients.{name}.eta_request.retry_after must be at least 1s");
+            }
+        }
+        for (name, c) in [
+            ("sms", &self.channels.sms),
+            ("hero", &self.channels.hero),
+            ("slack", &self.channels.slack),
+            ("tms", &self.channels.tms),
+            ("ops", &self.channels.ops),
+        ] {
+            if let Some(url) = &c.url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                bail!("channels.{name}.url must start with http:// or https://");
+            }
+            if c.timeout.is_some_and(|t| t.is_zero() || t >= self.dispatcher.lease) {
+                bail!("channels.{name}.timeout must be above zero and well inside dispatcher.lease");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(toml: &str, expected_err: Option<&str>) {
+        match (Config::from_toml(toml), expected_err) {
+            (Ok(_), None) => {}
+            (Err(e), Some(want)) => assert!(format!("{e:#}").contains(want), "{toml}: {e:#} lacks {want:?}"),
+            (got, want) => panic!("{toml}: got {got:?}, want error {want:?}"),
+        }
+    }
+
+    #[test]
+    fn settings() {
+        check("", None);
+        check("[worker]\nconcurrency = 4\n[timers]\npoll = \"5s\"", None);
+        check(
+            "[clients.client_a.eta_request]\nretry_after = \"30m\"\nmax_attempts = 3\ntrigger_risk = \"medium\"",
+            None,
+        );
+        check("[worker]\nconcurency = 4", Some("concurency"));
+        check("[queue]\nkind = \"sqs\"", Some("queue.url"));
+        check("[queue]\nkind = \"sqs\"\nurl = \"https://sqs.us-east-1.amazonaws.com/1/loads\"", Some(".fifo"));
+        check(
+            "[queue]\nkind = \"sqs\"\nurl = \"https://sqs.us-east-1.amazonaws.com/1/loads.fifo\"\nregion = \"us-east-1\"",
+            None,
+        );
+        check("[timers]\npoll = \"45s\"", Some("timers.poll"));
+        check("[timers]\npoll = \"soon\"", Some("bad duration"));
+        check("[dispatcher.retry]\nmax_attempts = 1", Some("max_attempts"));
+        check("[store]\nurl = \"mysql://x\"", Some("store.url"));
+        check("[channels.sms]\nurl = \"ftp://x\"", Some("channels.sms.url"));
+        check("[clients.client_a.eta_request]\ntrigger_risk = \"extreme\"", Some("extreme"));
+        check("[decider]\nkind = \"magic\"", Some("decider.kind"));
+        check("[decider]\nkind = \"llm\"", Some("decider.llm.base_url"));
+        check("[decider]\nkind = \"llm\"\nllm.base_url = \"http://127.0.0.1:9/v1\"", Some("decider.llm.model"));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>().into_iter()
+        };
+        let (c, unknown) = Config::load(
+            None,
+            env(&[
+                ("HAUL_WORKER_CONCURRENCY", "3"),
+                ("HAUL_TIMERS_POLL", "5s"),
+                ("HAUL_PUBLIC_URL", "https://x.example"),
+                ("HAUL_LOAD_LOCK_ENABLED", "true"),
+                ("HAUL_API_TOKEN", "secret"),
+                ("HAUL_NOPE", "1"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.worker.concurrency, 3);
+        assert_eq!(c.timers.poll, Duration::from_secs(5));
+        assert_eq!(c.server.public_url.as_deref(), Some("https://x.example"));
+        assert!(c.load_lock.enabled);
+        assert_eq!(unknown, vec!["HAUL_NOPE".to_string()]);
+        let err = Config::load(None, env(&[("HAUL_WORKER_CONCURRENCY", "lots")])).unwrap_err();
+        assert!(format!("{err:#}").contains("HAUL_WORKER_CONCURRENCY"), "{err:#}");
+        let err = Config::load(None, env(&[("HAUL_TIMERS_POLL", "2m")])).unwrap_err();
+        assert!(format!("{err:#}").contains("timers.poll"), "{err:#}");
+    }
+
+    #[test]
+    fn config_errors_name_the_setting() {
+        let mut c = LlmConfig::default();
+        assert!(c.check().unwrap_err().to_string().contains("decider.llm.base_url"));
+        c.base_url = Some("ftp://x".into());
+        assert!(c.check().unwrap_err().to_string().contains("http://"));
+        c.base_url = Some("http://127.0.0.1:1/v1".into());
+        assert!(c.check().unwrap_err().to_string().contains("decider.llm.model"));
+        c.model = Some("m".into());
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn client_policies_fall_back_to_defaults() {
+        let c = Config::from_toml("[clients.b.eta_request]\nmax_attempts = 5").unwrap();
+        let p = policies(&c.clients);
+        assert_eq!(p.for_client(Some("b")).max_attempts, 5);
+        assert_eq!(p.for_client(Some("b")).retry_after, Duration::from_secs(1800));
+        assert_eq!(p.for_client(Some("zzz")), EtaPolicy::default());
+    }
+}

@@ -1,0 +1,680 @@
+//! `haul bench`: throughput, latency and memory, each throughput set against a limit
+//! measured in the same run (these machines are noisy: a bare number means little).
+//!
+//! Workloads: `append` (runs/s against the bare driver writing the same rows),
+//! `projection` (read + project per run at 100, 1,000 and 10,000 entries),
+//! `contention` (8 workers on one hot load: wasted decisions, with and without the
+//! LoadLock), `e2e` (the whole pipeline in one process, at a fixed rate and at
+//! saturation) and `dispatch` (outbox rows to an HTTP sink against bare HTTP posts).
+//! Each reports its peak resident memory.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use haul_core::action::ActionType;
+use haul_core::decision::Decision;
+use haul_core::ids::LoadId;
+use haul_core::projection::{LoadState, project};
+use haul_core::time::Timestamp;
+use haul_core::{Clock, InboundEvent};
+use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, QueueMessage, Store};
+use serde_json::{Value, json};
+
+use haul_runtime::clock::SystemClock;
+use haul_runtime::decider::{Decider, SopDecider};
+use haul_runtime::faults::Faults;
+use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
+
+pub const WORKLOADS: [&str; 6] = ["append", "projection", "contention", "e2e", "dispatch", "timers"];
+
+/// Figures of one workload: name → number.
+pub type Figures = BTreeMap<String, f64>;
+
+#[derive(Clone, Debug)]
+pub enum BenchStore {
+    /// A SQLite file in this directory, with the default durability (`synchronous=FULL`).
+    Sqlite(std::path::PathBuf),
+    Postgres(String),
+}
+
+/// Peak resident memory since the last reset, in MiB (Linux `VmHWM`).
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_owned))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn reset_peak_rss() {
+    // "5" resets the peak resident set size (Linux 4.0+); elsewhere the figure is the process's peak.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+async fn fresh_store(store: &BenchStore, tag: &str) -> anyhow::Result<(Arc<dyn Store>, String)> {
+    match store {
+        BenchStore::Sqlite(dir) => {
+            let path = dir.join(format!("bench-{tag}-{}.db", fastrand::u32(..)));
+            let url =
+                format!("sqlite://{}{}", path.display(), std::env::var("HAUL_BENCH_SQLITE_OPTS").unwrap_or_default());
+            Ok((haul_runtime::store::open(&url, None).await?, url))
+        }
+        BenchStore::Postgres(url) => {
+            let schema = haul_postgres::testing::fresh_schema(url).await;
+            let s = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
+                schema: Some(schema.clone()),
+                pool_size: 16,
+                ..haul_postgres::PgConfig::new(url.clone())
+            })
+            .await?;
+            s.migrate().await?;
+            Ok((Arc::new(s), schema))
+        }
+    }
+}
+
+fn load(i: usize) -> LoadId {
+    LoadId::parse(&format!("B{i}")).expect("valid load id")
+}
+
+/// One run's rows: a high-risk ping, its decision, and two outbox rows.
+fn run_rows(l: &LoadId, n: usize, now: Timestamp) -> (Vec<NewEntry>, Vec<NewOutboxRow>) {
+    let ev = format!("ping_{n}");
+    let ask = format!("ask:eta_request:{ev}");
+    let sms = json!({"key": format!("{l}/{ask}/1/send_sms"), "type": "send_sms", "ask_id": ask, "step": 1,
+        "params": {"to": "+15555550100", "body": "Hi, this is dispatch. What is your ETA to Gary, IN? Please reply with a time."}});
+    let timer = json!({"key": format!("{l}/{ask}/1/set_timer"), "type": "set_timer", "ask_id": ask, "step": 1,
+        "params": {"timer_id": format!("tmr:{l}:{ask}:1"), "fire_at": now.to_string(), "ask_id": ask, "step": 1}});
+    let decision = json!({"decision_id": format!("dec:{ev}"), "event_id": ev, "decided_at": now.to_string(), "filtered": false,
+        "needs_hero_task": false, "actions": [sms.clone(), timer.clone()], "rationale": "risk high: ask the driver for an ETA (step 1 of 3)",
+        "decider": "sop", "asks": [{"ask_id": ask, "step": 1, "status": "open"}]});
+    let entries = vec![
+        NewEntry {
+            entry_id: ev.clone(),
+            kind: "location_ping".into(),
+            payload: json!({"at": now.to_string(), "lat": 41.88, "lon": -87.63, "risk": "high"}),
+        },
+        NewEntry { entry_id: format!("dec:{ev}"), kind: "decision_recorded".into(), payload: decision },
+    ];
+    let outbox = vec![
+        NewOutboxRow {
+            id: sms["key"].as_str().unwrap_or_default().into(),
+            action_type: ActionType::SendSms,
+            action: sms,
+        },
+        NewOutboxRow {
+            id: timer["key"].as_str().unwrap_or_default().into(),
+            action_type: ActionType::SetTimer,
+            action: timer,
+        },
+    ];
+    (entries, outbox)
+}
+
+/// Committed runs per second: `loads` loads, one run each, split over `writers`.
+async fn append_rate(store: Arc<dyn Store>, loads: usize, writers: usize, offset: usize) -> anyhow::Result<f64> {
+    let now = SystemClock.now();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..writers {
+        let store = store.clone();
+        tasks.spawn(async move {
+            for i in (w..loads).step_by(writers) {
+                let l = load(offset + i);
+                let (entries, outbox) = run_rows(&l, i, now);
+                store.append(&l, entries, 0, outbox, now).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(loads as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The same rows, one transaction each, with the bare driver: the physical limit.
+async fn raw_rate(
+    store: &BenchStore,
+    url_or_schema: &str,
+    loads: usize,
+    writers: usize,
+    offset: usize,
+) -> anyhow::Result<f64> {
+    let now = SystemClock.now();
+    match store {
+        BenchStore::Sqlite(_) => {
+            let path = url_or_schema.trim_start_matches("sqlite://").to_owned();
+            let started = Instant::now();
+            // One writer is SQLite's limit: extra connections only wait on its lock.
+            tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                let conn = rusqlite::Connection::open(&path)?;
+                conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")?;
+                for i in 0..loads {
+                    let l = load(offset + i);
+                    let (entries, outbox) = run_rows(&l, i, now);
+                    let ms = now.as_millisecond();
+                    conn.execute_batch("BEGIN IMMEDIATE")?;
+                    conn.execute("INSERT INTO loads (load_id, version, created_at, updated_at) VALUES (?1, 2, ?2, ?2)", rusqlite::params![l.as_str(), ms])?;
+                    for (n, e) in entries.iter().enumerate() {
+                        conn.execute(
+                            "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                            rusqlite::params![l.as_str(), n as i64 + 1, e.entry_id, e.kind, e.payload.to_string(), ms],
+                        )?;
+                    }
+                    for o in &outbox {
+                        conn.execute(
+                            "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5, ?5)",
+                            rusqlite::params![o.id, l.as_str(), o.action_type.as_str(), o.action.to_string(), ms],
+                        )?;
+                    }
+                    conn.execute_batch("COMMIT")?;
+                }
+                Ok(())
+            })
+            .await??;
+            Ok(loads as f64 / started.elapsed().as_secs_f64())
+        }
+        BenchStore::Postgres(url) => {
+            let schema = url_or_schema.to_owned();
+            let started = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for w in 0..writers {
+                let (url, schema) = (url.clone(), schema.clone());
+                tasks.spawn(async move {
+                    let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+                    tokio::spawn(conn);
+                    client.batch_execute(&format!("SET search_path = {schema}")).await?;
+                    let ms = now.as_millisecond();
+                    for i in (w..loads).step_by(writers) {
+                        let l = load(offset + i);
+                        let (entries, outbox) = run_rows(&l, i, now);
+                        let tx = client.transaction().await?;
+                        tx.execute("INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, 2, $2, $2)", &[&l.as_str(), &ms]).await?;
+                        for (n, e) in entries.iter().enumerate() {
+                            tx.execute(
+                                "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at) VALUES ($1, $2, $3, $4, $5, $6)",
+                                &[&l.as_str(), &(n as i64 + 1), &e.entry_id, &e.kind, &e.payload.to_string(), &ms],
+                            )
+                            .await?;
+                        }
+                        for o in &outbox {
+                            tx.execute(
+                                "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at) VALUES ($1, $2, $3, $4, 'pending', $5, $5, $5)",
+                                &[&o.id, &l.as_str(), &o.action_type.as_str(), &o.action.to_string(), &ms],
+                            )
+                            .await?;
+                        }
+                        tx.commit().await?;
+                    }
+                    anyhow::Ok(())
+                });
+            }
+            while let Some(r) = tasks.join_next().await {
+                r??;
+            }
+            Ok(loads as f64 / started.elapsed().as_secs_f64())
+        }
+    }
+}
+
+async fn append(store: &BenchStore, loads: usize) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let (s, handle) = fresh_store(store, "append").await?;
+    let one = append_rate(s.clone(), loads, 1, 0).await?;
+    let eight = append_rate(s.clone(), loads, 8, loads).await?;
+    let raw1 = raw_rate(store, &handle, loads, 1, 1_000_000).await?;
+    let raw8 = match store {
+        BenchStore::Sqlite(_) => raw1,
+        BenchStore::Postgres(_) => raw_rate(store, &handle, loads, 8, 2_000_000).await?,
+    };
+    f.insert("runs_per_s_1_writer".into(), one);
+    f.insert("runs_per_s_8_writers".into(), eight);
+    f.insert("raw_per_s_1_writer".into(), raw1);
+    f.insert("raw_per_s_8_writers".into(), raw8);
+    f.insert("ratio_1_writer".into(), one / raw1);
+    f.insert("ratio_8_writers".into(), eight / raw8);
+    f.insert("ratio".into(), eight.max(one) / raw8.max(raw1));
+    Ok(f)
+}
+
+/// A realistic log of `n` records: pings and their decisions, some with actions.
+async fn fill_log(s: &Arc<dyn Store>, l: &LoadId, n: usize) -> anyhow::Result<()> {
+    let now = SystemClock.now();
+    let mut version = 0u64;
+    let mut i = 0usize;
+    while (version as usize) < n {
+        let (entries, _) = run_rows(l, i, now);
+        version = s.append(l, entries, version, vec![], now).await?;
+        i += 1;
+    }
+    Ok(())
+}
+
+async fn projection(store: &BenchStore) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let (s, _) = fresh_store(store, "projection").await?;
+    let now = SystemClock.now();
+    let mut per_run = Vec::new();
+    for n in [100usize, 1_000, 10_000] {
+        let l = load(n);
+        fill_log(&s, &l, n).await?;
+        // The full fold, as a run without a snapshot (a cold cache) pays it.
+        let reps = (100_000 / n).clamp(3, 100);
+        let started = Instant::now();
+        for _ in 0..reps {
+            let (records, _) = s.read(&l).await?;
+            std::hint::black_box(project(&records));
+        }
+        f.insert(format!("full_fold_ms_{n}"), started.elapsed().as_secs_f64() * 1000.0 / reps as f64);
+        // A run as the worker makes it: the cached snapshot caught up with what was
+        // appended since (here one more run's two entries), then put back.
+        let projector = haul_runtime::projector::Projector::new(s.clone(), 16);
+        let mut state = projector.take(&l).await?;
+        let mut took = Duration::ZERO;
+        let runs = 200;
+        for i in 0..runs {
+            let (entries, _) = run_rows(&l, 1_000_000 + i, now);
+            s.append(&l, entries, state.version, vec![], now).await?;
+            projector.put(&l, state);
+            let t = Instant::now();
+            state = projector.take(&l).await?;
+            took += t.elapsed();
+        }
+        let full = project(&s.read(&l).await?.0);
+        anyhow::ensure!(state == full, "the snapshot caught up is not the full fold at {n} entries");
+        let ms = took.as_secs_f64() * 1000.0 / runs as f64;
+        f.insert(format!("read_project_ms_{n}"), ms);
+        per_run.push(ms);
+    }
+    // Per run, how much more 10,000 entries cost than 100 (1 = flat, 100 = linear).
+    f.insert("growth_10000_vs_100".into(), per_run[2] / per_run[0]);
+    Ok(f)
+}
+
+/// The SOP with a small think time, counting its calls: a decision that does not
+/// commit is wasted work (an LLM call, in production).
+struct Counting {
+    sop: SopDecider,
+    calls: AtomicUsize,
+    think: Duration,
+}
+
+#[async_trait::async_trait]
+impl Decider for Counting {
+    fn name(&self) -> String {
+        "sop".into()
+    }
+
+    async fn decide(
+        &self,
+        l: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> anyhow::Result<Decision> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.think).await;
+        self.sop.decide(l, state, event, now).await
+    }
+}
+
+/// Eight workers (as eight processes) handed events of one load at once.
+async fn contention_round(store: &BenchStore, load_lock: bool, events: usize) -> anyhow::Result<(f64, usize)> {
+    let (s, _) = fresh_store(store, "contention").await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let decider = Arc::new(Counting {
+        sop: SopDecider { policies: Default::default() },
+        calls: AtomicUsize::new(0),
+        think: Duration::from_millis(5),
+    });
+    let settings = WorkerSettings { load_lock, ..WorkerSettings::default() };
+    let l = LoadId::parse("HOT")?;
+    let msg = |i: usize| {
+        let ev = InboundEvent::from_json(
+            l.clone(),
+            json!({"event_id": format!("s{i}"), "kind": "inbound_sms", "from": "+15555550199", "body": "hello"}),
+        )
+        .expect("valid event");
+        QueueMessage {
+            load_id: l.clone(),
+            event_id: ev.event_id.to_string(),
+            body: ev.to_json().to_string(),
+            enqueued_at: clock.now(),
+            receipt: "0.bench".into(),
+            receive_count: 1,
+        }
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let worker = Arc::new(Worker::new(
+            s.clone(),
+            s.clone() as Arc<dyn LoadQueue>,
+            decider.clone(),
+            clock.clone(),
+            settings.clone(),
+            Faults::default(),
+        ));
+        let mine: Vec<QueueMessage> = (w..events).step_by(8).map(msg).collect();
+        tasks.spawn(async move {
+            for m in mine {
+                // Busy (the lease is held) or left for redelivery: the queue would hand
+                // it back; here it comes back after a short wait.
+                loop {
+                    match worker.process(m.clone()).await {
+                        RunOutcome::Committed { .. } | RunOutcome::AlreadyProcessed | RunOutcome::Duplicate => break,
+                        _ => tokio::time::sleep(Duration::from_millis(2)).await,
+                    }
+                }
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r?;
+    }
+    let calls = decider.calls.load(Ordering::SeqCst);
+    let committed = s.read(&l).await?.0.iter().filter(|r| r.kind == "decision_recorded").count();
+    anyhow::ensure!(committed == events, "{committed} of {events} events committed");
+    Ok(((calls - committed) as f64 / committed as f64, committed))
+}
+
+async fn contention(store: &BenchStore) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let (without, _) = contention_round(store, false, 80).await?;
+    let (with, _) = contention_round(store, true, 80).await?;
+    f.insert("wasted_per_committed_without_lock".into(), without);
+    f.insert("wasted_per_committed_with_lock".into(), with);
+    Ok(f)
+}
+
+/// Runs one workload; adds its peak memory.
+pub async fn run_workload(name: &str, store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
+    reset_peak_rss();
+    let mut f = match name {
+        "append" => append(store, if quick { 1_000 } else { 10_000 }).await,
+        "projection" => projection(store).await,
+        "contention" => contention(store).await,
+        "e2e" => e2e(store, quick).await,
+        "dispatch" => dispatch(store, if quick { 500 } else { 3_000 }).await,
+        "timers" => timers(store, if quick { 50_000 } else { 1_000_000 }, if quick { 1_000 } else { 10_000 }).await,
+        other => anyhow::bail!("unknown workload {other:?} (one of {})", WORKLOADS.join(", ")),
+    }
+    .with_context(|| format!("workload {name}"))?;
+    f.insert("peak_rss_mib".into(), peak_rss_mib());
+    Ok(f)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// The whole pipeline in one process (store-backed queue, SOP, record mode), with the
+/// serve loops: events offered at a fixed rate, then all at once (saturation).
+async fn e2e(store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let rate = 200.0;
+    let seconds = if quick { 2.0 } else { 5.0 };
+    let (runs_fixed, lat) = e2e_round(store, (rate * seconds) as usize, Some(rate)).await?;
+    f.insert("offered_events_per_s".into(), rate);
+    f.insert("runs_per_s_fixed_rate".into(), runs_fixed);
+    f.insert("p50_ms_fixed_rate".into(), percentile(&lat, 0.5));
+    f.insert("p99_ms_fixed_rate".into(), percentile(&lat, 0.99));
+    let (runs_sat, lat) = e2e_round(store, if quick { 500 } else { 2_000 }, None).await?;
+    f.insert("runs_per_s_saturation".into(), runs_sat);
+    f.insert("p50_ms_saturation".into(), percentile(&lat, 0.5));
+    f.insert("p99_ms_saturation".into(), percentile(&lat, 0.99));
+    Ok(f)
+}
+
+/// Publishes `events` high-risk pings on distinct loads; each becomes 3 runs (the ping
+/// and two delivered outcomes). Returns runs/s and the publish → delivered-SMS-outcome
+/// latencies in ms.
+async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyhow::Result<(f64, Vec<f64>)> {
+    let (s, _) = fresh_store(store, "e2e").await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let config = haul_config::Config::default();
+    let channels = haul_runtime::channels::Channels::from_config(&config.channels, s.clone())?;
+    let parts = haul_runtime::pipeline::Parts {
+        store: s.clone(),
+        queue: s.clone(),
+        channels,
+        clock: clock.clone(),
+        faults: Faults::default(),
+        seed: None,
+    };
+    let p = haul_runtime::pipeline::Pipeline::new(&config, parts, None);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (wake_worker, wake_dispatcher) = p.wakeups();
+    let mut loops = tokio::task::JoinSet::new();
+    loops.spawn(haul_runtime::loops::worker_loop(
+        p.worker.clone(),
+        config.worker.concurrency,
+        wake_worker.clone(),
+        stop_rx.clone(),
+    ));
+    loops.spawn(haul_runtime::loops::dispatcher_loop(p.dispatcher.clone(), wake_dispatcher, stop_rx.clone()));
+    let started = Instant::now();
+    // Publishers run as the API's requests do: concurrently (a bounded number).
+    let publishers = Arc::new(tokio::sync::Semaphore::new(32));
+    let mut publishing = tokio::task::JoinSet::new();
+    for i in 0..events {
+        if let Some(r) = rate {
+            let due = Duration::from_secs_f64(i as f64 / r);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let permit = publishers.clone().acquire_owned().await?;
+        let (s, clock, wake) = (s.clone(), clock.clone(), wake_worker.clone());
+        publishing.spawn(async move {
+            let l = load(i);
+            let init = json!({"event_id": "load:init", "kind": "load_update", "driver_phone": "+15555550100", "stage": "in_transit"});
+            let ping = json!({"event_id": "ping", "kind": "location_ping", "lat": 41.0, "lon": -87.0, "risk": "high", "at": clock.now().to_string()});
+            for v in [init, ping] {
+                let ev = InboundEvent::from_json(l.clone(), v)?;
+                s.publish(&l, ev.event_id.as_str(), &ev.to_json().to_string(), clock.now()).await?;
+            }
+            wake.notify_one();
+            drop(permit);
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = publishing.join_next().await {
+        r??;
+    }
+    // Done when every row is dispatched and the queue is empty. Cheapest check first:
+    // the poll runs on the store under test every 5 ms, and counting dispatched rows
+    // scans the outbox (it was about a tenth of the writer thread's work).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if s.depth().await? == 0
+            && s.count_by_status(OutboxStatus::Pending).await? == 0
+            && s.count_by_status(OutboxStatus::Dispatched).await? as usize == 2 * events
+            && s.depth().await? == 0
+        {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the pipeline did not finish");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    while loops.join_next().await.is_some() {}
+    let mut lat = Vec::with_capacity(events);
+    for i in 0..events {
+        let recs = s.read(&load(i)).await?.0;
+        let ping_at = recs
+            .iter()
+            .find(|r| r.entry_id == "ping")
+            .and_then(|r| r.payload["at"].as_str().and_then(|a| a.parse::<Timestamp>().ok()));
+        let out = recs.iter().find(|r| r.entry_id.ends_with("/send_sms:delivered")).map(|r| r.recorded_at);
+        if let (Some(a), Some(b)) = (ping_at, out) {
+            lat.push((b.as_millisecond() - a.as_millisecond()) as f64);
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    // 4 runs per event: load:init, the ping, and the two outcomes.
+    Ok(((events * 4) as f64 / elapsed, lat))
+}
+
+/// Outbox rows delivered to an HTTP sink on 127.0.0.1 that dedupes, with 1 and 4
+/// dispatchers, against bare HTTP posts of the same bodies to the same sink.
+async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let sink = crate::testkit::FakeServices::start(None).await?;
+    for dispatchers in [1usize, 4] {
+        let (s, _) = fresh_store(store, "dispatch").await?;
+        let now = SystemClock.now();
+        for i in 0..rows {
+            let l = load(dispatchers * 1_000_000 + i);
+            let (entries, outbox) = run_rows(&l, i, now);
+            s.append(
+                &l,
+                entries,
+                0,
+                outbox.into_iter().filter(|o| o.action_type == ActionType::SendSms).collect(),
+                now,
+            )
+            .await?;
+        }
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let channels = sink.channels(None, Duration::from_secs(5))?;
+        let settings = haul_runtime::dispatcher::DispatcherSettings::default();
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for d in 0..dispatchers {
+            let disp = Arc::new(haul_runtime::dispatcher::Dispatcher::new(
+                s.clone(),
+                s.clone() as Arc<dyn LoadQueue>,
+                channels.clone(),
+                clock.clone(),
+                settings.clone(),
+                Faults::default(),
+                Some(d as u64),
+            ));
+            tasks.spawn(async move {
+                loop {
+                    if disp.run_once().await?.is_empty() {
+                        return anyhow::Ok(());
+                    }
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            s.count_by_status(OutboxStatus::Dispatched).await? as usize == rows,
+            "not every row was dispatched"
+        );
+        f.insert(format!("rows_per_s_{dispatchers}_dispatchers"), rows as f64 / secs);
+    }
+    // The limit: the same number of POSTs, 32 at a time, with the same client.
+    let client = haul_runtime::channels::http_client()?;
+    let url = format!("{}/v1/messages", sink.base_url(haul_runtime::channels::ChannelName::Sms));
+    let body: Value = json!({"to": "+15555550100", "body": "Hi, this is dispatch. What is your ETA?", "load_id": "B1"});
+    let started = Instant::now();
+    let sem = Arc::new(tokio::sync::Semaphore::new(32));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..rows {
+        let (client, url, body, sem) = (client.clone(), url.clone(), body.clone(), sem.clone());
+        tasks.spawn(async move {
+            let _p = sem.acquire_owned().await?;
+            client
+                .post(&url)
+                .header("Idempotency-Key", format!("raw-{i}"))
+                .json(&body)
+                .send()
+                .await?
+                .error_for_status()?;
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let raw = rows as f64 / started.elapsed().as_secs_f64();
+    f.insert("raw_posts_per_s".into(), raw);
+    f.insert("ratio_4_dispatchers".into(), f["rows_per_s_4_dispatchers"] / raw);
+    Ok(f)
+}
+
+/// `pending` timers, `due` of them firing within the next minute (the rest later), and
+/// the timer pump polling every `timers.poll` (10 s) on the system clock: lag
+/// (fired − `fire_at`) p50 and p99 against the target of poll + 1 s.
+async fn timers(store: &BenchStore, pending: usize, due: usize) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let (s, _) = fresh_store(store, "timers").await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let window = Duration::from_secs(60);
+    let timer = |i: usize| -> anyhow::Result<haul_core::ids::TimerId> {
+        let ask = haul_core::ids::AskId::parse(&format!("ask:eta_request:t{i}"))?;
+        Ok(haul_core::ids::TimerId::new(&load(i % 10_000), &ask, 1))
+    };
+    // All but `due` a day out, then the `due` ones spread over the next minute.
+    let started = Instant::now();
+    let schedule = |from: usize, to: usize, fire: Arc<dyn Fn(usize) -> Timestamp + Send + Sync>| {
+        let s = s.clone();
+        async move {
+            let writers = 32;
+            let mut tasks = tokio::task::JoinSet::new();
+            for w in 0..writers {
+                let (s, fire) = (s.clone(), fire.clone());
+                tasks.spawn(async move {
+                    for i in (from + w..to).step_by(writers) {
+                        s.schedule(&timer(i)?, fire(i), SystemClock.now()).await?;
+                    }
+                    anyhow::Ok(())
+                });
+            }
+            while let Some(r) = tasks.join_next().await {
+                r??;
+            }
+            anyhow::Ok(())
+        }
+    };
+    let far = haul_core::time::add(clock.now(), Duration::from_secs(86_400));
+    schedule(due, pending, Arc::new(move |_| far)).await?;
+    let start = clock.now();
+    let spread =
+        move |i: usize| haul_core::time::add(start, window.mul_f64(i as f64 / due as f64) + Duration::from_secs(2));
+    schedule(0, due, Arc::new(spread)).await?;
+    let setup_secs = started.elapsed().as_secs_f64();
+    f.insert("setup_timers_per_s".into(), pending as f64 / setup_secs);
+    let poll = Duration::from_secs(10);
+    let pump = Arc::new(haul_runtime::pump::TimerPump::new(
+        s.clone(),
+        s.clone() as Arc<dyn LoadQueue>,
+        clock.clone(),
+        Faults::default(),
+        256,
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let looping = tokio::spawn(haul_runtime::loops::pump_loop(pump, poll, 256, stop_rx));
+    // Until the last due timer has had a full poll to fire.
+    let last = haul_core::time::add(start, window + Duration::from_secs(2) + poll + Duration::from_secs(2));
+    tokio::time::sleep(haul_core::time::since(last, clock.now())).await;
+    let _ = stop_tx.send(true);
+    looping.await?;
+    let mut lags = Vec::with_capacity(due);
+    for i in 0..due {
+        let t = s.get_timer(&timer(i)?).await?.context("a due timer vanished")?;
+        let fired = t.fired_at.with_context(|| format!("timer {} never fired", t.timer_id))?;
+        lags.push((fired.as_millisecond() - t.fire_at.as_millisecond()) as f64 / 1000.0);
+    }
+    lags.sort_by(|a, b| a.total_cmp(b));
+    f.insert("pending_timers".into(), pending as f64);
+    f.insert("setup_seconds".into(), setup_secs);
+    f.insert("lag_p50_s".into(), percentile(&lags, 0.5));
+    f.insert("lag_p99_s".into(), percentile(&lags, 0.99));
+    f.insert("target_p99_s".into(), poll.as_secs_f64() + 1.0);
+    Ok(f)
+}

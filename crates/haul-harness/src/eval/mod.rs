@@ -1,0 +1,754 @@
+//! `haul eval`: runs scenario files (scenarios.md) through the real worker,
+//! dispatcher and timer pump on a fake clock, with the channel services as real HTTP
+//! servers on 127.0.0.1.
+//!
+//! At each step: set the clock, publish the step's events, run the pipeline to
+//! quiescence (`Pipeline::run_until_quiet`, the same objects `serve` runs), check the
+//! step's `expect` keys, then the four invariants. The first failure ends the
+//! scenario with a message naming the step, its time, the key, expected and actual.
+//!
+//! With [`EvalDecider::Llm`] the worker decides with the real `LlmDecider`, pointed at
+//! a recorded chat-completions server (`testkit_llm`) that each scenario starts on
+//! 127.0.0.1; a request with no recorded answer, or of the wrong shape, fails the
+//! scenario (key `llm`).
+
+pub mod scenario;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use haul_core::action::{Action, ActionType};
+use haul_core::decision::DECISION_RECORDED;
+use haul_core::ids::LoadId;
+use haul_core::projection::{Record, project};
+use haul_core::time::Timestamp;
+use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::testkit::{Effect, FakeServices};
+use crate::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm};
+use haul_config::Config;
+use haul_runtime::faults::Faults;
+use haul_runtime::llm::{LlmDecider, LlmSettings};
+use haul_runtime::pipeline::{Parts, Pipeline};
+use scenario::{Expect, Scenario, SentExpect};
+
+/// Which store each scenario runs on.
+#[derive(Clone, Debug)]
+pub enum EvalStore {
+    SqliteMemory,
+    /// Each scenario in its own schema of this database.
+    Postgres(String),
+}
+
+/// Which load queue a scenario runs on.
+#[derive(Clone, Debug, Default)]
+pub enum EvalQueue {
+    /// The store's own queue, on the scenario's fake clock.
+    #[default]
+    Store,
+    /// A fresh SQS FIFO queue per scenario on this endpoint (a local emulator). SQS
+    /// keeps its own clock, so a nacked message is waited for in real time.
+    Sqs(String),
+}
+
+impl EvalQueue {
+    /// SQS FIFO on a local emulator: `HAUL_SQS_ENDPOINT`, or one started for this run.
+    #[cfg(feature = "sqs")]
+    pub async fn sqs_emulator() -> anyhow::Result<Self> {
+        Ok(EvalQueue::Sqs(haul_sqs::testing::endpoint().await.map_err(|e| anyhow::anyhow!(e))?))
+    }
+
+    #[cfg(not(feature = "sqs"))]
+    pub async fn sqs_emulator() -> anyhow::Result<Self> {
+        anyhow::bail!("--queue sqs needs a build with SQS (cargo build --features sqs)")
+    }
+}
+
+/// How long a scenario waits, in real time, for messages SQS holds back (a nack's
+/// delay) before it calls the pipeline stuck.
+const SQS_SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Which decider the worker runs.
+#[derive(Clone, Debug, Default)]
+pub enum EvalDecider {
+    /// The SOP of domain.md with the scenario's client policies.
+    #[default]
+    Sop,
+    /// The LLM decider against a recorded server replying with these answers.
+    Llm(Answers),
+}
+
+/// What a run is made of besides its store; the default is the store's queue and the SOP.
+#[derive(Clone, Debug, Default)]
+pub struct EvalOptions {
+    pub queue: EvalQueue,
+    pub decider: EvalDecider,
+}
+
+/// Where a scenario failed.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Failure {
+    /// Step index (0-based), `None` before the first step or for file problems.
+    pub step: Option<usize>,
+    pub at: Option<String>,
+    /// The `expect` key, `invariant N`, or the file key at fault.
+    pub key: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ScenarioReport {
+    pub file: String,
+    pub name: String,
+    pub passed: bool,
+    pub failure: Option<Failure>,
+    pub steps: usize,
+    pub duration_ms: u64,
+}
+
+impl ScenarioReport {
+    /// `PASS name` or `FAIL name: why`.
+    pub fn line(&self) -> String {
+        match &self.failure {
+            None => format!("PASS {}", self.name),
+            Some(f) => {
+                let wher = match (&f.step, &f.at) {
+                    (Some(i), Some(at)) => format!("step {i} ({at}): "),
+                    _ => String::new(),
+                };
+                format!("FAIL {} ({}): {wher}{}: {}", self.name, self.file, f.key, f.message)
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub scenarios: Vec<ScenarioReport>,
+    pub passed: usize,
+    pub failed: usize,
+}
+
+/// The scenario files a list of paths names: files as given, folders searched for
+/// `*.toml` (sorted). A path that does not exist is reported as a failure.
+pub fn collect(paths: &[PathBuf]) -> Vec<Result<PathBuf, (PathBuf, String)>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut found = Vec::new();
+            walk(p, &mut found);
+            found.sort();
+            out.extend(found.into_iter().map(Ok));
+        } else if p.is_file() {
+            out.push(Ok(p.clone()));
+        } else {
+            out.push(Err((p.clone(), "no such file or folder".into())));
+        }
+    }
+    out
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk(&p, out);
+        } else if p.extension().is_some_and(|x| x == "toml") {
+            out.push(p);
+        }
+    }
+}
+
+/// Runs every file with the store's queue and the SOP; `on_report` sees each scenario
+/// as it finishes.
+pub async fn run_paths(paths: &[PathBuf], store: &EvalStore, on_report: impl FnMut(&ScenarioReport)) -> Report {
+    run_paths_with(paths, store, &EvalOptions::default(), on_report).await
+}
+
+/// Runs every file with the given queue and decider.
+pub async fn run_paths_with(
+    paths: &[PathBuf],
+    store: &EvalStore,
+    opts: &EvalOptions,
+    mut on_report: impl FnMut(&ScenarioReport),
+) -> Report {
+    let mut scenarios = Vec::new();
+    for item in collect(paths) {
+        let report = match item {
+            Ok(path) => run_file_with(&path, store, opts).await,
+            Err((path, why)) => file_failure(&path, "path", why),
+        };
+        on_report(&report);
+        scenarios.push(report);
+    }
+    let passed = scenarios.iter().filter(|s| s.passed).count();
+    Report { failed: scenarios.len() - passed, passed, scenarios }
+}
+
+fn file_failure(path: &Path, key: &str, message: String) -> ScenarioReport {
+    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    ScenarioReport {
+        file: path.display().to_string(),
+        name,
+        passed: false,
+        failure: Some(Failure { step: None, at: None, key: key.into(), message }),
+        steps: 0,
+        duration_ms: 0,
+    }
+}
+
+pub async fn run_file(path: &Path, store: &EvalStore) -> ScenarioReport {
+    run_file_with(path, store, &EvalOptions::default()).await
+}
+
+pub async fn run_file_with(path: &Path, store: &EvalStore, opts: &EvalOptions) -> ScenarioReport {
+    let text = match std::fs::read(path) {
+        Ok(b) => match String::from_utf8(b) {
+            Ok(t) => t,
+            Err(_) => return file_failure(path, "file", "is not UTF-8".into()),
+        },
+        Err(e) => return file_failure(path, "file", e.to_string()),
+    };
+    let scenario = match scenario::parse(&text) {
+        Ok(s) => s,
+        Err(e) => {
+            let message = match e.line {
+                Some(l) => format!("line {l}: {}", e.message),
+                None => e.message,
+            };
+            return file_failure(path, &e.key, message);
+        }
+    };
+    run_scenario_with(&scenario, &path.display().to_string(), store, Faults::default(), opts).await
+}
+
+/// Runs one parsed scenario. `faults` lets the runner's self-checks plant failures.
+pub async fn run_scenario(s: &Scenario, file: &str, store: &EvalStore, faults: Faults) -> ScenarioReport {
+    run_scenario_with(s, file, store, faults, &EvalOptions::default()).await
+}
+
+/// Runs one parsed scenario with the given queue and decider.
+pub async fn run_scenario_with(
+    s: &Scenario,
+    file: &str,
+    store: &EvalStore,
+    faults: Faults,
+    opts: &EvalOptions,
+) -> ScenarioReport {
+    let started = std::time::Instant::now();
+    let failure = match Run::start(s, store, faults, opts).await {
+        Ok(mut run) => {
+            let failure = run.steps(s).await.err();
+            run.close().await;
+            failure
+        }
+        Err(e) => Some(Failure { step: None, at: None, key: "setup".into(), message: format!("{e:#}") }),
+    };
+    ScenarioReport {
+        file: file.to_owned(),
+        name: s.name.clone(),
+        passed: failure.is_none(),
+        failure,
+        steps: s.steps.len(),
+        duration_ms: started.elapsed().as_millis() as u64,
+    }
+}
+
+/// One scenario in progress, and what it has seen so far.
+struct Run {
+    store: Arc<dyn Store>,
+    clock: Arc<FakeClock>,
+    svc: FakeServices,
+    pipeline: Pipeline,
+    queue: Arc<dyn LoadQueue>,
+    /// The SQS queue to delete when the scenario ends.
+    #[cfg(feature = "sqs")]
+    sqs: Option<Arc<haul_sqs::SqsQueue>>,
+    load: Option<LoadId>,
+    loads: BTreeSet<LoadId>,
+    /// Every (load, event id) published, for invariant 1.
+    published: Vec<(LoadId, String)>,
+    /// Cursors at the previous check.
+    effects_seen: usize,
+    rows_seen: BTreeMap<String, (OutboxStatus, Option<String>)>,
+    log_seen: BTreeMap<LoadId, usize>,
+    /// The recorded model server, with the LLM decider.
+    llm: Option<RecordedLlm>,
+    llm_seen: usize,
+}
+
+/// A fresh, empty store of the kind asked for, its tokens seeded.
+pub(crate) async fn open_store(store: &EvalStore, seed: u64) -> anyhow::Result<Arc<dyn Store>> {
+    match store {
+        EvalStore::SqliteMemory => haul_runtime::store::open("sqlite::memory:", Some(seed)).await,
+        EvalStore::Postgres(url) => {
+            let schema = haul_postgres::testing::fresh_schema(url).await;
+            let s = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
+                schema: Some(schema),
+                pool_size: 4,
+                seed: Some(seed),
+                ..haul_postgres::PgConfig::new(url.clone())
+            })
+            .await?;
+            s.migrate().await?;
+            Ok(Arc::new(s))
+        }
+    }
+}
+
+fn fail(step: Option<(usize, &str)>, key: &str, message: String) -> Failure {
+    Failure { step: step.map(|s| s.0), at: step.map(|s| s.1.to_owned()), key: key.into(), message }
+}
+
+impl Run {
+    async fn start(s: &Scenario, store: &EvalStore, faults: Faults, opts: &EvalOptions) -> anyhow::Result<Run> {
+        let (queue, decider) = (&opts.queue, &opts.decider);
+        let store = open_store(store, 1).await?;
+        #[cfg(feature = "sqs")]
+        let sqs = match queue {
+            EvalQueue::Store => None,
+            EvalQueue::Sqs(endpoint) => {
+                let name = format!("haul-eval-{:016x}.fifo", fastrand::u64(..));
+                Some(Arc::new(haul_sqs::SqsQueue::create(&haul_sqs::testing::settings(endpoint), &name).await?))
+            }
+        };
+        #[cfg(feature = "sqs")]
+        let queue: Arc<dyn LoadQueue> = match &sqs {
+            Some(q) => q.clone(),
+            None => store.clone(),
+        };
+        #[cfg(not(feature = "sqs"))]
+        let queue: Arc<dyn LoadQueue> = match queue {
+            EvalQueue::Store => store.clone(),
+            EvalQueue::Sqs(_) => anyhow::bail!("--queue sqs needs a build with SQS (cargo build --features sqs)"),
+        };
+        let clock = Arc::new(FakeClock::new(s.start));
+        let svc = FakeServices::start(None).await?;
+        for f in &s.faults {
+            svc.add_fault(f.clone());
+        }
+        let mut config = Config { clients: s.clients.clone(), ..Config::default() };
+        let (llm, llm_decider) = match decider {
+            EvalDecider::Sop => (None, None),
+            EvalDecider::Llm(answers) => {
+                let server = RecordedLlm::start(answers.clone(), RECORDED_API_KEY).await?;
+                let settings = LlmSettings {
+                    base_url: server.base_url(),
+                    model: answers.model.clone(),
+                    api_key: RECORDED_API_KEY.into(),
+                    timeout: answers.timeout,
+                };
+                config.decider.kind = haul_config::DeciderKind::Llm;
+                config.decider.llm.timeout = answers.timeout;
+                let d: Arc<dyn haul_runtime::decider::Decider> =
+                    Arc::new(LlmDecider::new(settings, haul_config::policies(&s.clients))?);
+                (Some(server), Some(d))
+            }
+        };
+        let parts = Parts {
+            store: store.clone(),
+            queue: queue.clone(),
+            channels: svc.channels(None, Duration::from_secs(5))?,
+            clock: clock.clone(),
+            faults,
+            seed: Some(1),
+        };
+        let pipeline = Pipeline::new(&config, parts, llm_decider);
+        Ok(Run {
+            store,
+            clock,
+            svc,
+            pipeline,
+            queue,
+            #[cfg(feature = "sqs")]
+            sqs,
+            load: s.load.clone(),
+            loads: s.load.iter().cloned().collect(),
+            published: vec![],
+            effects_seen: 0,
+            rows_seen: BTreeMap::new(),
+            log_seen: BTreeMap::new(),
+            llm,
+            llm_seen: 0,
+        })
+    }
+
+    async fn steps(&mut self, s: &Scenario) -> Result<(), Failure> {
+        if let Some(init) = &s.init {
+            self.publish(init, 1).await.map_err(|m| fail(None, "load", m))?;
+            self.settle().await.map_err(|m| fail(None, "pipeline", m))?;
+            self.llm_ok().map_err(|(k, m)| fail(None, &k, m))?;
+            self.invariants().await.map_err(|(k, m)| fail(None, &k, m))?;
+        }
+        for (i, step) in s.steps.iter().enumerate() {
+            let here = Some((i, step.at_text.as_str()));
+            self.clock.set(step.at);
+            for (event, repeat) in &step.inbound {
+                self.publish(event, *repeat).await.map_err(|m| fail(here, "inbound", m))?;
+            }
+            self.settle().await.map_err(|m| fail(here, "pipeline", m))?;
+            self.llm_ok().map_err(|(k, m)| fail(here, &k, m))?;
+            if let Some(expect) = &step.expect {
+                self.check(expect, s.start).await.map_err(|(k, m)| fail(here, &k, m))?;
+                self.mark_checked().await.map_err(|m| fail(here, "store", m))?;
+            }
+            self.invariants().await.map_err(|(k, m)| fail(here, &k, m))?;
+        }
+        Ok(())
+    }
+
+    async fn publish(&mut self, event: &InboundEvent, repeat: u32) -> Result<(), String> {
+        let body = event.to_json().to_string();
+        for _ in 0..repeat {
+            self.queue
+                .publish(&event.load_id, event.event_id.as_str(), &body, self.clock.now())
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        self.loads.insert(event.load_id.clone());
+        self.published.push((event.load_id.clone(), event.event_id.to_string()));
+        Ok(())
+    }
+
+    async fn settle(&self) -> Result<(), String> {
+        let started = std::time::Instant::now();
+        loop {
+            self.pipeline.run_until_quiet().await.map_err(|e| format!("{e:#}"))?;
+            // The store's queue is quiet when the pipeline is; SQS may still hold a
+            // nacked message back for its delay, in real time.
+            if !self.real_time_queue() || self.queue.depth().await.map_err(|e| e.to_string())? == 0 {
+                return Ok(());
+            }
+            if started.elapsed() > SQS_SETTLE_LIMIT {
+                return Err(format!(
+                    "messages stayed on the queue for {SQS_SETTLE_LIMIT:?} after the pipeline went quiet"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn real_time_queue(&self) -> bool {
+        #[cfg(feature = "sqs")]
+        return self.sqs.is_some();
+        #[cfg(not(feature = "sqs"))]
+        false
+    }
+
+    /// Deletes what the scenario made outside its store.
+    async fn close(&self) {
+        #[cfg(feature = "sqs")]
+        if let Some(q) = &self.sqs
+            && let Err(e) = q.delete_queue().await
+        {
+            tracing::warn!(error = %e, "deleting the scenario's SQS queue failed");
+        }
+    }
+
+    async fn rows(&self) -> Result<Vec<OutboxRow>, String> {
+        let mut rows = Vec::new();
+        for l in &self.loads {
+            rows.extend(self.store.rows_for_load(l).await.map_err(|e| e.to_string())?);
+        }
+        Ok(rows)
+    }
+
+    async fn logs(&self) -> Result<BTreeMap<LoadId, Vec<Record>>, String> {
+        let mut logs = BTreeMap::new();
+        for l in &self.loads {
+            logs.insert(l.clone(), self.store.read(l).await.map_err(|e| e.to_string())?.0);
+        }
+        Ok(logs)
+    }
+
+    async fn mark_checked(&mut self) -> Result<(), String> {
+        self.effects_seen = self.svc.effects().len();
+        self.llm_seen = self.llm.as_ref().map_or(0, |l| l.requests().len());
+        self.rows_seen = self.rows().await?.into_iter().map(|r| (r.id, (r.status, r.receipt))).collect();
+        self.log_seen = self.logs().await?.into_iter().map(|(l, r)| (l, r.len())).collect();
+        Ok(())
+    }
+
+    /// Outbox rows that reached `status` (with a receipt satisfying `receipt`) since the previous check.
+    fn newly(
+        &self,
+        rows: &[OutboxRow],
+        t: Option<ActionType>,
+        status: OutboxStatus,
+        receipt: Option<&str>,
+    ) -> Vec<OutboxRow> {
+        rows.iter()
+            .filter(|r| t.is_none_or(|t| r.action_type == t) && r.status == status)
+            .filter(|r| receipt.is_none_or(|x| r.receipt.as_deref() == Some(x)))
+            .filter(|r| self.rows_seen.get(&r.id).is_none_or(|(s, _)| *s != status))
+            .cloned()
+            .collect()
+    }
+
+    async fn check(&self, e: &Expect, start: Timestamp) -> Result<(), (String, String)> {
+        let store_err = |m: String| ("store".to_string(), m);
+        let new_effects: Vec<Effect> = self.svc.effects().into_iter().skip(self.effects_seen).collect();
+        if let Some(want) = &e.sent {
+            let got: Vec<&Effect> = new_effects.iter().filter(|e| e.channel != "ops").collect();
+            check_sent(want, &got).map_err(|m| ("sent".to_string(), m))?;
+        }
+        if let Some(want) = e.llm_calls {
+            let got = self.llm.as_ref().map_or(0, |l| l.requests().len()) - self.llm_seen;
+            if got != want {
+                let events: Vec<String> = self
+                    .llm
+                    .as_ref()
+                    .map(|l| l.requests().into_iter().skip(self.llm_seen).map(|r| r.event).collect())
+                    .unwrap_or_default();
+                return Err(("llm_calls".into(), format!("expected {want} model calls, got {got} {events:?}")));
+            }
+        }
+        if let Some(want) = &e.ops_alerts {
+            let got: BTreeSet<String> = new_effects
+                .iter()
+                .filter(|e| e.channel == "ops")
+                .map(|e| e.key.strip_prefix("alert:").unwrap_or(&e.key).to_owned())
+                .collect();
+            same_set("ops_alerts", want.iter().cloned().collect(), got)?;
+        }
+        let rows = if e.timers_scheduled.is_some() || e.timers_canceled.is_some() || e.dead.is_some() {
+            self.rows().await.map_err(store_err)?
+        } else {
+            vec![]
+        };
+        if let Some(want) = &e.timers_scheduled {
+            let mut want_set = BTreeSet::new();
+            for t in want {
+                let at = scenario::parse_at(&t.fire_at, start).map_err(|m| ("timers_scheduled".to_string(), m))?;
+                want_set.insert(format!("{} at {}", t.id, at));
+            }
+            let got: BTreeSet<String> = self
+                .newly(&rows, Some(ActionType::SetTimer), OutboxStatus::Dispatched, Some("scheduled"))
+                .iter()
+                .filter_map(|r| serde_json::from_value::<Action>(r.action.clone()).ok())
+                .filter_map(|a| match a.kind {
+                    haul_core::ActionKind::SetTimer { timer_id, fire_at, .. } => {
+                        Some(format!("{timer_id} at {fire_at}"))
+                    }
+                    _ => None,
+                })
+                .collect();
+            same_set("timers_scheduled", want_set, got)?;
+        }
+        if let Some(want) = &e.timers_canceled {
+            let got: BTreeSet<String> = self
+                .newly(&rows, Some(ActionType::CancelTimer), OutboxStatus::Dispatched, Some("canceled"))
+                .iter()
+                .filter_map(|r| r.action["params"]["timer_id"].as_str().map(str::to_owned))
+                .collect();
+            same_set("timers_canceled", want.iter().cloned().collect(), got)?;
+        }
+        if let Some(want) = &e.dead {
+            let got: BTreeSet<String> =
+                self.newly(&rows, None, OutboxStatus::Dead, None).into_iter().map(|r| r.id).collect();
+            same_set("dead", want.iter().cloned().collect(), got)?;
+        }
+        if e.asks.is_some() || e.open_asks.is_some() || e.stage.is_some() || e.decisions.is_some() {
+            let logs = self.logs().await.map_err(store_err)?;
+            let main: Vec<Record> = self.load.as_ref().and_then(|l| logs.get(l)).cloned().unwrap_or_default();
+            let state = project(&main);
+            if let Some(want) = &e.asks {
+                for a in want {
+                    let got = state.asks.values().find(|x| x.ask_id.as_str() == a.id);
+                    let ok = got.is_some_and(|g| g.status.as_str() == a.status && a.step.is_none_or(|s| s == g.step));
+                    if !ok {
+                        let actual = got.map_or("no such ask".to_string(), |g| {
+                            format!("status {} step {}", g.status.as_str(), g.step)
+                        });
+                        let expected =
+                            format!("status {}{}", a.status, a.step.map(|s| format!(" step {s}")).unwrap_or_default());
+                        return Err(("asks".into(), format!("ask {}: expected {expected}, got {actual}", a.id)));
+                    }
+                }
+            }
+            if let Some(want) = &e.open_asks {
+                let got: BTreeSet<String> = state.open_asks().map(|a| a.ask_id.to_string()).collect();
+                same_set("open_asks", want.iter().cloned().collect(), got)?;
+            }
+            if let Some(want) = &e.stage {
+                let got = state.stage.clone().unwrap_or_default();
+                if &got != want {
+                    return Err(("stage".into(), format!("expected {want:?}, got {got:?}")));
+                }
+            }
+            if let Some(want) = &e.decisions {
+                let recent: Vec<&Record> = logs
+                    .iter()
+                    .flat_map(|(l, recs)| recs.iter().skip(self.log_seen.get(l).copied().unwrap_or(0)))
+                    .filter(|r| r.kind == DECISION_RECORDED)
+                    .collect();
+                for d in want {
+                    let found = recent.iter().find(|r| r.payload["event_id"] == d.event_id);
+                    let Some(r) = found else {
+                        let ids: Vec<&str> = recent.iter().filter_map(|r| r.payload["event_id"].as_str()).collect();
+                        return Err((
+                            "decisions".into(),
+                            format!("no decision for {} since the previous check (decided: {ids:?})", d.event_id),
+                        ));
+                    };
+                    check_decision(d, &r.payload)
+                        .map_err(|m| ("decisions".to_string(), format!("{}: {m}", d.event_id)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// With the LLM decider: every model request so far was well formed and had a
+    /// recorded answer. Checked before `expect`, since a missing answer is the cause.
+    fn llm_ok(&self) -> Result<(), (String, String)> {
+        match self.llm.as_ref().and_then(|l| l.problems().into_iter().next()) {
+            Some(problem) => Err(("llm".into(), problem)),
+            None => Ok(()),
+        }
+    }
+
+    /// The four invariants of scenarios.md.
+    async fn invariants(&self) -> Result<(), (String, String)> {
+        let logs = self.logs().await.map_err(|m| ("store".to_string(), m))?;
+        // 1. Every published inbound event is in the log exactly once.
+        for (l, id) in &self.published {
+            let n = logs.get(l).map_or(0, |r| r.iter().filter(|r| &r.entry_id == id).count());
+            if n != 1 {
+                return Err((
+                    "invariant 1".into(),
+                    format!("event {id} of load {l} is in the log {n} times (expected once)"),
+                ));
+            }
+        }
+        for (l, recs) in &logs {
+            // 2. Every inbound entry is followed by exactly one decision for it.
+            for (i, r) in recs.iter().enumerate() {
+                if r.kind == DECISION_RECORDED {
+                    continue;
+                }
+                let dec = format!("dec:{}", r.entry_id);
+                let next_ok = recs.get(i + 1).is_some_and(|n| n.entry_id == dec && n.kind == DECISION_RECORDED);
+                let count = recs.iter().filter(|n| n.entry_id == dec).count();
+                if !next_ok || count != 1 {
+                    return Err((
+                        "invariant 2".into(),
+                        format!("event {} of load {l} is not followed by exactly one decision", r.entry_id),
+                    ));
+                }
+            }
+            // 4. No Hero task for the outcome of a Hero-channel or internal action.
+            for (i, r) in recs.iter().enumerate() {
+                if r.kind != "action_outcome" || !(r.payload["hero_channel"] == true || r.payload["internal"] == true) {
+                    continue;
+                }
+                if let Some(d) = recs.get(i + 1)
+                    && d.payload["actions"]
+                        .as_array()
+                        .is_some_and(|a| a.iter().any(|a| a["type"] == "create_hero_task"))
+                {
+                    return Err((
+                        "invariant 4".into(),
+                        format!("a Hero task was created for {} (a Hero-channel or internal outcome)", r.entry_id),
+                    ));
+                }
+            }
+        }
+        // 3. No key reached a service twice with different payloads.
+        if let Some(c) = self.svc.conflicts().first() {
+            return Err(("invariant 3".into(), format!("{c} was called twice with different payloads")));
+        }
+        Ok(())
+    }
+}
+
+fn same_set(key: &str, want: BTreeSet<String>, got: BTreeSet<String>) -> Result<(), (String, String)> {
+    if want == got {
+        return Ok(());
+    }
+    let missing: Vec<&String> = want.difference(&got).collect();
+    let unexpected: Vec<&String> = got.difference(&want).collect();
+    Err((key.into(), format!("missing {missing:?}, unexpected {unexpected:?}")))
+}
+
+fn channel_label(internal: &str) -> &str {
+    match internal {
+        "hero" => "hero_task",
+        "slack" => "hero_slack",
+        "tms" => "stage",
+        other => other,
+    }
+}
+
+fn matches(want: &SentExpect, got: &Effect) -> bool {
+    let body = got.payload.get("body").or_else(|| got.payload.get("text")).and_then(Value::as_str).unwrap_or("");
+    channel_label(&got.channel) == want.channel
+        && got.key == want.key
+        && want.to.as_ref().is_none_or(|t| got.payload["to"] == *t)
+        && want.urgency.as_ref().is_none_or(|u| got.payload["urgency"] == *u)
+        && want.body_contains.as_ref().is_none_or(|b| body.contains(b.as_str()))
+}
+
+/// Exactly the expected calls, order ignored: each expectation takes a distinct call.
+fn check_sent(want: &[SentExpect], got: &[&Effect]) -> Result<(), String> {
+    let mut free: Vec<bool> = vec![true; got.len()];
+    let mut missing = Vec::new();
+    for w in want {
+        match (0..got.len()).find(|&i| free[i] && matches(w, got[i])) {
+            Some(i) => free[i] = false,
+            None => missing.push(describe_want(w)),
+        }
+    }
+    let unexpected: Vec<String> = got
+        .iter()
+        .zip(&free)
+        .filter(|(_, f)| **f)
+        .map(|(e, _)| format!("{} {} {}", channel_label(&e.channel), e.key, e.payload))
+        .collect();
+    if missing.is_empty() && unexpected.is_empty() {
+        return Ok(());
+    }
+    Err(format!("missing {missing:?}, unexpected {unexpected:?}"))
+}
+
+fn describe_want(w: &SentExpect) -> String {
+    let mut s = format!("{} {}", w.channel, w.key);
+    for (k, v) in [("to", &w.to), ("urgency", &w.urgency), ("body_contains", &w.body_contains)] {
+        if let Some(v) = v {
+            s.push_str(&format!(" {k}={v:?}"));
+        }
+    }
+    s
+}
+
+fn check_decision(want: &scenario::DecisionExpect, got: &Value) -> Result<(), String> {
+    if let Some(d) = &want.decider
+        && got["decider"] != *d
+    {
+        return Err(format!("expected decider {d:?}, got {}", got["decider"]));
+    }
+    if let Some(f) = want.filtered
+        && got["filtered"] != f
+    {
+        return Err(format!("expected filtered {f}, got {}", got["filtered"]));
+    }
+    if let Some(types) = &want.actions {
+        let mut want_types = types.clone();
+        want_types.sort();
+        let mut got_types: Vec<String> = got["actions"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|a| a["type"].as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        got_types.sort();
+        if want_types != got_types {
+            return Err(format!("expected actions {want_types:?}, got {got_types:?}"));
+        }
+    }
+    Ok(())
+}

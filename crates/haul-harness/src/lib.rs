@@ -1,0 +1,14 @@
+//! What tests and measures haul, and nothing that runs it in production: the eval
+//! runner, the deterministic simulator, the benchmarks, the crash-test driver, and the
+//! fake channel and model services they drive the real runtime against (over real
+//! HTTP, speaking the services' wire contract).
+//!
+//! `haul-runtime` and `haul-server` never depend on this crate; the binary exposes it
+//! only through the commands that test (`eval`, `sim`, `bench`, the hidden `testkit`).
+
+pub mod bench;
+pub mod crashtest;
+pub mod eval;
+pub mod sim;
+pub mod testkit;
+pub mod testkit_llm;

@@ -1,0 +1,778 @@
+//! `haul sim`: deterministic simulation with fault injection (FoundationDB's simulation
+//! tests, TigerBeetle's VOPR).
+//!
+//! One seeded generator drives a fake clock, many loads, two workers, two dispatchers
+//! and two timer pumps (the production objects), the fake channel services and a queue
+//! that can have outages. During the fault phase it injects: process deaths at every
+//! fault point, an append whose answer is lost, duplicate publishes, redeliveries under
+//! a live holder, two runs of one load at once, queue outages, services answering 5xx,
+//! 429, 4xx, timing out, answering slower than the lease or losing the answer after
+//! the effect, and clock jumps. Then faults stop, the clock runs on until everything
+//! drains, and the invariants are checked. Operations run one at a time in the order
+//! the generator picks, so a seed repeats exactly: the trace digest says so.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use haul_core::action::{ActionType, ChannelClass};
+use haul_core::decision::{DECISION_RECORDED, Decision};
+use haul_core::ids::LoadId;
+use haul_core::projection::LoadState;
+use haul_core::time::{Timestamp, add, since};
+use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_store::{LoadQueue, OutboxStatus, QueueMessage, Store, TimerStatus};
+use serde_json::json;
+
+use crate::eval::EvalStore;
+use crate::testkit::{FakeServices, FaultKind, FlakyQueue};
+use haul_config::{ClientConfig, Config, EtaRequestConfig, policies};
+use haul_runtime::decider::{Decider, SopDecider};
+use haul_runtime::dispatcher::{Dispatcher, DispatcherSettings};
+use haul_runtime::faults::{FaultPoint, Faults, Observed, PlantedBugs};
+use haul_runtime::pump::TimerPump;
+use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
+
+/// Which kinds of fault the fault phase injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultSet {
+    pub crash: bool,
+    pub duplicate: bool,
+    pub redelivery: bool,
+    pub interleave: bool,
+    pub outage: bool,
+    pub service: bool,
+    pub clock: bool,
+}
+
+impl FaultSet {
+    pub const NAMES: [&'static str; 7] =
+        ["crash", "duplicate", "redelivery", "interleave", "outage", "service", "clock"];
+
+    pub fn all() -> Self {
+        FaultSet {
+            crash: true,
+            duplicate: true,
+            redelivery: true,
+            interleave: true,
+            outage: true,
+            service: true,
+            clock: true,
+        }
+    }
+
+    /// `all`, `none`, or a comma-separated list of [`FaultSet::NAMES`].
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "all" => return Ok(Self::all()),
+            "none" => {
+                return Ok(FaultSet {
+                    crash: false,
+                    duplicate: false,
+                    redelivery: false,
+                    interleave: false,
+                    outage: false,
+                    service: false,
+                    clock: false,
+                });
+            }
+            _ => {}
+        }
+        let mut f = Self::parse("none")?;
+        for name in s.split(',').map(str::trim) {
+            match name {
+                "crash" => f.crash = true,
+                "duplicate" => f.duplicate = true,
+                "redelivery" => f.redelivery = true,
+                "interleave" => f.interleave = true,
+                "outage" => f.outage = true,
+                "service" => f.service = true,
+                "clock" => f.clock = true,
+                other => {
+                    anyhow::bail!("--faults: unknown fault {other:?} (all, none, or some of {})", Self::NAMES.join(","))
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub seed: u64,
+    pub loads: usize,
+    pub steps: usize,
+    pub faults: FaultSet,
+    pub bugs: PlantedBugs,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SimReport {
+    pub seed: u64,
+    /// FNV-1a over the trace: the same seed gives the same digest.
+    pub digest: String,
+    pub violation: Option<String>,
+    /// The trace lines that show the violation (those naming its load or key).
+    pub excerpt: Vec<String>,
+    pub coverage: BTreeMap<String, u64>,
+    pub events: usize,
+    pub effects: usize,
+}
+
+/// What the hooks see and count; shared with the fault hook, the service chaos and the
+/// dispatchers' observer.
+struct Shared {
+    rng: fastrand::Rng,
+    on: bool,
+    faults: FaultSet,
+    coverage: BTreeMap<String, u64>,
+    latest_claim: HashMap<String, String>,
+    stale_marks: Vec<String>,
+    trace: Vec<String>,
+}
+
+impl Shared {
+    fn count(&mut self, what: impl Into<String>) {
+        *self.coverage.entry(what.into()).or_default() += 1;
+    }
+}
+
+type SharedRef = Arc<Mutex<Shared>>;
+
+fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The SOP, remembering every state it was asked about (invariant: re-projecting the
+/// log gives the state the runs saw).
+struct Recording {
+    sop: SopDecider,
+    seen: Arc<Mutex<Vec<(LoadId, String, LoadState)>>>,
+}
+
+#[async_trait::async_trait]
+impl Decider for Recording {
+    fn name(&self) -> String {
+        "sop".into()
+    }
+
+    async fn decide(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> anyhow::Result<Decision> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).push((
+            load.clone(),
+            event.event_id.to_string(),
+            state.clone(),
+        ));
+        self.sop.decide(load, state, event, now).await
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(90);
+const VISIBILITY: Duration = Duration::from_secs(360);
+const STRANGER: &str = "+15555559999";
+
+struct World {
+    store: Arc<dyn Store>,
+    queue: Arc<FlakyQueue>,
+    clock: Arc<FakeClock>,
+    svc: FakeServices,
+    workers: Vec<Arc<Worker>>,
+    dispatchers: Vec<Arc<Dispatcher>>,
+    pumps: Vec<Arc<TimerPump>>,
+    shared: SharedRef,
+    seen: Arc<Mutex<Vec<(LoadId, String, LoadState)>>>,
+    rng: fastrand::Rng,
+    loads: Vec<LoadId>,
+    published: Vec<(LoadId, String)>,
+    next_event: u64,
+    step: usize,
+    /// The step at which a queue outage ends.
+    outage_until: Option<usize>,
+}
+
+fn phone(i: usize) -> String {
+    format!("+1555555{:04}", 1000 + i)
+}
+
+impl World {
+    async fn new(opts: &SimOptions, store: &EvalStore) -> anyhow::Result<World> {
+        let store = crate::eval::open_store(store, opts.seed).await?;
+        let clock = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse()?));
+        let svc = FakeServices::start(None).await?;
+        let queue = Arc::new(FlakyQueue::new(store.clone() as Arc<dyn LoadQueue>));
+        let shared: SharedRef = Arc::new(Mutex::new(Shared {
+            rng: fastrand::Rng::with_seed(opts.seed ^ 0x5eed_f00d),
+            on: true,
+            faults: opts.faults,
+            coverage: BTreeMap::new(),
+            latest_claim: HashMap::new(),
+            stale_marks: Vec::new(),
+            trace: Vec::new(),
+        }));
+        let hook = {
+            let shared = shared.clone();
+            move |point: FaultPoint, ctx: &str| {
+                let mut s = lock(&shared);
+                if !(s.on && s.faults.crash) || s.rng.f64() >= 0.02 {
+                    return false;
+                }
+                s.count(format!("crash:{point}"));
+                s.trace.push(format!("  crash at {point} ({ctx})"));
+                true
+            }
+        };
+        let observer = {
+            let shared = shared.clone();
+            move |o: Observed<'_>| {
+                let mut s = lock(&shared);
+                match o {
+                    Observed::Claimed { outbox_id, token } => {
+                        s.latest_claim.insert(outbox_id.to_owned(), token.to_owned());
+                    }
+                    Observed::Marked { outbox_id, token } => {
+                        if s.latest_claim.get(outbox_id).map(String::as_str) != Some(token) {
+                            s.stale_marks.push(outbox_id.to_owned());
+                        }
+                    }
+                }
+            }
+        };
+        let faults = Faults::new(hook).with_observer(observer).with_bugs(opts.bugs);
+        let chaos = {
+            let (shared, clock) = (shared.clone(), clock.clone());
+            move |channel: &str, key: &str| -> Option<FaultKind> {
+                let mut s = lock(&shared);
+                if !(s.on && s.faults.service) {
+                    return None;
+                }
+                let r = s.rng.f64();
+                let kind = match r {
+                    r if r < 0.05 => FaultKind::Retryable,
+                    r if r < 0.07 => FaultKind::RateLimited,
+                    r if r < 0.08 => FaultKind::Permanent,
+                    r if r < 0.10 => FaultKind::LostAnswer,
+                    r if r < 0.102 => FaultKind::Slow(Duration::from_millis(400)),
+                    r if r < 0.11 => {
+                        // Applied, but answered after the lease ran out.
+                        clock.advance(LEASE + Duration::from_secs(1));
+                        s.count("service:slower_than_lease");
+                        s.trace.push(format!("  {channel} {key}: answered after the lease"));
+                        return None;
+                    }
+                    _ => return None,
+                };
+                let name = match &kind {
+                    FaultKind::Retryable => "service:5xx",
+                    FaultKind::RateLimited => "service:429",
+                    FaultKind::Permanent => "service:4xx",
+                    FaultKind::LostAnswer => "service:lost_answer",
+                    FaultKind::Slow(_) => "service:timeout",
+                };
+                s.count(name);
+                s.trace.push(format!("  {channel} {key}: {name}"));
+                Some(kind)
+            }
+        };
+        svc.set_chaos(Some(Arc::new(chaos)));
+        let mut clients = BTreeMap::new();
+        clients.insert(
+            "client_b".to_string(),
+            ClientConfig {
+                eta_request: EtaRequestConfig {
+                    retry_after: Some(Duration::from_secs(600)),
+                    max_attempts: Some(2),
+                    trigger_risk: Some(haul_core::Risk::Medium),
+                },
+            },
+        );
+        let config = Config { clients, ..Config::default() };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let decider: Arc<dyn Decider> =
+            Arc::new(Recording { sop: SopDecider { policies: policies(&config.clients) }, seen: seen.clone() });
+        // A client timeout short enough that a "timing out" service costs little real time.
+        let channels = svc.channels(None, Duration::from_millis(300))?;
+        let worker_settings = WorkerSettings { concurrency: 1, visibility: VISIBILITY, ..WorkerSettings::default() };
+        let dispatcher_settings =
+            DispatcherSettings { batch: 4, lease: LEASE, retry: config.dispatcher.retry.policy(), sequential: true };
+        let q: Arc<dyn LoadQueue> = queue.clone();
+        // The second worker and dispatcher take the store's own queue, as `serve` does:
+        // the ack inside the append and the outcome's publish with the mark, one
+        // transaction each. The first ones go through the flaky queue: two steps, with
+        // the crash windows between them and the queue's outages.
+        let direct: Arc<dyn LoadQueue> = store.clone();
+        let queue_of = |i: usize| if i == 0 { q.clone() } else { direct.clone() };
+        let c: Arc<dyn Clock> = clock.clone();
+        let workers = (0..2)
+            .map(|i| {
+                Arc::new(Worker::new(
+                    store.clone(),
+                    queue_of(i),
+                    decider.clone(),
+                    c.clone(),
+                    worker_settings.clone(),
+                    faults.clone(),
+                ))
+            })
+            .collect();
+        let dispatchers = (0..2u64)
+            .map(|i| {
+                Arc::new(Dispatcher::new(
+                    store.clone(),
+                    queue_of(i as usize),
+                    channels.clone(),
+                    c.clone(),
+                    dispatcher_settings.clone(),
+                    faults.clone(),
+                    Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
+                ))
+            })
+            .collect();
+        let pumps =
+            (0..2).map(|_| Arc::new(TimerPump::new(store.clone(), q.clone(), c.clone(), faults.clone(), 16))).collect();
+        let loads = (0..opts.loads.max(1)).map(|i| LoadId::parse(&format!("L{i}")).expect("valid load id")).collect();
+        Ok(World {
+            store,
+            queue,
+            clock,
+            svc,
+            workers,
+            dispatchers,
+            pumps,
+            shared,
+            seen,
+            rng: fastrand::Rng::with_seed(opts.seed),
+            loads,
+            published: Vec::new(),
+            next_event: 0,
+            step: 0,
+            outage_until: None,
+        })
+    }
+
+    fn trace(&self, line: String) {
+        let t = self.clock.now().strftime("%d %H:%M:%S");
+        lock(&self.shared).trace.push(format!("{:>5} {t} {line}", self.step));
+    }
+
+    fn count(&self, what: &str) {
+        lock(&self.shared).count(what);
+    }
+
+    fn faults(&self) -> FaultSet {
+        let s = lock(&self.shared);
+        if s.on { s.faults } else { FaultSet::parse("none").expect("static") }
+    }
+
+    async fn publish(&mut self, load: &LoadId, event: serde_json::Value, times: usize) -> Option<QueueMessage> {
+        let ev = InboundEvent::from_json(load.clone(), event).expect("the simulator makes valid events");
+        let body = ev.to_json().to_string();
+        let mut accepted = false;
+        for _ in 0..times {
+            match self.queue.publish(load, ev.event_id.as_str(), &body, self.clock.now()).await {
+                Ok(_) => accepted = true,
+                Err(_) => self.trace(format!("publish {load} {} refused: queue down", ev.event_id)),
+            }
+        }
+        if !accepted {
+            return None;
+        }
+        self.published.push((load.clone(), ev.event_id.to_string()));
+        self.trace(format!("publish {load} {} {}{}", ev.event_id, ev.kind(), if times > 1 { " twice" } else { "" }));
+        Some(QueueMessage {
+            load_id: load.clone(),
+            event_id: ev.event_id.to_string(),
+            body,
+            enqueued_at: self.clock.now(),
+            receipt: "0.direct".into(),
+            receive_count: 1,
+        })
+    }
+
+    fn random_event(&mut self, i: usize) -> serde_json::Value {
+        self.next_event += 1;
+        let id = format!("e{}", self.next_event);
+        let r = self.rng.u32(0..100);
+        match r {
+            0..=39 => {
+                let risk = ["low", "medium", "high", "high"][self.rng.usize(0..4)];
+                json!({"event_id": id, "kind": "location_ping", "lat": 41.0, "lon": -87.0, "risk": risk, "at": self.clock.now().to_string()})
+            }
+            40..=64 => {
+                let body = if self.rng.bool() { "ETA 9:15" } else { "flat tire, running late" };
+                json!({"event_id": id, "kind": "inbound_sms", "from": phone(i), "body": body})
+            }
+            65..=74 => json!({"event_id": id, "kind": "inbound_sms", "from": STRANGER, "body": "who is this?"}),
+            75..=79 => json!({"event_id": id, "kind": "load_update", "stage": "delivered"}),
+            _ => json!({"event_id": id, "kind": "load_update", "next_stop": format!("stop {}", self.next_event)}),
+        }
+    }
+
+    async fn init_loads(&mut self) {
+        for i in 0..self.loads.len() {
+            let load = self.loads[i].clone();
+            let client = if i % 2 == 0 { "client_a" } else { "client_b" };
+            let init = json!({"event_id": "load:init", "kind": "load_update", "client": client, "driver_phone": phone(i), "stage": "in_transit"});
+            self.publish(&load, init, 1).await;
+        }
+    }
+
+    fn outcomes(outcomes: &[RunOutcome]) -> String {
+        outcomes
+            .iter()
+            .map(|o| match o {
+                RunOutcome::Committed { decider, actions, .. } => format!("committed({decider},{actions})"),
+                RunOutcome::Crashed(c) => format!("crashed({})", c.point),
+                RunOutcome::LeftForRedelivery(why) => format!("left({why})"),
+                other => format!("{other:?}").to_lowercase(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    async fn run_worker(&self, w: usize) -> anyhow::Result<bool> {
+        let outcomes = self.workers[w].run_once().await?;
+        if !outcomes.is_empty() {
+            self.trace(format!("w{w}: {}", Self::outcomes(&outcomes)));
+        }
+        Ok(!outcomes.is_empty())
+    }
+
+    async fn run_dispatcher(&self, d: usize) -> anyhow::Result<bool> {
+        let done = self.dispatchers[d].run_once().await?;
+        if !done.is_empty() {
+            let labels: Vec<String> = done.iter().map(|x| format!("{x:?}").to_lowercase()).collect();
+            self.trace(format!("d{d}: {}", labels.join(" ")));
+        }
+        Ok(!done.is_empty())
+    }
+
+    async fn run_pump(&self, p: usize) -> anyhow::Result<bool> {
+        let round = self.pumps[p].run_once().await?;
+        if round.fired > 0 || round.crashed.is_some() {
+            self.trace(format!(
+                "p{p}: fired {}{}",
+                round.fired,
+                if round.crashed.is_some() { " then crashed" } else { "" }
+            ));
+        }
+        Ok(round.fired > 0)
+    }
+
+    /// One step of the fault phase, chosen by the generator.
+    async fn step(&mut self) -> anyhow::Result<()> {
+        let f = self.faults();
+        if self.outage_until.is_some_and(|end| self.step >= end) {
+            self.outage_until = None;
+            self.queue.set_down(false);
+            self.trace("queue up".into());
+        }
+        let r = self.rng.u32(0..100);
+        match r {
+            0..=23 => {
+                let i = self.rng.usize(0..self.loads.len());
+                let event = self.random_event(i);
+                let load = self.loads[i].clone();
+                let times = if f.duplicate && self.rng.u32(0..10) == 0 { 2 } else { 1 };
+                if times > 1 {
+                    self.count("queue:duplicate_publish");
+                }
+                self.publish(&load, event, times).await;
+            }
+            24..=47 => {
+                let w = self.rng.usize(0..2);
+                self.run_worker(w).await?;
+            }
+            48..=69 => {
+                let d = self.rng.usize(0..2);
+                self.run_dispatcher(d).await?;
+            }
+            70..=77 => {
+                let p = self.rng.usize(0..2);
+                self.run_pump(p).await?;
+            }
+            78..=89 => {
+                let s = self.rng.u64(1..=120);
+                self.clock.advance(Duration::from_secs(s));
+            }
+            90..=91 if f.clock => {
+                let m = self.rng.u64(10..=60);
+                self.count("clock:jump");
+                self.trace(format!("clock jumps {m} min"));
+                self.clock.advance(Duration::from_secs(m * 60));
+            }
+            92..=93 if f.outage && self.outage_until.is_none() => {
+                let steps = self.rng.usize(3..=25);
+                self.outage_until = Some(self.step + steps);
+                self.queue.set_down(true);
+                self.count("queue:outage");
+                self.trace(format!("queue down for {steps} steps"));
+            }
+            94..=96 if f.redelivery => {
+                // A holder whose visibility lapses mid-run: another worker gets the
+                // message meanwhile; the holder then finishes late.
+                let held = self.workers[0].receive(1).await?;
+                if let Some(m) = held.into_iter().next() {
+                    self.count("queue:redelivery_under_holder");
+                    self.trace(format!("w0 holds {} {} past its visibility", m.load_id, m.event_id));
+                    self.clock.advance(VISIBILITY + Duration::from_secs(1));
+                    self.run_worker(1).await?;
+                    let late = self.workers[0].process(m).await;
+                    self.trace(format!("w0 late: {}", Self::outcomes(&[late])));
+                }
+            }
+            97..=99 if f.interleave => {
+                // Two events of one load run at once in two workers.
+                let i = self.rng.usize(0..self.loads.len());
+                let load = self.loads[i].clone();
+                let (ea, eb) = (self.random_event(i), self.random_event(i));
+                let (Some(a), Some(b)) = (self.publish(&load, ea, 1).await, self.publish(&load, eb, 1).await) else {
+                    return Ok(());
+                };
+                self.count("worker:interleaved_runs");
+                let (ra, rb) = self.workers[0].interleave(a, &self.workers[1], b).await;
+                self.trace(format!("interleaved on {load}: {} | {}", Self::outcomes(&[ra]), Self::outcomes(&[rb])));
+            }
+            _ => {
+                let s = self.rng.u64(1..=30);
+                self.clock.advance(Duration::from_secs(s));
+            }
+        }
+        Ok(())
+    }
+
+    /// Faults off; the clock runs on until nothing is left to do.
+    async fn drain(&mut self) -> anyhow::Result<Timestamp> {
+        lock(&self.shared).on = false;
+        self.svc.clear_faults();
+        self.queue.set_down(false);
+        let started = self.clock.now();
+        self.trace("faults stop; draining".into());
+        for _ in 0..5000 {
+            let mut moved = false;
+            for p in 0..2 {
+                moved |= self.run_pump(p).await?;
+            }
+            for w in 0..2 {
+                while self.run_worker(w).await? {
+                    moved = true;
+                }
+            }
+            for d in 0..2 {
+                while self.run_dispatcher(d).await? {
+                    moved = true;
+                }
+            }
+            if moved {
+                continue;
+            }
+            let busy = self.store.depth().await? > 0 || self.store.count_by_status(OutboxStatus::Pending).await? > 0;
+            if busy {
+                self.clock.advance(Duration::from_secs(30));
+                continue;
+            }
+            let far = add(self.clock.now(), Duration::from_secs(365 * 86_400));
+            match self.store.due(far, 1).await?.first() {
+                Some(t) if t.fire_at > self.clock.now() => self.clock.set(t.fire_at),
+                Some(_) => self.clock.advance(Duration::from_secs(1)),
+                None => return Ok(started),
+            }
+        }
+        anyhow::bail!("the simulation did not drain")
+    }
+
+    async fn check(&self, drain_started: Timestamp) -> anyhow::Result<Option<String>> {
+        let s = &self.store;
+        let mut logs = BTreeMap::new();
+        for l in &self.loads {
+            logs.insert(l.clone(), s.read(l).await?.0);
+        }
+        // No inbound event lost or logged twice.
+        for (l, id) in &self.published {
+            let n = logs[l].iter().filter(|r| &r.entry_id == id).count();
+            if n != 1 {
+                return Ok(Some(format!("event {id} of {l} is in the log {n} times")));
+            }
+        }
+        for (l, recs) in &logs {
+            // Gapless seq.
+            if recs.iter().enumerate().any(|(i, r)| r.seq != i as u64 + 1) {
+                return Ok(Some(format!("the log of {l} has a gap in seq")));
+            }
+            // Each inbound entry followed by its decision.
+            for (i, r) in recs.iter().enumerate() {
+                if r.kind != DECISION_RECORDED
+                    && recs.get(i + 1).is_none_or(|d| d.entry_id != format!("dec:{}", r.entry_id))
+                {
+                    return Ok(Some(format!("event {} of {l} has no decision right after it", r.entry_id)));
+                }
+            }
+            // No Hero task for a Hero-channel or internal outcome.
+            for (i, r) in recs.iter().enumerate() {
+                let infra =
+                    r.kind == "action_outcome" && (r.payload["hero_channel"] == true || r.payload["internal"] == true);
+                let task = recs.get(i + 1).is_some_and(|d| {
+                    d.payload["actions"].as_array().is_some_and(|a| a.iter().any(|a| a["type"] == "create_hero_task"))
+                });
+                if infra && task {
+                    return Ok(Some(format!("a Hero task was created for {} of {l}", r.entry_id)));
+                }
+            }
+            // Timers: once in the log each.
+            let mut fired = BTreeSet::new();
+            for r in recs.iter().filter(|r| r.kind == "timer_fired") {
+                if !fired.insert(&r.entry_id) {
+                    return Ok(Some(format!("{} is in the log of {l} twice", r.entry_id)));
+                }
+            }
+            for t in s.timers_for_load(l).await? {
+                if t.status == TimerStatus::Scheduled {
+                    return Ok(Some(format!("timer {} of {l} never fired", t.timer_id)));
+                }
+                if t.status == TimerStatus::Fired
+                    && t.fire_at >= drain_started
+                    && t.fired_at.is_some_and(|f| since(f, t.fire_at) > Duration::from_secs(60))
+                {
+                    return Ok(Some(format!("timer {} of {l} fired more than 60 s late outside faults", t.timer_id)));
+                }
+            }
+            // Outbox: nothing pending, one effect per dispatched row, outcomes for all.
+            let has = |id: &str| recs.iter().any(|r| r.entry_id == id);
+            for row in s.rows_for_load(l).await? {
+                let channel = match row.action_type {
+                    ActionType::SendSms => Some("sms"),
+                    ActionType::CreateHeroTask => Some("hero"),
+                    ActionType::PostHeroSlack => Some("slack"),
+                    ActionType::UpdateStage => Some("tms"),
+                    ActionType::SetTimer | ActionType::CancelTimer => None,
+                };
+                match row.status {
+                    OutboxStatus::Pending => return Ok(Some(format!("outbox row {} of {l} is still pending", row.id))),
+                    OutboxStatus::Dispatched => {
+                        if let Some(c) = channel
+                            && self.svc.effect_count(c, &row.id) != 1
+                        {
+                            let n = self.svc.effect_count(c, &row.id);
+                            return Ok(Some(format!(
+                                "dispatched row {} of {l} has {n} effects at the {c} service",
+                                row.id
+                            )));
+                        }
+                        if !has(&format!("evt:out:{}:delivered", row.id)) {
+                            return Ok(Some(format!(
+                                "dispatched row {} of {l} has no delivered outcome in the log",
+                                row.id
+                            )));
+                        }
+                    }
+                    OutboxStatus::Dead => {
+                        let ok = match row.action_type.class() {
+                            ChannelClass::External => has(&format!("evt:out:{}:failed", row.id)),
+                            _ => self.svc.effect_count("ops", &format!("alert:{}", row.id)) == 1,
+                        };
+                        if !ok {
+                            return Ok(Some(format!(
+                                "dead row {} of {l} has neither its failed outcome nor an OpsAlert",
+                                row.id
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(c) = self.svc.conflicts().first() {
+            return Ok(Some(format!("{c} reached its service twice with different payloads")));
+        }
+        if let Some(id) = lock(&self.shared).stale_marks.first() {
+            return Ok(Some(format!("a mark on {id} succeeded with a stale claim token")));
+        }
+        // Re-projecting the log gives the state each run decided on: the decision
+        // logged for an event was made on the log exactly as it stands before it.
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut by_event: HashMap<(&LoadId, &str), Vec<&LoadState>> = HashMap::new();
+        for (l, e, st) in &seen {
+            by_event.entry((l, e.as_str())).or_default().push(st);
+        }
+        for (l, recs) in &logs {
+            let mut before = LoadState::default();
+            for (i, r) in recs.iter().enumerate() {
+                // Only decisions the decider made: a run that asked the decider and
+                // died may be followed by one the filter decides.
+                let by_decider = recs
+                    .get(i + 1)
+                    .is_some_and(|d| !matches!(d.payload["decider"].as_str(), Some("filter" | "fallback")));
+                let states = by_event.get(&(l, r.entry_id.as_str())).filter(|_| by_decider);
+                if r.kind == DECISION_RECORDED || states.is_none() {
+                    before.apply(r);
+                    continue; // a decision, or decided by the filter or a fallback
+                }
+                let states = states.expect("checked");
+                if !states.iter().any(|st| **st == before) {
+                    return Ok(Some(format!(
+                        "the decision for {} of {l} was made on a state its log does not give (decided on version {}, logged after version {})",
+                        r.entry_id,
+                        states.iter().map(|s| s.version).max().unwrap_or(0),
+                        before.version
+                    )));
+                }
+                before.apply(r);
+            }
+        }
+        if s.depth().await? != 0 {
+            return Ok(Some("the load queue did not drain".into()));
+        }
+        Ok(None)
+    }
+}
+
+fn fnv1a(lines: &[String]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for line in lines {
+        for b in line.bytes().chain(std::iter::once(b'\n')) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The trace lines that name what the violation names (its load, or its key), last 30.
+fn excerpt(trace: &[String], violation: &str) -> Vec<String> {
+    let needles: Vec<&str> = violation
+        .split_whitespace()
+        .filter(|w| w.starts_with('L') && w[1..].chars().all(|c| c.is_ascii_digit()) || w.contains('/'))
+        .collect();
+    let hits: Vec<String> = trace.iter().filter(|l| needles.iter().any(|n| l.contains(n))).cloned().collect();
+    let pick = if hits.is_empty() { trace.to_vec() } else { hits };
+    pick[pick.len().saturating_sub(30)..].to_vec()
+}
+
+/// Runs one seed.
+pub async fn run(opts: &SimOptions, store: &EvalStore) -> anyhow::Result<SimReport> {
+    let mut w = World::new(opts, store).await?;
+    w.init_loads().await;
+    for step in 0..opts.steps {
+        w.step = step;
+        w.step().await?;
+    }
+    w.step = opts.steps;
+    let drain_started = w.drain().await?;
+    let violation = w.check(drain_started).await?;
+    let s = lock(&w.shared);
+    let mut coverage = s.coverage.clone();
+    coverage.insert("events".into(), w.published.len() as u64);
+    let effects = w.svc.effects().len();
+    Ok(SimReport {
+        seed: opts.seed,
+        digest: format!("{:016x}", fnv1a(&s.trace)),
+        excerpt: violation.as_deref().map(|v| excerpt(&s.trace, v)).unwrap_or_default(),
+        violation,
+        coverage,
+        events: w.published.len(),
+        effects,
+    })
+}

@@ -1,0 +1,96 @@
+//! Self-checks of `haul eval`: a runner that cannot fail is worthless.
+
+use std::path::PathBuf;
+
+use haul_harness::eval::scenario::parse;
+use haul_harness::eval::{EvalStore, run_paths, run_scenario};
+use haul_runtime::faults::{FaultPoint, Faults};
+
+const GOOD: &str = r#"
+name = "ask once"
+start = "2026-03-02T07:00:00Z"
+[load]
+id = "481207"
+client = "client_a"
+driver_phone = "+15555550100"
+stage = "in_transit"
+[[step]]
+at = "07:00"
+inbound = [{ kind = "location_ping", event_id = "ping_0700", risk = "high", lat = 41.88, lon = -87.63 }]
+[[step]]
+at = "07:01"
+expect.sent = [{ channel = "sms", key = "481207/ask:eta_request:ping_0700/1/send_sms", to = "+15555550100" }]
+expect.open_asks = ["ask:eta_request:ping_0700"]
+"#;
+
+async fn run(text: &str, faults: Faults) -> haul_harness::eval::ScenarioReport {
+    run_scenario(&parse(text).unwrap(), "inline.toml", &EvalStore::SqliteMemory, faults).await
+}
+
+#[tokio::test]
+async fn a_true_scenario_passes() {
+    let r = run(GOOD, Faults::default()).await;
+    assert!(r.passed, "{}", r.line());
+    assert_eq!(r.line(), "PASS ask once");
+}
+
+#[tokio::test]
+async fn a_wrong_sent_expectation_fails_naming_step_key_missing_and_unexpected() {
+    let wrong = GOOD.replace("ping_0700/1/send_sms\", to", "ping_0700/2/send_sms\", to");
+    let r = run(&wrong, Faults::default()).await;
+    assert!(!r.passed);
+    let f = r.failure.clone().unwrap();
+    assert_eq!((f.step, f.at.as_deref(), f.key.as_str()), (Some(1), Some("07:01"), "sent"));
+    assert!(
+        f.message.contains("missing [\"sms 481207/ask:eta_request:ping_0700/2/send_sms to=\\\"+15555550100\\\"\"]"),
+        "{}",
+        f.message
+    );
+    assert!(f.message.contains("unexpected [\"sms 481207/ask:eta_request:ping_0700/1/send_sms"), "{}", f.message);
+    assert!(r.line().starts_with("FAIL ask once (inline.toml): step 1 (07:01): sent: missing"), "{}", r.line());
+}
+
+#[tokio::test]
+async fn a_wrong_state_expectation_fails_with_expected_and_actual() {
+    let wrong = GOOD.replace(
+        "expect.open_asks = [\"ask:eta_request:ping_0700\"]",
+        "expect.asks = [{ id = \"ask:eta_request:ping_0700\", status = \"answered\" }]",
+    );
+    let f = run(&wrong, Faults::default()).await.failure.unwrap();
+    assert_eq!(f.key, "asks");
+    assert_eq!(f.message, "ask ask:eta_request:ping_0700: expected status answered, got status open step 1");
+}
+
+#[tokio::test]
+async fn an_event_dropped_by_a_fault_point_breaks_invariant_1() {
+    // The run for ping_0700 dies after reading, every time: the event never reaches the log.
+    let faults = Faults::new(|p, ctx| p == FaultPoint::AfterRead && ctx == "ping_0700");
+    let f = run(GOOD, faults).await.failure.unwrap();
+    assert_eq!((f.step, f.key.as_str()), (Some(0), "invariant 1"));
+    assert!(f.message.contains("event ping_0700 of load 481207 is in the log 0 times"), "{}", f.message);
+}
+
+#[tokio::test]
+async fn a_broken_file_fails_alone_and_the_others_still_run() {
+    let dir = std::env::temp_dir().join(format!("haul-eval-selfcheck-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a_good.toml"), GOOD).unwrap();
+    std::fs::write(dir.join("b_unknown_key.toml"), GOOD.replace("expect.open_asks", "expect.open_askz")).unwrap();
+    std::fs::write(dir.join("c_backwards.toml"), GOOD.replace("at = \"07:01\"", "at = \"06:59\"")).unwrap();
+    std::fs::write(dir.join("d_bad_duration.toml"), GOOD.replace("at = \"07:01\"", "at = \"+5 minutes\"")).unwrap();
+    std::fs::write(dir.join("e_not_toml.toml"), "name = [").unwrap();
+    std::fs::write(dir.join("f_not_utf8.toml"), b"name = \"\xff\"").unwrap();
+    let report = run_paths(&[dir.clone(), PathBuf::from("/no/such/file.toml")], &EvalStore::SqliteMemory, |_| {}).await;
+    let lines: Vec<String> = report.scenarios.iter().map(|s| s.line()).collect();
+    assert_eq!((report.passed, report.failed), (1, 6), "{lines:#?}");
+    let msg = |i: usize| {
+        report.scenarios[i].failure.as_ref().map(|f| format!("{}: {}", f.key, f.message)).unwrap_or_default()
+    };
+    assert!(msg(1).contains("line 15") && msg(1).contains("open_askz"), "{}", msg(1));
+    assert!(msg(2).starts_with("step[1].at: line 13:") && msg(2).contains("goes back in time"), "{}", msg(2));
+    assert!(msg(3).starts_with("step[1].at: line 13:"), "{}", msg(3));
+    assert!(msg(4).contains("line 1"), "{}", msg(4));
+    assert!(msg(5).contains("not UTF-8"), "{}", msg(5));
+    assert!(msg(6).contains("no such file"), "{}", msg(6));
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -1,0 +1,274 @@
+//! Channel clients (api.md): the SMS, Hero task, Hero Slack and TMS services, and
+//! OpsAlerts.
+//!
+//! Every call carries `Idempotency-Key: {outbox id}` and a bearer token; the services
+//! dedupe on the key. Status classification: 2xx is a delivery (its JSON `id` is the
+//! receipt); 408, 425, 429, 5xx, connection errors and timeouts are retryable; every
+//! other status is permanent. A channel with no URL is in record mode: the delivery is
+//! recorded in the store, deduped by key, so a fresh machine shows what it would send.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use haul_core::action::{Action, ActionKind};
+use haul_core::ids::LoadId;
+use haul_core::time::Timestamp;
+use haul_store::DeliveryLog;
+use serde_json::{Value, json};
+
+use haul_config::{ChannelConfig, ChannelsConfig};
+
+/// A failure worth retrying: the service may accept the same call later.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("retryable: {0}")]
+pub struct RetryableDeliveryError(pub String);
+
+/// A failure that will not go away by retrying.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("permanent: {0}")]
+pub struct PermanentDeliveryError(pub String);
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    #[error(transparent)]
+    Retryable(#[from] RetryableDeliveryError),
+    #[error(transparent)]
+    Permanent(#[from] PermanentDeliveryError),
+}
+
+/// The services an action can go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChannelName {
+    Sms,
+    Hero,
+    Slack,
+    Tms,
+    Ops,
+}
+
+impl ChannelName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelName::Sms => "sms",
+            ChannelName::Hero => "hero",
+            ChannelName::Slack => "slack",
+            ChannelName::Tms => "tms",
+            ChannelName::Ops => "ops",
+        }
+    }
+}
+
+/// The HTTP request an action becomes: which service, which path, which body.
+pub fn request_for(load_id: &LoadId, action: &Action) -> Option<(ChannelName, String, Value)> {
+    Some(match &action.kind {
+        ActionKind::SendSms { to, body } => {
+            (ChannelName::Sms, "/v1/messages".into(), json!({"to": to, "body": body, "load_id": load_id}))
+        }
+        ActionKind::CreateHeroTask { title, body, urgency } => (
+            ChannelName::Hero,
+            "/v1/tasks".into(),
+            json!({"load_id": load_id, "title": title, "body": body, "urgency": urgency}),
+        ),
+        ActionKind::PostHeroSlack { channel, text } => {
+            (ChannelName::Slack, "/v1/messages".into(), json!({"load_id": load_id, "channel": channel, "text": text}))
+        }
+        ActionKind::UpdateStage { stage } => {
+            (ChannelName::Tms, format!("/v1/loads/{load_id}/stage"), json!({"stage": stage}))
+        }
+        ActionKind::SetTimer { .. } | ActionKind::CancelTimer { .. } => return None,
+    })
+}
+
+#[async_trait]
+pub trait ChannelClient: Send + Sync {
+    /// Delivers `body` to `path` with `key` as the idempotency key; the receipt on success.
+    async fn send(
+        &self,
+        key: &str,
+        load_id: &LoadId,
+        path: &str,
+        body: &Value,
+        now: Timestamp,
+    ) -> Result<String, DeliveryError>;
+
+    /// `http` or `record`, for logs.
+    fn mode(&self) -> &'static str;
+}
+
+/// Longest answer body read from a service; the rest is not read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+pub struct HttpChannel {
+    client: reqwest::Client,
+    base_url: String,
+    token: Option<String>,
+    timeout: Duration,
+}
+
+/// One HTTP client for every channel: building one loads the TLS roots, which is
+/// slow, and a client is a cheap handle to a shared connection pool.
+pub fn http_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?)
+}
+
+impl HttpChannel {
+    pub fn new(base_url: &str, token: Option<String>, timeout: Duration) -> anyhow::Result<Self> {
+        Ok(Self::with_client(http_client()?, base_url, token, timeout))
+    }
+
+    pub fn with_client(client: reqwest::Client, base_url: &str, token: Option<String>, timeout: Duration) -> Self {
+        HttpChannel { client, base_url: base_url.trim_end_matches('/').to_owned(), token, timeout }
+    }
+}
+
+#[async_trait]
+impl ChannelClient for HttpChannel {
+    async fn send(
+        &self,
+        key: &str,
+        _load_id: &LoadId,
+        path: &str,
+        body: &Value,
+        _now: Timestamp,
+    ) -> Result<String, DeliveryError> {
+        let mut req = self
+            .client
+            .post(format!("{}{path}", self.base_url))
+            .timeout(self.timeout)
+            .header("Idempotency-Key", key)
+            .json(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req.send().await.map_err(|e| RetryableDeliveryError(describe(&e)))?;
+        let status = resp.status();
+        let mut answer = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) if answer.len() + chunk.len() <= MAX_ANSWER_BYTES => answer.extend_from_slice(&chunk),
+                Ok(Some(_)) | Ok(None) => break,
+                Err(e) if status.is_success() => return Err(RetryableDeliveryError(describe(&e)).into()),
+                Err(_) => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&answer);
+        let snippet: String = text.chars().take(200).collect();
+        if status.is_success() {
+            let id = serde_json::from_slice::<Value>(&answer).ok().and_then(|v| match v.get("id") {
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::Number(n)) => Some(n.to_string()),
+                _ => None,
+            });
+            return Ok(id.unwrap_or_else(|| format!("http-{}", status.as_u16())));
+        }
+        let failure = format!("HTTP {status}: {snippet}");
+        match status.as_u16() {
+            408 | 425 | 429 | 500..=599 => Err(RetryableDeliveryError(failure).into()),
+            _ => Err(PermanentDeliveryError(failure).into()),
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        "http"
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        format!("cannot connect: {e}")
+    } else {
+        e.to_string()
+    }
+}
+
+/// Record mode: the store keeps the delivery, deduped by key.
+pub struct RecordChannel {
+    name: ChannelName,
+    log: Arc<dyn DeliveryLog>,
+}
+
+impl RecordChannel {
+    pub fn new(name: ChannelName, log: Arc<dyn DeliveryLog>) -> Self {
+        RecordChannel { name, log }
+    }
+}
+
+#[async_trait]
+impl ChannelClient for RecordChannel {
+    async fn send(
+        &self,
+        key: &str,
+        load_id: &LoadId,
+        _path: &str,
+        body: &Value,
+        now: Timestamp,
+    ) -> Result<String, DeliveryError> {
+        let (receipt, _) = self
+            .log
+            .record_delivery(self.name.as_str(), key, load_id, body, now)
+            .await
+            .map_err(|e| RetryableDeliveryError(e.to_string()))?;
+        Ok(receipt)
+    }
+
+    fn mode(&self) -> &'static str {
+        "record"
+    }
+}
+
+/// The clients of every channel.
+#[derive(Clone)]
+pub struct Channels {
+    pub sms: Arc<dyn ChannelClient>,
+    pub hero: Arc<dyn ChannelClient>,
+    pub slack: Arc<dyn ChannelClient>,
+    pub tms: Arc<dyn ChannelClient>,
+    pub ops: Arc<dyn ChannelClient>,
+}
+
+impl Channels {
+    /// HTTP clients for the channels with a URL, record mode for the others. Tokens are
+    /// read from the environment variables the config names; a named variable that is
+    /// unset is an error (a token that silently goes missing would fail every send).
+    pub fn from_config(config: &ChannelsConfig, log: Arc<dyn DeliveryLog>) -> anyhow::Result<Self> {
+        let client = http_client()?;
+        let make = |name: ChannelName, c: &ChannelConfig| -> anyhow::Result<Arc<dyn ChannelClient>> {
+            let Some(url) = &c.url else { return Ok(Arc::new(RecordChannel::new(name, log.clone()))) };
+            let token = match &c.token_env {
+                Some(var) => Some(std::env::var(var).map_err(|_| {
+                    anyhow::anyhow!("channels.{}.token_env names {var}, which is not set", name.as_str())
+                })?),
+                None => None,
+            };
+            Ok(Arc::new(HttpChannel::with_client(
+                client.clone(),
+                url,
+                token,
+                c.timeout.unwrap_or(Duration::from_secs(5)),
+            )))
+        };
+        Ok(Channels {
+            sms: make(ChannelName::Sms, &config.sms)?,
+            hero: make(ChannelName::Hero, &config.hero)?,
+            slack: make(ChannelName::Slack, &config.slack)?,
+            tms: make(ChannelName::Tms, &config.tms)?,
+            ops: make(ChannelName::Ops, &config.ops)?,
+        })
+    }
+
+    pub fn get(&self, name: ChannelName) -> &Arc<dyn ChannelClient> {
+        match name {
+            ChannelName::Sms => &self.sms,
+            ChannelName::Hero => &self.hero,
+            ChannelName::Slack => &self.slack,
+            ChannelName::Tms => &self.tms,
+            ChannelName::Ops => &self.ops,
+        }
+    }
+}

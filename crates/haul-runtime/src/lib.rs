@@ -1,0 +1,19 @@
+//! haul's runtime: the load worker, the dispatcher and the timer pump, with what they
+//! need at the edges of the pure core (channel clients, deciders, the store opener).
+//!
+//! Everything here does IO; what it decides is `haul-core`'s. Nothing here serves HTTP
+//! (that is `haul-server`) and nothing here is a test double (that is `haul-harness`).
+
+pub mod channels;
+pub mod clock;
+pub mod decider;
+pub mod dispatcher;
+pub mod faults;
+pub mod inspect;
+pub mod llm;
+pub mod loops;
+pub mod pipeline;
+pub mod projector;
+pub mod pump;
+pub mod store;
+pub mod worker;

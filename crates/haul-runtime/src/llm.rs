@@ -1,0 +1,345 @@
+//! `decider.kind = "llm"`: a thin OpenAI-compatible chat-completions client with tool
+//! calls, as a [`Decider`].
+//!
+//! It exists to move bytes between the worker and a model, and nothing else: what the
+//! prompt says and what the answer means live in `haul_core::tools` (pure, tested
+//! without a network). One request per decision: `POST {base_url}/chat/completions`
+//! with the SOP as the system message, `{state, event, now, policy}` as JSON in the user
+//! message, one tool per action type and `tool_choice: "required"`. Every way the call
+//! can go wrong is an [`LlmError`]; the worker turns any error, and a late answer, into
+//! the `fallback` decision. The API key is read once from the environment and is never
+//! logged, printed or put in an error.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use haul_core::InboundEvent;
+use haul_core::decision::Decision;
+use haul_core::ids::LoadId;
+use haul_core::projection::LoadState;
+use haul_core::sop::Policies;
+use haul_core::time::Timestamp;
+use haul_core::tools::{self, ToolCall, ToolCallError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tracing::debug;
+
+use crate::decider::Decider;
+use haul_config::{LlmConfig, LlmConfigError};
+
+/// Largest answer body read, in bytes; a longer one is an error, not a decision.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Longest piece of an error body quoted in an error (and so in a fallback rationale).
+const ERROR_SNIPPET_CHARS: usize = 200;
+
+/// Where and how to reach the model.
+#[derive(Clone)]
+pub struct LlmSettings {
+    /// The API root, e.g. `https://api.openai.com/v1`; requests go to `{base_url}/chat/completions`.
+    pub base_url: String,
+    pub model: String,
+    /// The bearer token. Not shown by `Debug`.
+    pub api_key: String,
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for LlmSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmSettings")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &"<redacted>")
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Why a model call did not give a decision. Every variant ends in the fallback
+/// decision; the variant says whether retrying later could help (transport, rate
+/// limit, 5xx, timeout) or the answer itself was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    #[error("the model endpoint could not be reached: {0}")]
+    Transport(String),
+    #[error("the model did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the model endpoint is rate limiting (429)")]
+    RateLimited,
+    #[error("the model endpoint answered {status}: {snippet}")]
+    Status { status: u16, snippet: String },
+    #[error("the answer body is larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    #[error("the answer is not a chat completion: {0}")]
+    Malformed(String),
+    #[error("the model refused: {0}")]
+    Refusal(String),
+    #[error("the model answered without a tool call (finish_reason {finish_reason:?}): {text}")]
+    NoToolCalls { finish_reason: String, text: String },
+    #[error("the model's tool calls do not make a decision: {0}")]
+    ToolCalls(#[from] ToolCallError),
+}
+
+impl LlmError {
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LlmError::Transport(_) => "transport",
+            LlmError::Timeout(_) => "timeout",
+            LlmError::RateLimited => "rate_limited",
+            LlmError::Status { .. } => "status",
+            LlmError::TooLarge => "too_large",
+            LlmError::Malformed(_) => "malformed",
+            LlmError::Refusal(_) => "refusal",
+            LlmError::NoToolCalls { .. } => "no_tool_calls",
+            LlmError::ToolCalls(_) => "invalid",
+        }
+    }
+
+    /// Whether the same request could succeed later (the answer was not the problem).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            LlmError::Transport(_)
+                | LlmError::Timeout(_)
+                | LlmError::RateLimited
+                | LlmError::Status { status: 500.., .. }
+        )
+    }
+}
+
+/// The LLM decider: one chat-completions call per decision.
+pub struct LlmDecider {
+    client: reqwest::Client,
+    settings: LlmSettings,
+    endpoint: String,
+    policies: Policies,
+}
+
+impl LlmDecider {
+    pub fn new(settings: LlmSettings, policies: Policies) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        let endpoint = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
+        Ok(LlmDecider { client, settings, endpoint, policies })
+    }
+
+    /// From `decider.llm.*`, the key from the variable `api_key_env` names. Errors name
+    /// the setting (and never hold the key).
+    pub fn from_config(c: &LlmConfig, policies: Policies) -> anyhow::Result<Self> {
+        c.check()?;
+        let api_key = std::env::var(&c.api_key_env)
+            .ok()
+            .filter(|k| !k.trim().is_empty())
+            .ok_or_else(|| LlmConfigError::NoApiKey(c.api_key_env.clone()))?;
+        let settings = LlmSettings {
+            base_url: c.base_url.clone().unwrap_or_default(),
+            model: c.model.clone().unwrap_or_default(),
+            api_key,
+            timeout: c.timeout,
+        };
+        Self::new(settings, policies)
+    }
+
+    pub fn settings(&self) -> &LlmSettings {
+        &self.settings
+    }
+
+    /// The request body for one decision.
+    pub fn request_body(&self, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Value {
+        let policy = self.policies.for_client(state.client.as_deref());
+        let input = tools::prompt_input(load, state, event, &policy, now);
+        json!({
+            "model": self.settings.model,
+            "messages": [
+                {"role": "system", "content": tools::SYSTEM_PROMPT},
+                {"role": "user", "content": input.to_string()},
+            ],
+            "tools": tools::tool_definitions(),
+            "tool_choice": "required",
+            "temperature": 0,
+        })
+    }
+
+    /// One model call and the decision its answer makes.
+    pub async fn ask(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> Result<Decision, LlmError> {
+        let body = self.request_body(load, state, event, now);
+        let answer = tokio::time::timeout(self.settings.timeout, self.call(&body))
+            .await
+            .map_err(|_| LlmError::Timeout(self.settings.timeout))??;
+        let completion: Completion =
+            serde_json::from_slice(&answer).map_err(|e| LlmError::Malformed(clip(&e.to_string())))?;
+        let Some(choice) = completion.choices.into_iter().next() else {
+            return Err(LlmError::Malformed("no choices".into()));
+        };
+        let message = choice.message;
+        if let Some(r) = message.refusal.as_deref().filter(|r| !r.trim().is_empty()) {
+            return Err(LlmError::Refusal(clip(r)));
+        }
+        let calls: Vec<ToolCall> = message
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| ToolCall {
+                name: c.function.name,
+                arguments: match c.function.arguments {
+                    Value::String(s) => s,
+                    Value::Null => String::new(),
+                    // Some servers send the arguments as an object rather than JSON text.
+                    other => other.to_string(),
+                },
+            })
+            .collect();
+        if calls.is_empty() {
+            return Err(LlmError::NoToolCalls {
+                finish_reason: choice.finish_reason.unwrap_or_default(),
+                text: clip(message.content.as_deref().unwrap_or("")),
+            });
+        }
+        debug!(calls = calls.len(), model = %self.settings.model, "model answered");
+        let name = self.name();
+        Ok(tools::decision_from_tool_calls(load, state, event, now, &name, &calls, message.content.as_deref())?)
+    }
+
+    /// POST the body; the answer's bytes when it is a 2xx of at most [`MAX_BODY_BYTES`].
+    async fn call(&self, body: &Value) -> Result<Vec<u8>, LlmError> {
+        let mut resp = self
+            .client
+            .post(&self.endpoint)
+            .bearer_auth(&self.settings.api_key)
+            .timeout(self.settings.timeout)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| self.transport(&e))?;
+        let status = resp.status();
+        if resp.content_length().is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+            return Err(LlmError::TooLarge);
+        }
+        let mut buf = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| self.transport(&e))? {
+            if buf.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(LlmError::TooLarge);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        if status.as_u16() == 429 {
+            return Err(LlmError::RateLimited);
+        }
+        if !status.is_success() {
+            return Err(LlmError::Status { status: status.as_u16(), snippet: clip(&String::from_utf8_lossy(&buf)) });
+        }
+        Ok(buf)
+    }
+
+    fn transport(&self, e: &reqwest::Error) -> LlmError {
+        if e.is_timeout() { LlmError::Timeout(self.settings.timeout) } else { LlmError::Transport(transport(e)) }
+    }
+}
+
+/// A reqwest error without its source chain's noise, one line.
+fn transport(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    clip(&s)
+}
+
+/// One line of at most [`ERROR_SNIPPET_CHARS`] characters.
+fn clip(s: &str) -> String {
+    let one: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let one = one.trim();
+    if one.chars().count() <= ERROR_SNIPPET_CHARS {
+        return one.to_owned();
+    }
+    let mut out: String = one.chars().take(ERROR_SNIPPET_CHARS).collect();
+    out.push('…');
+    out
+}
+
+#[async_trait]
+impl Decider for LlmDecider {
+    fn name(&self) -> String {
+        format!("llm:{}", self.settings.model)
+    }
+
+    async fn decide(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> anyhow::Result<Decision> {
+        let result = self.ask(load, state, event, now).await;
+        let outcome = match &result {
+            Ok(_) => "decided",
+            Err(e) => e.label(),
+        };
+        metrics::counter!("haul_llm_requests_total", "outcome" => outcome).increment(1);
+        Ok(result?)
+    }
+}
+
+/// The parts of a chat completion the decider reads; everything else is ignored.
+#[derive(Deserialize)]
+struct Completion {
+    choices: Vec<Choice>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: Message,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct WireToolCall {
+    function: WireFunction,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    name: String,
+    #[serde(default)]
+    arguments: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_key() {
+        let s = LlmSettings {
+            base_url: "http://x".into(),
+            model: "m".into(),
+            api_key: "sk-secret".into(),
+            timeout: Duration::from_secs(1),
+        };
+        assert!(!format!("{s:?}").contains("sk-secret"));
+    }
+}

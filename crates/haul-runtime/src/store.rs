@@ -1,0 +1,51 @@
+//! Opening a store from `store.url`.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use haul_config::StoreKind;
+use haul_postgres::{PgConfig, PgStore};
+use haul_sqlite::{SqliteConfig, SqliteStore};
+use haul_store::Store;
+
+/// Opens the store and brings its schema up to date.
+pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match StoreKind::of_url(url)? {
+        StoreKind::Sqlite => {
+            let mut config = SqliteConfig::from_url(url).context("store.url")?;
+            config.seed = seed;
+            let store = SqliteStore::open(&config)?;
+            store.migrate().await.context("migrating the SQLite schema")?;
+            Arc::new(store)
+        }
+        StoreKind::Postgres => {
+            let store = PgStore::connect(&PgConfig { seed, ..PgConfig::new(url) }).await?;
+            store.migrate().await.context("migrating the PostgreSQL schema")?;
+            Arc::new(store)
+        }
+    })
+}
+
+/// The store's address without a password, for logs.
+pub fn describe(url: &str) -> String {
+    haul_postgres::redact(url)
+}
+
+/// The SQS FIFO load queue of `queue.*`, checked to answer before anything runs.
+#[cfg(feature = "sqs")]
+pub async fn open_sqs(queue: &haul_config::QueueConfig) -> anyhow::Result<Arc<dyn haul_store::LoadQueue>> {
+    let settings = haul_sqs::SqsSettings {
+        queue_url: queue.url.clone().unwrap_or_default(),
+        endpoint: queue.endpoint.clone(),
+        region: queue.region.clone(),
+        static_credentials: None,
+    };
+    let sqs = haul_sqs::SqsQueue::connect(&settings).await;
+    sqs.check().await.with_context(|| format!("queue.url {}", settings.queue_url))?;
+    Ok(Arc::new(sqs))
+}
+
+#[cfg(not(feature = "sqs"))]
+pub async fn open_sqs(_queue: &haul_config::QueueConfig) -> anyhow::Result<Arc<dyn haul_store::LoadQueue>> {
+    anyhow::bail!("queue.kind \"sqs\" needs a build with SQS (cargo build --features sqs)")
+}

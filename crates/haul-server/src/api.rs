@@ -1,0 +1,247 @@
+//! The `/v1` API: events in, one load's view out, and the error shape every answer
+//! shares (`{"error": {"code", "message"}}`).
+//!
+//! Every `/v1` route but the Twilio webhook takes the bearer token through one
+//! extractor, [`ApiCaller`], which axum runs before the path, the query and the body:
+//! a caller without the token learns nothing and costs no body read.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use haul_core::event::EventBody;
+use haul_core::ids::LoadId;
+use haul_core::{Clock, InboundEvent};
+use haul_runtime::inspect::load_view;
+use haul_store::{LoadQueue, Published, Store};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+use tracing::{error, warn};
+
+use crate::metrics::{metrics, metrics_handle};
+use crate::twilio::{twilio_sms, unmatched};
+
+/// Bodies over this are refused (413) before they are read whole.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Inbound SMS per sender per minute before 429.
+pub const SMS_PER_MINUTE: u32 = 30;
+
+pub struct ApiState {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn LoadQueue>,
+    pub clock: Arc<dyn Clock>,
+    /// Accepted bearer tokens (several, for rotation).
+    pub tokens: Vec<String>,
+    pub twilio_auth_token: Option<String>,
+    /// The URL the outside world uses; Twilio signs it plus the route.
+    pub public_url: String,
+    pub metrics: PrometheusHandle,
+    rate: Mutex<HashMap<String, (Instant, u32)>>,
+    /// Woken after an event is queued (an in-process worker takes it at once).
+    pub wake_worker: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl ApiState {
+    pub fn new(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn LoadQueue>,
+        clock: Arc<dyn Clock>,
+        tokens: Vec<String>,
+        twilio_auth_token: Option<String>,
+        public_url: String,
+    ) -> Self {
+        ApiState {
+            store,
+            queue,
+            clock,
+            tokens,
+            twilio_auth_token,
+            public_url,
+            metrics: metrics_handle(),
+            rate: Mutex::new(HashMap::new()),
+            wake_worker: None,
+        }
+    }
+
+    /// A fixed one-minute window per sender; the table is bounded by pruning old windows.
+    pub(crate) fn allow_sms_from(&self, from: &str) -> bool {
+        let mut rate = self.rate.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if rate.len() > 10_000 {
+            rate.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
+        }
+        let entry = rate.entry(from.to_owned()).or_insert((now, 0));
+        if now.duration_since(entry.0) >= Duration::from_secs(60) {
+            *entry = (now, 0);
+        }
+        entry.1 += 1;
+        entry.1 <= SMS_PER_MINUTE
+    }
+}
+
+/// `{"error": {"code", "message"}}` with a status.
+pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({"error": {"code": code, "message": message.into()}}))).into_response()
+}
+
+pub(crate) fn body_error(r: BytesRejection) -> Response {
+    let status = r.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return error(status, "body_too_large", format!("the body is over {MAX_BODY_BYTES} bytes"));
+    }
+    error(status, "bad_body", r.body_text())
+}
+
+/// A caller that presented one of the API's bearer tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct ApiCaller;
+
+impl FromRequestParts<Arc<ApiState>> for ApiCaller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        let given = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        // Compare with every token, without stopping early.
+        let ok = given.is_some_and(|given| {
+            s.tokens.iter().fold(false, |ok, t| ok | bool::from(t.as_bytes().ct_eq(given.as_bytes())))
+        });
+        if ok {
+            Ok(ApiCaller)
+        } else {
+            Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token"))
+        }
+    }
+}
+
+pub fn router(state: Arc<ApiState>, api: bool) -> Router {
+    let mut r = Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz));
+    if api {
+        r = r
+            .route("/v1/loads/{load_id}/events", post(post_event))
+            .route("/v1/loads/{load_id}", get(get_load))
+            .route("/v1/webhooks/twilio/sms", post(twilio_sms))
+            .route("/v1/webhooks/twilio/unmatched", get(unmatched));
+    }
+    r.layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state)
+}
+
+async fn healthz(State(s): State<Arc<ApiState>>) -> Response {
+    match s.store.load_ids(None, 1).await {
+        Ok(_) => (StatusCode::OK, axum::Json(json!({"status": "ok"}))).into_response(),
+        Err(e) => {
+            warn!(error = %e, "health check: the store does not answer");
+            error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the store does not answer")
+        }
+    }
+}
+
+async fn post_event(
+    _: ApiCaller,
+    State(s): State<Arc<ApiState>>,
+    Path(load_id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let load = match LoadId::parse(&load_id) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return body_error(r),
+    };
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return error(StatusCode::BAD_REQUEST, "bad_utf8", "the body is not valid UTF-8");
+    };
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", format!("the body is not JSON: {e}")),
+    };
+    let mut event = match InboundEvent::from_outside(load.clone(), value) {
+        Ok(e) => e,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
+    };
+    let mut at_defaulted = false;
+    if let EventBody::LocationPing(p) = &mut event.body
+        && p.at.is_none()
+    {
+        p.at = Some(s.clock.now());
+        at_defaulted = true;
+    }
+    accept(&s, &event, at_defaulted).await
+}
+
+/// Queues an event; a repeat of an id answers `duplicate`, or 422 when its payload differs.
+pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: bool) -> Response {
+    let body = event.to_json().to_string();
+    match s.queue.publish(&event.load_id, event.event_id.as_str(), &body, s.clock.now()).await {
+        Ok(Published::New) => {
+            metrics::counter!("haul_events_accepted_total", "kind" => event.kind()).increment(1);
+            if let Some(w) = &s.wake_worker {
+                w.notify_one();
+            }
+            (StatusCode::ACCEPTED, axum::Json(json!({"event_id": event.event_id, "status": "queued"}))).into_response()
+        }
+        Ok(Published::Duplicate) => {
+            let first = match s.queue.published_body(&event.load_id, event.event_id.as_str()).await {
+                Ok(b) => b,
+                Err(e) => {
+                    error!(error = %e, "reading the first copy of a duplicate failed");
+                    return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again");
+                }
+            };
+            let same = first
+                .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+                .and_then(|v| InboundEvent::from_json(event.load_id.clone(), v).ok())
+                .is_none_or(|mut first| {
+                    // A ping sent twice without `at` got the receive time each time.
+                    if at_defaulted
+                        && let (EventBody::LocationPing(f), EventBody::LocationPing(n)) = (&mut first.body, &event.body)
+                    {
+                        f.at = n.at;
+                    }
+                    first == *event
+                });
+            if same {
+                (StatusCode::OK, axum::Json(json!({"event_id": event.event_id, "status": "duplicate"}))).into_response()
+            } else {
+                error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "event_id_reused",
+                    format!("event id {} was already used for this load with another payload", event.event_id),
+                )
+            }
+        }
+        Err(e) => {
+            error!(error = %e, "queueing an event failed");
+            error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the event was not queued; try again")
+        }
+    }
+}
+
+async fn get_load(_: ApiCaller, State(s): State<Arc<ApiState>>, Path(load_id): Path<String>) -> Response {
+    let load = match LoadId::parse(&load_id) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
+    };
+    match load_view(s.store.as_ref(), &load).await {
+        Ok(Some(v)) => axum::Json(v).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "no_such_load", format!("load {load} has no records")),
+        Err(e) => {
+            error!(error = %e, "reading a load failed");
+            error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! `haul serve`: the ingestion API, the load workers, the dispatcher and the timer
+//! pump, in one process or split by `--roles` across several against one database.
+//!
+//! Every role process serves `/metrics` and `/healthz` on its listen address; the
+//! `api` role adds the `/v1` routes. On SIGTERM or SIGINT the loops stop taking work,
+//! runs that have not appended give their message back, and the process exits within
+//! ten seconds: nothing lost or half-done.
+
+pub mod api;
+pub mod metrics;
+mod tokens;
+pub mod twilio;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use haul_config::{Config, DeciderKind, QueueKind};
+use haul_core::Clock;
+use haul_runtime::channels::Channels;
+use haul_runtime::clock::SystemClock;
+use haul_runtime::loops::{dispatcher_loop, pump_loop, worker_loop};
+use haul_runtime::pipeline::{Parts, Pipeline};
+use haul_store::LoadQueue;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+pub use crate::api::{ApiState, MAX_BODY_BYTES, SMS_PER_MINUTE, router};
+pub use crate::metrics::metrics_handle;
+
+/// How long shutdown waits for in-flight work.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Roles {
+    pub api: bool,
+    pub worker: bool,
+    pub dispatcher: bool,
+    pub pump: bool,
+}
+
+impl Roles {
+    pub const ALL: Roles = Roles { api: true, worker: true, dispatcher: true, pump: true };
+
+    /// `api,worker,dispatcher,pump` (any subset, at least one).
+    pub fn parse(s: &str) -> anyhow::Result<Roles> {
+        let mut r = Roles { api: false, worker: false, dispatcher: false, pump: false };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "api" => r.api = true,
+                "worker" => r.worker = true,
+                "dispatcher" => r.dispatcher = true,
+                "pump" => r.pump = true,
+                other => bail!("--roles: unknown role {other:?} (api, worker, dispatcher, pump)"),
+            }
+        }
+        if r == (Roles { api: false, worker: false, dispatcher: false, pump: false }) {
+            bail!("--roles names no role");
+        }
+        Ok(r)
+    }
+
+    fn names(&self) -> String {
+        [(self.api, "api"), (self.worker, "worker"), (self.dispatcher, "dispatcher"), (self.pump, "pump")]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Runs the roles until `shutdown` resolves, then stops within ten seconds.
+pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let store = haul_runtime::store::open(&config.store.url, None).await.context("store.url")?;
+    crate::metrics::zero_series();
+    let decider: Option<Arc<dyn haul_runtime::decider::Decider>> = match config.decider.kind {
+        DeciderKind::Sop => None,
+        DeciderKind::Llm => {
+            let policies = haul_config::policies(&config.clients);
+            let d = haul_runtime::llm::LlmDecider::from_config(&config.decider.llm, policies)?;
+            info!(base_url = %d.settings().base_url, model = %d.settings().model, "decider: llm");
+            Some(Arc::new(d))
+        }
+    };
+    let queue: Arc<dyn LoadQueue> = match config.queue.kind {
+        QueueKind::Store => store.clone(),
+        QueueKind::Sqs => haul_runtime::store::open_sqs(&config.queue).await?,
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let channels = Channels::from_config(&config.channels, store.clone())?;
+    let modes: Vec<String> = [
+        ("sms", &channels.sms),
+        ("hero", &channels.hero),
+        ("slack", &channels.slack),
+        ("tms", &channels.tms),
+        ("ops", &channels.ops),
+    ]
+    .iter()
+    .map(|(n, c)| format!("{n}={}", c.mode()))
+    .collect();
+    let pipeline = Pipeline::new(
+        &config,
+        Parts {
+            store: store.clone(),
+            queue: queue.clone(),
+            channels,
+            clock: clock.clone(),
+            faults: Default::default(),
+            seed: None,
+        },
+        decider,
+    );
+    let tokens = if roles.api { tokens::api_tokens()? } else { vec![] };
+    let public_url = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
+    let (wake_worker, wake_dispatcher) = pipeline.wakeups();
+    let mut state = ApiState::new(
+        store.clone(),
+        queue.clone(),
+        clock.clone(),
+        tokens,
+        std::env::var("HAUL_TWILIO_AUTH_TOKEN").ok().filter(|t| !t.is_empty()),
+        public_url,
+    );
+    state.wake_worker = Some(wake_worker.clone());
+    let state = Arc::new(state);
+    let listener = tokio::net::TcpListener::bind(&config.server.listen)
+        .await
+        .with_context(|| format!("server.listen: cannot listen on {}", config.server.listen))?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    if roles.worker {
+        tasks.spawn(worker_loop(
+            pipeline.worker.clone(),
+            config.worker.concurrency,
+            wake_worker.clone(),
+            stop_rx.clone(),
+        ));
+    }
+    if roles.dispatcher {
+        tasks.spawn(dispatcher_loop(pipeline.dispatcher.clone(), wake_dispatcher.clone(), stop_rx.clone()));
+    }
+    if roles.pump {
+        tasks.spawn(pump_loop(pipeline.pump.clone(), config.timers.poll, 256, stop_rx.clone()));
+    }
+    let mut http_stop = stop_rx.clone();
+    let app = router(state, roles.api);
+    tasks.spawn(async move {
+        let stopped = async move {
+            let _ = http_stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+            error!(error = %e, "the HTTP server failed");
+        }
+    });
+    info!(
+        listen = %config.server.listen,
+        roles = %roles.names(),
+        store = %haul_runtime::store::describe(&config.store.url),
+        channels = %modes.join(" "),
+        "haul is serving"
+    );
+    shutdown.await;
+    info!("shutting down: no new work; runs not yet appended give their message back");
+    pipeline.worker.stop();
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        warn!(
+            "in-flight work did not finish within {}s; it was not appended and will be redelivered",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

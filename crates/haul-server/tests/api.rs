@@ -1,0 +1,299 @@
+//! The ingestion API's bad-input battery (api.md): every case gets the right status
+//! and a clear `{"error": {"code", "message"}}`, writes nothing, and panics nothing.
+//! Real HTTP on 127.0.0.1 against the real router on a real store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use haul_core::ids::LoadId;
+use haul_core::{Clock, FakeClock};
+use haul_server::twilio;
+use haul_server::{ApiState, SMS_PER_MINUTE, router};
+use haul_store::{LoadQueue, Store};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const TOKENS: [&str; 2] = ["token-one-123456", "token-two-654321"];
+const TWILIO: &str = "twilio-auth-token";
+
+struct Api {
+    base: String,
+    store: Arc<dyn Store>,
+    client: reqwest::Client,
+}
+
+async fn api() -> Api {
+    let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
+    let state = Arc::new(ApiState::new(
+        store.clone(),
+        store.clone() as Arc<dyn LoadQueue>,
+        clock,
+        TOKENS.iter().map(|t| t.to_string()).collect(),
+        Some(TWILIO.into()),
+        base.clone(),
+    ));
+    let app = router(state, true);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Api { base, store, client: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap() }
+}
+
+impl Api {
+    async fn post_raw(&self, path: &str, token: Option<&str>, body: Vec<u8>) -> (StatusCode, Value) {
+        let mut req =
+            self.client.post(format!("{}{path}", self.base)).header("content-type", "application/json").body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post(&self, load: &str, body: Value) -> (StatusCode, Value) {
+        self.post_raw(&format!("/v1/loads/{load}/events"), Some(TOKENS[0]), body.to_string().into_bytes()).await
+    }
+
+    async fn written(&self) -> u64 {
+        self.store.depth().await.unwrap()
+    }
+
+    /// Asserts the answer and that nothing was queued.
+    async fn refused(&self, (status, body): (StatusCode, Value), want: StatusCode, code: &str) {
+        assert_eq!(status, want, "{body}");
+        assert_eq!(body["error"]["code"], code, "{body}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+        assert_eq!(self.written().await, 0, "nothing written");
+    }
+
+    async fn twilio(&self, params: &[(&str, &str)], signature: Option<String>) -> reqwest::Response {
+        let pairs: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let body = serde_urlencoded::to_string(&pairs).unwrap();
+        let mut req = self
+            .client
+            .post(format!("{}/v1/webhooks/twilio/sms", self.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        if let Some(s) = signature {
+            req = req.header("X-Twilio-Signature", s);
+        }
+        req.send().await.unwrap()
+    }
+
+    fn sign(&self, params: &[(&str, &str)]) -> String {
+        let pairs: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        twilio::signature(TWILIO, &format!("{}/v1/webhooks/twilio/sms", self.base), &pairs)
+    }
+}
+
+fn ping() -> Value {
+    json!({"event_id": "ping_0700", "kind": "location_ping", "lat": 41.88, "lon": -87.63, "risk": "high"})
+}
+
+#[tokio::test]
+async fn tokens_are_required_and_several_rotate() {
+    let a = api().await;
+    let path = "/v1/loads/481207/events";
+    let body = || ping().to_string().into_bytes();
+    a.refused(a.post_raw(path, None, body()).await, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    a.refused(a.post_raw(path, Some("token-one-12345"), body()).await, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    a.refused(a.post_raw(path, Some(""), body()).await, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let resp = a.client.get(format!("{}/v1/loads/481207", a.base)).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let (status, _) = a.post_raw(path, Some(TOKENS[1]), body()).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "the second token of a rotation is accepted");
+}
+
+#[tokio::test]
+async fn malformed_and_mistyped_bodies_are_400() {
+    let a = api().await;
+    let path = "/v1/loads/481207/events";
+    let raw = |b: &[u8]| b.to_vec();
+    for (body, code) in [
+        (raw(b"{\"event_id\": "), "bad_json"),
+        (raw(b"not json at all"), "bad_json"),
+        (raw(b""), "bad_json"),
+        (raw(b"[1,2,3]"), "bad_json"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"location_ping\",\"lat\":\"41\",\"lon\":0,\"risk\":\"high\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"location_ping\",\"lat\":41,\"lon\":0}"), "bad_payload"),
+        (raw(b"{\"kind\":\"location_ping\",\"lat\":41,\"lon\":0,\"risk\":\"high\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":7,\"kind\":\"location_ping\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"teleport\"}"), "unknown_kind"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"timer_fired\",\"timer_id\":\"tmr:481207:ask:eta_request:p:1\",\"ask_id\":\"ask:eta_request:p\",\"step\":1,\"fire_at\":\"2026-03-02T07:30:00Z\"}"), "kind_not_accepted"),
+        (raw(b"{\"event_id\":\"o\",\"kind\":\"action_outcome\",\"outbox_id\":\"x\",\"action_type\":\"send_sms\",\"status\":\"delivered\"}"), "kind_not_accepted"),
+        (raw(b"{\"event_id\":\"evt:tmr:481207:ask:eta_request:p:1\",\"kind\":\"inbound_sms\",\"from\":\"+1555\",\"body\":\"x\"}"), "reserved_event_id"),
+        (raw(b"{\"event_id\":\"a b\",\"kind\":\"inbound_sms\",\"from\":\"+1555\",\"body\":\"x\"}"), "bad_event_id"),
+        (raw(b"{\"event_id\":\"s\",\"kind\":\"inbound_sms\",\"from\":\"+1555\",\"body\":\"nul \\u0000 here\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":\"u\",\"kind\":\"load_update\",\"driver_phone\":\"call me\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"location_ping\",\"lat\":91,\"lon\":0,\"risk\":\"high\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"location_ping\",\"lat\":0,\"lon\":-180.5,\"risk\":\"high\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"location_ping\",\"lat\":NaN,\"lon\":0,\"risk\":\"high\"}"), "bad_json"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"location_ping\",\"lat\":1e999,\"lon\":0,\"risk\":\"high\"}"), "bad_json"),
+        (raw(b"{\"event_id\":\"p\",\"kind\":\"location_ping\",\"lat\":\"NaN\",\"lon\":0,\"risk\":\"high\"}"), "bad_payload"),
+        (raw(b"{\"event_id\":\"s\",\"kind\":\"inbound_sms\",\"from\":\"+1\",\"body\":\"\xff\xfe\"}"), "bad_utf8"),
+    ] {
+        let answer = a.post_raw(path, Some(TOKENS[0]), body.clone()).await;
+        a.refused(answer, StatusCode::BAD_REQUEST, code).await;
+    }
+}
+
+#[tokio::test]
+async fn ids_outside_their_form_are_400() {
+    let a = api().await;
+    for load in ["bad%20load", "a.b", "%27%20OR%201%3D1%20--", &"x".repeat(65)] {
+        a.refused(a.post(load, ping()).await, StatusCode::BAD_REQUEST, "bad_load_id").await;
+    }
+}
+
+#[tokio::test]
+async fn huge_bodies_are_413_before_being_read_whole() {
+    let a = api().await;
+    let huge = json!({"event_id": "s", "kind": "inbound_sms", "from": "+15555550100", "body": "x".repeat(100 * 1024)});
+    a.refused(a.post("481207", huge).await, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large").await;
+    // Streamed with no Content-Length: refused once the limit is crossed, without
+    // waiting for the rest of the body.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+    let head = format!(
+        "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nTransfer-Encoding: chunked\r\n\r\n",
+        TOKENS[0]
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let chunk = format!("400\r\n{}\r\n", " ".repeat(1024));
+    for _ in 0..80 {
+        if tcp.write_all(chunk.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    let mut answer = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut answer)).await.unwrap().unwrap();
+    let line = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(line.starts_with("HTTP/1.1 413"), "{line}");
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test]
+async fn sql_injection_is_stored_verbatim() {
+    let a = api().await;
+    let nasty = "'; DROP TABLE events; -- \" OR 1=1 /* ünïcødé 🚚 */";
+    let (status, body) = a
+        .post("481207", json!({"event_id": "sms_1", "kind": "inbound_sms", "from": "+15555550100", "body": nasty}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body, json!({"event_id": "sms_1", "status": "queued"}));
+    let stored = a.store.published_body(&LoadId::parse("481207").unwrap(), "sms_1").await.unwrap().unwrap();
+    let v: Value = serde_json::from_str(&stored).unwrap();
+    assert_eq!(v["body"], nasty);
+    assert_eq!(a.written().await, 1);
+}
+
+#[tokio::test]
+async fn a_reused_event_id_is_a_duplicate_or_422() {
+    let a = api().await;
+    assert_eq!(a.post("481207", ping()).await.0, StatusCode::ACCEPTED);
+    // The same event again (no `at`: both got the receive time): a duplicate.
+    let (status, body) = a.post("481207", ping()).await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("duplicate")));
+    // The same id with another payload.
+    let mut other = ping();
+    other["risk"] = json!("low");
+    let (status, body) = a.post("481207", other).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "event_id_reused");
+    // The same id on another load is another event.
+    assert_eq!(a.post("481208", ping()).await.0, StatusCode::ACCEPTED);
+    assert_eq!(a.written().await, 2);
+}
+
+#[tokio::test]
+async fn unknown_load_is_404_and_health_and_metrics_answer() {
+    let a = api().await;
+    let resp = a.client.get(format!("{}/v1/loads/481207", a.base)).bearer_auth(TOKENS[0]).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_such_load");
+    assert_eq!(a.client.get(format!("{}/healthz", a.base)).send().await.unwrap().status(), StatusCode::OK);
+    let m = a.client.get(format!("{}/metrics", a.base)).send().await.unwrap();
+    assert_eq!(m.status(), StatusCode::OK);
+    assert!(m.text().await.unwrap().contains("haul_queue_depth"));
+}
+
+const SMS: [(&str, &str); 4] =
+    [("From", "+15555550100"), ("To", "+15555550000"), ("Body", "ETA 9:15"), ("MessageSid", "SM8a1f")];
+
+#[tokio::test]
+async fn twilio_webhook_checks_the_signature() {
+    let a = api().await;
+    a.store
+        .set_load_facts(
+            &LoadId::parse("481207").unwrap(),
+            Some("+15555550100"),
+            true,
+            "2026-03-02T07:00:00Z".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.twilio(&SMS, None).await.status(), StatusCode::FORBIDDEN);
+    assert_eq!(a.twilio(&SMS, Some("bm90IGEgc2lnbmF0dXJl".into())).await.status(), StatusCode::FORBIDDEN);
+    let mut tampered = SMS;
+    tampered[2].1 = "ETA never";
+    assert_eq!(a.twilio(&tampered, Some(a.sign(&SMS))).await.status(), StatusCode::FORBIDDEN);
+    assert_eq!(a.written().await, 0);
+    let resp = a.twilio(&SMS, Some(a.sign(&SMS))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.text().await.unwrap().contains("<Response>"));
+    let body = a.store.published_body(&LoadId::parse("481207").unwrap(), "sms:SM8a1f").await.unwrap().unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["kind"].as_str(), v["body"].as_str()), (Some("inbound_sms"), Some("ETA 9:15")));
+    // A replay (same MessageSid) is deduplicated.
+    assert_eq!(a.twilio(&SMS, Some(a.sign(&SMS))).await.status(), StatusCode::OK);
+    assert_eq!(a.written().await, 1);
+}
+
+#[tokio::test]
+async fn twilio_sms_from_no_active_load_is_kept_as_unmatched() {
+    let a = api().await;
+    let resp = a.twilio(&SMS, Some(a.sign(&SMS))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(a.written().await, 0);
+    let list: Value = a
+        .client
+        .get(format!("{}/v1/webhooks/twilio/unmatched", a.base))
+        .bearer_auth(TOKENS[0])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["unmatched"][0]["message_sid"], "SM8a1f");
+    assert_eq!(list["unmatched"][0]["body"], "ETA 9:15");
+}
+
+#[tokio::test]
+async fn twilio_flood_from_one_number_is_429() {
+    let a = api().await;
+    let mut statuses = Vec::new();
+    for i in 0..=SMS_PER_MINUTE {
+        let sid = format!("SM{i:04}");
+        let params = [("From", "+15555550177"), ("To", "+15555550000"), ("Body", "spam"), ("MessageSid", sid.as_str())];
+        statuses.push(a.twilio(&params, Some(a.sign(&params))).await.status());
+    }
+    assert!(statuses[..SMS_PER_MINUTE as usize].iter().all(|s| *s == StatusCode::OK));
+    assert_eq!(statuses[SMS_PER_MINUTE as usize], StatusCode::TOO_MANY_REQUESTS);
+    // Other numbers are not affected.
+    let params = [("From", "+15555550178"), ("To", "+15555550000"), ("Body", "hi"), ("MessageSid", "SMother")];
+    assert_eq!(a.twilio(&params, Some(a.sign(&params))).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn twilio_bad_forms_are_400() {
+    let a = api().await;
+    let missing = [("From", "+15555550100"), ("Body", "x")];
+    assert_eq!(a.twilio(&missing, Some(a.sign(&missing))).await.status(), StatusCode::BAD_REQUEST);
+    let bad_sid = [("From", "+15555550100"), ("To", "+1"), ("Body", "x"), ("MessageSid", "SM/../x")];
+    assert_eq!(a.twilio(&bad_sid, Some(a.sign(&bad_sid))).await.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(a.written().await, 0);
+}

@@ -1,0 +1,205 @@
+//! The command line's shape: every command, flag and its `--help` text.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// haul: a durable runtime for an AI dispatch agent running freight loads.
+#[derive(Parser, Debug)]
+#[command(name = "haul", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QueueKind {
+    /// The store's own queue.
+    Store,
+    /// SQS FIFO on a local emulator: HAUL_SQS_ENDPOINT, or a moto_server started for the run
+    /// (needs a build with `--features sqs`).
+    Sqs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeciderKind {
+    Sop,
+    Llm,
+}
+
+/// The crash test's tools (scripts/crash-test); not for production.
+#[derive(Subcommand, Debug)]
+pub enum Testkit {
+    /// Run the fake channel services on ADDR until killed (GET /stats reports effects).
+    Services {
+        #[arg(long)]
+        listen: String,
+    },
+    /// Create a fresh schema in DATABASE_URL and print a store URL that uses it.
+    Schema {
+        #[arg(long)]
+        db: String,
+    },
+    /// Post events over HTTP for a while; write the accepted ones to a file.
+    Load {
+        #[arg(long)]
+        api: String,
+        #[arg(long, env = "HAUL_API_TOKEN")]
+        token: String,
+        #[arg(long, default_value_t = 20)]
+        loads: usize,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        accepted: PathBuf,
+    },
+    /// Wait for everything to drain, then check the crash test's invariants.
+    Check {
+        #[arg(long)]
+        db: String,
+        #[arg(long)]
+        services: String,
+        #[arg(long)]
+        accepted: PathBuf,
+        #[arg(long, default_value_t = 180)]
+        timeout: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    #[command(subcommand, hide = true)]
+    Testkit(Testkit),
+    /// Run the ingestion API, the load workers, the dispatcher and the timer pump.
+    /// With no configuration: SQLite file haul.db, the store-backed queue, record mode
+    /// for every channel, listening on 127.0.0.1:8080.
+    Serve {
+        /// A TOML config file (config.md); HAUL_* variables and flags override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The store URL (overrides store.url).
+        #[arg(long)]
+        db: Option<String>,
+        /// Address for the API, /metrics and /healthz (overrides server.listen).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Which roles this process runs: any of api,worker,dispatcher,pump.
+        #[arg(long, default_value = "api,worker,dispatcher,pump")]
+        roles: String,
+    },
+    /// Deterministic simulation with fault injection: a seed reproduces a run exactly.
+    /// Prints one line per seed (with its trace digest), the coverage of faults, and
+    /// `N passed, N failed`; a failure prints the seed, the broken invariant and the
+    /// trace lines that show it.
+    Sim {
+        /// The first seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How many seeds to run, from --seed up.
+        #[arg(long, default_value_t = 1)]
+        seeds: u64,
+        /// Loads per run.
+        #[arg(long, default_value_t = 4)]
+        loads: usize,
+        /// Steps of the fault phase per run.
+        #[arg(long, default_value_t = 200)]
+        steps: usize,
+        /// Faults to inject: all, none, or some of crash,duplicate,redelivery,interleave,outage,service,clock.
+        #[arg(long, default_value = "all")]
+        faults: String,
+        /// The backend: SQLite in memory, or PostgreSQL from DATABASE_URL (a schema per seed).
+        #[arg(long, value_enum, default_value = "sqlite")]
+        store: StoreKind,
+        /// Plant a known bug, to check the simulator catches it (test use only).
+        #[arg(long, hide = true)]
+        plant: Option<String>,
+    },
+    /// Benchmark workloads; each throughput is reported with the limit measured in the
+    /// same run (append, projection, contention, e2e, dispatch, timers).
+    Bench {
+        /// Workloads to run (default: all).
+        workloads: Vec<String>,
+        /// The backend: a SQLite file in a temporary folder, or PostgreSQL from DATABASE_URL.
+        #[arg(long, value_enum, default_value = "sqlite")]
+        store: StoreKind,
+        /// Print one JSON object { "<workload>": { "<figure>": number } }.
+        #[arg(long)]
+        json: bool,
+        /// Smaller sizes, for a quick look.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Show one load as a readable timeline: events, decisions with their actions and
+    /// rationale, outbox rows with attempts and status, timers.
+    Inspect {
+        load_id: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The store URL (overrides store.url).
+        #[arg(long)]
+        db: Option<String>,
+        /// Print the load as JSON (the body of GET /v1/loads/{id}).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create or upgrade the database schema.
+    Migrate {
+        /// The store: sqlite://PATH, sqlite::memory: or postgres://…
+        #[arg(long, env = "HAUL_STORE_URL", default_value = "sqlite://haul.db")]
+        db: String,
+    },
+    /// Delete finished rows older than the retention age, in bounded batches until none
+    /// is left: dispatched outbox rows and dead ones whose outcome was published, fired
+    /// and canceled timers, acked queue messages. Never the log, a pending or claimed
+    /// row, a dead row still waiting for its outcome, a scheduled timer or an unacked
+    /// message. Safe to run while haul serves (cron it, e.g. hourly).
+    Prune {
+        /// The store: sqlite://PATH or postgres://…
+        #[arg(long, env = "HAUL_STORE_URL", default_value = "sqlite://haul.db")]
+        db: String,
+        /// Retention age: rows that finished longer ago than this go. At least 5m, the
+        /// queue's shortest dedup window; an acked event id older than this is no
+        /// longer deduplicated by the queue (the log still drops it).
+        #[arg(long, default_value = "7d")]
+        older_than: String,
+        /// Rows per table per batch; each batch is its own short transaction.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch: u32,
+    },
+    /// Run eval scenarios (TOML files, or folders of them) through the real pipeline
+    /// on a fake clock. Prints one line per scenario and `N passed, N failed`.
+    ///
+    /// With `--decider llm --llm-answers FILE` the worker decides with the real LLM
+    /// decider, pointed at a recorded chat-completions server on 127.0.0.1 that replies
+    /// with the answers in FILE (matched by load id and event id); a model request with
+    /// no recorded answer fails the scenario. Example:
+    /// `haul eval --decider llm --llm-answers evals-llm/answers.toml evals-llm/scenarios/`
+    Eval {
+        /// Scenario files and folders (every *.toml below a folder, sorted).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Print one JSON report instead of lines.
+        #[arg(long)]
+        json: bool,
+        /// The backend: SQLite in memory, or PostgreSQL from DATABASE_URL (a schema per scenario).
+        #[arg(long, value_enum, default_value = "sqlite")]
+        store: StoreKind,
+        /// The load queue: the store's own, or a fresh SQS FIFO queue per scenario.
+        #[arg(long, value_enum, default_value = "store")]
+        queue: QueueKind,
+        /// The decider: the SOP, or the LLM decider against recorded answers (--llm-answers).
+        #[arg(long, value_enum, default_value = "sop")]
+        decider: DeciderKind,
+        /// The recorded answers (TOML) the LLM decider's stand-in server replies with.
+        #[arg(long, value_name = "FILE", required_if_eq("decider", "llm"))]
+        llm_answers: Option<PathBuf>,
+    },
+}

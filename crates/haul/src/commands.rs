@@ -1,0 +1,266 @@
+//! One function per command: each turns its flags into calls on the crates that do
+//! the work (`haul-server`, `haul-runtime`, `haul-harness`) and prints the result.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use haul_config::Config;
+use haul_harness::eval::{EvalDecider, EvalOptions, EvalQueue, EvalStore};
+use haul_harness::{bench, crashtest, eval, sim};
+use haul_runtime::store;
+
+use crate::cli::{Cli, Command, DeciderKind, QueueKind, StoreKind, Testkit};
+
+/// The shortest `haul prune --older-than`: the queue's dedup promise (LoadQueue::publish).
+const MIN_RETENTION: Duration = Duration::from_secs(300);
+/// Batches one `haul prune` runs at most (100M rows per table at the default batch).
+const MAX_PRUNE_BATCHES: usize = 100_000;
+
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve { config, db, listen, roles } => serve(config.as_deref(), db, listen, &roles).await,
+        Command::Inspect { load_id, config, db, json } => inspect(&load_id, config.as_deref(), db, json).await,
+        Command::Migrate { db } => migrate(&db).await,
+        Command::Prune { db, older_than, batch } => prune(&db, &older_than, batch).await,
+        Command::Testkit(t) => testkit(t).await,
+        Command::Bench { workloads, store, json, quick } => bench(workloads, store, json, quick).await,
+        Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {
+            simulate(seed, seeds, loads, steps, &faults, store, plant.as_deref()).await
+        }
+        Command::Eval { paths, json, store, queue, decider, llm_answers } => {
+            evaluate(&paths, json, store, queue, decider, llm_answers.as_deref()).await
+        }
+    }
+}
+
+/// Prints a line; a closed stdout (`| head`) ends the program quietly instead of panicking.
+fn say(line: impl std::fmt::Display) {
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+/// Defaults, the file, HAUL_* variables, then flags; warns about HAUL_* variables
+/// that name no setting.
+fn load_config(file: Option<&Path>, db: Option<String>, listen: Option<String>) -> anyhow::Result<Config> {
+    let (mut config, unknown) = Config::load(file, std::env::vars())?;
+    for name in unknown {
+        tracing::warn!("{name} names no setting; ignored");
+    }
+    if let Some(db) = db {
+        config.store.url = db;
+    }
+    if let Some(listen) = listen {
+        config.server.listen = listen;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+fn eval_store(kind: StoreKind) -> EvalStore {
+    match kind {
+        StoreKind::Sqlite => EvalStore::SqliteMemory,
+        StoreKind::Postgres => EvalStore::Postgres(database_url()),
+    }
+}
+
+async fn serve(
+    config: Option<&Path>,
+    db: Option<String>,
+    listen: Option<String>,
+    roles: &str,
+) -> anyhow::Result<ExitCode> {
+    let config = load_config(config, db, listen)?;
+    let roles = haul_server::Roles::parse(roles)?;
+    haul_server::serve(config, roles, haul_server::shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn inspect(load_id: &str, config: Option<&Path>, db: Option<String>, json: bool) -> anyhow::Result<ExitCode> {
+    let config = load_config(config, db, None)?;
+    let load = haul_core::ids::LoadId::parse(load_id).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let store = store::open(&config.store.url, None).await.context("store.url")?;
+    let Some(view) = haul_runtime::inspect::load_view(store.as_ref(), &load).await? else {
+        eprintln!("load {load} has no records in {}", store::describe(&config.store.url));
+        return Ok(ExitCode::from(2));
+    };
+    if json {
+        say(format_args!("{}", serde_json::to_string_pretty(&view)?));
+    } else {
+        say(haul_runtime::inspect::timeline(&view).trim_end());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn migrate(db: &str) -> anyhow::Result<ExitCode> {
+    let store = store::open(db, None).await.with_context(|| format!("opening {}", store::describe(db)))?;
+    drop(store);
+    say(format_args!("schema of {} is up to date", store::describe(db)));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn prune(db: &str, older_than: &str, batch: u32) -> anyhow::Result<ExitCode> {
+    let age =
+        haul_core::time::parse_duration(older_than).map_err(|e| anyhow::anyhow!("--older-than: {}", e.message))?;
+    if age < MIN_RETENTION {
+        anyhow::bail!(
+            "--older-than {older_than}: at least 5m (the queue deduplicates event ids for at least five minutes)"
+        );
+    }
+    let store = store::open(db, None).await.with_context(|| format!("opening {}", store::describe(db)))?;
+    let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
+    let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+    let cutoff = haul_core::time::from_ms(haul_core::time::to_ms(now).saturating_sub(age_ms));
+    let mut batches = 0u64;
+    let sum = haul_store::prune_all(store.as_ref(), cutoff, batch as usize, MAX_PRUNE_BATCHES, |b| {
+        batches += 1;
+        tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, "prune batch");
+    })
+    .await?;
+    say(format_args!(
+        "pruned {} outbox rows, {} timers, {} queue messages finished before {cutoff} ({batches} batches of at most {batch} per table)",
+        sum.outbox, sum.timers, sum.queue
+    ));
+    if batches as usize >= MAX_PRUNE_BATCHES {
+        say(format_args!("stopped after {MAX_PRUNE_BATCHES} batches; run it again for the rest"));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn testkit(t: Testkit) -> anyhow::Result<ExitCode> {
+    match t {
+        Testkit::Services { listen } => {
+            let svc = haul_harness::testkit::FakeServices::start_on(&listen, None).await?;
+            say(format_args!("fake services on {}", svc.addr));
+            haul_server::shutdown_signal().await;
+        }
+        Testkit::Schema { db } => say(crashtest::schema_url(&db).await?),
+        Testkit::Load { api, token, loads, seconds, seed, accepted } => {
+            crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
+        }
+        Testkit::Check { db, services, accepted, timeout } => {
+            let store = store::open(&db, None).await?;
+            crashtest::check(store, &services, &accepted, timeout).await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool) -> anyhow::Result<ExitCode> {
+    let workloads: Vec<String> =
+        if workloads.is_empty() { bench::WORKLOADS.iter().map(|w| w.to_string()).collect() } else { workloads };
+    let dir = std::env::temp_dir().join(format!("haul-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let store = match store {
+        StoreKind::Sqlite => bench::BenchStore::Sqlite(dir.clone()),
+        StoreKind::Postgres => bench::BenchStore::Postgres(database_url()),
+    };
+    let mut all = BTreeMap::new();
+    for w in &workloads {
+        let figures = bench::run_workload(w, &store, quick).await?;
+        if !json {
+            for (k, v) in &figures {
+                say(format_args!("{w}.{k} = {v:.3}"));
+            }
+        }
+        all.insert(w.clone(), figures);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if json {
+        say(serde_json::to_string_pretty(&all)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn simulate(
+    seed: u64,
+    seeds: u64,
+    loads: usize,
+    steps: usize,
+    faults: &str,
+    store: StoreKind,
+    plant: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let faults = sim::FaultSet::parse(faults)?;
+    let bugs = match plant {
+        None => haul_runtime::faults::PlantedBugs::default(),
+        Some(name) => haul_runtime::faults::PlantedBugs::parse(name)
+            .ok_or_else(|| anyhow::anyhow!("--plant: unknown bug {name:?}"))?,
+    };
+    let store = eval_store(store);
+    let (mut passed, mut failed) = (0, 0);
+    let mut coverage = BTreeMap::<String, u64>::new();
+    for s in seed..seed.saturating_add(seeds) {
+        let opts = sim::SimOptions { seed: s, loads, steps, faults, bugs };
+        let report = sim::run(&opts, &store).await.with_context(|| format!("seed {s}"))?;
+        for (k, v) in &report.coverage {
+            *coverage.entry(k.clone()).or_default() += v;
+        }
+        match &report.violation {
+            None => {
+                passed += 1;
+                say(format_args!(
+                    "seed {s}: ok  digest {}  events {}  effects {}",
+                    report.digest, report.events, report.effects
+                ));
+            }
+            Some(v) => {
+                failed += 1;
+                say(format_args!("seed {s}: FAILED  digest {}: {v}", report.digest));
+                say(format_args!("  reproduce: haul sim --seed {s} --loads {loads} --steps {steps}"));
+                for line in &report.excerpt {
+                    say(format_args!("  | {line}"));
+                }
+            }
+        }
+    }
+    let cov: Vec<String> = coverage.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    say(format_args!("coverage: {}", cov.join(" ")));
+    say(format_args!("{passed} passed, {failed} failed"));
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+async fn evaluate(
+    paths: &[PathBuf],
+    json: bool,
+    store: StoreKind,
+    queue: QueueKind,
+    decider: DeciderKind,
+    llm_answers: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let store = eval_store(store);
+    let decider = match (decider, llm_answers) {
+        (DeciderKind::Llm, Some(file)) => {
+            EvalDecider::Llm(haul_harness::testkit_llm::Answers::from_file(file).context("--llm-answers")?)
+        }
+        (DeciderKind::Llm, None) => anyhow::bail!("--decider llm needs --llm-answers FILE"),
+        (DeciderKind::Sop, Some(_)) => anyhow::bail!("--llm-answers goes with --decider llm"),
+        (DeciderKind::Sop, None) => EvalDecider::Sop,
+    };
+    let queue = match queue {
+        QueueKind::Store => EvalQueue::Store,
+        QueueKind::Sqs => EvalQueue::sqs_emulator().await?,
+    };
+    let opts = EvalOptions { queue, decider };
+    let report = eval::run_paths_with(paths, &store, &opts, |r| {
+        if !json {
+            say(format_args!("{}", r.line()));
+        }
+    })
+    .await;
+    if json {
+        say(format_args!("{}", serde_json::to_string_pretty(&report)?));
+    } else {
+        say(format_args!("{} passed, {} failed", report.passed, report.failed));
+    }
+    Ok(if report.failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
