@@ -109,12 +109,6 @@ impl PgStore {
         Ok(PgStore { pool, rng: Arc::new(Mutex::new(rng)) })
     }
 
-    pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
-        let store = Self::connect(&PgConfig::new(url)).await?;
-        store.migrate().await?;
-        Ok(store)
-    }
-
     /// Applies the migrations not yet applied, under an advisory lock so several
     /// processes starting at once do not race; returns the versions applied.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {

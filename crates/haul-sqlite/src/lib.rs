@@ -104,12 +104,6 @@ impl SqliteStore {
         Ok(SqliteStore { writer: writer::Writer::spawn(conn), rng: Arc::new(Mutex::new(rng)) })
     }
 
-    pub async fn open_url(url: &str) -> Result<Self, StoreError> {
-        let store = Self::open(&SqliteConfig::from_url(url)?)?;
-        store.migrate().await?;
-        Ok(store)
-    }
-
     /// Applies the migrations not yet applied; returns their versions.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         self.writer
