@@ -23,8 +23,9 @@ use haul_core::time::{Timestamp, from_ms, to_ms};
 use serde_json::Value;
 
 use crate::{
-    DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow, OutboxStatus, QueueMessage,
-    RecordedDelivery, StoreError, Timer, TimerStatus, UnmatchedSms, is_key_of_load,
+    AppendError, ClaimError, DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow,
+    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, StoreError, Timer, TimerStatus, UnmatchedSms,
+    is_key_of_load,
 };
 
 // ---------------------------------------------------------------------------------
@@ -71,6 +72,25 @@ impl CorruptRowError {
 impl From<CorruptRowError> for StoreError {
     fn from(e: CorruptRowError) -> Self {
         StoreError::new(e.to_string())
+    }
+}
+
+// So a backend reads a column with `?` whatever the method's error type is.
+impl From<CorruptRowError> for AppendError {
+    fn from(e: CorruptRowError) -> Self {
+        AppendError::Store(e.into())
+    }
+}
+
+impl From<CorruptRowError> for ClaimError {
+    fn from(e: CorruptRowError) -> Self {
+        ClaimError::Store(e.into())
+    }
+}
+
+impl From<CorruptRowError> for QueueError {
+    fn from(e: CorruptRowError) -> Self {
+        QueueError::Store(e.into())
     }
 }
 
