@@ -8,6 +8,8 @@
 
 mod impls;
 pub mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::time::Duration;
 
@@ -160,32 +162,5 @@ mod tests {
         assert_eq!(super::redact("postgres://u:secret@h:5432/db"), "postgres://u@h:5432/db");
         assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(super::redact("host=x"), "host=x");
-    }
-}
-
-/// Helpers for tests (this crate's and the runtime's) that need a PostgreSQL of their own.
-pub mod testing {
-    /// A new schema name for one test, after dropping the test schemas left by runs
-    /// more than an hour old (names carry their creation time).
-    #[allow(clippy::disallowed_methods)] // test bookkeeping, not domain time
-    pub async fn fresh_schema(url: &str) -> String {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-        let name = format!("haul_t{now}_{:08x}", fastrand::u32(..));
-        let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
-            panic!("PostgreSQL is required for these tests and is not reachable at DATABASE_URL={url}");
-        };
-        let task = tokio::spawn(conn);
-        if let Ok(rows) = client.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'haul\\_t%'", &[]).await {
-            for old in rows.iter().filter_map(|row| row.try_get::<_, String>(0).ok()) {
-                let born =
-                    old.strip_prefix("haul_t").and_then(|s| s.split('_').next()).and_then(|s| s.parse::<u64>().ok());
-                if born.is_some_and(|b| b + 3600 < now) {
-                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {old} CASCADE")).await;
-                }
-            }
-        }
-        drop(client);
-        let _ = task.await;
-        name
     }
 }

@@ -2,13 +2,12 @@
 //! `StoreError` naming a corrupt row, as on SQLite: never a panic in the worker or the
 //! dispatcher that read it. The other rows still read.
 
-mod common;
-
 use std::time::Duration;
 
 use haul_core::action::ActionType;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
+use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
 use haul_store::{EventStore, LoadQueue, NewEntry, NewOutboxRow, Outbox, StoreError, TimerStore};
 use serde_json::json;
 
@@ -23,8 +22,8 @@ fn assert_corrupt<T: std::fmt::Debug>(what: &str, got: Result<T, StoreError>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_typed_and_null_columns_are_corrupt_row_errors() {
-    let (s, schema) = common::store_in_fresh_schema().await;
-    s.migrate().await.unwrap();
+    let options = FreshStore { pool_size: 4, ..FreshStore::default() };
+    let (s, schema) = fresh_store(&options).await.unwrap();
     let (l1, l2) = (LoadId::parse("L1").unwrap(), LoadId::parse("L2").unwrap());
     for l in [&l1, &l2] {
         let id = format!("{l}/e1/send_sms");
@@ -36,7 +35,7 @@ async fn wrong_typed_and_null_columns_are_corrupt_row_errors() {
     s.schedule(&timer, at(100), at(1)).await.unwrap();
     s.publish(&l1, "q1", "{}", at(1)).await.unwrap();
 
-    let client = common::raw_client(&schema).await;
+    let client = client_in_schema(&options.url, &schema).await;
     client
         .batch_execute(
             "ALTER TABLE timers ALTER COLUMN fire_at TYPE text USING fire_at::text;
