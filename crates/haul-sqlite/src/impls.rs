@@ -53,6 +53,22 @@ impl Columns for SqliteRow<'_, '_> {
     }
 }
 
+impl SqliteStore {
+    /// Runs a (cached) query on the writer thread and decodes each row.
+    async fn query_rows<T, P>(
+        &self,
+        sql: &'static str,
+        params: P,
+        decode: fn(&dyn Columns) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        T: Send + 'static,
+        P: rusqlite::Params + Send + 'static,
+    {
+        self.writer.run(move |conn: &Connection| rows(conn, sql, params, decode)).await
+    }
+}
+
 /// Runs a (cached) query and decodes each row.
 fn rows<T>(
     conn: &Connection,
@@ -99,23 +115,19 @@ impl EventStore for SqliteStore {
     }
 
     async fn read_after(&self, load_id: &LoadId, after_seq: u64) -> Result<(Vec<Record>, u64), StoreError> {
-        let load_id = load_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                let records = rows(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        columns!(record),
-                        " FROM events WHERE load_id = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq"
-                    ),
-                    params![load_id, after_seq as i64],
-                    record_row,
-                )?;
-                let version = records.last().map_or(after_seq, |r| r.seq);
-                Ok((records, version))
-            })
-            .await
+        let records = self
+            .query_rows(
+                concat!(
+                    "SELECT ",
+                    columns!(record),
+                    " FROM events WHERE load_id = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq"
+                ),
+                (load_id.to_string(), after_seq as i64),
+                record_row,
+            )
+            .await?;
+        let version = records.last().map_or(after_seq, |r| r.seq);
+        Ok((records, version))
     }
 
     async fn append(
@@ -143,16 +155,12 @@ impl EventStore for SqliteStore {
 
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
         let after = after.map(|a| a.to_string()).unwrap_or_default();
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER)",
-                    params![after, limit as i64],
-                    load_id_row,
-                )
-            })
-            .await
+        self.query_rows(
+            "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER)",
+            (after, limit as i64),
+            load_id_row,
+        )
+        .await
     }
 }
 
@@ -355,27 +363,20 @@ impl Outbox for SqliteStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError> {
-        let id = id.to_owned();
-        self.writer
-            .run(move |conn: &Connection| {
-                Ok(rows(conn, concat!("SELECT ", columns!(outbox), " FROM outbox WHERE id = ?1"), [&id], outbox_row)?
-                    .pop())
-            })
-            .await
+        Ok(self
+            .query_rows(concat!("SELECT ", columns!(outbox), " FROM outbox WHERE id = ?1"), [id.to_owned()], outbox_row)
+            .await?
+            .pop())
     }
 
     async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError> {
         let load_id = load_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    concat!("SELECT ", columns!(outbox), " FROM outbox WHERE load_id = ?1 ORDER BY created_at, id"),
-                    [&load_id],
-                    outbox_row,
-                )
-            })
-            .await
+        self.query_rows(
+            concat!("SELECT ", columns!(outbox), " FROM outbox WHERE load_id = ?1 ORDER BY created_at, id"),
+            [load_id],
+            outbox_row,
+        )
+        .await
     }
 
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
@@ -391,20 +392,16 @@ impl Outbox for SqliteStore {
 
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
         let since = to_ms(since);
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        columns!(outbox),
-                        " FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT CAST(?2 AS INTEGER)"
-                    ),
-                    params![since, limit as i64],
-                    outbox_row,
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(outbox),
+                " FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (since, limit as i64),
+            outbox_row,
+        )
+        .await
     }
 
     async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
@@ -444,21 +441,17 @@ impl SqliteStore {
     }
 
     async fn dead_unpublished(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        columns!(outbox),
-                        " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
-                         ORDER BY dead_at, id LIMIT CAST(?1 AS INTEGER)"
-                    ),
-                    [limit as i64],
-                    outbox_row,
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(outbox),
+                " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
+                 ORDER BY dead_at, id LIMIT CAST(?1 AS INTEGER)"
+            ),
+            [limit as i64],
+            outbox_row,
+        )
+        .await
     }
 }
 
@@ -526,53 +519,34 @@ impl TimerStore for SqliteStore {
 
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError> {
         let now = to_ms(now);
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        columns!(timer),
-                        " FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 ORDER BY fire_at, timer_id LIMIT CAST(?2 AS INTEGER)"
-                    ),
-                    params![now, limit as i64],
-                    timer_row,
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(timer),
+                " FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 ORDER BY fire_at, timer_id LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (now, limit as i64),
+            timer_row,
+        )
+        .await
     }
 
     async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError> {
         let load_id = load_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        columns!(timer),
-                        " FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"
-                    ),
-                    [&load_id],
-                    timer_row,
-                )
-            })
-            .await
+        self.query_rows(
+            concat!("SELECT ", columns!(timer), " FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"),
+            [load_id],
+            timer_row,
+        )
+        .await
     }
 
     async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError> {
         let timer_id = timer_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                Ok(rows(
-                    conn,
-                    concat!("SELECT ", columns!(timer), " FROM timers WHERE timer_id = ?1"),
-                    [&timer_id],
-                    timer_row,
-                )?
-                .pop())
-            })
-            .await
+        Ok(self
+            .query_rows(concat!("SELECT ", columns!(timer), " FROM timers WHERE timer_id = ?1"), [timer_id], timer_row)
+            .await?
+            .pop())
     }
 }
 
@@ -828,20 +802,16 @@ impl DeliveryLog for SqliteStore {
 
     async fn deliveries(&self, load_id: Option<&LoadId>, limit: usize) -> Result<Vec<RecordedDelivery>, StoreError> {
         let load_id = load_id.map(|l| l.to_string());
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        columns!(delivery),
-                        " FROM deliveries WHERE ?1 IS NULL OR load_id = ?1 ORDER BY id LIMIT CAST(?2 AS INTEGER)"
-                    ),
-                    params![load_id, limit as i64],
-                    delivery_row,
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(delivery),
+                " FROM deliveries WHERE ?1 IS NULL OR load_id = ?1 ORDER BY id LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (load_id, limit as i64),
+            delivery_row,
+        )
+        .await
     }
 }
 
@@ -872,16 +842,12 @@ impl LoadIndex for SqliteStore {
 
     async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError> {
         let phone = phone.to_owned();
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    "SELECT load_id FROM load_facts WHERE driver_phone = ?1 AND active = 1 ORDER BY load_id LIMIT 100",
-                    [&phone],
-                    load_id_row,
-                )
-            })
-            .await
+        self.query_rows(
+            "SELECT load_id FROM load_facts WHERE driver_phone = ?1 AND active = 1 ORDER BY load_id LIMIT 100",
+            [phone],
+            load_id_row,
+        )
+        .await
     }
 
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {
@@ -901,20 +867,16 @@ impl LoadIndex for SqliteStore {
     }
 
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {
-        self.writer
-            .run(move |conn: &Connection| {
-                rows(
-                    conn,
-                    concat!(
-                        "SELECT ",
-                        columns!(unmatched_sms),
-                        " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?1 AS INTEGER)"
-                    ),
-                    [limit as i64],
-                    unmatched_sms_row,
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(unmatched_sms),
+                " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?1 AS INTEGER)"
+            ),
+            [limit as i64],
+            unmatched_sms_row,
+        )
+        .await
     }
 }
 
