@@ -7,9 +7,9 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
-    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, deadline_ms,
-    delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, record_row, timer_row,
-    unmatched_sms_row,
+    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
+    deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, record_row,
+    timer_row, unmatched_sms_row,
 };
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
@@ -232,17 +232,13 @@ impl Outbox for PgStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
         let token = self.tokens.next();
         let (now, until) = (to_ms(now), to_ms(add(now, lease)));
-        let mut rows = self.query_rows(OUTBOX_CLAIM, &[&token, &until, &now, &(limit as i64)], outbox_row).await?;
-        rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
-        Ok(rows.into_iter().map(|row| Claim { row, token: token.clone() }).collect())
+        let rows = self.query_rows(OUTBOX_CLAIM, &[&token, &until, &now, &(limit as i64)], outbox_row).await?;
+        Ok(claims(rows, &token))
     }
 
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
         let client = self.client().await?;
-        match owns(&client, id, token).await? {
-            Some(until) if until > to_ms(now) => Ok(()),
-            _ => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
-        }
+        Ok(check_lease(id, owns(&client, id, token).await?, to_ms(now))?)
     }
 
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {

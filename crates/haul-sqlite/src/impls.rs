@@ -7,9 +7,9 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
-    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, deadline_ms,
-    delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row,
-    timer_row, unmatched_sms_row,
+    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
+    deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, receipt,
+    record_row, timer_row, unmatched_sms_row,
 };
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
@@ -272,30 +272,20 @@ impl Outbox for SqliteStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
         let token = self.tokens.next();
         let (now, lease_until) = (to_ms(now), to_ms(add(now, lease)));
-        self.writer
-            .run(move |conn: &Connection| {
-                let sql = concat!(
-                    "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
-                     WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
-                                  AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
-                     RETURNING ",
-                    columns!(outbox)
-                );
-                let mut rows = rows(conn, sql, params![token, lease_until, now, limit as i64], outbox_row)?;
-                rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
-                Ok(rows.into_iter().map(|row| Claim { row, token: token.clone() }).collect())
-            })
-            .await
+        let sql = concat!(
+            "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
+             WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
+                          AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
+             RETURNING ",
+            columns!(outbox)
+        );
+        let rows = self.query_rows(sql, (token.clone(), lease_until, now, limit as i64), outbox_row).await?;
+        Ok(claims(rows, &token))
     }
 
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
         let (id, token, now) = (id.to_owned(), token.to_owned(), to_ms(now));
-        self.writer
-            .run(move |conn: &Connection| match owns(conn, &id, &token)? {
-                Some(until) if until > now => Ok(()),
-                _ => Err(StaleClaimError { outbox_id: id }.into()),
-            })
-            .await
+        self.writer.run(move |conn: &Connection| Ok(check_lease(&id, owns(conn, &id, &token)?, now)?)).await
     }
 
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {

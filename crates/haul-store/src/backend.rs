@@ -23,9 +23,9 @@ use haul_core::time::{Timestamp, from_ms, to_ms};
 use serde_json::Value;
 
 use crate::{
-    AppendError, ClaimError, DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow,
-    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, StoreError, Timer, TimerStatus, UnmatchedSms,
-    is_key_of_load,
+    AppendError, Claim, ClaimError, DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow,
+    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer, TimerStatus,
+    UnmatchedSms, is_key_of_load,
 };
 
 // ---------------------------------------------------------------------------------
@@ -281,6 +281,25 @@ pub fn receipt(message_id: i64, token: &str) -> String {
 /// The message id of a receipt; `None` when it is not one of this store's.
 pub fn parse_receipt(receipt: &str) -> Option<i64> {
     receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
+}
+
+// ---------------------------------------------------------------------------------
+// Claims.
+
+/// The rows one `Outbox::pending` call claimed with `token`, in the order the contract
+/// hands them out (due first, then by id): `RETURNING` gives rows in no order.
+pub fn claims(mut rows: Vec<OutboxRow>, token: &str) -> Vec<Claim> {
+    rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
+    rows.into_iter().map(|row| Claim { row, token: token.to_owned() }).collect()
+}
+
+/// `check_claim`'s answer once the store found the row's lease for the token
+/// (`lease_until_ms`): the claim stands while the lease is live at `now_ms`.
+pub fn check_lease(id: &str, lease_until_ms: Option<i64>, now_ms: i64) -> Result<(), StaleClaimError> {
+    match lease_until_ms {
+        Some(until) if until > now_ms => Ok(()),
+        _ => Err(StaleClaimError { outbox_id: id.to_owned() }),
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -593,6 +612,23 @@ mod tests {
         assert_eq!((err.load_id.as_str(), err.entry_id.as_str()), ("L1", "e2"));
         assert!(check_keys_distinct(&[row("L1/a"), row("L1/b")]).is_ok());
         assert_eq!(check_keys_distinct(&[row("L1/a"), row("L1/a")]).unwrap_err().key, "L1/a");
+    }
+
+    #[test]
+    fn claims_come_due_first_then_by_id_and_a_lapsed_lease_is_stale() {
+        let row = |id: &'static str, due_ms: i64| {
+            let mut values = outbox_values();
+            values[0].1 = Cell::Text(id);
+            values[6].1 = Cell::Int(due_ms);
+            outbox_row(&FakeRow::new(columns!(outbox), &values)).unwrap()
+        };
+        let got = claims(vec![row("L1/b", 2), row("L1/c", 1), row("L1/a", 2)], "t");
+        let order: Vec<&str> = got.iter().map(|c| c.row.id.as_str()).collect();
+        assert_eq!(order, ["L1/c", "L1/a", "L1/b"]);
+        assert!(got.iter().all(|c| c.token == "t"));
+        assert!(check_lease("x", Some(11), 10).is_ok());
+        assert_eq!(check_lease("x", Some(10), 10).unwrap_err().outbox_id, "x");
+        assert!(check_lease("x", None, 10).is_err());
     }
 
     #[test]
