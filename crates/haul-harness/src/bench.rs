@@ -20,6 +20,7 @@ use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::time::Timestamp;
 use haul_core::{Clock, InboundEvent};
+use haul_postgres::testing::FreshStore;
 use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, QueueMessage, Store};
 use serde_json::{Value, json};
 
@@ -63,14 +64,8 @@ async fn fresh_store(store: &BenchStore, tag: &str) -> anyhow::Result<(Arc<dyn S
             Ok((haul_runtime::store::open(&url, None).await?, url))
         }
         BenchStore::Postgres(url) => {
-            let schema = haul_postgres::testing::fresh_schema(url).await;
-            let s = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
-                schema: Some(schema.clone()),
-                pool_size: 16,
-                ..haul_postgres::PgConfig::new(url.clone())
-            })
-            .await?;
-            s.migrate().await?;
+            let options = FreshStore { url: url.clone(), pool_size: 16, ..FreshStore::default() };
+            let (s, schema) = haul_postgres::testing::fresh_store(&options).await?;
             Ok((Arc::new(s), schema))
         }
     }

@@ -17,17 +17,6 @@ use serde_json::{Value, json};
 use haul_core::Clock;
 use haul_runtime::clock::SystemClock;
 
-/// Creates a fresh schema in the PostgreSQL database `db` and returns a store URL
-/// that uses it, so each crash-test run starts empty.
-pub async fn schema_url(db: &str) -> anyhow::Result<String> {
-    let schema = haul_postgres::testing::fresh_schema(db).await;
-    let (client, conn) = tokio_postgres::connect(db, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await?;
-    let sep = if db.contains('?') { '&' } else { '?' };
-    Ok(format!("{db}{sep}options=-csearch_path%3D{schema}"))
-}
-
 /// Posts events for `loads` loads for `seconds`, and writes `load event_id` for each one
 /// the API accepted (202, or 200 for a duplicate) to `accepted`.
 pub async fn load(

@@ -12,3 +12,7 @@ pub mod eval;
 pub mod sim;
 pub mod testkit;
 pub mod testkit_llm;
+
+/// The PostgreSQL database the test-and-measure commands make their throwaway schemas
+/// in: `DATABASE_URL`, or the local test server.
+pub use haul_postgres::testing::{database_url, fresh_schema_url};

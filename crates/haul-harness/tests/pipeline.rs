@@ -392,7 +392,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision_postgres() {
     // PostgreSQL's lease is a session's advisory lock: it is lost when the session dies,
     // as when a connection drops mid-run. Kill the session holding this load's lock.
     let (store, schema) = postgres_in_schema().await;
-    let url = database_url();
+    let url = haul_postgres::testing::database_url();
     let lose = async || {
         let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);

@@ -1,79 +1,66 @@
 //! The storage contracts on PostgreSQL.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use haul_core::action::ActionType;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
+use haul_store::backend::{
+    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
+    deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, record_row,
+    timer_row, unmatched_sms_row,
+};
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow,
-    OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
-    TimerStatus, TimerStore,
+    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
+    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
+    StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns, outbox_key_load,
 };
-use haul_store::{LoadIndex, Prune, PruneReport, UnmatchedSms, is_key_of_load, outbox_key_load};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::FromSql;
 
 use crate::sql::*;
 use crate::{PgStore, pg};
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn corrupt(what: &str, v: &str) -> StoreError {
-    StoreError::new(format!("corrupt row: {what} {v:?}"))
-}
-
-fn outbox_row(r: &Row) -> Result<OutboxRow, StoreError> {
-    let load_id: String = r.get(1);
-    let action_type: String = r.get(2);
-    let action: String = r.get(3);
-    let status: String = r.get(4);
-    Ok(OutboxRow {
-        id: r.get(0),
-        load_id: parse_load_id(&load_id)?,
-        action_type: ActionType::parse(&action_type).ok_or_else(|| corrupt("action_type", &action_type))?,
-        action: serde_json::from_str(&action).map_err(|_| corrupt("action", &action))?,
-        status: OutboxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
-        attempts: r.get::<_, i32>(5) as u32,
-        due_at: from_ms(r.get(6)),
-        first_attempt_at: r.get::<_, Option<i64>>(7).map(from_ms),
-        claim_token: r.get(8),
-        lease_until: r.get::<_, Option<i64>>(9).map(from_ms),
-        last_failure: r.get(10),
-        receipt: r.get(11),
-        created_at: from_ms(r.get(12)),
-        updated_at: from_ms(r.get(13)),
+/// Column `index` of a row: a value of another type, or a NULL where `T` has none, is a
+/// corrupt row (`Row::get` would panic on either, taking the worker down with it).
+fn col<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, CorruptRowError> {
+    row.try_get(index).map_err(|e| {
+        let name = row.columns().get(index).map_or("?", |c| c.name());
+        // The error itself only says "error deserializing column N"; its source says why.
+        match std::error::Error::source(&e) {
+            Some(why) => CorruptRowError::column(index, format!("{name}: {why}")),
+            None => CorruptRowError::column(index, format!("{name}: {e}")),
+        }
     })
 }
 
-fn timer_row(r: &Row) -> Result<Timer, StoreError> {
-    let timer_id: String = r.get(0);
-    let load_id: String = r.get(1);
-    let status: String = r.get(3);
-    Ok(Timer {
-        timer_id: TimerId::parse(&timer_id).map_err(|_| corrupt("timer_id", &timer_id))?,
-        load_id: parse_load_id(&load_id)?,
-        fire_at: from_ms(r.get(2)),
-        status: TimerStatus::parse(&status).ok_or_else(|| corrupt("timer status", &status))?,
-        created_at: from_ms(r.get(4)),
-        canceled_at: r.get::<_, Option<i64>>(5).map(from_ms),
-        fired_at: r.get::<_, Option<i64>>(6).map(from_ms),
-    })
-}
+/// A tokio-postgres row, read by haul_store's decoders.
+struct PgRow<'a>(&'a Row);
 
-/// A load id read back from a row; one out of form is a corrupt row.
-fn parse_load_id(s: &str) -> Result<LoadId, StoreError> {
-    LoadId::parse(s).map_err(|_| corrupt("load_id", s))
-}
+impl Columns for PgRow<'_> {
+    fn string(&self, index: usize) -> Result<String, CorruptRowError> {
+        col(self.0, index)
+    }
 
-fn load_id_row(r: &Row) -> Result<LoadId, StoreError> {
-    parse_load_id(r.get(0))
+    fn opt_string(&self, index: usize) -> Result<Option<String>, CorruptRowError> {
+        col(self.0, index)
+    }
+
+    fn i64(&self, index: usize) -> Result<i64, CorruptRowError> {
+        col(self.0, index)
+    }
+
+    fn opt_i64(&self, index: usize) -> Result<Option<i64>, CorruptRowError> {
+        col(self.0, index)
+    }
+
+    fn u32(&self, index: usize) -> Result<u32, CorruptRowError> {
+        let n: i32 = col(self.0, index)?;
+        u32::try_from(n).map_err(|e| CorruptRowError::column(index, e))
+    }
 }
 
 /// The unique constraint a statement broke. On a partitioned table PostgreSQL names the
@@ -86,24 +73,16 @@ fn constraint(e: &tokio_postgres::Error) -> Option<&str> {
 type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
 
 impl PgStore {
-    /// Runs a (cached) query and maps each row.
+    /// Runs a (cached) query and decodes each row.
     async fn query_rows<T>(
         &self,
         sql: &str,
         params: Params<'_>,
-        map: fn(&Row) -> Result<T, StoreError>,
+        decode: fn(&dyn Columns) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(pg)?;
-        client.query(&stmt, params).await.map_err(pg)?.iter().map(map).collect()
-    }
-
-    async fn outbox_query(&self, sql: &str, params: Params<'_>) -> Result<Vec<OutboxRow>, StoreError> {
-        self.query_rows(sql, params, outbox_row).await
-    }
-
-    async fn timer_query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Timer>, StoreError> {
-        self.query_rows(sql, params, timer_row).await
+        client.query(&stmt, params).await.map_err(pg)?.iter().map(|r| decode(&PgRow(r))).collect()
     }
 }
 
@@ -114,22 +93,7 @@ impl EventStore for PgStore {
     }
 
     async fn read_after(&self, load_id: &LoadId, after_seq: u64) -> Result<(Vec<Record>, u64), StoreError> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(READ_AFTER).await.map_err(pg)?;
-        let rows = client.query(&stmt, &[&load_id.as_str(), &(after_seq as i64)]).await.map_err(pg)?;
-        let records: Vec<Record> = rows
-            .iter()
-            .map(|r| {
-                let payload: String = r.get(3);
-                Record {
-                    seq: r.get::<_, i64>(0) as u64,
-                    entry_id: r.get(1),
-                    kind: r.get(2),
-                    payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
-                    recorded_at: from_ms(r.get(4)),
-                }
-            })
-            .collect();
+        let records = self.query_rows(READ_AFTER, &[&load_id.as_str(), &(after_seq as i64)], record_row).await?;
         let version = records.last().map_or(after_seq, |r| r.seq);
         Ok((records, version))
     }
@@ -174,10 +138,8 @@ impl PgStore {
         receipt: Option<&str>,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
+        check_keys_of_load(load_id, &outbox)?;
         let lid = load_id.as_str();
-        if let Some(bad) = outbox.iter().find(|o| !is_key_of_load(&o.id, lid)) {
-            return Err(StoreError::new(format!("outbox key {:?} is not an action key of load {lid}", bad.id)).into());
-        }
         let now = to_ms(now);
         let expected = expected_version as i64;
         let new_version = expected + entries.len() as i64;
@@ -194,7 +156,10 @@ impl PgStore {
         .map_err(pg)?;
         if won != 1 {
             drop(tx);
-            let actual: Option<i64> = client.query_opt(LOAD_VERSION, &[&lid]).await.map_err(pg)?.map(|r| r.get(0));
+            let actual: Option<i64> = match client.query_opt(LOAD_VERSION, &[&lid]).await.map_err(pg)? {
+                Some(row) => Some(col(&row, 0)?),
+                None => None,
+            };
             return Err(ConcurrencyConflictError {
                 load_id: lid.to_owned(),
                 expected: expected_version,
@@ -204,25 +169,19 @@ impl PgStore {
         }
 
         // 2. The entry ids.
+        check_entry_ids_distinct(load_id, &entries)?;
         let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
-        let mut seen = BTreeSet::new();
-        if let Some(dup) = ids.iter().find(|id| !seen.insert(**id)) {
-            return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: (*dup).to_owned() }.into());
-        }
         if let Some(row) = tx.query_opt(ENTRY_IDS_TAKEN, &[&lid, &ids]).await.map_err(pg)? {
-            return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: row.get(0) }.into());
+            return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: col(&row, 0)? }.into());
         }
 
         // 3. The outbox keys.
+        check_keys_distinct(&outbox)?;
         let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
-        let mut seen = BTreeSet::new();
-        if let Some(dup) = keys.iter().find(|k| !seen.insert(**k)) {
-            return Err(DuplicateActionKeyError { key: (*dup).to_owned() }.into());
-        }
         if !keys.is_empty()
             && let Some(row) = tx.query_opt(OUTBOX_KEYS_TAKEN, &[&lid, &keys]).await.map_err(pg)?
         {
-            return Err(DuplicateActionKeyError { key: row.get(0) }.into());
+            return Err(DuplicateActionKeyError { key: col(&row, 0)? }.into());
         }
 
         let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
@@ -263,7 +222,7 @@ impl PgStore {
 async fn owns(client: &deadpool_postgres::Object, id: &str, token: &str) -> Result<Option<i64>, ClaimError> {
     let row = client.query_opt(OUTBOX_OWNS, &[&outbox_key_load(id), &id, &token]).await.map_err(pg)?;
     match row {
-        Some(r) => Ok(r.get(0)),
+        Some(r) => Ok(col(&r, 0)?),
         None => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
     }
 }
@@ -271,19 +230,15 @@ async fn owns(client: &deadpool_postgres::Object, id: &str, token: &str) -> Resu
 #[async_trait]
 impl Outbox for PgStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
-        let token = self.token();
+        let token = self.tokens.next();
         let (now, until) = (to_ms(now), to_ms(add(now, lease)));
-        let mut rows = self.outbox_query(OUTBOX_CLAIM, &[&token, &until, &now, &(limit as i64)]).await?;
-        rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
-        Ok(rows.into_iter().map(|row| Claim { row, token: token.clone() }).collect())
+        let rows = self.query_rows(OUTBOX_CLAIM, &[&token, &until, &now, &(limit as i64)], outbox_row).await?;
+        Ok(claims(rows, &token))
     }
 
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
         let client = self.client().await?;
-        match owns(&client, id, token).await? {
-            Some(until) if until > to_ms(now) => Ok(()),
-            _ => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
-        }
+        Ok(check_lease(id, owns(&client, id, token).await?, to_ms(now))?)
     }
 
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
@@ -337,21 +292,21 @@ impl Outbox for PgStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError> {
-        Ok(self.outbox_query(OUTBOX_GET, &[&outbox_key_load(id), &id]).await?.pop())
+        Ok(self.query_rows(OUTBOX_GET, &[&outbox_key_load(id), &id], outbox_row).await?.pop())
     }
 
     async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError> {
-        self.outbox_query(OUTBOX_FOR_LOAD, &[&load_id.as_str()]).await
+        self.query_rows(OUTBOX_FOR_LOAD, &[&load_id.as_str()], outbox_row).await
     }
 
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
         let client = self.client().await?;
         let row = client.query_one(OUTBOX_OLDEST_PENDING, &[]).await.map_err(pg)?;
-        Ok(row.get::<_, Option<i64>>(0).map(from_ms))
+        Ok(col::<Option<i64>>(&row, 0)?.map(from_ms))
     }
 
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
-        self.outbox_query(OUTBOX_DEAD, &[&to_ms(since), &(limit as i64)]).await
+        self.query_rows(OUTBOX_DEAD, &[&to_ms(since), &(limit as i64)], outbox_row).await
     }
 
     async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
@@ -361,13 +316,13 @@ impl Outbox for PgStore {
     }
 
     async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
-        self.outbox_query(OUTBOX_DEAD_WITHOUT_OUTCOME, &[&(limit as i64)]).await
+        self.query_rows(OUTBOX_DEAD_WITHOUT_OUTCOME, &[&(limit as i64)], outbox_row).await
     }
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
         let client = self.client().await?;
         let row = client.query_one(OUTBOX_COUNT_BY_STATUS, &[&status.as_str()]).await.map_err(pg)?;
-        Ok(row.get::<_, i64>(0) as u64)
+        Ok(col::<i64>(&row, 0)? as u64)
     }
 }
 
@@ -401,23 +356,25 @@ impl TimerStore for PgStore {
     }
 
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError> {
-        self.timer_query(TIMERS_DUE, &[&to_ms(now), &(limit as i64)]).await
+        self.query_rows(TIMERS_DUE, &[&to_ms(now), &(limit as i64)], timer_row).await
     }
 
     async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError> {
-        self.timer_query(TIMERS_FOR_LOAD, &[&load_id.as_str()]).await
+        self.query_rows(TIMERS_FOR_LOAD, &[&load_id.as_str()], timer_row).await
     }
 
     async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError> {
-        Ok(self.timer_query(TIMER_GET, &[&timer_id.as_str()]).await?.pop())
+        Ok(self.query_rows(TIMER_GET, &[&timer_id.as_str()], timer_row).await?.pop())
     }
 }
 
 /// Locks the head row of the message's load and names the load. Lock order
 /// everywhere: head row, then message row.
 async fn lock_head(tx: &deadpool_postgres::Transaction<'_>, message_id: i64) -> Result<Option<String>, StoreError> {
-    let row = tx.query_opt(QUEUE_LOCK_HEAD, &[&message_id]).await.map_err(pg)?;
-    Ok(row.map(|r| r.get(0)))
+    match tx.query_opt(QUEUE_LOCK_HEAD, &[&message_id]).await.map_err(pg)? {
+        Some(row) => Ok(Some(col(&row, 0)?)),
+        None => Ok(None),
+    }
 }
 
 /// Publishes inside `tx`: the message and, when its load's head is empty, the head.
@@ -428,9 +385,10 @@ async fn publish_in(
     body: &str,
     now: i64,
 ) -> Result<Published, StoreError> {
-    let id: Option<i64> =
-        tx.query_opt(QUEUE_PUBLISH, &[&lid, &event_id, &body, &now]).await.map_err(pg)?.map(|r| r.get(0));
-    let Some(id) = id else { return Ok(Published::Duplicate) };
+    let Some(row) = tx.query_opt(QUEUE_PUBLISH, &[&lid, &event_id, &body, &now]).await.map_err(pg)? else {
+        return Ok(Published::Duplicate);
+    };
+    let id: i64 = col(&row, 0)?;
     // An empty head takes this message; a busy head keeps its own. The upsert locks
     // the head row, so it serializes with an ack moving the head.
     tx.execute(QUEUE_HEAD_TAKE, &[&lid, &id, &now]).await.map_err(pg)?;
@@ -458,11 +416,6 @@ async fn ack_in(
     Ok(true)
 }
 
-/// A receipt is `{message id}.{token}`.
-fn parse_receipt(receipt: &str) -> Option<i64> {
-    receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
-}
-
 #[async_trait]
 impl LoadQueue for PgStore {
     async fn publish(
@@ -482,27 +435,11 @@ impl LoadQueue for PgStore {
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
-        let token = self.token();
-        let (now, until) = (to_ms(now), to_ms(now).saturating_add(ms(visibility)));
+        let token = self.tokens.next();
+        let (now, until) = (to_ms(now), deadline_ms(now, visibility));
         let client = self.client().await?;
         let rows = client.query(QUEUE_RECEIVE, &[&now, &(max as i64), &until, &token]).await.map_err(pg)?;
-        let mut out = rows
-            .iter()
-            .map(|r| {
-                let load_id: String = r.get(1);
-                Ok((
-                    r.get::<_, i64>(0),
-                    QueueMessage {
-                        load_id: parse_load_id(&load_id)?,
-                        event_id: r.get(2),
-                        body: r.get(3),
-                        enqueued_at: from_ms(r.get(4)),
-                        receipt: r.get(5),
-                        receive_count: r.get::<_, i32>(6) as u32,
-                    },
-                ))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let mut out = rows.iter().map(|r| queue_message_row(&PgRow(r))).collect::<Result<Vec<_>, StoreError>>()?;
         out.sort_by_key(|(id, _)| *id);
         Ok(out.into_iter().map(|(_, m)| m).collect())
     }
@@ -520,7 +457,7 @@ impl LoadQueue for PgStore {
     async fn nack(&self, receipt: &str, delay: Duration, now: Timestamp) -> Result<(), QueueError> {
         let stale = || QueueError::StaleReceipt(receipt.to_owned());
         let id = parse_receipt(receipt).ok_or_else(stale)?;
-        let visible_at = to_ms(now).saturating_add(ms(delay));
+        let visible_at = deadline_ms(now, delay);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
@@ -536,13 +473,15 @@ impl LoadQueue for PgStore {
     async fn depth(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
         let row = client.query_one(QUEUE_DEPTH, &[]).await.map_err(pg)?;
-        Ok(row.get::<_, i64>(0) as u64)
+        Ok(col::<i64>(&row, 0)? as u64)
     }
 
     async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
         let client = self.client().await?;
-        let row = client.query_opt(QUEUE_PUBLISHED_BODY, &[&load_id.as_str(), &event_id]).await.map_err(pg)?;
-        Ok(row.map(|r| r.get(0)))
+        match client.query_opt(QUEUE_PUBLISHED_BODY, &[&load_id.as_str(), &event_id]).await.map_err(pg)? {
+            Some(row) => Ok(Some(col(&row, 0)?)),
+            None => Ok(None),
+        }
     }
 }
 
@@ -596,7 +535,7 @@ impl LoadLock for PgStore {
             )
             .await
             .map_err(pg)?;
-        let (key, got): (i64, bool) = (row.get(0), row.get(1));
+        let (key, got): (i64, bool) = (col(&row, 0)?, col(&row, 1)?);
         Ok(got.then(|| Box::new(PgLease { client: Some(client), key }) as Box<dyn LoadLease>))
     }
 }
@@ -624,34 +563,21 @@ impl DeliveryLog for PgStore {
             )
             .await
             .map_err(pg)?;
-        Ok((format!("rec:{}", row.get::<_, i64>(0)), row.get(1)))
+        Ok((delivery_receipt(col(&row, 0)?), col(&row, 1)?))
     }
 
     async fn deliveries(&self, load_id: Option<&LoadId>, limit: usize) -> Result<Vec<RecordedDelivery>, StoreError> {
-        let client = self.client().await?;
         let load_id = load_id.map(|l| l.as_str());
-        let rows = client
-            .query(
-                "SELECT id, channel, key, load_id, payload, created_at FROM deliveries
-                 WHERE $1::text IS NULL OR load_id = $1 ORDER BY id LIMIT $2",
-                &[&load_id, &(limit as i64)],
-            )
-            .await
-            .map_err(pg)?;
-        rows.iter()
-            .map(|r| {
-                let load_id: String = r.get(3);
-                let payload: String = r.get(4);
-                Ok(RecordedDelivery {
-                    channel: r.get(1),
-                    key: r.get(2),
-                    load_id: parse_load_id(&load_id)?,
-                    payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
-                    receipt: format!("rec:{}", r.get::<_, i64>(0)),
-                    created_at: from_ms(r.get(5)),
-                })
-            })
-            .collect()
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(delivery),
+                " FROM deliveries WHERE $1::text IS NULL OR load_id = $1 ORDER BY id LIMIT $2"
+            ),
+            &[&load_id, &(limit as i64)],
+            delivery_row,
+        )
+        .await
     }
 }
 
@@ -700,25 +626,16 @@ impl LoadIndex for PgStore {
     }
 
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT message_sid, from_phone, to_phone, body, received_at FROM unmatched_sms
-                 ORDER BY received_at DESC, message_sid DESC LIMIT $1",
-                &[&(limit as i64)],
-            )
-            .await
-            .map_err(pg)?;
-        Ok(rows
-            .iter()
-            .map(|r| UnmatchedSms {
-                message_sid: r.get(0),
-                from: r.get(1),
-                to: r.get(2),
-                body: r.get(3),
-                received_at: from_ms(r.get(4)),
-            })
-            .collect())
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(unmatched_sms),
+                " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT $1"
+            ),
+            &[&(limit as i64)],
+            unmatched_sms_row,
+        )
+        .await
     }
 }
 

@@ -8,24 +8,26 @@
 
 mod impls;
 pub mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use haul_store::StoreError;
+use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, pending_migrations};
 use tokio_postgres::NoTls;
 
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../migrations/0001_init.sql")),
-    (2, include_str!("../migrations/0002_deliveries.sql")),
-    (3, include_str!("../migrations/0003_outcome_published.sql")),
-    (4, include_str!("../migrations/0004_load_index.sql")),
-    (5, include_str!("../migrations/0005_partition_retention.sql")),
+const MIGRATIONS: &[Migration] = &[
+    Migration::new(1, include_str!("../migrations/0001_init.sql")),
+    Migration::new(2, include_str!("../migrations/0002_deliveries.sql")),
+    Migration::new(3, include_str!("../migrations/0003_outcome_published.sql")),
+    Migration::new(4, include_str!("../migrations/0004_load_index.sql")),
+    Migration::new(5, include_str!("../migrations/0005_partition_retention.sql")),
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+pub const SCHEMA_VERSION: i64 = latest_version(MIGRATIONS);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PgConfig {
@@ -47,7 +49,7 @@ impl PgConfig {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
-    rng: Arc<Mutex<fastrand::Rng>>,
+    tokens: Tokens,
 }
 
 fn is_schema_name(s: &str) -> bool {
@@ -102,17 +104,7 @@ impl PgStore {
                 .await
                 .map_err(|e| StoreError::new(format!("cannot reach PostgreSQL at {}: {e}", redact(&config.url))))?,
         );
-        let rng = match config.seed {
-            Some(s) => fastrand::Rng::with_seed(s),
-            None => fastrand::Rng::new(),
-        };
-        Ok(PgStore { pool, rng: Arc::new(Mutex::new(rng)) })
-    }
-
-    pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
-        let store = Self::connect(&PgConfig::new(url)).await?;
-        store.migrate().await?;
-        Ok(store)
+        Ok(PgStore { pool, tokens: Tokens::new(config.seed) })
     }
 
     /// Applies the migrations not yet applied, under an advisory lock so several
@@ -133,20 +125,15 @@ impl PgStore {
         )
         .await
         .map_err(pg)?;
+        let done = tx.query("SELECT version FROM schema_migrations", &[]).await.map_err(pg)?;
+        let done = done.iter().map(|r| r.try_get(0)).collect::<Result<Vec<i64>, _>>().map_err(pg)?;
         let mut applied = Vec::new();
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= target) {
-            let done = tx
-                .query_opt("SELECT 1 FROM schema_migrations WHERE version = $1", &[version])
+        for m in pending_migrations(MIGRATIONS, &done, target) {
+            tx.batch_execute(m.sql).await.map_err(|e| migration_failed(m.version, e))?;
+            tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, 0)", &[&m.version])
                 .await
-                .map_err(pg)?
-                .is_some();
-            if !done {
-                tx.batch_execute(sql).await.map_err(|e| StoreError::new(format!("migration {version}: {e}")))?;
-                tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, 0)", &[version])
-                    .await
-                    .map_err(pg)?;
-                applied.push(*version);
-            }
+                .map_err(pg)?;
+            applied.push(m.version);
         }
         tx.commit().await.map_err(pg)?;
         Ok(applied)
@@ -154,11 +141,6 @@ impl PgStore {
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {e}")))
-    }
-
-    fn token(&self) -> String {
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
     }
 }
 
@@ -180,33 +162,5 @@ mod tests {
         assert_eq!(super::redact("postgres://u:secret@h:5432/db"), "postgres://u@h:5432/db");
         assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(super::redact("host=x"), "host=x");
-    }
-}
-
-/// Helpers for tests (this crate's and the runtime's) that need a PostgreSQL of their own.
-pub mod testing {
-    /// A new schema name for one test, after dropping the test schemas left by runs
-    /// more than an hour old (names carry their creation time).
-    #[allow(clippy::disallowed_methods)] // test bookkeeping, not domain time
-    pub async fn fresh_schema(url: &str) -> String {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-        let name = format!("haul_t{now}_{:08x}", fastrand::u32(..));
-        let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
-            panic!("PostgreSQL is required for these tests and is not reachable at DATABASE_URL={url}");
-        };
-        let task = tokio::spawn(conn);
-        if let Ok(rows) = client.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'haul\\_t%'", &[]).await {
-            for row in rows {
-                let old: String = row.get(0);
-                let born =
-                    old.strip_prefix("haul_t").and_then(|s| s.split('_').next()).and_then(|s| s.parse::<u64>().ok());
-                if born.is_some_and(|b| b + 3600 < now) {
-                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {old} CASCADE")).await;
-                }
-            }
-        }
-        drop(client);
-        let _ = task.await;
-        name
     }
 }

@@ -9,28 +9,18 @@
 //! Outbox rows are looked up by `(load_id, id)`: the outbox is partitioned by
 //! `load_id` (migration 5) and every id is an action key `{load_id}/...`, so the store
 //! derives the load from the id and the lookup touches one partition.
+//!
+//! A statement whose rows go to one of `haul_store::backend`'s decoders selects the
+//! decoder's `columns!` list, which keeps the column order in one place.
 
-/// The outbox columns in `OutboxRow` order.
-macro_rules! outbox_cols {
-    () => {
-        "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-         lease_until, last_failure, receipt, created_at, updated_at"
-    };
-}
-
-/// The timer columns in `Timer` order.
-macro_rules! timer_cols {
-    () => {
-        "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at"
-    };
-}
+use haul_store::columns;
 
 // ---------------------------------------------------------------------------------
 // The log.
 
 /// `$1` load, `$2` after seq.
 pub const READ_AFTER: &str =
-    "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq";
+    concat!("SELECT ", columns!(record), " FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq");
 /// The version check of a load's first append: `$1` load, `$2` new version, `$3` now.
 pub const LOAD_CREATE: &str = "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3)
      ON CONFLICT (load_id) DO NOTHING";
@@ -56,15 +46,17 @@ pub const LOAD_IDS: &str = "SELECT load_id FROM loads WHERE load_id > $1 ORDER B
 // The outbox.
 
 /// The dispatcher's claim of due rows across loads: `$1` token, `$2` lease until,
-/// `$3` now, `$4` limit.
-pub const OUTBOX_CLAIM: &str =
+/// `$3` now, `$4` limit. The claimed keys are renamed (`c_load_id`, `c_id`) so the
+/// outbox's own column names are unambiguous in `RETURNING`.
+pub const OUTBOX_CLAIM: &str = concat!(
     "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
      FROM (SELECT load_id, id FROM outbox WHERE status = 'pending' AND due_at <= $3
            AND (lease_until IS NULL OR lease_until <= $3)
-           ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) c
-     WHERE o.load_id = c.load_id AND o.id = c.id
-     RETURNING o.id, o.load_id, o.action_type, o.action, o.status, o.attempts, o.due_at, o.first_attempt_at,
-       o.claim_token, o.lease_until, o.last_failure, o.receipt, o.created_at, o.updated_at";
+           ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) AS c (c_load_id, c_id)
+     WHERE o.load_id = c.c_load_id AND o.id = c.c_id
+     RETURNING ",
+    columns!(outbox)
+);
 /// `check_claim` and the stale-claim test: `$1` load, `$2` id, `$3` token.
 pub const OUTBOX_OWNS: &str =
     "SELECT lease_until FROM outbox WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
@@ -81,15 +73,15 @@ pub const OUTBOX_MARK_DEAD: &str =
     "UPDATE outbox SET attempts = attempts + 1, last_failure = $4, status = 'dead', dead_at = $5, lease_until = NULL,
      updated_at = $5 WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
 /// `$1` load, `$2` id.
-pub const OUTBOX_GET: &str = concat!("SELECT ", outbox_cols!(), " FROM outbox WHERE load_id = $1 AND id = $2");
+pub const OUTBOX_GET: &str = concat!("SELECT ", columns!(outbox), " FROM outbox WHERE load_id = $1 AND id = $2");
 /// `$1` load.
 pub const OUTBOX_FOR_LOAD: &str =
-    concat!("SELECT ", outbox_cols!(), " FROM outbox WHERE load_id = $1 ORDER BY created_at, id");
+    concat!("SELECT ", columns!(outbox), " FROM outbox WHERE load_id = $1 ORDER BY created_at, id");
 pub const OUTBOX_OLDEST_PENDING: &str = "SELECT min(created_at) FROM outbox WHERE status = 'pending'";
 /// `$1` since, `$2` limit.
 pub const OUTBOX_DEAD: &str = concat!(
     "SELECT ",
-    outbox_cols!(),
+    columns!(outbox),
     " FROM outbox WHERE status = 'dead' AND dead_at >= $1 ORDER BY dead_at, id LIMIT $2"
 );
 /// `$1` load, `$2` id, `$3` now.
@@ -98,7 +90,7 @@ pub const OUTBOX_MARK_OUTCOME_PUBLISHED: &str =
 /// The dispatcher's sweep: `$1` limit.
 pub const OUTBOX_DEAD_WITHOUT_OUTCOME: &str = concat!(
     "SELECT ",
-    outbox_cols!(),
+    columns!(outbox),
     " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL ORDER BY dead_at, id LIMIT $1"
 );
 /// `$1` status. Served by an index for `pending` and `dead` (the figures `/metrics`
@@ -122,14 +114,14 @@ pub const TIMER_MARK_FIRED: &str =
 /// The pump: `$1` now, `$2` limit.
 pub const TIMERS_DUE: &str = concat!(
     "SELECT ",
-    timer_cols!(),
+    columns!(timer),
     " FROM timers WHERE status = 'scheduled' AND fire_at <= $1 ORDER BY fire_at, timer_id LIMIT $2"
 );
 /// `$1` load.
 pub const TIMERS_FOR_LOAD: &str =
-    concat!("SELECT ", timer_cols!(), " FROM timers WHERE load_id = $1 ORDER BY created_at, timer_id");
+    concat!("SELECT ", columns!(timer), " FROM timers WHERE load_id = $1 ORDER BY created_at, timer_id");
 /// `$1` timer.
-pub const TIMER_GET: &str = concat!("SELECT ", timer_cols!(), " FROM timers WHERE timer_id = $1");
+pub const TIMER_GET: &str = concat!("SELECT ", columns!(timer), " FROM timers WHERE timer_id = $1");
 
 // ---------------------------------------------------------------------------------
 // The load queue.
@@ -144,7 +136,8 @@ pub const QUEUE_HEAD_TAKE: &str = "INSERT INTO queue_heads (load_id, message_id,
        visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
        message_id = COALESCE(queue_heads.message_id, excluded.message_id)";
 /// The workers' receive of visible heads: `$1` now, `$2` max, `$3` invisible until, `$4` token.
-pub const QUEUE_RECEIVE: &str = "WITH h AS (
+pub const QUEUE_RECEIVE: &str = concat!(
+    "WITH h AS (
        SELECT load_id FROM queue_heads WHERE message_id IS NOT NULL AND visible_at <= $1
        ORDER BY visible_at, message_id LIMIT $2 FOR UPDATE SKIP LOCKED),
      u AS (
@@ -152,7 +145,9 @@ pub const QUEUE_RECEIVE: &str = "WITH h AS (
        RETURNING qh.message_id)
      UPDATE queue q SET receipt = q.id::text || '.' || $4, receive_count = q.receive_count + 1
      FROM u WHERE q.id = u.message_id
-     RETURNING q.id, q.load_id, q.event_id, q.body, q.enqueued_at, q.receipt, q.receive_count";
+     RETURNING ",
+    columns!(queue_message)
+);
 /// Locks the head row of a message's load: `$1` message.
 pub const QUEUE_LOCK_HEAD: &str =
     "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id WHERE q.id = $1 FOR UPDATE OF h";

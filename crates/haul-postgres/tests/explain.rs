@@ -9,12 +9,11 @@
 //! switch to after five runs, where partial indexes must match without the values).
 //! Per-load statements must also touch one partition of the log or the outbox.
 
-mod common;
-
 use haul_core::action::ActionType;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add, to_ms};
 use haul_postgres::sql::*;
+use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
 use haul_store::{EventStore, LoadQueue, NewEntry, NewOutboxRow, Outbox, TimerStore};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -102,10 +101,10 @@ fn per_load<'a>(name: &'static str, sql: &'static str, params: Vec<&'a (dyn ToSq
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_hot_query_is_served_by_an_index() {
-    let (s, schema) = common::store_in_fresh_schema().await;
-    s.migrate().await.unwrap();
+    let options = FreshStore { pool_size: 4, ..FreshStore::default() };
+    let (s, schema) = fresh_store(&options).await.unwrap();
     fill(&s).await;
-    let client = common::raw_client(&schema).await;
+    let client = client_in_schema(&options.url, &schema).await;
     client
         .batch_execute("ANALYZE events, outbox, loads, timers, queue, queue_heads; SET enable_seqscan = off;")
         .await

@@ -2,14 +2,13 @@
 //! leaves a store that works: rows written through the store on the old schema are all
 //! there, byte for byte, and the log, the outbox, timers and the queue carry on.
 
-mod common;
-
 use std::time::Duration;
 
 use haul_core::action::ActionType;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
 use haul_postgres::PgStore;
+use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
 use haul_store::{
     AppendError, DeliveryLog, EventStore, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxStatus, Prune, Published,
     TimerStatus, TimerStore,
@@ -38,6 +37,14 @@ fn row(id: String) -> NewOutboxRow {
 
 fn timer(i: usize, n: u32) -> TimerId {
     TimerId::parse(&format!("tmr:L{i}:ask:eta_request:p{n}:1")).unwrap()
+}
+
+/// A store in a fresh schema with no migration applied, and a client on that schema.
+async fn unmigrated() -> (PgStore, tokio_postgres::Client) {
+    let options = FreshStore { pool_size: 4, schema_version: 0, ..FreshStore::default() };
+    let (s, schema) = fresh_store(&options).await.unwrap();
+    let client = client_in_schema(&options.url, &schema).await;
+    (s, client)
 }
 
 /// Every row of the tables 0005 touches, as text, in a fixed order.
@@ -115,9 +122,8 @@ async fn fill(s: &PgStore) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_from_version_4_keeps_every_row_and_the_store_works() {
-    let (s, schema) = common::store_in_fresh_schema().await;
+    let (s, client) = unmigrated().await;
     assert_eq!(s.migrate_to(4).await.unwrap(), vec![1, 2, 3, 4]);
-    let client = common::raw_client(&schema).await;
     let kept_token = fill(&s).await;
     let before = dump(&client).await;
     let unpublished = s.dead_without_outcome(1000).await.unwrap().len();
@@ -232,9 +238,8 @@ async fn all_rows(s: &PgStore) -> Vec<haul_store::OutboxRow> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_row_outside_its_load_stops_the_upgrade_and_changes_nothing() {
-    let (s, schema) = common::store_in_fresh_schema().await;
+    let (s, client) = unmigrated().await;
     s.migrate_to(4).await.unwrap();
-    let client = common::raw_client(&schema).await;
     s.append(&load(1), vec![entry("e1")], 0, vec![row("L1/e1/send_sms".into())], at(1)).await.unwrap();
     // Written by hand: no store version ever wrote such a row, but an upgrade must not
     // turn it into a silent hole in key uniqueness.

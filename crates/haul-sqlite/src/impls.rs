@@ -1,109 +1,88 @@
 //! The storage contracts on SQLite. Every method is one unit on the writer thread.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use haul_core::action::ActionType;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
+use haul_store::backend::{
+    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
+    deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, receipt,
+    record_row, timer_row, unmatched_sms_row,
+};
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxRow,
-    OutboxStatus, Published, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer,
-    TimerStatus, TimerStore,
+    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
+    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
+    StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
 };
-use haul_store::{LoadIndex, Prune, PruneReport, UnmatchedSms, is_key_of_load};
+use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::{SqliteStore, db};
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+/// A rusqlite row, read by haul_store's decoders.
+struct SqliteRow<'a, 'stmt>(&'a Row<'stmt>);
+
+impl SqliteRow<'_, '_> {
+    fn get<T: FromSql>(&self, index: usize) -> Result<T, CorruptRowError> {
+        self.0.get(index).map_err(|e| CorruptRowError::column(index, e))
+    }
 }
 
-/// A load id read back from a row; one out of form is a corrupt row.
-fn parse_load_id(s: &str) -> Result<LoadId, StoreError> {
-    LoadId::parse(s).map_err(|_| corrupt("load_id", s))
+impl Columns for SqliteRow<'_, '_> {
+    fn string(&self, index: usize) -> Result<String, CorruptRowError> {
+        self.get(index)
+    }
+
+    fn opt_string(&self, index: usize) -> Result<Option<String>, CorruptRowError> {
+        self.get(index)
+    }
+
+    fn i64(&self, index: usize) -> Result<i64, CorruptRowError> {
+        self.get(index)
+    }
+
+    fn opt_i64(&self, index: usize) -> Result<Option<i64>, CorruptRowError> {
+        self.get(index)
+    }
+
+    fn u32(&self, index: usize) -> Result<u32, CorruptRowError> {
+        self.get(index)
+    }
 }
 
-fn load_id_of(s: String) -> Result<LoadId, StoreError> {
-    parse_load_id(&s)
+impl SqliteStore {
+    /// Runs a (cached) query on the writer thread and decodes each row.
+    async fn query_rows<T, P>(
+        &self,
+        sql: &'static str,
+        params: P,
+        decode: fn(&dyn Columns) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        T: Send + 'static,
+        P: rusqlite::Params + Send + 'static,
+    {
+        self.writer.run(move |conn: &Connection| rows(conn, sql, params, decode)).await
+    }
 }
 
-fn opt_ts(v: Option<i64>) -> Option<Timestamp> {
-    v.map(from_ms)
-}
-
-fn corrupt(what: &str, v: &str) -> StoreError {
-    StoreError::new(format!("corrupt row: {what} {v:?}"))
-}
-
-const OUTBOX_COLS: &str = "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-     lease_until, last_failure, receipt, created_at, updated_at";
-
-fn outbox_row(r: &Row<'_>) -> rusqlite::Result<Result<OutboxRow, StoreError>> {
-    let load_id: String = r.get(1)?;
-    let action_type: String = r.get(2)?;
-    let action: String = r.get(3)?;
-    let status: String = r.get(4)?;
-    let (id, attempts, due_at, first_attempt_at) = (r.get(0)?, r.get(5)?, r.get(6)?, r.get(7)?);
-    let (claim_token, lease_until, last_failure, receipt) = (r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?);
-    let (created_at, updated_at) = (r.get(12)?, r.get(13)?);
-    Ok((|| {
-        Ok(OutboxRow {
-            id,
-            load_id: parse_load_id(&load_id)?,
-            action_type: ActionType::parse(&action_type).ok_or_else(|| corrupt("action_type", &action_type))?,
-            action: serde_json::from_str(&action).map_err(|_| corrupt("action", &action))?,
-            status: OutboxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
-            attempts,
-            due_at: from_ms(due_at),
-            first_attempt_at: opt_ts(first_attempt_at),
-            claim_token,
-            lease_until: opt_ts(lease_until),
-            last_failure,
-            receipt,
-            created_at: from_ms(created_at),
-            updated_at: from_ms(updated_at),
-        })
-    })())
-}
-
-fn outbox_rows(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> Result<Vec<OutboxRow>, StoreError> {
+/// Runs a (cached) query and decodes each row.
+fn rows<T>(
+    conn: &Connection,
+    sql: &str,
+    p: impl rusqlite::Params,
+    decode: fn(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(db)?;
-    let rows = stmt.query_map(p, outbox_row).map_err(db)?;
-    rows.map(|r| r.map_err(db).and_then(|x| x)).collect()
-}
-
-const TIMER_COLS: &str = "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at";
-
-fn timer_row(r: &Row<'_>) -> rusqlite::Result<Result<Timer, StoreError>> {
-    let timer_id: String = r.get(0)?;
-    let load_id: String = r.get(1)?;
-    let status: String = r.get(3)?;
-    let fire_at: i64 = r.get(2)?;
-    let created_at: i64 = r.get(4)?;
-    let canceled_at: Option<i64> = r.get(5)?;
-    let fired_at: Option<i64> = r.get(6)?;
-    Ok((|| {
-        Ok(Timer {
-            timer_id: TimerId::parse(&timer_id).map_err(|_| corrupt("timer_id", &timer_id))?,
-            load_id: parse_load_id(&load_id)?,
-            fire_at: from_ms(fire_at),
-            status: TimerStatus::parse(&status).ok_or_else(|| corrupt("timer status", &status))?,
-            created_at: from_ms(created_at),
-            canceled_at: opt_ts(canceled_at),
-            fired_at: opt_ts(fired_at),
-        })
-    })())
-}
-
-fn timer_rows(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> Result<Vec<Timer>, StoreError> {
-    let mut stmt = conn.prepare_cached(sql).map_err(db)?;
-    let rows = stmt.query_map(p, timer_row).map_err(db)?;
-    rows.map(|r| r.map_err(db).and_then(|x| x)).collect()
+    let mut rows = stmt.query(p).map_err(db)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(db)? {
+        out.push(decode(&SqliteRow(r))?);
+    }
+    Ok(out)
 }
 
 // Statements go through the connection's statement cache (`prepare_cached`, `exec`):
@@ -136,37 +115,19 @@ impl EventStore for SqliteStore {
     }
 
     async fn read_after(&self, load_id: &LoadId, after_seq: u64) -> Result<(Vec<Record>, u64), StoreError> {
-        let load_id = load_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT seq, entry_id, kind, payload, recorded_at FROM events WHERE load_id = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq",
-                    )
-                    .map_err(db)?;
-                let rows = stmt
-                    .query_map(params![load_id, after_seq as i64], |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, String>(3)?,
-                            r.get::<_, i64>(4)?,
-                        ))
-                    })
-                    .map_err(db)?;
-                let mut records = Vec::new();
-                for row in rows {
-                    let (seq, entry_id, kind, payload, recorded_at) = row.map_err(db)?;
-                    // An unparseable payload is kept as a string: the projection
-                    // counts it as unreadable instead of the read failing.
-                    let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload));
-                    records.push(Record { seq: seq as u64, entry_id, kind, payload, recorded_at: from_ms(recorded_at) });
-                }
-                let version = records.last().map_or(after_seq, |r| r.seq);
-                Ok((records, version))
-            })
-            .await
+        let records = self
+            .query_rows(
+                concat!(
+                    "SELECT ",
+                    columns!(record),
+                    " FROM events WHERE load_id = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq"
+                ),
+                (load_id.to_string(), after_seq as i64),
+                record_row,
+            )
+            .await?;
+        let version = records.last().map_or(after_seq, |r| r.seq);
+        Ok((records, version))
     }
 
     async fn append(
@@ -194,17 +155,12 @@ impl EventStore for SqliteStore {
 
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
         let after = after.map(|a| a.to_string()).unwrap_or_default();
-        self.writer
-            .run(move |conn: &Connection| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER)",
-                    )
-                    .map_err(db)?;
-                let rows = stmt.query_map(params![after, limit as i64], |r| r.get::<_, String>(0)).map_err(db)?;
-                rows.map(|r| load_id_of(r.map_err(db)?)).collect()
-            })
-            .await
+        self.query_rows(
+            "SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER)",
+            (after, limit as i64),
+            load_id_row,
+        )
+        .await
     }
 }
 
@@ -219,39 +175,37 @@ impl SqliteStore {
         receipt: Option<String>,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
-        if let Some(bad) = outbox.iter().find(|o| !is_key_of_load(&o.id, load_id.as_str())) {
-            return Err(
-                StoreError::new(format!("outbox key {:?} is not an action key of load {load_id}", bad.id)).into()
-            );
-        }
-        let load_id = load_id.to_string();
+        check_keys_of_load(load_id, &outbox)?;
+        let load_id = load_id.clone();
         self.writer
             .run(move |conn: &Connection| -> Result<(u64, bool), AppendError> {
                 let now = to_ms(now);
                 // 1. The version.
-                let actual = version(conn, &load_id)?;
+                let lid = load_id.as_str();
+                let actual = version(conn, lid)?;
                 if actual != expected_version {
+                    let load_id = lid.to_owned();
                     return Err(ConcurrencyConflictError { load_id, expected: expected_version, actual }.into());
                 }
-                // 2. The entry ids, in the log and within this call.
-                let mut seen = BTreeSet::new();
+                // 2. The entry ids, within this call and in the log.
+                check_entry_ids_distinct(&load_id, &entries)?;
                 for e in &entries {
                     let exists: bool = conn
                         .prepare_cached("SELECT EXISTS (SELECT 1 FROM events WHERE load_id = ?1 AND entry_id = ?2)")
-                        .and_then(|mut s| s.query_row(params![load_id, e.entry_id], |r| r.get(0)))
+                        .and_then(|mut s| s.query_row(params![lid, e.entry_id], |r| r.get(0)))
                         .map_err(db)?;
-                    if exists || !seen.insert(e.entry_id.as_str()) {
-                        return Err(DuplicateEntryError { load_id, entry_id: e.entry_id.clone() }.into());
+                    if exists {
+                        return Err(DuplicateEntryError { load_id: lid.into(), entry_id: e.entry_id.clone() }.into());
                     }
                 }
-                // 3. The outbox keys.
-                let mut seen = BTreeSet::new();
+                // 3. The outbox keys, within this call and in the outbox.
+                check_keys_distinct(&outbox)?;
                 for o in &outbox {
                     let exists: bool = conn
                         .prepare_cached("SELECT EXISTS (SELECT 1 FROM outbox WHERE id = ?1)")
                         .and_then(|mut s| s.query_row([&o.id], |r| r.get(0)))
                         .map_err(db)?;
-                    if exists || !seen.insert(o.id.as_str()) {
+                    if exists {
                         return Err(DuplicateActionKeyError { key: o.id.clone() }.into());
                     }
                 }
@@ -260,7 +214,7 @@ impl SqliteStore {
                     "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES (?1, ?2, ?3, ?3)
                      ON CONFLICT (load_id) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at",
                 )
-                .and_then(|mut s| s.execute(params![load_id, new_version as i64, now]))
+                .and_then(|mut s| s.execute(params![lid, new_version as i64, now]))
                 .map_err(db)?;
                 let mut ins = conn
                     .prepare_cached(
@@ -269,7 +223,7 @@ impl SqliteStore {
                     .map_err(db)?;
                 for (i, e) in entries.iter().enumerate() {
                     let seq = (expected_version + 1 + i as u64) as i64;
-                    ins.execute(params![load_id, seq, e.entry_id, e.kind, e.payload.to_string(), now]).map_err(db)?;
+                    ins.execute(params![lid, seq, e.entry_id, e.kind, e.payload.to_string(), now]).map_err(db)?;
                 }
                 let mut ins = conn
                     .prepare_cached(
@@ -278,10 +232,10 @@ impl SqliteStore {
                     )
                     .map_err(db)?;
                 for o in &outbox {
-                    ins.execute(params![o.id, load_id, o.action_type.as_str(), o.action.to_string(), now]).map_err(db)?;
+                    ins.execute(params![o.id, lid, o.action_type.as_str(), o.action.to_string(), now]).map_err(db)?;
                 }
                 let acked = match &receipt {
-                    Some(r) => ack_in(conn, r, Some(load_id.as_str()), now)?,
+                    Some(r) => ack_in(conn, r, Some(lid), now)?,
                     None => false,
                 };
                 Ok((new_version, acked))
@@ -316,31 +270,22 @@ fn mark_dispatched_in(conn: &Connection, id: &str, token: &str, receipt: &str, n
 #[async_trait]
 impl Outbox for SqliteStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
-        let token = self.token();
+        let token = self.tokens.next();
         let (now, lease_until) = (to_ms(now), to_ms(add(now, lease)));
-        self.writer
-            .run(move |conn: &Connection| {
-                let sql = format!(
-                    "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
-                     WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
-                                  AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
-                     RETURNING {OUTBOX_COLS}"
-                );
-                let mut rows = outbox_rows(conn, &sql, params![token, lease_until, now, limit as i64])?;
-                rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
-                Ok(rows.into_iter().map(|row| Claim { row, token: token.clone() }).collect())
-            })
-            .await
+        let sql = concat!(
+            "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
+             WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
+                          AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
+             RETURNING ",
+            columns!(outbox)
+        );
+        let rows = self.query_rows(sql, (token.clone(), lease_until, now, limit as i64), outbox_row).await?;
+        Ok(claims(rows, &token))
     }
 
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
         let (id, token, now) = (id.to_owned(), token.to_owned(), to_ms(now));
-        self.writer
-            .run(move |conn: &Connection| match owns(conn, &id, &token)? {
-                Some(until) if until > now => Ok(()),
-                _ => Err(StaleClaimError { outbox_id: id }.into()),
-            })
-            .await
+        self.writer.run(move |conn: &Connection| Ok(check_lease(&id, owns(conn, &id, &token)?, now)?)).await
     }
 
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
@@ -408,25 +353,20 @@ impl Outbox for SqliteStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError> {
-        let id = id.to_owned();
-        self.writer
-            .run(move |conn: &Connection| {
-                Ok(outbox_rows(conn, &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE id = ?1"), [&id])?.pop())
-            })
-            .await
+        Ok(self
+            .query_rows(concat!("SELECT ", columns!(outbox), " FROM outbox WHERE id = ?1"), [id.to_owned()], outbox_row)
+            .await?
+            .pop())
     }
 
     async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError> {
         let load_id = load_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                outbox_rows(
-                    conn,
-                    &format!("SELECT {OUTBOX_COLS} FROM outbox WHERE load_id = ?1 ORDER BY created_at, id"),
-                    [&load_id],
-                )
-            })
-            .await
+        self.query_rows(
+            concat!("SELECT ", columns!(outbox), " FROM outbox WHERE load_id = ?1 ORDER BY created_at, id"),
+            [load_id],
+            outbox_row,
+        )
+        .await
     }
 
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
@@ -435,24 +375,23 @@ impl Outbox for SqliteStore {
                 let v: Option<i64> = conn
                     .query_row("SELECT min(created_at) FROM outbox WHERE status = 'pending'", [], |r| r.get(0))
                     .map_err(db)?;
-                Ok(opt_ts(v))
+                Ok(v.map(from_ms))
             })
             .await
     }
 
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
         let since = to_ms(since);
-        self.writer
-            .run(move |conn: &Connection| {
-                outbox_rows(
-                    conn,
-                    &format!(
-                        "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT CAST(?2 AS INTEGER)"
-                    ),
-                    params![since, limit as i64],
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(outbox),
+                " FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (since, limit as i64),
+            outbox_row,
+        )
+        .await
     }
 
     async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
@@ -492,18 +431,17 @@ impl SqliteStore {
     }
 
     async fn dead_unpublished(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
-        self.writer
-            .run(move |conn: &Connection| {
-                outbox_rows(
-                    conn,
-                    &format!(
-                        "SELECT {OUTBOX_COLS} FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
-                         ORDER BY dead_at, id LIMIT CAST(?1 AS INTEGER)"
-                    ),
-                    [limit as i64],
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(outbox),
+                " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
+                 ORDER BY dead_at, id LIMIT CAST(?1 AS INTEGER)"
+            ),
+            [limit as i64],
+            outbox_row,
+        )
+        .await
     }
 }
 
@@ -571,47 +509,35 @@ impl TimerStore for SqliteStore {
 
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError> {
         let now = to_ms(now);
-        self.writer
-            .run(move |conn: &Connection| {
-                timer_rows(
-                    conn,
-                    &format!(
-                        "SELECT {TIMER_COLS} FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 ORDER BY fire_at, timer_id LIMIT CAST(?2 AS INTEGER)"
-                    ),
-                    params![now, limit as i64],
-                )
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(timer),
+                " FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 ORDER BY fire_at, timer_id LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (now, limit as i64),
+            timer_row,
+        )
+        .await
     }
 
     async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError> {
         let load_id = load_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                timer_rows(
-                    conn,
-                    &format!("SELECT {TIMER_COLS} FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"),
-                    [&load_id],
-                )
-            })
-            .await
+        self.query_rows(
+            concat!("SELECT ", columns!(timer), " FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"),
+            [load_id],
+            timer_row,
+        )
+        .await
     }
 
     async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError> {
         let timer_id = timer_id.to_string();
-        self.writer
-            .run(move |conn: &Connection| {
-                Ok(timer_rows(conn, &format!("SELECT {TIMER_COLS} FROM timers WHERE timer_id = ?1"), [&timer_id])?
-                    .pop())
-            })
-            .await
+        Ok(self
+            .query_rows(concat!("SELECT ", columns!(timer), " FROM timers WHERE timer_id = ?1"), [timer_id], timer_row)
+            .await?
+            .pop())
     }
-}
-
-/// A receipt is `{message id}.{token}`: the id finds the row, the token proves it is
-/// the latest receive.
-fn parse_receipt(receipt: &str) -> Option<i64> {
-    receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
 }
 
 /// Enqueues a message and, when its load has no head, makes it the head.
@@ -692,8 +618,8 @@ impl LoadQueue for SqliteStore {
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
-        let token = self.token();
-        let (now, until) = (to_ms(now), to_ms(now).saturating_add(ms(visibility)));
+        let token = self.tokens.next();
+        let (now, until) = (to_ms(now), deadline_ms(now, visibility));
         self.writer
             .run(move |conn: &Connection| {
                 let heads: Vec<(String, i64)> = {
@@ -710,22 +636,14 @@ impl LoadQueue for SqliteStore {
                     conn.prepare_cached("UPDATE queue_heads SET visible_at = ?2 WHERE load_id = ?1")
                         .and_then(|mut s| s.execute(params![load_id, until]))
                         .map_err(db)?;
-                    let receipt = format!("{id}.{token}");
-                    let (event_id, body, enqueued_at, receive_count): (String, String, i64, u32) = conn
-                        .prepare_cached(
-                            "UPDATE queue SET receipt = ?2, receive_count = receive_count + 1 WHERE id = ?1
-                             RETURNING event_id, body, enqueued_at, receive_count",
-                        )
-                        .and_then(|mut s| s.query_row(params![id, receipt], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))))
-                        .map_err(db)?;
-                    out.push(QueueMessage {
-                        load_id: parse_load_id(&load_id)?,
-                        event_id,
-                        body,
-                        enqueued_at: from_ms(enqueued_at),
-                        receipt,
-                        receive_count,
-                    });
+                    let sql = concat!(
+                        "UPDATE queue SET receipt = ?2, receive_count = receive_count + 1 WHERE id = ?1 RETURNING ",
+                        columns!(queue_message)
+                    );
+                    let (_, message) = rows(conn, sql, params![id, receipt(id, &token)], queue_message_row)?
+                        .pop()
+                        .ok_or_else(|| db(rusqlite::Error::QueryReturnedNoRows))?;
+                    out.push(message);
                 }
                 Ok(out)
             })
@@ -742,7 +660,7 @@ impl LoadQueue for SqliteStore {
     }
 
     async fn nack(&self, receipt: &str, delay: Duration, now: Timestamp) -> Result<(), QueueError> {
-        let (receipt, visible_at) = (receipt.to_owned(), to_ms(now).saturating_add(ms(delay)));
+        let (receipt, visible_at) = (receipt.to_owned(), deadline_ms(now, delay));
         self.writer
             .run(move |conn: &Connection| -> Result<(), QueueError> {
                 let stale = || QueueError::StaleReceipt(receipt.clone());
@@ -816,9 +734,8 @@ impl LoadLock for SqliteStore {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Option<Box<dyn LoadLease>>, StoreError> {
-        let token = self.token();
-        let (lid, tok, now, until) =
-            (load_id.to_string(), token.clone(), to_ms(now), to_ms(now).saturating_add(ms(ttl)));
+        let token = self.tokens.next();
+        let (lid, tok, now, until) = (load_id.to_string(), token.clone(), to_ms(now), deadline_ms(now, ttl));
         let got = self
             .writer
             .run(move |conn: &Connection| {
@@ -861,12 +778,12 @@ impl DeliveryLog for SqliteStore {
                     .and_then(|mut s| s.query_row(params![channel, key, load_id, payload, now], |r| r.get(0)).optional())
                     .map_err(db)?;
                 match new {
-                    Some(id) => Ok((format!("rec:{id}"), true)),
+                    Some(id) => Ok((delivery_receipt(id), true)),
                     None => {
                         let id: i64 = conn
                             .query_row("SELECT id FROM deliveries WHERE channel = ?1 AND key = ?2", params![channel, key], |r| r.get(0))
                             .map_err(db)?;
-                        Ok((format!("rec:{id}"), false))
+                        Ok((delivery_receipt(id), false))
                     }
                 }
             })
@@ -875,40 +792,16 @@ impl DeliveryLog for SqliteStore {
 
     async fn deliveries(&self, load_id: Option<&LoadId>, limit: usize) -> Result<Vec<RecordedDelivery>, StoreError> {
         let load_id = load_id.map(|l| l.to_string());
-        self.writer
-            .run(move |conn: &Connection| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT id, channel, key, load_id, payload, created_at FROM deliveries
-                         WHERE ?1 IS NULL OR load_id = ?1 ORDER BY id LIMIT CAST(?2 AS INTEGER)",
-                    )
-                    .map_err(db)?;
-                let rows = stmt
-                    .query_map(params![load_id, limit as i64], |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, String>(3)?,
-                            r.get::<_, String>(4)?,
-                            r.get::<_, i64>(5)?,
-                        ))
-                    })
-                    .map_err(db)?;
-                rows.map(|r| {
-                    let (id, channel, key, load_id, payload, created_at) = r.map_err(db)?;
-                    Ok(RecordedDelivery {
-                        channel,
-                        key,
-                        load_id: parse_load_id(&load_id)?,
-                        payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::String(payload)),
-                        receipt: format!("rec:{id}"),
-                        created_at: from_ms(created_at),
-                    })
-                })
-                .collect()
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(delivery),
+                " FROM deliveries WHERE ?1 IS NULL OR load_id = ?1 ORDER BY id LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (load_id, limit as i64),
+            delivery_row,
+        )
+        .await
     }
 }
 
@@ -939,16 +832,12 @@ impl LoadIndex for SqliteStore {
 
     async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError> {
         let phone = phone.to_owned();
-        self.writer
-            .run(move |conn: &Connection| {
-                let mut stmt = conn
-                    .prepare_cached("SELECT load_id FROM load_facts WHERE driver_phone = ?1 AND active = 1 ORDER BY load_id LIMIT 100")
-                    .map_err(db)?;
-                let rows = stmt.query_map([&phone], |r| r.get::<_, String>(0)).map_err(db)?;
-                rows.map(|r| load_id_of(r.map_err(db)?))
-                .collect()
-            })
-            .await
+        self.query_rows(
+            "SELECT load_id FROM load_facts WHERE driver_phone = ?1 AND active = 1 ORDER BY load_id LIMIT 100",
+            [phone],
+            load_id_row,
+        )
+        .await
     }
 
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {
@@ -968,28 +857,16 @@ impl LoadIndex for SqliteStore {
     }
 
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {
-        self.writer
-            .run(move |conn: &Connection| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT message_sid, from_phone, to_phone, body, received_at FROM unmatched_sms
-                         ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?1 AS INTEGER)",
-                    )
-                    .map_err(db)?;
-                let rows = stmt
-                    .query_map([limit as i64], |r| {
-                        Ok(UnmatchedSms {
-                            message_sid: r.get(0)?,
-                            from: r.get(1)?,
-                            to: r.get(2)?,
-                            body: r.get(3)?,
-                            received_at: from_ms(r.get(4)?),
-                        })
-                    })
-                    .map_err(db)?;
-                rows.collect::<Result<_, _>>().map_err(db)
-            })
-            .await
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(unmatched_sms),
+                " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?1 AS INTEGER)"
+            ),
+            [limit as i64],
+            unmatched_sms_row,
+        )
+        .await
     }
 }
 

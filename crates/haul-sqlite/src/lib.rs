@@ -11,9 +11,9 @@ mod impls;
 mod writer;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use haul_store::StoreError;
+use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, pending_migrations};
 use rusqlite::Connection;
 
 pub use writer::MAX_BATCH;
@@ -21,12 +21,12 @@ pub use writer::MAX_BATCH;
 /// Prepared statements the connection keeps: more than the store has.
 const STATEMENT_CACHE: usize = 128;
 
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../migrations/0001_init.sql")),
-    (2, include_str!("../migrations/0002_deliveries.sql")),
-    (3, include_str!("../migrations/0003_outcome_published.sql")),
-    (4, include_str!("../migrations/0004_load_index.sql")),
-    (5, include_str!("../migrations/0005_retention.sql")),
+const MIGRATIONS: &[Migration] = &[
+    Migration::new(1, include_str!("../migrations/0001_init.sql")),
+    Migration::new(2, include_str!("../migrations/0002_deliveries.sql")),
+    Migration::new(3, include_str!("../migrations/0003_outcome_published.sql")),
+    Migration::new(4, include_str!("../migrations/0004_load_index.sql")),
+    Migration::new(5, include_str!("../migrations/0005_retention.sql")),
 ];
 
 /// Where the database lives and how hard it syncs.
@@ -78,7 +78,7 @@ impl SqliteConfig {
 #[derive(Clone)]
 pub struct SqliteStore {
     writer: writer::Writer,
-    rng: Arc<Mutex<fastrand::Rng>>,
+    tokens: Tokens,
 }
 
 impl SqliteStore {
@@ -97,17 +97,7 @@ impl SqliteStore {
         // Every statement the store runs fits (rusqlite keeps 16 by default, fewer than
         // the store's hot statements, so they pushed each other out and were re-parsed).
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        let rng = match config.seed {
-            Some(s) => fastrand::Rng::with_seed(s),
-            None => fastrand::Rng::new(),
-        };
-        Ok(SqliteStore { writer: writer::Writer::spawn(conn), rng: Arc::new(Mutex::new(rng)) })
-    }
-
-    pub async fn open_url(url: &str) -> Result<Self, StoreError> {
-        let store = Self::open(&SqliteConfig::from_url(url)?)?;
-        store.migrate().await?;
-        Ok(store)
+        Ok(SqliteStore { writer: writer::Writer::spawn(conn), tokens: Tokens::new(config.seed) })
     }
 
     /// Applies the migrations not yet applied; returns their versions.
@@ -118,27 +108,20 @@ impl SqliteStore {
                     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
                 )
                 .map_err(db)?;
+                let done: Vec<i64> = conn
+                    .prepare("SELECT version FROM schema_migrations")
+                    .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                    .map_err(db)?;
                 let mut applied = Vec::new();
-                for (version, sql) in MIGRATIONS {
-                    let done: bool = conn
-                        .query_row("SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?1)", [version], |r| r.get(0))
+                for m in pending_migrations(MIGRATIONS, &done, latest_version(MIGRATIONS)) {
+                    conn.execute_batch(m.sql).map_err(|e| migration_failed(m.version, e))?;
+                    conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [m.version])
                         .map_err(db)?;
-                    if !done {
-                        conn.execute_batch(sql).map_err(|e| StoreError::new(format!("migration {version}: {e}")))?;
-                        conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [version])
-                            .map_err(db)?;
-                        applied.push(*version);
-                    }
+                    applied.push(m.version);
                 }
                 Ok(applied)
             })
             .await
-    }
-
-    /// A fresh random token (claims, receipts, leases): 128 bits as hex.
-    fn token(&self) -> String {
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
     }
 }
 

@@ -16,6 +16,7 @@ use haul_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod backend;
 pub mod contract;
 pub mod queue_contract;
 

@@ -62,14 +62,10 @@ fn load_config(file: Option<&Path>, db: Option<String>, listen: Option<String>) 
     Ok(config)
 }
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
 fn eval_store(kind: StoreKind) -> EvalStore {
     match kind {
         StoreKind::Sqlite => EvalStore::SqliteMemory,
-        StoreKind::Postgres => EvalStore::Postgres(database_url()),
+        StoreKind::Postgres => EvalStore::Postgres(haul_harness::database_url()),
     }
 }
 
@@ -143,7 +139,7 @@ async fn testkit(t: Testkit) -> anyhow::Result<ExitCode> {
             say(format_args!("fake services on {}", svc.addr));
             haul_server::shutdown_signal().await;
         }
-        Testkit::Schema { db } => say(crashtest::schema_url(&db).await?),
+        Testkit::Schema { db } => say(haul_harness::fresh_schema_url(&db).await.1),
         Testkit::Load { api, token, loads, seconds, seed, accepted } => {
             crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
         }
@@ -162,7 +158,7 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
     std::fs::create_dir_all(&dir)?;
     let store = match store {
         StoreKind::Sqlite => bench::BenchStore::Sqlite(dir.clone()),
-        StoreKind::Postgres => bench::BenchStore::Postgres(database_url()),
+        StoreKind::Postgres => bench::BenchStore::Postgres(haul_harness::database_url()),
     };
     let mut all = BTreeMap::new();
     for w in &workloads {

@@ -127,16 +127,9 @@ async fn wait_for(
 /// A new schema of its own for a test's `haul` processes: a client on the database
 /// (to drop it at the end), its name, and the store URL whose `search_path` is it.
 async fn pg_schema() -> (tokio_postgres::Client, String, String) {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let schema = haul_postgres::testing::fresh_schema(&url).await;
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test (DATABASE_URL={url}): {e}"));
-    tokio::spawn(conn);
-    client.batch_execute(&format!("CREATE SCHEMA {schema}")).await.unwrap();
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let db = format!("{url}{sep}options=-csearch_path%3D{schema}");
-    (client, schema, db)
+    let url = haul_postgres::testing::database_url();
+    let (schema, db) = haul_postgres::testing::fresh_schema_url(&url).await;
+    (haul_postgres::testing::client_in_schema(&url, "public").await, schema, db)
 }
 
 fn outbox_status(view: &Value, key: &str) -> Option<String> {

@@ -25,6 +25,7 @@ use haul_core::ids::LoadId;
 use haul_core::projection::{Record, project};
 use haul_core::time::Timestamp;
 use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_postgres::testing::FreshStore;
 use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
 use serde::Serialize;
 use serde_json::Value;
@@ -288,16 +289,8 @@ pub(crate) async fn open_store(store: &EvalStore, seed: u64) -> anyhow::Result<A
     match store {
         EvalStore::SqliteMemory => haul_runtime::store::open("sqlite::memory:", Some(seed)).await,
         EvalStore::Postgres(url) => {
-            let schema = haul_postgres::testing::fresh_schema(url).await;
-            let s = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
-                schema: Some(schema),
-                pool_size: 4,
-                seed: Some(seed),
-                ..haul_postgres::PgConfig::new(url.clone())
-            })
-            .await?;
-            s.migrate().await?;
-            Ok(Arc::new(s))
+            let options = FreshStore { url: url.clone(), pool_size: 4, seed: Some(seed), ..FreshStore::default() };
+            Ok(Arc::new(haul_postgres::testing::fresh_store(&options).await?.0))
         }
     }
 }

@@ -47,23 +47,12 @@ pub async fn postgres() -> Arc<dyn Store> {
     postgres_in_schema().await.0
 }
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
 /// A migrated store in a new schema of its own, and the schema's name.
 pub async fn postgres_in_schema() -> (Arc<dyn Store>, String) {
-    let url = database_url();
-    let schema = haul_postgres::testing::fresh_schema(&url).await;
-    let store = haul_postgres::PgStore::connect(&haul_postgres::PgConfig {
-        schema: Some(schema.clone()),
-        pool_size: 8,
-        seed: Some(7),
-        ..haul_postgres::PgConfig::new(&url)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("PostgreSQL is required for these tests (DATABASE_URL={url}): {e}"));
-    store.migrate().await.unwrap();
+    let options = haul_postgres::testing::FreshStore { seed: Some(7), ..Default::default() };
+    let (store, schema) = haul_postgres::testing::fresh_store(&options)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL is required for these tests ({}): {e}", options.url));
     (Arc::new(store), schema)
 }
 

@@ -1,0 +1,58 @@
+//! A row the store cannot read back (its schema changed behind the store's back) is a
+//! `StoreError` naming a corrupt row, as on SQLite: never a panic in the worker or the
+//! dispatcher that read it. The other rows still read.
+
+use std::time::Duration;
+
+use haul_core::action::ActionType;
+use haul_core::ids::{LoadId, TimerId};
+use haul_core::time::{Timestamp, add};
+use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
+use haul_store::{EventStore, LoadQueue, NewEntry, NewOutboxRow, Outbox, StoreError, TimerStore};
+use serde_json::json;
+
+fn at(secs: u64) -> Timestamp {
+    add("2026-03-02T07:00:00Z".parse().unwrap(), Duration::from_secs(secs))
+}
+
+fn assert_corrupt<T: std::fmt::Debug>(what: &str, got: Result<T, StoreError>) {
+    let err = got.expect_err(what);
+    assert!(err.0.starts_with("corrupt row: column "), "{what}: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_typed_and_null_columns_are_corrupt_row_errors() {
+    let options = FreshStore { pool_size: 4, ..FreshStore::default() };
+    let (s, schema) = fresh_store(&options).await.unwrap();
+    let (l1, l2) = (LoadId::parse("L1").unwrap(), LoadId::parse("L2").unwrap());
+    for l in [&l1, &l2] {
+        let id = format!("{l}/e1/send_sms");
+        let row = NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms };
+        let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({}) };
+        s.append(l, vec![entry], 0, vec![row], at(1)).await.unwrap();
+    }
+    let timer = TimerId::parse("tmr:L1:ask:eta_request:p1:1").unwrap();
+    s.schedule(&timer, at(100), at(1)).await.unwrap();
+    s.publish(&l1, "q1", "{}", at(1)).await.unwrap();
+
+    let client = client_in_schema(&options.url, &schema).await;
+    client
+        .batch_execute(
+            "ALTER TABLE timers ALTER COLUMN fire_at TYPE text USING fire_at::text;
+             ALTER TABLE outbox ALTER COLUMN attempts TYPE bigint;
+             ALTER TABLE queue ALTER COLUMN receive_count TYPE bigint;
+             ALTER TABLE events ALTER COLUMN recorded_at DROP NOT NULL;
+             UPDATE events SET recorded_at = NULL WHERE load_id = 'L1';",
+        )
+        .await
+        .unwrap();
+
+    // A text where the store reads a bigint, a bigint where it reads an integer, a NULL
+    // where it reads a value: each used to panic in `Row::get`.
+    assert_corrupt("timer", s.get_timer(&timer).await);
+    assert_corrupt("outbox rows", s.rows_for_load(&l2).await);
+    assert_corrupt("claim", s.pending(10, at(10), Duration::from_secs(60)).await);
+    assert_corrupt("queue message", s.receive(10, Duration::from_secs(30), at(2)).await);
+    assert_corrupt("log", s.read(&l1).await);
+    assert_eq!(s.read(&l2).await.unwrap().1, 1, "a load nobody touched still reads");
+}

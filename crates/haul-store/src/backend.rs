@@ -1,0 +1,641 @@
+//! What the SQL backends share that is not SQL.
+//!
+//! haul-sqlite and haul-postgres run different statements over the same tables, and
+//! everything around those statements is the same: durations as milliseconds, claim
+//! tokens and receipts, which migrations are pending, the checks `append` makes on its
+//! arguments, and reading a row back into the store's types. It lives here once so the
+//! backends cannot drift apart (one reporting a corrupt row as an error while the other
+//! panics on it, or a column list in one order and its decoder in another).
+//!
+//! No database crate here: a backend lets its driver's row be read through
+//! [`Columns`], and the decoders ([`outbox_row`], [`timer_row`], ...) read the columns
+//! [`columns!`](crate::columns) lists, in that order.
+
+use std::collections::BTreeSet;
+use std::fmt::Display;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use haul_core::action::ActionType;
+use haul_core::ids::{LoadId, TimerId};
+use haul_core::projection::Record;
+use haul_core::time::{Timestamp, from_ms, to_ms};
+use serde_json::Value;
+
+use crate::{
+    AppendError, Claim, ClaimError, DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow,
+    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer, TimerStatus,
+    UnmatchedSms, is_key_of_load,
+};
+
+// ---------------------------------------------------------------------------------
+// Time as stored: timestamps are `to_ms`/`from_ms` (haul-core); durations are here.
+
+/// A duration in whole milliseconds, saturating: a lease of `Duration::MAX` never ends
+/// instead of overflowing.
+pub fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `now + d` in epoch milliseconds, saturating: when a visibility or a lease ends.
+pub fn deadline_ms(now: Timestamp, d: Duration) -> i64 {
+    to_ms(now).saturating_add(duration_ms(d))
+}
+
+// ---------------------------------------------------------------------------------
+// Rows that cannot be read back.
+
+/// A stored row the store cannot turn back into its types. Nothing the store writes
+/// is like that, so it means the database was changed behind the store's back; the
+/// caller sees a `StoreError`, never a panic.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CorruptRowError {
+    /// A value of the right type that is out of form (a load id, a status, JSON).
+    #[error("corrupt row: {what} {value:?}")]
+    Value { what: &'static str, value: String },
+    /// A column the driver cannot read as the type asked for (another type, a NULL).
+    #[error("corrupt row: column {index}: {reason}")]
+    Column { index: usize, reason: String },
+}
+
+impl CorruptRowError {
+    pub fn value(what: &'static str, value: &str) -> Self {
+        CorruptRowError::Value { what, value: value.to_owned() }
+    }
+
+    /// For a backend's [`Columns`]: `reason` is the driver's error.
+    pub fn column(index: usize, reason: impl Display) -> Self {
+        CorruptRowError::Column { index, reason: reason.to_string() }
+    }
+}
+
+impl From<CorruptRowError> for StoreError {
+    fn from(e: CorruptRowError) -> Self {
+        StoreError::new(e.to_string())
+    }
+}
+
+// So a backend reads a column with `?` whatever the method's error type is.
+impl From<CorruptRowError> for AppendError {
+    fn from(e: CorruptRowError) -> Self {
+        AppendError::Store(e.into())
+    }
+}
+
+impl From<CorruptRowError> for ClaimError {
+    fn from(e: CorruptRowError) -> Self {
+        ClaimError::Store(e.into())
+    }
+}
+
+impl From<CorruptRowError> for QueueError {
+    fn from(e: CorruptRowError) -> Self {
+        QueueError::Store(e.into())
+    }
+}
+
+/// A load id read back from a row; one out of form is a corrupt row.
+pub fn parse_load_id(s: &str) -> Result<LoadId, CorruptRowError> {
+    LoadId::parse(s).map_err(|_| CorruptRowError::value("load_id", s))
+}
+
+/// A stored JSON text. One that does not parse is kept as a string: the projection
+/// counts such a record as unreadable instead of the whole read failing.
+fn json_or_string(text: String) -> Value {
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+// ---------------------------------------------------------------------------------
+// Reading rows.
+
+/// One result row as a backend's driver reads it, by column index. Every method is an
+/// error, not a panic, when the value is not of the type asked for.
+pub trait Columns {
+    fn string(&self, index: usize) -> Result<String, CorruptRowError>;
+    fn opt_string(&self, index: usize) -> Result<Option<String>, CorruptRowError>;
+    /// A `bigint` (PostgreSQL) or `INTEGER` (SQLite): timestamps, seqs, ids.
+    fn i64(&self, index: usize) -> Result<i64, CorruptRowError>;
+    fn opt_i64(&self, index: usize) -> Result<Option<i64>, CorruptRowError>;
+    /// A counter, `integer` on PostgreSQL: attempts, receive counts.
+    fn u32(&self, index: usize) -> Result<u32, CorruptRowError>;
+}
+
+/// The column lists the decoders below read, in their order, as string literals (so a
+/// backend can build statements with `concat!`): `columns!(outbox)`, `columns!(timer)`,
+/// `columns!(queue_message)`, `columns!(record)`, `columns!(delivery)`,
+/// `columns!(unmatched_sms)`. A statement whose rows go to a decoder selects (or
+/// returns) exactly its list.
+#[macro_export]
+macro_rules! columns {
+    (outbox) => {
+        "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
+         lease_until, last_failure, receipt, created_at, updated_at"
+    };
+    (timer) => {
+        "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at"
+    };
+    (queue_message) => {
+        "id, load_id, event_id, body, enqueued_at, receipt, receive_count"
+    };
+    (record) => {
+        "seq, entry_id, kind, payload, recorded_at"
+    };
+    (delivery) => {
+        "id, channel, key, load_id, payload, created_at"
+    };
+    (unmatched_sms) => {
+        "message_sid, from_phone, to_phone, body, received_at"
+    };
+}
+
+/// A row of `columns!(outbox)`.
+pub fn outbox_row(r: &dyn Columns) -> Result<OutboxRow, StoreError> {
+    let (load_id, action_type, action, status) = (r.string(1)?, r.string(2)?, r.string(3)?, r.string(4)?);
+    Ok(OutboxRow {
+        id: r.string(0)?,
+        load_id: parse_load_id(&load_id)?,
+        action_type: ActionType::parse(&action_type)
+            .ok_or_else(|| CorruptRowError::value("action_type", &action_type))?,
+        action: serde_json::from_str(&action).map_err(|_| CorruptRowError::value("action", &action))?,
+        status: OutboxStatus::parse(&status).ok_or_else(|| CorruptRowError::value("status", &status))?,
+        attempts: r.u32(5)?,
+        due_at: from_ms(r.i64(6)?),
+        first_attempt_at: r.opt_i64(7)?.map(from_ms),
+        claim_token: r.opt_string(8)?,
+        lease_until: r.opt_i64(9)?.map(from_ms),
+        last_failure: r.opt_string(10)?,
+        receipt: r.opt_string(11)?,
+        created_at: from_ms(r.i64(12)?),
+        updated_at: from_ms(r.i64(13)?),
+    })
+}
+
+/// A row of `columns!(timer)`.
+pub fn timer_row(r: &dyn Columns) -> Result<Timer, StoreError> {
+    let (timer_id, load_id, status) = (r.string(0)?, r.string(1)?, r.string(3)?);
+    Ok(Timer {
+        timer_id: TimerId::parse(&timer_id).map_err(|_| CorruptRowError::value("timer_id", &timer_id))?,
+        load_id: parse_load_id(&load_id)?,
+        fire_at: from_ms(r.i64(2)?),
+        status: TimerStatus::parse(&status).ok_or_else(|| CorruptRowError::value("timer status", &status))?,
+        created_at: from_ms(r.i64(4)?),
+        canceled_at: r.opt_i64(5)?.map(from_ms),
+        fired_at: r.opt_i64(6)?.map(from_ms),
+    })
+}
+
+/// A row of `columns!(queue_message)` as received (its receipt set): the message id,
+/// which orders messages, and the message.
+pub fn queue_message_row(r: &dyn Columns) -> Result<(i64, QueueMessage), StoreError> {
+    let load_id = r.string(1)?;
+    let message = QueueMessage {
+        load_id: parse_load_id(&load_id)?,
+        event_id: r.string(2)?,
+        body: r.string(3)?,
+        enqueued_at: from_ms(r.i64(4)?),
+        receipt: r.string(5)?,
+        receive_count: r.u32(6)?,
+    };
+    Ok((r.i64(0)?, message))
+}
+
+/// A row of `columns!(record)`.
+pub fn record_row(r: &dyn Columns) -> Result<Record, StoreError> {
+    Ok(Record {
+        seq: r.i64(0)? as u64,
+        entry_id: r.string(1)?,
+        kind: r.string(2)?,
+        payload: json_or_string(r.string(3)?),
+        recorded_at: from_ms(r.i64(4)?),
+    })
+}
+
+/// A row of `columns!(delivery)`.
+pub fn delivery_row(r: &dyn Columns) -> Result<RecordedDelivery, StoreError> {
+    let load_id = r.string(3)?;
+    Ok(RecordedDelivery {
+        channel: r.string(1)?,
+        key: r.string(2)?,
+        load_id: parse_load_id(&load_id)?,
+        payload: json_or_string(r.string(4)?),
+        receipt: delivery_receipt(r.i64(0)?),
+        created_at: from_ms(r.i64(5)?),
+    })
+}
+
+/// A row of `columns!(unmatched_sms)`.
+pub fn unmatched_sms_row(r: &dyn Columns) -> Result<UnmatchedSms, StoreError> {
+    Ok(UnmatchedSms {
+        message_sid: r.string(0)?,
+        from: r.string(1)?,
+        to: r.string(2)?,
+        body: r.string(3)?,
+        received_at: from_ms(r.i64(4)?),
+    })
+}
+
+/// A row whose first column is a load id.
+pub fn load_id_row(r: &dyn Columns) -> Result<LoadId, StoreError> {
+    Ok(parse_load_id(&r.string(0)?)?)
+}
+
+/// The receipt of a recorded delivery: its row id.
+pub fn delivery_receipt(id: i64) -> String {
+    format!("rec:{id}")
+}
+
+// ---------------------------------------------------------------------------------
+// Tokens and receipts.
+
+/// Claim tokens, queue receipts' tokens and lease tokens: 128 random bits as hex. The
+/// generator takes a seed so evals and the simulator get the same tokens every run.
+#[derive(Clone, Debug)]
+pub struct Tokens {
+    rng: Arc<Mutex<fastrand::Rng>>,
+}
+
+impl Tokens {
+    /// `None` draws a seed from the OS.
+    pub fn new(seed: Option<u64>) -> Self {
+        let rng = match seed {
+            Some(s) => fastrand::Rng::with_seed(s),
+            None => fastrand::Rng::new(),
+        };
+        Tokens { rng: Arc::new(Mutex::new(rng)) }
+    }
+
+    /// A fresh token.
+    pub fn next(&self) -> String {
+        // A panic elsewhere while holding the lock leaves the generator as good as before.
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
+    }
+}
+
+/// A queue receipt, `{message id}.{token}`: the id finds the row, the token proves it
+/// is the latest receive's.
+pub fn receipt(message_id: i64, token: &str) -> String {
+    format!("{message_id}.{token}")
+}
+
+/// The message id of a receipt; `None` when it is not one of this store's.
+pub fn parse_receipt(receipt: &str) -> Option<i64> {
+    receipt.split_once('.').and_then(|(id, _)| id.parse().ok())
+}
+
+// ---------------------------------------------------------------------------------
+// Claims.
+
+/// The rows one `Outbox::pending` call claimed with `token`, in the order the contract
+/// hands them out (due first, then by id): `RETURNING` gives rows in no order.
+pub fn claims(mut rows: Vec<OutboxRow>, token: &str) -> Vec<Claim> {
+    rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
+    rows.into_iter().map(|row| Claim { row, token: token.to_owned() }).collect()
+}
+
+/// `check_claim`'s answer once the store found the row's lease for the token
+/// (`lease_until_ms`): the claim stands while the lease is live at `now_ms`.
+pub fn check_lease(id: &str, lease_until_ms: Option<i64>, now_ms: i64) -> Result<(), StaleClaimError> {
+    match lease_until_ms {
+        Some(until) if until > now_ms => Ok(()),
+        _ => Err(StaleClaimError { outbox_id: id.to_owned() }),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Migrations.
+
+/// One schema migration: the version it takes the schema to and its SQL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Migration {
+    pub version: i64,
+    pub sql: &'static str,
+}
+
+impl Migration {
+    pub const fn new(version: i64, sql: &'static str) -> Self {
+        Migration { version, sql }
+    }
+}
+
+/// The newest version of a migration list (in version order, as every list is).
+pub const fn latest_version(all: &[Migration]) -> i64 {
+    all[all.len() - 1].version
+}
+
+/// The migrations of `all` up to `target` (inclusive) whose versions are not in
+/// `applied`, in list order: what a backend runs, inside the transaction it read
+/// `applied` in.
+pub fn pending_migrations<'a>(all: &'a [Migration], applied: &[i64], target: i64) -> Vec<&'a Migration> {
+    all.iter().filter(|m| m.version <= target && !applied.contains(&m.version)).collect()
+}
+
+/// A migration that failed; its version is in the message.
+pub fn migration_failed(version: i64, reason: impl Display) -> StoreError {
+    StoreError::new(format!("migration {version}: {reason}"))
+}
+
+// ---------------------------------------------------------------------------------
+// What `append` checks before it touches the database.
+
+/// Refuses an outbox row whose id is not an action key of `load_id` (`EventStore::append`).
+pub fn check_keys_of_load(load_id: &LoadId, outbox: &[NewOutboxRow]) -> Result<(), StoreError> {
+    match outbox.iter().find(|o| !is_key_of_load(&o.id, load_id.as_str())) {
+        Some(bad) => Err(StoreError::new(format!("outbox key {:?} is not an action key of load {load_id}", bad.id))),
+        None => Ok(()),
+    }
+}
+
+/// The first entry id that repeats within one append.
+pub fn check_entry_ids_distinct(load_id: &LoadId, entries: &[NewEntry]) -> Result<(), DuplicateEntryError> {
+    match first_repeat(entries.iter().map(|e| e.entry_id.as_str())) {
+        Some(dup) => Err(DuplicateEntryError { load_id: load_id.to_string(), entry_id: dup.to_owned() }),
+        None => Ok(()),
+    }
+}
+
+/// The first outbox key that repeats within one append.
+pub fn check_keys_distinct(outbox: &[NewOutboxRow]) -> Result<(), DuplicateActionKeyError> {
+    match first_repeat(outbox.iter().map(|o| o.id.as_str())) {
+        Some(dup) => Err(DuplicateActionKeyError { key: dup.to_owned() }),
+        None => Ok(()),
+    }
+}
+
+fn first_repeat<'a>(ids: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut seen = BTreeSet::new();
+    ids.into_iter().find(|id| !seen.insert(*id))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// A row as the backends' drivers see it: typed values by column name, read by
+    /// index through the list `columns!` gives, so a decoder reading another order
+    /// than its list fails here.
+    #[derive(Default)]
+    struct FakeRow {
+        names: Vec<&'static str>,
+        values: BTreeMap<&'static str, Cell>,
+    }
+
+    #[derive(Clone)]
+    enum Cell {
+        Text(&'static str),
+        Int(i64),
+        Null,
+    }
+
+    impl FakeRow {
+        fn new(list: &'static str, values: &[(&'static str, Cell)]) -> Self {
+            let names: Vec<&'static str> = list.split(',').map(str::trim).collect();
+            assert_eq!(names.len(), values.len(), "every column of {list:?} has a value");
+            FakeRow { names, values: values.iter().cloned().collect() }
+        }
+
+        fn cell(&self, index: usize) -> Result<&Cell, CorruptRowError> {
+            let name = self.names.get(index).ok_or_else(|| CorruptRowError::column(index, "no such column"))?;
+            self.values.get(name).ok_or_else(|| CorruptRowError::column(index, format!("no value for {name}")))
+        }
+    }
+
+    impl Columns for FakeRow {
+        fn string(&self, index: usize) -> Result<String, CorruptRowError> {
+            self.opt_string(index)?.ok_or_else(|| CorruptRowError::column(index, "NULL"))
+        }
+
+        fn opt_string(&self, index: usize) -> Result<Option<String>, CorruptRowError> {
+            match self.cell(index)? {
+                Cell::Text(s) => Ok(Some((*s).to_owned())),
+                Cell::Null => Ok(None),
+                Cell::Int(_) => Err(CorruptRowError::column(index, "an integer, not text")),
+            }
+        }
+
+        fn i64(&self, index: usize) -> Result<i64, CorruptRowError> {
+            self.opt_i64(index)?.ok_or_else(|| CorruptRowError::column(index, "NULL"))
+        }
+
+        fn opt_i64(&self, index: usize) -> Result<Option<i64>, CorruptRowError> {
+            match self.cell(index)? {
+                Cell::Int(n) => Ok(Some(*n)),
+                Cell::Null => Ok(None),
+                Cell::Text(_) => Err(CorruptRowError::column(index, "text, not an integer")),
+            }
+        }
+
+        fn u32(&self, index: usize) -> Result<u32, CorruptRowError> {
+            u32::try_from(self.i64(index)?).map_err(|e| CorruptRowError::column(index, e))
+        }
+    }
+
+    fn outbox_values() -> Vec<(&'static str, Cell)> {
+        vec![
+            ("id", Cell::Text("L1/e1/send_sms")),
+            ("load_id", Cell::Text("L1")),
+            ("action_type", Cell::Text("send_sms")),
+            ("action", Cell::Text("{\"key\":\"L1/e1/send_sms\"}")),
+            ("status", Cell::Text("pending")),
+            ("attempts", Cell::Int(2)),
+            ("due_at", Cell::Int(6_000)),
+            ("first_attempt_at", Cell::Int(7_000)),
+            ("claim_token", Cell::Text("tok")),
+            ("lease_until", Cell::Null),
+            ("last_failure", Cell::Text("503")),
+            ("receipt", Cell::Null),
+            ("created_at", Cell::Int(12_000)),
+            ("updated_at", Cell::Int(13_000)),
+        ]
+    }
+
+    #[test]
+    fn outbox_row_reads_its_column_list_in_order() {
+        let row = outbox_row(&FakeRow::new(columns!(outbox), &outbox_values())).unwrap();
+        assert_eq!(row.id, "L1/e1/send_sms");
+        assert_eq!(row.load_id.as_str(), "L1");
+        assert_eq!(row.action_type, ActionType::SendSms);
+        assert_eq!(row.action, json!({"key": "L1/e1/send_sms"}));
+        assert_eq!(row.status, OutboxStatus::Pending);
+        assert_eq!(row.attempts, 2);
+        assert_eq!((to_ms(row.due_at), row.first_attempt_at.map(to_ms)), (6_000, Some(7_000)));
+        assert_eq!((row.claim_token.as_deref(), row.lease_until), (Some("tok"), None));
+        assert_eq!((row.last_failure.as_deref(), row.receipt), (Some("503"), None));
+        assert_eq!((to_ms(row.created_at), to_ms(row.updated_at)), (12_000, 13_000));
+    }
+
+    #[test]
+    fn a_wrong_type_or_a_null_is_a_corrupt_row_error() {
+        for (column, cell) in [("due_at", Cell::Text("soon")), ("status", Cell::Int(1)), ("created_at", Cell::Null)] {
+            let mut values = outbox_values();
+            values.iter_mut().find(|(n, _)| *n == column).unwrap().1 = cell;
+            let err = outbox_row(&FakeRow::new(columns!(outbox), &values)).unwrap_err();
+            assert!(err.0.starts_with("corrupt row: column "), "{column}: {err}");
+        }
+        let mut values = outbox_values();
+        values[4].1 = Cell::Text("lost");
+        let err = outbox_row(&FakeRow::new(columns!(outbox), &values)).unwrap_err();
+        assert_eq!(err.0, "corrupt row: status \"lost\"");
+    }
+
+    #[test]
+    fn the_other_decoders_read_their_column_lists_in_order() {
+        use Cell::{Int, Null, Text};
+        let t = timer_row(&FakeRow::new(
+            columns!(timer),
+            &[
+                ("timer_id", Text("tmr:L1:ask:eta_request:p1:1")),
+                ("load_id", Text("L1")),
+                ("fire_at", Int(2)),
+                ("status", Text("fired")),
+                ("created_at", Int(4)),
+                ("canceled_at", Null),
+                ("fired_at", Int(6)),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(
+            (t.timer_id.as_str(), t.load_id.as_str(), t.status),
+            ("tmr:L1:ask:eta_request:p1:1", "L1", TimerStatus::Fired)
+        );
+        assert_eq!(
+            (to_ms(t.fire_at), to_ms(t.created_at), t.canceled_at, t.fired_at.map(to_ms)),
+            (2, 4, None, Some(6))
+        );
+
+        let (id, m) = queue_message_row(&FakeRow::new(
+            columns!(queue_message),
+            &[
+                ("id", Int(9)),
+                ("load_id", Text("L1")),
+                ("event_id", Text("e1")),
+                ("body", Text("{}")),
+                ("enqueued_at", Int(4)),
+                ("receipt", Text("9.tok")),
+                ("receive_count", Int(1)),
+            ],
+        ))
+        .unwrap();
+        assert_eq!((id, m.load_id.as_str(), m.event_id.as_str(), m.body.as_str()), (9, "L1", "e1", "{}"));
+        assert_eq!((to_ms(m.enqueued_at), m.receipt.as_str(), m.receive_count), (4, "9.tok", 1));
+
+        let r = record_row(&FakeRow::new(
+            columns!(record),
+            &[
+                ("seq", Int(3)),
+                ("entry_id", Text("e1")),
+                ("kind", Text("k")),
+                ("payload", Text("{oops")),
+                ("recorded_at", Int(5)),
+            ],
+        ))
+        .unwrap();
+        assert_eq!((r.seq, r.entry_id.as_str(), r.kind.as_str(), to_ms(r.recorded_at)), (3, "e1", "k", 5));
+        assert_eq!(r.payload, Value::String("{oops".into()), "an unreadable payload is kept as text");
+
+        let d = delivery_row(&FakeRow::new(
+            columns!(delivery),
+            &[
+                ("id", Int(7)),
+                ("channel", Text("sms")),
+                ("key", Text("L1/e1/send_sms")),
+                ("load_id", Text("L1")),
+                ("payload", Text("{\"to\":1}")),
+                ("created_at", Int(8)),
+            ],
+        ))
+        .unwrap();
+        assert_eq!((d.channel.as_str(), d.key.as_str(), d.load_id.as_str()), ("sms", "L1/e1/send_sms", "L1"));
+        assert_eq!((d.payload, d.receipt.as_str(), to_ms(d.created_at)), (json!({"to": 1}), "rec:7", 8));
+
+        let s = unmatched_sms_row(&FakeRow::new(
+            columns!(unmatched_sms),
+            &[
+                ("message_sid", Text("SM1")),
+                ("from_phone", Text("+1")),
+                ("to_phone", Text("+2")),
+                ("body", Text("hi")),
+                ("received_at", Int(3)),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(
+            (s.message_sid.as_str(), s.from.as_str(), s.to.as_str(), s.body.as_str()),
+            ("SM1", "+1", "+2", "hi")
+        );
+        assert_eq!(to_ms(s.received_at), 3);
+    }
+
+    #[test]
+    fn a_load_id_out_of_form_is_a_corrupt_row() {
+        assert_eq!(parse_load_id("L 1").unwrap_err().to_string(), "corrupt row: load_id \"L 1\"");
+    }
+
+    #[test]
+    fn tokens_from_one_seed_repeat_and_receipts_round_trip() {
+        let (a, b) = (Tokens::new(Some(7)), Tokens::new(Some(7)));
+        let t = a.next();
+        assert_eq!((t.len(), t.clone()), (32, b.next()));
+        assert_ne!(a.next(), t);
+        assert_eq!(parse_receipt(&receipt(42, &t)), Some(42));
+        assert_eq!(parse_receipt("x.y"), None);
+        assert_eq!(parse_receipt("42"), None);
+    }
+
+    #[test]
+    fn pending_migrations_are_the_unapplied_ones_up_to_the_target() {
+        const ALL: &[Migration] =
+            &[Migration::new(1, "a"), Migration::new(2, "b"), Migration::new(3, "c"), Migration::new(4, "d")];
+        let versions = |v: Vec<&Migration>| v.iter().map(|m| m.version).collect::<Vec<_>>();
+        assert_eq!(latest_version(ALL), 4);
+        assert_eq!(versions(pending_migrations(ALL, &[], 4)), [1, 2, 3, 4]);
+        assert_eq!(versions(pending_migrations(ALL, &[1, 2], 4)), [3, 4]);
+        assert_eq!(versions(pending_migrations(ALL, &[1], 2)), [2]);
+        assert_eq!(versions(pending_migrations(ALL, &[], 0)), Vec::<i64>::new());
+        assert_eq!(migration_failed(5, "boom").0, "migration 5: boom");
+    }
+
+    #[test]
+    fn append_checks_keys_and_repeats_in_the_batch() {
+        let l = LoadId::parse("L1").unwrap();
+        let row = |id: &str| NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({}) };
+        let entry = |id: &str| NewEntry { entry_id: id.into(), kind: "k".into(), payload: json!({}) };
+        assert!(check_keys_of_load(&l, &[row("L1/e1/a")]).is_ok());
+        let err = check_keys_of_load(&l, &[row("L1/e1/a"), row("L10/e1/a")]).unwrap_err();
+        assert_eq!(err.0, "outbox key \"L10/e1/a\" is not an action key of load L1");
+        assert!(check_entry_ids_distinct(&l, &[entry("e1"), entry("e2")]).is_ok());
+        let err = check_entry_ids_distinct(&l, &[entry("e1"), entry("e2"), entry("e2")]).unwrap_err();
+        assert_eq!((err.load_id.as_str(), err.entry_id.as_str()), ("L1", "e2"));
+        assert!(check_keys_distinct(&[row("L1/a"), row("L1/b")]).is_ok());
+        assert_eq!(check_keys_distinct(&[row("L1/a"), row("L1/a")]).unwrap_err().key, "L1/a");
+    }
+
+    #[test]
+    fn claims_come_due_first_then_by_id_and_a_lapsed_lease_is_stale() {
+        let row = |id: &'static str, due_ms: i64| {
+            let mut values = outbox_values();
+            values[0].1 = Cell::Text(id);
+            values[6].1 = Cell::Int(due_ms);
+            outbox_row(&FakeRow::new(columns!(outbox), &values)).unwrap()
+        };
+        let got = claims(vec![row("L1/b", 2), row("L1/c", 1), row("L1/a", 2)], "t");
+        let order: Vec<&str> = got.iter().map(|c| c.row.id.as_str()).collect();
+        assert_eq!(order, ["L1/c", "L1/a", "L1/b"]);
+        assert!(got.iter().all(|c| c.token == "t"));
+        assert!(check_lease("x", Some(11), 10).is_ok());
+        assert_eq!(check_lease("x", Some(10), 10).unwrap_err().outbox_id, "x");
+        assert!(check_lease("x", None, 10).is_err());
+    }
+
+    #[test]
+    fn durations_saturate() {
+        assert_eq!(duration_ms(Duration::from_millis(1500)), 1500);
+        assert_eq!(duration_ms(Duration::MAX), i64::MAX);
+        assert_eq!(deadline_ms(from_ms(1000), Duration::from_secs(2)), 3000);
+        assert_eq!(deadline_ms(from_ms(1000), Duration::MAX), i64::MAX);
+    }
+}
