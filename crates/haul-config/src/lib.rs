@@ -38,7 +38,9 @@ impl StoreKind {
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(StoreKind::Postgres)
         } else {
-            bail!("store.url {url:?} is neither sqlite://PATH, sqlite::memory: nor postgres://…")
+            // Only the scheme is echoed: the rest of a URL may carry a password.
+            let scheme: String = url.split(':').next().unwrap_or("").chars().take(20).collect();
+            bail!("store.url is neither sqlite://PATH, sqlite::memory: nor postgres://… (it starts with {scheme:?})")
         }
     }
 }

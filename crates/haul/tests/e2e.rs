@@ -354,3 +354,44 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     assert_eq!(store.rows_for_load(&l).await.unwrap().len(), 1, "the pending row stays");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// The database password never reaches a log line or an error line, in any of the
+/// forms the driver reads it from: the URL's userinfo, `password=` in its query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_password_never_reaches_a_log_or_an_error_line() {
+    const SECRET: &str = "hunter2";
+    let (client, schema, db) = pg_schema().await;
+    // PostgreSQL here trusts local connections, so the password is carried, not checked.
+    let db = format!("{}&password={SECRET}", db.replacen("://postgres@", &format!("://postgres:{SECRET}@"), 1));
+    let unreachable = format!("postgres://u:{SECRET}@127.0.0.1:1/db?sslpassword={SECRET}&password={SECRET}");
+    let dir = temp_dir("secret");
+    let haul = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_haul")).args(args).current_dir(&dir).env("HAUL_LOG", "debug").output().unwrap()
+    };
+    // (command, whether it succeeds)
+    for (args, ok) in [
+        (vec!["migrate", "--db", &db], true),
+        (vec!["inspect", "481207", "--db", &db], false),
+        (vec!["migrate", "--db", &unreachable], false),
+        (vec!["inspect", "481207", "--db", &unreachable], false),
+        (vec!["migrate", "--db", "mysql://u:hunter2@127.0.0.1/db"], false),
+        (vec!["serve", "--db", "mysql://u:hunter2@127.0.0.1/db", "--listen", "127.0.0.1:0"], false),
+    ] {
+        let out = haul(&args);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.success(), ok, "{args:?}: {text}");
+        assert!(!text.is_empty(), "{args:?} said nothing");
+        assert!(!text.contains(SECRET), "{args:?} printed the password:\n{text}");
+    }
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut serve = Serve::start(&dir, "serve", &["--listen", &listen, "--db", &db], &[]);
+    wait_healthy(&reqwest::Client::new(), &format!("http://{listen}"), &serve).await;
+    let status = serve.terminate();
+    assert!(status.success(), "{status:?}\n{}", serve.log());
+    let log = serve.log();
+    assert!(log.contains("haul is serving"), "{log}");
+    assert!(!log.contains(SECRET), "serve logged the password:\n{log}");
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}
