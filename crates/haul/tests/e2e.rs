@@ -45,9 +45,9 @@ impl Serve {
             .arg("serve")
             .args(args)
             .current_dir(dir)
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("HAUL_API_TOKEN", TOKEN)
             .env("HAUL_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -188,8 +188,55 @@ async fn serve_on_sqlite_sends_the_eta_request_and_follows_up() {
     assert!(status.success(), "exit {status:?}\n{}", serve.log());
     let log = serve.log();
     assert!(log.contains("stopped"), "{log}");
-    assert!(!log.contains("+15555550100"), "a phone number appeared whole in the logs:\n{log}");
-    assert!(!log.contains(TOKEN) && !log.contains("svc-token-123"), "a token appeared in the logs");
+    assert_no_secrets(&log);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// No whole phone number and no token in a log.
+fn assert_no_secrets(log: &str) {
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).take(5).collect::<Vec<_>>().join("\n");
+    assert!(!log.contains("+15555550100"), "a phone number appeared whole in the log:\n{}", lines("+15555550100"));
+    for token in [TOKEN, "svc-token-123"] {
+        assert!(!log.contains(token), "a token appeared in the log:\n{}", lines(token));
+    }
+}
+
+/// `HAUL_LOG=debug` on PostgreSQL: the driver and the pool log statements and their
+/// parameters at debug, which would put phone numbers in the log; they stay quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_at_debug_level_on_postgres_logs_no_phone_number_or_token() {
+    let (client, schema, db) = pg_schema().await;
+    let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
+    let dir = temp_dir("pg-debug");
+    std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let mut env = channel_env(&svc);
+    env.push(("HAUL_LOG".into(), "debug".into()));
+    let mut serve = Serve::start(&dir, "serve", &["--config", "haul.toml", "--listen", &listen, "--db", &db], &env);
+    let http = reqwest::Client::new();
+    wait_healthy(&http, &base, &serve).await;
+    assert_eq!(post(&http, &base, init()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&http, &base, ping()).await, StatusCode::ACCEPTED);
+    let logs = || serve.log();
+    wait_for(&http, &base, "step 1", |v| outbox_status(v, SMS1).as_deref() == Some("dispatched"), &logs).await;
+    let answer = json!({"event_id": "sms_1", "kind": "inbound_sms", "from": "+15555550100", "body": "ETA 9:15"});
+    assert_eq!(post(&http, &base, answer).await, StatusCode::ACCEPTED);
+    wait_for(
+        &http,
+        &base,
+        "the answer",
+        |v| v["state"]["asks"]["ask:eta_request:ping_0700"]["status"] == "answered",
+        &logs,
+    )
+    .await;
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    let log = serve.log();
+    assert!(log.contains("DEBUG"), "the run logged at debug level:\n{log}");
+    assert_no_secrets(&log);
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
 }
 
