@@ -1,11 +1,16 @@
 //! What haul shows of text it did not write (a channel service's answer, a model
-//! endpoint's error): phone numbers to their last four digits, credentials not at all.
+//! endpoint's error, a caller's bad input): phone numbers to their last four digits,
+//! credentials not at all, and no more than a glimpse of anything long.
 //!
 //! Services echo requests back in their errors, and haul quotes the start of an error
 //! answer in the log, the failed outcome and the OpsAlert. The request carried the
 //! driver's phone and a bearer token, so every such snippet goes through
 //! [`mask_secrets`] first, and is clipped only after: a clip could cut a number short
 //! of what the masking recognises and leave most of it readable.
+//!
+//! Error messages that quote a caller's input (an unknown field name, a value of the
+//! wrong type, as the JSON parser words them) go through [`clip_quotes`], so a 60 KB
+//! name costs its sender a 400 and the log a line, not 60 KB of each.
 
 use crate::tools::mask_phone;
 
@@ -65,9 +70,60 @@ fn credential_len(s: &str, before: Option<char>) -> Option<(&str, usize)> {
     (spaces > 0 && token > 0).then_some((scheme, scheme.len() + spaces + token))
 }
 
+/// Most characters of one piece of input an error message quotes.
+pub const MAX_ECHO_CHARS: usize = 100;
+
+/// Most characters of a whole message quoting input: a few clipped quotes and the words around them.
+const MAX_MESSAGE_CHARS: usize = 4 * MAX_ECHO_CHARS;
+
+/// `s` cut to `max_chars` characters, `…` marking the cut.
+pub fn clip(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        None => s.to_owned(),
+        Some((end, _)) => format!("{}…", &s[..end]),
+    }
+}
+
+/// A message that quotes input between backticks or double quotes (as serde words
+/// "unknown field `x`" and "invalid type: string \"x\""), with every quoted piece and
+/// the whole clipped.
+pub fn clip_quotes(message: &str) -> String {
+    let mut out = String::new();
+    let mut rest = message;
+    loop {
+        let piece = rest.find(['`', '"']).unwrap_or(rest.len());
+        out.push_str(&clip(&rest[..piece], MAX_ECHO_CHARS));
+        // The delimiter itself, kept so the quote still reads as one.
+        let delimiter = rest[piece..].chars().next().map_or(0, char::len_utf8);
+        out.push_str(&rest[piece..piece + delimiter]);
+        rest = &rest[piece + delimiter..];
+        if rest.is_empty() {
+            break clip(&out, MAX_MESSAGE_CHARS);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::mask_secrets;
+    use super::{clip, clip_quotes, mask_secrets};
+
+    #[test]
+    fn quoted_input_is_clipped() {
+        let long = "x".repeat(500);
+        let clipped = format!("{}…", "x".repeat(100));
+        assert_eq!(clip("short", 100), "short");
+        assert_eq!(clip("ünï", 2), "ün…");
+        assert_eq!(clip_quotes("unknown field `a`, expected `b`"), "unknown field `a`, expected `b`");
+        assert_eq!(
+            clip_quotes(&format!("unknown field `{long}`, expected one of `at`, `lat`")),
+            format!("unknown field `{clipped}`, expected one of `at`, `lat`")
+        );
+        assert_eq!(
+            clip_quotes(&format!("invalid type: string \"{long}\", expected f64")),
+            format!("invalid type: string \"{clipped}\", expected f64")
+        );
+        assert_eq!(clip_quotes(&"`a` ".repeat(1000)).chars().count(), 401, "the whole is bounded too");
+    }
 
     fn check(input: &str, expected: &str) {
         assert_eq!(mask_secrets(input), expected, "mask_secrets({input:?})");

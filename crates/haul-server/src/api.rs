@@ -3,7 +3,11 @@
 //!
 //! Every `/v1` route but the Twilio webhook takes the bearer token through one
 //! extractor, [`ApiCaller`], which axum runs before the path, the query and the body:
-//! a caller without the token learns nothing and costs no body read.
+//! a caller without the token learns nothing and costs no body read. The path, the
+//! query and the body go through extractors of this module ([`LoadPath`],
+//! [`ApiQuery`], [`ApiBody`]) rather than axum's own, so their rejections, like every
+//! other answer, are the error shape, and routes or methods that do not exist answer
+//! 404/405 in it too (401 first under `/v1` without the token).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,17 +16,19 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
+use haul_core::mask::clip_quotes;
 use haul_core::{Clock, InboundEvent};
 use haul_runtime::inspect::load_view;
 use haul_store::{LoadQueue, Published, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 use tracing::{error, warn};
@@ -93,27 +99,40 @@ pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) 
     (status, axum::Json(json!({"error": {"code": code, "message": message.into()}}))).into_response()
 }
 
-pub(crate) fn body_error(r: BytesRejection) -> Response {
+fn too_large() -> Response {
+    error(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the body is over {MAX_BODY_BYTES} bytes"))
+}
+
+fn body_error(r: BytesRejection) -> Response {
     let status = r.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return error(status, "body_too_large", format!("the body is over {MAX_BODY_BYTES} bytes"));
+        return too_large();
     }
-    error(status, "bad_body", r.body_text())
+    error(status, "bad_body", clip_quotes(&r.body_text()))
 }
 
 /// A caller that presented one of the API's bearer tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct ApiCaller;
 
+/// The credentials of `Bearer <token>`; the scheme is case-insensitive (RFC 7235).
+fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' ')).then_some(token)
+}
+
 impl FromRequestParts<Arc<ApiState>> for ApiCaller {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
-        let given = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+        let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
+        // Two headers are refused whatever they hold: which one a proxy on the way
+        // reads is anyone's guess.
+        let given = match (values.next(), values.next()) {
+            (Some(v), None) => v.to_str().ok().and_then(bearer_token),
+            _ => None,
+        };
         // Compare with every token, without stopping early.
         let ok = given.is_some_and(|given| {
             s.tokens.iter().fold(false, |ok, t| ok | bool::from(t.as_bytes().ct_eq(given.as_bytes())))
@@ -126,6 +145,53 @@ impl FromRequestParts<Arc<ApiState>> for ApiCaller {
     }
 }
 
+/// The `{load_id}` of the path, decoded and of its form.
+pub(crate) struct LoadPath(pub LoadId);
+
+impl FromRequestParts<Arc<ApiState>> for LoadPath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, s).await.map_err(|r| {
+            let code = if r.status().is_client_error() { "bad_load_id" } else { "internal" };
+            error(r.status(), code, clip_quotes(&r.body_text()))
+        })?;
+        LoadId::parse(&raw).map(LoadPath).map_err(|e| error(StatusCode::BAD_REQUEST, e.code, e.message))
+    }
+}
+
+/// The query string, parsed into `T`.
+pub(crate) struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<Arc<ApiState>> for ApiQuery<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        Query::<T>::from_request_parts(parts, s)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|r| error(r.status(), "bad_query", clip_quotes(&r.body_text())))
+    }
+}
+
+/// The whole body, at most [`MAX_BODY_BYTES`].
+pub(crate) struct ApiBody(pub Bytes);
+
+impl FromRequest<Arc<ApiState>> for ApiBody {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, s: &Arc<ApiState>) -> Result<Self, Response> {
+        // Checked before the body is touched: hyper answers `Expect: 100-continue` when
+        // the body is first polled, so a body announced too large is refused before
+        // its sender starts on it.
+        let announced = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+            return Err(too_large());
+        }
+        Bytes::from_request(req, s).await.map(ApiBody).map_err(body_error)
+    }
+}
+
 pub fn router(state: Arc<ApiState>, api: bool) -> Router {
     let mut r = Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz));
     if api {
@@ -135,7 +201,28 @@ pub fn router(state: Arc<ApiState>, api: bool) -> Router {
             .route("/v1/webhooks/twilio/sms", post(twilio_sms))
             .route("/v1/webhooks/twilio/unmatched", get(unmatched));
     }
-    r.layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state)
+    r.fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// `answer`, or under `/v1/` to a caller without the token 401 whatever the route: it
+/// learns nothing of which routes exist.
+fn token_first(uri: &Uri, s: &ApiState, caller: Result<ApiCaller, Response>, answer: Response) -> Response {
+    match caller {
+        Err(unauthorized) if uri.path().starts_with("/v1/") && !s.tokens.is_empty() => unauthorized,
+        _ => answer,
+    }
+}
+
+async fn no_route(State(s): State<Arc<ApiState>>, uri: Uri, caller: Result<ApiCaller, Response>) -> Response {
+    token_first(&uri, &s, caller, error(StatusCode::NOT_FOUND, "not_found", "no such route"))
+}
+
+async fn wrong_method(State(s): State<Arc<ApiState>>, uri: Uri, caller: Result<ApiCaller, Response>) -> Response {
+    let answer = error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method");
+    token_first(&uri, &s, caller, answer)
 }
 
 async fn healthz(State(s): State<Arc<ApiState>>) -> Response {
@@ -151,23 +238,21 @@ async fn healthz(State(s): State<Arc<ApiState>>) -> Response {
 async fn post_event(
     _: ApiCaller,
     State(s): State<Arc<ApiState>>,
-    Path(load_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    LoadPath(load): LoadPath,
+    ApiBody(body): ApiBody,
 ) -> Response {
-    let load = match LoadId::parse(&load_id) {
-        Ok(l) => l,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
-    };
-    let body = match body {
-        Ok(b) => b,
-        Err(r) => return body_error(r),
-    };
     let Ok(text) = std::str::from_utf8(&body) else {
         return error(StatusCode::BAD_REQUEST, "bad_utf8", "the body is not valid UTF-8");
     };
     let value: Value = match serde_json::from_str(text) {
         Ok(v) => v,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", format!("the body is not JSON: {e}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_json",
+                format!("the body is not JSON: {}", clip_quotes(&e.to_string())),
+            );
+        }
     };
     let mut event = match InboundEvent::from_outside(load.clone(), value) {
         Ok(e) => e,
@@ -231,11 +316,7 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
     }
 }
 
-async fn get_load(_: ApiCaller, State(s): State<Arc<ApiState>>, Path(load_id): Path<String>) -> Response {
-    let load = match LoadId::parse(&load_id) {
-        Ok(l) => l,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
-    };
+async fn get_load(_: ApiCaller, State(s): State<Arc<ApiState>>, LoadPath(load): LoadPath) -> Response {
     match load_view(s.store.as_ref(), &load).await {
         Ok(Some(v)) => axum::Json(v).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, "no_such_load", format!("load {load} has no records")),

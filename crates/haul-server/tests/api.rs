@@ -297,3 +297,134 @@ async fn twilio_bad_forms_are_400() {
     assert_eq!(a.twilio(&bad_sid, Some(a.sign(&bad_sid))).await.status(), StatusCode::BAD_REQUEST);
     assert_eq!(a.written().await, 0);
 }
+
+impl Api {
+    /// Sends `head` over a fresh connection and sends nothing more; the start of the
+    /// answer, read within five seconds.
+    async fn raw(&self, head: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(self.base.trim_start_matches("http://")).await.unwrap();
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("no answer within 5 s to {head:?}"))
+            .unwrap_or(0);
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive_and_only_one_authorization_header_counts() {
+    let a = api().await;
+    let t = TOKENS[0];
+    // (Authorization headers sent, expected status)
+    let cases: Vec<(Vec<String>, StatusCode)> = vec![
+        (vec![format!("Bearer {t}")], StatusCode::ACCEPTED),
+        (vec![format!("bearer {t}")], StatusCode::ACCEPTED),
+        (vec![format!("BEARER {t}")], StatusCode::ACCEPTED),
+        (vec![format!("bEaReR   {t}")], StatusCode::ACCEPTED),
+        (vec![format!("Bearer {t}"), format!("Bearer {t}")], StatusCode::UNAUTHORIZED),
+        (vec!["Bearer wrong-token-000".into(), format!("Bearer {t}")], StatusCode::UNAUTHORIZED),
+        (vec![format!("Basic {t}")], StatusCode::UNAUTHORIZED),
+        (vec![format!("Bearer{t}")], StatusCode::UNAUTHORIZED),
+        (vec![format!("Bearer {t} {t}")], StatusCode::UNAUTHORIZED),
+        (vec![t.to_owned()], StatusCode::UNAUTHORIZED),
+        (vec!["Bearer".into()], StatusCode::UNAUTHORIZED),
+    ];
+    let mut accepted = 0;
+    for (i, (headers, want)) in cases.into_iter().enumerate() {
+        let mut event = ping();
+        event["event_id"] = json!(format!("ping_{i}"));
+        let mut req = a.client.post(format!("{}/v1/loads/481207/events", a.base)).body(event.to_string());
+        for h in &headers {
+            req = req.header("authorization", h);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, want, "{headers:?}: {body}");
+        if status == StatusCode::UNAUTHORIZED {
+            assert_eq!(body["error"]["code"], "unauthorized", "{headers:?}: {body}");
+        } else {
+            accepted += 1;
+        }
+    }
+    assert_eq!(a.written().await, accepted);
+}
+
+#[tokio::test]
+async fn the_frameworks_own_rejections_are_json_and_come_after_the_token() {
+    let a = api().await;
+    // (method, path, with the token, expected status, expected code)
+    for (method, path, token, want, code) in [
+        ("POST", "/v1/loads/%FF/events", true, 400, "bad_load_id"),
+        ("POST", "/v1/loads/%FF/events", false, 401, "unauthorized"),
+        ("GET", "/v1/loads/%FF", true, 400, "bad_load_id"),
+        ("GET", "/v1/loads/%FF", false, 401, "unauthorized"),
+        ("GET", "/v1/webhooks/twilio/unmatched?limit=abc", true, 400, "bad_query"),
+        ("GET", "/v1/webhooks/twilio/unmatched?limit=-1", true, 400, "bad_query"),
+        ("GET", "/v1/webhooks/twilio/unmatched?limit=abc", false, 401, "unauthorized"),
+        ("GET", "/v1/nowhere", true, 404, "not_found"),
+        ("GET", "/v1/nowhere", false, 401, "unauthorized"),
+        ("DELETE", "/v1/loads/481207", true, 405, "method_not_allowed"),
+        ("DELETE", "/v1/loads/481207", false, 401, "unauthorized"),
+        ("GET", "/v1/webhooks/twilio/sms", false, 401, "unauthorized"),
+        ("GET", "/nowhere", false, 404, "not_found"),
+        ("POST", "/healthz", false, 405, "method_not_allowed"),
+    ] {
+        let mut req = a.client.request(method.parse().unwrap(), format!("{}{path}", a.base));
+        if token {
+            req = req.bearer_auth(TOKENS[0]);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        let body: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{method} {path}: not JSON: {text:?}"));
+        assert_eq!((status, body["error"]["code"].as_str()), (want, Some(code)), "{method} {path}: {body}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{method} {path}: {body}");
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test]
+async fn error_messages_clip_the_input_they_echo() {
+    let a = api().await;
+    let long = "Z".repeat(60 * 1024);
+    let mut unknown_field = json!({"event_id": "p", "kind": "location_ping", "lat": 1, "lon": 0, "risk": "high"});
+    unknown_field[&long] = json!(1);
+    for (body, code) in [
+        (unknown_field, "bad_payload"),
+        (json!({"event_id": "p", "kind": "location_ping", "lat": 1, "lon": 0, "risk": long}), "bad_payload"),
+        (json!({"event_id": "p", "kind": "location_ping", "lat": long, "lon": 0, "risk": "high"}), "bad_payload"),
+        (json!({"event_id": "u", "kind": "load_update", "stage": long}), "bad_payload"),
+        (json!({"event_id": "u", "kind": "load_update", "client": long}), "bad_payload"),
+        (json!({"event_id": long, "kind": "location_ping"}), "bad_event_id"),
+        (json!({"event_id": "p", "kind": long}), "unknown_kind"),
+    ] {
+        let (status, answer) = a.post("481207", body).await;
+        assert_eq!((status, answer["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{answer:.300}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("ZZZ"), "the message still shows the start of what was wrong: {message:.300}");
+        assert!(message.chars().count() <= 300, "{} characters: {message:.300}…", message.chars().count());
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test]
+async fn expect_continue_with_a_body_over_the_limit_is_413_not_100_continue() {
+    let a = api().await;
+    for (path, auth) in [
+        ("/v1/loads/481207/events", format!("Authorization: Bearer {}\r\n", TOKENS[0])),
+        ("/v1/webhooks/twilio/sms", String::new()),
+    ] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+             Content-Length: 1000000\r\nExpect: 100-continue\r\n\r\n"
+        );
+        let answer = a.raw(&head).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(answer.contains("body_too_large"), "{path}: {answer}");
+    }
+    assert_eq!(a.written().await, 0);
+}
