@@ -74,6 +74,8 @@ impl Roles {
 
 /// Runs the roles until `shutdown` resolves, then stops within ten seconds.
 pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    // Checked with the settings; a token file is only made once the port is bound.
+    let env_tokens = if roles.api { tokens::tokens_from_env()? } else { Some(vec![]) };
     let store = haul_runtime::store::open(&config.store.url, None).await.context("store.url")?;
     crate::metrics::zero_series();
     let decider: Option<Arc<dyn haul_runtime::decider::Decider>> = match config.decider.kind {
@@ -113,7 +115,13 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         },
         decider,
     );
-    let tokens = if roles.api { tokens::api_tokens()? } else { vec![] };
+    let listener = tokio::net::TcpListener::bind(&config.server.listen)
+        .await
+        .with_context(|| format!("server.listen: cannot listen on {}", config.server.listen))?;
+    let tokens = match env_tokens {
+        Some(tokens) => tokens,
+        None => tokens::token_from_file()?,
+    };
     let public_url = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
     let (wake_worker, wake_dispatcher) = pipeline.wakeups();
     let mut state = ApiState::new(
@@ -126,9 +134,6 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     );
     state.wake_worker = Some(wake_worker.clone());
     let state = Arc::new(state);
-    let listener = tokio::net::TcpListener::bind(&config.server.listen)
-        .await
-        .with_context(|| format!("server.listen: cannot listen on {}", config.server.listen))?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     if roles.worker {
