@@ -31,6 +31,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 use tracing::{error, warn};
 
 use crate::metrics::{metrics, metrics_handle};
@@ -54,6 +55,11 @@ pub struct ApiState {
     rate: Mutex<HashMap<String, (Instant, u32)>>,
     /// Woken after an event is queued (an in-process worker takes it at once).
     pub wake_worker: Option<Arc<tokio::sync::Notify>>,
+    /// How long a request may take to send its body (`server.body_read_timeout`).
+    pub body_read_timeout: Duration,
+    /// Turns true when the server shuts down: body reads still waiting on their client
+    /// end then, instead of holding the shutdown up.
+    pub stopping: Option<watch::Receiver<bool>>,
 }
 
 impl ApiState {
@@ -75,6 +81,8 @@ impl ApiState {
             metrics: metrics_handle(),
             rate: Mutex::new(HashMap::new()),
             wake_worker: None,
+            body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
+            stopping: None,
         }
     }
 
@@ -174,8 +182,24 @@ impl<T: DeserializeOwned + Send> FromRequestParts<Arc<ApiState>> for ApiQuery<T>
     }
 }
 
-/// The whole body, at most [`MAX_BODY_BYTES`].
+/// The whole body: at most [`MAX_BODY_BYTES`], within `body_read_timeout`.
 pub(crate) struct ApiBody(pub Bytes);
+
+/// Resolves once the server is shutting down; never without a `stopping` signal.
+async fn shutting_down(stopping: Option<watch::Receiver<bool>>) {
+    if let Some(mut stopping) = stopping
+        && stopping.wait_for(|s| *s).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// An error after which the connection is closed: the rest of the body is not read.
+fn closing(mut answer: Response) -> Response {
+    answer.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    answer
+}
 
 impl FromRequest<Arc<ApiState>> for ApiBody {
     type Rejection = Response;
@@ -186,9 +210,24 @@ impl FromRequest<Arc<ApiState>> for ApiBody {
         // its sender starts on it.
         let announced = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-            return Err(too_large());
+            return Err(closing(too_large()));
         }
-        Bytes::from_request(req, s).await.map(ApiBody).map_err(body_error)
+        let read = tokio::time::timeout(s.body_read_timeout, Bytes::from_request(req, s));
+        tokio::select! {
+            read = read => match read {
+                Ok(body) => body.map(ApiBody).map_err(body_error),
+                Err(_) => Err(closing(error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!("the body did not arrive within {}s", s.body_read_timeout.as_secs()),
+                ))),
+            },
+            () = shutting_down(s.stopping.clone()) => Err(closing(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the server is shutting down; send the request again",
+            ))),
+        }
     }
 }
 

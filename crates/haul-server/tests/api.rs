@@ -8,7 +8,7 @@ use std::time::Duration;
 use haul_core::ids::LoadId;
 use haul_core::{Clock, FakeClock};
 use haul_server::twilio;
-use haul_server::{ApiState, SMS_PER_MINUTE, router};
+use haul_server::{ApiState, ConnectionLimits, SMS_PER_MINUTE, router, serve_http};
 use haul_store::{LoadQueue, Store};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -22,21 +22,42 @@ struct Api {
     client: reqwest::Client,
 }
 
+/// The limits a test server runs with: short, so the tests that wait on them are quick.
+#[derive(Clone, Copy)]
+struct Limits {
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
+    max_connections: usize,
+}
+
+const LIMITS: Limits = Limits {
+    header_read_timeout: Duration::from_secs(1),
+    body_read_timeout: Duration::from_secs(1),
+    max_connections: 1000,
+};
+
 async fn api() -> Api {
+    api_with(LIMITS).await
+}
+
+async fn api_with(limits: Limits) -> Api {
     let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
-    let state = Arc::new(ApiState::new(
+    let mut state = ApiState::new(
         store.clone(),
         store.clone() as Arc<dyn LoadQueue>,
         clock,
         TOKENS.iter().map(|t| t.to_string()).collect(),
         Some(TWILIO.into()),
         base.clone(),
-    ));
-    let app = router(state, true);
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    );
+    state.body_read_timeout = limits.body_read_timeout;
+    let app = router(Arc::new(state), true);
+    let connections =
+        ConnectionLimits { max_connections: limits.max_connections, header_read_timeout: limits.header_read_timeout };
+    tokio::spawn(serve_http(listener, app, connections, std::future::pending()));
     Api { base, store, client: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap() }
 }
 
@@ -427,4 +448,118 @@ async fn expect_continue_with_a_body_over_the_limit_is_413_not_100_continue() {
         assert!(answer.contains("body_too_large"), "{path}: {answer}");
     }
     assert_eq!(a.written().await, 0);
+}
+
+/// `n` connections that each send the start of a request's head and never the rest.
+async fn half_sent(a: &Api, n: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+        tcp.write_all(b"POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        held.push(tcp);
+    }
+    held
+}
+
+/// Reads `tcp` until the server closes it; panics if that takes longer than `within`.
+async fn closed_within(tcp: &mut tokio::net::TcpStream, within: Duration, what: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let read_all = async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    if tokio::time::timeout(within, read_all).await.is_err() {
+        panic!("{what}: still open after {within:?}");
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_401_at_once_whatever_the_body() {
+    let a = api().await;
+    for (framing, body_start) in [
+        ("Content-Length: 60000\r\n", "{\"event_id\":"),
+        ("Content-Length: 100000000\r\nExpect: 100-continue\r\n", ""),
+        ("Transfer-Encoding: chunked\r\n", "10\r\n{\"event_id\":"),
+    ] {
+        let head = format!(
+            "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong-token-000\r\n{framing}\r\n{body_start}"
+        );
+        let started = std::time::Instant::now();
+        let answer = a.raw(&head).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{framing}: {answer}");
+        assert!(started.elapsed() < Duration::from_millis(500), "{framing}: took {:?}", started.elapsed());
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_are_closed_after_the_header_timeout_while_others_are_served() {
+    let a = api().await;
+    let mut held = half_sent(&a, 300).await;
+    let started = std::time::Instant::now();
+    let health = a.client.get(format!("{}/healthz", a.base)).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_secs(1), "healthz took {:?} beside 300 stalled", started.elapsed());
+    for (i, tcp) in held.iter_mut().enumerate() {
+        let within = LIMITS.header_read_timeout + Duration::from_secs(3);
+        closed_within(tcp, within.saturating_sub(started.elapsed()), &format!("half-sent request {i}")).await;
+    }
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = api().await;
+    let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = tcp.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    closed_within(&mut tcp, LIMITS.header_read_timeout + Duration::from_secs(2), "an idle connection").await;
+}
+
+#[tokio::test]
+async fn a_stalled_body_is_408_after_the_body_timeout() {
+    let a = api().await;
+    for (path, auth) in [
+        ("/v1/loads/481207/events", format!("Authorization: Bearer {}\r\n", TOKENS[0])),
+        ("/v1/webhooks/twilio/sms", String::new()),
+    ] {
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 1000\r\n\r\n{{\"event_id\":");
+        let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut tcp, head.as_bytes()).await.unwrap();
+        let answer = closed_within(&mut tcp, LIMITS.body_read_timeout + Duration::from_secs(2), path).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(answer.contains("body_timeout"), "{path}: {answer}");
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_refused_at_once() {
+    let a = api_with(Limits { max_connections: 8, header_read_timeout: Duration::from_secs(30), ..LIMITS }).await;
+    let held = half_sent(&a, 8).await;
+    // Let the server take all eight before the ninth knocks.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ninth = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+    let answer = closed_within(&mut ninth, Duration::from_secs(2), "the ninth connection").await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("too_many_connections"), "{answer}");
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match a.client.get(format!("{}/healthz", a.base)).send().await {
+            Ok(r) if r.status() == StatusCode::OK => break,
+            other => assert!(std::time::Instant::now() < deadline, "slots never came back: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -39,11 +39,23 @@ impl Drop for Serve {
 
 impl Serve {
     fn start(dir: &PathBuf, name: &str, args: &[&str], env: &[(String, String)]) -> Serve {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_haul"));
+        cmd.arg("serve").args(args);
+        Serve::spawn(dir, name, cmd, env)
+    }
+
+    /// `haul serve` started with its soft limit of open files lowered to `soft_limit`.
+    fn start_with_nofile(dir: &PathBuf, soft_limit: u64, args: &[&str]) -> Serve {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(format!("ulimit -Sn {soft_limit} && exec \"$0\" serve \"$@\""));
+        cmd.arg(env!("CARGO_BIN_EXE_haul")).args(args);
+        Serve::spawn(dir, "serve", cmd, &[])
+    }
+
+    fn spawn(dir: &PathBuf, name: &str, mut cmd: Command, env: &[(String, String)]) -> Serve {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_haul"))
-            .arg("serve")
-            .args(args)
+        let child = cmd
             .current_dir(dir)
             .env("HAUL_API_TOKEN", TOKEN)
             .env("HAUL_LOG", "info")
@@ -440,5 +452,86 @@ async fn the_database_password_never_reaches_a_log_or_an_error_line() {
     assert!(log.contains("haul is serving"), "{log}");
     assert!(!log.contains(SECRET), "serve logged the password:\n{log}");
     client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A connection that sends `head` and then nothing: a stranger's stalled request.
+async fn stalled(addr: &str, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp
+}
+
+/// SIGTERM while strangers hold connections (idle, half a request head, a body that
+/// stopped coming): serve exits at once instead of waiting out its shutdown grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_idle_or_stalled_connections() {
+    let dir = temp_dir("stalled");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut serve = Serve::start(&dir, "serve", &["--listen", &listen, "--db", "sqlite://haul.db"], &[]);
+    wait_healthy(&reqwest::Client::new(), &format!("http://{listen}"), &serve).await;
+    let body_head = format!(
+        "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Length: 1000\r\n\r\n{{\"event_id\":"
+    );
+    let _idle = stalled(&listen, "").await;
+    let _half_head = stalled(&listen, "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\n").await;
+    let mut half_body = stalled(&listen, &body_head).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let status = serve.terminate();
+    let took = started.elapsed();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    assert!(took < Duration::from_secs(3), "took {took:?} to stop:\n{}", serve.log());
+    // The request whose body stopped coming was told why.
+    let mut answer = vec![0u8; 512];
+    let n = tokio::io::AsyncReadExt::read(&mut half_body, &mut answer).await.unwrap_or(0);
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 503") && answer.contains("shutting_down"), "{answer}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The report: 300 half-sent requests under a 256-descriptor limit made `/healthz`
+/// time out. serve raises its soft limit to the hard one at start, so the same flood
+/// leaves room for a fresh request.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_raises_its_descriptor_limit_and_answers_beside_300_stalled_requests() {
+    let hard = |pid: &str| {
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_owned();
+        let mut n = line.split_whitespace().skip(3).map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
+        (n.next().unwrap(), n.next().unwrap())
+    };
+    let (_, hard_limit) = hard("self");
+    if hard_limit < 1024 {
+        eprintln!("skipped: the hard limit of open files here is {hard_limit}, too low to show the difference");
+        return;
+    }
+    let dir = temp_dir("nofile");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut serve = Serve::start_with_nofile(&dir, 256, &["--listen", &listen, "--db", "sqlite://haul.db"]);
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    wait_healthy(&http, &format!("http://{listen}"), &serve).await;
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        held.push(stalled(&listen, "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\n").await);
+    }
+    // A new connection, as a new caller would open (not the pooled one of wait_healthy).
+    let fresh = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let started = Instant::now();
+    let health = fresh.get(format!("http://{listen}/healthz")).send().await;
+    assert!(
+        health.as_ref().is_ok_and(|r| r.status() == StatusCode::OK),
+        "{health:?} after {:?}:\n{}",
+        started.elapsed(),
+        serve.log()
+    );
+    let pid = serve.child.id().to_string();
+    assert_eq!(hard(&pid).0, hard(&pid).1, "the soft limit was not raised to the hard one");
+    drop(held);
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
     std::fs::remove_dir_all(dir).ok();
 }
