@@ -563,3 +563,13 @@ async fn connections_over_the_cap_are_refused_at_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_request_head_over_16_kib_is_431() {
+    let a = api().await;
+    let head = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n", "p".repeat(20 * 1024));
+    let answer = a.raw(&head).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    let fine = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n", "p".repeat(8 * 1024));
+    assert!(a.raw(&fine).await.starts_with("HTTP/1.1 200"));
+}
