@@ -38,7 +38,9 @@ impl StoreKind {
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(StoreKind::Postgres)
         } else {
-            bail!("store.url {url:?} is neither sqlite://PATH, sqlite::memory: nor postgres://…")
+            // Only the scheme is echoed: the rest of a URL may carry a password.
+            let scheme: String = url.split(':').next().unwrap_or("").chars().take(20).collect();
+            bail!("store.url is neither sqlite://PATH, sqlite::memory: nor postgres://… (it starts with {scheme:?})")
         }
     }
 }
@@ -155,11 +157,26 @@ impl Default for QueueConfig {
 pub struct ServerConfig {
     pub listen: String,
     pub public_url: Option<String>,
+    /// Open HTTP connections at most; past it a new one gets 503 and is closed.
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's head, and (the same clock:
+    /// it runs whenever the connection waits for a request) to stay idle between two.
+    #[serde(deserialize_with = "de_duration")]
+    pub header_read_timeout: Duration,
+    /// How long a request may take to send its body (at most 64 KiB).
+    #[serde(deserialize_with = "de_duration")]
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { listen: "127.0.0.1:8080".into(), public_url: None }
+        ServerConfig {
+            listen: "127.0.0.1:8080".into(),
+            public_url: None,
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -375,6 +392,9 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("queue.visibility", Kind::Text),
     ("server.listen", Kind::Text),
     ("server.public_url", Kind::Text),
+    ("server.max_connections", Kind::Int),
+    ("server.header_read_timeout", Kind::Text),
+    ("server.body_read_timeout", Kind::Text),
     ("worker.concurrency", Kind::Int),
     ("worker.conflict_retries", Kind::Int),
     ("worker.run_timeout", Kind::Text),
@@ -506,6 +526,16 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         StoreKind::of_url(&self.store.url).context("store.url")?;
+        if !(1..=65_536).contains(&self.server.max_connections) {
+            bail!("server.max_connections must be 1 to 65536, not {}", self.server.max_connections);
+        }
+        let seconds = Duration::from_secs;
+        if !(seconds(1)..=seconds(60)).contains(&self.server.header_read_timeout) {
+            bail!("server.header_read_timeout must be 1s to 60s");
+        }
+        if !(seconds(1)..=seconds(300)).contains(&self.server.body_read_timeout) {
+            bail!("server.body_read_timeout must be 1s to 5m");
+        }
         if !(1..=1024).contains(&self.worker.concurrency) {
             bail!("worker.concurrency must be 1 to 1024, not {}", self.worker.concurrency);
         }
@@ -614,6 +644,12 @@ mod tests {
         check("[channels.sms]\nurl = \"ftp://x\"", Some("channels.sms.url"));
         check("[clients.client_a.eta_request]\ntrigger_risk = \"extreme\"", Some("extreme"));
         check("[decider]\nkind = \"magic\"", Some("decider.kind"));
+        check("[server]\nmax_connections = 64\nheader_read_timeout = \"5s\"\nbody_read_timeout = \"30s\"", None);
+        check("[server]\nmax_connections = 0", Some("server.max_connections"));
+        check("[server]\nmax_connections = 100000", Some("server.max_connections"));
+        check("[server]\nheader_read_timeout = \"0s\"", Some("server.header_read_timeout"));
+        check("[server]\nheader_read_timeout = \"2m\"", Some("server.header_read_timeout"));
+        check("[server]\nbody_read_timeout = \"1h\"", Some("server.body_read_timeout"));
         check("[decider]\nkind = \"llm\"", Some("decider.llm.base_url"));
         check("[decider]\nkind = \"llm\"\nllm.base_url = \"http://127.0.0.1:9/v1\"", Some("decider.llm.model"));
     }
@@ -630,6 +666,8 @@ mod tests {
                 ("HAUL_TIMERS_POLL", "5s"),
                 ("HAUL_PUBLIC_URL", "https://x.example"),
                 ("HAUL_LOAD_LOCK_ENABLED", "true"),
+                ("HAUL_SERVER_MAX_CONNECTIONS", "256"),
+                ("HAUL_SERVER_HEADER_READ_TIMEOUT", "5s"),
                 ("HAUL_API_TOKEN", "secret"),
                 ("HAUL_NOPE", "1"),
                 ("PATH", "/bin"),
@@ -640,9 +678,12 @@ mod tests {
         assert_eq!(c.timers.poll, Duration::from_secs(5));
         assert_eq!(c.server.public_url.as_deref(), Some("https://x.example"));
         assert!(c.load_lock.enabled);
+        assert_eq!((c.server.max_connections, c.server.header_read_timeout), (256, Duration::from_secs(5)));
         assert_eq!(unknown, vec!["HAUL_NOPE".to_string()]);
         let err = Config::load(None, env(&[("HAUL_WORKER_CONCURRENCY", "lots")])).unwrap_err();
         assert!(format!("{err:#}").contains("HAUL_WORKER_CONCURRENCY"), "{err:#}");
+        let err = Config::load(None, env(&[("HAUL_SERVER_MAX_CONNECTIONS", "0")])).unwrap_err();
+        assert!(format!("{err:#}").contains("server.max_connections"), "{err:#}");
         let err = Config::load(None, env(&[("HAUL_TIMERS_POLL", "2m")])).unwrap_err();
         assert!(format!("{err:#}").contains("timers.poll"), "{err:#}");
     }

@@ -158,7 +158,10 @@ impl EventBody {
     /// Parses and validates a payload of the given kind.
     pub fn from_payload(kind: &str, payload: Value) -> Result<Self, BadInput> {
         fn de<T: DeserializeOwned>(kind: &str, v: Value) -> Result<T, BadInput> {
-            serde_json::from_value(v).map_err(|e| BadInput::new("bad_payload", format!("{kind} payload: {e}")))
+            serde_json::from_value(v).map_err(|e| {
+                // serde quotes the offending name or value whole; a caller may have sent 60 KB of it.
+                BadInput::new("bad_payload", format!("{kind} payload: {}", crate::mask::clip_quotes(&e.to_string())))
+            })
         }
         let body = match kind {
             "load_update" => EventBody::LoadUpdate(de(kind, payload)?),

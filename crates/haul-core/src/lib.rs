@@ -10,6 +10,7 @@ pub mod decision;
 pub mod event;
 pub mod filter;
 pub mod ids;
+pub mod mask;
 pub mod projection;
 pub mod retry;
 pub mod sop;

@@ -286,3 +286,37 @@ async fn the_llm_eval_library_passes_and_a_missing_answer_fails_its_scenario() {
     assert_eq!(f.key, "llm", "{f:?}");
     assert!(f.message.contains("no recorded answer for load llm_filtered event sms_race"), "{f:?}");
 }
+
+/// A model endpoint that echoes the request's key and a phone number in its error
+/// answer: the error (quoted in the fallback rationale and the log) has neither.
+#[tokio::test]
+async fn model_errors_quote_an_echoing_endpoint_without_the_key_or_phone_numbers() {
+    use axum::http::{HeaderMap, StatusCode};
+    const KEY: &str = "sk-secret-0123456789";
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|headers: HeaderMap| async move {
+            let auth = headers["authorization"].to_str().unwrap().to_owned();
+            (StatusCode::BAD_REQUEST, format!("bad request from {auth} about driver +15555550100"))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let decider = LlmDecider::new(
+        LlmSettings {
+            base_url: format!("http://{addr}/v1"),
+            model: MODEL.into(),
+            api_key: KEY.into(),
+            timeout: Duration::from_secs(5),
+        },
+        Policies::default(),
+    )
+    .unwrap();
+    let load = haul_core::ids::LoadId::parse(LOAD).unwrap();
+    let event = haul_core::InboundEvent::from_json(load.clone(), init()).unwrap();
+    let err = decider.ask(&load, &Default::default(), &event, t0()).await.unwrap_err().to_string();
+    assert!(err.contains("400"), "{err}");
+    assert!(!err.contains(KEY) && !err.contains(DRIVER), "{err}");
+    assert!(err.contains("Bearer ***") && err.contains("***0100"), "{err}");
+}

@@ -290,6 +290,35 @@ async fn http_channel_classifies_statuses_as_api_md_says() {
     ));
 }
 
+/// A service that echoes the request back in its error answer: what the error (and so
+/// the log, the outcome and the OpsAlert) quotes of it has no token and no whole phone
+/// number.
+#[tokio::test]
+async fn channel_errors_quote_an_echoing_service_without_tokens_or_phone_numbers() {
+    const TOKEN: &str = "svc-secret-0123456789";
+    let app = Router::new().route(
+        "/{status}/v1/messages",
+        post(|Path(status): Path<u16>, headers: axum::http::HeaderMap, body: String| async move {
+            let auth = headers["authorization"].to_str().unwrap().to_owned();
+            (StatusCode::from_u16(status).unwrap(), format!("rejected {{\"auth\": \"{auth}\", \"request\": {body}}}"))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let load = LoadId::parse(LOAD).unwrap();
+    for status in [400, 503] {
+        let c =
+            HttpChannel::new(&format!("http://{addr}/{status}"), Some(TOKEN.into()), Duration::from_secs(5)).unwrap();
+        let body = json!({"to": DRIVER, "body": "Call +447700900123 about load 481207", "load_id": LOAD});
+        let err = c.send("k1", &load, "/v1/messages", &body, t0()).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("HTTP {status}")), "{err}");
+        assert!(!err.contains(TOKEN), "the token is quoted: {err}");
+        assert!(!err.contains(DRIVER) && !err.contains("+447700900123"), "a whole phone number is quoted: {err}");
+        assert!(err.contains("Bearer ***") && err.contains("***0100") && err.contains("***0123"), "{err}");
+    }
+}
+
 /// A decider whose first call waits until the test lets it go: a run held mid-decision.
 struct Gate {
     entered: tokio::sync::Notify,

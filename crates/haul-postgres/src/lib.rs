@@ -7,6 +7,7 @@
 //! first check and racing writers cannot interleave.
 
 mod impls;
+mod redact;
 pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -17,6 +18,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use haul_store::StoreError;
 use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, pending_migrations};
 use tokio_postgres::NoTls;
+
+pub use crate::redact::redact;
 
 const MIGRATIONS: &[Migration] = &[
     Migration::new(1, include_str!("../migrations/0001_init.sql")),
@@ -54,18 +57,6 @@ pub struct PgStore {
 
 fn is_schema_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 63 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-}
-
-/// Says where the database is without the password.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            let user = creds.split(':').next().unwrap_or("");
-            format!("{}{user}@{}", &url[..s + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 impl PgStore {
@@ -152,15 +143,5 @@ pub(crate) fn pg(e: tokio_postgres::Error) -> StoreError {
     match e.as_db_error() {
         Some(d) => StoreError::new(format!("postgres: {} ({})", d.message(), d.code().code())),
         None => StoreError::new(format!("postgres: {e}")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(super::redact("postgres://u:secret@h:5432/db"), "postgres://u@h:5432/db");
-        assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(super::redact("host=x"), "host=x");
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use haul_core::action::{Action, ActionKind};
 use haul_core::ids::LoadId;
+use haul_core::mask::mask_secrets;
 use haul_core::time::Timestamp;
 use haul_store::DeliveryLog;
 use serde_json::{Value, json};
@@ -155,8 +156,8 @@ impl ChannelClient for HttpChannel {
                 Err(_) => break,
             }
         }
-        let text = String::from_utf8_lossy(&answer);
-        let snippet: String = text.chars().take(200).collect();
+        // Masked before it is clipped: services echo requests, which carry the token and phone numbers.
+        let snippet: String = mask_secrets(&String::from_utf8_lossy(&answer)).chars().take(200).collect();
         if status.is_success() {
             let id = serde_json::from_slice::<Value>(&answer).ok().and_then(|v| match v.get("id") {
                 Some(Value::String(s)) => Some(s.clone()),
@@ -181,9 +182,9 @@ fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         "timed out".into()
     } else if e.is_connect() {
-        format!("cannot connect: {e}")
+        mask_secrets(&format!("cannot connect: {e}"))
     } else {
-        e.to_string()
+        mask_secrets(&e.to_string())
     }
 }
 

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use haul_core::InboundEvent;
 use haul_core::decision::Decision;
 use haul_core::ids::LoadId;
+use haul_core::mask::mask_secrets;
 use haul_core::projection::LoadState;
 use haul_core::sop::Policies;
 use haul_core::time::Timestamp;
@@ -258,9 +259,10 @@ fn transport(e: &reqwest::Error) -> String {
     clip(&s)
 }
 
-/// One line of at most [`ERROR_SNIPPET_CHARS`] characters.
+/// One line of at most [`ERROR_SNIPPET_CHARS`] characters, phone numbers and
+/// credentials masked first (an endpoint may echo the request and its key).
 fn clip(s: &str) -> String {
-    let one: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let one: String = mask_secrets(s).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     let one = one.trim();
     if one.chars().count() <= ERROR_SNIPPET_CHARS {
         return one.to_owned();

@@ -28,7 +28,11 @@ pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>
 
 /// The store's address without a password, for logs.
 pub fn describe(url: &str) -> String {
-    haul_postgres::redact(url)
+    match StoreKind::of_url(url) {
+        // A path holds no credential, and may hold an `@` the redactor would misread.
+        Ok(StoreKind::Sqlite) => url.to_owned(),
+        Ok(StoreKind::Postgres) | Err(_) => haul_postgres::redact(url),
+    }
 }
 
 /// The SQS FIFO load queue of `queue.*`, checked to answer before anything runs.

@@ -3,7 +3,11 @@
 //!
 //! Every `/v1` route but the Twilio webhook takes the bearer token through one
 //! extractor, [`ApiCaller`], which axum runs before the path, the query and the body:
-//! a caller without the token learns nothing and costs no body read.
+//! a caller without the token learns nothing and costs no body read. The path, the
+//! query and the body go through extractors of this module ([`LoadPath`],
+//! [`ApiQuery`], [`ApiBody`]) rather than axum's own, so their rejections, like every
+//! other answer, are the error shape, and routes or methods that do not exist answer
+//! 404/405 in it too (401 first under `/v1` without the token).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,19 +16,22 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
+use haul_core::mask::clip_quotes;
 use haul_core::{Clock, InboundEvent};
 use haul_runtime::inspect::load_view;
 use haul_store::{LoadQueue, Published, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 use tracing::{error, warn};
 
 use crate::metrics::{metrics, metrics_handle};
@@ -48,6 +55,11 @@ pub struct ApiState {
     rate: Mutex<HashMap<String, (Instant, u32)>>,
     /// Woken after an event is queued (an in-process worker takes it at once).
     pub wake_worker: Option<Arc<tokio::sync::Notify>>,
+    /// How long a request may take to send its body (`server.body_read_timeout`).
+    pub body_read_timeout: Duration,
+    /// Turns true when the server shuts down: body reads still waiting on their client
+    /// end then, instead of holding the shutdown up.
+    pub stopping: Option<watch::Receiver<bool>>,
 }
 
 impl ApiState {
@@ -69,6 +81,8 @@ impl ApiState {
             metrics: metrics_handle(),
             rate: Mutex::new(HashMap::new()),
             wake_worker: None,
+            body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
+            stopping: None,
         }
     }
 
@@ -93,27 +107,40 @@ pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) 
     (status, axum::Json(json!({"error": {"code": code, "message": message.into()}}))).into_response()
 }
 
-pub(crate) fn body_error(r: BytesRejection) -> Response {
+fn too_large() -> Response {
+    error(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the body is over {MAX_BODY_BYTES} bytes"))
+}
+
+fn body_error(r: BytesRejection) -> Response {
     let status = r.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return error(status, "body_too_large", format!("the body is over {MAX_BODY_BYTES} bytes"));
+        return too_large();
     }
-    error(status, "bad_body", r.body_text())
+    error(status, "bad_body", clip_quotes(&r.body_text()))
 }
 
 /// A caller that presented one of the API's bearer tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct ApiCaller;
 
+/// The credentials of `Bearer <token>`; the scheme is case-insensitive (RFC 7235).
+fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' ')).then_some(token)
+}
+
 impl FromRequestParts<Arc<ApiState>> for ApiCaller {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
-        let given = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+        let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
+        // Two headers are refused whatever they hold: which one a proxy on the way
+        // reads is anyone's guess.
+        let given = match (values.next(), values.next()) {
+            (Some(v), None) => v.to_str().ok().and_then(bearer_token),
+            _ => None,
+        };
         // Compare with every token, without stopping early.
         let ok = given.is_some_and(|given| {
             s.tokens.iter().fold(false, |ok, t| ok | bool::from(t.as_bytes().ct_eq(given.as_bytes())))
@@ -122,6 +149,84 @@ impl FromRequestParts<Arc<ApiState>> for ApiCaller {
             Ok(ApiCaller)
         } else {
             Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token"))
+        }
+    }
+}
+
+/// The `{load_id}` of the path, decoded and of its form.
+pub(crate) struct LoadPath(pub LoadId);
+
+impl FromRequestParts<Arc<ApiState>> for LoadPath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, s).await.map_err(|r| {
+            let code = if r.status().is_client_error() { "bad_load_id" } else { "internal" };
+            error(r.status(), code, clip_quotes(&r.body_text()))
+        })?;
+        LoadId::parse(&raw).map(LoadPath).map_err(|e| error(StatusCode::BAD_REQUEST, e.code, e.message))
+    }
+}
+
+/// The query string, parsed into `T`.
+pub(crate) struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<Arc<ApiState>> for ApiQuery<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        Query::<T>::from_request_parts(parts, s)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|r| error(r.status(), "bad_query", clip_quotes(&r.body_text())))
+    }
+}
+
+/// The whole body: at most [`MAX_BODY_BYTES`], within `body_read_timeout`.
+pub(crate) struct ApiBody(pub Bytes);
+
+/// Resolves once the server is shutting down; never without a `stopping` signal.
+async fn shutting_down(stopping: Option<watch::Receiver<bool>>) {
+    if let Some(mut stopping) = stopping
+        && stopping.wait_for(|s| *s).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// An error after which the connection is closed: the rest of the body is not read.
+fn closing(mut answer: Response) -> Response {
+    answer.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    answer
+}
+
+impl FromRequest<Arc<ApiState>> for ApiBody {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, s: &Arc<ApiState>) -> Result<Self, Response> {
+        // Checked before the body is touched: hyper answers `Expect: 100-continue` when
+        // the body is first polled, so a body announced too large is refused before
+        // its sender starts on it.
+        let announced = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+            return Err(closing(too_large()));
+        }
+        let read = tokio::time::timeout(s.body_read_timeout, Bytes::from_request(req, s));
+        tokio::select! {
+            read = read => match read {
+                Ok(body) => body.map(ApiBody).map_err(body_error),
+                Err(_) => Err(closing(error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!("the body did not arrive within {}s", s.body_read_timeout.as_secs()),
+                ))),
+            },
+            () = shutting_down(s.stopping.clone()) => Err(closing(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the server is shutting down; send the request again",
+            ))),
         }
     }
 }
@@ -135,7 +240,28 @@ pub fn router(state: Arc<ApiState>, api: bool) -> Router {
             .route("/v1/webhooks/twilio/sms", post(twilio_sms))
             .route("/v1/webhooks/twilio/unmatched", get(unmatched));
     }
-    r.layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state)
+    r.fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// `answer`, or under `/v1/` to a caller without the token 401 whatever the route: it
+/// learns nothing of which routes exist.
+fn token_first(uri: &Uri, s: &ApiState, caller: Result<ApiCaller, Response>, answer: Response) -> Response {
+    match caller {
+        Err(unauthorized) if uri.path().starts_with("/v1/") && !s.tokens.is_empty() => unauthorized,
+        _ => answer,
+    }
+}
+
+async fn no_route(State(s): State<Arc<ApiState>>, uri: Uri, caller: Result<ApiCaller, Response>) -> Response {
+    token_first(&uri, &s, caller, error(StatusCode::NOT_FOUND, "not_found", "no such route"))
+}
+
+async fn wrong_method(State(s): State<Arc<ApiState>>, uri: Uri, caller: Result<ApiCaller, Response>) -> Response {
+    let answer = error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method");
+    token_first(&uri, &s, caller, answer)
 }
 
 async fn healthz(State(s): State<Arc<ApiState>>) -> Response {
@@ -151,23 +277,21 @@ async fn healthz(State(s): State<Arc<ApiState>>) -> Response {
 async fn post_event(
     _: ApiCaller,
     State(s): State<Arc<ApiState>>,
-    Path(load_id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    LoadPath(load): LoadPath,
+    ApiBody(body): ApiBody,
 ) -> Response {
-    let load = match LoadId::parse(&load_id) {
-        Ok(l) => l,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
-    };
-    let body = match body {
-        Ok(b) => b,
-        Err(r) => return body_error(r),
-    };
     let Ok(text) = std::str::from_utf8(&body) else {
         return error(StatusCode::BAD_REQUEST, "bad_utf8", "the body is not valid UTF-8");
     };
     let value: Value = match serde_json::from_str(text) {
         Ok(v) => v,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", format!("the body is not JSON: {e}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_json",
+                format!("the body is not JSON: {}", clip_quotes(&e.to_string())),
+            );
+        }
     };
     let mut event = match InboundEvent::from_outside(load.clone(), value) {
         Ok(e) => e,
@@ -231,11 +355,7 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
     }
 }
 
-async fn get_load(_: ApiCaller, State(s): State<Arc<ApiState>>, Path(load_id): Path<String>) -> Response {
-    let load = match LoadId::parse(&load_id) {
-        Ok(l) => l,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
-    };
+async fn get_load(_: ApiCaller, State(s): State<Arc<ApiState>>, LoadPath(load): LoadPath) -> Response {
     match load_view(s.store.as_ref(), &load).await {
         Ok(Some(v)) => axum::Json(v).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, "no_such_load", format!("load {load} has no records")),

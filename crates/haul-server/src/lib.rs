@@ -7,6 +7,7 @@
 //! ten seconds: nothing lost or half-done.
 
 pub mod api;
+pub mod http;
 pub mod metrics;
 mod tokens;
 pub mod twilio;
@@ -25,9 +26,10 @@ use haul_runtime::pipeline::{Parts, Pipeline};
 use haul_store::LoadQueue;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 pub use crate::api::{ApiState, MAX_BODY_BYTES, SMS_PER_MINUTE, router};
+pub use crate::http::{ConnectionLimits, serve_http};
 pub use crate::metrics::metrics_handle;
 
 /// How long shutdown waits for in-flight work.
@@ -74,6 +76,8 @@ impl Roles {
 
 /// Runs the roles until `shutdown` resolves, then stops within ten seconds.
 pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    // Checked with the settings; a token file is only made once the port is bound.
+    let env_tokens = if roles.api { tokens::tokens_from_env()? } else { Some(vec![]) };
     let store = haul_runtime::store::open(&config.store.url, None).await.context("store.url")?;
     crate::metrics::zero_series();
     let decider: Option<Arc<dyn haul_runtime::decider::Decider>> = match config.decider.kind {
@@ -113,7 +117,23 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         },
         decider,
     );
-    let tokens = if roles.api { tokens::api_tokens()? } else { vec![] };
+    let open_files_limit = crate::http::raise_open_files_limit();
+    let limits = ConnectionLimits::new(&config.server, open_files_limit);
+    if limits.max_connections < config.server.max_connections {
+        warn!(
+            open_files_limit,
+            max_connections = limits.max_connections,
+            "server.max_connections is {}, more than the limit of open files leaves room for",
+            config.server.max_connections
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(&config.server.listen)
+        .await
+        .with_context(|| format!("server.listen: cannot listen on {}", config.server.listen))?;
+    let tokens = match env_tokens {
+        Some(tokens) => tokens,
+        None => tokens::token_from_file()?,
+    };
     let public_url = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
     let (wake_worker, wake_dispatcher) = pipeline.wakeups();
     let mut state = ApiState::new(
@@ -125,11 +145,10 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         public_url,
     );
     state.wake_worker = Some(wake_worker.clone());
-    let state = Arc::new(state);
-    let listener = tokio::net::TcpListener::bind(&config.server.listen)
-        .await
-        .with_context(|| format!("server.listen: cannot listen on {}", config.server.listen))?;
     let (stop_tx, stop_rx) = watch::channel(false);
+    state.body_read_timeout = config.server.body_read_timeout;
+    state.stopping = Some(stop_rx.clone());
+    let state = Arc::new(state);
     let mut tasks = JoinSet::new();
     if roles.worker {
         tasks.spawn(worker_loop(
@@ -151,13 +170,12 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         let stopped = async move {
             let _ = http_stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
-            error!(error = %e, "the HTTP server failed");
-        }
+        serve_http(listener, app, limits, stopped).await;
     });
     info!(
         listen = %config.server.listen,
         roles = %roles.names(),
+        max_connections = limits.max_connections,
         store = %haul_runtime::store::describe(&config.store.url),
         channels = %modes.join(" "),
         "haul is serving"

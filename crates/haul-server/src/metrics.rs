@@ -35,6 +35,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 pub fn zero_series() {
     let _ = metrics_handle();
     metrics::counter!("haul_append_conflicts_total").absolute(0);
+    metrics::counter!("haul_http_connections_refused_total").absolute(0);
     for kind in ["hero_channel_failure", "internal_failure"] {
         metrics::counter!("haul_ops_alerts_total", "kind" => kind).absolute(0);
     }

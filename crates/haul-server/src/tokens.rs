@@ -1,32 +1,46 @@
 //! The API's bearer tokens: `HAUL_API_TOKEN`, or one made for a fresh machine.
+//!
+//! Two steps, so that a start that is refused leaves nothing behind: the variable is
+//! checked with the other settings, before anything opens; a token is made (or read
+//! back) only once the store is open and the port bound, when serving is certain.
 
 use anyhow::{Context, bail};
 use tracing::warn;
 
-/// The API bearer tokens: `HAUL_API_TOKEN` (comma-separated). When unset, one is
-/// generated and written to `haul-api-token` (mode 600) so a fresh machine works.
-pub(crate) fn api_tokens() -> anyhow::Result<Vec<String>> {
-    if let Ok(v) = std::env::var("HAUL_API_TOKEN") {
-        let tokens: Vec<String> = v.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect();
-        if tokens.is_empty() {
-            bail!("HAUL_API_TOKEN is set but names no token");
-        }
-        if tokens.iter().any(|t| t.len() < 8) {
-            bail!("HAUL_API_TOKEN: every token must be at least 8 characters");
-        }
-        return Ok(tokens);
+/// Where `serve` keeps the token it made, in the working directory.
+const TOKEN_FILE: &str = "haul-api-token";
+
+/// Bytes of randomness in a made token (written as twice as many hex digits).
+const TOKEN_BYTES: usize = 32;
+
+/// The tokens `HAUL_API_TOKEN` names (comma-separated), or `None` when it is unset.
+pub(crate) fn tokens_from_env() -> anyhow::Result<Option<Vec<String>>> {
+    let Ok(v) = std::env::var("HAUL_API_TOKEN") else { return Ok(None) };
+    let tokens: Vec<String> = v.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect();
+    if tokens.is_empty() {
+        bail!("HAUL_API_TOKEN is set but names no token");
     }
-    let path = std::path::Path::new("haul-api-token");
+    if tokens.iter().any(|t| t.len() < 8) {
+        bail!("HAUL_API_TOKEN: every token must be at least 8 characters");
+    }
+    Ok(Some(tokens))
+}
+
+/// The token in `./haul-api-token`, made there (mode 600) from the OS's random source
+/// when the file is missing or holds no usable token.
+pub(crate) fn token_from_file() -> anyhow::Result<Vec<String>> {
+    let path = std::path::Path::new(TOKEN_FILE);
     let token = match std::fs::read_to_string(path) {
         Ok(t) if t.trim().len() >= 8 => t.trim().to_owned(),
         _ => {
-            let mut rng = fastrand::Rng::new();
-            let t = format!("{:016x}{:016x}", rng.u64(..), rng.u64(..));
-            write_private(path, &t).context("writing haul-api-token")?;
+            let mut bytes = [0u8; TOKEN_BYTES];
+            getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness for the API token: {e}"))?;
+            let t: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            write_private(path, &t).with_context(|| format!("writing {TOKEN_FILE}"))?;
             t
         }
     };
-    warn!("HAUL_API_TOKEN is not set: using the token in ./haul-api-token");
+    warn!("HAUL_API_TOKEN is not set: using the token in ./{TOKEN_FILE}");
     Ok(vec![token])
 }
 

@@ -13,9 +13,7 @@ use subtle::ConstantTimeEq;
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use haul_core::InboundEvent;
@@ -26,7 +24,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use crate::api::{ApiCaller, ApiState, accept, body_error, error};
+use crate::api::{ApiBody, ApiCaller, ApiQuery, ApiState, accept, error};
 
 /// The signature Twilio sends for `url` and the form `params`.
 pub fn signature(auth_token: &str, url: &str, params: &[(String, String)]) -> String {
@@ -72,15 +70,7 @@ pub fn validate(auth_token: &str, url: &str, params: &[(String, String)], given:
 
 const TWIML_EMPTY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response></Response>";
 
-pub(crate) async fn twilio_sms(
-    State(s): State<Arc<ApiState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        Err(r) => return body_error(r),
-    };
+pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let Ok(params) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&body) else {
         return error(StatusCode::BAD_REQUEST, "bad_form", "the body is not form-encoded UTF-8");
     };
@@ -146,7 +136,7 @@ pub(crate) struct Limit {
     limit: Option<usize>,
 }
 
-pub(crate) async fn unmatched(_: ApiCaller, State(s): State<Arc<ApiState>>, Query(q): Query<Limit>) -> Response {
+pub(crate) async fn unmatched(_: ApiCaller, State(s): State<Arc<ApiState>>, ApiQuery(q): ApiQuery<Limit>) -> Response {
     match s.store.unmatched_sms(q.limit.unwrap_or(100).min(1000)).await {
         Ok(list) => axum::Json(json!({"unmatched": list})).into_response(),
         Err(e) => {

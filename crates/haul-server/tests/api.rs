@@ -8,7 +8,7 @@ use std::time::Duration;
 use haul_core::ids::LoadId;
 use haul_core::{Clock, FakeClock};
 use haul_server::twilio;
-use haul_server::{ApiState, SMS_PER_MINUTE, router};
+use haul_server::{ApiState, ConnectionLimits, SMS_PER_MINUTE, router, serve_http};
 use haul_store::{LoadQueue, Store};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -22,21 +22,42 @@ struct Api {
     client: reqwest::Client,
 }
 
+/// The limits a test server runs with: short, so the tests that wait on them are quick.
+#[derive(Clone, Copy)]
+struct Limits {
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
+    max_connections: usize,
+}
+
+const LIMITS: Limits = Limits {
+    header_read_timeout: Duration::from_secs(1),
+    body_read_timeout: Duration::from_secs(1),
+    max_connections: 1000,
+};
+
 async fn api() -> Api {
+    api_with(LIMITS).await
+}
+
+async fn api_with(limits: Limits) -> Api {
     let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
-    let state = Arc::new(ApiState::new(
+    let mut state = ApiState::new(
         store.clone(),
         store.clone() as Arc<dyn LoadQueue>,
         clock,
         TOKENS.iter().map(|t| t.to_string()).collect(),
         Some(TWILIO.into()),
         base.clone(),
-    ));
-    let app = router(state, true);
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    );
+    state.body_read_timeout = limits.body_read_timeout;
+    let app = router(Arc::new(state), true);
+    let connections =
+        ConnectionLimits { max_connections: limits.max_connections, header_read_timeout: limits.header_read_timeout };
+    tokio::spawn(serve_http(listener, app, connections, std::future::pending()));
     Api { base, store, client: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap() }
 }
 
@@ -296,4 +317,259 @@ async fn twilio_bad_forms_are_400() {
     let bad_sid = [("From", "+15555550100"), ("To", "+1"), ("Body", "x"), ("MessageSid", "SM/../x")];
     assert_eq!(a.twilio(&bad_sid, Some(a.sign(&bad_sid))).await.status(), StatusCode::BAD_REQUEST);
     assert_eq!(a.written().await, 0);
+}
+
+impl Api {
+    /// Sends `head` over a fresh connection and sends nothing more; the start of the
+    /// answer, read within five seconds.
+    async fn raw(&self, head: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(self.base.trim_start_matches("http://")).await.unwrap();
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = vec![0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut answer))
+            .await
+            .unwrap_or_else(|_| panic!("no answer within 5 s to {head:?}"))
+            .unwrap_or(0);
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive_and_only_one_authorization_header_counts() {
+    let a = api().await;
+    let t = TOKENS[0];
+    // (Authorization headers sent, expected status)
+    let cases: Vec<(Vec<String>, StatusCode)> = vec![
+        (vec![format!("Bearer {t}")], StatusCode::ACCEPTED),
+        (vec![format!("bearer {t}")], StatusCode::ACCEPTED),
+        (vec![format!("BEARER {t}")], StatusCode::ACCEPTED),
+        (vec![format!("bEaReR   {t}")], StatusCode::ACCEPTED),
+        (vec![format!("Bearer {t}"), format!("Bearer {t}")], StatusCode::UNAUTHORIZED),
+        (vec!["Bearer wrong-token-000".into(), format!("Bearer {t}")], StatusCode::UNAUTHORIZED),
+        (vec![format!("Basic {t}")], StatusCode::UNAUTHORIZED),
+        (vec![format!("Bearer{t}")], StatusCode::UNAUTHORIZED),
+        (vec![format!("Bearer {t} {t}")], StatusCode::UNAUTHORIZED),
+        (vec![t.to_owned()], StatusCode::UNAUTHORIZED),
+        (vec!["Bearer".into()], StatusCode::UNAUTHORIZED),
+    ];
+    let mut accepted = 0;
+    for (i, (headers, want)) in cases.into_iter().enumerate() {
+        let mut event = ping();
+        event["event_id"] = json!(format!("ping_{i}"));
+        let mut req = a.client.post(format!("{}/v1/loads/481207/events", a.base)).body(event.to_string());
+        for h in &headers {
+            req = req.header("authorization", h);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, want, "{headers:?}: {body}");
+        if status == StatusCode::UNAUTHORIZED {
+            assert_eq!(body["error"]["code"], "unauthorized", "{headers:?}: {body}");
+        } else {
+            accepted += 1;
+        }
+    }
+    assert_eq!(a.written().await, accepted);
+}
+
+#[tokio::test]
+async fn the_frameworks_own_rejections_are_json_and_come_after_the_token() {
+    let a = api().await;
+    // (method, path, with the token, expected status, expected code)
+    for (method, path, token, want, code) in [
+        ("POST", "/v1/loads/%FF/events", true, 400, "bad_load_id"),
+        ("POST", "/v1/loads/%FF/events", false, 401, "unauthorized"),
+        ("GET", "/v1/loads/%FF", true, 400, "bad_load_id"),
+        ("GET", "/v1/loads/%FF", false, 401, "unauthorized"),
+        ("GET", "/v1/webhooks/twilio/unmatched?limit=abc", true, 400, "bad_query"),
+        ("GET", "/v1/webhooks/twilio/unmatched?limit=-1", true, 400, "bad_query"),
+        ("GET", "/v1/webhooks/twilio/unmatched?limit=abc", false, 401, "unauthorized"),
+        ("GET", "/v1/nowhere", true, 404, "not_found"),
+        ("GET", "/v1/nowhere", false, 401, "unauthorized"),
+        ("DELETE", "/v1/loads/481207", true, 405, "method_not_allowed"),
+        ("DELETE", "/v1/loads/481207", false, 401, "unauthorized"),
+        ("GET", "/v1/webhooks/twilio/sms", false, 401, "unauthorized"),
+        ("GET", "/nowhere", false, 404, "not_found"),
+        ("POST", "/healthz", false, 405, "method_not_allowed"),
+    ] {
+        let mut req = a.client.request(method.parse().unwrap(), format!("{}{path}", a.base));
+        if token {
+            req = req.bearer_auth(TOKENS[0]);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        let body: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{method} {path}: not JSON: {text:?}"));
+        assert_eq!((status, body["error"]["code"].as_str()), (want, Some(code)), "{method} {path}: {body}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{method} {path}: {body}");
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test]
+async fn error_messages_clip_the_input_they_echo() {
+    let a = api().await;
+    let long = "Z".repeat(60 * 1024);
+    let mut unknown_field = json!({"event_id": "p", "kind": "location_ping", "lat": 1, "lon": 0, "risk": "high"});
+    unknown_field[&long] = json!(1);
+    for (body, code) in [
+        (unknown_field, "bad_payload"),
+        (json!({"event_id": "p", "kind": "location_ping", "lat": 1, "lon": 0, "risk": long}), "bad_payload"),
+        (json!({"event_id": "p", "kind": "location_ping", "lat": long, "lon": 0, "risk": "high"}), "bad_payload"),
+        (json!({"event_id": "u", "kind": "load_update", "stage": long}), "bad_payload"),
+        (json!({"event_id": "u", "kind": "load_update", "client": long}), "bad_payload"),
+        (json!({"event_id": long, "kind": "location_ping"}), "bad_event_id"),
+        (json!({"event_id": "p", "kind": long}), "unknown_kind"),
+    ] {
+        let (status, answer) = a.post("481207", body).await;
+        assert_eq!((status, answer["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{answer:.300}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("ZZZ"), "the message still shows the start of what was wrong: {message:.300}");
+        assert!(message.chars().count() <= 300, "{} characters: {message:.300}…", message.chars().count());
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test]
+async fn expect_continue_with_a_body_over_the_limit_is_413_not_100_continue() {
+    let a = api().await;
+    for (path, auth) in [
+        ("/v1/loads/481207/events", format!("Authorization: Bearer {}\r\n", TOKENS[0])),
+        ("/v1/webhooks/twilio/sms", String::new()),
+    ] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+             Content-Length: 1000000\r\nExpect: 100-continue\r\n\r\n"
+        );
+        let answer = a.raw(&head).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(answer.contains("body_too_large"), "{path}: {answer}");
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+/// `n` connections that each send the start of a request's head and never the rest.
+async fn half_sent(a: &Api, n: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+        tcp.write_all(b"POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        held.push(tcp);
+    }
+    held
+}
+
+/// Reads `tcp` until the server closes it; panics if that takes longer than `within`.
+async fn closed_within(tcp: &mut tokio::net::TcpStream, within: Duration, what: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let read_all = async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    if tokio::time::timeout(within, read_all).await.is_err() {
+        panic!("{what}: still open after {within:?}");
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_401_at_once_whatever_the_body() {
+    let a = api().await;
+    for (framing, body_start) in [
+        ("Content-Length: 60000\r\n", "{\"event_id\":"),
+        ("Content-Length: 100000000\r\nExpect: 100-continue\r\n", ""),
+        ("Transfer-Encoding: chunked\r\n", "10\r\n{\"event_id\":"),
+    ] {
+        let head = format!(
+            "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong-token-000\r\n{framing}\r\n{body_start}"
+        );
+        let started = std::time::Instant::now();
+        let answer = a.raw(&head).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "{framing}: {answer}");
+        assert!(started.elapsed() < Duration::from_millis(500), "{framing}: took {:?}", started.elapsed());
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_are_closed_after_the_header_timeout_while_others_are_served() {
+    let a = api().await;
+    let mut held = half_sent(&a, 300).await;
+    let started = std::time::Instant::now();
+    let health = a.client.get(format!("{}/healthz", a.base)).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_secs(1), "healthz took {:?} beside 300 stalled", started.elapsed());
+    for (i, tcp) in held.iter_mut().enumerate() {
+        let within = LIMITS.header_read_timeout + Duration::from_secs(3);
+        closed_within(tcp, within.saturating_sub(started.elapsed()), &format!("half-sent request {i}")).await;
+    }
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = api().await;
+    let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = tcp.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    closed_within(&mut tcp, LIMITS.header_read_timeout + Duration::from_secs(2), "an idle connection").await;
+}
+
+#[tokio::test]
+async fn a_stalled_body_is_408_after_the_body_timeout() {
+    let a = api().await;
+    for (path, auth) in [
+        ("/v1/loads/481207/events", format!("Authorization: Bearer {}\r\n", TOKENS[0])),
+        ("/v1/webhooks/twilio/sms", String::new()),
+    ] {
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 1000\r\n\r\n{{\"event_id\":");
+        let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut tcp, head.as_bytes()).await.unwrap();
+        let answer = closed_within(&mut tcp, LIMITS.body_read_timeout + Duration::from_secs(2), path).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(answer.contains("body_timeout"), "{path}: {answer}");
+    }
+    assert_eq!(a.written().await, 0);
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_refused_at_once() {
+    let a = api_with(Limits { max_connections: 8, header_read_timeout: Duration::from_secs(30), ..LIMITS }).await;
+    let held = half_sent(&a, 8).await;
+    // Let the server take all eight before the ninth knocks.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ninth = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+    let answer = closed_within(&mut ninth, Duration::from_secs(2), "the ninth connection").await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("too_many_connections"), "{answer}");
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match a.client.get(format!("{}/healthz", a.base)).send().await {
+            Ok(r) if r.status() == StatusCode::OK => break,
+            other => assert!(std::time::Instant::now() < deadline, "slots never came back: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_request_head_over_16_kib_is_431() {
+    let a = api().await;
+    let head = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n", "p".repeat(20 * 1024));
+    let answer = a.raw(&head).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    let fine = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n", "p".repeat(8 * 1024));
+    assert!(a.raw(&fine).await.starts_with("HTTP/1.1 200"));
 }

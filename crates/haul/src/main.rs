@@ -7,6 +7,10 @@ mod commands;
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::filter::{self, FilterExt};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::cli::{Cli, Command};
 
@@ -20,12 +24,18 @@ fn main() -> ExitCode {
         Command::Inspect { .. } => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HAUL_LOG").unwrap_or_else(|_| default_filter.into()),
+    let wanted = EnvFilter::try_from_env("HAUL_LOG").unwrap_or_else(|_| default_filter.into());
+    // Below info, dependencies log what passes through them: tokio-postgres every
+    // statement's parameters (phone numbers, message texts), HTTP stacks their headers
+    // (tokens). Whatever HAUL_LOG asks, only haul's own crates log at debug and trace.
+    let own_below_info = filter::filter_fn(|m| *m.level() <= tracing::Level::INFO || m.target().starts_with("haul"));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_filter(wanted.and(own_below_info)),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

@@ -39,15 +39,27 @@ impl Drop for Serve {
 
 impl Serve {
     fn start(dir: &PathBuf, name: &str, args: &[&str], env: &[(String, String)]) -> Serve {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_haul"));
+        cmd.arg("serve").args(args);
+        Serve::spawn(dir, name, cmd, env)
+    }
+
+    /// `haul serve` started with its soft limit of open files lowered to `soft_limit`.
+    fn start_with_nofile(dir: &PathBuf, soft_limit: u64, args: &[&str]) -> Serve {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(format!("ulimit -Sn {soft_limit} && exec \"$0\" serve \"$@\""));
+        cmd.arg(env!("CARGO_BIN_EXE_haul")).args(args);
+        Serve::spawn(dir, "serve", cmd, &[])
+    }
+
+    fn spawn(dir: &PathBuf, name: &str, mut cmd: Command, env: &[(String, String)]) -> Serve {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_haul"))
-            .arg("serve")
-            .args(args)
+        let child = cmd
             .current_dir(dir)
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("HAUL_API_TOKEN", TOKEN)
             .env("HAUL_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -181,8 +193,55 @@ async fn serve_on_sqlite_sends_the_eta_request_and_follows_up() {
     assert!(status.success(), "exit {status:?}\n{}", serve.log());
     let log = serve.log();
     assert!(log.contains("stopped"), "{log}");
-    assert!(!log.contains("+15555550100"), "a phone number appeared whole in the logs:\n{log}");
-    assert!(!log.contains(TOKEN) && !log.contains("svc-token-123"), "a token appeared in the logs");
+    assert_no_secrets(&log);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// No whole phone number and no token in a log.
+fn assert_no_secrets(log: &str) {
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).take(5).collect::<Vec<_>>().join("\n");
+    assert!(!log.contains("+15555550100"), "a phone number appeared whole in the log:\n{}", lines("+15555550100"));
+    for token in [TOKEN, "svc-token-123"] {
+        assert!(!log.contains(token), "a token appeared in the log:\n{}", lines(token));
+    }
+}
+
+/// `HAUL_LOG=debug` on PostgreSQL: the driver and the pool log statements and their
+/// parameters at debug, which would put phone numbers in the log; they stay quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_at_debug_level_on_postgres_logs_no_phone_number_or_token() {
+    let (client, schema, db) = pg_schema().await;
+    let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
+    let dir = temp_dir("pg-debug");
+    std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let mut env = channel_env(&svc);
+    env.push(("HAUL_LOG".into(), "debug".into()));
+    let mut serve = Serve::start(&dir, "serve", &["--config", "haul.toml", "--listen", &listen, "--db", &db], &env);
+    let http = reqwest::Client::new();
+    wait_healthy(&http, &base, &serve).await;
+    assert_eq!(post(&http, &base, init()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&http, &base, ping()).await, StatusCode::ACCEPTED);
+    let logs = || serve.log();
+    wait_for(&http, &base, "step 1", |v| outbox_status(v, SMS1).as_deref() == Some("dispatched"), &logs).await;
+    let answer = json!({"event_id": "sms_1", "kind": "inbound_sms", "from": "+15555550100", "body": "ETA 9:15"});
+    assert_eq!(post(&http, &base, answer).await, StatusCode::ACCEPTED);
+    wait_for(
+        &http,
+        &base,
+        "the answer",
+        |v| v["state"]["asks"]["ask:eta_request:ping_0700"]["status"] == "answered",
+        &logs,
+    )
+    .await;
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    let log = serve.log();
+    assert!(log.contains("DEBUG"), "the run logged at debug level:\n{log}");
+    assert_no_secrets(&log);
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -345,5 +404,127 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     let l = LoadId::parse("481207").unwrap();
     assert_eq!(store.read(&l).await.unwrap().1, 1, "the log stays");
     assert_eq!(store.rows_for_load(&l).await.unwrap().len(), 1, "the pending row stays");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The database password never reaches a log line or an error line, in any of the
+/// forms the driver reads it from: the URL's userinfo, `password=` in its query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_password_never_reaches_a_log_or_an_error_line() {
+    const SECRET: &str = "hunter2";
+    let (client, schema, db) = pg_schema().await;
+    // PostgreSQL here trusts local connections, so the password is carried, not checked.
+    let db = format!("{}&password={SECRET}", db.replacen("://postgres@", &format!("://postgres:{SECRET}@"), 1));
+    let unreachable = format!("postgres://u:{SECRET}@127.0.0.1:1/db?sslpassword={SECRET}&password={SECRET}");
+    let dir = temp_dir("secret");
+    let haul = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_haul")).args(args).current_dir(&dir).env("HAUL_LOG", "debug").output().unwrap()
+    };
+    // (command, whether it succeeds)
+    for (args, ok) in [
+        (vec!["migrate", "--db", &db], true),
+        (vec!["inspect", "481207", "--db", &db], false),
+        (vec!["migrate", "--db", &unreachable], false),
+        (vec!["inspect", "481207", "--db", &unreachable], false),
+        (vec!["migrate", "--db", "mysql://u:hunter2@127.0.0.1/db"], false),
+        (vec!["serve", "--db", "mysql://u:hunter2@127.0.0.1/db", "--listen", "127.0.0.1:0"], false),
+    ] {
+        let out = haul(&args);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.success(), ok, "{args:?}: {text}");
+        assert!(!text.is_empty(), "{args:?} said nothing");
+        assert!(!text.contains(SECRET), "{args:?} printed the password:\n{text}");
+    }
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut serve = Serve::start(&dir, "serve", &["--listen", &listen, "--db", &db], &[]);
+    wait_healthy(&reqwest::Client::new(), &format!("http://{listen}"), &serve).await;
+    let status = serve.terminate();
+    assert!(status.success(), "{status:?}\n{}", serve.log());
+    let log = serve.log();
+    assert!(log.contains("haul is serving"), "{log}");
+    assert!(!log.contains(SECRET), "serve logged the password:\n{log}");
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A connection that sends `head` and then nothing: a stranger's stalled request.
+async fn stalled(addr: &str, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp
+}
+
+/// SIGTERM while strangers hold connections (idle, half a request head, a body that
+/// stopped coming): serve exits at once instead of waiting out its shutdown grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_idle_or_stalled_connections() {
+    let dir = temp_dir("stalled");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut serve = Serve::start(&dir, "serve", &["--listen", &listen, "--db", "sqlite://haul.db"], &[]);
+    wait_healthy(&reqwest::Client::new(), &format!("http://{listen}"), &serve).await;
+    let body_head = format!(
+        "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Length: 1000\r\n\r\n{{\"event_id\":"
+    );
+    let _idle = stalled(&listen, "").await;
+    let _half_head = stalled(&listen, "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\n").await;
+    let mut half_body = stalled(&listen, &body_head).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let status = serve.terminate();
+    let took = started.elapsed();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    assert!(took < Duration::from_secs(3), "took {took:?} to stop:\n{}", serve.log());
+    // The request whose body stopped coming was told why.
+    let mut answer = vec![0u8; 512];
+    let n = tokio::io::AsyncReadExt::read(&mut half_body, &mut answer).await.unwrap_or(0);
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 503") && answer.contains("shutting_down"), "{answer}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The report: 300 half-sent requests under a 256-descriptor limit made `/healthz`
+/// time out. serve raises its soft limit to the hard one at start, so the same flood
+/// leaves room for a fresh request.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_raises_its_descriptor_limit_and_answers_beside_300_stalled_requests() {
+    let hard = |pid: &str| {
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_owned();
+        let mut n = line.split_whitespace().skip(3).map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
+        (n.next().unwrap(), n.next().unwrap())
+    };
+    let (_, hard_limit) = hard("self");
+    if hard_limit < 1024 {
+        eprintln!("skipped: the hard limit of open files here is {hard_limit}, too low to show the difference");
+        return;
+    }
+    let dir = temp_dir("nofile");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut serve = Serve::start_with_nofile(&dir, 256, &["--listen", &listen, "--db", "sqlite://haul.db"]);
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    wait_healthy(&http, &format!("http://{listen}"), &serve).await;
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        held.push(stalled(&listen, "POST /v1/loads/481207/events HTTP/1.1\r\nHost: x\r\n").await);
+    }
+    // A new connection, as a new caller would open (not the pooled one of wait_healthy).
+    let fresh = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let started = Instant::now();
+    let health = fresh.get(format!("http://{listen}/healthz")).send().await;
+    assert!(
+        health.as_ref().is_ok_and(|r| r.status() == StatusCode::OK),
+        "{health:?} after {:?}:\n{}",
+        started.elapsed(),
+        serve.log()
+    );
+    let pid = serve.child.id().to_string();
+    assert_eq!(hard(&pid).0, hard(&pid).1, "the soft limit was not raised to the hard one");
+    drop(held);
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
     std::fs::remove_dir_all(dir).ok();
 }
