@@ -7,9 +7,11 @@
 pub mod action;
 pub mod clock;
 pub mod decision;
+pub mod error;
 pub mod event;
 pub mod filter;
 pub mod ids;
+pub mod outcome;
 pub mod projection;
 pub mod retry;
 pub mod sop;
@@ -19,9 +21,11 @@ pub mod validate;
 
 pub use action::{Action, ActionKind, ActionType, ChannelClass, Urgency};
 pub use clock::{Clock, FakeClock};
-pub use decision::{AskChange, DECISION_RECORDED, Decision};
-pub use event::{BadInput, EventBody, InboundEvent, OutcomeStatus, Risk};
+pub use decision::{AskChange, AskStatus, DECISION_RECORDED, Decision};
+pub use error::BadInput;
+pub use event::{EventBody, InboundEvent, Risk};
 pub use ids::{AskId, EventId, LoadId, TimerId};
-pub use projection::{AskStatus, LoadState, OpenAsk, project};
+pub use outcome::OutcomeStatus;
+pub use projection::{LoadState, OpenAsk, project};
 pub use retry::{RetryDecision, RetryPolicy};
 pub use time::{Timestamp, parse_duration};

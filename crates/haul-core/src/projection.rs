@@ -10,9 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::decision::{DECISION_RECORDED, Decision};
-use crate::event::{EventBody, OutcomeStatus, TimerFired};
+use crate::decision::{AskStatus, DECISION_RECORDED, Decision};
+use crate::event::{EventBody, TimerFired};
 use crate::ids::{AskId, EventId};
+use crate::outcome::OutcomeStatus;
 use crate::time::Timestamp;
 
 /// One log record: `{seq, entry_id, kind, payload, recorded_at}`.
@@ -23,26 +24,6 @@ pub struct Record {
     pub kind: String,
     pub payload: Value,
     pub recorded_at: Timestamp,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AskStatus {
-    Open,
-    Answered,
-    Escalated,
-    Closed,
-}
-
-impl AskStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AskStatus::Open => "open",
-            AskStatus::Answered => "answered",
-            AskStatus::Escalated => "escalated",
-            AskStatus::Closed => "closed",
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

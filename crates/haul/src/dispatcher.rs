@@ -9,8 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use haul_core::OutcomeStatus;
 use haul_core::action::{Action, ActionKind, ActionType, ChannelClass};
-use haul_core::event::{ActionOutcome, EventBody, OutcomeStatus};
+use haul_core::event::{ActionOutcome, EventBody};
 use haul_core::ids::action_outcome_event_id;
 use haul_core::time::{Timestamp, since};
 use haul_core::{Clock, InboundEvent, RetryDecision, RetryPolicy};
