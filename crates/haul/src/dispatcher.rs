@@ -13,7 +13,7 @@ use haul_core::OutcomeStatus;
 use haul_core::action::{Action, ActionKind, ActionType, ChannelClass};
 use haul_core::event::{ActionOutcome, EventBody};
 use haul_core::ids::action_outcome_event_id;
-use haul_core::time::{Timestamp, since};
+use haul_core::time::Timestamp;
 use haul_core::{Clock, InboundEvent, RetryDecision, RetryPolicy};
 use haul_store::{Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
 use serde_json::json;
@@ -396,12 +396,6 @@ impl Dispatcher {
                 false
             }
         }
-    }
-
-    /// Age of the oldest pending row, for the monitoring gauge.
-    pub async fn oldest_pending_age(&self) -> Result<Duration, StoreError> {
-        let now = self.clock.now();
-        Ok(self.store.oldest_pending_created_at().await?.map(|t| since(now, t)).unwrap_or_default())
     }
 }
 

@@ -96,17 +96,6 @@ impl LlmError {
             LlmError::ToolCalls(_) => "invalid",
         }
     }
-
-    /// Whether the same request could succeed later (the answer was not the problem).
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            LlmError::Transport(_)
-                | LlmError::Timeout(_)
-                | LlmError::RateLimited
-                | LlmError::Status { status: 500.., .. }
-        )
-    }
 }
 
 /// A setting `decider.kind = "llm"` needs and did not get.

@@ -30,8 +30,6 @@ pub struct TimerPump {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PumpRound {
     pub fired: usize,
-    /// Largest `now - fire_at` of the timers fired, in seconds.
-    pub max_lag_s: f64,
     pub crashed: Option<Crash>,
 }
 
@@ -85,7 +83,6 @@ impl TimerPump {
             if let Some(w) = self.wake_worker.get() {
                 w.notify_one();
             }
-            round.max_lag_s = round.max_lag_s.max(lag);
         }
         Ok(round)
     }

@@ -179,10 +179,6 @@ impl FakeServices {
         self.lock().effects.clone()
     }
 
-    pub fn calls(&self) -> Vec<Call> {
-        self.lock().calls.clone()
-    }
-
     pub fn effect_count(&self, channel: &str, key: &str) -> usize {
         self.lock().effects.iter().filter(|e| e.channel == channel && e.key == key).count()
     }
