@@ -202,6 +202,17 @@ pub fn action_outcome_event_id(outbox_id: &str, status: OutcomeStatus) -> EventI
     EventId(format!("evt:out:{outbox_id}:{}", status.as_str()))
 }
 
+/// `alert:{outbox id}`: the idempotency key of a dead row's OpsAlert, so the ops service
+/// dedupes an alert the sweep raises again.
+pub fn ops_alert_key(outbox_id: &str) -> String {
+    format!("alert:{outbox_id}")
+}
+
+/// The outbox id an [`ops_alert_key`] names.
+pub fn ops_alert_outbox_id(key: &str) -> Option<&str> {
+    key.strip_prefix("alert:")
+}
+
 /// `dec:{event id}`.
 pub fn decision_entry_id(event: &EventId) -> String {
     format!("dec:{event}")
@@ -286,6 +297,8 @@ mod tests {
             "evt:out:481207/ask:eta_request:ping_0700/1/send_sms:delivered"
         );
         assert_eq!(decision_entry_id(&ping), "dec:ping_0700");
+        assert_eq!(ops_alert_key(&key), "alert:481207/ask:eta_request:ping_0700/1/send_sms");
+        assert_eq!(ops_alert_outbox_id(&ops_alert_key(&key)), Some(key.as_str()));
         assert_eq!(fallback_action_key(&load, &ping), "481207/ping_0700/create_hero_task:fallback");
     }
 

@@ -5,6 +5,7 @@
 //! That is what lets the worker, the evals and the simulator replay decisions exactly.
 
 pub mod action;
+pub mod channel;
 pub mod clock;
 pub mod decision;
 pub mod error;
@@ -19,7 +20,8 @@ pub mod time;
 pub mod tools;
 pub mod validate;
 
-pub use action::{Action, ActionKind, ActionType, ChannelClass, Urgency};
+pub use action::{Action, ActionKind, ActionType, ChannelClass, Request, Target, Urgency};
+pub use channel::{Channel, PerChannel};
 pub use clock::{Clock, FakeClock};
 pub use decision::{AskChange, AskStatus, DECISION_RECORDED, Decision};
 pub use error::BadInput;

@@ -579,7 +579,7 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
     }
     // The limit: the same number of POSTs, 32 at a time, with the same client.
     let client = crate::channels::http_client()?;
-    let url = format!("{}/v1/messages", sink.base_url(crate::channels::ChannelName::Sms));
+    let url = format!("{}/v1/messages", sink.base_url(haul_core::Channel::Sms));
     let body: Value = json!({"to": "+15555550100", "body": "Hi, this is dispatch. What is your ETA?", "load_id": "B1"});
     let started = Instant::now();
     let sem = Arc::new(tokio::sync::Semaphore::new(32));

@@ -10,19 +10,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use haul_core::OutcomeStatus;
-use haul_core::action::{Action, ActionKind, ActionType, ChannelClass};
+use haul_core::action::{Action, ActionType, ChannelClass, Request};
 use haul_core::event::{ActionOutcome, EventBody};
-use haul_core::ids::action_outcome_event_id;
+use haul_core::ids::{action_outcome_event_id, ops_alert_key};
 use haul_core::time::Timestamp;
-use haul_core::{Clock, InboundEvent, RetryDecision, RetryPolicy};
+use haul_core::{Channel, Clock, InboundEvent, RetryDecision, RetryPolicy};
 use haul_store::{Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
 use serde_json::json;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::channels::{
-    ChannelName, Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError, request_for,
-};
+use crate::channels::{Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
 use crate::faults::{Crash, FaultPoint, Faults, Observed};
 
 #[derive(Clone, Debug)]
@@ -283,19 +281,16 @@ impl Dispatcher {
     async fn apply(&self, row: &OutboxRow, action: &Action) -> Result<String, DeliveryError> {
         let now = self.clock.now();
         let store_err = |e: StoreError| DeliveryError::from(RetryableDeliveryError(e.to_string()));
-        match &action.kind {
-            ActionKind::SetTimer { timer_id, fire_at, .. } => {
-                let new = self.store.schedule(timer_id, *fire_at, now).await.map_err(store_err)?;
+        match action.kind.request(&row.load_id) {
+            Request::ScheduleTimer { timer_id, fire_at } => {
+                let new = self.store.schedule(&timer_id, fire_at, now).await.map_err(store_err)?;
                 Ok(if new { "scheduled" } else { "already scheduled" }.into())
             }
-            ActionKind::CancelTimer { timer_id } => {
-                let canceled = self.store.cancel(timer_id, now).await.map_err(store_err)?;
+            Request::CancelTimer { timer_id } => {
+                let canceled = self.store.cancel(&timer_id, now).await.map_err(store_err)?;
                 Ok(if canceled { "canceled" } else { "not scheduled" }.into())
             }
-            _ => {
-                let Some((channel, path, body)) = request_for(&row.load_id, action) else {
-                    return Err(PermanentDeliveryError(format!("no channel for {}", action.action_type())).into());
-                };
+            Request::Send { channel, path, body } => {
                 self.channels.get(channel).send(&row.id, &row.load_id, &path, &body, now).await
             }
         }
@@ -387,9 +382,8 @@ impl Dispatcher {
             "action_type": action_type,
             "failure": failure,
         });
-        let key = format!("alert:{}", row.id);
-        match self.channels.get(ChannelName::Ops).send(&key, &row.load_id, "/v1/alerts", &body, self.clock.now()).await
-        {
+        let key = ops_alert_key(&row.id);
+        match self.channels.get(Channel::Ops).send(&key, &row.load_id, "/v1/alerts", &body, self.clock.now()).await {
             Ok(_) => true,
             Err(e) => {
                 error!(error = %e, outbox_id = %row.id, "the OpsAlert could not be delivered; the sweep retries it");

@@ -581,16 +581,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let channels = Channels::from_config(&config.channels, store.clone())?;
-    let modes: Vec<String> = [
-        ("sms", &channels.sms),
-        ("hero", &channels.hero),
-        ("slack", &channels.slack),
-        ("tms", &channels.tms),
-        ("ops", &channels.ops),
-    ]
-    .iter()
-    .map(|(n, c)| format!("{n}={}", c.mode()))
-    .collect();
+    let modes: Vec<String> = channels.iter().map(|(n, c)| format!("{n}={}", c.mode())).collect();
     let pipeline = Pipeline::new(
         &config,
         Parts {

@@ -15,12 +15,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use haul_core::action::{ActionType, ChannelClass};
+use haul_core::action::ChannelClass;
 use haul_core::decision::{DECISION_RECORDED, Decision};
-use haul_core::ids::LoadId;
+use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
 use haul_core::projection::LoadState;
 use haul_core::time::{Timestamp, add, since};
-use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, OutcomeStatus};
 use haul_store::{LoadQueue, OutboxStatus, QueueMessage, Store, TimerStatus};
 use serde_json::json;
 
@@ -605,8 +605,9 @@ impl World {
             }
             // Each inbound entry followed by its decision.
             for (i, r) in recs.iter().enumerate() {
+                let decision_id = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
                 if r.kind != DECISION_RECORDED
-                    && recs.get(i + 1).is_none_or(|d| d.entry_id != format!("dec:{}", r.entry_id))
+                    && recs.get(i + 1).is_none_or(|d| Some(&d.entry_id) != decision_id.as_ref())
                 {
                     return Ok(Some(format!("event {} of {l} has no decision right after it", r.entry_id)));
                 }
@@ -641,15 +642,9 @@ impl World {
                 }
             }
             // Outbox: nothing pending, one effect per dispatched row, outcomes for all.
-            let has = |id: &str| recs.iter().any(|r| r.entry_id == id);
+            let has = |id: EventId| recs.iter().any(|r| r.entry_id == id.as_str());
             for row in s.rows_for_load(l).await? {
-                let channel = match row.action_type {
-                    ActionType::SendSms => Some("sms"),
-                    ActionType::CreateHeroTask => Some("hero"),
-                    ActionType::PostHeroSlack => Some("slack"),
-                    ActionType::UpdateStage => Some("tms"),
-                    ActionType::SetTimer | ActionType::CancelTimer => None,
-                };
+                let channel = row.action_type.channel().map(Channel::config_name);
                 match row.status {
                     OutboxStatus::Pending => return Ok(Some(format!("outbox row {} of {l} is still pending", row.id))),
                     OutboxStatus::Dispatched => {
@@ -662,7 +657,7 @@ impl World {
                                 row.id
                             )));
                         }
-                        if !has(&format!("evt:out:{}:delivered", row.id)) {
+                        if !has(action_outcome_event_id(&row.id, OutcomeStatus::Delivered)) {
                             return Ok(Some(format!(
                                 "dispatched row {} of {l} has no delivered outcome in the log",
                                 row.id
@@ -671,8 +666,10 @@ impl World {
                     }
                     OutboxStatus::Dead => {
                         let ok = match row.action_type.class() {
-                            ChannelClass::External => has(&format!("evt:out:{}:failed", row.id)),
-                            _ => self.svc.effect_count("ops", &format!("alert:{}", row.id)) == 1,
+                            ChannelClass::External => has(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
+                            ChannelClass::HeroChannel | ChannelClass::Internal => {
+                                self.svc.effect_count(Channel::Ops.config_name(), &ops_alert_key(&row.id)) == 1
+                            }
                         };
                         if !ok {
                             return Ok(Some(format!(

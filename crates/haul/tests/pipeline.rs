@@ -12,7 +12,7 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::*;
-use haul::channels::{ChannelClient, ChannelName, Channels, DeliveryError, HttpChannel, RecordChannel};
+use haul::channels::{ChannelClient, Channels, DeliveryError, HttpChannel, RecordChannel};
 use haul::config::Config;
 use haul::decider::{Decider, SopDecider};
 use haul::faults::Faults;
@@ -152,14 +152,8 @@ async fn load_lock_makes_a_second_worker_skip_a_held_load(store: Arc<dyn Store>)
 async fn record_mode_records_each_delivery_once(store: Arc<dyn Store>) {
     let clock = Arc::new(FakeClock::new(t0()));
     let log = store.clone() as Arc<dyn DeliveryLog>;
-    let record = |n| Arc::new(RecordChannel::new(n, log.clone())) as Arc<dyn ChannelClient>;
-    let channels = Channels {
-        sms: record(ChannelName::Sms),
-        hero: record(ChannelName::Hero),
-        slack: record(ChannelName::Slack),
-        tms: record(ChannelName::Tms),
-        ops: record(ChannelName::Ops),
-    };
+    let channels =
+        Channels::build(|c| Ok(Arc::new(RecordChannel::new(c, log.clone())) as Arc<dyn ChannelClient>)).unwrap();
     let parts = Parts {
         store: store.clone(),
         queue: store.clone() as Arc<dyn LoadQueue>,
@@ -233,7 +227,7 @@ async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
 }
 
 fn channels_sms(store: &Arc<dyn Store>) -> RecordChannel {
-    RecordChannel::new(ChannelName::Sms, store.clone() as Arc<dyn DeliveryLog>)
+    RecordChannel::new(haul_core::Channel::Sms, store.clone() as Arc<dyn DeliveryLog>)
 }
 
 /// A service answering the status its path names, to check the classification.

@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use haul_core::action::{Action, ActionType};
 use haul_core::decision::DECISION_RECORDED;
-use haul_core::ids::LoadId;
+use haul_core::ids::{EventId, LoadId, decision_entry_id, ops_alert_outbox_id};
 use haul_core::projection::{Record, project};
 use haul_core::time::Timestamp;
-use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent};
 use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
 use serde::Serialize;
 use serde_json::Value;
@@ -482,7 +482,7 @@ impl Run {
         let store_err = |m: String| ("store".to_string(), m);
         let new_effects: Vec<Effect> = self.svc.effects().into_iter().skip(self.effects_seen).collect();
         if let Some(want) = &e.sent {
-            let got: Vec<&Effect> = new_effects.iter().filter(|e| e.channel != "ops").collect();
+            let got: Vec<&Effect> = new_effects.iter().filter(|e| e.channel != Channel::Ops.config_name()).collect();
             check_sent(want, &got).map_err(|m| ("sent".to_string(), m))?;
         }
         if let Some(want) = e.llm_calls {
@@ -499,8 +499,8 @@ impl Run {
         if let Some(want) = &e.ops_alerts {
             let got: BTreeSet<String> = new_effects
                 .iter()
-                .filter(|e| e.channel == "ops")
-                .map(|e| e.key.strip_prefix("alert:").unwrap_or(&e.key).to_owned())
+                .filter(|e| e.channel == Channel::Ops.config_name())
+                .map(|e| ops_alert_outbox_id(&e.key).unwrap_or(&e.key).to_owned())
                 .collect();
             same_set("ops_alerts", want.iter().cloned().collect(), got)?;
         }
@@ -620,9 +620,10 @@ impl Run {
                 if r.kind == DECISION_RECORDED {
                     continue;
                 }
-                let dec = format!("dec:{}", r.entry_id);
-                let next_ok = recs.get(i + 1).is_some_and(|n| n.entry_id == dec && n.kind == DECISION_RECORDED);
-                let count = recs.iter().filter(|n| n.entry_id == dec).count();
+                let dec = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
+                let is_dec = |n: &Record| Some(&n.entry_id) == dec.as_ref();
+                let next_ok = recs.get(i + 1).is_some_and(|n| is_dec(n) && n.kind == DECISION_RECORDED);
+                let count = recs.iter().filter(|n| is_dec(n)).count();
                 if !next_ok || count != 1 {
                     return Err((
                         "invariant 2".into(),
@@ -664,13 +665,9 @@ fn same_set(key: &str, want: BTreeSet<String>, got: BTreeSet<String>) -> Result<
     Err((key.into(), format!("missing {missing:?}, unexpected {unexpected:?}")))
 }
 
-fn channel_label(internal: &str) -> &str {
-    match internal {
-        "hero" => "hero_task",
-        "slack" => "hero_slack",
-        "tms" => "stage",
-        other => other,
-    }
+/// A fake service's channel (its config name) as scenario files name it.
+fn channel_label(config_name: &str) -> &str {
+    Channel::from_config_name(config_name).map_or(config_name, |c| c.scenario_name())
 }
 
 fn matches(want: &SentExpect, got: &Effect) -> bool {
