@@ -19,7 +19,7 @@ use haul_core::decision::Decision;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::time::Timestamp;
-use haul_core::{Clock, InboundEvent};
+use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, QueueMessage, Store};
 use serde_json::{Value, json};
 
@@ -353,6 +353,7 @@ async fn contention_round(store: &BenchStore, load_lock: bool, events: usize) ->
         let worker = Arc::new(Worker::new(
             s.clone(),
             s.clone() as Arc<dyn LoadQueue>,
+            QueueMode::StoreQueue,
             decider.clone(),
             clock.clone(),
             settings.clone(),
@@ -444,6 +445,7 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
     let parts = crate::pipeline::Parts {
         store: s.clone(),
         queue: s.clone(),
+        queue_mode: QueueMode::StoreQueue,
         channels,
         clock: clock.clone(),
         faults: Faults::default(),
@@ -546,18 +548,21 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
         }
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let channels = sink.channels(None, Duration::from_secs(5))?;
-        let settings = crate::dispatcher::DispatcherSettings::default();
+        let settings = |d: usize| crate::dispatcher::DispatcherSettings {
+            jitter_seed: Some(d as u64),
+            ..crate::dispatcher::DispatcherSettings::default()
+        };
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for d in 0..dispatchers {
             let disp = Arc::new(crate::dispatcher::Dispatcher::new(
                 s.clone(),
                 s.clone() as Arc<dyn LoadQueue>,
+                QueueMode::StoreQueue,
                 channels.clone(),
                 clock.clone(),
-                settings.clone(),
+                settings(d),
                 Faults::default(),
-                Some(d as u64),
             ));
             tasks.spawn(async move {
                 loop {

@@ -14,7 +14,7 @@ use haul_core::action::{Action, ActionType, ChannelClass, Request};
 use haul_core::event::{ActionOutcome, EventBody};
 use haul_core::ids::{action_outcome_event_id, ops_alert_key};
 use haul_core::time::Timestamp;
-use haul_core::{Channel, Clock, InboundEvent, RetryDecision, RetryPolicy};
+use haul_core::{Channel, Clock, InboundEvent, QueueMode, RetryDecision, RetryPolicy};
 use haul_store::{Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -31,6 +31,8 @@ pub struct DispatcherSettings {
     /// Send a batch's rows one after another instead of at once (the simulator, whose
     /// runs must repeat exactly).
     pub sequential: bool,
+    /// Seeds the retry jitter (evals, the simulator); `None` draws from the OS.
+    pub jitter_seed: Option<u64>,
 }
 
 impl Default for DispatcherSettings {
@@ -40,6 +42,7 @@ impl Default for DispatcherSettings {
             lease: Duration::from_secs(90),
             retry: RetryPolicy::default(),
             sequential: false,
+            jitter_seed: None,
         }
     }
 }
@@ -84,25 +87,24 @@ pub struct Dispatcher {
     rng: Mutex<fastrand::Rng>,
     /// Woken after an outcome is published (in-process workers react at once).
     wake_worker: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// The queue is the store itself (the store-backed queue): a delivered outcome's
-    /// publish and the row's mark go in one transaction
-    /// (`Outbox::publish_and_mark_dispatched`). Any other queue: two steps.
-    publish_with_mark: bool,
+    /// On the store's own queue a delivered outcome's publish and the row's mark go in
+    /// one transaction (`Outbox::publish_and_mark_dispatched`); any other queue: two steps.
+    queue_mode: QueueMode,
 }
 
 impl Dispatcher {
     pub fn new(
         store: Arc<dyn Store>,
         queue: Arc<dyn LoadQueue>,
+        queue_mode: QueueMode,
         channels: Channels,
         clock: Arc<dyn Clock>,
         settings: DispatcherSettings,
         faults: Faults,
-        seed: Option<u64>,
     ) -> Self {
-        let rng = seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+        let rng = settings.jitter_seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         Dispatcher {
-            publish_with_mark: std::ptr::addr_eq(Arc::as_ptr(&store), Arc::as_ptr(&queue)),
+            queue_mode,
             store,
             queue,
             channels,
@@ -208,7 +210,7 @@ impl Dispatcher {
                     let _ = self.publish(row, outcome).await;
                     return Ok(marked);
                 }
-                if self.publish_with_mark {
+                if self.queue_mode.is_fused() {
                     return Ok(self.publish_and_mark(row, token, &receipt, outcome).await);
                 }
                 if let Err(e) = self.publish(row, outcome).await {

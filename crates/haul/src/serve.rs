@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use haul_core::event::EventBody;
 use haul_core::ids::{EventId, LoadId};
-use haul_core::{Clock, InboundEvent};
+use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxStatus, Published, Store, UnmatchedSms};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
@@ -575,9 +575,9 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         }
         other => bail!("decider.kind {other:?} is not available in this build"),
     };
-    let queue: Arc<dyn LoadQueue> = match config.queue.kind.as_str() {
-        "store" => store.clone(),
-        _ => crate::store::open_sqs(&config.queue).await?,
+    let (queue, queue_mode): (Arc<dyn LoadQueue>, _) = match config.queue.kind.as_str() {
+        "store" => (store.clone(), QueueMode::StoreQueue),
+        _ => (crate::store::open_sqs(&config.queue).await?, QueueMode::Separate),
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let channels = Channels::from_config(&config.channels, store.clone())?;
@@ -587,6 +587,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         Parts {
             store: store.clone(),
             queue: queue.clone(),
+            queue_mode,
             channels,
             clock: clock.clone(),
             faults: Default::default(),

@@ -20,7 +20,7 @@ use haul_core::decision::{DECISION_RECORDED, Decision};
 use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
 use haul_core::projection::LoadState;
 use haul_core::time::{Timestamp, add, since};
-use haul_core::{Channel, Clock, FakeClock, InboundEvent, OutcomeStatus};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, OutcomeStatus, QueueMode};
 use haul_store::{LoadQueue, OutboxStatus, QueueMessage, Store, TimerStatus};
 use serde_json::json;
 
@@ -297,21 +297,29 @@ impl World {
         // A client timeout short enough that a "timing out" service costs little real time.
         let channels = svc.channels(None, Duration::from_millis(300))?;
         let worker_settings = WorkerSettings { concurrency: 1, visibility: VISIBILITY, ..WorkerSettings::default() };
-        let dispatcher_settings =
-            DispatcherSettings { batch: 4, lease: LEASE, retry: config.dispatcher.retry.policy(), sequential: true };
+        let dispatcher_settings = |i: u64| DispatcherSettings {
+            batch: 4,
+            lease: LEASE,
+            retry: config.dispatcher.retry.policy(),
+            sequential: true,
+            jitter_seed: Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
+        };
         let q: Arc<dyn LoadQueue> = queue.clone();
         // The second worker and dispatcher take the store's own queue, as `serve` does:
         // the ack inside the append and the outcome's publish with the mark, one
         // transaction each. The first ones go through the flaky queue: two steps, with
         // the crash windows between them and the queue's outages.
         let direct: Arc<dyn LoadQueue> = store.clone();
-        let queue_of = |i: usize| if i == 0 { q.clone() } else { direct.clone() };
+        let queue_of =
+            |i: usize| if i == 0 { (q.clone(), QueueMode::Separate) } else { (direct.clone(), QueueMode::StoreQueue) };
         let c: Arc<dyn Clock> = clock.clone();
         let workers = (0..2)
             .map(|i| {
+                let (queue, mode) = queue_of(i);
                 Arc::new(Worker::new(
                     store.clone(),
-                    queue_of(i),
+                    queue,
+                    mode,
                     decider.clone(),
                     c.clone(),
                     worker_settings.clone(),
@@ -321,14 +329,15 @@ impl World {
             .collect();
         let dispatchers = (0..2u64)
             .map(|i| {
+                let (queue, mode) = queue_of(i as usize);
                 Arc::new(Dispatcher::new(
                     store.clone(),
-                    queue_of(i as usize),
+                    queue,
+                    mode,
                     channels.clone(),
                     c.clone(),
-                    dispatcher_settings.clone(),
+                    dispatcher_settings(i),
                     faults.clone(),
-                    Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
                 ))
             })
             .collect();

@@ -15,7 +15,7 @@ use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
 use haul_core::validate::validate_decision;
-use haul_core::{Clock, EventBody, InboundEvent};
+use haul_core::{Clock, EventBody, InboundEvent, QueueMode};
 use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, QueueMessage, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -101,10 +101,9 @@ pub struct Worker {
     projector: Projector,
     /// Woken after a commit that wrote outbox rows (in-process dispatchers react at once).
     wake_dispatcher: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// The queue is the store itself (the store-backed queue): a run's ack goes into
-    /// its append's transaction (`EventStore::append_acking`), one commit instead of
-    /// two. Any other queue (SQS, a wrapper) is acked separately after the append.
-    ack_in_append: bool,
+    /// On the store's own queue a run's ack goes into its append's transaction
+    /// (`EventStore::append_acking`); any other queue is acked after the append.
+    queue_mode: QueueMode,
 }
 
 /// How long a message for a load already running in this process waits.
@@ -126,6 +125,7 @@ impl Worker {
     pub fn new(
         store: Arc<dyn Store>,
         queue: Arc<dyn LoadQueue>,
+        queue_mode: QueueMode,
         decider: Arc<dyn Decider>,
         clock: Arc<dyn Clock>,
         settings: WorkerSettings,
@@ -140,7 +140,7 @@ impl Worker {
             stopping: std::sync::atomic::AtomicBool::new(false),
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
-            ack_in_append: std::ptr::addr_eq(Arc::as_ptr(&store), Arc::as_ptr(&queue)),
+            queue_mode,
             queue,
             store,
         }
@@ -348,7 +348,7 @@ impl Worker {
                 }
                 other => other,
             }
-        } else if self.ack_in_append {
+        } else if self.queue_mode.is_fused() {
             self.store.append_acking(load, entries, p.version, outbox, &msg.receipt, p.now).await.map(|(v, acked)| {
                 acked_with_append = true;
                 if !acked {

@@ -24,7 +24,7 @@ use haul_core::ids::{AskId, LoadId};
 use haul_core::projection::LoadState;
 use haul_core::sop::Policies;
 use haul_core::time::Timestamp;
-use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{DeliveryLog, LoadQueue, OutboxStatus, Store};
 use serde_json::json;
 
@@ -114,6 +114,7 @@ async fn one_process_never_runs_one_load_twice_at_once(store: Arc<dyn Store>) {
     let w = Arc::new(Worker::new(
         store,
         h.queue.clone(),
+        QueueMode::Separate,
         slow,
         h.clock.clone() as Arc<dyn Clock>,
         WorkerSettings::default(),
@@ -136,6 +137,7 @@ async fn load_lock_makes_a_second_worker_skip_a_held_load(store: Arc<dyn Store>)
     let w = Worker::new(
         store.clone(),
         h.queue.clone(),
+        QueueMode::Separate,
         sop,
         h.clock.clone() as Arc<dyn Clock>,
         settings,
@@ -157,6 +159,7 @@ async fn record_mode_records_each_delivery_once(store: Arc<dyn Store>) {
     let parts = Parts {
         store: store.clone(),
         queue: store.clone() as Arc<dyn LoadQueue>,
+        queue_mode: QueueMode::StoreQueue,
         channels,
         clock: clock.clone(),
         faults: Faults::default(),
@@ -188,6 +191,7 @@ async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
         Worker::new(
             store.clone(),
             h.queue.clone(),
+            QueueMode::Separate,
             sop(),
             h.clock.clone() as Arc<dyn Clock>,
             WorkerSettings::default(),
@@ -196,6 +200,7 @@ async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
         Worker::new(
             store.clone(),
             h.queue.clone(),
+            QueueMode::Separate,
             sop(),
             h.clock.clone() as Arc<dyn Clock>,
             WorkerSettings::default(),
@@ -330,6 +335,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn 
         Arc::new(Worker::new(
             store.clone(),
             h.queue.clone(),
+            QueueMode::Separate,
             decider,
             h.clock.clone() as Arc<dyn Clock>,
             settings.clone(),

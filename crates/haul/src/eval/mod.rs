@@ -24,7 +24,7 @@ use haul_core::decision::DECISION_RECORDED;
 use haul_core::ids::{EventId, LoadId, decision_entry_id, ops_alert_outbox_id};
 use haul_core::projection::{Record, project};
 use haul_core::time::Timestamp;
-use haul_core::{Channel, Clock, FakeClock, InboundEvent};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
 use serde::Serialize;
 use serde_json::Value;
@@ -306,13 +306,13 @@ impl Run {
             }
         };
         #[cfg(feature = "sqs")]
-        let queue: Arc<dyn LoadQueue> = match &sqs {
-            Some(q) => q.clone(),
-            None => store.clone(),
+        let (queue, queue_mode): (Arc<dyn LoadQueue>, _) = match &sqs {
+            Some(q) => (q.clone(), QueueMode::Separate),
+            None => (store.clone(), QueueMode::StoreQueue),
         };
         #[cfg(not(feature = "sqs"))]
-        let queue: Arc<dyn LoadQueue> = match queue {
-            EvalQueue::Store => store.clone(),
+        let (queue, queue_mode): (Arc<dyn LoadQueue>, _) = match queue {
+            EvalQueue::Store => (store.clone(), QueueMode::StoreQueue),
             EvalQueue::Sqs(_) => anyhow::bail!("--queue sqs needs a build with SQS (cargo build --features sqs)"),
         };
         let clock = Arc::new(FakeClock::new(s.start));
@@ -341,6 +341,7 @@ impl Run {
         let parts = Parts {
             store: store.clone(),
             queue: queue.clone(),
+            queue_mode,
             channels: svc.channels(None, Duration::from_secs(5))?,
             clock: clock.clone(),
             faults,

@@ -15,7 +15,7 @@ use haul::testkit::{FakeServices, FlakyQueue};
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::time::{Timestamp, add};
-use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxRow, QueueMessage, Store};
 use serde_json::{Value, json};
 
@@ -110,6 +110,8 @@ pub async fn harness(store: Arc<dyn Store>, config: Config, faults: Faults, deci
     let parts = Parts {
         store: store.clone(),
         queue: queue.clone(),
+        // A FlakyQueue over the store: another object, so acks and publishes are steps of their own.
+        queue_mode: QueueMode::Separate,
         channels: channels.clone(),
         clock: clock.clone(),
         faults,
@@ -176,6 +178,7 @@ impl H {
         Arc::new(Dispatcher::new(
             self.store.clone(),
             self.queue.clone(),
+            QueueMode::Separate,
             self.channels.clone(),
             self.clock.clone(),
             DispatcherSettings {
@@ -183,9 +186,9 @@ impl H {
                 lease: self.config.dispatcher.lease,
                 retry: self.config.dispatcher.retry.policy(),
                 sequential: false,
+                jitter_seed: Some(seed),
             },
             Faults::default(),
-            Some(seed),
         ))
     }
 
