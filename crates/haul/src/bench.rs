@@ -20,12 +20,13 @@ use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::time::Timestamp;
 use haul_core::{Clock, InboundEvent, QueueMode};
-use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, QueueMessage, Store};
+use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, Store};
 use serde_json::{Value, json};
 
 use crate::clock::SystemClock;
 use crate::decider::{Decider, SopDecider};
 use crate::faults::Faults;
+use crate::queue::Received;
 use crate::worker::{RunOutcome, Worker, WorkerSettings};
 
 pub const WORKLOADS: [&str; 6] = ["append", "projection", "contention", "e2e", "dispatch", "timers"];
@@ -339,14 +340,7 @@ async fn contention_round(store: &BenchStore, load_lock: bool, events: usize) ->
             json!({"event_id": format!("s{i}"), "kind": "inbound_sms", "from": "+15555550199", "body": "hello"}),
         )
         .expect("valid event");
-        QueueMessage {
-            load_id: l.clone(),
-            event_id: ev.event_id.to_string(),
-            body: ev.to_json().to_string(),
-            enqueued_at: clock.now(),
-            receipt: "0.bench".into(),
-            receive_count: 1,
-        }
+        Received::of_event(ev, "0.bench", clock.now())
     };
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..8 {
@@ -359,7 +353,7 @@ async fn contention_round(store: &BenchStore, load_lock: bool, events: usize) ->
             settings.clone(),
             Faults::default(),
         ));
-        let mine: Vec<QueueMessage> = (w..events).step_by(8).map(msg).collect();
+        let mine: Vec<Received> = (w..events).step_by(8).map(msg).collect();
         tasks.spawn(async move {
             for m in mine {
                 // Busy (the lease is held) or left for redelivery: the queue would hand

@@ -22,6 +22,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::channels::{Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
 use crate::faults::{Crash, FaultPoint, Faults, Observed};
+use crate::queue::{EventQueue, body_of};
 
 #[derive(Clone, Debug)]
 pub struct DispatcherSettings {
@@ -79,7 +80,7 @@ impl Dispatched {
 
 pub struct Dispatcher {
     store: Arc<dyn Store>,
-    queue: Arc<dyn LoadQueue>,
+    queue: EventQueue,
     channels: Channels,
     clock: Arc<dyn Clock>,
     settings: DispatcherSettings,
@@ -106,7 +107,7 @@ impl Dispatcher {
         Dispatcher {
             queue_mode,
             store,
-            queue,
+            queue: EventQueue::new(queue),
             channels,
             clock,
             settings,
@@ -237,11 +238,19 @@ impl Dispatcher {
         receipt: &str,
         outcome: ActionOutcome,
     ) -> Dispatched {
-        let (event, body) = outcome_event(row, outcome);
+        let event = outcome_event(row, outcome);
         let now = self.clock.now();
         match self
             .store
-            .publish_and_mark_dispatched(&row.id, token, receipt, &row.load_id, event.event_id.as_str(), &body, now)
+            .publish_and_mark_dispatched(
+                &row.id,
+                token,
+                receipt,
+                &row.load_id,
+                event.event_id.as_str(),
+                &body_of(&event),
+                now,
+            )
             .await
         {
             Ok(_) => {
@@ -366,8 +375,7 @@ impl Dispatcher {
     }
 
     async fn publish(&self, row: &OutboxRow, outcome: ActionOutcome) -> Result<(), StoreError> {
-        let (event, body) = outcome_event(row, outcome);
-        self.queue.publish(&row.load_id, event.event_id.as_str(), &body, self.clock.now()).await?;
+        self.queue.publish(&outcome_event(row, outcome), self.clock.now()).await?;
         self.wake_worker();
         Ok(())
     }
@@ -395,12 +403,10 @@ impl Dispatcher {
     }
 }
 
-/// The outcome as the event the load queue carries, and its JSON body.
-fn outcome_event(row: &OutboxRow, outcome: ActionOutcome) -> (InboundEvent, String) {
+/// The outcome as the event the load queue carries.
+fn outcome_event(row: &OutboxRow, outcome: ActionOutcome) -> InboundEvent {
     let event_id = action_outcome_event_id(&row.id, outcome.status);
-    let event = InboundEvent { load_id: row.load_id.clone(), event_id, body: EventBody::ActionOutcome(outcome) };
-    let body = event.to_json().to_string();
-    (event, body)
+    InboundEvent { load_id: row.load_id.clone(), event_id, body: EventBody::ActionOutcome(outcome) }
 }
 
 fn outcome(

@@ -14,6 +14,7 @@ pub mod llm;
 pub mod pipeline;
 pub mod projector;
 pub mod pump;
+pub mod queue;
 pub mod serve;
 pub mod sim;
 pub mod store;

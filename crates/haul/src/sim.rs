@@ -21,7 +21,7 @@ use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id
 use haul_core::projection::LoadState;
 use haul_core::time::{Timestamp, add, since};
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, OutcomeStatus, QueueMode};
-use haul_store::{LoadQueue, OutboxStatus, QueueMessage, Store, TimerStatus};
+use haul_store::{LoadQueue, OutboxStatus, Store, TimerStatus};
 use serde_json::json;
 
 use crate::config::{ClientConfig, Config, EtaRequestConfig, policies};
@@ -30,6 +30,7 @@ use crate::dispatcher::{Dispatcher, DispatcherSettings};
 use crate::eval::EvalStore;
 use crate::faults::{FaultPoint, Faults, Observed, PlantedBugs};
 use crate::pump::TimerPump;
+use crate::queue::{EventQueue, Received};
 use crate::testkit::{FakeServices, FaultKind, FlakyQueue};
 use crate::worker::{RunOutcome, Worker, WorkerSettings};
 
@@ -179,6 +180,8 @@ const STRANGER: &str = "+15555559999";
 struct World {
     store: Arc<dyn Store>,
     queue: Arc<FlakyQueue>,
+    /// `queue`, typed: how the simulator publishes.
+    events: EventQueue,
     clock: Arc<FakeClock>,
     svc: FakeServices,
     workers: Vec<Arc<Worker>>,
@@ -346,6 +349,7 @@ impl World {
         let loads = (0..opts.loads.max(1)).map(|i| LoadId::parse(&format!("L{i}")).expect("valid load id")).collect();
         Ok(World {
             store,
+            events: EventQueue::new(queue.clone()),
             queue,
             clock,
             svc,
@@ -377,12 +381,11 @@ impl World {
         if s.on { s.faults } else { FaultSet::parse("none").expect("static") }
     }
 
-    async fn publish(&mut self, load: &LoadId, event: serde_json::Value, times: usize) -> Option<QueueMessage> {
+    async fn publish(&mut self, load: &LoadId, event: serde_json::Value, times: usize) -> Option<Received> {
         let ev = InboundEvent::from_json(load.clone(), event).expect("the simulator makes valid events");
-        let body = ev.to_json().to_string();
         let mut accepted = false;
         for _ in 0..times {
-            match self.queue.publish(load, ev.event_id.as_str(), &body, self.clock.now()).await {
+            match self.events.publish(&ev, self.clock.now()).await {
                 Ok(_) => accepted = true,
                 Err(_) => self.trace(format!("publish {load} {} refused: queue down", ev.event_id)),
             }
@@ -392,14 +395,8 @@ impl World {
         }
         self.published.push((load.clone(), ev.event_id.to_string()));
         self.trace(format!("publish {load} {} {}{}", ev.event_id, ev.kind(), if times > 1 { " twice" } else { "" }));
-        Some(QueueMessage {
-            load_id: load.clone(),
-            event_id: ev.event_id.to_string(),
-            body,
-            enqueued_at: self.clock.now(),
-            receipt: "0.direct".into(),
-            receive_count: 1,
-        })
+        let now = self.clock.now();
+        Some(Received::of_event(ev, "0.direct", now))
     }
 
     fn random_event(&mut self, i: usize) -> serde_json::Value {

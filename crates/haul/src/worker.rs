@@ -16,13 +16,14 @@ use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
 use haul_core::validate::validate_decision;
 use haul_core::{Clock, EventBody, InboundEvent, QueueMode};
-use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, QueueMessage, Store, StoreError};
+use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::decider::Decider;
 use crate::faults::{Crash, FaultPoint, Faults};
 use crate::projector::Projector;
+use crate::queue::{EventQueue, Poison, Received};
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -89,7 +90,7 @@ impl RunOutcome {
 
 pub struct Worker {
     store: Arc<dyn Store>,
-    queue: Arc<dyn LoadQueue>,
+    queue: EventQueue,
     decider: Arc<dyn Decider>,
     clock: Arc<dyn Clock>,
     settings: WorkerSettings,
@@ -141,7 +142,7 @@ impl Worker {
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
             queue_mode,
-            queue,
+            queue: EventQueue::new(queue),
             store,
         }
     }
@@ -162,7 +163,7 @@ impl Worker {
     }
 
     /// Receives up to `max` messages (for the serve loop, which runs them itself).
-    pub async fn receive(&self, max: usize) -> Result<Vec<QueueMessage>, StoreError> {
+    pub async fn receive(&self, max: usize) -> Result<Vec<Received>, StoreError> {
         self.queue.receive(max, self.settings.visibility, self.clock.now()).await
     }
 
@@ -195,7 +196,7 @@ impl Worker {
     }
 
     /// One run for one message.
-    pub async fn process(&self, msg: QueueMessage) -> RunOutcome {
+    pub async fn process(&self, msg: Received) -> RunOutcome {
         let span =
             info_span!("run", load_id = %msg.load_id, event_id = %msg.event_id, receive_count = msg.receive_count);
         let started = Instant::now();
@@ -215,16 +216,10 @@ impl Worker {
         outcome
     }
 
-    async fn process_inner(&self, msg: &QueueMessage, started: Instant) -> RunOutcome {
-        let event = match serde_json::from_str(&msg.body)
-            .map_err(|e| e.to_string())
-            .and_then(|v| InboundEvent::from_json(msg.load_id.clone(), v).map_err(|e| e.message))
-        {
-            Ok(e) if e.event_id.as_str() == msg.event_id => e,
-            Ok(e) => {
-                return self.poison(msg, format!("message id {} carries event {}", msg.event_id, e.event_id)).await;
-            }
-            Err(why) => return self.poison(msg, why).await,
+    async fn process_inner(&self, msg: &Received, started: Instant) -> RunOutcome {
+        let event = match &msg.event {
+            Ok(e) => e,
+            Err(Poison(why)) => return self.poison(msg, why.clone()).await,
         };
         let load = msg.load_id.clone();
         if !self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(load.clone()) {
@@ -251,7 +246,7 @@ impl Worker {
         } else {
             None
         };
-        let outcome = match self.run(msg, &event, started).await {
+        let outcome = match self.run(msg, event, started).await {
             Ok(o) => o,
             Err(crash) => return RunOutcome::Crashed(crash),
         };
@@ -263,7 +258,7 @@ impl Worker {
         outcome
     }
 
-    async fn run(&self, msg: &QueueMessage, event: &InboundEvent, started: Instant) -> Result<RunOutcome, Crash> {
+    async fn run(&self, msg: &Received, event: &InboundEvent, started: Instant) -> Result<RunOutcome, Crash> {
         let mut fallback_reason: Option<String> = None;
         for _attempt in 0..=self.settings.conflict_retries {
             let prepared = match self.prepare(msg, event, fallback_reason.as_deref(), started).await? {
@@ -282,7 +277,7 @@ impl Worker {
     /// Read, project, filter, decide: everything before the append.
     async fn prepare(
         &self,
-        msg: &QueueMessage,
+        msg: &Received,
         event: &InboundEvent,
         fallback_reason: Option<&str>,
         started: Instant,
@@ -317,7 +312,7 @@ impl Worker {
     }
 
     /// The append, guarded by the version the run read, and what follows it.
-    async fn commit(&self, msg: &QueueMessage, event: &InboundEvent, p: Box<Prepared>) -> Result<Commit, Crash> {
+    async fn commit(&self, msg: &Received, event: &InboundEvent, p: Box<Prepared>) -> Result<Commit, Crash> {
         let load = &msg.load_id;
         let ctx = event.event_id.as_str();
         let (entries, outbox) = match rows(event, &p.decision) {
@@ -411,7 +406,7 @@ impl Worker {
     /// Commits a prepared run; after a conflict or a fallback, goes on as `run` does.
     async fn finish(
         &self,
-        msg: &QueueMessage,
+        msg: &Received,
         event: &InboundEvent,
         prepared: Result<Prepare, Crash>,
         started: Instant,
@@ -432,15 +427,15 @@ impl Worker {
     /// visibility lapse): `self` appends first, `other` second, then `other` goes on
     /// as a run does after a conflict. The simulator drives this; the version check
     /// is what keeps it harmless.
-    pub async fn interleave(&self, a: QueueMessage, other: &Worker, b: QueueMessage) -> (RunOutcome, RunOutcome) {
-        let (Some(ea), Some(eb)) = (parse_message(&a), parse_message(&b)) else {
+    pub async fn interleave(&self, a: Received, other: &Worker, b: Received) -> (RunOutcome, RunOutcome) {
+        let (Ok(ea), Ok(eb)) = (&a.event, &b.event) else {
             return (self.process(a).await, other.process(b).await);
         };
         let started = Instant::now();
-        let pa = self.prepare(&a, &ea, None, started).await;
-        let pb = other.prepare(&b, &eb, None, started).await;
-        let ra = self.finish(&a, &ea, pa, started).await;
-        let rb = other.finish(&b, &eb, pb, started).await;
+        let pa = self.prepare(&a, ea, None, started).await;
+        let pb = other.prepare(&b, eb, None, started).await;
+        let ra = self.finish(&a, ea, pa, started).await;
+        let rb = other.finish(&b, eb, pb, started).await;
         (ra, rb)
     }
 
@@ -482,7 +477,7 @@ impl Worker {
         }
     }
 
-    async fn ack(&self, msg: &QueueMessage) {
+    async fn ack(&self, msg: &Received) {
         if let Err(e) = self.queue.ack(&msg.receipt, self.clock.now()).await {
             // The run's work is durable; a lost ack only means a redelivery, which
             // the log turns into "already processed".
@@ -490,18 +485,18 @@ impl Worker {
         }
     }
 
-    async fn leave(&self, msg: &QueueMessage, delay: Duration) {
+    async fn leave(&self, msg: &Received, delay: Duration) {
         if let Err(e) = self.queue.nack(&msg.receipt, delay, self.clock.now()).await {
             warn!(error = %e, "nack failed; the visibility timeout will redeliver");
         }
     }
 
-    async fn left(&self, msg: &QueueMessage, why: String) -> RunOutcome {
+    async fn left(&self, msg: &Received, why: String) -> RunOutcome {
         self.leave(msg, self.settings.redelivery_delay).await;
         RunOutcome::LeftForRedelivery(why)
     }
 
-    async fn poison(&self, msg: &QueueMessage, why: String) -> RunOutcome {
+    async fn poison(&self, msg: &Received, why: String) -> RunOutcome {
         metrics::counter!("haul_queue_poison_total").increment(1);
         self.ack(msg).await;
         RunOutcome::Poison(why)
@@ -525,11 +520,6 @@ enum Commit {
     Done(RunOutcome),
     Conflict,
     Fallback(String),
-}
-
-fn parse_message(msg: &QueueMessage) -> Option<InboundEvent> {
-    let v = serde_json::from_str(&msg.body).ok()?;
-    InboundEvent::from_json(msg.load_id.clone(), v).ok().filter(|e| e.event_id.as_str() == msg.event_id)
 }
 
 /// The two log entries and the outbox rows of one run.

@@ -349,7 +349,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn 
     let first = h.queue.receive(1, visibility, h.now()).await.unwrap().remove(0);
     let run_a = tokio::spawn({
         let a = a.clone();
-        async move { a.process(first).await }
+        async move { a.process(first.into()).await }
     });
     gate.entered.notified().await;
     assert_eq!(
@@ -363,7 +363,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn 
     lose().await;
     let again = h.queue.receive(1, visibility, h.now()).await.unwrap().remove(0);
     assert_eq!((again.event_id.as_str(), again.receive_count), ("ping_0700", 2));
-    assert!(matches!(b.process(again).await, RunOutcome::Committed { .. }), "B runs once the lease is gone");
+    assert!(matches!(b.process(again.into()).await, RunOutcome::Committed { .. }), "B runs once the lease is gone");
 
     // A's decision comes back late: the version check turns it away.
     gate.proceed.notify_one();

@@ -33,6 +33,7 @@ use crate::config::Config;
 use crate::faults::Faults;
 use crate::llm::{LlmDecider, LlmSettings};
 use crate::pipeline::{Parts, Pipeline};
+use crate::queue::EventQueue;
 use crate::testkit::{Effect, FakeServices};
 use crate::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm};
 use scenario::{Expect, Scenario, SentExpect};
@@ -253,7 +254,7 @@ struct Run {
     clock: Arc<FakeClock>,
     svc: FakeServices,
     pipeline: Pipeline,
-    queue: Arc<dyn LoadQueue>,
+    queue: EventQueue,
     /// The SQS queue to delete when the scenario ends.
     #[cfg(feature = "sqs")]
     sqs: Option<Arc<haul_sqs::SqsQueue>>,
@@ -353,7 +354,7 @@ impl Run {
             clock,
             svc,
             pipeline,
-            queue,
+            queue: EventQueue::new(queue),
             #[cfg(feature = "sqs")]
             sqs,
             load: s.load.clone(),
@@ -392,12 +393,8 @@ impl Run {
     }
 
     async fn publish(&mut self, event: &InboundEvent, repeat: u32) -> Result<(), String> {
-        let body = event.to_json().to_string();
         for _ in 0..repeat {
-            self.queue
-                .publish(&event.load_id, event.event_id.as_str(), &body, self.clock.now())
-                .await
-                .map_err(|e| e.to_string())?;
+            self.queue.publish(event, self.clock.now()).await.map_err(|e| e.to_string())?;
         }
         self.loads.insert(event.load_id.clone());
         self.published.push((event.load_id.clone(), event.event_id.to_string()));

@@ -11,12 +11,13 @@ use haul::decider::Decider;
 use haul::dispatcher::{Dispatcher, DispatcherSettings};
 use haul::faults::Faults;
 use haul::pipeline::{Parts, Pipeline, Round};
+use haul::queue::Received;
 use haul::testkit::{FakeServices, FlakyQueue};
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::time::{Timestamp, add};
 use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
-use haul_store::{LoadQueue, OutboxRow, QueueMessage, Store};
+use haul_store::{LoadQueue, OutboxRow, Store};
 use serde_json::{Value, json};
 
 pub const LOAD: &str = "481207";
@@ -193,16 +194,9 @@ impl H {
     }
 
     /// A message as the queue would hand it out, for delivering one twice.
-    pub fn message(&self, event: Value) -> QueueMessage {
+    pub fn message(&self, event: Value) -> Received {
         let ev = InboundEvent::from_json(self.load.clone(), event).unwrap();
-        QueueMessage {
-            load_id: self.load.clone(),
-            event_id: ev.event_id.to_string(),
-            body: ev.to_json().to_string(),
-            enqueued_at: self.now(),
-            receipt: "0.not-from-the-queue".into(),
-            receive_count: 1,
-        }
+        Received::of_event(ev, "0.not-from-the-queue", self.now())
     }
 }
 
