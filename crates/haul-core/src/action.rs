@@ -146,7 +146,7 @@ impl ActionKind {
 
     /// What applying the action asks of its [`ActionType::target`] (api.md).
     pub fn request(&self, load_id: &LoadId) -> Request {
-        let send = |channel, path: &str, body| Request::Send { channel, path: path.to_owned(), body };
+        let send = |channel, path: &str, body| Request::Send(ServiceCall { channel, path: path.to_owned(), body });
         match self {
             ActionKind::SendSms { to, body } => {
                 send(Channel::Sms, "/v1/messages", json!({"to": to, "body": body, "load_id": load_id}))
@@ -174,25 +174,23 @@ impl ActionKind {
 /// idempotency key) or to the TimerStore.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Request {
-    /// `POST {channel base URL}{path}` with `body` as JSON.
-    Send {
-        channel: Channel,
-        path: String,
-        body: Value,
-    },
-    ScheduleTimer {
-        timer_id: TimerId,
-        fire_at: Timestamp,
-    },
-    CancelTimer {
-        timer_id: TimerId,
-    },
+    Send(ServiceCall),
+    ScheduleTimer { timer_id: TimerId, fire_at: Timestamp },
+    CancelTimer { timer_id: TimerId },
+}
+
+/// `POST {channel base URL}{path}` with `body` as JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceCall {
+    pub channel: Channel,
+    pub path: String,
+    pub body: Value,
 }
 
 impl Request {
     pub fn target(&self) -> Target {
         match self {
-            Request::Send { channel, .. } => Target::Service(*channel),
+            Request::Send(call) => Target::Service(call.channel),
             Request::ScheduleTimer { .. } | Request::CancelTimer { .. } => Target::TimerStore,
         }
     }
@@ -287,7 +285,7 @@ mod tests {
             let r = kind.request(&load);
             assert_eq!(r.target(), t.target(), "{t}");
             match (r, want) {
-                (Request::Send { path, body, .. }, Some((p, b))) => assert_eq!((path.as_str(), body), (p, b), "{t}"),
+                (Request::Send(c), Some((p, b))) => assert_eq!((c.path.as_str(), c.body), (p, b), "{t}"),
                 (Request::ScheduleTimer { .. } | Request::CancelTimer { .. }, None) => {}
                 (r, want) => panic!("{t}: {r:?}, expected {want:?}"),
             }

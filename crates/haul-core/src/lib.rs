@@ -8,6 +8,7 @@ pub mod action;
 pub mod channel;
 pub mod clock;
 pub mod decision;
+pub mod dispatch;
 pub mod error;
 pub mod event;
 pub mod filter;
@@ -21,7 +22,7 @@ pub mod time;
 pub mod tools;
 pub mod validate;
 
-pub use action::{Action, ActionKind, ActionType, ChannelClass, Request, Target, Urgency};
+pub use action::{Action, ActionKind, ActionType, ChannelClass, Request, ServiceCall, Target, Urgency};
 pub use channel::{Channel, PerChannel};
 pub use clock::{Clock, FakeClock};
 pub use decision::{AskChange, AskStatus, DECISION_RECORDED, Decision};
