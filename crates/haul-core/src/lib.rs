@@ -9,6 +9,7 @@ pub mod channel;
 pub mod clock;
 pub mod decision;
 pub mod dispatch;
+pub mod disposition;
 pub mod error;
 pub mod event;
 pub mod filter;
