@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use haul_core::sop::{EtaPolicy, Policies};
-use haul_core::{RetryPolicy, Risk, parse_duration};
+use haul_core::{Channel, RetryPolicy, Risk, parse_duration};
 use serde::{Deserialize, Deserializer};
 
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -319,6 +319,19 @@ pub struct ChannelsConfig {
     pub ops: ChannelConfig,
 }
 
+impl ChannelsConfig {
+    /// `channels.{channel}`: each field is named after its channel's config name.
+    pub fn get(&self, channel: Channel) -> &ChannelConfig {
+        match channel {
+            Channel::Sms => &self.sms,
+            Channel::Hero => &self.hero,
+            Channel::Slack => &self.slack,
+            Channel::Tms => &self.tms,
+            Channel::Ops => &self.ops,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ChannelConfig {
@@ -380,9 +393,10 @@ pub fn policies(clients: &BTreeMap<String, ClientConfig>) -> Policies {
     Policies { default, clients }
 }
 
-/// Every setting an environment variable can set: `HAUL_` and the dotted path in
-/// capitals with `_` for `.` (`worker.run_timeout` is `HAUL_WORKER_RUN_TIMEOUT`).
-/// Per-client policies are for the TOML file only.
+/// Every setting an environment variable can set besides the channels' (see
+/// [`CHANNEL_SETTINGS`]): `HAUL_` and the dotted path in capitals with `_` for `.`
+/// (`worker.run_timeout` is `HAUL_WORKER_RUN_TIMEOUT`). Per-client policies are for
+/// the TOML file only.
 const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("store.url", Kind::Text),
     ("queue.kind", Kind::Text),
@@ -410,23 +424,22 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("dispatcher.retry.max_attempts", Kind::Int),
     ("dispatcher.retry.budget", Kind::Text),
     ("timers.poll", Kind::Text),
-    ("channels.sms.url", Kind::Text),
-    ("channels.sms.token_env", Kind::Text),
-    ("channels.sms.timeout", Kind::Text),
-    ("channels.hero.url", Kind::Text),
-    ("channels.hero.token_env", Kind::Text),
-    ("channels.hero.timeout", Kind::Text),
-    ("channels.slack.url", Kind::Text),
-    ("channels.slack.token_env", Kind::Text),
-    ("channels.slack.timeout", Kind::Text),
-    ("channels.tms.url", Kind::Text),
-    ("channels.tms.token_env", Kind::Text),
-    ("channels.tms.timeout", Kind::Text),
-    ("channels.ops.url", Kind::Text),
-    ("channels.ops.token_env", Kind::Text),
-    ("channels.ops.timeout", Kind::Text),
     ("load_lock.enabled", Kind::Bool),
 ];
+
+/// The settings of each channel, `channels.{config name}.{setting}` for every channel.
+const CHANNEL_SETTINGS: [&str; 3] = ["url", "token_env", "timeout"];
+
+/// The setting `HAUL_{name}` sets, and its kind.
+fn env_setting(name: &str) -> Option<(String, Kind)> {
+    if name == "HAUL_PUBLIC_URL" {
+        return Some(("server.public_url".into(), Kind::Text));
+    }
+    let channels = Channel::ALL
+        .into_iter()
+        .flat_map(|c| CHANNEL_SETTINGS.map(|s| (format!("channels.{}.{s}", c.config_name()), Kind::Text)));
+    ENV_SETTINGS.iter().map(|(p, k)| (p.to_string(), *k)).chain(channels).find(|(path, _)| env_name(path) == name)
+}
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -477,12 +490,7 @@ impl Config {
             if NOT_SETTINGS.contains(&name.as_str()) {
                 continue;
             }
-            let found = if name == "HAUL_PUBLIC_URL" {
-                Some(("server.public_url", Kind::Text))
-            } else {
-                ENV_SETTINGS.iter().copied().find(|(path, _)| env_name(path) == name)
-            };
-            let Some((path, kind)) = found else {
+            let Some((path, kind)) = env_setting(&name) else {
                 unknown.push(name);
                 continue;
             };
@@ -500,7 +508,7 @@ impl Config {
                     _ => anyhow::bail!("{name} ({path}) must be true or false, not {value:?}"),
                 }),
             };
-            set_path(&mut table, path, v)?;
+            set_path(&mut table, &path, v)?;
         }
         let text = toml::to_string(&table)?;
         let config = Self::from_toml(&text).map_err(|e| anyhow::anyhow!("with the HAUL_* variables: {e:#}"))?;
@@ -590,13 +598,8 @@ impl Config {
                 bail!("clients.{name}.eta_request.retry_after must be at least 1s");
             }
         }
-        for (name, c) in [
-            ("sms", &self.channels.sms),
-            ("hero", &self.channels.hero),
-            ("slack", &self.channels.slack),
-            ("tms", &self.channels.tms),
-            ("ops", &self.channels.ops),
-        ] {
+        for name in Channel::ALL {
+            let c = self.channels.get(name);
             if let Some(url) = &c.url
                 && !(url.starts_with("http://") || url.starts_with("https://"))
             {
@@ -686,6 +689,24 @@ mod tests {
         assert!(format!("{err:#}").contains("server.max_connections"), "{err:#}");
         let err = Config::load(None, env(&[("HAUL_TIMERS_POLL", "2m")])).unwrap_err();
         assert!(format!("{err:#}").contains("timers.poll"), "{err:#}");
+    }
+
+    /// Each channel's settings are `channels.{config name}`, in the file and in the
+    /// environment: the config field `get` returns is the one named after the channel.
+    #[test]
+    fn every_channel_has_its_settings() {
+        for ch in Channel::ALL {
+            let name = ch.config_name();
+            let c = Config::from_toml(&format!("[channels.{name}]\nurl = \"http://{name}.example\"")).unwrap();
+            for other in Channel::ALL {
+                let want = (other == ch).then(|| format!("http://{name}.example"));
+                assert_eq!(c.channels.get(other).url, want, "{other} with [channels.{name}]");
+            }
+            let var = format!("HAUL_CHANNELS_{}_TIMEOUT", name.to_ascii_uppercase());
+            let (c, unknown) = Config::load(None, vec![(var, "2s".to_string())].into_iter()).unwrap();
+            assert!(unknown.is_empty(), "{unknown:?}");
+            assert_eq!(c.channels.get(ch).timeout, Some(Duration::from_secs(2)), "{name}");
+        }
     }
 
     #[test]

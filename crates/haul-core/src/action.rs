@@ -1,13 +1,18 @@
 //! Actions: data a decision records before anything is sent (domain.md, "Actions").
 //!
 //! Each accepted action becomes one outbox row whose id is the action key; the
-//! dispatcher applies it to the service its channel class names.
+//! dispatcher applies it where [`ActionType::target`] says, with the request
+//! [`ActionKind::request`] builds. Both are here, next to the types, and match without
+//! a catch-all arm: a new action type is a variant here, its validation and its LLM
+//! tool, and the compiler names anything else.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
-use crate::ids::{AskId, TimerId};
+use crate::channel::Channel;
+use crate::ids::{AskId, LoadId, TimerId};
 use crate::time::Timestamp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -19,6 +24,15 @@ pub enum ActionType {
     SetTimer,
     CancelTimer,
     UpdateStage,
+}
+
+/// Where an action is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The channel service's HTTP API (or record mode).
+    Service(Channel),
+    /// The TimerStore, inside haul.
+    TimerStore,
 }
 
 /// Who applies an action, and so what its failure means (ADR 0003): a failed external
@@ -62,6 +76,24 @@ impl ActionType {
             ActionType::SendSms => ChannelClass::External,
             ActionType::CreateHeroTask | ActionType::PostHeroSlack => ChannelClass::HeroChannel,
             ActionType::SetTimer | ActionType::CancelTimer | ActionType::UpdateStage => ChannelClass::Internal,
+        }
+    }
+
+    pub fn target(self) -> Target {
+        match self {
+            ActionType::SendSms => Target::Service(Channel::Sms),
+            ActionType::CreateHeroTask => Target::Service(Channel::Hero),
+            ActionType::PostHeroSlack => Target::Service(Channel::Slack),
+            ActionType::UpdateStage => Target::Service(Channel::Tms),
+            ActionType::SetTimer | ActionType::CancelTimer => Target::TimerStore,
+        }
+    }
+
+    /// The channel service that applies this type; `None` for the TimerStore's.
+    pub fn channel(self) -> Option<Channel> {
+        match self.target() {
+            Target::Service(c) => Some(c),
+            Target::TimerStore => None,
         }
     }
 }
@@ -111,6 +143,57 @@ impl ActionKind {
             ActionKind::UpdateStage { .. } => ActionType::UpdateStage,
         }
     }
+
+    /// What applying the action asks of its [`ActionType::target`] (api.md).
+    pub fn request(&self, load_id: &LoadId) -> Request {
+        let send = |channel, path: &str, body| Request::Send(ServiceCall { channel, path: path.to_owned(), body });
+        match self {
+            ActionKind::SendSms { to, body } => {
+                send(Channel::Sms, "/v1/messages", json!({"to": to, "body": body, "load_id": load_id}))
+            }
+            ActionKind::CreateHeroTask { title, body, urgency } => send(
+                Channel::Hero,
+                "/v1/tasks",
+                json!({"load_id": load_id, "title": title, "body": body, "urgency": urgency}),
+            ),
+            ActionKind::PostHeroSlack { channel, text } => {
+                send(Channel::Slack, "/v1/messages", json!({"load_id": load_id, "channel": channel, "text": text}))
+            }
+            ActionKind::UpdateStage { stage } => {
+                send(Channel::Tms, &format!("/v1/loads/{load_id}/stage"), json!({"stage": stage}))
+            }
+            ActionKind::SetTimer { timer_id, fire_at, .. } => {
+                Request::ScheduleTimer { timer_id: timer_id.clone(), fire_at: *fire_at }
+            }
+            ActionKind::CancelTimer { timer_id } => Request::CancelTimer { timer_id: timer_id.clone() },
+        }
+    }
+}
+
+/// One action's request: to a channel service (the outbox id goes with it as the
+/// idempotency key) or to the TimerStore.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    Send(ServiceCall),
+    ScheduleTimer { timer_id: TimerId, fire_at: Timestamp },
+    CancelTimer { timer_id: TimerId },
+}
+
+/// `POST {channel base URL}{path}` with `body` as JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceCall {
+    pub channel: Channel,
+    pub path: String,
+    pub body: Value,
+}
+
+impl Request {
+    pub fn target(&self) -> Target {
+        match self {
+            Request::Send(call) => Target::Service(call.channel),
+            Request::ScheduleTimer { .. } | Request::CancelTimer { .. } => Target::TimerStore,
+        }
+    }
 }
 
 /// `{key, type, ask_id?, step?, params}`.
@@ -156,6 +239,57 @@ mod tests {
         );
         assert_eq!(serde_json::from_value::<Action>(v).unwrap(), a);
         assert!(serde_json::from_value::<Action>(json!({"key":"k","type":"launch","params":{}})).is_err());
+    }
+
+    /// One action of each type, with its request's path and body.
+    fn sample(t: ActionType) -> (ActionKind, Option<(&'static str, Value)>) {
+        let load = LoadId::parse("481207").unwrap();
+        let ask = AskId::parse("ask:eta_request:p").unwrap();
+        let timer_id = TimerId::new(&load, &ask, 1);
+        match t {
+            ActionType::SendSms => (
+                ActionKind::SendSms { to: "+15555550100".into(), body: "ETA?".into() },
+                Some(("/v1/messages", json!({"to": "+15555550100", "body": "ETA?", "load_id": "481207"}))),
+            ),
+            ActionType::CreateHeroTask => (
+                ActionKind::CreateHeroTask { title: "t".into(), body: "b".into(), urgency: Urgency::Urgent },
+                Some(("/v1/tasks", json!({"load_id": "481207", "title": "t", "body": "b", "urgency": "urgent"}))),
+            ),
+            ActionType::PostHeroSlack => (
+                ActionKind::PostHeroSlack { channel: "ops".into(), text: "x".into() },
+                Some(("/v1/messages", json!({"load_id": "481207", "channel": "ops", "text": "x"}))),
+            ),
+            ActionType::SetTimer => (
+                ActionKind::SetTimer {
+                    timer_id,
+                    fire_at: "2026-03-02T07:30:00Z".parse().unwrap(),
+                    ask_id: ask,
+                    step: 1,
+                },
+                None,
+            ),
+            ActionType::CancelTimer => (ActionKind::CancelTimer { timer_id }, None),
+            ActionType::UpdateStage => (
+                ActionKind::UpdateStage { stage: "delivered".into() },
+                Some(("/v1/loads/481207/stage", json!({"stage": "delivered"}))),
+            ),
+        }
+    }
+
+    #[test]
+    fn requests_go_where_their_type_says() {
+        let load = LoadId::parse("481207").unwrap();
+        for t in ActionType::ALL {
+            let (kind, want) = sample(t);
+            assert_eq!(kind.action_type(), t);
+            let r = kind.request(&load);
+            assert_eq!(r.target(), t.target(), "{t}");
+            match (r, want) {
+                (Request::Send(c), Some((p, b))) => assert_eq!((c.path.as_str(), c.body), (p, b), "{t}"),
+                (Request::ScheduleTimer { .. } | Request::CancelTimer { .. }, None) => {}
+                (r, want) => panic!("{t}: {r:?}, expected {want:?}"),
+            }
+        }
     }
 
     #[test]

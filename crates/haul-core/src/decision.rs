@@ -8,10 +8,31 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, ActionKind, ActionType, Urgency};
 use crate::ids::{AskId, EventId, LoadId, decision_entry_id, fallback_action_key};
-use crate::projection::AskStatus;
 use crate::time::Timestamp;
 
 pub const DECISION_RECORDED: &str = "decision_recorded";
+
+/// Where an ask stands. Here rather than in the projection, which folds decisions:
+/// a decision names the status it moves an ask to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AskStatus {
+    Open,
+    Answered,
+    Escalated,
+    Closed,
+}
+
+impl AskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AskStatus::Open => "open",
+            AskStatus::Answered => "answered",
+            AskStatus::Escalated => "escalated",
+            AskStatus::Closed => "closed",
+        }
+    }
+}
 
 /// An ask opened or changed by a decision: its step and status after the decision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,23 +12,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::action::ActionType;
-use crate::ids::{AskId, EventId, LoadId, TimerId, clip};
+use crate::error::{BadInput, clip};
+use crate::ids::{AskId, EventId, LoadId, TimerId};
+use crate::outcome::OutcomeStatus;
 use crate::time::Timestamp;
-
-/// Input that is not of its contract's form. `code` is stable (it goes on the wire as
-/// `error.code`); `message` says what was wrong for a person.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct BadInput {
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl BadInput {
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        BadInput { code, message: message.into() }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -44,22 +31,6 @@ impl Risk {
             Risk::Low => "low",
             Risk::Medium => "medium",
             Risk::High => "high",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeStatus {
-    Delivered,
-    Failed,
-}
-
-impl OutcomeStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutcomeStatus::Delivered => "delivered",
-            OutcomeStatus::Failed => "failed",
         }
     }
 }

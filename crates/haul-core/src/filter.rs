@@ -5,7 +5,8 @@
 //! or a stale timer.
 
 use crate::decision::Decision;
-use crate::event::{EventBody, InboundEvent, OutcomeStatus};
+use crate::event::{EventBody, InboundEvent};
+use crate::outcome::OutcomeStatus;
 use crate::projection::LoadState;
 use crate::time::Timestamp;
 

@@ -9,7 +9,8 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::event::BadInput;
+use crate::error::{BadInput, clip};
+use crate::outcome::OutcomeStatus;
 
 /// Longest derived id we accept (an outcome event id embeds an action key that embeds
 /// an event id that may itself be derived). Bounds the size of every id we store.
@@ -197,8 +198,19 @@ pub fn timer_fired_event_id(timer: &TimerId) -> EventId {
 
 /// `evt:out:{outbox id}:{status}`: distinct per status, so a delivered and a failed
 /// outcome of one key are both recorded (ADR 0003, "late FAILED next to DELIVERED").
-pub fn action_outcome_event_id(outbox_id: &str, status: crate::OutcomeStatus) -> EventId {
+pub fn action_outcome_event_id(outbox_id: &str, status: OutcomeStatus) -> EventId {
     EventId(format!("evt:out:{outbox_id}:{}", status.as_str()))
+}
+
+/// `alert:{outbox id}`: the idempotency key of a dead row's OpsAlert, so the ops service
+/// dedupes an alert the sweep raises again.
+pub fn ops_alert_key(outbox_id: &str) -> String {
+    format!("alert:{outbox_id}")
+}
+
+/// The outbox id an [`ops_alert_key`] names.
+pub fn ops_alert_outbox_id(key: &str) -> Option<&str> {
+    key.strip_prefix("alert:")
 }
 
 /// `dec:{event id}`.
@@ -219,19 +231,6 @@ pub fn event_action_key(load: &LoadId, event: &EventId, action_type: &str) -> St
 /// `{load}/{event id}/create_hero_task:fallback`: the one action of a fallback decision.
 pub fn fallback_action_key(load: &LoadId, event: &EventId) -> String {
     format!("{load}/{event}/create_hero_task:fallback")
-}
-
-/// Shortens untrusted text for error messages, so a huge bad id cannot flood a log.
-pub(crate) fn clip(s: &str) -> String {
-    const MAX: usize = 80;
-    if s.len() <= MAX {
-        return s.to_owned();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]
@@ -294,10 +293,12 @@ mod tests {
         assert_eq!(timer.parts(), (load.clone(), ask.clone(), 1));
         assert_eq!(timer_fired_event_id(&timer).as_str(), "evt:tmr:481207:ask:eta_request:ping_0700:1");
         assert_eq!(
-            action_outcome_event_id(&key, crate::OutcomeStatus::Delivered).as_str(),
+            action_outcome_event_id(&key, OutcomeStatus::Delivered).as_str(),
             "evt:out:481207/ask:eta_request:ping_0700/1/send_sms:delivered"
         );
         assert_eq!(decision_entry_id(&ping), "dec:ping_0700");
+        assert_eq!(ops_alert_key(&key), "alert:481207/ask:eta_request:ping_0700/1/send_sms");
+        assert_eq!(ops_alert_outbox_id(&ops_alert_key(&key)), Some(key.as_str()));
         assert_eq!(fallback_action_key(&load, &ping), "481207/ping_0700/create_hero_task:fallback");
     }
 

@@ -10,9 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::decision::{DECISION_RECORDED, Decision};
-use crate::event::{EventBody, OutcomeStatus, TimerFired};
+use crate::decision::{AskStatus, DECISION_RECORDED, Decision};
+use crate::event::{EventBody, TimerFired};
 use crate::ids::{AskId, EventId};
+use crate::outcome::OutcomeStatus;
 use crate::time::Timestamp;
 
 /// One log record: `{seq, entry_id, kind, payload, recorded_at}`.
@@ -25,23 +26,20 @@ pub struct Record {
     pub recorded_at: Timestamp,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AskStatus {
-    Open,
-    Answered,
-    Escalated,
-    Closed,
-}
-
-impl AskStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AskStatus::Open => "open",
-            AskStatus::Answered => "answered",
-            AskStatus::Escalated => "escalated",
-            AskStatus::Closed => "closed",
-        }
+impl Record {
+    /// The records an append of `entries` (`entry_id`, `kind`, `payload`) checked
+    /// against `version` writes: a log's `seq` runs 1, 2, ... without a gap, so they
+    /// take `version + 1` on, all recorded at `recorded_at`. What a run folds into its
+    /// snapshot after its append, without reading the records back.
+    pub fn appended(
+        version: u64,
+        entries: impl IntoIterator<Item = (String, String, Value)>,
+        recorded_at: Timestamp,
+    ) -> Vec<Record> {
+        (version + 1..)
+            .zip(entries)
+            .map(|(seq, (entry_id, kind, payload))| Record { seq, entry_id, kind, payload, recorded_at })
+            .collect()
     }
 }
 
@@ -178,4 +176,25 @@ pub fn project(records: &[Record]) -> LoadState {
         state.apply(r);
     }
     state
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn appended_records_continue_from_the_version() {
+        let at: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let entries =
+            |ids: &[&str]| ids.iter().map(|id| (id.to_string(), "k".to_string(), json!({}))).collect::<Vec<_>>();
+        let seqs =
+            |v: u64, ids: &[&str]| Record::appended(v, entries(ids), at).iter().map(|r| r.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(0, &["e1", "dec:e1"]), vec![1, 2]);
+        assert_eq!(seqs(7, &["e2", "dec:e2"]), vec![8, 9]);
+        assert_eq!(seqs(7, &[]), Vec::<u64>::new());
+        let r = &Record::appended(2, entries(&["e3"]), at)[0];
+        assert_eq!((r.entry_id.as_str(), r.kind.as_str(), r.recorded_at), ("e3", "k", at));
+    }
 }

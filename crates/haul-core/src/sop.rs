@@ -9,10 +9,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, ActionKind, ActionType, Urgency};
-use crate::decision::{AskChange, Decision};
-use crate::event::{EventBody, InboundEvent, OutcomeStatus, Risk};
+use crate::decision::{AskChange, AskStatus, Decision};
+use crate::event::{EventBody, InboundEvent, Risk};
 use crate::ids::{AskId, LoadId, TimerId, ask_action_key, event_action_key};
-use crate::projection::{AskStatus, LoadState, OpenAsk};
+use crate::outcome::OutcomeStatus;
+use crate::projection::{LoadState, OpenAsk};
 use crate::time::{Timestamp, add};
 
 pub const ETA_REQUEST: &str = "eta_request";

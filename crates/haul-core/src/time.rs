@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::event::BadInput;
+use crate::error::{BadInput, clip};
 
 pub use jiff::Timestamp;
 
@@ -43,7 +43,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, BadInput> {
     let bad = |why: &str| {
         BadInput::new(
             "bad_duration",
-            format!("bad duration {:?}: {why} (use e.g. \"90s\", \"30m\", \"1d2h\")", crate::ids::clip(s)),
+            format!("bad duration {:?}: {why} (use e.g. \"90s\", \"30m\", \"1d2h\")", clip(s)),
         )
     };
     let mut rest = s.trim();

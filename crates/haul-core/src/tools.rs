@@ -16,10 +16,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::action::{Action, ActionKind, ActionType, Urgency};
-use crate::decision::{AskChange, Decision};
+use crate::decision::{AskChange, AskStatus, Decision};
 use crate::event::{EventBody, InboundEvent};
 use crate::ids::{AskId, LoadId, TimerId, ask_action_key, event_action_key};
-use crate::projection::{AskStatus, LoadState};
+use crate::projection::LoadState;
 use crate::sop::EtaPolicy;
 use crate::time::{Timestamp, format_duration};
 use crate::validate::validate_decision;

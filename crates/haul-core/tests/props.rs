@@ -2,13 +2,12 @@
 
 use std::time::Duration;
 
-use haul_core::decision::DECISION_RECORDED;
-use haul_core::event::{
-    ActionOutcome, EventBody, InboundSms, LoadUpdate, LocationPing, OutcomeStatus, Risk, TimerFired,
-};
+use haul_core::decision::{AskStatus, DECISION_RECORDED};
+use haul_core::event::{ActionOutcome, EventBody, InboundSms, LoadUpdate, LocationPing, Risk, TimerFired};
 use haul_core::filter::filter;
 use haul_core::ids::{EventId, LoadId, TimerId, action_outcome_event_id, timer_fired_event_id};
-use haul_core::projection::{AskStatus, LoadState, Record, project};
+use haul_core::outcome::OutcomeStatus;
+use haul_core::projection::{LoadState, Record, project};
 use haul_core::sop::{Policies, decide};
 use haul_core::time::{Timestamp, add};
 use haul_core::{ActionKind, ActionType, InboundEvent, RetryDecision, RetryPolicy};

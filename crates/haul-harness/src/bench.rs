@@ -19,14 +19,15 @@ use haul_core::decision::Decision;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::time::Timestamp;
-use haul_core::{Clock, InboundEvent};
+use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_postgres::testing::FreshStore;
-use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, QueueMessage, Store};
+use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, Store};
 use serde_json::{Value, json};
 
 use haul_runtime::clock::SystemClock;
 use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::faults::Faults;
+use haul_runtime::queue::Received;
 use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
 
 pub const WORKLOADS: [&str; 6] = ["append", "projection", "contention", "e2e", "dispatch", "timers"];
@@ -334,26 +335,20 @@ async fn contention_round(store: &BenchStore, load_lock: bool, events: usize) ->
             json!({"event_id": format!("s{i}"), "kind": "inbound_sms", "from": "+15555550199", "body": "hello"}),
         )
         .expect("valid event");
-        QueueMessage {
-            load_id: l.clone(),
-            event_id: ev.event_id.to_string(),
-            body: ev.to_json().to_string(),
-            enqueued_at: clock.now(),
-            receipt: "0.bench".into(),
-            receive_count: 1,
-        }
+        Received::of_event(ev, "0.bench", clock.now())
     };
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..8 {
         let worker = Arc::new(Worker::new(
             s.clone(),
             s.clone() as Arc<dyn LoadQueue>,
+            QueueMode::StoreQueue,
             decider.clone(),
             clock.clone(),
             settings.clone(),
             Faults::default(),
         ));
-        let mine: Vec<QueueMessage> = (w..events).step_by(8).map(msg).collect();
+        let mine: Vec<Received> = (w..events).step_by(8).map(msg).collect();
         tasks.spawn(async move {
             for m in mine {
                 // Busy (the lease is held) or left for redelivery: the queue would hand
@@ -439,6 +434,7 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
     let parts = haul_runtime::pipeline::Parts {
         store: s.clone(),
         queue: s.clone(),
+        queue_mode: QueueMode::StoreQueue,
         channels,
         clock: clock.clone(),
         faults: Faults::default(),
@@ -541,18 +537,21 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
         }
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let channels = sink.channels(None, Duration::from_secs(5))?;
-        let settings = haul_runtime::dispatcher::DispatcherSettings::default();
+        let settings = |d: usize| haul_runtime::dispatcher::DispatcherSettings {
+            jitter_seed: Some(d as u64),
+            ..haul_runtime::dispatcher::DispatcherSettings::default()
+        };
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for d in 0..dispatchers {
             let disp = Arc::new(haul_runtime::dispatcher::Dispatcher::new(
                 s.clone(),
                 s.clone() as Arc<dyn LoadQueue>,
+                QueueMode::StoreQueue,
                 channels.clone(),
                 clock.clone(),
-                settings.clone(),
+                settings(d),
                 Faults::default(),
-                Some(d as u64),
             ));
             tasks.spawn(async move {
                 loop {
@@ -574,7 +573,7 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
     }
     // The limit: the same number of POSTs, 32 at a time, with the same client.
     let client = haul_runtime::channels::http_client()?;
-    let url = format!("{}/v1/messages", sink.base_url(haul_runtime::channels::ChannelName::Sms));
+    let url = format!("{}/v1/messages", sink.base_url(haul_core::Channel::Sms));
     let body: Value = json!({"to": "+15555550100", "body": "Hi, this is dispatch. What is your ETA?", "load_id": "B1"});
     let started = Instant::now();
     let sem = Arc::new(tokio::sync::Semaphore::new(32));

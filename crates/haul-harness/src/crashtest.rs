@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use haul_core::action::{ActionType, ChannelClass};
-use haul_core::ids::LoadId;
+use haul_core::action::ChannelClass;
+use haul_core::ids::{LoadId, action_outcome_event_id, ops_alert_key};
+use haul_core::{Channel, Clock, OutcomeStatus};
 use haul_store::{OutboxStatus, Store};
 use serde_json::{Value, json};
 
-use haul_core::Clock;
 use haul_runtime::clock::SystemClock;
 
 /// Posts events for `loads` loads for `seconds`, and writes `load event_id` for each one
@@ -121,16 +121,10 @@ pub async fn check(store: Arc<dyn Store>, services: &str, accepted: &Path, timeo
             }
             events += 1;
         }
-        let has = |id: &str| recs.iter().any(|r| r.entry_id == id);
+        let has = |id: haul_core::EventId| recs.iter().any(|r| r.entry_id == id.as_str());
         for row in store.rows_for_load(&load).await? {
             rows += 1;
-            let channel = match row.action_type {
-                ActionType::SendSms => Some("sms"),
-                ActionType::CreateHeroTask => Some("hero"),
-                ActionType::PostHeroSlack => Some("slack"),
-                ActionType::UpdateStage => Some("tms"),
-                _ => None,
-            };
+            let channel = row.action_type.channel().map(Channel::config_name);
             match row.status {
                 OutboxStatus::Pending => bail!("outbox row {} is stuck pending", row.id),
                 OutboxStatus::Dispatched => {
@@ -140,14 +134,17 @@ pub async fn check(store: Arc<dyn Store>, services: &str, accepted: &Path, timeo
                             bail!("dispatched row {} has {n} effects at the {c} service", row.id);
                         }
                     }
-                    if !has(&format!("evt:out:{}:delivered", row.id)) {
+                    if !has(action_outcome_event_id(&row.id, OutcomeStatus::Delivered)) {
                         bail!("dispatched row {} has no delivered outcome in the log", row.id);
                     }
                 }
                 OutboxStatus::Dead => {
                     let ok = match row.action_type.class() {
-                        ChannelClass::External => has(&format!("evt:out:{}:failed", row.id)),
-                        _ => stats["effects"][format!("ops alert:{}", row.id)].as_u64() == Some(1),
+                        ChannelClass::External => has(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
+                        ChannelClass::HeroChannel | ChannelClass::Internal => {
+                            let effect = format!("{} {}", Channel::Ops.config_name(), ops_alert_key(&row.id));
+                            stats["effects"][effect].as_u64() == Some(1)
+                        }
                     };
                     if !ok {
                         bail!("dead row {} has neither its failed outcome nor an OpsAlert", row.id);

@@ -15,13 +15,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use haul_core::action::{ActionType, ChannelClass};
+use haul_core::action::ChannelClass;
 use haul_core::decision::{DECISION_RECORDED, Decision};
-use haul_core::ids::LoadId;
+use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
 use haul_core::projection::LoadState;
 use haul_core::time::{Timestamp, add, since};
-use haul_core::{Clock, FakeClock, InboundEvent};
-use haul_store::{LoadQueue, OutboxStatus, QueueMessage, Store, TimerStatus};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, OutcomeStatus, QueueMode};
+use haul_store::{LoadQueue, OutboxStatus, Store, TimerStatus};
 use serde_json::json;
 
 use crate::eval::EvalStore;
@@ -31,6 +31,7 @@ use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::dispatcher::{Dispatcher, DispatcherSettings};
 use haul_runtime::faults::{FaultPoint, Faults, Observed, PlantedBugs};
 use haul_runtime::pump::TimerPump;
+use haul_runtime::queue::{EventQueue, Received};
 use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
 
 /// Which kinds of fault the fault phase injects.
@@ -179,6 +180,8 @@ const STRANGER: &str = "+15555559999";
 struct World {
     store: Arc<dyn Store>,
     queue: Arc<FlakyQueue>,
+    /// `queue`, typed: how the simulator publishes.
+    events: EventQueue,
     clock: Arc<FakeClock>,
     svc: FakeServices,
     workers: Vec<Arc<Worker>>,
@@ -297,21 +300,29 @@ impl World {
         // A client timeout short enough that a "timing out" service costs little real time.
         let channels = svc.channels(None, Duration::from_millis(300))?;
         let worker_settings = WorkerSettings { concurrency: 1, visibility: VISIBILITY, ..WorkerSettings::default() };
-        let dispatcher_settings =
-            DispatcherSettings { batch: 4, lease: LEASE, retry: config.dispatcher.retry.policy(), sequential: true };
+        let dispatcher_settings = |i: u64| DispatcherSettings {
+            batch: 4,
+            lease: LEASE,
+            retry: config.dispatcher.retry.policy(),
+            sequential: true,
+            jitter_seed: Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
+        };
         let q: Arc<dyn LoadQueue> = queue.clone();
         // The second worker and dispatcher take the store's own queue, as `serve` does:
         // the ack inside the append and the outcome's publish with the mark, one
         // transaction each. The first ones go through the flaky queue: two steps, with
         // the crash windows between them and the queue's outages.
         let direct: Arc<dyn LoadQueue> = store.clone();
-        let queue_of = |i: usize| if i == 0 { q.clone() } else { direct.clone() };
+        let queue_of =
+            |i: usize| if i == 0 { (q.clone(), QueueMode::Separate) } else { (direct.clone(), QueueMode::StoreQueue) };
         let c: Arc<dyn Clock> = clock.clone();
         let workers = (0..2)
             .map(|i| {
+                let (queue, mode) = queue_of(i);
                 Arc::new(Worker::new(
                     store.clone(),
-                    queue_of(i),
+                    queue,
+                    mode,
                     decider.clone(),
                     c.clone(),
                     worker_settings.clone(),
@@ -321,14 +332,15 @@ impl World {
             .collect();
         let dispatchers = (0..2u64)
             .map(|i| {
+                let (queue, mode) = queue_of(i as usize);
                 Arc::new(Dispatcher::new(
                     store.clone(),
-                    queue_of(i as usize),
+                    queue,
+                    mode,
                     channels.clone(),
                     c.clone(),
-                    dispatcher_settings.clone(),
+                    dispatcher_settings(i),
                     faults.clone(),
-                    Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
                 ))
             })
             .collect();
@@ -337,6 +349,7 @@ impl World {
         let loads = (0..opts.loads.max(1)).map(|i| LoadId::parse(&format!("L{i}")).expect("valid load id")).collect();
         Ok(World {
             store,
+            events: EventQueue::new(queue.clone()),
             queue,
             clock,
             svc,
@@ -368,12 +381,11 @@ impl World {
         if s.on { s.faults } else { FaultSet::parse("none").expect("static") }
     }
 
-    async fn publish(&mut self, load: &LoadId, event: serde_json::Value, times: usize) -> Option<QueueMessage> {
+    async fn publish(&mut self, load: &LoadId, event: serde_json::Value, times: usize) -> Option<Received> {
         let ev = InboundEvent::from_json(load.clone(), event).expect("the simulator makes valid events");
-        let body = ev.to_json().to_string();
         let mut accepted = false;
         for _ in 0..times {
-            match self.queue.publish(load, ev.event_id.as_str(), &body, self.clock.now()).await {
+            match self.events.publish(&ev, self.clock.now()).await {
                 Ok(_) => accepted = true,
                 Err(_) => self.trace(format!("publish {load} {} refused: queue down", ev.event_id)),
             }
@@ -383,14 +395,8 @@ impl World {
         }
         self.published.push((load.clone(), ev.event_id.to_string()));
         self.trace(format!("publish {load} {} {}{}", ev.event_id, ev.kind(), if times > 1 { " twice" } else { "" }));
-        Some(QueueMessage {
-            load_id: load.clone(),
-            event_id: ev.event_id.to_string(),
-            body,
-            enqueued_at: self.clock.now(),
-            receipt: "0.direct".into(),
-            receive_count: 1,
-        })
+        let now = self.clock.now();
+        Some(Received::of_event(ev, "0.direct", now))
     }
 
     fn random_event(&mut self, i: usize) -> serde_json::Value {
@@ -605,8 +611,9 @@ impl World {
             }
             // Each inbound entry followed by its decision.
             for (i, r) in recs.iter().enumerate() {
+                let decision_id = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
                 if r.kind != DECISION_RECORDED
-                    && recs.get(i + 1).is_none_or(|d| d.entry_id != format!("dec:{}", r.entry_id))
+                    && recs.get(i + 1).is_none_or(|d| Some(&d.entry_id) != decision_id.as_ref())
                 {
                     return Ok(Some(format!("event {} of {l} has no decision right after it", r.entry_id)));
                 }
@@ -641,15 +648,9 @@ impl World {
                 }
             }
             // Outbox: nothing pending, one effect per dispatched row, outcomes for all.
-            let has = |id: &str| recs.iter().any(|r| r.entry_id == id);
+            let has = |id: EventId| recs.iter().any(|r| r.entry_id == id.as_str());
             for row in s.rows_for_load(l).await? {
-                let channel = match row.action_type {
-                    ActionType::SendSms => Some("sms"),
-                    ActionType::CreateHeroTask => Some("hero"),
-                    ActionType::PostHeroSlack => Some("slack"),
-                    ActionType::UpdateStage => Some("tms"),
-                    ActionType::SetTimer | ActionType::CancelTimer => None,
-                };
+                let channel = row.action_type.channel().map(Channel::config_name);
                 match row.status {
                     OutboxStatus::Pending => return Ok(Some(format!("outbox row {} of {l} is still pending", row.id))),
                     OutboxStatus::Dispatched => {
@@ -662,7 +663,7 @@ impl World {
                                 row.id
                             )));
                         }
-                        if !has(&format!("evt:out:{}:delivered", row.id)) {
+                        if !has(action_outcome_event_id(&row.id, OutcomeStatus::Delivered)) {
                             return Ok(Some(format!(
                                 "dispatched row {} of {l} has no delivered outcome in the log",
                                 row.id
@@ -671,8 +672,10 @@ impl World {
                     }
                     OutboxStatus::Dead => {
                         let ok = match row.action_type.class() {
-                            ChannelClass::External => has(&format!("evt:out:{}:failed", row.id)),
-                            _ => self.svc.effect_count("ops", &format!("alert:{}", row.id)) == 1,
+                            ChannelClass::External => has(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
+                            ChannelClass::HeroChannel | ChannelClass::Internal => {
+                                self.svc.effect_count(Channel::Ops.config_name(), &ops_alert_key(&row.id)) == 1
+                            }
                         };
                         if !ok {
                             return Ok(Some(format!(

@@ -18,12 +18,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use haul_core::Channel;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
 use haul_store::{LoadQueue, Published, QueueError, QueueMessage, StoreError};
 use serde_json::{Value, json};
 
-use haul_runtime::channels::{ChannelName, Channels, HttpChannel};
+use haul_runtime::channels::{ChannelClient, Channels, HttpChannel};
 
 /// How a matching call misbehaves.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,7 +43,7 @@ pub enum FaultKind {
 
 #[derive(Clone, Debug)]
 pub struct FaultRule {
-    /// `sms`, `hero`, `slack`, `tms`, `ops`.
+    /// The channel's config name (`Channel::config_name`: `sms`, `hero`, ...).
     pub channel: String,
     /// An exact key or a glob with `*`.
     pub key: String,
@@ -140,22 +141,15 @@ impl FakeServices {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn base_url(&self, channel: ChannelName) -> String {
-        format!("http://{}/{}", self.addr, channel.as_str())
+    pub fn base_url(&self, channel: Channel) -> String {
+        format!("http://{}/{}", self.addr, channel.config_name())
     }
 
     /// HTTP clients for every channel pointed at these services.
     pub fn channels(&self, token: Option<String>, timeout: Duration) -> anyhow::Result<Channels> {
         let client = shared_client()?;
-        let make = |c: ChannelName| -> anyhow::Result<Arc<dyn haul_runtime::channels::ChannelClient>> {
+        Channels::build(|c| -> anyhow::Result<Arc<dyn ChannelClient>> {
             Ok(Arc::new(HttpChannel::with_client(client.clone(), &self.base_url(c), token.clone(), timeout)))
-        };
-        Ok(Channels {
-            sms: make(ChannelName::Sms)?,
-            hero: make(ChannelName::Hero)?,
-            slack: make(ChannelName::Slack)?,
-            tms: make(ChannelName::Tms)?,
-            ops: make(ChannelName::Ops)?,
         })
     }
 
@@ -177,10 +171,6 @@ impl FakeServices {
     /// Every new effect so far, in the order applied.
     pub fn effects(&self) -> Vec<Effect> {
         self.lock().effects.clone()
-    }
-
-    pub fn calls(&self) -> Vec<Call> {
-        self.lock().calls.clone()
     }
 
     pub fn effect_count(&self, channel: &str, key: &str) -> usize {

@@ -16,7 +16,7 @@ use haul_core::ids::{AskId, EventId, LoadId};
 use haul_core::projection::LoadState;
 use haul_core::sop::Policies;
 use haul_core::time::{Timestamp, add};
-use haul_core::{Clock, EventBody, InboundEvent};
+use haul_core::{Clock, EventBody, InboundEvent, QueueMode};
 use haul_harness::testkit::{FaultKind, FaultRule};
 use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::dispatcher::Dispatched;
@@ -354,6 +354,7 @@ async fn two_runs_of_one_load_at_once_one_commits_the_other_redecides(store: Arc
         Arc::new(Worker::new(
             store.clone(),
             h.queue.clone(),
+            QueueMode::Separate,
             gate.clone(),
             h.clock.clone() as Arc<dyn Clock>,
             WorkerSettings::default(),

@@ -19,8 +19,8 @@ use haul_core::ids::{AskId, LoadId};
 use haul_core::projection::LoadState;
 use haul_core::sop::Policies;
 use haul_core::time::Timestamp;
-use haul_core::{Clock, FakeClock, InboundEvent};
-use haul_runtime::channels::{ChannelClient, ChannelName, Channels, DeliveryError, HttpChannel, RecordChannel};
+use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
+use haul_runtime::channels::{ChannelClient, Channels, DeliveryError, HttpChannel, RecordChannel};
 use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::faults::Faults;
 use haul_runtime::pipeline::{Parts, Pipeline};
@@ -114,6 +114,7 @@ async fn one_process_never_runs_one_load_twice_at_once(store: Arc<dyn Store>) {
     let w = Arc::new(Worker::new(
         store,
         h.queue.clone(),
+        QueueMode::Separate,
         slow,
         h.clock.clone() as Arc<dyn Clock>,
         WorkerSettings::default(),
@@ -136,6 +137,7 @@ async fn load_lock_makes_a_second_worker_skip_a_held_load(store: Arc<dyn Store>)
     let w = Worker::new(
         store.clone(),
         h.queue.clone(),
+        QueueMode::Separate,
         sop,
         h.clock.clone() as Arc<dyn Clock>,
         settings,
@@ -152,17 +154,12 @@ async fn load_lock_makes_a_second_worker_skip_a_held_load(store: Arc<dyn Store>)
 async fn record_mode_records_each_delivery_once(store: Arc<dyn Store>) {
     let clock = Arc::new(FakeClock::new(t0()));
     let log = store.clone() as Arc<dyn DeliveryLog>;
-    let record = |n| Arc::new(RecordChannel::new(n, log.clone())) as Arc<dyn ChannelClient>;
-    let channels = Channels {
-        sms: record(ChannelName::Sms),
-        hero: record(ChannelName::Hero),
-        slack: record(ChannelName::Slack),
-        tms: record(ChannelName::Tms),
-        ops: record(ChannelName::Ops),
-    };
+    let channels =
+        Channels::build(|c| Ok(Arc::new(RecordChannel::new(c, log.clone())) as Arc<dyn ChannelClient>)).unwrap();
     let parts = Parts {
         store: store.clone(),
         queue: store.clone() as Arc<dyn LoadQueue>,
+        queue_mode: QueueMode::StoreQueue,
         channels,
         clock: clock.clone(),
         faults: Faults::default(),
@@ -194,6 +191,7 @@ async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
         Worker::new(
             store.clone(),
             h.queue.clone(),
+            QueueMode::Separate,
             sop(),
             h.clock.clone() as Arc<dyn Clock>,
             WorkerSettings::default(),
@@ -202,6 +200,7 @@ async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
         Worker::new(
             store.clone(),
             h.queue.clone(),
+            QueueMode::Separate,
             sop(),
             h.clock.clone() as Arc<dyn Clock>,
             WorkerSettings::default(),
@@ -233,7 +232,7 @@ async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
 }
 
 fn channels_sms(store: &Arc<dyn Store>) -> RecordChannel {
-    RecordChannel::new(ChannelName::Sms, store.clone() as Arc<dyn DeliveryLog>)
+    RecordChannel::new(haul_core::Channel::Sms, store.clone() as Arc<dyn DeliveryLog>)
 }
 
 /// A service answering the status its path names, to check the classification.
@@ -365,6 +364,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn 
         Arc::new(Worker::new(
             store.clone(),
             h.queue.clone(),
+            QueueMode::Separate,
             decider,
             h.clock.clone() as Arc<dyn Clock>,
             settings.clone(),
@@ -378,7 +378,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn 
     let first = h.queue.receive(1, visibility, h.now()).await.unwrap().remove(0);
     let run_a = tokio::spawn({
         let a = a.clone();
-        async move { a.process(first).await }
+        async move { a.process(first.into()).await }
     });
     gate.entered.notified().await;
     assert_eq!(
@@ -392,7 +392,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn 
     lose().await;
     let again = h.queue.receive(1, visibility, h.now()).await.unwrap().remove(0);
     assert_eq!((again.event_id.as_str(), again.receive_count), ("ping_0700", 2));
-    assert!(matches!(b.process(again).await, RunOutcome::Committed { .. }), "B runs once the lease is gone");
+    assert!(matches!(b.process(again.into()).await, RunOutcome::Committed { .. }), "B runs once the lease is gone");
 
     // A's decision comes back late: the version check turns it away.
     gate.proceed.notify_one();

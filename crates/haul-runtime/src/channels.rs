@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use haul_core::action::{Action, ActionKind};
 use haul_core::ids::LoadId;
 use haul_core::mask::mask_secrets;
 use haul_core::time::Timestamp;
+use haul_core::{Channel, PerChannel};
 use haul_store::DeliveryLog;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use haul_config::{ChannelConfig, ChannelsConfig};
 
@@ -36,49 +36,6 @@ pub enum DeliveryError {
     Retryable(#[from] RetryableDeliveryError),
     #[error(transparent)]
     Permanent(#[from] PermanentDeliveryError),
-}
-
-/// The services an action can go to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ChannelName {
-    Sms,
-    Hero,
-    Slack,
-    Tms,
-    Ops,
-}
-
-impl ChannelName {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChannelName::Sms => "sms",
-            ChannelName::Hero => "hero",
-            ChannelName::Slack => "slack",
-            ChannelName::Tms => "tms",
-            ChannelName::Ops => "ops",
-        }
-    }
-}
-
-/// The HTTP request an action becomes: which service, which path, which body.
-pub fn request_for(load_id: &LoadId, action: &Action) -> Option<(ChannelName, String, Value)> {
-    Some(match &action.kind {
-        ActionKind::SendSms { to, body } => {
-            (ChannelName::Sms, "/v1/messages".into(), json!({"to": to, "body": body, "load_id": load_id}))
-        }
-        ActionKind::CreateHeroTask { title, body, urgency } => (
-            ChannelName::Hero,
-            "/v1/tasks".into(),
-            json!({"load_id": load_id, "title": title, "body": body, "urgency": urgency}),
-        ),
-        ActionKind::PostHeroSlack { channel, text } => {
-            (ChannelName::Slack, "/v1/messages".into(), json!({"load_id": load_id, "channel": channel, "text": text}))
-        }
-        ActionKind::UpdateStage { stage } => {
-            (ChannelName::Tms, format!("/v1/loads/{load_id}/stage"), json!({"stage": stage}))
-        }
-        ActionKind::SetTimer { .. } | ActionKind::CancelTimer { .. } => return None,
-    })
 }
 
 #[async_trait]
@@ -190,13 +147,13 @@ fn describe(e: &reqwest::Error) -> String {
 
 /// Record mode: the store keeps the delivery, deduped by key.
 pub struct RecordChannel {
-    name: ChannelName,
+    channel: Channel,
     log: Arc<dyn DeliveryLog>,
 }
 
 impl RecordChannel {
-    pub fn new(name: ChannelName, log: Arc<dyn DeliveryLog>) -> Self {
-        RecordChannel { name, log }
+    pub fn new(channel: Channel, log: Arc<dyn DeliveryLog>) -> Self {
+        RecordChannel { channel, log }
     }
 }
 
@@ -212,7 +169,7 @@ impl ChannelClient for RecordChannel {
     ) -> Result<String, DeliveryError> {
         let (receipt, _) = self
             .log
-            .record_delivery(self.name.as_str(), key, load_id, body, now)
+            .record_delivery(self.channel.config_name(), key, load_id, body, now)
             .await
             .map_err(|e| RetryableDeliveryError(e.to_string()))?;
         Ok(receipt)
@@ -223,28 +180,31 @@ impl ChannelClient for RecordChannel {
     }
 }
 
-/// The clients of every channel.
+/// The client of every channel, keyed by channel.
 #[derive(Clone)]
 pub struct Channels {
-    pub sms: Arc<dyn ChannelClient>,
-    pub hero: Arc<dyn ChannelClient>,
-    pub slack: Arc<dyn ChannelClient>,
-    pub tms: Arc<dyn ChannelClient>,
-    pub ops: Arc<dyn ChannelClient>,
+    clients: PerChannel<Arc<dyn ChannelClient>>,
 }
 
 impl Channels {
+    /// `make(channel)` for each channel, in `Channel::ALL` order.
+    pub fn build(make: impl FnMut(Channel) -> anyhow::Result<Arc<dyn ChannelClient>>) -> anyhow::Result<Self> {
+        Ok(Channels { clients: PerChannel::try_from_fn(make)? })
+    }
+
     /// HTTP clients for the channels with a URL, record mode for the others. Tokens are
     /// read from the environment variables the config names; a named variable that is
     /// unset is an error (a token that silently goes missing would fail every send).
     pub fn from_config(config: &ChannelsConfig, log: Arc<dyn DeliveryLog>) -> anyhow::Result<Self> {
         let client = http_client()?;
-        let make = |name: ChannelName, c: &ChannelConfig| -> anyhow::Result<Arc<dyn ChannelClient>> {
-            let Some(url) = &c.url else { return Ok(Arc::new(RecordChannel::new(name, log.clone()))) };
+        let make = |channel: Channel| -> anyhow::Result<Arc<dyn ChannelClient>> {
+            let c: &ChannelConfig = config.get(channel);
+            let Some(url) = &c.url else { return Ok(Arc::new(RecordChannel::new(channel, log.clone()))) };
             let token = match &c.token_env {
-                Some(var) => Some(std::env::var(var).map_err(|_| {
-                    anyhow::anyhow!("channels.{}.token_env names {var}, which is not set", name.as_str())
-                })?),
+                Some(var) => Some(
+                    std::env::var(var)
+                        .map_err(|_| anyhow::anyhow!("channels.{channel}.token_env names {var}, which is not set"))?,
+                ),
                 None => None,
             };
             Ok(Arc::new(HttpChannel::with_client(
@@ -254,22 +214,14 @@ impl Channels {
                 c.timeout.unwrap_or(Duration::from_secs(5)),
             )))
         };
-        Ok(Channels {
-            sms: make(ChannelName::Sms, &config.sms)?,
-            hero: make(ChannelName::Hero, &config.hero)?,
-            slack: make(ChannelName::Slack, &config.slack)?,
-            tms: make(ChannelName::Tms, &config.tms)?,
-            ops: make(ChannelName::Ops, &config.ops)?,
-        })
+        Self::build(make)
     }
 
-    pub fn get(&self, name: ChannelName) -> &Arc<dyn ChannelClient> {
-        match name {
-            ChannelName::Sms => &self.sms,
-            ChannelName::Hero => &self.hero,
-            ChannelName::Slack => &self.slack,
-            ChannelName::Tms => &self.tms,
-            ChannelName::Ops => &self.ops,
-        }
+    pub fn get(&self, channel: Channel) -> &Arc<dyn ChannelClient> {
+        self.clients.get(channel)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (Channel, &Arc<dyn ChannelClient>)> {
+        self.clients.iter()
     }
 }

@@ -1,28 +1,26 @@
 //! The dispatcher: claims due outbox rows and applies them (ADR 0003).
 //!
-//! It calls the owning service with `Idempotency-Key = outbox id`, retries by the
-//! `RetryPolicy`, buries dead rows, applies `set_timer`/`cancel_timer` to the
-//! TimerStore, and publishes an `action_outcome` to the load queue. It never writes a
-//! log: outcomes reach the log through the load worker, the one writer per load.
-//! Several dispatchers may run at once; claims and tokens keep them apart.
+//! It calls the owning service with `Idempotency-Key = outbox id` (or applies
+//! `set_timer`/`cancel_timer` to the TimerStore), then carries out what
+//! `haul_core::dispatch` plans from the result: publish the `action_outcome`, mark,
+//! retry, bury, raise an OpsAlert. It never writes a log: outcomes reach the log
+//! through the load worker, the one writer per load. Several dispatchers may run at
+//! once; claims and tokens keep them apart.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use haul_core::action::{Action, ActionKind, ActionType, ChannelClass};
-use haul_core::event::{ActionOutcome, EventBody, OutcomeStatus};
-use haul_core::ids::action_outcome_event_id;
-use haul_core::time::{Timestamp, since};
-use haul_core::{Clock, InboundEvent, RetryDecision, RetryPolicy};
+use haul_core::action::{Action, Request};
+use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, Settled};
+use haul_core::time::Timestamp;
+use haul_core::{Clock, QueueMode, RetryPolicy};
 use haul_store::{Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
-use serde_json::json;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::channels::{
-    ChannelName, Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError, request_for,
-};
+use crate::channels::{Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
 use crate::faults::{Crash, FaultPoint, Faults, Observed};
+use crate::queue::{EventQueue, body_of};
 
 #[derive(Clone, Debug)]
 pub struct DispatcherSettings {
@@ -32,6 +30,8 @@ pub struct DispatcherSettings {
     /// Send a batch's rows one after another instead of at once (the simulator, whose
     /// runs must repeat exactly).
     pub sequential: bool,
+    /// Seeds the retry jitter (evals, the simulator); `None` draws from the OS.
+    pub jitter_seed: Option<u64>,
 }
 
 impl Default for DispatcherSettings {
@@ -41,6 +41,7 @@ impl Default for DispatcherSettings {
             lease: Duration::from_secs(90),
             retry: RetryPolicy::default(),
             sequential: false,
+            jitter_seed: None,
         }
     }
 }
@@ -77,7 +78,7 @@ impl Dispatched {
 
 pub struct Dispatcher {
     store: Arc<dyn Store>,
-    queue: Arc<dyn LoadQueue>,
+    queue: EventQueue,
     channels: Channels,
     clock: Arc<dyn Clock>,
     settings: DispatcherSettings,
@@ -85,27 +86,26 @@ pub struct Dispatcher {
     rng: Mutex<fastrand::Rng>,
     /// Woken after an outcome is published (in-process workers react at once).
     wake_worker: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// The queue is the store itself (the store-backed queue): a delivered outcome's
-    /// publish and the row's mark go in one transaction
-    /// (`Outbox::publish_and_mark_dispatched`). Any other queue: two steps.
-    publish_with_mark: bool,
+    /// On the store's own queue a delivered outcome's publish and the row's mark go in
+    /// one transaction (`Outbox::publish_and_mark_dispatched`); any other queue: two steps.
+    queue_mode: QueueMode,
 }
 
 impl Dispatcher {
     pub fn new(
         store: Arc<dyn Store>,
         queue: Arc<dyn LoadQueue>,
+        queue_mode: QueueMode,
         channels: Channels,
         clock: Arc<dyn Clock>,
         settings: DispatcherSettings,
         faults: Faults,
-        seed: Option<u64>,
     ) -> Self {
-        let rng = seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+        let rng = settings.jitter_seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         Dispatcher {
-            publish_with_mark: std::ptr::addr_eq(Arc::as_ptr(&store), Arc::as_ptr(&queue)),
+            queue_mode,
             store,
-            queue,
+            queue: EventQueue::new(queue),
             channels,
             clock,
             settings,
@@ -156,20 +156,24 @@ impl Dispatcher {
 
     /// Dead rows whose failed outcome never reached the queue (it was down when they
     /// were buried): publish it now, then raise the OpsAlert their class calls for.
+    /// Stops at the first that still cannot be settled: the queue or the ops service
+    /// is still down, and the next pass tries again.
     async fn sweep_dead(&self) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = Vec::new();
-        for row in self.store.dead_without_outcome(self.settings.batch).await? {
-            let why = row.last_failure.clone().unwrap_or_else(|| "unknown failure".into());
-            if let Err(e) =
-                self.publish(&row, outcome(&row, row.action_type, OutcomeStatus::Failed, None, Some(why.clone()))).await
-            {
-                debug!(error = %e, outbox_id = %row.id, "the failed outcome still cannot be published");
-                break;
+        'rows: for row in self.store.dead_without_outcome(self.settings.batch).await? {
+            let facts = row_facts(&row);
+            for step in dispatch::sweep(&facts, row.last_failure.as_deref()).steps {
+                match self.effect(&facts, NO_CLAIM, &step.effect).await {
+                    Ok(()) => {}
+                    Err(EffectError::Store(e)) if step.effect == Effect::MarkOutcomePublished => return Err(e),
+                    Err(e) => {
+                        if let Effect::Publish(_) = step.effect {
+                            debug!(error = %e, outbox_id = %row.id, "the failed outcome still cannot be published");
+                        }
+                        break 'rows;
+                    }
+                }
             }
-            if !self.alert_for(&row, &why).await {
-                break;
-            }
-            self.store.mark_outcome_published(&row.id, self.clock.now()).await?;
             out.push(Dispatched::Buried);
         }
         Ok(out)
@@ -187,77 +191,127 @@ impl Dispatcher {
         result
     }
 
+    /// Checks the claim and sends; then runs the plan `haul_core::dispatch` makes of
+    /// the result, and of any failed attempt on the way.
     async fn dispatch_inner(&self, claim: &Claim) -> Result<Dispatched, Crash> {
         let (row, token) = (&claim.row, claim.token.as_str());
-        let action: Action = match serde_json::from_value(row.action.clone()) {
-            Ok(a) => a,
-            Err(e) => return self.bury(row, token, &format!("unreadable action: {e}")).await,
-        };
-        match self.store.check_claim(&row.id, token, self.clock.now()).await {
-            Ok(()) => {}
-            Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
-            Err(ClaimError::Store(e)) => return Ok(Dispatched::Unsettled(format!("claim check failed: {e}"))),
-        }
-        let sent = self.apply(row, &action).await;
-        self.faults.check(FaultPoint::AfterSend, &row.id)?;
-        match sent {
-            Ok(receipt) => {
-                let outcome = outcome(row, row.action_type, OutcomeStatus::Delivered, Some(receipt.clone()), None);
-                if self.faults.bugs.mark_before_publish {
-                    let marked = self.mark_dispatched(row, token, &receipt).await;
-                    self.faults.check(FaultPoint::AfterMark, &row.id)?;
-                    let _ = self.publish(row, outcome).await;
-                    return Ok(marked);
+        let facts = row_facts(row);
+        // The planted bug publishes with the mark in two steps, in the wrong order.
+        let mode = if self.faults.bugs.mark_before_publish { QueueMode::Separate } else { self.queue_mode };
+        let mut next = match serde_json::from_value::<Action>(row.action.clone()) {
+            Err(e) => Next::Plan(dispatch::bury(&facts, format!("unreadable action: {e}"))),
+            Ok(action) => {
+                match self.store.check_claim(&row.id, token, self.clock.now()).await {
+                    Ok(()) => {}
+                    Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
+                    Err(ClaimError::Store(e)) => return Ok(Dispatched::Unsettled(format!("claim check failed: {e}"))),
                 }
-                if self.publish_with_mark {
-                    return Ok(self.publish_and_mark(row, token, &receipt, outcome).await);
-                }
-                if let Err(e) = self.publish(row, outcome).await {
-                    // The effect happened but the agent cannot learn it yet: an attempt
-                    // like any other (the service dedupes the resend).
-                    return self.failed_attempt(row, token, &format!("publishing the outcome failed: {e}")).await;
-                }
-                self.faults.check(FaultPoint::AfterPublish, &row.id)?;
-                let marked = self.mark_dispatched(row, token, &receipt).await;
-                self.faults.check(FaultPoint::AfterMark, &row.id)?;
-                Ok(marked)
+                let sent = self.apply(row, &action).await;
+                self.faults.check(FaultPoint::AfterSend, &row.id)?;
+                dispatch::after_send(&facts, sent, mode)
             }
-            Err(DeliveryError::Retryable(RetryableDeliveryError(why))) => self.failed_attempt(row, token, &why).await,
-            Err(DeliveryError::Permanent(PermanentDeliveryError(why))) => self.bury(row, token, &why).await,
+        };
+        loop {
+            let mut plan = match next {
+                Next::Plan(plan) => plan,
+                Next::AttemptFailed(why) => {
+                    let now = self.clock.now();
+                    let jitter = self.rng.lock().unwrap_or_else(|p| p.into_inner()).f64();
+                    dispatch::after_failure(&facts, &why, now, &self.settings.retry, jitter)
+                }
+            };
+            if self.faults.bugs.mark_before_publish {
+                mark_before_publish(&mut plan);
+            }
+            match self.execute(&facts, token, plan).await? {
+                Ran::Done(d) => return Ok(d),
+                Ran::AttemptFailed(why) => next = Next::AttemptFailed(why),
+            }
         }
     }
 
-    /// The delivered outcome's publish and the mark in one transaction of the store
-    /// that is also the queue: what `publish` then `mark_dispatched` do, one commit.
-    async fn publish_and_mark(
-        &self,
-        row: &OutboxRow,
-        token: &str,
-        receipt: &str,
-        outcome: ActionOutcome,
-    ) -> Dispatched {
-        let (event, body) = outcome_event(row, outcome);
+    /// Runs a plan's steps in order. A fault point is checked after each effect the
+    /// plan goes on from: this is the one place the dispatcher can "die" between
+    /// effects.
+    async fn execute(&self, row: &Row, token: &str, plan: Plan) -> Result<Ran, Crash> {
+        let mut left_to_sweep = false;
+        for step in plan.steps {
+            if left_to_sweep && step.if_failed == IfFailed::LeaveToSweep {
+                continue;
+            }
+            match self.effect(row, token, &step.effect).await {
+                Ok(()) => {}
+                Err(EffectError::Stale) => return Ok(Ran::Done(Dispatched::Stale)),
+                Err(e) => match step.if_failed {
+                    IfFailed::FailAttempt => return Ok(Ran::AttemptFailed(e.why(&step.effect))),
+                    IfFailed::Stop => return Ok(Ran::Done(Dispatched::Unsettled(e.why(&step.effect)))),
+                    IfFailed::LeaveToSweep => {
+                        left_to_sweep = true;
+                        match &step.effect {
+                            Effect::Publish(_) => {
+                                warn!(error = %e, "publishing the failed outcome failed; the sweep will retry it")
+                            }
+                            Effect::MarkOutcomePublished => {
+                                warn!(error = %e, "recording the settled burial failed; the sweep repeats it (deduped)")
+                            }
+                            // Logged where it failed.
+                            _ => {}
+                        }
+                    }
+                },
+            }
+            if let Some(point) = fault_point_after(&step.effect) {
+                self.faults.check(point, &row.outbox_id)?;
+            }
+        }
+        Ok(Ran::Done(match plan.settled {
+            Settled::Delivered => Dispatched::Delivered,
+            Settled::Retrying { retry_at } => Dispatched::Retrying { retry_at },
+            Settled::Buried => Dispatched::Buried,
+        }))
+    }
+
+    /// One effect. Marks need the claim's `token`.
+    async fn effect(&self, row: &Row, token: &str, effect: &Effect) -> Result<(), EffectError> {
+        let id = row.outbox_id.as_str();
         let now = self.clock.now();
-        match self
-            .store
-            .publish_and_mark_dispatched(&row.id, token, receipt, &row.load_id, event.event_id.as_str(), &body, now)
-            .await
-        {
-            Ok(_) => {
+        let marked = |r: Result<(), ClaimError>| {
+            r.map_err(EffectError::from)?;
+            self.faults.observe(Observed::Marked { outbox_id: id, token });
+            Ok(())
+        };
+        match effect {
+            Effect::Publish(event) => {
+                self.queue.publish(event, now).await?;
                 self.wake_worker();
-                self.faults.observe(Observed::Marked { outbox_id: &row.id, token });
-                Dispatched::Delivered
+                Ok(())
             }
-            Err(ClaimError::Stale(_)) => {
-                // Published all the same, as the two steps would have.
-                self.wake_worker();
-                Dispatched::Stale
+            Effect::MarkDispatched { receipt } => marked(self.store.mark_dispatched(id, token, receipt, now).await),
+            Effect::PublishAndMark { event, receipt } => {
+                let (event_id, body) = (event.event_id.as_str(), body_of(event));
+                let r = self
+                    .store
+                    .publish_and_mark_dispatched(id, token, receipt, &row.load_id, event_id, &body, now)
+                    .await;
+                if matches!(r, Ok(_) | Err(ClaimError::Stale(_))) {
+                    // Published, whatever the mark found.
+                    self.wake_worker();
+                }
+                marked(r.map(|_| ()))
             }
-            Err(ClaimError::Store(e)) => {
-                // Nothing changed: an attempt like any other (the service dedupes the resend).
-                let why = format!("publishing the outcome failed: {e}");
-                self.failed_attempt(row, token, &why).await.unwrap_or_else(Dispatched::Crashed)
+            Effect::MarkRetry { retry_at, attempts, failure } => {
+                info!(attempts, %retry_at, failure, "attempt failed; retrying");
+                marked(self.store.mark_failed(id, token, failure, Some(*retry_at), now).await)
             }
+            Effect::MarkDead { failure } => {
+                marked(self.store.mark_failed(id, token, failure, None, now).await)?;
+                metrics::counter!("haul_outbox_dead_rows_total", "action_type" => row.action_type.as_str())
+                    .increment(1);
+                warn!(why = failure, action_type = %row.action_type, "row buried");
+                Ok(())
+            }
+            Effect::RaiseAlert(alert) => self.alert(alert).await,
+            Effect::MarkOutcomePublished => Ok(self.store.mark_outcome_published(id, now).await?),
         }
     }
 
@@ -267,172 +321,130 @@ impl Dispatcher {
         }
     }
 
-    async fn mark_dispatched(&self, row: &OutboxRow, token: &str, receipt: &str) -> Dispatched {
-        match self.store.mark_dispatched(&row.id, token, receipt, self.clock.now()).await {
-            Ok(()) => {
-                self.faults.observe(Observed::Marked { outbox_id: &row.id, token });
-                Dispatched::Delivered
-            }
-            Err(ClaimError::Stale(_)) => Dispatched::Stale,
-            Err(ClaimError::Store(e)) => Dispatched::Unsettled(format!("mark_dispatched failed: {e}")),
-        }
-    }
-
     /// Applies an action: timers to the TimerStore, the rest to its channel service.
-    async fn apply(&self, row: &OutboxRow, action: &Action) -> Result<String, DeliveryError> {
+    async fn apply(&self, row: &OutboxRow, action: &Action) -> Sent {
         let now = self.clock.now();
-        let store_err = |e: StoreError| DeliveryError::from(RetryableDeliveryError(e.to_string()));
-        match &action.kind {
-            ActionKind::SetTimer { timer_id, fire_at, .. } => {
-                let new = self.store.schedule(timer_id, *fire_at, now).await.map_err(store_err)?;
-                Ok(if new { "scheduled" } else { "already scheduled" }.into())
+        let sent = match action.kind.request(&row.load_id) {
+            Request::ScheduleTimer { timer_id, fire_at } => self
+                .store
+                .schedule(&timer_id, fire_at, now)
+                .await
+                .map(|new| if new { "scheduled" } else { "already scheduled" })
+                .map(str::to_owned)
+                .map_err(|e| DeliveryError::from(RetryableDeliveryError(e.to_string()))),
+            Request::CancelTimer { timer_id } => self
+                .store
+                .cancel(&timer_id, now)
+                .await
+                .map(|canceled| if canceled { "canceled" } else { "not scheduled" }.to_owned())
+                .map_err(|e| DeliveryError::from(RetryableDeliveryError(e.to_string()))),
+            Request::Send(call) => {
+                self.channels.get(call.channel).send(&row.id, &row.load_id, &call.path, &call.body, now).await
             }
-            ActionKind::CancelTimer { timer_id } => {
-                let canceled = self.store.cancel(timer_id, now).await.map_err(store_err)?;
-                Ok(if canceled { "canceled" } else { "not scheduled" }.into())
-            }
-            _ => {
-                let Some((channel, path, body)) = request_for(&row.load_id, action) else {
-                    return Err(PermanentDeliveryError(format!("no channel for {}", action.action_type())).into());
-                };
-                self.channels.get(channel).send(&row.id, &row.load_id, &path, &body, now).await
-            }
-        }
-    }
-
-    async fn failed_attempt(&self, row: &OutboxRow, token: &str, why: &str) -> Result<Dispatched, Crash> {
-        let now = self.clock.now();
-        let attempts = row.attempts + 1;
-        let first = row.first_attempt_at.unwrap_or(now);
-        let jitter = self.rng.lock().unwrap_or_else(|p| p.into_inner()).f64();
-        match self.settings.retry.after_failure(attempts, first, now, jitter) {
-            RetryDecision::RetryAt(retry_at) => {
-                let failure = format!("attempt {attempts}: {why}");
-                info!(attempts, %retry_at, why, "attempt failed; retrying");
-                Ok(match self.store.mark_failed(&row.id, token, &failure, Some(retry_at), now).await {
-                    Ok(()) => {
-                        self.faults.observe(Observed::Marked { outbox_id: &row.id, token });
-                        Dispatched::Retrying { retry_at }
-                    }
-                    Err(ClaimError::Stale(_)) => Dispatched::Stale,
-                    Err(ClaimError::Store(e)) => Dispatched::Unsettled(format!("mark_failed failed: {e}")),
-                })
-            }
-            RetryDecision::Dead(spent) => self.bury(row, token, &format!("{why} ({spent})")).await,
-        }
-    }
-
-    /// Publishes the failed outcome (best effort), marks the row dead, and, once the
-    /// outcome is published, raises the OpsAlert a Hero-channel or internal action
-    /// calls for. An outcome that cannot be published now (a queue outage) is left to
-    /// the sweep, so an outage does not page on every pass.
-    async fn bury(&self, row: &OutboxRow, token: &str, why: &str) -> Result<Dispatched, Crash> {
-        let now = self.clock.now();
-        let published =
-            match self.publish(row, outcome(row, row.action_type, OutcomeStatus::Failed, None, Some(why.into()))).await
-            {
-                Ok(()) => true,
-                Err(e) => {
-                    warn!(error = %e, "publishing the failed outcome failed; the sweep will retry it");
-                    false
-                }
-            };
-        self.faults.check(FaultPoint::AfterPublish, &row.id)?;
-        match self.store.mark_failed(&row.id, token, why, None, now).await {
-            Ok(()) => self.faults.observe(Observed::Marked { outbox_id: &row.id, token }),
-            Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
-            Err(ClaimError::Store(e)) => return Ok(Dispatched::Unsettled(format!("burying failed: {e}"))),
-        }
-        metrics::counter!("haul_outbox_dead_rows_total", "action_type" => row.action_type.as_str()).increment(1);
-        warn!(why, action_type = %row.action_type, "row buried");
-        self.faults.check(FaultPoint::AfterMark, &row.id)?;
-        if published
-            && self.alert_for(row, why).await
-            && let Err(e) = self.store.mark_outcome_published(&row.id, self.clock.now()).await
-        {
-            warn!(error = %e, "recording the settled burial failed; the sweep repeats it (deduped)");
-        }
-        Ok(Dispatched::Buried)
-    }
-
-    /// The OpsAlert a dead row's class calls for; true when none is needed or it was
-    /// delivered. An undelivered one leaves the row to the sweep, so alerts are
-    /// at least once (the ops service dedupes by key).
-    async fn alert_for(&self, row: &OutboxRow, why: &str) -> bool {
-        let kind = match row.action_type.class() {
-            ChannelClass::HeroChannel => "hero_channel_failure",
-            ChannelClass::Internal => "internal_failure",
-            ChannelClass::External => return true,
         };
-        self.alert(kind, row, row.action_type, why).await
-    }
-
-    async fn publish(&self, row: &OutboxRow, outcome: ActionOutcome) -> Result<(), StoreError> {
-        let (event, body) = outcome_event(row, outcome);
-        self.queue.publish(&row.load_id, event.event_id.as_str(), &body, self.clock.now()).await?;
-        self.wake_worker();
-        Ok(())
+        match sent {
+            Ok(receipt) => Sent::Delivered { receipt },
+            Err(DeliveryError::Retryable(RetryableDeliveryError(why))) => Sent::Retryable(why),
+            Err(DeliveryError::Permanent(PermanentDeliveryError(why))) => Sent::Permanent(why),
+        }
     }
 
     /// An OpsAlert: to the ops service (HTTP or record mode), the log and the counter.
     /// Independent of the Hero tooling, so a Hero outage cannot loop.
-    async fn alert(&self, kind: &'static str, row: &OutboxRow, action_type: ActionType, failure: &str) -> bool {
+    async fn alert(&self, alert: &Alert) -> Result<(), EffectError> {
+        let kind = alert.kind.as_str();
         metrics::counter!("haul_ops_alerts_total", "kind" => kind).increment(1);
-        error!(alert = kind, outbox_id = %row.id, load_id = %row.load_id, %action_type, failure, "OpsAlert");
-        let body = json!({
-            "kind": kind,
-            "load_id": row.load_id,
-            "outbox_id": row.id,
-            "action_type": action_type,
-            "failure": failure,
-        });
-        let key = format!("alert:{}", row.id);
-        match self.channels.get(ChannelName::Ops).send(&key, &row.load_id, "/v1/alerts", &body, self.clock.now()).await
-        {
-            Ok(_) => true,
+        error!(
+            alert = kind,
+            outbox_id = %alert.outbox_id,
+            load_id = %alert.load_id,
+            action_type = %alert.action_type,
+            failure = alert.failure,
+            "OpsAlert"
+        );
+        let (call, key) = (alert.call(), alert.key());
+        let sent = self.channels.get(call.channel).send(&key, &alert.load_id, &call.path, &call.body, self.clock.now());
+        match sent.await {
+            Ok(_) => Ok(()),
             Err(e) => {
-                error!(error = %e, outbox_id = %row.id, "the OpsAlert could not be delivered; the sweep retries it");
-                false
+                error!(error = %e, outbox_id = %alert.outbox_id, "the OpsAlert could not be delivered; the sweep retries it");
+                Err(EffectError::Delivery(e))
             }
         }
     }
+}
 
-    /// Age of the oldest pending row, for the monitoring gauge.
-    pub async fn oldest_pending_age(&self) -> Result<Duration, StoreError> {
-        let now = self.clock.now();
-        Ok(self.store.oldest_pending_created_at().await?.map(|t| since(now, t)).unwrap_or_default())
+/// Marks need the claim's token; the sweep's effects take none.
+const NO_CLAIM: &str = "";
+
+/// How a plan run ended.
+enum Ran {
+    Done(Dispatched),
+    AttemptFailed(String),
+}
+
+/// Why an effect did not happen.
+#[derive(Debug, thiserror::Error)]
+enum EffectError {
+    #[error("stale claim")]
+    Stale,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Delivery(DeliveryError),
+}
+
+impl From<ClaimError> for EffectError {
+    fn from(e: ClaimError) -> Self {
+        match e {
+            ClaimError::Stale(_) => EffectError::Stale,
+            ClaimError::Store(e) => EffectError::Store(e),
+        }
     }
 }
 
-/// The outcome as the event the load queue carries, and its JSON body.
-fn outcome_event(row: &OutboxRow, outcome: ActionOutcome) -> (InboundEvent, String) {
-    let event_id = action_outcome_event_id(&row.id, outcome.status);
-    let event = InboundEvent { load_id: row.load_id.clone(), event_id, body: EventBody::ActionOutcome(outcome) };
-    let body = event.to_json().to_string();
-    (event, body)
+impl EffectError {
+    /// The failure as the row's failure text or the dispatch's report.
+    fn why(&self, effect: &Effect) -> String {
+        match effect {
+            Effect::Publish(_) | Effect::PublishAndMark { .. } => format!("publishing the outcome failed: {self}"),
+            Effect::MarkDispatched { .. } => format!("mark_dispatched failed: {self}"),
+            Effect::MarkRetry { .. } => format!("mark_failed failed: {self}"),
+            Effect::MarkDead { .. } => format!("burying failed: {self}"),
+            Effect::RaiseAlert(_) | Effect::MarkOutcomePublished => self.to_string(),
+        }
+    }
 }
 
-fn outcome(
-    row: &OutboxRow,
-    action_type: ActionType,
-    status: OutcomeStatus,
-    receipt: Option<String>,
-    failure: Option<String>,
-) -> ActionOutcome {
-    let class = action_type.class();
-    ActionOutcome {
+/// Where a test or the simulator may stop the dispatcher after an effect.
+fn fault_point_after(effect: &Effect) -> Option<FaultPoint> {
+    match effect {
+        Effect::Publish(_) => Some(FaultPoint::AfterPublish),
+        Effect::MarkDispatched { .. } | Effect::MarkDead { .. } => Some(FaultPoint::AfterMark),
+        Effect::PublishAndMark { .. }
+        | Effect::MarkRetry { .. }
+        | Effect::RaiseAlert(_)
+        | Effect::MarkOutcomePublished => None,
+    }
+}
+
+/// The planted bug `mark_before_publish`: a delivery's mark goes before its outcome's
+/// publish, so a crash or a queue outage between them loses the outcome.
+fn mark_before_publish(plan: &mut Plan) {
+    let at = |want: fn(&Effect) -> bool| plan.steps.iter().position(|s| want(&s.effect));
+    if let (Some(publish), Some(mark)) =
+        (at(|e| matches!(e, Effect::Publish(_))), at(|e| matches!(e, Effect::MarkDispatched { .. })))
+    {
+        plan.steps.swap(publish, mark);
+    }
+}
+
+fn row_facts(row: &OutboxRow) -> Row {
+    Row {
         outbox_id: row.id.clone(),
-        action_type,
-        status,
-        // Bounded and cleaned as the event validator requires: a service's answer must
-        // not turn the outcome into a message the worker cannot read.
-        receipt: receipt.map(|r| clean(&r, 256)),
-        failure: failure.map(|f| clean(&f, 2000)),
-        hero_channel: class == ChannelClass::HeroChannel,
-        internal: class == ChannelClass::Internal,
+        load_id: row.load_id.clone(),
+        action_type: row.action_type,
+        attempts: row.attempts,
+        first_attempt_at: row.first_attempt_at,
     }
-}
-
-fn clean(s: &str, max_chars: usize) -> String {
-    s.chars().map(|c| if c.is_control() { ' ' } else { c }).take(max_chars).collect()
 }

@@ -15,5 +15,6 @@ pub mod loops;
 pub mod pipeline;
 pub mod projector;
 pub mod pump;
+pub mod queue;
 pub mod store;
 pub mod worker;

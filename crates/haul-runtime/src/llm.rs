@@ -97,17 +97,6 @@ impl LlmError {
             LlmError::ToolCalls(_) => "invalid",
         }
     }
-
-    /// Whether the same request could succeed later (the answer was not the problem).
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            LlmError::Transport(_)
-                | LlmError::Timeout(_)
-                | LlmError::RateLimited
-                | LlmError::Status { status: 500.., .. }
-        )
-    }
 }
 
 /// The LLM decider: one chat-completions call per decision.

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use anyhow::bail;
-use haul_core::Clock;
+use haul_core::{Clock, QueueMode};
 use haul_store::{LoadQueue, Store};
 
 use crate::channels::Channels;
@@ -45,6 +45,8 @@ impl Round {
 pub struct Parts {
     pub store: Arc<dyn Store>,
     pub queue: Arc<dyn LoadQueue>,
+    /// `StoreQueue` when `queue` is `store` itself.
+    pub queue_mode: QueueMode,
     pub channels: Channels,
     pub clock: Arc<dyn Clock>,
     pub faults: Faults,
@@ -56,6 +58,7 @@ impl Pipeline {
     /// The SOP decider (or the one given) with the config's settings.
     pub fn new(config: &Config, parts: Parts, decider: Option<Arc<dyn Decider>>) -> Self {
         let decider = decider.unwrap_or_else(|| Arc::new(SopDecider { policies: policies(&config.clients) }));
+        let Parts { store, queue, queue_mode, channels, clock, faults, seed } = parts;
         let worker = WorkerSettings {
             concurrency: config.worker.concurrency,
             conflict_retries: config.worker.conflict_retries,
@@ -70,18 +73,26 @@ impl Pipeline {
             lease: config.dispatcher.lease,
             retry: config.dispatcher.retry.policy(),
             sequential: false,
+            jitter_seed: seed,
         };
-        let Parts { store, queue, channels, clock, faults, seed } = parts;
         Pipeline {
-            worker: Arc::new(Worker::new(store.clone(), queue.clone(), decider, clock.clone(), worker, faults.clone())),
+            worker: Arc::new(Worker::new(
+                store.clone(),
+                queue.clone(),
+                queue_mode,
+                decider,
+                clock.clone(),
+                worker,
+                faults.clone(),
+            )),
             dispatcher: Arc::new(Dispatcher::new(
                 store.clone(),
                 queue.clone(),
+                queue_mode,
                 channels,
                 clock.clone(),
                 dispatcher,
                 faults.clone(),
-                seed,
             )),
             pump: Arc::new(TimerPump::new(store, queue, clock, faults, 256)),
         }

@@ -15,10 +15,11 @@ use haul_store::{LoadQueue, Store, StoreError};
 use tracing::{debug, warn};
 
 use crate::faults::{Crash, FaultPoint, Faults};
+use crate::queue::EventQueue;
 
 pub struct TimerPump {
     store: Arc<dyn Store>,
-    queue: Arc<dyn LoadQueue>,
+    queue: EventQueue,
     clock: Arc<dyn Clock>,
     faults: Faults,
     /// Timers fired per poll at most.
@@ -30,8 +31,6 @@ pub struct TimerPump {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PumpRound {
     pub fired: usize,
-    /// Largest `now - fire_at` of the timers fired, in seconds.
-    pub max_lag_s: f64,
     pub crashed: Option<Crash>,
 }
 
@@ -43,7 +42,14 @@ impl TimerPump {
         faults: Faults,
         batch: usize,
     ) -> Self {
-        TimerPump { store, queue, clock, faults, batch: batch.max(1), wake_worker: std::sync::OnceLock::new() }
+        TimerPump {
+            store,
+            queue: EventQueue::new(queue),
+            clock,
+            faults,
+            batch: batch.max(1),
+            wake_worker: std::sync::OnceLock::new(),
+        }
     }
 
     /// Wakes `worker` whenever a `timer_fired` is published.
@@ -67,8 +73,7 @@ impl TimerPump {
                     fire_at: timer.fire_at,
                 }),
             };
-            let body = event.to_json().to_string();
-            if let Err(e) = self.queue.publish(&timer.load_id, event.event_id.as_str(), &body, now).await {
+            if let Err(e) = self.queue.publish(&event, now).await {
                 warn!(error = %e, timer_id = %timer.timer_id, "publishing timer_fired failed; the next poll retries");
                 break;
             }
@@ -85,7 +90,6 @@ impl TimerPump {
             if let Some(w) = self.wake_worker.get() {
                 w.notify_one();
             }
-            round.max_lag_s = round.max_lag_s.max(lag);
         }
         Ok(round)
     }

@@ -11,18 +11,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use haul_core::decision::{DECISION_RECORDED, Decision};
+use haul_core::disposition::{self, Disposition, End, Finish, Happened, Message, Refused};
+use haul_core::event::LoadUpdate;
 use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
 use haul_core::validate::validate_decision;
-use haul_core::{Clock, EventBody, InboundEvent};
-use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, QueueMessage, Store, StoreError};
+use haul_core::{Clock, EventBody, InboundEvent, QueueMode};
+use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::decider::Decider;
 use crate::faults::{Crash, FaultPoint, Faults};
 use crate::projector::Projector;
+use crate::queue::{EventQueue, Poison, Received};
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -89,7 +92,7 @@ impl RunOutcome {
 
 pub struct Worker {
     store: Arc<dyn Store>,
-    queue: Arc<dyn LoadQueue>,
+    queue: EventQueue,
     decider: Arc<dyn Decider>,
     clock: Arc<dyn Clock>,
     settings: WorkerSettings,
@@ -101,14 +104,10 @@ pub struct Worker {
     projector: Projector,
     /// Woken after a commit that wrote outbox rows (in-process dispatchers react at once).
     wake_dispatcher: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// The queue is the store itself (the store-backed queue): a run's ack goes into
-    /// its append's transaction (`EventStore::append_acking`), one commit instead of
-    /// two. Any other queue (SQS, a wrapper) is acked separately after the append.
-    ack_in_append: bool,
+    /// On the store's own queue a run's ack goes into its append's transaction
+    /// (`EventStore::append_acking`); any other queue is acked after the append.
+    queue_mode: QueueMode,
 }
-
-/// How long a message for a load already running in this process waits.
-const BUSY_HERE_DELAY: Duration = Duration::from_millis(5);
 
 /// Loads whose snapshot the worker keeps between runs.
 const SNAPSHOT_CAPACITY: usize = 1024;
@@ -126,6 +125,7 @@ impl Worker {
     pub fn new(
         store: Arc<dyn Store>,
         queue: Arc<dyn LoadQueue>,
+        queue_mode: QueueMode,
         decider: Arc<dyn Decider>,
         clock: Arc<dyn Clock>,
         settings: WorkerSettings,
@@ -140,8 +140,8 @@ impl Worker {
             stopping: std::sync::atomic::AtomicBool::new(false),
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
-            ack_in_append: std::ptr::addr_eq(Arc::as_ptr(&store), Arc::as_ptr(&queue)),
-            queue,
+            queue_mode,
+            queue: EventQueue::new(queue),
             store,
         }
     }
@@ -162,7 +162,7 @@ impl Worker {
     }
 
     /// Receives up to `max` messages (for the serve loop, which runs them itself).
-    pub async fn receive(&self, max: usize) -> Result<Vec<QueueMessage>, StoreError> {
+    pub async fn receive(&self, max: usize) -> Result<Vec<Received>, StoreError> {
         self.queue.receive(max, self.settings.visibility, self.clock.now()).await
     }
 
@@ -195,7 +195,7 @@ impl Worker {
     }
 
     /// One run for one message.
-    pub async fn process(&self, msg: QueueMessage) -> RunOutcome {
+    pub async fn process(&self, msg: Received) -> RunOutcome {
         let span =
             info_span!("run", load_id = %msg.load_id, event_id = %msg.event_id, receive_count = msg.receive_count);
         let started = Instant::now();
@@ -215,23 +215,17 @@ impl Worker {
         outcome
     }
 
-    async fn process_inner(&self, msg: &QueueMessage, started: Instant) -> RunOutcome {
-        let event = match serde_json::from_str(&msg.body)
-            .map_err(|e| e.to_string())
-            .and_then(|v| InboundEvent::from_json(msg.load_id.clone(), v).map_err(|e| e.message))
-        {
-            Ok(e) if e.event_id.as_str() == msg.event_id => e,
-            Ok(e) => {
-                return self.poison(msg, format!("message id {} carries event {}", msg.event_id, e.event_id)).await;
+    async fn process_inner(&self, msg: &Received, started: Instant) -> RunOutcome {
+        let event = match &msg.event {
+            Ok(e) => e,
+            Err(Poison(why)) => {
+                metrics::counter!("haul_queue_poison_total").increment(1);
+                return self.refuse(msg, Refused::Poison(why.clone())).await;
             }
-            Err(why) => return self.poison(msg, why).await,
         };
         let load = msg.load_id.clone();
         if !self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(load.clone()) {
-            // The run before it acked and is finishing its epilogue: a moment, not a
-            // redelivery delay.
-            self.leave(msg, BUSY_HERE_DELAY).await;
-            return RunOutcome::Busy;
+            return self.refuse(msg, Refused::BusyHere).await;
         }
         let _running = Running(&self.running, load.clone());
         let lease = if self.settings.load_lock {
@@ -239,8 +233,7 @@ impl Worker {
                 Ok(Some(lease)) => Some(lease),
                 Ok(None) => {
                     metrics::counter!("haul_load_lock_busy_total").increment(1);
-                    self.leave(msg, self.settings.redelivery_delay).await;
-                    return RunOutcome::Busy;
+                    return self.refuse(msg, Refused::LockedElsewhere).await;
                 }
                 Err(e) => {
                     // The lease is an optimization: without it the version check still holds.
@@ -251,7 +244,7 @@ impl Worker {
         } else {
             None
         };
-        let outcome = match self.run(msg, &event, started).await {
+        let outcome = match self.run(msg, event, started).await {
             Ok(o) => o,
             Err(crash) => return RunOutcome::Crashed(crash),
         };
@@ -263,26 +256,79 @@ impl Worker {
         outcome
     }
 
-    async fn run(&self, msg: &QueueMessage, event: &InboundEvent, started: Instant) -> Result<RunOutcome, Crash> {
-        let mut fallback_reason: Option<String> = None;
-        for _attempt in 0..=self.settings.conflict_retries {
-            let prepared = match self.prepare(msg, event, fallback_reason.as_deref(), started).await? {
-                Prepare::Ready(p) => p,
-                Prepare::Done(outcome) => return Ok(outcome),
-            };
-            match self.commit(msg, event, prepared).await? {
-                Commit::Done(outcome) => return Ok(outcome),
-                Commit::Conflict => {}
-                Commit::Fallback(why) => fallback_reason = Some(why),
+    async fn refuse(&self, msg: &Received, refused: Refused) -> RunOutcome {
+        self.finish(msg, disposition::refuse(refused, &self.policy()), None).await
+    }
+
+    /// Attempts until the disposition finishes the run: the first decision, then a
+    /// re-decision after each conflict or the fallback after a reused action key.
+    async fn run(&self, msg: &Received, event: &InboundEvent, started: Instant) -> Result<RunOutcome, Crash> {
+        let mut fallback: Option<String> = None;
+        let mut attempt = 0;
+        loop {
+            let prepared = self.prepare(msg, event, fallback.as_deref(), started).await?;
+            match self.go_on(msg, event, prepared, attempt).await? {
+                Then::Done(outcome) => return Ok(outcome),
+                Then::Redecide => {}
+                Then::Fallback(why) => fallback = Some(why),
             }
+            attempt += 1;
         }
-        Ok(self.left(msg, format!("{} conflict retries spent", self.settings.conflict_retries)).await)
+    }
+
+    /// Appends a prepared attempt, then carries out the disposition of what happened.
+    async fn go_on(
+        &self,
+        msg: &Received,
+        event: &InboundEvent,
+        prepared: Prepare,
+        attempt: u32,
+    ) -> Result<Then, Crash> {
+        let (happened, committed) = match prepared {
+            Prepare::Done(happened) => (happened, None),
+            Prepare::Ready(p) => self.commit(msg, event, p).await?,
+        };
+        Ok(match disposition::dispose(happened, attempt, &self.policy()) {
+            Disposition::Finish(f) => Then::Done(self.finish(msg, f, committed).await),
+            Disposition::Redecide => Then::Redecide,
+            Disposition::Fallback(why) => Then::Fallback(why),
+        })
+    }
+
+    /// Does what the disposition says to the message, then reports how the run ended
+    /// (after a commit: the snapshot, the load index and the dispatcher's wake-up).
+    async fn finish(
+        &self,
+        msg: &Received,
+        Finish { message, end }: Finish,
+        committed: Option<Committed>,
+    ) -> RunOutcome {
+        match message {
+            Message::Ack => self.ack(msg).await,
+            Message::Nack { delay } => self.nack(msg, delay).await,
+            Message::AckedWithAppend => {}
+        }
+        match end {
+            End::Committed => self.committed(&msg.load_id, committed.expect("only an append commits")).await,
+            End::AlreadyProcessed => RunOutcome::AlreadyProcessed,
+            End::Duplicate => RunOutcome::Duplicate,
+            End::Left(why) => RunOutcome::LeftForRedelivery(why),
+            End::Busy => RunOutcome::Busy,
+            End::Poison(why) => RunOutcome::Poison(why),
+        }
+    }
+
+    fn policy(&self) -> disposition::Policy {
+        disposition::Policy {
+            conflict_retries: self.settings.conflict_retries,
+            redelivery_delay: self.settings.redelivery_delay,
+        }
     }
 
     /// Read, project, filter, decide: everything before the append.
     async fn prepare(
         &self,
-        msg: &QueueMessage,
+        msg: &Received,
         event: &InboundEvent,
         fallback_reason: Option<&str>,
         started: Instant,
@@ -290,13 +336,12 @@ impl Worker {
         let load = &msg.load_id;
         let state = match self.projector.take(load).await {
             Ok(s) => s,
-            Err(e) => return Ok(Prepare::Done(self.left(msg, format!("reading the log failed: {e}")).await)),
+            Err(e) => return Ok(Prepare::Done(Happened::ReadFailed(e.to_string()))),
         };
         let version = state.version;
         if state.processed.contains(&event.event_id) {
             self.projector.put(load, state);
-            self.ack(msg).await;
-            return Ok(Prepare::Done(RunOutcome::AlreadyProcessed));
+            return Ok(Prepare::Done(Happened::AlreadyProcessed));
         }
         self.faults.check(FaultPoint::AfterRead, event.event_id.as_str())?;
         let now = self.clock.now();
@@ -306,125 +351,121 @@ impl Worker {
         };
         self.faults.check(FaultPoint::AfterDecide, event.event_id.as_str())?;
         if self.is_stopping() {
-            self.leave(msg, Duration::ZERO).await;
-            return Ok(Prepare::Done(RunOutcome::LeftForRedelivery("shutting down; abandoned before append".into())));
+            return Ok(Prepare::Done(Happened::Stopping));
         }
         if started.elapsed() > self.settings.run_timeout {
-            let why = "the run outlasted worker.run_timeout; abandoned before append";
-            return Ok(Prepare::Done(self.left(msg, why.into()).await));
+            return Ok(Prepare::Done(Happened::TimedOut));
         }
         Ok(Prepare::Ready(Box::new(Prepared { version, state, decision, now })))
     }
 
-    /// The append, guarded by the version the run read, and what follows it.
-    async fn commit(&self, msg: &QueueMessage, event: &InboundEvent, p: Box<Prepared>) -> Result<Commit, Crash> {
-        let load = &msg.load_id;
+    /// The append, guarded by the version the run read. What happened, and the run as
+    /// committed when it did.
+    async fn commit(
+        &self,
+        msg: &Received,
+        event: &InboundEvent,
+        p: Box<Prepared>,
+    ) -> Result<(Happened, Option<Committed>), Crash> {
         let ctx = event.event_id.as_str();
         let (entries, outbox) = match rows(event, &p.decision) {
             Ok(r) => r,
-            Err(e) => return Ok(Commit::Done(self.left(msg, e).await)),
+            Err(e) => return Ok((Happened::Unencodable(e), None)),
         };
         if self.faults.bugs.ack_before_append {
+            // The planted bug: the ack the disposition gives after the append, before it.
             self.ack(msg).await;
             self.faults.check(FaultPoint::AfterAppend, ctx)?;
         }
-        // The records as the store will hold them, to fold into the snapshot after.
-        let records: Vec<Record> = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| Record {
-                seq: p.version + 1 + i as u64,
-                entry_id: e.entry_id.clone(),
-                kind: e.kind.clone(),
-                payload: e.payload.clone(),
-                recorded_at: p.now,
-            })
-            .collect();
-        let mut acked_with_append = false;
-        let appended = if self.faults.bugs.skip_version_check {
-            match self.store.append(load, entries.clone(), p.version, outbox.clone(), p.now).await {
-                Err(AppendError::ConcurrencyConflict(c)) => {
-                    self.store.append(load, entries, c.actual, outbox, p.now).await
-                }
-                other => other,
-            }
-        } else if self.ack_in_append {
-            self.store.append_acking(load, entries, p.version, outbox, &msg.receipt, p.now).await.map(|(v, acked)| {
-                acked_with_append = true;
-                if !acked {
-                    // As a separate ack would have: the event is logged; the new
-                    // holder's run finds it processed.
-                    warn!("the message's receipt was stale at the append; it will be redelivered and found processed");
-                }
-                v
-            })
-        } else {
-            self.store.append(load, entries, p.version, outbox, p.now).await
-        };
-        match appended {
+        let records = Record::appended(
+            p.version,
+            entries.iter().map(|e| (e.entry_id.clone(), e.kind.clone(), e.payload.clone())),
+            p.now,
+        );
+        let (appended, with_ack) = self.append(msg, entries, p.version, outbox, p.now).await;
+        let happened = match appended {
             Ok(_) => {
                 if self.faults.check(FaultPoint::AppendAnswerLost, ctx).is_err() {
-                    return Ok(Commit::Done(self.left(msg, "the append's answer was lost".into()).await));
+                    return Ok((Happened::AnswerLost, None));
                 }
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
-                if !acked_with_append {
-                    self.ack(msg).await;
-                }
-                if let EventBody::LoadUpdate(u) = &event.body {
-                    self.index_facts(load, &p.state, u).await;
-                }
-                let Prepared { mut state, decision: d, .. } = *p;
-                for r in &records {
-                    state.apply(r);
-                }
-                self.projector.put(load, state);
-                if !d.actions.is_empty()
-                    && let Some(w) = self.wake_dispatcher.get()
-                {
-                    w.notify_one();
-                }
-                metrics::counter!("haul_decisions_total", "decider" => d.decider.clone(), "filtered" => d.filtered.to_string())
-                    .increment(1);
-                Ok(Commit::Done(RunOutcome::Committed {
-                    decider: d.decider,
-                    filtered: d.filtered,
-                    actions: d.actions.len(),
-                }))
+                let Prepared { state, decision, .. } = *p;
+                let load_update = match &event.body {
+                    EventBody::LoadUpdate(u) => Some(u.clone()),
+                    _ => None,
+                };
+                let committed = Committed { before: state, decision, records, load_update };
+                return Ok((Happened::Appended { with_ack }, Some(committed)));
             }
             Err(AppendError::ConcurrencyConflict(c)) => {
                 metrics::counter!("haul_append_conflicts_total").increment(1);
                 debug!(%c, "conflict: re-read, re-project, re-decide");
-                Ok(Commit::Conflict)
+                Happened::Conflict
             }
-            Err(AppendError::DuplicateEntry(_)) => {
-                self.ack(msg).await;
-                Ok(Commit::Done(RunOutcome::Duplicate))
-            }
+            Err(AppendError::DuplicateEntry(_)) => Happened::DuplicateEntry,
             Err(AppendError::DuplicateActionKey(k)) => {
                 error!(key = %k.key, decider = %p.decision.decider, "decision reused an action key; falling back to a Hero task");
-                Ok(Commit::Fallback(format!("the decision reused action key {}", k.key)))
+                Happened::DuplicateActionKey(k.key)
             }
-            Err(AppendError::Store(e)) => Ok(Commit::Done(self.left(msg, format!("append failed: {e}")).await)),
+            Err(AppendError::Store(e)) => Happened::AppendFailed(e.to_string()),
+        };
+        Ok((happened, None))
+    }
+
+    /// The append at `version`; with the ack in its transaction on the store's own
+    /// queue (the second value says so). The planted `skip_version_check` bug appends
+    /// a stale decision at whatever version the store has.
+    async fn append(
+        &self,
+        msg: &Received,
+        entries: Vec<NewEntry>,
+        version: u64,
+        outbox: Vec<NewOutboxRow>,
+        now: haul_core::Timestamp,
+    ) -> (Result<u64, AppendError>, bool) {
+        let load = &msg.load_id;
+        if self.faults.bugs.skip_version_check {
+            let appended = match self.store.append(load, entries.clone(), version, outbox.clone(), now).await {
+                Err(AppendError::ConcurrencyConflict(c)) => {
+                    self.store.append(load, entries, c.actual, outbox, now).await
+                }
+                other => other,
+            };
+            return (appended, false);
+        }
+        match self.queue_mode {
+            QueueMode::StoreQueue => {
+                let appended = self.store.append_acking(load, entries, version, outbox, &msg.receipt, now).await;
+                if let Ok((_, false)) = appended {
+                    // As a separate ack would have: the event is logged; the new
+                    // holder's run finds it processed.
+                    warn!("the message's receipt was stale at the append; it will be redelivered and found processed");
+                }
+                (appended.map(|(v, _)| v), true)
+            }
+            QueueMode::Separate => (self.store.append(load, entries, version, outbox, now).await, false),
         }
     }
 
-    /// Commits a prepared run; after a conflict or a fallback, goes on as `run` does.
-    async fn finish(
-        &self,
-        msg: &QueueMessage,
-        event: &InboundEvent,
-        prepared: Result<Prepare, Crash>,
-        started: Instant,
-    ) -> RunOutcome {
-        match prepared {
-            Ok(Prepare::Ready(p)) => match self.commit(msg, event, p).await {
-                Ok(Commit::Done(o)) => o,
-                Ok(_) => self.run(msg, event, started).await.unwrap_or_else(RunOutcome::Crashed),
-                Err(c) => RunOutcome::Crashed(c),
-            },
-            Ok(Prepare::Done(o)) => o,
-            Err(c) => RunOutcome::Crashed(c),
+    /// After a commit: the load index, the snapshot, the dispatcher's wake-up.
+    async fn committed(&self, load: &LoadId, c: Committed) -> RunOutcome {
+        let Committed { before, decision: d, records, load_update } = c;
+        if let Some(u) = &load_update {
+            self.index_facts(load, &before, u).await;
         }
+        let mut state = before;
+        for r in &records {
+            state.apply(r);
+        }
+        self.projector.put(load, state);
+        if !d.actions.is_empty()
+            && let Some(w) = self.wake_dispatcher.get()
+        {
+            w.notify_one();
+        }
+        metrics::counter!("haul_decisions_total", "decider" => d.decider.clone(), "filtered" => d.filtered.to_string())
+            .increment(1);
+        RunOutcome::Committed { decider: d.decider, filtered: d.filtered, actions: d.actions.len() }
     }
 
     /// Two runs that both read before either appends, as two processes given two
@@ -432,18 +473,39 @@ impl Worker {
     /// visibility lapse): `self` appends first, `other` second, then `other` goes on
     /// as a run does after a conflict. The simulator drives this; the version check
     /// is what keeps it harmless.
-    pub async fn interleave(&self, a: QueueMessage, other: &Worker, b: QueueMessage) -> (RunOutcome, RunOutcome) {
-        let (Some(ea), Some(eb)) = (parse_message(&a), parse_message(&b)) else {
+    pub async fn interleave(&self, a: Received, other: &Worker, b: Received) -> (RunOutcome, RunOutcome) {
+        let (Ok(ea), Ok(eb)) = (&a.event, &b.event) else {
             return (self.process(a).await, other.process(b).await);
         };
         let started = Instant::now();
-        let pa = self.prepare(&a, &ea, None, started).await;
-        let pb = other.prepare(&b, &eb, None, started).await;
-        let ra = self.finish(&a, &ea, pa, started).await;
-        let rb = other.finish(&b, &eb, pb, started).await;
+        let pa = self.prepare(&a, ea, None, started).await;
+        let pb = other.prepare(&b, eb, None, started).await;
+        let ra = self.go_on_interleaved(&a, ea, pa, started).await;
+        let rb = other.go_on_interleaved(&b, eb, pb, started).await;
         (ra, rb)
     }
 
+    /// Appends an interleaved run; after a conflict or a fallback, a run from its
+    /// first attempt.
+    async fn go_on_interleaved(
+        &self,
+        msg: &Received,
+        event: &InboundEvent,
+        prepared: Result<Prepare, Crash>,
+        started: Instant,
+    ) -> RunOutcome {
+        let then = match prepared {
+            Ok(p) => self.go_on(msg, event, p, 0).await,
+            Err(c) => Err(c),
+        };
+        match then {
+            Ok(Then::Done(o)) => o,
+            Ok(Then::Redecide | Then::Fallback(_)) => {
+                self.run(msg, event, started).await.unwrap_or_else(RunOutcome::Crashed)
+            }
+            Err(c) => RunOutcome::Crashed(c),
+        }
+    }
     /// The filter, else the decider under its time limit; a failed, late or invalid
     /// decision becomes the fallback.
     async fn decide(
@@ -473,7 +535,7 @@ impl Worker {
 
     /// Rewrites the load's derived facts (driver phone, active) after a load_update.
     /// Derived data: if this fails, the next load_update rewrites it.
-    async fn index_facts(&self, load: &LoadId, before: &LoadState, u: &haul_core::event::LoadUpdate) {
+    async fn index_facts(&self, load: &LoadId, before: &LoadState, u: &LoadUpdate) {
         let phone = u.driver_phone.as_deref().or(before.driver_phone.as_deref());
         let stage = u.stage.as_deref().or(before.stage.as_deref());
         let active = stage != Some(haul_core::projection::STAGE_DELIVERED);
@@ -482,7 +544,7 @@ impl Worker {
         }
     }
 
-    async fn ack(&self, msg: &QueueMessage) {
+    async fn ack(&self, msg: &Received) {
         if let Err(e) = self.queue.ack(&msg.receipt, self.clock.now()).await {
             // The run's work is durable; a lost ack only means a redelivery, which
             // the log turns into "already processed".
@@ -490,27 +552,17 @@ impl Worker {
         }
     }
 
-    async fn leave(&self, msg: &QueueMessage, delay: Duration) {
+    async fn nack(&self, msg: &Received, delay: Duration) {
         if let Err(e) = self.queue.nack(&msg.receipt, delay, self.clock.now()).await {
             warn!(error = %e, "nack failed; the visibility timeout will redeliver");
         }
-    }
-
-    async fn left(&self, msg: &QueueMessage, why: String) -> RunOutcome {
-        self.leave(msg, self.settings.redelivery_delay).await;
-        RunOutcome::LeftForRedelivery(why)
-    }
-
-    async fn poison(&self, msg: &QueueMessage, why: String) -> RunOutcome {
-        metrics::counter!("haul_queue_poison_total").increment(1);
-        self.ack(msg).await;
-        RunOutcome::Poison(why)
     }
 }
 
 enum Prepare {
     Ready(Box<Prepared>),
-    Done(RunOutcome),
+    /// The run stops before its append.
+    Done(Happened),
 }
 
 /// A decision ready to append at the version it was made on.
@@ -521,15 +573,21 @@ struct Prepared {
     now: haul_core::Timestamp,
 }
 
-enum Commit {
-    Done(RunOutcome),
-    Conflict,
-    Fallback(String),
+/// A run whose append committed: the state it decided on, its decision, and the
+/// records the append wrote.
+struct Committed {
+    before: LoadState,
+    decision: Decision,
+    records: Vec<Record>,
+    /// The event, when it updated the load's facts.
+    load_update: Option<LoadUpdate>,
 }
 
-fn parse_message(msg: &QueueMessage) -> Option<InboundEvent> {
-    let v = serde_json::from_str(&msg.body).ok()?;
-    InboundEvent::from_json(msg.load_id.clone(), v).ok().filter(|e| e.event_id.as_str() == msg.event_id)
+/// Where a run goes after an attempt.
+enum Then {
+    Done(RunOutcome),
+    Redecide,
+    Fallback(String),
 }
 
 /// The two log entries and the outbox rows of one run.

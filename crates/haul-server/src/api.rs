@@ -26,6 +26,7 @@ use haul_core::ids::LoadId;
 use haul_core::mask::clip_quotes;
 use haul_core::{Clock, InboundEvent};
 use haul_runtime::inspect::load_view;
+use haul_runtime::queue::EventQueue;
 use haul_store::{LoadQueue, Published, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
@@ -44,7 +45,7 @@ pub const SMS_PER_MINUTE: u32 = 30;
 
 pub struct ApiState {
     pub store: Arc<dyn Store>,
-    pub queue: Arc<dyn LoadQueue>,
+    pub queue: EventQueue,
     pub clock: Arc<dyn Clock>,
     /// Accepted bearer tokens (several, for rotation).
     pub tokens: Vec<String>,
@@ -73,7 +74,7 @@ impl ApiState {
     ) -> Self {
         ApiState {
             store,
-            queue,
+            queue: EventQueue::new(queue),
             clock,
             tokens,
             twilio_auth_token,
@@ -309,8 +310,7 @@ async fn post_event(
 
 /// Queues an event; a repeat of an id answers `duplicate`, or 422 when its payload differs.
 pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: bool) -> Response {
-    let body = event.to_json().to_string();
-    match s.queue.publish(&event.load_id, event.event_id.as_str(), &body, s.clock.now()).await {
+    match s.queue.publish(event, s.clock.now()).await {
         Ok(Published::New) => {
             metrics::counter!("haul_events_accepted_total", "kind" => event.kind()).increment(1);
             if let Some(w) = &s.wake_worker {
@@ -319,25 +319,22 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
             (StatusCode::ACCEPTED, axum::Json(json!({"event_id": event.event_id, "status": "queued"}))).into_response()
         }
         Ok(Published::Duplicate) => {
-            let first = match s.queue.published_body(&event.load_id, event.event_id.as_str()).await {
-                Ok(b) => b,
+            let first = match s.queue.published_event(&event.load_id, &event.event_id).await {
+                Ok(first) => first,
                 Err(e) => {
                     error!(error = %e, "reading the first copy of a duplicate failed");
                     return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again");
                 }
             };
-            let same = first
-                .and_then(|b| serde_json::from_str::<Value>(&b).ok())
-                .and_then(|v| InboundEvent::from_json(event.load_id.clone(), v).ok())
-                .is_none_or(|mut first| {
-                    // A ping sent twice without `at` got the receive time each time.
-                    if at_defaulted
-                        && let (EventBody::LocationPing(f), EventBody::LocationPing(n)) = (&mut first.body, &event.body)
-                    {
-                        f.at = n.at;
-                    }
-                    first == *event
-                });
+            let same = first.is_none_or(|mut first| {
+                // A ping sent twice without `at` got the receive time each time.
+                if at_defaulted
+                    && let (EventBody::LocationPing(f), EventBody::LocationPing(n)) = (&mut first.body, &event.body)
+                {
+                    f.at = n.at;
+                }
+                first == *event
+            });
             if same {
                 (StatusCode::OK, axum::Json(json!({"event_id": event.event_id, "status": "duplicate"}))).into_response()
             } else {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use haul_config::{Config, DeciderKind, QueueKind};
-use haul_core::Clock;
+use haul_core::{Clock, QueueMode};
 use haul_runtime::channels::Channels;
 use haul_runtime::clock::SystemClock;
 use haul_runtime::loops::{dispatcher_loop, pump_loop, worker_loop};
@@ -89,27 +89,19 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
             Some(Arc::new(d))
         }
     };
-    let queue: Arc<dyn LoadQueue> = match config.queue.kind {
-        QueueKind::Store => store.clone(),
-        QueueKind::Sqs => haul_runtime::store::open_sqs(&config.queue).await?,
+    let (queue, queue_mode): (Arc<dyn LoadQueue>, _) = match config.queue.kind {
+        QueueKind::Store => (store.clone(), QueueMode::StoreQueue),
+        QueueKind::Sqs => (haul_runtime::store::open_sqs(&config.queue).await?, QueueMode::Separate),
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let channels = Channels::from_config(&config.channels, store.clone())?;
-    let modes: Vec<String> = [
-        ("sms", &channels.sms),
-        ("hero", &channels.hero),
-        ("slack", &channels.slack),
-        ("tms", &channels.tms),
-        ("ops", &channels.ops),
-    ]
-    .iter()
-    .map(|(n, c)| format!("{n}={}", c.mode()))
-    .collect();
+    let modes: Vec<String> = channels.iter().map(|(n, c)| format!("{n}={}", c.mode())).collect();
     let pipeline = Pipeline::new(
         &config,
         Parts {
             store: store.clone(),
             queue: queue.clone(),
+            queue_mode,
             channels,
             clock: clock.clone(),
             faults: Default::default(),

@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use haul_core::action::{Action, ActionType};
 use haul_core::decision::DECISION_RECORDED;
-use haul_core::ids::LoadId;
+use haul_core::ids::{EventId, LoadId, decision_entry_id, ops_alert_outbox_id};
 use haul_core::projection::{Record, project};
 use haul_core::time::Timestamp;
-use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_postgres::testing::FreshStore;
 use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
 use serde::Serialize;
@@ -36,6 +36,7 @@ use haul_config::Config;
 use haul_runtime::faults::Faults;
 use haul_runtime::llm::{LlmDecider, LlmSettings};
 use haul_runtime::pipeline::{Parts, Pipeline};
+use haul_runtime::queue::EventQueue;
 use scenario::{Expect, Scenario, SentExpect};
 
 /// Which store each scenario runs on.
@@ -267,7 +268,7 @@ struct Run {
     clock: Arc<FakeClock>,
     svc: FakeServices,
     pipeline: Pipeline,
-    queue: Arc<dyn LoadQueue>,
+    queue: EventQueue,
     /// The SQS queue to delete when the scenario ends.
     #[cfg(feature = "sqs")]
     sqs: Option<Arc<haul_sqs::SqsQueue>>,
@@ -312,13 +313,13 @@ impl Run {
             }
         };
         #[cfg(feature = "sqs")]
-        let queue: Arc<dyn LoadQueue> = match &sqs {
-            Some(q) => q.clone(),
-            None => store.clone(),
+        let (queue, queue_mode): (Arc<dyn LoadQueue>, _) = match &sqs {
+            Some(q) => (q.clone(), QueueMode::Separate),
+            None => (store.clone(), QueueMode::StoreQueue),
         };
         #[cfg(not(feature = "sqs"))]
-        let queue: Arc<dyn LoadQueue> = match queue {
-            EvalQueue::Store => store.clone(),
+        let (queue, queue_mode): (Arc<dyn LoadQueue>, _) = match queue {
+            EvalQueue::Store => (store.clone(), QueueMode::StoreQueue),
             EvalQueue::Sqs(_) => anyhow::bail!("--queue sqs needs a build with SQS (cargo build --features sqs)"),
         };
         let clock = Arc::new(FakeClock::new(s.start));
@@ -347,6 +348,7 @@ impl Run {
         let parts = Parts {
             store: store.clone(),
             queue: queue.clone(),
+            queue_mode,
             channels: svc.channels(None, Duration::from_secs(5))?,
             clock: clock.clone(),
             faults,
@@ -358,7 +360,7 @@ impl Run {
             clock,
             svc,
             pipeline,
-            queue,
+            queue: EventQueue::new(queue),
             #[cfg(feature = "sqs")]
             sqs,
             load: s.load.clone(),
@@ -397,12 +399,8 @@ impl Run {
     }
 
     async fn publish(&mut self, event: &InboundEvent, repeat: u32) -> Result<(), String> {
-        let body = event.to_json().to_string();
         for _ in 0..repeat {
-            self.queue
-                .publish(&event.load_id, event.event_id.as_str(), &body, self.clock.now())
-                .await
-                .map_err(|e| e.to_string())?;
+            self.queue.publish(event, self.clock.now()).await.map_err(|e| e.to_string())?;
         }
         self.loads.insert(event.load_id.clone());
         self.published.push((event.load_id.clone(), event.event_id.to_string()));
@@ -488,7 +486,7 @@ impl Run {
         let store_err = |m: String| ("store".to_string(), m);
         let new_effects: Vec<Effect> = self.svc.effects().into_iter().skip(self.effects_seen).collect();
         if let Some(want) = &e.sent {
-            let got: Vec<&Effect> = new_effects.iter().filter(|e| e.channel != "ops").collect();
+            let got: Vec<&Effect> = new_effects.iter().filter(|e| e.channel != Channel::Ops.config_name()).collect();
             check_sent(want, &got).map_err(|m| ("sent".to_string(), m))?;
         }
         if let Some(want) = e.llm_calls {
@@ -505,8 +503,8 @@ impl Run {
         if let Some(want) = &e.ops_alerts {
             let got: BTreeSet<String> = new_effects
                 .iter()
-                .filter(|e| e.channel == "ops")
-                .map(|e| e.key.strip_prefix("alert:").unwrap_or(&e.key).to_owned())
+                .filter(|e| e.channel == Channel::Ops.config_name())
+                .map(|e| ops_alert_outbox_id(&e.key).unwrap_or(&e.key).to_owned())
                 .collect();
             same_set("ops_alerts", want.iter().cloned().collect(), got)?;
         }
@@ -626,9 +624,10 @@ impl Run {
                 if r.kind == DECISION_RECORDED {
                     continue;
                 }
-                let dec = format!("dec:{}", r.entry_id);
-                let next_ok = recs.get(i + 1).is_some_and(|n| n.entry_id == dec && n.kind == DECISION_RECORDED);
-                let count = recs.iter().filter(|n| n.entry_id == dec).count();
+                let dec = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
+                let is_dec = |n: &Record| Some(&n.entry_id) == dec.as_ref();
+                let next_ok = recs.get(i + 1).is_some_and(|n| is_dec(n) && n.kind == DECISION_RECORDED);
+                let count = recs.iter().filter(|n| is_dec(n)).count();
                 if !next_ok || count != 1 {
                     return Err((
                         "invariant 2".into(),
@@ -670,13 +669,9 @@ fn same_set(key: &str, want: BTreeSet<String>, got: BTreeSet<String>) -> Result<
     Err((key.into(), format!("missing {missing:?}, unexpected {unexpected:?}")))
 }
 
-fn channel_label(internal: &str) -> &str {
-    match internal {
-        "hero" => "hero_task",
-        "slack" => "hero_slack",
-        "tms" => "stage",
-        other => other,
-    }
+/// A fake service's channel (its config name) as scenario files name it.
+fn channel_label(config_name: &str) -> &str {
+    Channel::from_config_name(config_name).map_or(config_name, |c| c.scenario_name())
 }
 
 fn matches(want: &SentExpect, got: &Effect) -> bool {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, add};
-use haul_core::{InboundEvent, parse_duration};
+use haul_core::{Channel, InboundEvent, parse_duration};
 use serde::Deserialize;
 use serde_json::Value;
 use toml::Spanned;
@@ -253,19 +253,11 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
     for f in &file.fault {
         let span = f.span();
         let f = f.get_ref();
-        let channel = match f.channel.as_str() {
-            "sms" => "sms",
-            "hero_task" => "hero",
-            "hero_slack" => "slack",
-            "stage" => "tms",
-            "ops" => "ops",
-            other => {
-                return Err(err(
-                    span,
-                    "fault.channel",
-                    format!("{other:?} is not sms, hero_task, hero_slack, stage or ops"),
-                ));
-            }
+        let Some(channel) = Channel::from_scenario_name(&f.channel) else {
+            let names: Vec<&str> = Channel::ALL.map(Channel::scenario_name).to_vec();
+            let (last, rest) = names.split_last().expect("there are channels");
+            let message = format!("{:?} is not {} or {last}", f.channel, rest.join(", "));
+            return Err(err(span, "fault.channel", message));
         };
         let kind = match f.kind.as_str() {
             "retryable" => FaultKind::Retryable,
@@ -280,7 +272,7 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
                 ));
             }
         };
-        faults.push(FaultRule { channel: channel.into(), key: f.key.clone(), kind, times: f.times });
+        faults.push(FaultRule { channel: channel.config_name().into(), key: f.key.clone(), kind, times: f.times });
     }
     if file.step.len() > MAX_STEPS {
         return Err(FileError { line: None, key: "step".into(), message: format!("more than {MAX_STEPS} steps") });

@@ -9,14 +9,15 @@ use haul_config::Config;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::time::{Timestamp, add};
-use haul_core::{Clock, FakeClock, InboundEvent};
+use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
 use haul_harness::testkit::{FakeServices, FlakyQueue};
 use haul_runtime::channels::Channels;
 use haul_runtime::decider::Decider;
 use haul_runtime::dispatcher::{Dispatcher, DispatcherSettings};
 use haul_runtime::faults::Faults;
 use haul_runtime::pipeline::{Parts, Pipeline, Round};
-use haul_store::{LoadQueue, OutboxRow, QueueMessage, Store};
+use haul_runtime::queue::Received;
+use haul_store::{LoadQueue, OutboxRow, Store};
 use serde_json::{Value, json};
 
 pub const LOAD: &str = "481207";
@@ -99,6 +100,8 @@ pub async fn harness(store: Arc<dyn Store>, config: Config, faults: Faults, deci
     let parts = Parts {
         store: store.clone(),
         queue: queue.clone(),
+        // A FlakyQueue over the store: another object, so acks and publishes are steps of their own.
+        queue_mode: QueueMode::Separate,
         channels: channels.clone(),
         clock: clock.clone(),
         faults,
@@ -165,6 +168,7 @@ impl H {
         Arc::new(Dispatcher::new(
             self.store.clone(),
             self.queue.clone(),
+            QueueMode::Separate,
             self.channels.clone(),
             self.clock.clone(),
             DispatcherSettings {
@@ -172,23 +176,16 @@ impl H {
                 lease: self.config.dispatcher.lease,
                 retry: self.config.dispatcher.retry.policy(),
                 sequential: false,
+                jitter_seed: Some(seed),
             },
             Faults::default(),
-            Some(seed),
         ))
     }
 
     /// A message as the queue would hand it out, for delivering one twice.
-    pub fn message(&self, event: Value) -> QueueMessage {
+    pub fn message(&self, event: Value) -> Received {
         let ev = InboundEvent::from_json(self.load.clone(), event).unwrap();
-        QueueMessage {
-            load_id: self.load.clone(),
-            event_id: ev.event_id.to_string(),
-            body: ev.to_json().to_string(),
-            enqueued_at: self.now(),
-            receipt: "0.not-from-the-queue".into(),
-            receive_count: 1,
-        }
+        Received::of_event(ev, "0.not-from-the-queue", self.now())
     }
 }
 

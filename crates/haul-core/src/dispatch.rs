@@ -1,0 +1,495 @@
+//! What the dispatcher does with a claimed row, as a plan of effects (ADR 0003).
+//!
+//! After a row's send, everything that follows is decided here, from the row's facts,
+//! the send's result, `now`, the `RetryPolicy`, a jitter draw and the queue mode: the
+//! outcome is published before the row is marked (a crash between them re-sends and
+//! re-publishes, both deduplicated; the reverse order could lose the outcome), when a
+//! failure is retried and when the row is buried, which OpsAlert a dead row's channel
+//! class calls for and that it is raised only once the outcome is published. The
+//! runtime executes a plan's effects in order and comes back here when one fails;
+//! it decides nothing itself, so the rules are tested as data.
+
+use serde_json::json;
+
+use crate::action::{ActionType, ChannelClass, ServiceCall};
+use crate::channel::Channel;
+use crate::event::{ActionOutcome, EventBody, InboundEvent};
+use crate::ids::{LoadId, action_outcome_event_id, ops_alert_key};
+use crate::outcome::OutcomeStatus;
+use crate::queue_mode::QueueMode;
+use crate::retry::{RetryDecision, RetryPolicy};
+use crate::time::Timestamp;
+
+/// What the plans need to know about a claimed (or dead) row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub outbox_id: String,
+    pub load_id: LoadId,
+    pub action_type: ActionType,
+    /// Failed attempts before this one.
+    pub attempts: u32,
+    /// Set on the row's first claim; the retry budget runs from it.
+    pub first_attempt_at: Option<Timestamp>,
+}
+
+/// How a send ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// The service (or the TimerStore) applied it; its receipt.
+    Delivered { receipt: String },
+    /// It may succeed later.
+    Retryable(String),
+    /// It will not succeed by retrying.
+    Permanent(String),
+}
+
+/// One thing the dispatcher does to the queue, the outbox or the ops service.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Publish an `action_outcome` to the load queue.
+    Publish(InboundEvent),
+    /// Mark the row dispatched (needs the claim).
+    MarkDispatched { receipt: String },
+    /// `Publish` then `MarkDispatched` in one transaction of the store that is also
+    /// the queue ([`QueueMode::StoreQueue`]).
+    PublishAndMark { event: InboundEvent, receipt: String },
+    /// Record a failed attempt; the row is due again at `retry_at` (needs the claim).
+    MarkRetry { retry_at: Timestamp, attempts: u32, failure: String },
+    /// Mark the row dead (needs the claim).
+    MarkDead { failure: String },
+    /// Send an OpsAlert to the ops service.
+    RaiseAlert(Alert),
+    /// Record that a dead row's outcome (and alert) went out, so the sweep leaves it.
+    MarkOutcomePublished,
+}
+
+/// What a failed effect means. A stale claim always stops the plan: the row is
+/// another dispatcher's, and every later effect would be refused too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IfFailed {
+    /// The attempt failed: plan again with [`after_failure`], the effect's error as
+    /// the reason.
+    FailAttempt,
+    /// Stop: nothing more is done, the lease lapses and the row is claimed again.
+    Stop,
+    /// Best effort: the later `LeaveToSweep` steps are skipped (an alert only after
+    /// its outcome, the settled mark only after both) and the others still run; the
+    /// sweep repeats the skipped ones on a later pass.
+    LeaveToSweep,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub effect: Effect,
+    pub if_failed: IfFailed,
+}
+
+/// How a row ends when every step of its plan succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    Delivered,
+    Retrying { retry_at: Timestamp },
+    Buried,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    pub settled: Settled,
+}
+
+/// What comes after a send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    Plan(Plan),
+    /// The attempt failed for this reason: the plan is [`after_failure`]'s, with a
+    /// jitter the caller draws now (only a failed attempt draws one).
+    AttemptFailed(String),
+}
+
+/// The OpsAlert a dead row's channel class calls for: a failed Hero-channel or
+/// internal action is an infrastructure incident, never a Hero task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AlertKind {
+    HeroChannelFailure,
+    InternalFailure,
+}
+
+impl AlertKind {
+    pub const ALL: [AlertKind; 2] = [AlertKind::HeroChannelFailure, AlertKind::InternalFailure];
+
+    pub fn for_class(class: ChannelClass) -> Option<AlertKind> {
+        match class {
+            ChannelClass::External => None,
+            ChannelClass::HeroChannel => Some(AlertKind::HeroChannelFailure),
+            ChannelClass::Internal => Some(AlertKind::InternalFailure),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertKind::HeroChannelFailure => "hero_channel_failure",
+            AlertKind::InternalFailure => "internal_failure",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alert {
+    pub kind: AlertKind,
+    pub outbox_id: String,
+    pub load_id: LoadId,
+    pub action_type: ActionType,
+    pub failure: String,
+}
+
+impl Alert {
+    /// The ops service's idempotency key: one alert per row, however often raised.
+    pub fn key(&self) -> String {
+        ops_alert_key(&self.outbox_id)
+    }
+
+    pub fn call(&self) -> ServiceCall {
+        ServiceCall {
+            channel: Channel::Ops,
+            path: "/v1/alerts".into(),
+            body: json!({
+                "kind": self.kind.as_str(),
+                "load_id": self.load_id,
+                "outbox_id": self.outbox_id,
+                "action_type": self.action_type,
+                "failure": self.failure,
+            }),
+        }
+    }
+}
+
+fn step(effect: Effect, if_failed: IfFailed) -> Step {
+    Step { effect, if_failed }
+}
+
+/// After a send: a delivery is published and marked, a permanent failure buried, a
+/// retryable one is a failed attempt.
+pub fn after_send(row: &Row, sent: Sent, mode: QueueMode) -> Next {
+    match sent {
+        Sent::Delivered { receipt } => Next::Plan(delivered(row, receipt, mode)),
+        Sent::Retryable(why) => Next::AttemptFailed(why),
+        Sent::Permanent(why) => Next::Plan(bury(row, why)),
+    }
+}
+
+/// Outcome first, mark second; in one transaction on the store's own queue. A failed
+/// publish is a failed attempt like any other (the service dedupes the resend).
+pub fn delivered(row: &Row, receipt: String, mode: QueueMode) -> Plan {
+    let event = outcome_event(row, OutcomeStatus::Delivered, Some(&receipt), None);
+    let steps = match mode {
+        QueueMode::StoreQueue => vec![step(Effect::PublishAndMark { event, receipt }, IfFailed::FailAttempt)],
+        QueueMode::Separate => vec![
+            step(Effect::Publish(event), IfFailed::FailAttempt),
+            step(Effect::MarkDispatched { receipt }, IfFailed::Stop),
+        ],
+    };
+    Plan { steps, settled: Settled::Delivered }
+}
+
+/// A failed attempt (`why`): retried by the policy, or buried once attempts or the
+/// budget are spent. `jitter` in `[0, 1)`.
+pub fn after_failure(row: &Row, why: &str, now: Timestamp, policy: &RetryPolicy, jitter: f64) -> Plan {
+    let attempts = row.attempts + 1;
+    let first_attempt_at = row.first_attempt_at.unwrap_or(now);
+    match policy.after_failure(attempts, first_attempt_at, now, jitter) {
+        RetryDecision::RetryAt(retry_at) => Plan {
+            steps: vec![step(
+                Effect::MarkRetry { retry_at, attempts, failure: format!("attempt {attempts}: {why}") },
+                IfFailed::Stop,
+            )],
+            settled: Settled::Retrying { retry_at },
+        },
+        RetryDecision::Dead(spent) => bury(row, format!("{why} ({spent})")),
+    }
+}
+
+/// The failed outcome (best effort), the row dead, then the OpsAlert its class calls
+/// for and the settled mark, both only once the outcome is out: an outage leaves them
+/// to the sweep instead of paging on every pass.
+pub fn bury(row: &Row, why: String) -> Plan {
+    let mut steps = vec![
+        step(Effect::Publish(outcome_event(row, OutcomeStatus::Failed, None, Some(&why))), IfFailed::LeaveToSweep),
+        step(Effect::MarkDead { failure: why.clone() }, IfFailed::Stop),
+    ];
+    steps.extend(settle(row, why));
+    Plan { steps, settled: Settled::Buried }
+}
+
+/// A dead row whose failed outcome never reached the queue: publish it, then settle
+/// as [`bury`] would have.
+pub fn sweep(row: &Row, last_failure: Option<&str>) -> Plan {
+    let why = last_failure.unwrap_or("unknown failure").to_owned();
+    let mut steps = vec![step(
+        Effect::Publish(outcome_event(row, OutcomeStatus::Failed, None, Some(&why))),
+        IfFailed::LeaveToSweep,
+    )];
+    steps.extend(settle(row, why));
+    Plan { steps, settled: Settled::Buried }
+}
+
+fn settle(row: &Row, why: String) -> Vec<Step> {
+    let alert = AlertKind::for_class(row.action_type.class()).map(|kind| {
+        let alert = Alert {
+            kind,
+            outbox_id: row.outbox_id.clone(),
+            load_id: row.load_id.clone(),
+            action_type: row.action_type,
+            failure: why,
+        };
+        step(Effect::RaiseAlert(alert), IfFailed::LeaveToSweep)
+    });
+    alert.into_iter().chain([step(Effect::MarkOutcomePublished, IfFailed::LeaveToSweep)]).collect()
+}
+
+/// The `action_outcome` of a row, as the event the load queue carries.
+pub fn outcome_event(row: &Row, status: OutcomeStatus, receipt: Option<&str>, failure: Option<&str>) -> InboundEvent {
+    let class = row.action_type.class();
+    let outcome = ActionOutcome {
+        outbox_id: row.outbox_id.clone(),
+        action_type: row.action_type,
+        status,
+        // Bounded and cleaned as the event validator requires: a service's answer must
+        // not turn the outcome into a message the worker cannot read.
+        receipt: receipt.map(|r| clean(r, 256)),
+        failure: failure.map(|f| clean(f, 2000)),
+        hero_channel: class == ChannelClass::HeroChannel,
+        internal: class == ChannelClass::Internal,
+    };
+    InboundEvent {
+        load_id: row.load_id.clone(),
+        event_id: action_outcome_event_id(&row.outbox_id, status),
+        body: EventBody::ActionOutcome(outcome),
+    }
+}
+
+fn clean(s: &str, max_chars: usize) -> String {
+    s.chars().map(|c| if c.is_control() { ' ' } else { c }).take(max_chars).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Timestamp {
+        format!("2026-03-02T{s}Z").parse().unwrap()
+    }
+
+    fn row(action_type: ActionType, attempts: u32) -> Row {
+        Row {
+            outbox_id: format!("L1/e1/{action_type}"),
+            load_id: LoadId::parse("L1").unwrap(),
+            action_type,
+            attempts,
+            first_attempt_at: (attempts > 0).then(|| t("07:00:00")),
+        }
+    }
+
+    /// A step as one line: the effect, its key facts, and what its failure means.
+    fn line(s: &Step) -> String {
+        let outcome = |e: &InboundEvent| match &e.body {
+            EventBody::ActionOutcome(o) => {
+                let why = o.failure.as_deref().or(o.receipt.as_deref()).unwrap_or("");
+                let class = if o.hero_channel {
+                    " hero_channel"
+                } else if o.internal {
+                    " internal"
+                } else {
+                    ""
+                };
+                format!("{} {why}{class}", o.status.as_str())
+            }
+            other => panic!("not an outcome: {other:?}"),
+        };
+        let effect = match &s.effect {
+            Effect::Publish(e) => format!("publish {}", outcome(e)),
+            Effect::MarkDispatched { receipt } => format!("mark_dispatched {receipt}"),
+            Effect::PublishAndMark { event, receipt } => format!("publish_and_mark {} {receipt}", outcome(event)),
+            Effect::MarkRetry { retry_at, attempts, failure } => {
+                format!("mark_retry {} #{attempts} {failure}", retry_at.strftime("%H:%M:%S%.3f"))
+            }
+            Effect::MarkDead { failure } => format!("mark_dead {failure}"),
+            Effect::RaiseAlert(a) => format!("alert {} {}", a.kind.as_str(), a.failure),
+            Effect::MarkOutcomePublished => "mark_outcome_published".into(),
+        };
+        let if_failed = match s.if_failed {
+            IfFailed::FailAttempt => "fail_attempt",
+            IfFailed::Stop => "stop",
+            IfFailed::LeaveToSweep => "sweep",
+        };
+        format!("{effect} | {if_failed}")
+    }
+
+    fn check_plan(plan: Plan, expected: (&[&str], Settled)) {
+        let got: Vec<String> = plan.steps.iter().map(line).collect();
+        assert_eq!((got.iter().map(String::as_str).collect::<Vec<_>>().as_slice(), plan.settled), expected);
+    }
+
+    fn check(row: Row, sent: Sent, mode: QueueMode, expected: Result<(&[&str], Settled), &str>) {
+        match (after_send(&row, sent.clone(), mode), expected) {
+            (Next::Plan(plan), Ok(want)) => check_plan(plan, want),
+            (Next::AttemptFailed(why), Err(want)) => assert_eq!(why, want),
+            (got, want) => panic!("{sent:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn after_a_send() {
+        use ActionType::*;
+        use QueueMode::*;
+        let ok = || Sent::Delivered { receipt: "r-1".into() };
+        check(
+            row(SendSms, 0),
+            ok(),
+            Separate,
+            Ok((&["publish delivered r-1 | fail_attempt", "mark_dispatched r-1 | stop"], Settled::Delivered)),
+        );
+        check(
+            row(SendSms, 0),
+            ok(),
+            StoreQueue,
+            Ok((&["publish_and_mark delivered r-1 r-1 | fail_attempt"], Settled::Delivered)),
+        );
+        check(row(SendSms, 3), Sent::Retryable("HTTP 503".into()), Separate, Err("HTTP 503"));
+        check(
+            row(SendSms, 0),
+            Sent::Permanent("HTTP 422".into()),
+            StoreQueue,
+            Ok((
+                &["publish failed HTTP 422 | sweep", "mark_dead HTTP 422 | stop", "mark_outcome_published | sweep"],
+                Settled::Buried,
+            )),
+        );
+        check(
+            row(CreateHeroTask, 0),
+            Sent::Permanent("HTTP 400".into()),
+            Separate,
+            Ok((
+                &[
+                    "publish failed HTTP 400 hero_channel | sweep",
+                    "mark_dead HTTP 400 | stop",
+                    "alert hero_channel_failure HTTP 400 | sweep",
+                    "mark_outcome_published | sweep",
+                ],
+                Settled::Buried,
+            )),
+        );
+        check(
+            row(SetTimer, 0),
+            Sent::Permanent("bad".into()),
+            Separate,
+            Ok((
+                &[
+                    "publish failed bad internal | sweep",
+                    "mark_dead bad | stop",
+                    "alert internal_failure bad | sweep",
+                    "mark_outcome_published | sweep",
+                ],
+                Settled::Buried,
+            )),
+        );
+    }
+
+    #[test]
+    fn after_a_failed_attempt() {
+        let policy = RetryPolicy::default();
+        let check = |attempts: u32, now: &str, jitter: f64, expected: (&[&str], Settled)| {
+            check_plan(after_failure(&row(ActionType::SendSms, attempts), "boom", t(now), &policy, jitter), expected)
+        };
+        let retrying = |at: &str| Settled::Retrying { retry_at: t(at) };
+        // The first failure: 1s base, equal jitter over [0.5s, 1s].
+        check(0, "07:00:00", 0.0, (&["mark_retry 07:00:00.500 #1 attempt 1: boom | stop"], retrying("07:00:00.5")));
+        check(0, "07:00:00", 1.0, (&["mark_retry 07:00:01.000 #1 attempt 1: boom | stop"], retrying("07:00:01")));
+        // The fourth: d = 8s, 6s at jitter 0.5.
+        check(3, "07:00:10", 0.5, (&["mark_retry 07:00:16.000 #4 attempt 4: boom | stop"], retrying("07:00:16")));
+        // Attempts spent: buried with the reason.
+        check(
+            7,
+            "07:01:00",
+            0.5,
+            (
+                &[
+                    "publish failed boom (gave up after 8 attempts) | sweep",
+                    "mark_dead boom (gave up after 8 attempts) | stop",
+                    "mark_outcome_published | sweep",
+                ],
+                Settled::Buried,
+            ),
+        );
+        // Budget spent (150 s from the first attempt at 07:00:00).
+        check(
+            2,
+            "07:02:29",
+            1.0,
+            (
+                &[
+                    "publish failed boom (retry budget of 150s spent (149s since the first attempt)) | sweep",
+                    "mark_dead boom (retry budget of 150s spent (149s since the first attempt)) | stop",
+                    "mark_outcome_published | sweep",
+                ],
+                Settled::Buried,
+            ),
+        );
+    }
+
+    #[test]
+    fn the_sweep_settles_as_a_burial_would() {
+        check_plan(
+            sweep(&row(ActionType::PostHeroSlack, 8), Some("HTTP 500")),
+            (
+                &[
+                    "publish failed HTTP 500 hero_channel | sweep",
+                    "alert hero_channel_failure HTTP 500 | sweep",
+                    "mark_outcome_published | sweep",
+                ],
+                Settled::Buried,
+            ),
+        );
+        check_plan(
+            sweep(&row(ActionType::SendSms, 8), None),
+            (&["publish failed unknown failure | sweep", "mark_outcome_published | sweep"], Settled::Buried),
+        );
+    }
+
+    #[test]
+    fn outcomes_are_bounded_and_clean() {
+        let long = format!("a\u{0}b{}", "x".repeat(3000));
+        let e = outcome_event(&row(ActionType::UpdateStage, 0), OutcomeStatus::Failed, Some("r\n1"), Some(&long));
+        assert_eq!(e.event_id.as_str(), "evt:out:L1/e1/update_stage:failed");
+        let EventBody::ActionOutcome(o) = &e.body else { panic!() };
+        assert_eq!(o.receipt.as_deref(), Some("r 1"));
+        assert_eq!(o.failure.as_ref().map(|f| f.chars().count()), Some(2000));
+        assert!(o.failure.as_deref().unwrap().starts_with("a b"));
+        assert!(o.internal && !o.hero_channel);
+        // What the worker will read back.
+        assert!(InboundEvent::from_json(e.load_id.clone(), e.to_json()).is_ok());
+    }
+
+    #[test]
+    fn alerts() {
+        let alert = Alert {
+            kind: AlertKind::InternalFailure,
+            outbox_id: "L1/e1/set_timer".into(),
+            load_id: LoadId::parse("L1").unwrap(),
+            action_type: ActionType::SetTimer,
+            failure: "store down".into(),
+        };
+        assert_eq!(alert.key(), "alert:L1/e1/set_timer");
+        let call = alert.call();
+        assert_eq!((call.channel, call.path.as_str()), (Channel::Ops, "/v1/alerts"));
+        assert_eq!(
+            call.body,
+            json!({"kind": "internal_failure", "load_id": "L1", "outbox_id": "L1/e1/set_timer",
+                   "action_type": "set_timer", "failure": "store down"})
+        );
+        for t in ActionType::ALL {
+            let kind = AlertKind::for_class(t.class());
+            assert_eq!(kind.is_none(), t.class() == ChannelClass::External, "{t}");
+        }
+    }
+}
