@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use haul_core::action::ChannelClass;
-use haul_core::ids::{LoadId, action_outcome_event_id, ops_alert_key};
-use haul_core::{Channel, Clock, OutcomeStatus};
+
+use haul_core::ids::LoadId;
+use haul_core::{Channel, Clock};
 use haul_store::{OutboxStatus, Store};
 use serde_json::{Value, json};
 
 use haul_runtime::clock::SystemClock;
+
+use crate::invariants;
 
 /// Posts events for `loads` loads for `seconds`, and writes `load event_id` for each one
 /// the API accepted (202, or 200 for a duplicate) to `accepted`.
@@ -104,54 +106,21 @@ pub async fn check(store: Arc<dyn Store>, services: &str, accepted: &Path, timeo
         by_load.entry(l.to_owned()).or_default().push(e.to_owned());
     }
     let stats: Value = reqwest::get(format!("{services}/stats")).await?.json().await?;
-    if let Some(c) = stats["conflicts"].as_array().and_then(|a| a.first()) {
-        bail!("{c} reached its service twice with different payloads");
-    }
+    let conflicts: Vec<String> =
+        stats["conflicts"].as_array().into_iter().flatten().filter_map(|c| c.as_str().map(str::to_owned)).collect();
+    invariants::one_payload_per_key(&conflicts)?;
+    let effects =
+        |c: Channel, key: &str| stats["effects"][format!("{} {key}", c.config_name())].as_u64().unwrap_or(0) as usize;
     let (mut events, mut rows) = (0usize, 0usize);
     for (l, ids) in &by_load {
         let load = LoadId::parse(l)?;
         let (recs, _) = store.read(&load).await?;
-        if recs.iter().enumerate().any(|(i, r)| r.seq != i as u64 + 1) {
-            bail!("the log of {l} has a gap in seq");
-        }
-        for id in ids {
-            let n = recs.iter().filter(|r| &r.entry_id == id).count();
-            if n != 1 {
-                bail!("accepted event {id} of {l} is in the log {n} times");
-            }
-            events += 1;
-        }
-        let has = |id: haul_core::EventId| recs.iter().any(|r| r.entry_id == id.as_str());
-        for row in store.rows_for_load(&load).await? {
-            rows += 1;
-            let channel = row.action_type.channel().map(Channel::config_name);
-            match row.status {
-                OutboxStatus::Pending => bail!("outbox row {} is stuck pending", row.id),
-                OutboxStatus::Dispatched => {
-                    if let Some(c) = channel {
-                        let n = stats["effects"][format!("{c} {}", row.id)].as_u64().unwrap_or(0);
-                        if n != 1 {
-                            bail!("dispatched row {} has {n} effects at the {c} service", row.id);
-                        }
-                    }
-                    if !has(action_outcome_event_id(&row.id, OutcomeStatus::Delivered)) {
-                        bail!("dispatched row {} has no delivered outcome in the log", row.id);
-                    }
-                }
-                OutboxStatus::Dead => {
-                    let ok = match row.action_type.class() {
-                        ChannelClass::External => has(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
-                        ChannelClass::HeroChannel | ChannelClass::Internal => {
-                            let effect = format!("{} {}", Channel::Ops.config_name(), ops_alert_key(&row.id));
-                            stats["effects"][effect].as_u64() == Some(1)
-                        }
-                    };
-                    if !ok {
-                        bail!("dead row {} has neither its failed outcome nor an OpsAlert", row.id);
-                    }
-                }
-            }
-        }
+        invariants::events_logged_once(&load, &recs, ids.iter().map(String::as_str))?;
+        invariants::log_is_sound(&load, &recs)?;
+        let outbox = store.rows_for_load(&load).await?;
+        invariants::outbox_settled(&load, &recs, &outbox, effects)?;
+        events += ids.len();
+        rows += outbox.len();
     }
     println!(
         "crash test: {events} accepted events each logged once, {rows} outbox rows settled, {} effects, no stuck rows",

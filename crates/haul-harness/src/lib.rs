@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod crashtest;
 pub mod eval;
+pub mod invariants;
 pub mod sim;
 pub mod testkit;
 pub mod testkit_llm;

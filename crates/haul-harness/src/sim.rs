@@ -11,20 +11,20 @@
 //! drains, and the invariants are checked. Operations run one at a time in the order
 //! the generator picks, so a seed repeats exactly: the trace digest says so.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use haul_core::action::ChannelClass;
 use haul_core::decision::{DECISION_RECORDED, Decision};
-use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
+use haul_core::ids::LoadId;
 use haul_core::projection::LoadState;
 use haul_core::time::{Timestamp, add, since};
-use haul_core::{Channel, Clock, FakeClock, InboundEvent, OutcomeStatus, QueueMode};
+use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxStatus, Store, TimerStatus};
 use serde_json::json;
 
 use crate::eval::EvalStore;
+use crate::invariants;
 use crate::testkit::{FakeServices, FaultKind, FlakyQueue};
 use haul_config::{ClientConfig, Config, EtaRequestConfig, policies};
 use haul_runtime::decider::{Decider, SopDecider};
@@ -597,44 +597,15 @@ impl World {
         for l in &self.loads {
             logs.insert(l.clone(), s.read(l).await?.0);
         }
-        // No inbound event lost or logged twice.
+        let mut published: BTreeMap<&LoadId, Vec<&str>> = BTreeMap::new();
         for (l, id) in &self.published {
-            let n = logs[l].iter().filter(|r| &r.entry_id == id).count();
-            if n != 1 {
-                return Ok(Some(format!("event {id} of {l} is in the log {n} times")));
-            }
+            published.entry(l).or_default().push(id.as_str());
         }
         for (l, recs) in &logs {
-            // Gapless seq.
-            if recs.iter().enumerate().any(|(i, r)| r.seq != i as u64 + 1) {
-                return Ok(Some(format!("the log of {l} has a gap in seq")));
-            }
-            // Each inbound entry followed by its decision.
-            for (i, r) in recs.iter().enumerate() {
-                let decision_id = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
-                if r.kind != DECISION_RECORDED
-                    && recs.get(i + 1).is_none_or(|d| Some(&d.entry_id) != decision_id.as_ref())
-                {
-                    return Ok(Some(format!("event {} of {l} has no decision right after it", r.entry_id)));
-                }
-            }
-            // No Hero task for a Hero-channel or internal outcome.
-            for (i, r) in recs.iter().enumerate() {
-                let infra =
-                    r.kind == "action_outcome" && (r.payload["hero_channel"] == true || r.payload["internal"] == true);
-                let task = recs.get(i + 1).is_some_and(|d| {
-                    d.payload["actions"].as_array().is_some_and(|a| a.iter().any(|a| a["type"] == "create_hero_task"))
-                });
-                if infra && task {
-                    return Ok(Some(format!("a Hero task was created for {} of {l}", r.entry_id)));
-                }
-            }
-            // Timers: once in the log each.
-            let mut fired = BTreeSet::new();
-            for r in recs.iter().filter(|r| r.kind == "timer_fired") {
-                if !fired.insert(&r.entry_id) {
-                    return Ok(Some(format!("{} is in the log of {l} twice", r.entry_id)));
-                }
+            let checked = invariants::events_logged_once(l, recs, published.get(l).into_iter().flatten().copied())
+                .and_then(|()| invariants::log_is_sound(l, recs));
+            if let Err(v) = checked {
+                return Ok(Some(v.message));
             }
             for t in s.timers_for_load(l).await? {
                 if t.status == TimerStatus::Scheduled {
@@ -647,48 +618,15 @@ impl World {
                     return Ok(Some(format!("timer {} of {l} fired more than 60 s late outside faults", t.timer_id)));
                 }
             }
-            // Outbox: nothing pending, one effect per dispatched row, outcomes for all.
-            let has = |id: EventId| recs.iter().any(|r| r.entry_id == id.as_str());
-            for row in s.rows_for_load(l).await? {
-                let channel = row.action_type.channel().map(Channel::config_name);
-                match row.status {
-                    OutboxStatus::Pending => return Ok(Some(format!("outbox row {} of {l} is still pending", row.id))),
-                    OutboxStatus::Dispatched => {
-                        if let Some(c) = channel
-                            && self.svc.effect_count(c, &row.id) != 1
-                        {
-                            let n = self.svc.effect_count(c, &row.id);
-                            return Ok(Some(format!(
-                                "dispatched row {} of {l} has {n} effects at the {c} service",
-                                row.id
-                            )));
-                        }
-                        if !has(action_outcome_event_id(&row.id, OutcomeStatus::Delivered)) {
-                            return Ok(Some(format!(
-                                "dispatched row {} of {l} has no delivered outcome in the log",
-                                row.id
-                            )));
-                        }
-                    }
-                    OutboxStatus::Dead => {
-                        let ok = match row.action_type.class() {
-                            ChannelClass::External => has(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
-                            ChannelClass::HeroChannel | ChannelClass::Internal => {
-                                self.svc.effect_count(Channel::Ops.config_name(), &ops_alert_key(&row.id)) == 1
-                            }
-                        };
-                        if !ok {
-                            return Ok(Some(format!(
-                                "dead row {} of {l} has neither its failed outcome nor an OpsAlert",
-                                row.id
-                            )));
-                        }
-                    }
-                }
+            let rows = s.rows_for_load(l).await?;
+            if let Err(v) =
+                invariants::outbox_settled(l, recs, &rows, |c, key| self.svc.effect_count(c.config_name(), key))
+            {
+                return Ok(Some(v.message));
             }
         }
-        if let Some(c) = self.svc.conflicts().first() {
-            return Ok(Some(format!("{c} reached its service twice with different payloads")));
+        if let Err(v) = invariants::one_payload_per_key(&self.svc.conflicts()) {
+            return Ok(Some(v.message));
         }
         if let Some(id) = lock(&self.shared).stale_marks.first() {
             return Ok(Some(format!("a mark on {id} succeeded with a stale claim token")));

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use haul_core::action::{Action, ActionType};
 use haul_core::decision::DECISION_RECORDED;
-use haul_core::ids::{EventId, LoadId, decision_entry_id, ops_alert_outbox_id};
+use haul_core::ids::{LoadId, ops_alert_outbox_id};
 use haul_core::projection::{Record, project};
 use haul_core::time::Timestamp;
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
@@ -30,6 +30,7 @@ use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::invariants;
 use crate::testkit::{Effect, FakeServices};
 use crate::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm};
 use haul_config::Config;
@@ -605,58 +606,23 @@ impl Run {
         }
     }
 
-    /// The four invariants of scenarios.md.
+    /// The four invariants a scenario promises, and the log's own soundness, from
+    /// the one checker the simulator and the crash test use too.
     async fn invariants(&self) -> Result<(), (String, String)> {
         let logs = self.logs().await.map_err(|m| ("store".to_string(), m))?;
-        // 1. Every published inbound event is in the log exactly once.
+        let mut published: BTreeMap<&LoadId, Vec<&str>> = BTreeMap::new();
         for (l, id) in &self.published {
-            let n = logs.get(l).map_or(0, |r| r.iter().filter(|r| &r.entry_id == id).count());
-            if n != 1 {
-                return Err((
-                    "invariant 1".into(),
-                    format!("event {id} of load {l} is in the log {n} times (expected once)"),
-                ));
-            }
+            published.entry(l).or_default().push(id.as_str());
         }
-        for (l, recs) in &logs {
-            // 2. Every inbound entry is followed by exactly one decision for it.
-            for (i, r) in recs.iter().enumerate() {
-                if r.kind == DECISION_RECORDED {
-                    continue;
-                }
-                let dec = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
-                let is_dec = |n: &Record| Some(&n.entry_id) == dec.as_ref();
-                let next_ok = recs.get(i + 1).is_some_and(|n| is_dec(n) && n.kind == DECISION_RECORDED);
-                let count = recs.iter().filter(|n| is_dec(n)).count();
-                if !next_ok || count != 1 {
-                    return Err((
-                        "invariant 2".into(),
-                        format!("event {} of load {l} is not followed by exactly one decision", r.entry_id),
-                    ));
-                }
-            }
-            // 4. No Hero task for the outcome of a Hero-channel or internal action.
-            for (i, r) in recs.iter().enumerate() {
-                if r.kind != "action_outcome" || !(r.payload["hero_channel"] == true || r.payload["internal"] == true) {
-                    continue;
-                }
-                if let Some(d) = recs.get(i + 1)
-                    && d.payload["actions"]
-                        .as_array()
-                        .is_some_and(|a| a.iter().any(|a| a["type"] == "create_hero_task"))
-                {
-                    return Err((
-                        "invariant 4".into(),
-                        format!("a Hero task was created for {} (a Hero-channel or internal outcome)", r.entry_id),
-                    ));
-                }
-            }
-        }
-        // 3. No key reached a service twice with different payloads.
-        if let Some(c) = self.svc.conflicts().first() {
-            return Err(("invariant 3".into(), format!("{c} was called twice with different payloads")));
-        }
-        Ok(())
+        let no_log = Vec::new();
+        let checked = published
+            .iter()
+            .try_for_each(|(l, ids)| {
+                invariants::events_logged_once(l, logs.get(*l).unwrap_or(&no_log), ids.iter().copied())
+            })
+            .and_then(|()| logs.iter().try_for_each(|(l, recs)| invariants::log_is_sound(l, recs)))
+            .and_then(|()| invariants::one_payload_per_key(&self.svc.conflicts()));
+        checked.map_err(|v| (v.invariant.key().to_string(), v.message))
     }
 }
 

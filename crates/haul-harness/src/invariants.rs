@@ -1,0 +1,293 @@
+//! What must hold after any run, whatever failed on the way: one checker for the eval
+//! runner, the simulator and the crash test, so the three can never disagree about what
+//! "nothing lost, nothing done twice" means.
+//!
+//! Pure functions over what a run left behind (a load's log and outbox rows, and the
+//! effects the channel services saw), each returning the first [`Violation`]. Callers
+//! pick the checks their setting allows: an eval checks after every step, when rows may
+//! still be pending; the simulator and the crash test check once everything drained.
+
+use std::collections::BTreeSet;
+
+use haul_core::Channel;
+use haul_core::OutcomeStatus;
+use haul_core::action::ChannelClass;
+use haul_core::decision::DECISION_RECORDED;
+use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
+use haul_core::projection::Record;
+
+use haul_store::{OutboxRow, OutboxStatus};
+
+/// The rule a run broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invariant {
+    /// Every inbound event published or accepted is in the log exactly once.
+    EventLoggedOnce,
+    /// Every inbound entry is followed by exactly one `decision_recorded` for it.
+    DecisionFollows,
+    /// No channel service got one idempotency key with two different payloads.
+    OnePayloadPerKey,
+    /// No Hero task for the outcome of a Hero-channel or internal action.
+    NoHeroTaskForInfrastructure,
+    /// `seq` runs 1, 2, 3… with no gap.
+    GaplessLog,
+    /// A timer's `timer_fired` is logged once.
+    TimerFiredOnce,
+    /// After a drain, no outbox row is still pending.
+    NothingPending,
+    /// A dispatched row reached its service once and its delivered outcome is logged.
+    DispatchedOnce,
+    /// A dead row has its failed outcome logged (external) or its OpsAlert (the rest).
+    DeadRowSettled,
+}
+
+impl Invariant {
+    /// The name a scenario failure carries: `invariant N` for the four a scenario
+    /// file promises, the rule's own name for the rest.
+    pub fn key(self) -> &'static str {
+        match self {
+            Invariant::EventLoggedOnce => "invariant 1",
+            Invariant::DecisionFollows => "invariant 2",
+            Invariant::OnePayloadPerKey => "invariant 3",
+            Invariant::NoHeroTaskForInfrastructure => "invariant 4",
+            Invariant::GaplessLog => "gapless log",
+            Invariant::TimerFiredOnce => "timer fired once",
+            Invariant::NothingPending => "nothing pending",
+            Invariant::DispatchedOnce => "dispatched once",
+            Invariant::DeadRowSettled => "dead row settled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: Invariant,
+    pub message: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.invariant.key(), self.message)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+fn broke(invariant: Invariant, message: String) -> Result<(), Violation> {
+    Err(Violation { invariant, message })
+}
+
+/// Invariant 1 for one load: each of `events` (inbound event ids) is in `log` once.
+pub fn events_logged_once<'a>(
+    load: &LoadId,
+    log: &[Record],
+    events: impl IntoIterator<Item = &'a str>,
+) -> Result<(), Violation> {
+    for id in events {
+        let n = log.iter().filter(|r| r.entry_id == id).count();
+        if n != 1 {
+            return broke(Invariant::EventLoggedOnce, format!("event {id} of load {load} is in the log {n} times"));
+        }
+    }
+    Ok(())
+}
+
+/// The checks on one load's log alone: invariants 2 and 4, a gapless `seq`, and each
+/// timer fired once.
+pub fn log_is_sound(load: &LoadId, log: &[Record]) -> Result<(), Violation> {
+    if let Some(r) = log.iter().enumerate().find(|(i, r)| r.seq != *i as u64 + 1).map(|(_, r)| r) {
+        return broke(Invariant::GaplessLog, format!("the log of load {load} has a gap in seq at {}", r.seq));
+    }
+    for (i, r) in log.iter().enumerate().filter(|(_, r)| r.kind != DECISION_RECORDED) {
+        let decision = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
+        let is_decision = |n: &Record| n.kind == DECISION_RECORDED && Some(&n.entry_id) == decision.as_ref();
+        let next = log.get(i + 1).is_some_and(is_decision);
+        if !next || log.iter().filter(|n| is_decision(n)).count() != 1 {
+            return broke(
+                Invariant::DecisionFollows,
+                format!("event {} of load {load} is not followed by exactly one decision", r.entry_id),
+            );
+        }
+    }
+    for (i, r) in log.iter().enumerate() {
+        let infrastructure =
+            r.kind == "action_outcome" && (r.payload["hero_channel"] == true || r.payload["internal"] == true);
+        let hero_task = log.get(i + 1).is_some_and(|d| {
+            d.payload["actions"].as_array().is_some_and(|a| a.iter().any(|a| a["type"] == "create_hero_task"))
+        });
+        if infrastructure && hero_task {
+            return broke(
+                Invariant::NoHeroTaskForInfrastructure,
+                format!(
+                    "a Hero task was created for {} of load {load} (a Hero-channel or internal outcome)",
+                    r.entry_id
+                ),
+            );
+        }
+    }
+    let mut fired = BTreeSet::new();
+    for r in log.iter().filter(|r| r.kind == "timer_fired") {
+        if !fired.insert(&r.entry_id) {
+            return broke(Invariant::TimerFiredOnce, format!("{} is in the log of load {load} twice", r.entry_id));
+        }
+    }
+    Ok(())
+}
+
+/// Invariant 3: `conflicts` are the `"{channel} {key}"`s a service saw with two payloads.
+pub fn one_payload_per_key(conflicts: &[String]) -> Result<(), Violation> {
+    match conflicts.first() {
+        Some(c) => broke(Invariant::OnePayloadPerKey, format!("{c} reached its service twice with different payloads")),
+        None => Ok(()),
+    }
+}
+
+/// After a drain: no row pending; a dispatched row had one effect at its service and
+/// its delivered outcome is in `log`; a dead row has its failed outcome (external
+/// actions) or its OpsAlert (Hero-channel and internal ones). `effects(channel, key)`
+/// counts what the channel service holds for a key.
+pub fn outbox_settled(
+    load: &LoadId,
+    log: &[Record],
+    rows: &[OutboxRow],
+    effects: impl Fn(Channel, &str) -> usize,
+) -> Result<(), Violation> {
+    let logged = |id: EventId| log.iter().any(|r| r.entry_id == id.as_str());
+    for row in rows {
+        match row.status {
+            OutboxStatus::Pending => {
+                return broke(
+                    Invariant::NothingPending,
+                    format!("outbox row {} of load {load} is still pending", row.id),
+                );
+            }
+            OutboxStatus::Dispatched => {
+                if let Some(c) = row.action_type.channel() {
+                    let n = effects(c, &row.id);
+                    if n != 1 {
+                        let service = c.config_name();
+                        return broke(
+                            Invariant::DispatchedOnce,
+                            format!(
+                                "dispatched row {} of load {load} has {n} effects at the {service} service",
+                                row.id
+                            ),
+                        );
+                    }
+                }
+                if !logged(action_outcome_event_id(&row.id, OutcomeStatus::Delivered)) {
+                    return broke(
+                        Invariant::DispatchedOnce,
+                        format!("dispatched row {} of load {load} has no delivered outcome in the log", row.id),
+                    );
+                }
+            }
+            OutboxStatus::Dead => {
+                let settled = match row.action_type.class() {
+                    ChannelClass::External => logged(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
+                    ChannelClass::HeroChannel | ChannelClass::Internal => {
+                        effects(Channel::Ops, &ops_alert_key(&row.id)) == 1
+                    }
+                };
+                if !settled {
+                    return broke(
+                        Invariant::DeadRowSettled,
+                        format!("dead row {} of load {load} has neither its failed outcome nor an OpsAlert", row.id),
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use haul_core::action::ActionType;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn load() -> LoadId {
+        LoadId::parse("481207").unwrap()
+    }
+
+    fn rec(seq: u64, entry_id: &str, kind: &str, payload: Value) -> Record {
+        Record {
+            seq,
+            entry_id: entry_id.into(),
+            kind: kind.into(),
+            payload,
+            recorded_at: "2026-03-02T07:00:00Z".parse().unwrap(),
+        }
+    }
+
+    fn decision(seq: u64, event: &str, actions: &[&str]) -> Record {
+        let actions: Vec<Value> = actions.iter().map(|t| json!({"type": t})).collect();
+        rec(seq, &format!("dec:{event}"), DECISION_RECORDED, json!({"actions": actions}))
+    }
+
+    /// The invariant `log` breaks, if any.
+    fn check(log: Vec<Record>, expected: Option<Invariant>) {
+        let got = log_is_sound(&load(), &log).err().map(|v| v.invariant);
+        assert_eq!(got, expected, "{log:#?}");
+    }
+
+    #[test]
+    fn logs() {
+        let ping = |seq| rec(seq, "ping_1", "location_ping", json!({}));
+        check(vec![ping(1), decision(2, "ping_1", &["send_sms"])], None);
+        check(vec![ping(1)], Some(Invariant::DecisionFollows));
+        check(vec![ping(1), decision(3, "ping_1", &[])], Some(Invariant::GaplessLog));
+        check(vec![ping(1), decision(2, "ping_1", &[]), decision(3, "ping_1", &[])], Some(Invariant::DecisionFollows));
+        let infra = rec(1, "evt:out:481207/x/create_hero_task:failed", "action_outcome", json!({"hero_channel": true}));
+        check(
+            vec![infra.clone(), decision(2, "evt:out:481207/x/create_hero_task:failed", &["create_hero_task"])],
+            Some(Invariant::NoHeroTaskForInfrastructure),
+        );
+        check(vec![infra, decision(2, "evt:out:481207/x/create_hero_task:failed", &[])], None);
+        let fired = |seq| rec(seq, "evt:tmr:481207:a:1", "timer_fired", json!({}));
+        let dec = |seq| decision(seq, "evt:tmr:481207:a:1", &[]);
+        check(vec![fired(1), dec(2), fired(3), dec(4)], Some(Invariant::DecisionFollows));
+    }
+
+    #[test]
+    fn events_and_rows() {
+        let log = vec![rec(1, "ping_1", "location_ping", json!({})), decision(2, "ping_1", &[])];
+        assert!(events_logged_once(&load(), &log, ["ping_1"]).is_ok());
+        let lost = events_logged_once(&load(), &log, ["sms_1"]).unwrap_err();
+        assert_eq!(lost.invariant, Invariant::EventLoggedOnce);
+        assert_eq!(one_payload_per_key(&["sms k".into()]).unwrap_err().invariant, Invariant::OnePayloadPerKey);
+
+        let at = "2026-03-02T07:00:00Z".parse().unwrap();
+        let row = |status, action_type| OutboxRow {
+            id: "481207/ping_1/create_hero_task".into(),
+            load_id: load(),
+            action_type,
+            action: json!({}),
+            status,
+            attempts: 0,
+            due_at: at,
+            first_attempt_at: None,
+            claim_token: None,
+            lease_until: None,
+            last_failure: None,
+            receipt: None,
+            created_at: at,
+            updated_at: at,
+        };
+        let settled =
+            |rows: &[OutboxRow], n: usize| outbox_settled(&load(), &log, rows, |_, _| n).err().map(|v| v.invariant);
+        assert_eq!(settled(&[row(OutboxStatus::Pending, ActionType::SendSms)], 1), Some(Invariant::NothingPending));
+        // Two effects, or none, for one dispatched row: both are broken.
+        let dispatched = [row(OutboxStatus::Dispatched, ActionType::CreateHeroTask)];
+        assert_eq!(settled(&dispatched, 2), Some(Invariant::DispatchedOnce));
+        assert_eq!(settled(&dispatched, 0), Some(Invariant::DispatchedOnce));
+        // The effect is there but no delivered outcome is logged.
+        assert_eq!(settled(&dispatched, 1), Some(Invariant::DispatchedOnce));
+        // A dead Hero task needs its OpsAlert.
+        let dead = [row(OutboxStatus::Dead, ActionType::CreateHeroTask)];
+        assert_eq!(settled(&dead, 0), Some(Invariant::DeadRowSettled));
+        assert_eq!(settled(&dead, 1), None);
+    }
+}
