@@ -17,13 +17,27 @@ fn main() -> ExitCode {
         Command::Eval { .. } | Command::Sim { .. } => "off",
         Command::Testkit(_) => "warn",
         Command::Bench { .. } => "error",
-        Command::Inspect { .. } => "warn",
+        Command::Inspect { .. } | Command::Config(_) | Command::Completions { .. } => "warn",
         _ => "info",
     };
+    // A bad HAUL_LOG is refused: ignoring it would hide the logs someone asked for.
+    let filter = match std::env::var("HAUL_LOG") {
+        Err(std::env::VarError::NotPresent) => tracing_subscriber::EnvFilter::new(default_filter),
+        Ok(v) if v.trim().is_empty() => tracing_subscriber::EnvFilter::new(default_filter),
+        Ok(v) => match tracing_subscriber::EnvFilter::builder().parse(&v) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: HAUL_LOG={v:?} is not a log filter ({e}); e.g. HAUL_LOG=info or HAUL_LOG=haul=debug");
+                return ExitCode::FAILURE;
+            }
+        },
+        Err(std::env::VarError::NotUnicode(_)) => {
+            eprintln!("error: HAUL_LOG is not valid UTF-8");
+            return ExitCode::FAILURE;
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HAUL_LOG").unwrap_or_else(|_| default_filter.into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
