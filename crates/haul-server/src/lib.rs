@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-pub use crate::api::{ApiState, MAX_BODY_BYTES, SMS_PER_MINUTE, router};
+pub use crate::api::{ApiState, MAX_BODY_BYTES, OPENAPI_JSON, ROUTES, Route, SMS_PER_MINUTE, router};
 pub use crate::metrics::metrics_handle;
 
 /// How long shutdown waits for in-flight work.
