@@ -1037,6 +1037,84 @@ mod tests {
         );
     }
 
+    fn repo_file(rel: &str) -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// Settings a TOML text names, set or commented out (`# key = …` under a table,
+    /// itself maybe commented out); a client's name becomes `<name>`.
+    fn keys_in_example(text: &str) -> Vec<String> {
+        let mut table = String::new();
+        let mut keys = Vec::new();
+        for line in text.lines() {
+            let line = line.trim_start_matches('#').trim();
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                table = name.to_owned();
+            } else if let Some((key, _)) = line.split_once('=')
+                && !key.trim().is_empty()
+                && key.trim().chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            {
+                keys.push(format!("{table}.{}", key.trim()));
+            }
+        }
+        keys.into_iter()
+            .map(|k| match k.strip_prefix("clients.").and_then(|r| r.split_once('.')) {
+                Some((_, rest)) => format!("clients.<name>.{rest}"),
+                None => k,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_example_file_names_every_setting_at_its_default() {
+        let text = repo_file("examples/haul.toml");
+        let example = Config::from_toml(&text).expect("examples/haul.toml reads");
+        assert_eq!(example.values(), Config::default().values(), "examples/haul.toml must hold the defaults");
+        let mut keys = keys_in_example(&text);
+        keys.sort();
+        let mut paths = Config::setting_paths();
+        paths.sort();
+        assert_eq!(keys, paths, "examples/haul.toml must name every setting once");
+    }
+
+    /// The settings and variables in the first column of docs/config.md's tables.
+    fn documented(text: &str) -> (Vec<String>, Vec<String>) {
+        let (mut settings, mut variables) = (Vec::new(), Vec::new());
+        for line in text.lines().filter(|l| l.starts_with("| `")) {
+            let first = line.split('|').nth(1).unwrap_or_default().trim();
+            let name = first.trim_matches('`').to_owned();
+            if name.starts_with("HAUL_") || name == "DATABASE_URL" {
+                variables.push(name);
+            } else if !name.starts_with('-') && !name.starts_with("haul ") {
+                settings.push(name);
+            }
+        }
+        (settings, variables)
+    }
+
+    #[test]
+    fn docs_config_md_lists_every_setting_and_variable_and_nothing_else() {
+        let text = repo_file("docs/config.md");
+        let (mut settings, variables) = documented(&text);
+        settings.sort();
+        let mut paths = Config::setting_paths();
+        paths.sort();
+        assert_eq!(settings, paths, "docs/config.md's settings table and Config::setting_paths() differ");
+        for path in &paths {
+            if let Some(var) = Config::variable_of(path) {
+                let row = text.lines().find(|l| l.starts_with(&format!("| `{path}`"))).unwrap();
+                assert!(row.contains(&format!("`{var}`")), "docs/config.md: the row of {path} must name {var}");
+            }
+        }
+        for (var, _) in NOT_SETTINGS {
+            assert!(variables.iter().any(|v| v == var), "docs/config.md must list {var}");
+        }
+        for (flag, path) in FLAGS {
+            assert!(text.contains(&format!("`{flag}`")) && text.contains(path), "docs/config.md must list {flag}");
+        }
+    }
+
     #[test]
     fn config_errors_name_the_setting() {
         let mut c = LlmConfig::default();
