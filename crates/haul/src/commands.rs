@@ -79,6 +79,11 @@ fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Conf
 fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<ExitCode> {
     let loaded = load_settings(args, listen)?;
     loaded.validate()?;
+    if loaded.config.queue.kind == haul_config::QueueKind::Sqs && !cfg!(feature = "sqs") {
+        anyhow::bail!(
+            "queue.kind \"sqs\" needs a build with --features sqs (haul --version lists the features built in)"
+        );
+    }
     for (var, setting) in loaded.config.named_variables() {
         if std::env::var(&var).map_or(true, |v| v.trim().is_empty()) {
             anyhow::bail!("{setting} names {var}, which is not set");

@@ -163,3 +163,14 @@ fn migrate_and_prune_name_the_store_like_serve() {
     one_error_line(&["prune", "--config", cfg, "--older-than", "90"], &[], &["--older-than", "missing unit"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn config_check_knows_whether_sqs_is_built_in() {
+    let env = [("HAUL_QUEUE_KIND", "sqs"), ("HAUL_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/loads.fifo")];
+    if cfg!(feature = "sqs") {
+        let (ok, out, err) = haul(&["config", "check"], &env);
+        assert!(ok && out.contains("queue sqs"), "{out}{err}");
+    } else {
+        one_error_line(&["config", "check"], &env, &["queue.kind", "--features sqs"]);
+    }
+}
