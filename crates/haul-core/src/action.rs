@@ -1,4 +1,4 @@
-//! Actions: data a decision records before anything is sent (domain.md, "Actions").
+//! Actions: data a decision records before anything is sent (docs/design.md, "Actions").
 //!
 //! Each accepted action becomes one outbox row whose id is the action key; the
 //! dispatcher applies it to the service its channel class names.

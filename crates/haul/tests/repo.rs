@@ -90,3 +90,186 @@ fn the_systemd_unit_verifies_and_its_check_runs() {
     assert!(!ok, "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The names between backticks after "expected" in a serde unknown-field error.
+fn expected_fields(message: &str) -> Vec<String> {
+    let (_, expected) =
+        message.split_once("expected").unwrap_or_else(|| panic!("not an unknown-field error: {message}"));
+    expected.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+/// Every key the scenario parser accepts, read from its structs (each refuses unknown
+/// keys and lists the ones it knows), and the fields of each inbound event kind.
+fn scenario_keys() -> Vec<String> {
+    use haul_harness::eval::scenario::parse;
+    let head = "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n";
+    let step = "[[step]]\nat = \"07:00\"\n";
+    let probes = [
+        format!("{head}zz_probe = 1\n"),
+        format!("{head}[load]\nid = \"L1\"\nzz_probe = 1\n"),
+        format!("{head}[[fault]]\nzz_probe = 1\n"),
+        format!("{head}[[step]]\nzz_probe = 1\n"),
+        format!("{head}{step}expect.zz_probe = 1\n"),
+        format!("{head}{step}expect.sent = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}{step}expect.timers_scheduled = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}{step}expect.asks = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}{step}expect.decisions = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}[clients.a]\nzz_probe = 1\n"),
+        format!("{head}[clients.a.eta_request]\nzz_probe = 1\n"),
+    ];
+    let mut keys = Vec::new();
+    for probe in &probes {
+        let err = parse(probe).expect_err(probe);
+        assert!(err.message.contains("zz_probe"), "{probe}: {err}");
+        keys.extend(expected_fields(&err.message));
+    }
+    let load = haul_core::LoadId::parse("L1").unwrap();
+    for kind in haul_core::event::EVENT_KINDS {
+        let v = serde_json::json!({"event_id": "e1", "kind": kind, "zz_probe": 1});
+        let err = haul_core::InboundEvent::from_json(load.clone(), v).expect_err(kind);
+        keys.extend(expected_fields(&err.message));
+        keys.push(kind.to_owned());
+    }
+    // The inbound keys the scenario reads itself, and the event's own.
+    keys.extend(["repeat", "load", "kind", "event_id"].map(str::to_owned));
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[test]
+fn docs_scenarios_md_names_every_scenario_key() {
+    let doc = read("docs/scenarios.md");
+    let keys = scenario_keys();
+    assert!(keys.len() > 40, "{keys:?}");
+    let missing: Vec<&String> = keys.iter().filter(|k| !doc.contains(&format!("`{k}`"))).collect();
+    assert!(missing.is_empty(), "docs/scenarios.md does not name {missing:?}");
+}
+
+fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The metric families the code emits: the names given to `counter!`, `gauge!` and
+/// `histogram!` in `crates/*/src`.
+fn emitted_metrics() -> Vec<String> {
+    let mut files = Vec::new();
+    for krate in std::fs::read_dir(root().join("crates")).unwrap().flatten() {
+        let src = krate.path().join("src");
+        if src.is_dir() {
+            rust_sources(&src, &mut files);
+        }
+    }
+    let mut names = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for mac in ["counter!(", "gauge!(", "histogram!("] {
+            for (i, _) in text.match_indices(mac) {
+                let rest = text[i + mac.len()..].trim_start();
+                if let Some(name) = rest.strip_prefix('"').and_then(|r| r.split('"').next())
+                    && name.starts_with("haul_")
+                {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn docs_operations_md_lists_every_metric_the_code_emits_and_no_other() {
+    let doc = read("docs/operations.md");
+    let emitted = emitted_metrics();
+    assert!(emitted.len() >= 10, "{emitted:?}");
+    let missing: Vec<&String> = emitted.iter().filter(|m| !doc.contains(&format!("`{m}`"))).collect();
+    assert!(missing.is_empty(), "docs/operations.md does not list {missing:?}");
+    // And the document's metrics table names nothing the code does not emit.
+    let listed: Vec<&str> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `haul_"))
+        .map(|rest| rest.split('`').next().unwrap_or_default())
+        .collect();
+    for m in listed {
+        assert!(
+            emitted.iter().any(|e| e == &format!("haul_{m}")),
+            "docs/operations.md lists haul_{m}, which nothing emits"
+        );
+    }
+}
+
+/// Text files in the repository (git's list when git is there).
+fn repo_files() -> Vec<PathBuf> {
+    let out = std::process::Command::new("git").args(["ls-files", "-z"]).current_dir(root()).output();
+    let mut files: Vec<PathBuf> = match out {
+        Ok(o) if o.status.success() => o
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| root().join(String::from_utf8_lossy(s).as_ref()))
+            .collect(),
+        _ => {
+            let mut v = Vec::new();
+            for dir in ["crates", "docs", "scripts", "evals", "evals-llm", "examples", "deploy", "bench", ".ci"] {
+                let d = root().join(dir);
+                if d.is_dir() {
+                    rust_sources(&d, &mut v);
+                }
+            }
+            v.extend(["README.md", "ARCHITECTURE.md"].map(|f| root().join(f)));
+            v
+        }
+    };
+    files.retain(|f| f.is_file() && !f.ends_with("Cargo.lock"));
+    files
+}
+
+/// A clone has only what is in it: no document points outside the repository, and the
+/// old names of the reference documents are given with their place in docs/.
+#[test]
+fn nothing_points_outside_the_repository() {
+    let outside = ["../shared", "shared/spec", "shared/adr", "adr/0003"];
+    let bare = ["domain.md", "api.md", "config.md", "scenarios.md", "dependencies.md", "design.md", "operations.md"];
+    let mut problems = Vec::new();
+    for f in repo_files() {
+        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        if rel == "crates/haul/tests/repo.rs" {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
+            for o in outside {
+                if line.contains(o) {
+                    problems.push(format!("{rel}:{}: {o}", n + 1));
+                }
+            }
+            for b in bare {
+                for (i, _) in line.match_indices(b) {
+                    let before = &line[..i];
+                    let linked = before.ends_with("docs/") || (rel.starts_with("docs/") && !before.ends_with('/'));
+                    let word = before.chars().last().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+                    if !linked && !word {
+                        problems.push(format!("{rel}:{}: {b} without docs/", n + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "references outside the repository:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_docs_exist() {
+    for doc in ["docs/design.md", "docs/scenarios.md", "docs/api.md", "docs/config.md", "docs/operations.md"] {
+        assert!(read(doc).len() > 2000, "{doc} is missing or nearly empty");
+    }
+}
