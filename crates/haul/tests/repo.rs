@@ -1,5 +1,7 @@
-//! Checks on the repository itself: what a fresh clone needs to build, and that it
-//! stands on its own.
+//! Checks on the repository itself, so a clone stands on its own and its documents stay
+//! true: what the build needs (no OpenSSL), the scripts' promises (PostgreSQL restarted
+//! only where allowed), the systemd unit, and the references in `docs/` against the code
+//! they describe (scenario keys, metric names), with nothing pointing outside.
 
 use std::path::{Path, PathBuf};
 
