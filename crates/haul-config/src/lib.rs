@@ -3,26 +3,55 @@
 //!
 //! A leaf: this crate knows the shape and the rules of every setting and nothing of
 //! what uses them, so the runtime, the server, the harness and the binary all read it
-//! and it reads none of them. Unknown keys and bad values are errors that name the key,
-//! so a typo never silently falls back to a default.
+//! and it reads none of them. Unknown keys and bad values are errors that name the key
+//! (and the variable, when one set it), so a typo never silently falls back to a
+//! default. It also knows where each value came from ([`Loaded::sources`]), which is
+//! what `haul config show` prints, and the list of every setting
+//! ([`Config::setting_paths`]), which the tests hold `docs/config.md` and
+//! `examples/haul.toml` to.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use haul_core::sop::{EtaPolicy, Policies};
+use haul_core::time::format_duration;
 use haul_core::{Channel, RetryPolicy, Risk, parse_duration};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_duration(&s).map_err(serde::de::Error::custom)
+/// A duration setting: written as `"90s"`, `"1h 30m"`, `"7d"` (see `parse_duration`).
+mod duration {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map_err(serde::de::Error::custom)
+    }
 }
 
-fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let s = Option::<String>::deserialize(d)?;
-    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom)).transpose()
+/// An optional duration setting (unset: a default derived from other settings).
+mod opt_duration {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s = Option::<String>::deserialize(d)?;
+        s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom)).transpose()
+    }
 }
+
+pub use haul_core::redact::redact_url;
 
 /// Which backend `store.url` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,9 +67,7 @@ impl StoreKind {
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(StoreKind::Postgres)
         } else {
-            // Only the scheme is echoed: the rest of a URL may carry a password.
-            let scheme: String = url.split(':').next().unwrap_or("").chars().take(20).collect();
-            bail!("store.url is neither sqlite://PATH, sqlite::memory: nor postgres://… (it starts with {scheme:?})")
+            bail!("store.url {:?} is neither sqlite://PATH, sqlite::memory: nor postgres://…", redact_url(url))
         }
     }
 }
@@ -49,8 +76,8 @@ impl StoreKind {
 macro_rules! named_kind {
     ($(#[$doc:meta])* $name:ident, $setting:literal, { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-        #[serde(try_from = "String")]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+        #[serde(try_from = "String", into = "&'static str")]
         pub enum $name {
             $($(#[$vdoc])* $variant),+
         }
@@ -62,6 +89,12 @@ macro_rules! named_kind {
                 match self {
                     $($name::$variant => $text),+
                 }
+            }
+        }
+
+        impl From<$name> for &'static str {
+            fn from(k: $name) -> &'static str {
+                k.as_str()
             }
         }
 
@@ -104,7 +137,7 @@ named_kind!(
     }
 );
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub store: StoreConfig,
@@ -119,7 +152,7 @@ pub struct Config {
     pub clients: BTreeMap<String, ClientConfig>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     pub url: String,
@@ -131,7 +164,7 @@ impl Default for StoreConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueueConfig {
     pub kind: QueueKind,
@@ -142,7 +175,7 @@ pub struct QueueConfig {
     /// The AWS region; unset: the SDK's default chain (`AWS_REGION`, profile).
     pub region: Option<String>,
     /// How long a received message stays invisible: longer than a run may take.
-    #[serde(deserialize_with = "de_opt_duration")]
+    #[serde(with = "opt_duration")]
     pub visibility: Option<Duration>,
 }
 
@@ -152,7 +185,7 @@ impl Default for QueueConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     pub listen: String,
@@ -161,10 +194,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// How long a connection may take to send a request's head, and (the same clock:
     /// it runs whenever the connection waits for a request) to stay idle between two.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub header_read_timeout: Duration,
     /// How long a request may take to send its body (at most 64 KiB).
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub body_read_timeout: Duration,
 }
 
@@ -180,12 +213,12 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
     pub concurrency: usize,
     pub conflict_retries: u32,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub run_timeout: Duration,
 }
 
@@ -195,7 +228,7 @@ impl Default for WorkerConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeciderConfig {
     pub kind: DeciderKind,
@@ -208,13 +241,13 @@ impl Default for DeciderConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LlmConfig {
     pub base_url: Option<String>,
     pub model: Option<String>,
     pub api_key_env: String,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub timeout: Duration,
 }
 
@@ -256,11 +289,11 @@ impl LlmConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DispatcherConfig {
     pub batch: usize,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub lease: Duration,
     pub retry: RetryConfig,
 }
@@ -271,15 +304,15 @@ impl Default for DispatcherConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub base: Duration,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub cap: Duration,
     pub max_attempts: u32,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub budget: Duration,
 }
 
@@ -296,10 +329,10 @@ impl RetryConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TimersConfig {
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(with = "duration")]
     pub poll: Duration,
 }
 
@@ -309,7 +342,7 @@ impl Default for TimersConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ChannelsConfig {
     pub sms: ChannelConfig,
@@ -332,33 +365,33 @@ impl ChannelsConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ChannelConfig {
     /// None: record mode.
     pub url: Option<String>,
     /// The environment variable holding the bearer token.
     pub token_env: Option<String>,
-    #[serde(deserialize_with = "de_opt_duration")]
+    #[serde(with = "opt_duration")]
     pub timeout: Option<Duration>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoadLockConfig {
     pub enabled: bool,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     pub eta_request: EtaRequestConfig,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtaRequestConfig {
-    #[serde(deserialize_with = "de_opt_duration")]
+    #[serde(with = "opt_duration")]
     pub retry_after: Option<Duration>,
     pub max_attempts: Option<u32>,
     pub trigger_risk: Option<Risk>,
@@ -431,14 +464,19 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
 const CHANNEL_SETTINGS: [&str; 3] = ["url", "token_env", "timeout"];
 
 /// The setting `HAUL_{name}` sets, and its kind.
+/// Every setting a variable can set: [`ENV_SETTINGS`] and each channel's.
+fn env_settings() -> impl Iterator<Item = (String, Kind)> {
+    let channels = Channel::ALL
+        .into_iter()
+        .flat_map(|c| CHANNEL_SETTINGS.map(|s| (format!("channels.{}.{s}", c.config_name()), Kind::Text)));
+    ENV_SETTINGS.iter().map(|(p, k)| (p.to_string(), *k)).chain(channels)
+}
+
 fn env_setting(name: &str) -> Option<(String, Kind)> {
     if name == "HAUL_PUBLIC_URL" {
         return Some(("server.public_url".into(), Kind::Text));
     }
-    let channels = Channel::ALL
-        .into_iter()
-        .flat_map(|c| CHANNEL_SETTINGS.map(|s| (format!("channels.{}.{s}", c.config_name()), Kind::Text)));
-    ENV_SETTINGS.iter().map(|(p, k)| (p.to_string(), *k)).chain(channels).find(|(path, _)| env_name(path) == name)
+    env_settings().find(|(path, _)| env_name(path) == name)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -448,10 +486,30 @@ enum Kind {
     Bool,
 }
 
-/// `HAUL_*` variables that are not settings (secrets and logging).
-const NOT_SETTINGS: &[&str] = &["HAUL_API_TOKEN", "HAUL_TWILIO_AUTH_TOKEN", "HAUL_LOG", "HAUL_LLM_API_KEY"];
+/// Settings only the TOML file can set, with `<name>` for the part the file chooses.
+const FILE_SETTINGS: &[&str] = &[
+    "clients.<name>.eta_request.retry_after",
+    "clients.<name>.eta_request.max_attempts",
+    "clients.<name>.eta_request.trigger_risk",
+];
 
-fn env_name(path: &str) -> String {
+/// Flags of `haul serve` (and the commands that open the store) over a setting.
+pub const FLAGS: &[(&str, &str)] = &[("--db", "store.url"), ("--listen", "server.listen")];
+
+/// `HAUL_*` variables that are not settings, and what reads them. Setting none of them
+/// is an error; `serve` reads the secrets, the binary `HAUL_LOG`, the tools the rest.
+pub const NOT_SETTINGS: &[(&str, &str)] = &[
+    ("HAUL_API_TOKEN", "secret: the API's bearer tokens, comma-separated"),
+    ("HAUL_TWILIO_AUTH_TOKEN", "secret: the key of Twilio's webhook signatures"),
+    ("HAUL_LLM_API_KEY", "secret: the model's API key (the default of decider.llm.api_key_env)"),
+    ("HAUL_LOG", "log filter, e.g. haul=debug"),
+    ("HAUL_SQS_ENDPOINT", "a running SQS emulator for haul eval --queue sqs and the tests"),
+    ("HAUL_TEST_MAY_RESTART_POSTGRES", "scripts/crash-test may restart the local PostgreSQL"),
+    ("HAUL_BENCH_SQLITE_OPTS", "haul bench: query options appended to its SQLite URL"),
+];
+
+/// The variable for a setting: `HAUL_` and the dotted path in capitals, `_` for `.`.
+pub fn env_name(path: &str) -> String {
     format!("HAUL_{}", path.to_ascii_uppercase().replace('.', "_"))
 }
 
@@ -468,51 +526,159 @@ fn set_path(table: &mut toml::Table, path: &str, value: toml::Value) -> anyhow::
     Ok(())
 }
 
+/// The dotted paths of every value (not table) in `table`.
+fn leaf_paths(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in table {
+        let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(t) => leaf_paths(t, &path, out),
+            _ => out.push(path),
+        }
+    }
+}
+
+/// Where a setting's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    File(PathBuf),
+    /// The variable's name.
+    Variable(String),
+    /// The flag's name (`--db`).
+    Flag(String),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File(p) => write!(f, "file {}", p.display()),
+            Source::Variable(v) => write!(f, "variable {v}"),
+            Source::Flag(flag) => write!(f, "flag {flag}"),
+        }
+    }
+}
+
+/// A config with where each value came from, before flags and validation.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub config: Config,
+    /// Settings not at their default, by dotted path.
+    pub sources: BTreeMap<String, Source>,
+    /// `HAUL_*` variables that name no setting and nothing else haul reads.
+    pub unknown: Vec<String>,
+}
+
+impl Loaded {
+    pub fn source(&self, path: &str) -> &Source {
+        self.sources.get(path).unwrap_or(&Source::Default)
+    }
+
+    /// Applies a flag of [`FLAGS`] over the file and the variables.
+    pub fn set_by_flag(&mut self, flag: &str, value: &str) -> anyhow::Result<()> {
+        let Some((_, path)) = FLAGS.iter().find(|(f, _)| *f == flag) else { bail!("{flag} sets no setting") };
+        let mut table = toml::Table::try_from(&self.config)?;
+        set_path(&mut table, path, toml::Value::String(value.to_owned()))?;
+        self.config = table.try_into().map_err(|e: toml::de::Error| anyhow::anyhow!("{flag}: {}", e.message()))?;
+        self.sources.insert((*path).to_owned(), Source::Flag(flag.to_owned()));
+        Ok(())
+    }
+
+    /// Checks the rules between settings; an error names the settings and, for each
+    /// that is not at its default, where it was set.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.config.validate().map_err(|e| {
+            let message = format!("{e:#}");
+            let from: Vec<String> = self
+                .sources
+                .iter()
+                .filter(|(path, _)| message.contains(path.as_str()))
+                .map(|(path, source)| format!("{path} from {source}"))
+                .collect();
+            if from.is_empty() { anyhow::anyhow!(message) } else { anyhow::anyhow!("{message} ({})", from.join(", ")) }
+        })
+    }
+}
+
 impl Config {
-    /// Defaults, then the TOML file (if any), then `HAUL_*` variables. Returns the
-    /// config and the `HAUL_*` variables that named no setting (for a warning).
+    /// Defaults, then the TOML file (if any), then `HAUL_*` variables, validated.
+    /// Returns the config and the `HAUL_*` variables that named no setting (for a warning).
     pub fn load(
         file: Option<&std::path::Path>,
         env: impl Iterator<Item = (String, String)>,
     ) -> anyhow::Result<(Self, Vec<String>)> {
+        let loaded = Self::load_with_sources(file, env)?;
+        loaded.validate()?;
+        Ok((loaded.config, loaded.unknown))
+    }
+
+    /// Defaults, the TOML file (if any), then `HAUL_*` variables, each value checked
+    /// for its type where it was written (a file error names its line, a variable's
+    /// names the variable and its value). The rules between settings are
+    /// [`Loaded::validate`]'s, after the flags.
+    pub fn load_with_sources(
+        file: Option<&std::path::Path>,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> anyhow::Result<Loaded> {
+        let mut sources = BTreeMap::new();
         let mut table: toml::Table = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                // Checked alone first, so errors point at the file's own lines.
-                Self::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
-                text.parse()
-                    .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), one_line(&text, &e)))?
+                // Read alone first, so errors point at the file's own lines.
+                let _: Config = toml::from_str(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), one_line(&text, &e)))?;
+                let table: toml::Table = text
+                    .parse()
+                    .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: {}", path.display(), one_line(&text, &e)))?;
+                let mut paths = Vec::new();
+                leaf_paths(&table, "", &mut paths);
+                sources.extend(paths.into_iter().map(|p| (p, Source::File(path.to_owned()))));
+                table
             }
             None => toml::Table::new(),
         };
         let mut unknown = Vec::new();
-        for (name, value) in env.filter(|(k, _)| k.starts_with("HAUL_")) {
-            if NOT_SETTINGS.contains(&name.as_str()) {
+        let mut env: Vec<(String, String)> = env.filter(|(k, _)| k.starts_with("HAUL_")).collect();
+        env.sort();
+        for (name, value) in env {
+            if NOT_SETTINGS.iter().any(|(n, _)| *n == name) {
                 continue;
             }
             let Some((path, kind)) = env_setting(&name) else {
                 unknown.push(name);
                 continue;
             };
+            let shown = redact_url(&value);
             let v = match kind {
                 Kind::Text => toml::Value::String(value),
                 Kind::Int => toml::Value::Integer(
                     value
                         .trim()
                         .parse()
-                        .map_err(|_| anyhow::anyhow!("{name} ({path}) must be a whole number, not {value:?}"))?,
+                        .map_err(|_| anyhow::anyhow!("{name}={shown:?} ({path}): must be a whole number"))?,
                 ),
                 Kind::Bool => toml::Value::Boolean(match value.trim() {
                     "true" | "1" => true,
                     "false" | "0" => false,
-                    _ => anyhow::bail!("{name} ({path}) must be true or false, not {value:?}"),
+                    _ => anyhow::bail!("{name}={shown:?} ({path}): must be true or false"),
                 }),
             };
+            // Read alone, so a bad value is blamed on its variable.
+            let mut alone = toml::Table::new();
+            set_path(&mut alone, &path, v.clone())?;
+            if let Err(e) = toml::Value::Table(alone).try_into::<Config>() {
+                bail!("{name}={shown:?} ({path}): {}", e.message().trim_end());
+            }
             set_path(&mut table, &path, v)?;
+            sources.insert(path.clone(), Source::Variable(name));
         }
-        let text = toml::to_string(&table)?;
-        let config = Self::from_toml(&text).map_err(|e| anyhow::anyhow!("with the HAUL_* variables: {e:#}"))?;
-        Ok((config, unknown))
+        let config: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("with the HAUL_* variables: {}", e.message()))?;
+        // Variables the settings name (tokens, the model's key) are read, not unknown.
+        let named = config.named_variables();
+        unknown.retain(|n| !named.iter().any(|(v, _)| v == n));
+        Ok(Loaded { config, sources, unknown })
     }
 
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
@@ -524,6 +690,83 @@ impl Config {
     pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         Self::from_toml(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// Every setting's dotted path: those a variable can set, then the file-only ones
+    /// (`<name>` stands for a client's name).
+    pub fn setting_paths() -> Vec<String> {
+        env_settings().map(|(p, _)| p).chain(FILE_SETTINGS.iter().map(|p| (*p).to_owned())).collect()
+    }
+
+    /// The variable that sets `path`, if one does.
+    pub fn variable_of(path: &str) -> Option<String> {
+        env_settings().any(|(p, _)| p == path).then(|| env_name(path))
+    }
+
+    /// Every setting with its value as TOML (`None`: unset), in [`Config::setting_paths`]
+    /// order; a client's settings once per client in the file.
+    pub fn values(&self) -> Vec<(String, Option<String>)> {
+        let table = toml::Table::try_from(self).unwrap_or_default();
+        let lookup = |path: &str| -> Option<String> {
+            let mut v: Option<&toml::Value> = None;
+            let mut t = Some(&table);
+            for part in path.split('.') {
+                v = t.and_then(|t| t.get(part));
+                t = v.and_then(|v| v.as_table());
+            }
+            v.map(|v| v.to_string())
+        };
+        let mut out: Vec<(String, Option<String>)> =
+            ENV_SETTINGS.iter().map(|(p, _)| ((*p).to_owned(), lookup(p))).collect();
+        for name in self.clients.keys() {
+            for p in FILE_SETTINGS {
+                let path = p.replace("<name>", name);
+                let value = lookup(&path);
+                out.push((path, value));
+            }
+        }
+        out
+    }
+
+    /// What an unset setting means, for the ones whose default depends on others.
+    pub fn unset_means(&self, path: &str) -> Option<String> {
+        let name = path.split('.').nth(1).unwrap_or_default();
+        match path {
+            "queue.visibility" => Some(format!("worker.run_timeout + 1m = {}", format_duration(self.visibility()))),
+            "server.public_url" => Some(format!("http://{}", self.server.listen)),
+            "decider.llm.base_url" | "decider.llm.model" => Some("needed when decider.kind = \"llm\"".into()),
+            "queue.url" => Some("needed when queue.kind = \"sqs\"".into()),
+            "queue.endpoint" => Some("AWS's own".into()),
+            "queue.region" => Some("the AWS SDK's default chain".into()),
+            _ if path.starts_with("channels.") && path.ends_with(".url") => Some(format!("record mode for {name}")),
+            _ if path.starts_with("channels.") && path.ends_with(".token_env") => Some("no token".into()),
+            _ if path.starts_with("channels.") && path.ends_with(".timeout") => Some("5s".into()),
+            _ if path.starts_with("clients.") => {
+                let p = EtaPolicy::default();
+                Some(match path.rsplit('.').next().unwrap_or_default() {
+                    "retry_after" => format_duration(p.retry_after),
+                    "max_attempts" => p.max_attempts.to_string(),
+                    _ => p.trigger_risk.as_str().to_owned(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Variables the settings name, with the setting that names each: the channels'
+    /// tokens and the model's API key (only with `decider.kind = "llm"`).
+    pub fn named_variables(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for channel in Channel::ALL {
+            let (name, c) = (channel.config_name(), self.channels.get(channel));
+            if let Some(v) = &c.token_env {
+                out.push((v.clone(), format!("channels.{name}.token_env")));
+            }
+        }
+        if self.decider.kind == DeciderKind::Llm {
+            out.push((self.decider.llm.api_key_env.clone(), "decider.llm.api_key_env".into()));
+        }
+        out
     }
 
     /// The visibility timeout: the run timeout plus a minute, so a run that is still
@@ -706,6 +949,214 @@ mod tests {
             let (c, unknown) = Config::load(None, vec![(var, "2s".to_string())].into_iter()).unwrap();
             assert!(unknown.is_empty(), "{unknown:?}");
             assert_eq!(c.channels.get(ch).timeout, Some(Duration::from_secs(2)), "{name}");
+        }
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> std::vec::IntoIter<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>().into_iter()
+    }
+
+    #[test]
+    fn a_bad_variable_is_named_with_its_value() {
+        for (name, value, want) in [
+            (
+                "HAUL_DISPATCHER_LEASE",
+                "90",
+                "HAUL_DISPATCHER_LEASE=\"90\" (dispatcher.lease): bad duration \"90\": missing unit",
+            ),
+            ("HAUL_QUEUE_KIND", "magic", "HAUL_QUEUE_KIND=\"magic\" (queue.kind): queue.kind must be"),
+            ("HAUL_WORKER_CONCURRENCY", "lots", "HAUL_WORKER_CONCURRENCY=\"lots\" (worker.concurrency)"),
+            ("HAUL_LOAD_LOCK_ENABLED", "yes", "HAUL_LOAD_LOCK_ENABLED=\"yes\" (load_lock.enabled)"),
+            ("HAUL_STORE_URL", "mysql://me:secret@db/x", "mysql://me@db/x"),
+        ] {
+            let err = format!("{:#}", Config::load(None, vars(&[(name, value)])).unwrap_err());
+            assert!(err.contains(want), "{name}={value}: {err}");
+            assert!(!err.contains("line "), "{name}={value}: {err}");
+            assert!(!err.contains("secret"), "{name}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_rule_between_settings_names_where_each_was_set() {
+        let dir = std::env::temp_dir().join(format!("haul-config-rule-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("haul.toml");
+        std::fs::write(&file, "[queue]\nvisibility = \"2m\"\n").unwrap();
+        let err = Config::load(Some(&file), vars(&[("HAUL_WORKER_RUN_TIMEOUT", "5m")])).unwrap_err();
+        let err = format!("{err:#}");
+        assert!(err.contains("queue.visibility must outlast worker.run_timeout"), "{err}");
+        assert!(err.contains("queue.visibility from file"), "{err}");
+        assert!(err.contains("worker.run_timeout from variable HAUL_WORKER_RUN_TIMEOUT"), "{err}");
+        // A file that needs a variable to be whole is read with it, not alone.
+        std::fs::write(&file, "[queue]\nkind = \"sqs\"\n").unwrap();
+        let url = "https://sqs.us-east-1.amazonaws.com/1/loads.fifo";
+        let (c, _) = Config::load(Some(&file), vars(&[("HAUL_QUEUE_URL", url)])).unwrap();
+        assert_eq!(c.queue.url.as_deref(), Some(url));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sources_say_where_each_value_came_from() {
+        let dir = std::env::temp_dir().join(format!("haul-config-sources-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("haul.toml");
+        std::fs::write(&file, "[worker]\nconcurrency = 4\n[timers]\npoll = \"5s\"\n").unwrap();
+        let mut l = Config::load_with_sources(Some(&file), vars(&[("HAUL_TIMERS_POLL", "7s")])).unwrap();
+        l.set_by_flag("--db", "sqlite::memory:").unwrap();
+        l.validate().unwrap();
+        assert_eq!(l.source("worker.concurrency"), &Source::File(file.clone()));
+        assert_eq!(l.source("timers.poll"), &Source::Variable("HAUL_TIMERS_POLL".into()));
+        assert_eq!(l.source("store.url"), &Source::Flag("--db".into()));
+        assert_eq!(l.source("dispatcher.lease"), &Source::Default);
+        assert_eq!(l.config.timers.poll, Duration::from_secs(7));
+        assert_eq!(l.config.store.url, "sqlite::memory:");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn variables_haul_reads_besides_settings_are_not_unknown() {
+        let toml_env = [
+            ("HAUL_SQS_ENDPOINT", "http://127.0.0.1:5000"),
+            ("HAUL_LOG", "info"),
+            ("HAUL_CHANNELS_SMS_URL", "http://127.0.0.1:9/sms"),
+            ("HAUL_CHANNELS_SMS_TOKEN_ENV", "HAUL_SVC_TOKEN"),
+            ("HAUL_SVC_TOKEN", "t0ken-123"),
+            ("HAUL_TYPO_CONCURRENCY", "3"),
+        ];
+        let (_, unknown) = Config::load(None, vars(&toml_env)).unwrap();
+        assert_eq!(unknown, vec!["HAUL_TYPO_CONCURRENCY".to_string()]);
+    }
+
+    #[test]
+    fn values_print_every_setting_and_read_back() {
+        let c = Config::default();
+        let values = c.values();
+        let paths: Vec<&str> = values.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(paths, ENV_SETTINGS.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+        let get = |p: &str| values.iter().find(|(x, _)| x == p).unwrap().1.clone();
+        assert_eq!(get("dispatcher.lease").as_deref(), Some("\"1m30s\""));
+        assert_eq!(get("store.url").as_deref(), Some("\"sqlite://haul.db\""));
+        assert_eq!(get("queue.url"), None);
+        assert!(c.unset_means("queue.visibility").unwrap().contains("6m"));
+        // The serialized form is a config file that reads back to the same values.
+        let text = toml::to_string(&c).unwrap();
+        let back = Config::from_toml(&text).unwrap();
+        assert_eq!(back.values(), values);
+    }
+
+    /// The fields serde accepts at `prefix` (a table path), read from the error that
+    /// `deny_unknown_fields` gives for an unknown one.
+    fn fields_at(prefix: &str) -> Option<Vec<String>> {
+        let mut t = toml::Table::new();
+        let probe = if prefix.is_empty() { "zz_probe".to_owned() } else { format!("{prefix}.zz_probe") };
+        set_path(&mut t, &probe, toml::Value::Integer(0)).unwrap();
+        let message = toml::Value::Table(t).try_into::<Config>().unwrap_err().message().to_owned();
+        let (_, expected) = message.split_once("unknown field `zz_probe`, expected")?;
+        Some(expected.split('`').skip(1).step_by(2).map(str::to_owned).collect())
+    }
+
+    /// Every leaf field of the config structs, as a dotted path.
+    fn struct_paths(prefix: &str, out: &mut Vec<String>) {
+        for f in fields_at(prefix).unwrap_or_else(|| panic!("{prefix:?} is not a table")) {
+            let path = if prefix.is_empty() { f } else { format!("{prefix}.{f}") };
+            if path == "clients" {
+                struct_paths("clients.x", out);
+            } else if fields_at(&path).is_some() {
+                struct_paths(&path, out);
+            } else {
+                out.push(path.replace("clients.x.", "clients.<name>."));
+            }
+        }
+    }
+
+    #[test]
+    fn setting_paths_are_exactly_the_config_fields() {
+        let mut fields = Vec::new();
+        struct_paths("", &mut fields);
+        fields.sort();
+        let mut paths = Config::setting_paths();
+        paths.sort();
+        assert_eq!(
+            fields, paths,
+            "a new setting goes in ENV_SETTINGS (or FILE_SETTINGS), docs/config.md and examples/haul.toml"
+        );
+    }
+
+    fn repo_file(rel: &str) -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// Settings a TOML text names, set or commented out (`# key = …` under a table,
+    /// itself maybe commented out); a client's name becomes `<name>`.
+    fn keys_in_example(text: &str) -> Vec<String> {
+        let mut table = String::new();
+        let mut keys = Vec::new();
+        for line in text.lines() {
+            let line = line.trim_start_matches('#').trim();
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                table = name.to_owned();
+            } else if let Some((key, _)) = line.split_once('=')
+                && !key.trim().is_empty()
+                && key.trim().chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            {
+                keys.push(format!("{table}.{}", key.trim()));
+            }
+        }
+        keys.into_iter()
+            .map(|k| match k.strip_prefix("clients.").and_then(|r| r.split_once('.')) {
+                Some((_, rest)) => format!("clients.<name>.{rest}"),
+                None => k,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_example_file_names_every_setting_at_its_default() {
+        let text = repo_file("examples/haul.toml");
+        let example = Config::from_toml(&text).expect("examples/haul.toml reads");
+        assert_eq!(example.values(), Config::default().values(), "examples/haul.toml must hold the defaults");
+        let mut keys = keys_in_example(&text);
+        keys.sort();
+        let mut paths = Config::setting_paths();
+        paths.sort();
+        assert_eq!(keys, paths, "examples/haul.toml must name every setting once");
+    }
+
+    /// The settings and variables in the first column of docs/config.md's tables.
+    fn documented(text: &str) -> (Vec<String>, Vec<String>) {
+        let (mut settings, mut variables) = (Vec::new(), Vec::new());
+        for line in text.lines().filter(|l| l.starts_with("| `")) {
+            let first = line.split('|').nth(1).unwrap_or_default().trim();
+            let name = first.trim_matches('`').to_owned();
+            if name.starts_with("HAUL_") || name == "DATABASE_URL" {
+                variables.push(name);
+            } else if !name.starts_with('-') && !name.starts_with("haul ") {
+                settings.push(name);
+            }
+        }
+        (settings, variables)
+    }
+
+    #[test]
+    fn docs_config_md_lists_every_setting_and_variable_and_nothing_else() {
+        let text = repo_file("docs/config.md");
+        let (mut settings, variables) = documented(&text);
+        settings.sort();
+        let mut paths = Config::setting_paths();
+        paths.sort();
+        assert_eq!(settings, paths, "docs/config.md's settings table and Config::setting_paths() differ");
+        for path in &paths {
+            if let Some(var) = Config::variable_of(path) {
+                let row = text.lines().find(|l| l.starts_with(&format!("| `{path}`"))).unwrap();
+                assert!(row.contains(&format!("`{var}`")), "docs/config.md: the row of {path} must name {var}");
+            }
+        }
+        for (var, _) in NOT_SETTINGS {
+            assert!(variables.iter().any(|v| v == var), "docs/config.md must list {var}");
+        }
+        for (flag, path) in FLAGS {
+            assert!(text.contains(&format!("`{flag}`")) && text.contains(path), "docs/config.md must list {flag}");
         }
     }
 

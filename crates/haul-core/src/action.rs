@@ -1,4 +1,4 @@
-//! Actions: data a decision records before anything is sent (domain.md, "Actions").
+//! Actions: data a decision records before anything is sent (docs/design.md, "Actions").
 //!
 //! Each accepted action becomes one outbox row whose id is the action key; the
 //! dispatcher applies it where [`ActionType::target`] says, with the request
@@ -144,7 +144,7 @@ impl ActionKind {
         }
     }
 
-    /// What applying the action asks of its [`ActionType::target`] (api.md).
+    /// What applying the action asks of its [`ActionType::target`] (docs/api.md).
     pub fn request(&self, load_id: &LoadId) -> Request {
         let send = |channel, path: &str, body| Request::Send(ServiceCall { channel, path: path.to_owned(), body });
         match self {

@@ -53,7 +53,7 @@ impl Channel {
         }
     }
 
-    /// The name in eval scenario files (scenarios.md).
+    /// The name in eval scenario files (docs/scenarios.md).
     pub fn scenario_name(self) -> &'static str {
         match self {
             Channel::Sms => "sms",

@@ -1,6 +1,6 @@
 //! `decision_recorded`: what a run decided about one inbound event.
 //!
-//! Besides the fields of domain.md a decision carries `asks`, the asks it opened or
+//! Besides the fields of docs/design.md a decision carries `asks`, the asks it opened or
 //! moved (new step or status). The projection applies those, so ask state is a fold
 //! of the log and does not depend on which decider wrote it.
 

@@ -1,4 +1,4 @@
-//! Inbound events (domain.md, "Inbound event kinds") and their validation.
+//! Inbound events (docs/design.md, "Inbound event kinds") and their validation.
 //!
 //! An event is `{event_id, kind, ...payload}` on the wire and on the load queue; in the
 //! log it is a record with `entry_id = event_id`, `kind`, and the payload fields.

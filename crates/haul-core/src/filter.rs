@@ -1,4 +1,4 @@
-//! The deterministic filter (domain.md): events that need no decider call.
+//! The deterministic filter (docs/design.md): events that need no decider call.
 //!
 //! It runs before any decider, so no LLM call is ever made for a delivered outcome,
 //! a Hero-channel or internal failure (the dispatcher has already raised an OpsAlert),

@@ -1,4 +1,4 @@
-//! Identifiers and the deterministic id functions of domain.md.
+//! Identifiers and the deterministic id functions of docs/design.md.
 //!
 //! Every id is a validated string: a value outside its form is rejected here, at the
 //! edge, and never reaches the store. Derived ids (`evt:…`, `dec:…`, action keys,

@@ -1,4 +1,4 @@
-//! The pure domain core of haul (domain.md, ADR 0003).
+//! The pure domain core of haul (docs/design.md, ADR 0003).
 //!
 //! Everything here is a function of its inputs and an explicit `now`: no IO, no
 //! async, no clock reads, no randomness of its own (callers pass random draws in).
@@ -18,6 +18,7 @@ pub mod mask;
 pub mod outcome;
 pub mod projection;
 pub mod queue_mode;
+pub mod redact;
 pub mod retry;
 pub mod sop;
 pub mod time;

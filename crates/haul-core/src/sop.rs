@@ -1,4 +1,4 @@
-//! The reference decider: the SOP of domain.md (`decider = "sop"`).
+//! The reference decider: the SOP of docs/design.md (`decider = "sop"`).
 //!
 //! A pure function of the client policies, the projected state (before the event),
 //! the event and `now`. The runtime wraps it in the `Decider` trait.

@@ -1,5 +1,5 @@
 //! Time values: `jiff::Timestamp` in code, epoch milliseconds in stores, and the
-//! duration strings of config.md and scenarios.md (`"90s"`, `"30m"`, `"1d2h"`).
+//! duration strings of settings and scenario files (`"90s"`, `"30m"`, `"1h 30m"`, `"1d2h"`).
 
 use std::time::Duration;
 
@@ -36,42 +36,38 @@ pub fn trunc_ms(t: Timestamp) -> Timestamp {
     from_ms(t.as_millisecond())
 }
 
-/// Parses `"90s"`, `"30m"`, `"2h"`, `"1d2h30m"`, `"500ms"`: one or more
-/// number-unit pairs, units `d h m s ms`. Zero is allowed; an empty string,
-/// a missing unit or an unknown unit is an error naming the input.
+/// Parses a duration as people write them, with jiff's "friendly" format and ISO 8601:
+/// `"90s"`, `"30m"`, `"10min"`, `"1h 30m"`, `"1.5h"`, `"1d2h"`, `"7 days"`, `"500ms"`,
+/// `"PT1H30M"`. A day is 24 hours and a week 7 days; years and months (no fixed length)
+/// and negative durations are refused. Zero is allowed; an empty string or a number
+/// without a unit is an error naming the input.
 pub fn parse_duration(s: &str) -> Result<Duration, BadInput> {
     let bad = |why: &str| {
         BadInput::new(
             "bad_duration",
-            format!("bad duration {:?}: {why} (use e.g. \"90s\", \"30m\", \"1d2h\")", clip(s)),
+            format!("bad duration {:?}: {why} (use e.g. \"90s\", \"30m\", \"1h 30m\", \"7d\")", clip(s)),
         )
     };
-    let mut rest = s.trim();
-    if rest.is_empty() {
+    let text = s.trim();
+    if text.is_empty() {
         return Err(bad("empty"));
     }
-    let mut total: u64 = 0;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(bad("expected a number"));
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad("number too large"))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let unit_ms: u64 = match &rest[..unit_len] {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            "" => return Err(bad("missing unit")),
-            _ => return Err(bad("unknown unit")),
-        };
-        rest = &rest[unit_len..];
-        total = n.checked_mul(unit_ms).and_then(|v| total.checked_add(v)).ok_or_else(|| bad("too large"))?;
+    if text.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(bad("missing unit"));
     }
-    Ok(Duration::from_millis(total))
+    let span: jiff::Span = text.parse().map_err(|e: jiff::Error| {
+        let why = e.to_string();
+        let why = why.strip_prefix("failed to parse input in the \"friendly\" duration format: ").unwrap_or(&why);
+        bad(why)
+    })?;
+    if span.is_negative() {
+        return Err(bad("negative"));
+    }
+    if span.get_years() != 0 || span.get_months() != 0 {
+        return Err(bad("years and months have no fixed length (use days)"));
+    }
+    let d = span.to_duration(jiff::SpanRelativeTo::days_are_24_hours()).map_err(|_| bad("too large"))?;
+    Duration::try_from(d).map_err(|_| bad("too large"))
 }
 
 /// The shortest form [`parse_duration`] reads back: `1d2h`, `30m`, `1500ms`.
@@ -107,13 +103,35 @@ mod tests {
         check("500ms", Some(500));
         check("1m30s", Some(90_000));
         check("0s", Some(0));
+        check("1h 30m", Some(5_400_000));
+        check("10min", Some(600_000));
+        check("1.5h", Some(5_400_000));
+        check("7 days", Some(604_800_000));
+        check("1w", Some(604_800_000));
+        check("2 hours 5 minutes", Some(7_500_000));
+        check("PT1H30M", Some(5_400_000));
+        check("P1D", Some(86_400_000));
+        check("  5m ", Some(300_000));
         check("", None);
         check("30", None);
         check("m", None);
         check("3x", None);
         check("-1s", None);
+        check("5m ago", None);
+        check("1y", None);
+        check("2mo", None);
         check("99999999999999999999d", None);
         check("999999999999999d", None);
+    }
+
+    #[test]
+    fn errors_name_the_input_and_why() {
+        let e = parse_duration("90").unwrap_err();
+        assert_eq!(e.code, "bad_duration");
+        assert!(e.message.starts_with("bad duration \"90\": missing unit"), "{}", e.message);
+        let e = parse_duration("soon").unwrap_err();
+        assert!(e.message.contains("\"soon\""), "{}", e.message);
+        assert!(!e.message.contains("friendly"), "{}", e.message);
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub const PROMPT_OUTCOMES: usize = 20;
 /// The tool a model calls to decide that nothing is to be done.
 pub const NO_ACTION: &str = "no_action";
 
-/// The system message: domain.md's SOP, said to a model that can only call tools.
+/// The system message: docs/design.md's SOP, said to a model that can only call tools.
 pub const SYSTEM_PROMPT: &str = "\
 You are the dispatch agent of haul for one freight load. You receive the load's state, \
 the client's ETA policy, one new event and the current time `now` as JSON. Decide what \

@@ -1,7 +1,7 @@
 //! Validation of a decision before it is appended (issue: "validate the decision").
 //!
 //! A decider's output is untrusted (an LLM's especially): every key must be exactly
-//! the key domain.md derives for its action, SMS goes only to the driver's phone, and
+//! the key docs/design.md derives for its action, SMS goes only to the driver's phone, and
 //! bounds hold. A decision that fails here is replaced by the fallback decision.
 
 use std::collections::BTreeSet;

@@ -1,5 +1,5 @@
 //! Stand-ins for the outside services, speaking their real wire contract over real
-//! HTTP on 127.0.0.1 (api.md): the SMS, Hero task, Hero Slack, TMS and ops services.
+//! HTTP on 127.0.0.1 (docs/api.md): the SMS, Hero task, Hero Slack, TMS and ops services.
 //!
 //! They dedupe on `Idempotency-Key` as the real services must, count every call and
 //! every new effect, notice a key reused with another payload, and misbehave on
@@ -74,7 +74,7 @@ struct Shared {
     calls: Vec<Call>,
     /// First successful answer per (channel, key), with the payload it answered.
     answers: HashMap<(String, String), (Value, Value)>,
-    /// Keys seen again with a different payload (scenarios.md invariant 3).
+    /// Keys seen again with a different payload (docs/scenarios.md invariant 3).
     conflicts: Vec<String>,
     rules: Vec<(FaultRule, u32)>,
     chaos: Option<Arc<Chaos>>,

@@ -77,7 +77,7 @@ async fn a_broken_file_fails_alone_and_the_others_still_run() {
     std::fs::write(dir.join("a_good.toml"), GOOD).unwrap();
     std::fs::write(dir.join("b_unknown_key.toml"), GOOD.replace("expect.open_asks", "expect.open_askz")).unwrap();
     std::fs::write(dir.join("c_backwards.toml"), GOOD.replace("at = \"07:01\"", "at = \"06:59\"")).unwrap();
-    std::fs::write(dir.join("d_bad_duration.toml"), GOOD.replace("at = \"07:01\"", "at = \"+5 minutes\"")).unwrap();
+    std::fs::write(dir.join("d_bad_duration.toml"), GOOD.replace("at = \"07:01\"", "at = \"+5 parsecs\"")).unwrap();
     std::fs::write(dir.join("e_not_toml.toml"), "name = [").unwrap();
     std::fs::write(dir.join("f_not_utf8.toml"), b"name = \"\xff\"").unwrap();
     let report = run_paths(&[dir.clone(), PathBuf::from("/no/such/file.toml")], &EvalStore::SqliteMemory, |_| {}).await;

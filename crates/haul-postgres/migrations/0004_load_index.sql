@@ -9,7 +9,7 @@ CREATE TABLE load_facts (
 );
 CREATE INDEX load_facts_phone ON load_facts (driver_phone) WHERE active;
 
--- Inbound SMS that matched no active load (api.md: kept, counted, listed).
+-- Inbound SMS that matched no active load (docs/api.md: kept, counted, listed).
 CREATE TABLE unmatched_sms (
     message_sid text PRIMARY KEY,
     from_phone  text NOT NULL,

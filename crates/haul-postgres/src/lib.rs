@@ -7,7 +7,6 @@
 //! first check and racing writers cannot interleave.
 
 mod impls;
-mod redact;
 pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -19,7 +18,8 @@ use haul_store::StoreError;
 use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, pending_migrations};
 use tokio_postgres::NoTls;
 
-pub use crate::redact::redact;
+/// A store URL without its credentials, for logs and errors.
+pub use haul_core::redact::redact_url as redact;
 
 const MIGRATIONS: &[Migration] = &[
     Migration::new(1, include_str!("../migrations/0001_init.sql")),

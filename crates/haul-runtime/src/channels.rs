@@ -1,4 +1,4 @@
-//! Channel clients (api.md): the SMS, Hero task, Hero Slack and TMS services, and
+//! Channel clients (docs/api.md): the SMS, Hero task, Hero Slack and TMS services, and
 //! OpsAlerts.
 //!
 //! Every call carries `Idempotency-Key: {outbox id}` and a bearer token; the services

@@ -25,7 +25,7 @@ pub trait Decider: Send + Sync {
     ) -> anyhow::Result<Decision>;
 }
 
-/// The SOP of domain.md with per-client policies.
+/// The SOP of docs/design.md with per-client policies.
 pub struct SopDecider {
     pub policies: Policies,
 }

@@ -20,7 +20,7 @@ use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query
 use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
 use haul_core::mask::clip_quotes;
@@ -232,14 +232,50 @@ impl FromRequest<Arc<ApiState>> for ApiBody {
     }
 }
 
+/// One route of the HTTP surface. [`router`] is built from [`ROUTES`], and a test holds
+/// the OpenAPI document (`docs/openapi.json`) to the same list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub method: &'static str,
+    pub path: &'static str,
+    /// Served only by a process with the `api` role (every role serves the others).
+    pub api_role: bool,
+    /// Needs the bearer token ([`ApiCaller`]).
+    pub token: bool,
+}
+
+/// Every route `haul serve` answers.
+pub const ROUTES: &[Route] = &[
+    Route { method: "GET", path: "/metrics", api_role: false, token: false },
+    Route { method: "GET", path: "/healthz", api_role: false, token: false },
+    Route { method: "POST", path: "/v1/loads/{load_id}/events", api_role: true, token: true },
+    Route { method: "GET", path: "/v1/loads/{load_id}", api_role: true, token: true },
+    Route { method: "POST", path: "/v1/webhooks/twilio/sms", api_role: true, token: false },
+    Route { method: "GET", path: "/v1/webhooks/twilio/unmatched", api_role: true, token: true },
+    Route { method: "GET", path: "/v1/openapi.json", api_role: true, token: false },
+];
+
+/// The OpenAPI 3.1 document of these routes, served as written.
+pub const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
+
+fn handler(route: &Route) -> MethodRouter<Arc<ApiState>> {
+    match (route.method, route.path) {
+        ("GET", "/metrics") => get(metrics),
+        ("GET", "/healthz") => get(healthz),
+        ("POST", "/v1/loads/{load_id}/events") => post(post_event),
+        ("GET", "/v1/loads/{load_id}") => get(get_load),
+        ("POST", "/v1/webhooks/twilio/sms") => post(twilio_sms),
+        ("GET", "/v1/webhooks/twilio/unmatched") => get(unmatched),
+        ("GET", "/v1/openapi.json") => get(openapi),
+        // A route listed without a handler: every test that builds a router fails here.
+        (method, path) => panic!("ROUTES lists {method} {path}, which has no handler"),
+    }
+}
+
 pub fn router(state: Arc<ApiState>, api: bool) -> Router {
-    let mut r = Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz));
-    if api {
-        r = r
-            .route("/v1/loads/{load_id}/events", post(post_event))
-            .route("/v1/loads/{load_id}", get(get_load))
-            .route("/v1/webhooks/twilio/sms", post(twilio_sms))
-            .route("/v1/webhooks/twilio/unmatched", get(unmatched));
+    let mut r = Router::new();
+    for route in ROUTES.iter().filter(|route| api || !route.api_role) {
+        r = r.route(route.path, handler(route));
     }
     r.fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
@@ -263,6 +299,10 @@ async fn no_route(State(s): State<Arc<ApiState>>, uri: Uri, caller: Result<ApiCa
 async fn wrong_method(State(s): State<Arc<ApiState>>, uri: Uri, caller: Result<ApiCaller, Response>) -> Response {
     let answer = error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method");
     token_first(&uri, &s, caller, answer)
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
 
 async fn healthz(State(s): State<Arc<ApiState>>) -> Response {

@@ -1,4 +1,4 @@
-//! The ingestion API's bad-input battery (api.md): every case gets the right status
+//! The ingestion API's bad-input battery (docs/api.md): every case gets the right status
 //! and a clear `{"error": {"code", "message"}}`, writes nothing, and panics nothing.
 //! Real HTTP on 127.0.0.1 against the real router on a real store.
 

@@ -1,4 +1,4 @@
--- Record mode (api.md): a channel with no URL records its deliveries here, deduped by key.
+-- Record mode (docs/api.md): a channel with no URL records its deliveries here, deduped by key.
 CREATE TABLE deliveries (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     channel    TEXT NOT NULL,

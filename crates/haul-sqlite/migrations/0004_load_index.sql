@@ -9,7 +9,7 @@ CREATE TABLE load_facts (
 );
 CREATE INDEX load_facts_phone ON load_facts (driver_phone) WHERE active = 1;
 
--- Inbound SMS that matched no active load (api.md: kept, counted, listed).
+-- Inbound SMS that matched no active load (docs/api.md: kept, counted, listed).
 CREATE TABLE unmatched_sms (
     message_sid TEXT PRIMARY KEY,
     from_phone  TEXT NOT NULL,

@@ -131,7 +131,7 @@ pub trait EventStore: Send + Sync {
     /// still `expected_version`. Checks, in order: the version, the entry ids, the
     /// outbox keys; writes nothing when one fails. Returns the new version.
     ///
-    /// Every outbox id is an action key, `{load_id}/...` (domain.md); a row whose id
+    /// Every outbox id is an action key, `{load_id}/...` (docs/design.md); a row whose id
     /// names another load is refused with a `StoreError` before anything is checked.
     /// That is what lets PostgreSQL keep the outbox unique per `(load_id, id)`
     /// (partitioned by load) and still have every id unique globally.

@@ -1,15 +1,47 @@
 //! The command line's shape: every command, flag and its `--help` text.
+//!
+//! One way to name the store: `--db` over `store.url` (`HAUL_STORE_URL`, the config
+//! file) for every command that opens haul's own store (serve, inspect, migrate,
+//! prune); `--config` wherever settings apply. The test-and-measure commands (eval,
+//! sim, bench) make throwaway stores instead: SQLite in memory or in a temporary
+//! folder, or fresh schemas in the PostgreSQL of `DATABASE_URL`.
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// `haul --version`: the version, the git commit and the optional features built in.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("BUILD_HAUL_COMMIT"),
+    ", features: ",
+    env!("BUILD_HAUL_FEATURES"),
+    ")"
+);
 
 /// haul: a durable runtime for an AI dispatch agent running freight loads.
+///
+/// Settings come from defaults, a TOML file (--config), HAUL_* variables, then flags;
+/// `haul config show` prints them with where each came from. docs/ has the reference.
 #[derive(Parser, Debug)]
-#[command(name = "haul", version, about, long_about = None)]
+#[command(name = "haul", version = VERSION, about, long_about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The settings: a file, and the store over `store.url`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConfigArgs {
+    /// A TOML settings file (docs/config.md, examples/haul.toml); HAUL_* variables and
+    /// flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The store: sqlite://PATH, sqlite::memory: or postgres://… (overrides store.url
+    /// and HAUL_STORE_URL; default sqlite://haul.db).
+    #[arg(long, value_name = "URL")]
+    pub db: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -82,14 +114,10 @@ pub enum Command {
     /// With no configuration: SQLite file haul.db, the store-backed queue, record mode
     /// for every channel, listening on 127.0.0.1:8080.
     Serve {
-        /// A TOML config file (config.md); HAUL_* variables and flags override it.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// The store URL (overrides store.url).
-        #[arg(long)]
-        db: Option<String>,
+        #[command(flatten)]
+        settings: ConfigArgs,
         /// Address for the API, /metrics and /healthz (overrides server.listen).
-        #[arg(long)]
+        #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
         /// Which roles this process runs: any of api,worker,dispatcher,pump.
         #[arg(long, default_value = "api,worker,dispatcher,pump")]
@@ -115,7 +143,8 @@ pub enum Command {
         /// Faults to inject: all, none, or some of crash,duplicate,redelivery,interleave,outage,service,clock.
         #[arg(long, default_value = "all")]
         faults: String,
-        /// The backend: SQLite in memory, or PostgreSQL from DATABASE_URL (a schema per seed).
+        /// The backend: SQLite in memory, or a fresh schema per seed in the PostgreSQL of
+        /// DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test; not store.url).
         #[arg(long, value_enum, default_value = "sqlite")]
         store: StoreKind,
         /// Plant a known bug, to check the simulator catches it (test use only).
@@ -127,7 +156,8 @@ pub enum Command {
     Bench {
         /// Workloads to run (default: all).
         workloads: Vec<String>,
-        /// The backend: a SQLite file in a temporary folder, or PostgreSQL from DATABASE_URL.
+        /// The backend: a SQLite file in a temporary folder, or a fresh schema in the
+        /// PostgreSQL of DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test; not store.url).
         #[arg(long, value_enum, default_value = "sqlite")]
         store: StoreKind,
         /// Print one JSON object { "<workload>": { "<figure>": number } }.
@@ -141,20 +171,16 @@ pub enum Command {
     /// rationale, outbox rows with attempts and status, timers.
     Inspect {
         load_id: String,
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// The store URL (overrides store.url).
-        #[arg(long)]
-        db: Option<String>,
+        #[command(flatten)]
+        settings: ConfigArgs,
         /// Print the load as JSON (the body of GET /v1/loads/{id}).
         #[arg(long)]
         json: bool,
     },
-    /// Create or upgrade the database schema.
+    /// Create or upgrade the database schema of store.url (serve does it too).
     Migrate {
-        /// The store: sqlite://PATH, sqlite::memory: or postgres://…
-        #[arg(long, env = "HAUL_STORE_URL", default_value = "sqlite://haul.db")]
-        db: String,
+        #[command(flatten)]
+        settings: ConfigArgs,
     },
     /// Delete finished rows older than the retention age, in bounded batches until none
     /// is left: dispatched outbox rows and dead ones whose outcome was published, fired
@@ -162,9 +188,8 @@ pub enum Command {
     /// row, a dead row still waiting for its outcome, a scheduled timer or an unacked
     /// message. Safe to run while haul serves (cron it, e.g. hourly).
     Prune {
-        /// The store: sqlite://PATH or postgres://…
-        #[arg(long, env = "HAUL_STORE_URL", default_value = "sqlite://haul.db")]
-        db: String,
+        #[command(flatten)]
+        settings: ConfigArgs,
         /// Retention age: rows that finished longer ago than this go. At least 5m, the
         /// queue's shortest dedup window; an acked event id older than this is no
         /// longer deduplicated by the queue (the log still drops it).
@@ -189,7 +214,8 @@ pub enum Command {
         /// Print one JSON report instead of lines.
         #[arg(long)]
         json: bool,
-        /// The backend: SQLite in memory, or PostgreSQL from DATABASE_URL (a schema per scenario).
+        /// The backend: SQLite in memory, or a fresh schema per scenario in the PostgreSQL
+        /// of DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test; not store.url).
         #[arg(long, value_enum, default_value = "sqlite")]
         store: StoreKind,
         /// The load queue: the store's own, or a fresh SQS FIFO queue per scenario.
@@ -201,5 +227,41 @@ pub enum Command {
         /// The recorded answers (TOML) the LLM decider's stand-in server replies with.
         #[arg(long, value_name = "FILE", required_if_eq("decider", "llm"))]
         llm_answers: Option<PathBuf>,
+    },
+    /// Check or print the settings serve, inspect, migrate and prune would run with.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print a shell completion script for bash, zsh or fish.
+    ///
+    /// bash: `haul completions bash > /etc/bash_completion.d/haul`;
+    /// zsh: `haul completions zsh > "${fpath[1]}/_haul"`;
+    /// fish: `haul completions fish > ~/.config/fish/completions/haul.fish`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Read the defaults, the file, the HAUL_* variables and the flags, check every
+    /// rule, and exit 0; or print one error line and exit 1. Also checks that the
+    /// variables the settings name (channel tokens, the model's key) are set.
+    Check {
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// As serve's --listen.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+    },
+    /// Print every setting's effective value and where it came from (default, file,
+    /// variable, flag), then the other HAUL_* variables haul reads. Secrets are masked
+    /// and passwords in URLs redacted.
+    Show {
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// As serve's --listen.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
     },
 }

@@ -8,12 +8,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use haul_config::Config;
+use haul_config::{Config, Loaded};
 use haul_harness::eval::{EvalDecider, EvalOptions, EvalQueue, EvalStore};
 use haul_harness::{bench, crashtest, eval, sim};
 use haul_runtime::store;
 
-use crate::cli::{Cli, Command, DeciderKind, QueueKind, StoreKind, Testkit};
+use crate::cli::{Cli, Command, ConfigArgs, ConfigCommand, DeciderKind, QueueKind, StoreKind, Testkit};
 
 /// The shortest `haul prune --older-than`: the queue's dedup promise (LoadQueue::publish).
 const MIN_RETENTION: Duration = Duration::from_secs(300);
@@ -22,10 +22,17 @@ const MAX_PRUNE_BATCHES: usize = 100_000;
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve { config, db, listen, roles } => serve(config.as_deref(), db, listen, &roles).await,
-        Command::Inspect { load_id, config, db, json } => inspect(&load_id, config.as_deref(), db, json).await,
-        Command::Migrate { db } => migrate(&db).await,
-        Command::Prune { db, older_than, batch } => prune(&db, &older_than, batch).await,
+        Command::Serve { settings, listen, roles } => serve(&settings, listen, &roles).await,
+        Command::Inspect { load_id, settings, json } => inspect(&load_id, &settings, json).await,
+        Command::Migrate { settings } => migrate(&settings).await,
+        Command::Prune { settings, older_than, batch } => prune(&settings, &older_than, batch).await,
+        Command::Config(ConfigCommand::Check { settings, listen }) => config_check(&settings, listen),
+        Command::Config(ConfigCommand::Show { settings, listen }) => config_show(&settings, listen),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "haul", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Testkit(t) => testkit(t).await,
         Command::Bench { workloads, store, json, quick } => bench(workloads, store, json, quick).await,
         Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {
@@ -45,21 +52,101 @@ fn say(line: impl std::fmt::Display) {
     }
 }
 
-/// Defaults, the file, HAUL_* variables, then flags; warns about HAUL_* variables
-/// that name no setting.
-fn load_config(file: Option<&Path>, db: Option<String>, listen: Option<String>) -> anyhow::Result<Config> {
-    let (mut config, unknown) = Config::load(file, std::env::vars())?;
-    for name in unknown {
+/// Defaults, the file, HAUL_* variables, then flags, with where each value came from;
+/// not yet validated.
+fn load_settings(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Loaded> {
+    let mut loaded = Config::load_with_sources(args.config.as_deref(), std::env::vars())?;
+    if let Some(db) = &args.db {
+        loaded.set_by_flag("--db", db)?;
+    }
+    if let Some(listen) = &listen {
+        loaded.set_by_flag("--listen", listen)?;
+    }
+    Ok(loaded)
+}
+
+/// The settings a command runs with, validated; warns about HAUL_* variables that name
+/// no setting.
+fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Config> {
+    let loaded = load_settings(args, listen)?;
+    for name in &loaded.unknown {
         tracing::warn!("{name} names no setting; ignored");
     }
-    if let Some(db) = db {
-        config.store.url = db;
+    loaded.validate()?;
+    Ok(loaded.config)
+}
+
+fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<ExitCode> {
+    let loaded = load_settings(args, listen)?;
+    loaded.validate()?;
+    if loaded.config.queue.kind == haul_config::QueueKind::Sqs && !cfg!(feature = "sqs") {
+        anyhow::bail!(
+            "queue.kind \"sqs\" needs a build with --features sqs (haul --version lists the features built in)"
+        );
     }
-    if let Some(listen) = listen {
-        config.server.listen = listen;
+    for (var, setting) in loaded.config.named_variables() {
+        if std::env::var(&var).map_or(true, |v| v.trim().is_empty()) {
+            anyhow::bail!("{setting} names {var}, which is not set");
+        }
     }
-    config.validate()?;
-    Ok(config)
+    for name in &loaded.unknown {
+        eprintln!("warning: {name} names no setting; ignored");
+    }
+    let c = &loaded.config;
+    say(format_args!(
+        "ok: store {}, queue {}, decider {}, listening on {}",
+        store::describe(&c.store.url),
+        c.queue.kind,
+        c.decider.kind,
+        c.server.listen
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A value for people: URLs without their password.
+fn shown(value: &str) -> String {
+    if value.contains("://") { haul_config::redact_url(value) } else { value.to_owned() }
+}
+
+fn config_show(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<ExitCode> {
+    let loaded = load_settings(args, listen)?;
+    let c = &loaded.config;
+    let mut lines = Vec::new();
+    for (path, value) in c.values() {
+        let left = match &value {
+            Some(v) => format!("{path} = {}", shown(v)),
+            None => format!("{path} unset ({})", c.unset_means(&path).unwrap_or_default()),
+        };
+        lines.push((left, loaded.source(&path).to_string()));
+    }
+    let width = lines.iter().map(|(l, _)| l.len()).max().unwrap_or(0).min(72);
+    say("# setting = value   # where it came from");
+    for (left, source) in &lines {
+        say(format_args!("{left:<width$}  # {source}"));
+    }
+    say("\n# other variables haul reads");
+    let mut vars: Vec<(String, String, bool)> = haul_config::NOT_SETTINGS
+        .iter()
+        .map(|(n, what)| (n.to_string(), what.to_string(), what.starts_with("secret")))
+        .collect();
+    for (var, setting) in c.named_variables() {
+        if !vars.iter().any(|(n, _, _)| *n == var) {
+            vars.push((var, format!("secret: named by {setting}"), true));
+        }
+    }
+    let width = vars.iter().map(|(n, _, _)| n.len()).max().unwrap_or(0);
+    for (name, what, secret) in vars {
+        let value = match std::env::var(&name) {
+            Ok(v) if secret && !v.is_empty() => "set (masked)".to_owned(),
+            Ok(v) => format!("{:?}", shown(&v)),
+            Err(_) => "unset".to_owned(),
+        };
+        say(format_args!("{name:<width$}  {value:<16}  # {what}"));
+    }
+    for name in &loaded.unknown {
+        say(format_args!("# ignored: {name} names no setting"));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn eval_store(kind: StoreKind) -> EvalStore {
@@ -69,20 +156,15 @@ fn eval_store(kind: StoreKind) -> EvalStore {
     }
 }
 
-async fn serve(
-    config: Option<&Path>,
-    db: Option<String>,
-    listen: Option<String>,
-    roles: &str,
-) -> anyhow::Result<ExitCode> {
-    let config = load_config(config, db, listen)?;
+async fn serve(settings: &ConfigArgs, listen: Option<String>, roles: &str) -> anyhow::Result<ExitCode> {
+    let config = load_config(settings, listen)?;
     let roles = haul_server::Roles::parse(roles)?;
     haul_server::serve(config, roles, haul_server::shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
 
-async fn inspect(load_id: &str, config: Option<&Path>, db: Option<String>, json: bool) -> anyhow::Result<ExitCode> {
-    let config = load_config(config, db, None)?;
+async fn inspect(load_id: &str, settings: &ConfigArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let config = load_config(settings, None)?;
     let load = haul_core::ids::LoadId::parse(load_id).map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let store = store::open(&config.store.url, None).await.context("store.url")?;
     let Some(view) = haul_runtime::inspect::load_view(store.as_ref(), &load).await? else {
@@ -97,14 +179,18 @@ async fn inspect(load_id: &str, config: Option<&Path>, db: Option<String>, json:
     Ok(ExitCode::SUCCESS)
 }
 
-async fn migrate(db: &str) -> anyhow::Result<ExitCode> {
+async fn migrate(settings: &ConfigArgs) -> anyhow::Result<ExitCode> {
+    let config = load_config(settings, None)?;
+    let db = config.store.url.as_str();
     let store = store::open(db, None).await.with_context(|| format!("opening {}", store::describe(db)))?;
     drop(store);
     say(format_args!("schema of {} is up to date", store::describe(db)));
     Ok(ExitCode::SUCCESS)
 }
 
-async fn prune(db: &str, older_than: &str, batch: u32) -> anyhow::Result<ExitCode> {
+async fn prune(settings: &ConfigArgs, older_than: &str, batch: u32) -> anyhow::Result<ExitCode> {
+    let config = load_config(settings, None)?;
+    let db = config.store.url.as_str();
     let age =
         haul_core::time::parse_duration(older_than).map_err(|e| anyhow::anyhow!("--older-than: {}", e.message))?;
     if age < MIN_RETENTION {

@@ -21,10 +21,25 @@ fn main() -> ExitCode {
         Command::Eval { .. } | Command::Sim { .. } => "off",
         Command::Testkit(_) => "warn",
         Command::Bench { .. } => "error",
-        Command::Inspect { .. } => "warn",
+        Command::Inspect { .. } | Command::Config(_) | Command::Completions { .. } => "warn",
         _ => "info",
     };
-    let wanted = EnvFilter::try_from_env("HAUL_LOG").unwrap_or_else(|_| default_filter.into());
+    // A bad HAUL_LOG is refused: ignoring it would hide the logs someone asked for.
+    let wanted = match std::env::var("HAUL_LOG") {
+        Err(std::env::VarError::NotPresent) => EnvFilter::new(default_filter),
+        Ok(v) if v.trim().is_empty() => EnvFilter::new(default_filter),
+        Ok(v) => match EnvFilter::builder().parse(&v) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: HAUL_LOG={v:?} is not a log filter ({e}); e.g. HAUL_LOG=info or HAUL_LOG=haul=debug");
+                return ExitCode::FAILURE;
+            }
+        },
+        Err(std::env::VarError::NotUnicode(_)) => {
+            eprintln!("error: HAUL_LOG is not valid UTF-8");
+            return ExitCode::FAILURE;
+        }
+    };
     // Below info, dependencies log what passes through them: tokio-postgres every
     // statement's parameters (phone numbers, message texts), HTTP stacks their headers
     // (tokens). Whatever HAUL_LOG asks, only haul's own crates log at debug and trace.

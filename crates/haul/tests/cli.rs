@@ -90,3 +90,148 @@ fn the_generated_api_token_is_written_only_once_serve_can_serve() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn haul(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_haul"));
+    cmd.args(args);
+    // The test's own environment must not leak settings in.
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("haul-cli-{tag}-{}-{}", std::process::id(), fastrand::u32(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn version_names_the_commit_and_the_features() {
+    let (ok, out, _) = haul(&["--version"], &[]);
+    assert!(ok);
+    let line = out.trim();
+    assert!(line.starts_with(&format!("haul {} (commit ", env!("CARGO_PKG_VERSION"))), "{line}");
+    assert!(!line.contains("commit )"), "{line}");
+    let features = if cfg!(feature = "sqs") { "features: sqs)" } else { "features: none)" };
+    assert!(line.ends_with(features), "{line}");
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (ok, out, err) = haul(&["completions", shell], &[]);
+        assert!(ok, "{shell}: {err}");
+        for word in ["serve", "migrate", "prune", "config", "older-than"] {
+            assert!(out.contains(word), "{shell} completions lack {word}");
+        }
+    }
+    // The bash script is valid bash.
+    let dir = scratch("completions");
+    let (_, script, _) = haul(&["completions", "bash"], &[]);
+    std::fs::write(dir.join("haul.bash"), script).unwrap();
+    if let Ok(s) = std::process::Command::new("bash").arg("-n").arg(dir.join("haul.bash")).status() {
+        assert!(s.success(), "bash -n rejects the completion script");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Exactly one `error:` line on stderr, containing every `want`, and a failure exit.
+fn one_error_line(args: &[&str], env: &[(&str, &str)], want: &[&str]) {
+    let (ok, _, err) = haul(args, env);
+    assert!(!ok, "{args:?} {env:?} succeeded: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?} {env:?}: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for w in want {
+        assert!(lines[0].contains(w), "{args:?} {env:?}: {err} lacks {w}");
+    }
+}
+
+#[test]
+fn config_check_says_ok_or_one_line_naming_the_variable() {
+    let (ok, out, err) = haul(&["config", "check", "--db", "sqlite::memory:"], &[]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("ok: store sqlite::memory:"), "{out}");
+    one_error_line(
+        &["config", "check"],
+        &[("HAUL_DISPATCHER_LEASE", "90")],
+        &["HAUL_DISPATCHER_LEASE=\"90\"", "dispatcher.lease", "missing unit"],
+    );
+    one_error_line(&["config", "check"], &[("HAUL_LOG", "haul=verbose")], &["HAUL_LOG=\"haul=verbose\""]);
+    one_error_line(&["serve", "--db", "sqlite::memory:"], &[("HAUL_LOG", "haul=loud")], &["HAUL_LOG"]);
+    one_error_line(
+        &["config", "check"],
+        &[("HAUL_CHANNELS_SMS_URL", "http://127.0.0.1:9"), ("HAUL_CHANNELS_SMS_TOKEN_ENV", "HAUL_NO_SUCH_TOKEN")],
+        &["channels.sms.token_env", "HAUL_NO_SUCH_TOKEN"],
+    );
+    // The test script's variable is read by the harness: no warning.
+    let (ok, _, err) = haul(&["config", "check"], &[("HAUL_SQS_ENDPOINT", "http://127.0.0.1:5000")]);
+    assert!(ok && !err.contains("HAUL_SQS_ENDPOINT"), "{err}");
+}
+
+#[test]
+fn config_show_says_where_each_value_came_from_and_masks_secrets() {
+    let dir = scratch("show");
+    let file = dir.join("haul.toml");
+    std::fs::write(&file, "[worker]\nconcurrency = 4\n").unwrap();
+    let (ok, out, err) = haul(
+        &["config", "show", "--config", file.to_str().unwrap(), "--db", "postgres://haul:pa55word@db/haul"],
+        &[("HAUL_TIMERS_POLL", "1h 0m 5s"), ("HAUL_TIMERS_POLL", "5s"), ("HAUL_API_TOKEN", "s3cret-token-value")],
+    );
+    assert!(ok, "{err}");
+    let line = |start: &str| out.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}: {out}"));
+    assert!(line("worker.concurrency = 4").ends_with(&format!("# file {}", file.display())), "{out}");
+    assert!(line("timers.poll = \"5s\"").ends_with("# variable HAUL_TIMERS_POLL"), "{out}");
+    assert!(line("store.url = \"postgres://haul@db/haul\"").ends_with("# flag --db"), "{out}");
+    assert!(line("dispatcher.lease = ").ends_with("# default"), "{out}");
+    assert!(line("HAUL_API_TOKEN").contains("set (masked)"), "{out}");
+    assert!(!out.contains("pa55word") && !out.contains("s3cret-token-value"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn migrate_and_prune_name_the_store_like_serve() {
+    let dir = scratch("store");
+    let db = |name: &str| format!("sqlite://{}", dir.join(name).display());
+    let file = dir.join("haul.toml");
+    std::fs::write(&file, format!("[store]\nurl = \"{}\"\n", db("file.db"))).unwrap();
+    let cfg = file.to_str().unwrap();
+    for (args, env, want) in [
+        (vec!["migrate", "--config", cfg], vec![], db("file.db")),
+        (vec!["migrate", "--config", cfg], vec![("HAUL_STORE_URL", db("var.db"))], db("var.db")),
+        (
+            vec!["migrate", "--config", cfg, "--db", &db("flag.db")],
+            vec![("HAUL_STORE_URL", db("var.db"))],
+            db("flag.db"),
+        ),
+    ] {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (ok, out, err) = haul(&args, &env);
+        assert!(ok, "{args:?}: {err}");
+        assert!(out.contains(&format!("schema of {want} is up to date")), "{args:?}: {out}");
+    }
+    let (ok, out, err) = haul(&["prune", "--config", cfg, "--older-than", "1h 30m"], &[]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("pruned 0 outbox rows"), "{out}");
+    one_error_line(&["prune", "--config", cfg, "--older-than", "90"], &[], &["--older-than", "missing unit"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn config_check_knows_whether_sqs_is_built_in() {
+    let env = [("HAUL_QUEUE_KIND", "sqs"), ("HAUL_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/loads.fifo")];
+    if cfg!(feature = "sqs") {
+        let (ok, out, err) = haul(&["config", "check"], &env);
+        assert!(ok && out.contains("queue sqs"), "{out}{err}");
+    } else {
+        one_error_line(&["config", "check"], &env, &["queue.kind", "--features sqs"]);
+    }
+}

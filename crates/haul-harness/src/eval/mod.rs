@@ -1,4 +1,4 @@
-//! `haul eval`: runs scenario files (scenarios.md) through the real worker,
+//! `haul eval`: runs scenario files (docs/scenarios.md) through the real worker,
 //! dispatcher and timer pump on a fake clock, with the channel services as real HTTP
 //! servers on 127.0.0.1.
 //!
@@ -79,7 +79,7 @@ const SQS_SETTLE_LIMIT: Duration = Duration::from_secs(30);
 /// Which decider the worker runs.
 #[derive(Clone, Debug, Default)]
 pub enum EvalDecider {
-    /// The SOP of domain.md with the scenario's client policies.
+    /// The SOP of docs/design.md with the scenario's client policies.
     #[default]
     Sop,
     /// The LLM decider against a recorded server replying with these answers.
@@ -606,7 +606,7 @@ impl Run {
         }
     }
 
-    /// The four invariants a scenario promises, and the log's own soundness, from
+    /// The four invariants a scenario promises (docs/scenarios.md), and the log's own soundness, from
     /// the one checker the simulator and the crash test use too.
     async fn invariants(&self) -> Result<(), (String, String)> {
         let logs = self.logs().await.map_err(|m| ("store".to_string(), m))?;

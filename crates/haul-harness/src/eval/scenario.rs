@@ -1,4 +1,4 @@
-//! Scenario files (scenarios.md): parsing and checking them before anything runs.
+//! Scenario files (docs/scenarios.md): parsing and checking them before anything runs.
 //!
 //! The format is a contract: files written by other teams must run unchanged. Every
 //! problem is reported with the file's line and the key, never a panic: TOML syntax,

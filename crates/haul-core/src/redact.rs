@@ -1,4 +1,4 @@
-//! A PostgreSQL connection string as logs and error lines may show it: where the
+//! A store URL (PostgreSQL's above all) as logs and error lines may show it: where the
 //! database is, never a credential.
 //!
 //! The driver reads a password from the URL's userinfo (`user:pass@`), from query
@@ -9,7 +9,7 @@
 //! printing less about an odd string is better than printing a secret.
 
 /// `url` without its credentials.
-pub fn redact(url: &str) -> String {
+pub fn redact_url(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => format!("{scheme}://{}", redact_after_scheme(rest)),
         None if url.contains('=') => redact_key_values(url),
@@ -143,10 +143,10 @@ fn percent_decode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::redact_url;
 
     fn check(input: &str, expected: &str) {
-        assert_eq!(redact(input), expected, "redact({input:?})");
+        assert_eq!(redact_url(input), expected, "redact_url({input:?})");
     }
 
     #[test]
