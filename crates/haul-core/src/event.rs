@@ -182,11 +182,11 @@ impl EventBody {
                 }
             }
             EventBody::InboundSms(s) => {
-                validate_text("from", &s.from, 32)?;
+                validate_text("from", &s.from, MAX_SMS_FROM_CHARS)?;
                 if s.from.is_empty() {
                     return Err(BadInput::new("bad_payload", "inbound_sms from is empty"));
                 }
-                validate_text("body", &s.body, 1600)?;
+                validate_text("body", &s.body, MAX_SMS_BODY_CHARS)?;
             }
             EventBody::TimerFired(t) => {
                 let (_, ask, step) = t.timer_id.parts();
@@ -310,12 +310,23 @@ fn validate_stage(s: &str) -> Result<(), BadInput> {
     Ok(())
 }
 
+/// Longest inbound SMS body, in characters (ten concatenated parts).
+pub const MAX_SMS_BODY_CHARS: usize = 1600;
+/// Longest inbound SMS sender, in characters.
+pub const MAX_SMS_FROM_CHARS: usize = 32;
+
+/// A character free text may not hold: a control character other than newline, tab and
+/// carriage return (NUL included).
+pub fn is_refused_control(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t' && c != '\r'
+}
+
 /// Free text: bounded, no NUL or other control characters but newline and tab.
 fn validate_text(field: &str, s: &str, max_chars: usize) -> Result<(), BadInput> {
     if s.chars().count() > max_chars {
         return Err(BadInput::new("bad_payload", format!("{field} is longer than {max_chars} characters")));
     }
-    if s.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r') {
+    if s.chars().any(is_refused_control) {
         return Err(BadInput::new("bad_payload", format!("{field} contains a control character")));
     }
     Ok(())

@@ -78,14 +78,29 @@ impl LoadId {
     }
 }
 
-/// An event id: either one given by a source (`[A-Za-z0-9_.:-]{1,128}`, not starting
-/// with the reserved `evt:` or `dec:`), or one haul derives itself (`evt:…`).
+/// The prefix of the event ids the Twilio webhook gives inbound SMS, `sms:{MessageSid}`.
+/// Reserved: an outside caller who could post `sms:SM…` first would take a real SMS's
+/// id, and the real SMS would then be refused as a reused id.
+pub const TWILIO_SMS_PREFIX: &str = "sms:";
+
+/// Longest Twilio MessageSid accepted (Twilio's are 34 characters).
+pub const MAX_MESSAGE_SID_LEN: usize = 64;
+
+/// A Twilio MessageSid as haul takes one: 1 to [`MAX_MESSAGE_SID_LEN`] ASCII letters
+/// and digits (Twilio's are `SM` or `MM` and 32 hex digits).
+pub fn is_message_sid(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_MESSAGE_SID_LEN && s.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// An event id: one given by a source (`[A-Za-z0-9_.:-]{1,128}`, not starting with a
+/// reserved prefix), one the Twilio webhook gives an SMS (`sms:{MessageSid}`), or one
+/// haul derives itself (`evt:…`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EventId(String);
 string_id!(EventId);
 
 impl EventId {
-    /// Accepts both forms: what may appear in a log or on the load queue.
+    /// Accepts every form: what may appear in a log or on the load queue.
     pub fn parse(s: &str) -> Result<Self, BadInput> {
         if s.starts_with("evt:") {
             if s.len() > MAX_DERIVED_ID_LEN || s.chars().any(|c| c.is_control() || c.is_whitespace()) {
@@ -96,30 +111,60 @@ impl EventId {
             }
             return Ok(EventId(s.to_owned()));
         }
-        Self::parse_inbound(s)
+        check_inbound_form(s)?;
+        // `dec:` names decisions, never events. `sms:` ids written before the prefix
+        // was reserved (in any inbound form) stay readable.
+        if s.starts_with("dec:") {
+            return Err(reserved(s));
+        }
+        Ok(EventId(s.to_owned()))
     }
 
     /// Only the form an outside source may use: the reserved prefixes are refused so
-    /// nobody can pre-empt a timer's or an outcome's event id.
+    /// nobody can pre-empt a timer's, an outcome's or an SMS's event id.
     pub fn parse_inbound(s: &str) -> Result<Self, BadInput> {
-        if s.is_empty() || s.len() > 128 || !s.chars().all(is_event_char) {
-            return Err(BadInput::new(
-                "bad_event_id",
-                format!("event id {:?} is not of the form [A-Za-z0-9_.:-]{{1,128}}", clip(s)),
-            ));
-        }
-        if s.starts_with("evt:") || s.starts_with("dec:") {
-            return Err(BadInput::new(
-                "reserved_event_id",
-                format!("event id {s:?} uses a prefix reserved for haul (evt: or dec:)"),
-            ));
+        check_inbound_form(s)?;
+        if ["evt:", "dec:", TWILIO_SMS_PREFIX].iter().any(|p| s.starts_with(p)) {
+            return Err(reserved(s));
         }
         Ok(EventId(s.to_owned()))
+    }
+
+    /// `sms:{MessageSid}`: the event id of an inbound SMS, which only the Twilio
+    /// webhook makes.
+    pub fn twilio_sms(message_sid: &str) -> Result<Self, BadInput> {
+        if !is_message_sid(message_sid) {
+            return Err(BadInput::new(
+                "bad_message_sid",
+                format!(
+                    "MessageSid {:?} is not a Twilio message id ([A-Za-z0-9]{{1,{MAX_MESSAGE_SID_LEN}}})",
+                    clip(message_sid)
+                ),
+            ));
+        }
+        Ok(EventId(format!("{TWILIO_SMS_PREFIX}{message_sid}")))
     }
 
     pub fn is_derived(&self) -> bool {
         self.0.starts_with("evt:")
     }
+}
+
+fn check_inbound_form(s: &str) -> Result<(), BadInput> {
+    if s.is_empty() || s.len() > 128 || !s.chars().all(is_event_char) {
+        return Err(BadInput::new(
+            "bad_event_id",
+            format!("event id {:?} is not of the form [A-Za-z0-9_.:-]{{1,128}}", clip(s)),
+        ));
+    }
+    Ok(())
+}
+
+fn reserved(s: &str) -> BadInput {
+    BadInput::new(
+        "reserved_event_id",
+        format!("event id {s:?} uses a prefix reserved for haul (evt:, dec:, and sms: for the Twilio webhook's SMS)"),
+    )
 }
 
 /// An ask id: `ask:{kind}:{trigger event id}`, kind `[a-z_]{1,32}`.
@@ -262,7 +307,8 @@ mod tests {
     fn inbound_event_ids() {
         for (s, ok) in [
             ("ping_0700", true),
-            ("sms:SM8a1f", true),
+            ("sms:SM8a1f", false),
+            ("sms_8a1f", true),
             ("a.b-c_d:e", true),
             ("evt:tmr:1:ask:x:y:1", false),
             ("dec:ping", false),
@@ -277,6 +323,21 @@ mod tests {
         }
         assert!(EventId::parse("evt:out:481207/ask:eta_request:p/1/send_sms:delivered").is_ok());
         assert!(EventId::parse("evt:bad id").is_err());
+        assert_eq!(EventId::parse_inbound("sms:SM8a1f").unwrap_err().code, "reserved_event_id");
+        assert!(EventId::parse_inbound("sms:SM8a1f").unwrap_err().message.contains("sms:"));
+    }
+
+    #[test]
+    fn sms_event_ids_are_the_webhooks() {
+        let id = EventId::twilio_sms("SM8a1f").unwrap();
+        assert_eq!(id.as_str(), "sms:SM8a1f");
+        assert_eq!(EventId::parse(id.as_str()), Ok(id), "readable in a log and on the queue");
+        assert!(EventId::parse("sms:older_form.1").is_ok(), "ids written before the reservation stay readable");
+        assert!(EventId::parse("dec:x").is_err());
+        for bad in ["", "SM/../x", "SM 1", "SM\u{0}1", &"S".repeat(MAX_MESSAGE_SID_LEN + 1)] {
+            assert_eq!(EventId::twilio_sms(bad).unwrap_err().code, "bad_message_sid", "{bad:?}");
+        }
+        assert!(EventId::twilio_sms(&"S".repeat(MAX_MESSAGE_SID_LEN)).is_ok());
     }
 
     #[test]

@@ -9,13 +9,13 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, record_row,
-    timer_row, unmatched_sms_row,
+    sms_route, sms_route_load, timer_row, unmatched_sms_row,
 };
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
-    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
-    StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns, outbox_key_load,
+    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
+    SidClaim, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns, outbox_key_load,
 };
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -72,6 +72,11 @@ fn constraint(e: &tokio_postgres::Error) -> Option<&str> {
 
 type Params<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
 
+/// A `LIMIT` value: a `usize` past `bigint` reads everything.
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
 impl PgStore {
     /// Runs a (cached) query and decodes each row.
     async fn query_rows<T>(
@@ -119,6 +124,10 @@ impl EventStore for PgStore {
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
         self.append_in_tx(load_id, entries, expected_version, outbox, Some(receipt), now).await
+    }
+
+    async fn read_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.query_rows(READ_PAGE, &[&load_id.as_str(), &(after_seq as i64), &sql_limit(limit)], record_row).await
     }
 
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
@@ -299,6 +308,16 @@ impl Outbox for PgStore {
         self.query_rows(OUTBOX_FOR_LOAD, &[&load_id.as_str()], outbox_row).await
     }
 
+    async fn rows_for_load_page(
+        &self,
+        load_id: &LoadId,
+        after: &RowCursor,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let params: Params = &[&load_id.as_str(), &to_ms(after.created_at), &after.id, &sql_limit(limit)];
+        self.query_rows(OUTBOX_PAGE, params, outbox_row).await
+    }
+
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
         let client = self.client().await?;
         let row = client.query_one(OUTBOX_OLDEST_PENDING, &[]).await.map_err(pg)?;
@@ -361,6 +380,16 @@ impl TimerStore for PgStore {
 
     async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError> {
         self.query_rows(TIMERS_FOR_LOAD, &[&load_id.as_str()], timer_row).await
+    }
+
+    async fn timers_for_load_page(
+        &self,
+        load_id: &LoadId,
+        after: &RowCursor,
+        limit: usize,
+    ) -> Result<Vec<Timer>, StoreError> {
+        let params: Params = &[&load_id.as_str(), &to_ms(after.created_at), &after.id, &sql_limit(limit)];
+        self.query_rows(TIMERS_PAGE, params, timer_row).await
     }
 
     async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError> {
@@ -614,28 +643,29 @@ impl LoadIndex for PgStore {
 
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        let n = client
-            .execute(
-                "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at) VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (message_sid) DO NOTHING",
-                &[&sms.message_sid, &sms.from, &sms.to, &sms.body, &to_ms(sms.received_at)],
-            )
-            .await
-            .map_err(pg)?;
-        Ok(n == 1)
+        let stmt = client.prepare_cached(UNMATCHED_SMS_RECORD).await.map_err(pg)?;
+        let received_at = to_ms(sms.received_at);
+        let params: Params = &[&sms.message_sid, &sms.from, &sms.to, &sms.body, &received_at, &sms.reason];
+        Ok(client.execute(&stmt, params).await.map_err(pg)? == 1)
+    }
+
+    async fn claim_message_sid(
+        &self,
+        message_sid: &str,
+        route: &SmsRoute,
+        now: Timestamp,
+    ) -> Result<SidClaim, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(MESSAGE_SID_CLAIM).await.map_err(pg)?;
+        let row = client.query_one(&stmt, &[&message_sid, &sms_route_load(route), &to_ms(now)]).await.map_err(pg)?;
+        if col::<bool>(&row, 1)? {
+            return Ok(SidClaim::New);
+        }
+        Ok(SidClaim::Taken(sms_route(col(&row, 0)?)?))
     }
 
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {
-        self.query_rows(
-            concat!(
-                "SELECT ",
-                columns!(unmatched_sms),
-                " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT $1"
-            ),
-            &[&(limit as i64)],
-            unmatched_sms_row,
-        )
-        .await
+        self.query_rows(UNMATCHED_SMS_LIST, &[&sql_limit(limit)], unmatched_sms_row).await
     }
 }
 

@@ -21,6 +21,9 @@ use haul_store::columns;
 /// `$1` load, `$2` after seq.
 pub const READ_AFTER: &str =
     concat!("SELECT ", columns!(record), " FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq");
+/// One page of the log: `$1` load, `$2` after seq, `$3` limit.
+pub const READ_PAGE: &str =
+    concat!("SELECT ", columns!(record), " FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq LIMIT $3");
 /// The version check of a load's first append: `$1` load, `$2` new version, `$3` now.
 pub const LOAD_CREATE: &str = "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3)
      ON CONFLICT (load_id) DO NOTHING";
@@ -77,6 +80,15 @@ pub const OUTBOX_GET: &str = concat!("SELECT ", columns!(outbox), " FROM outbox 
 /// `$1` load.
 pub const OUTBOX_FOR_LOAD: &str =
     concat!("SELECT ", columns!(outbox), " FROM outbox WHERE load_id = $1 ORDER BY created_at, id");
+/// One page of a load's rows: `$1` load, `$2` after created_at, `$3` after id, `$4`
+/// limit. The load's rows come through its key (`(load_id, id)`, one partition) and are
+/// sorted: a load has a few hundred rows, and an index in this order would be another
+/// index to build and keep on the whole outbox for one page of one view.
+pub const OUTBOX_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(outbox),
+    " FROM outbox WHERE load_id = $1 AND (created_at, id) > ($2, $3) ORDER BY created_at, id LIMIT $4"
+);
 pub const OUTBOX_OLDEST_PENDING: &str = "SELECT min(created_at) FROM outbox WHERE status = 'pending'";
 /// `$1` since, `$2` limit.
 pub const OUTBOX_DEAD: &str = concat!(
@@ -120,6 +132,13 @@ pub const TIMERS_DUE: &str = concat!(
 /// `$1` load.
 pub const TIMERS_FOR_LOAD: &str =
     concat!("SELECT ", columns!(timer), " FROM timers WHERE load_id = $1 ORDER BY created_at, timer_id");
+/// One page of a load's timers (through `timers_load`, sorted as `OUTBOX_PAGE`): `$1`
+/// load, `$2` after created_at, `$3` after timer id, `$4` limit.
+pub const TIMERS_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(timer),
+    " FROM timers WHERE load_id = $1 AND (created_at, timer_id) > ($2, $3) ORDER BY created_at, timer_id LIMIT $4"
+);
 /// `$1` timer.
 pub const TIMER_GET: &str = concat!("SELECT ", columns!(timer), " FROM timers WHERE timer_id = $1");
 
@@ -185,3 +204,23 @@ pub const PRUNE_QUEUE: &str = "DELETE FROM queue q USING (
        SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < $1
        ORDER BY acked_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
      WHERE q.id = d.id";
+
+// ---------------------------------------------------------------------------------
+// The Twilio webhook.
+
+/// Takes a MessageSid, or finds who took it: `$1` sid, `$2` load (NULL: unmatched),
+/// `$3` now. The no-op update on a conflict returns the first claim's row (and waits
+/// for a racing insert of the same sid to commit); `xmax = 0` only on a fresh insert.
+pub const MESSAGE_SID_CLAIM: &str = "INSERT INTO message_sids (message_sid, load_id, claimed_at) VALUES ($1, $2, $3)
+     ON CONFLICT (message_sid) DO UPDATE SET message_sid = message_sids.message_sid
+     RETURNING load_id, (xmax = 0) AS inserted";
+/// `$1` sid, `$2` from, `$3` to, `$4` body, `$5` received at, `$6` reason.
+pub const UNMATCHED_SMS_RECORD: &str =
+    "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at, reason)
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (message_sid) DO NOTHING";
+/// The newest first: `$1` limit.
+pub const UNMATCHED_SMS_LIST: &str = concat!(
+    "SELECT ",
+    columns!(unmatched_sms),
+    " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT $1"
+);

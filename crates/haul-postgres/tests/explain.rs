@@ -14,7 +14,9 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add, to_ms};
 use haul_postgres::sql::*;
 use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
-use haul_store::{EventStore, LoadQueue, NewEntry, NewOutboxRow, Outbox, TimerStore};
+use haul_store::{
+    EventStore, LoadIndex, LoadQueue, NewEntry, NewOutboxRow, Outbox, SmsRoute, TimerStore, UnmatchedSms,
+};
 use serde_json::{Value, json};
 use std::time::Duration;
 use tokio_postgres::types::{FromSql, ToSql, Type};
@@ -58,6 +60,20 @@ async fn fill(s: &haul_postgres::PgStore) {
         }
         s.publish(&l, "q1", "{}", at(1)).await.unwrap();
         s.publish(&l, "q2", "{}", at(1)).await.unwrap();
+        let sid = format!("SM{i:032x}");
+        let route = if i % 4 == 0 { SmsRoute::Unmatched } else { SmsRoute::Load(l.clone()) };
+        s.claim_message_sid(&sid, &route, at(1)).await.unwrap();
+        if route == SmsRoute::Unmatched {
+            let sms = UnmatchedSms {
+                message_sid: sid,
+                from: "+15555550199".into(),
+                to: "+15555550000".into(),
+                body: "hi".into(),
+                received_at: at(1),
+                reason: "no single active load has this driver phone".into(),
+            };
+            s.record_unmatched_sms(&sms).await.unwrap();
+        }
     }
     let claims = s.pending(1000, at(2), Duration::from_secs(90)).await.unwrap();
     for (n, c) in claims.iter().enumerate() {
@@ -106,7 +122,10 @@ async fn every_hot_query_is_served_by_an_index() {
     fill(&s).await;
     let client = client_in_schema(&options.url, &schema).await;
     client
-        .batch_execute("ANALYZE events, outbox, loads, timers, queue, queue_heads; SET enable_seqscan = off;")
+        .batch_execute(
+            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms;
+             SET enable_seqscan = off;",
+        )
         .await
         .unwrap();
 
@@ -118,8 +137,10 @@ async fn every_hot_query_is_served_by_an_index() {
     let seqs = vec![3i64, 4];
     let texts = vec!["x", "y"];
     let (pending, dead, empty) = ("pending", "dead", "");
+    let (sid, phone) = ("SM8a1f", "+15555550100");
     let cases = vec![
         per_load("read / read_after", READ_AFTER, vec![&l, &zero]),
+        per_load("read_page", READ_PAGE, vec![&l, &zero, &limit]),
         case("append: first version", LOAD_CREATE, vec![&l, &version, &now]),
         case("append: version check", LOAD_ADVANCE, vec![&l, &seqs[1], &version, &now]),
         case("append: conflict's version", LOAD_VERSION, vec![&l]),
@@ -135,6 +156,7 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("mark_failed (bury)", OUTBOX_MARK_DEAD, vec![&l, &key, &token, &token, &now]),
         per_load("outbox get", OUTBOX_GET, vec![&l, &key]),
         per_load("rows_for_load", OUTBOX_FOR_LOAD, vec![&l]),
+        per_load("rows_for_load_page", OUTBOX_PAGE, vec![&l, &zero, &key, &limit]),
         case("oldest pending", OUTBOX_OLDEST_PENDING, vec![]),
         case("dead since", OUTBOX_DEAD, vec![&zero, &limit]),
         per_load("mark_outcome_published", OUTBOX_MARK_OUTCOME_PUBLISHED, vec![&l, &key, &now]),
@@ -146,6 +168,7 @@ async fn every_hot_query_is_served_by_an_index() {
         case("timer mark_fired", TIMER_MARK_FIRED, vec![&timer, &now]),
         case("timers due", TIMERS_DUE, vec![&later, &limit]),
         case("timers_for_load", TIMERS_FOR_LOAD, vec![&l]),
+        case("timers_for_load_page", TIMERS_PAGE, vec![&l, &zero, &timer, &limit]),
         case("get_timer", TIMER_GET, vec![&timer]),
         case("queue publish", QUEUE_PUBLISH, vec![&l, &key, &token, &now]),
         case("queue head take", QUEUE_HEAD_TAKE, vec![&l, &one, &now]),
@@ -157,6 +180,9 @@ async fn every_hot_query_is_served_by_an_index() {
         case("queue head delay", QUEUE_HEAD_DELAY, vec![&l, &later]),
         case("queue depth", QUEUE_DEPTH, vec![]),
         case("published_body", QUEUE_PUBLISHED_BODY, vec![&l, &key]),
+        case("webhook: claim a MessageSid", MESSAGE_SID_CLAIM, vec![&sid, &l, &now]),
+        case("webhook: keep an unmatched SMS", UNMATCHED_SMS_RECORD, vec![&sid, &phone, &phone, &token, &now, &token]),
+        case("unmatched SMS, newest first", UNMATCHED_SMS_LIST, vec![&limit]),
         case("prune outbox batch", PRUNE_OUTBOX, vec![&later, &limit]),
         case("prune timers batch", PRUNE_TIMERS, vec![&later, &limit]),
         case("prune queue batch", PRUNE_QUEUE, vec![&later, &limit]),

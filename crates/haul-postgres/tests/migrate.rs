@@ -1,6 +1,7 @@
 //! Upgrading a filled version-4 schema to the partitioned version 5 loses no row and
 //! leaves a store that works: rows written through the store on the old schema are all
-//! there, byte for byte, and the log, the outbox, timers and the queue carry on.
+//! there, byte for byte, and the log, the outbox, timers and the queue carry on. Version
+//! 6 takes every MessageSid the webhook had already seen.
 
 use std::time::Duration;
 
@@ -10,8 +11,8 @@ use haul_core::time::{Timestamp, add};
 use haul_postgres::PgStore;
 use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
 use haul_store::{
-    AppendError, DeliveryLog, EventStore, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxStatus, Prune, Published,
-    TimerStatus, TimerStore,
+    AppendError, DeliveryLog, EventStore, LoadIndex, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxStatus, Prune,
+    Published, SidClaim, SmsRoute, TimerStatus, TimerStore,
 };
 use serde_json::json;
 
@@ -136,8 +137,8 @@ async fn upgrade_from_version_4_keeps_every_row_and_the_store_works() {
         v
     };
 
-    assert_eq!(s.migrate().await.unwrap(), vec![5]);
-    assert_eq!(s.migrate().await.unwrap(), Vec::<i64>::new(), "applied once");
+    assert_eq!(s.migrate_to(5).await.unwrap(), vec![5]);
+    assert_eq!(s.migrate_to(5).await.unwrap(), Vec::<i64>::new(), "applied once");
 
     // Every row, byte for byte.
     let after = dump(&client).await;
@@ -258,4 +259,33 @@ async fn an_outbox_row_outside_its_load_stops_the_upgrade_and_changes_nothing() 
     let rows: i64 = client.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
     assert_eq!(rows, 2, "rolled back whole");
     assert_eq!(s.read(&load(1)).await.unwrap().1, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
+    let (s, client) = unmigrated().await;
+    assert_eq!(s.migrate_to(5).await.unwrap(), vec![1, 2, 3, 4, 5]);
+    // An SMS in a log, one still on the queue, one kept as unmatched (version 5 has no
+    // reason column, so it is written as version 5's store wrote it).
+    s.append(&load(0), vec![entry("sms:SMlog0"), entry("dec:sms:SMlog0")], 0, vec![], at(1)).await.unwrap();
+    s.publish(&load(1), "sms:SMqueue1", "{}", at(2)).await.unwrap();
+    client
+        .execute(
+            "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at)
+             VALUES ('SMkept2', '+15555550199', '+15555550000', 'hi', 3000)",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(s.migrate().await.unwrap(), vec![6]);
+    let elsewhere = SmsRoute::Load(load(9));
+    let taken = async |sid: &str| s.claim_message_sid(sid, &elsewhere, at(10)).await.unwrap();
+    assert_eq!(taken("SMlog0").await, SidClaim::Taken(SmsRoute::Load(load(0))));
+    assert_eq!(taken("SMqueue1").await, SidClaim::Taken(SmsRoute::Load(load(1))));
+    assert_eq!(taken("SMkept2").await, SidClaim::Taken(SmsRoute::Unmatched));
+    assert_eq!(taken("SMnew3").await, SidClaim::New);
+    let kept = s.unmatched_sms(10).await.unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].reason, "no single active load has this driver phone");
 }

@@ -1,37 +1,237 @@
-//! One load, whole: its log, projected state, outbox rows and timers. Serves
-//! `GET /v1/loads/{id}` and `haul inspect`.
+//! One load's view: its projected state and pages of its log, outbox rows and timers.
+//! Serves `GET /v1/loads/{id}` and `haul inspect`.
+//!
+//! A view is bounded whatever the load's length. The log, the outbox rows and the
+//! timers come in pages of at most [`PAGE_MAX`] with a cursor for the next page, and
+//! the state shows the load's facts with its most recent asks and outcomes (at most
+//! [`STATE_ENTRIES_MAX`] of each, and the totals). The state is still the fold of the
+//! whole log, read [`FOLD_PAGE`] records at a time, each page folded and dropped: a
+//! long log is never in memory whole, only the state and the page being shown.
 
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use haul_core::AskStatus;
+use haul_core::BadInput;
 use haul_core::decision::DECISION_RECORDED;
-use haul_core::ids::LoadId;
-use haul_core::projection::{LoadState, Record, project};
-use haul_store::{OutboxRow, RecordedDelivery, Store, StoreError, Timer};
+use haul_core::ids::{AskId, LoadId};
+use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record};
+use haul_core::time::Timestamp;
+use haul_store::{OutboxRow, RecordedDelivery, RowCursor, Store, StoreError, Timer};
 use serde::Serialize;
+
+/// Items of each list in a page when the caller names no limit.
+pub const PAGE_DEFAULT: usize = 100;
+/// Items of each list in a page at most (`limit`).
+pub const PAGE_MAX: usize = 1000;
+/// Log records read per step of the state's fold: the most a view holds besides its page.
+pub const FOLD_PAGE: usize = 256;
+/// Asks and outcomes a view's state shows at most (the most recent; `totals` counts all).
+pub const STATE_ENTRIES_MAX: usize = 100;
+
+/// Which page of each list a view shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page {
+    /// Log records after this `seq` (0: from the first).
+    pub after_seq: u64,
+    /// At most this many log records, outbox rows, timers and recorded deliveries;
+    /// 1 to [`PAGE_MAX`].
+    pub limit: usize,
+    /// Outbox rows after this position (`None`: from the first).
+    pub outbox_after: Option<RowCursor>,
+    /// Timers after this position (`None`: from the first).
+    pub timers_after: Option<RowCursor>,
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Page { after_seq: 0, limit: PAGE_DEFAULT, outbox_after: None, timers_after: None }
+    }
+}
+
+impl Page {
+    /// A page from its outside form (the API's query parameters, `haul inspect`'s
+    /// flags); a value out of form is `bad_query`.
+    pub fn parse(
+        after_seq: Option<&str>,
+        limit: Option<&str>,
+        outbox_after: Option<&str>,
+        timers_after: Option<&str>,
+    ) -> Result<Page, BadInput> {
+        let bad = |what: String| BadInput::new("bad_query", what);
+        let after_seq = match after_seq {
+            None => 0,
+            Some(s) => s.parse().map_err(|_| bad(format!("after_seq {:?} is not a seq (0 or more)", clip(s))))?,
+        };
+        let limit = match limit {
+            None => PAGE_DEFAULT,
+            Some(s) => s
+                .parse()
+                .ok()
+                .filter(|n| (1..=PAGE_MAX).contains(n))
+                .ok_or_else(|| bad(format!("limit {:?} is not a number from 1 to {PAGE_MAX}", clip(s))))?,
+        };
+        let cursor = |name: &str, s: Option<&str>| {
+            s.map(|s| {
+                RowCursor::parse(s).ok_or_else(|| {
+                    bad(format!("{name} {:?} is not a cursor this API gave (next_{name} of a page)", clip(s)))
+                })
+            })
+            .transpose()
+        };
+        Ok(Page {
+            after_seq,
+            limit,
+            outbox_after: cursor("outbox_after", outbox_after)?,
+            timers_after: cursor("timers_after", timers_after)?,
+        })
+    }
+}
+
+/// Untrusted text shortened for an error message.
+fn clip(s: &str) -> String {
+    s.chars().take(80).collect()
+}
 
 #[derive(Debug, Serialize)]
 pub struct LoadView {
     pub load_id: LoadId,
+    /// The `seq` of the last record: the version the state is the fold of.
     pub version: u64,
-    pub state: LoadState,
+    pub state: StateView,
+    /// Records after the page's `after_seq`, in `seq` order.
     pub log: Vec<Record>,
+    /// `after_seq` of the next page of the log; `null` on the last.
+    pub next_after_seq: Option<u64>,
     pub outbox: Vec<OutboxRow>,
+    /// `outbox_after` of the next page of outbox rows; `null` on the last.
+    pub next_outbox_after: Option<String>,
     pub timers: Vec<Timer>,
-    /// What record mode kept in place of calls to unconfigured channels.
+    /// `timers_after` of the next page of timers; `null` on the last.
+    pub next_timers_after: Option<String>,
+    /// What record mode kept in place of calls to unconfigured channels (the first
+    /// `limit`).
     pub recorded: Vec<RecordedDelivery>,
 }
 
+/// A load's state as a view shows it: the projection's facts, its open asks and most
+/// recent others, its most recent outcomes, and how many of each the whole state has.
+/// The projection's sets of processed and decided event ids, which grow with the log,
+/// are counted, not listed.
+#[derive(Debug, Serialize)]
+pub struct StateView {
+    pub version: u64,
+    pub client: Option<String>,
+    pub driver_phone: Option<String>,
+    pub stage: Option<String>,
+    pub next_stop: Option<String>,
+    /// Open asks, then the others last moved most recently; at most [`STATE_ENTRIES_MAX`].
+    pub asks: BTreeMap<AskId, OpenAsk>,
+    /// The latest outcome per action key, most recent first; at most [`STATE_ENTRIES_MAX`].
+    pub outcomes: BTreeMap<String, OutcomeSeen>,
+    pub unreadable: u64,
+    pub last_recorded_at: Option<Timestamp>,
+    pub totals: StateTotals,
+}
+
+/// Sizes of the whole state.
+#[derive(Debug, Serialize)]
+pub struct StateTotals {
+    pub asks: usize,
+    pub outcomes: usize,
+    pub processed: usize,
+    pub decided: usize,
+}
+
+impl StateView {
+    pub fn of(state: LoadState) -> Self {
+        let totals = StateTotals {
+            asks: state.asks.len(),
+            outcomes: state.outcomes.len(),
+            processed: state.processed.len(),
+            decided: state.decided.len(),
+        };
+        let mut asks: Vec<(AskId, OpenAsk)> = state.asks.into_iter().collect();
+        asks.sort_by_key(|(_, a)| (a.status != AskStatus::Open, Reverse(a.step_decided_at)));
+        asks.truncate(STATE_ENTRIES_MAX);
+        let mut outcomes: Vec<(String, OutcomeSeen)> = state.outcomes.into_iter().collect();
+        outcomes.sort_by_key(|(_, o)| Reverse(o.at));
+        outcomes.truncate(STATE_ENTRIES_MAX);
+        StateView {
+            version: state.version,
+            client: state.client,
+            driver_phone: state.driver_phone,
+            stage: state.stage,
+            next_stop: state.next_stop,
+            asks: asks.into_iter().collect(),
+            outcomes: outcomes.into_iter().collect(),
+            unreadable: state.unreadable,
+            last_recorded_at: state.last_recorded_at,
+            totals,
+        }
+    }
+}
+
 /// `None` for a load with no records.
-pub async fn load_view(store: &dyn Store, load_id: &LoadId) -> Result<Option<LoadView>, StoreError> {
-    let (log, version) = store.read(load_id).await?;
+pub async fn load_view(store: &dyn Store, load_id: &LoadId, page: &Page) -> Result<Option<LoadView>, StoreError> {
+    let limit = page.limit.clamp(1, PAGE_MAX);
+    // The fold reads the whole log a page at a time, and keeps the records the view
+    // shows as they go by: the state and the log page come from the same reads.
+    let mut state = LoadState::default();
+    let mut log = Vec::new();
+    let mut after = 0;
+    loop {
+        let records = store.read_page(load_id, after, FOLD_PAGE).await?;
+        let Some(last) = records.last() else { break };
+        after = last.seq;
+        let more = records.len() == FOLD_PAGE;
+        for r in records {
+            state.apply(&r);
+            if r.seq > page.after_seq && log.len() < limit {
+                log.push(r);
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    let version = state.version;
     if version == 0 {
         return Ok(None);
     }
-    let state = project(&log);
-    let outbox = store.rows_for_load(load_id).await?;
-    let timers = store.timers_for_load(load_id).await?;
-    let recorded = store.deliveries(Some(load_id), 1000).await?;
-    Ok(Some(LoadView { load_id: load_id.clone(), version, state, log, outbox, timers, recorded }))
+    let next_after_seq = log.last().map(|r| r.seq).filter(|&last| log.len() == limit && last < version);
+
+    // One more than the page: whether there is a next one.
+    let start = RowCursor::start();
+    let mut outbox = store.rows_for_load_page(load_id, page.outbox_after.as_ref().unwrap_or(&start), limit + 1).await?;
+    let next_outbox_after = if outbox.len() > limit {
+        outbox.truncate(limit);
+        outbox.last().map(|r| RowCursor::after_outbox_row(r).to_string())
+    } else {
+        None
+    };
+    let mut timers =
+        store.timers_for_load_page(load_id, page.timers_after.as_ref().unwrap_or(&start), limit + 1).await?;
+    let next_timers_after = if timers.len() > limit {
+        timers.truncate(limit);
+        timers.last().map(|t| RowCursor::after_timer(t).to_string())
+    } else {
+        None
+    };
+    let recorded = store.deliveries(Some(load_id), limit).await?;
+    Ok(Some(LoadView {
+        load_id: load_id.clone(),
+        version,
+        state: StateView::of(state),
+        log,
+        next_after_seq,
+        outbox,
+        next_outbox_after,
+        timers,
+        next_timers_after,
+        recorded,
+    }))
 }
 
 fn hms(t: haul_core::Timestamp) -> String {
@@ -59,6 +259,9 @@ pub fn timeline(v: &LoadView) -> String {
     let _ = writeln!(out, "\nasks:");
     if s.asks.is_empty() {
         let _ = writeln!(out, "  (none)");
+    }
+    if s.totals.asks > s.asks.len() {
+        let _ = writeln!(out, "  ({} of {} asks: the open ones and the latest)", s.asks.len(), s.totals.asks);
     }
     for a in s.asks.values() {
         let _ = writeln!(
@@ -104,6 +307,9 @@ pub fn timeline(v: &LoadView) -> String {
             );
         }
     }
+    if let Some(next) = v.next_after_seq {
+        let _ = writeln!(out, "  … more records: --after-seq {next}");
+    }
     let _ = writeln!(out, "\noutbox:");
     if v.outbox.is_empty() {
         let _ = writeln!(out, "  (none)");
@@ -123,12 +329,18 @@ pub fn timeline(v: &LoadView) -> String {
             o.id
         );
     }
+    if let Some(next) = &v.next_outbox_after {
+        let _ = writeln!(out, "  … more outbox rows: --outbox-after {next}");
+    }
     let _ = writeln!(out, "\ntimers:");
     if v.timers.is_empty() {
         let _ = writeln!(out, "  (none)");
     }
     for t in &v.timers {
         let _ = writeln!(out, "  {:<10} fire_at {}  {}", t.status.as_str(), hms(t.fire_at), t.timer_id);
+    }
+    if let Some(next) = &v.next_timers_after {
+        let _ = writeln!(out, "  … more timers: --timers-after {next}");
     }
     if !v.recorded.is_empty() {
         let _ = writeln!(out, "\nrecorded (record mode: channels with no URL):");
@@ -154,4 +366,64 @@ fn summary(p: &serde_json::Value) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use haul_core::OutcomeStatus;
+    use haul_core::ids::EventId;
+    use haul_core::time::{add, from_ms};
+
+    use super::*;
+
+    #[test]
+    fn a_views_state_keeps_open_asks_and_the_latest_others_and_counts_all() {
+        let at = |s: u64| add(from_ms(0), Duration::from_secs(s));
+        let mut state = LoadState::default();
+        for n in 0..150u64 {
+            let ask_id = AskId::new("eta_request", &EventId::parse(&format!("p{n}")).unwrap()).unwrap();
+            // Three open asks among the oldest.
+            let status = if n < 3 { AskStatus::Open } else { AskStatus::Closed };
+            let ask = OpenAsk {
+                ask_id: ask_id.clone(),
+                kind: "eta_request".into(),
+                step: 1,
+                opened_at: at(n),
+                step_decided_at: at(n),
+                status,
+            };
+            state.asks.insert(ask_id, ask);
+            let seen = OutcomeSeen { status: OutcomeStatus::Delivered, event_id: format!("evt:{n}"), at: at(n) };
+            state.outcomes.insert(format!("L1/p{n}/send_sms"), seen);
+            state.processed.insert(EventId::parse(&format!("p{n}")).unwrap());
+        }
+        let view = StateView::of(state);
+        assert_eq!((view.totals.asks, view.totals.outcomes, view.totals.processed), (150, 150, 150));
+        assert_eq!((view.asks.len(), view.outcomes.len()), (STATE_ENTRIES_MAX, STATE_ENTRIES_MAX));
+        assert_eq!(view.asks.values().filter(|a| a.status == AskStatus::Open).count(), 3, "every open ask");
+        let oldest_closed = view.asks.values().filter(|a| a.status != AskStatus::Open).map(|a| a.opened_at).min();
+        assert_eq!(oldest_closed, Some(at(53)), "then the 97 latest closed ones");
+        assert_eq!(view.outcomes.values().map(|o| o.at).min(), Some(at(50)), "the 100 latest outcomes");
+    }
+
+    #[test]
+    fn pages_parse_their_outside_form() {
+        assert_eq!(Page::parse(None, None, None, None).unwrap(), Page::default());
+        let p = Page::parse(Some("200"), Some("1000"), Some("5.L1/a"), Some("6.tmr:L1:x")).unwrap();
+        assert_eq!((p.after_seq, p.limit), (200, 1000));
+        assert_eq!(p.outbox_after.map(|c| c.id), Some("L1/a".to_string()));
+        for (after, limit, cursor) in [
+            (Some("-1"), None, None),
+            (Some("x"), None, None),
+            (None, Some("0"), None),
+            (None, Some("1001"), None),
+            (None, Some("ten"), None),
+            (None, None, Some("L1/a")),
+        ] {
+            let err = Page::parse(after, limit, cursor, None).unwrap_err();
+            assert_eq!(err.code, "bad_query", "{after:?} {limit:?} {cursor:?}");
+        }
+    }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, RawQuery, Request, State};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -24,8 +24,8 @@ use axum::routing::{MethodRouter, get, post};
 use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
 use haul_core::mask::clip_quotes;
-use haul_core::{Clock, InboundEvent};
-use haul_runtime::inspect::load_view;
+use haul_core::{BadInput, Clock, InboundEvent};
+use haul_runtime::inspect::{Page, load_view};
 use haul_runtime::queue::EventQueue;
 use haul_store::{LoadQueue, Published, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -42,6 +42,9 @@ use crate::twilio::{twilio_sms, unmatched};
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Inbound SMS per sender per minute before 429.
 pub const SMS_PER_MINUTE: u32 = 30;
+/// `GET /v1/loads/{id}` answers being built at once; more wait. Each folds its load's
+/// whole log, so this bounds the memory and the CPU a burst of views can take.
+pub const LOAD_VIEWS_AT_ONCE: usize = 4;
 
 pub struct ApiState {
     pub store: Arc<dyn Store>,
@@ -61,6 +64,8 @@ pub struct ApiState {
     /// Turns true when the server shuts down: body reads still waiting on their client
     /// end then, instead of holding the shutdown up.
     pub stopping: Option<watch::Receiver<bool>>,
+    /// [`LOAD_VIEWS_AT_ONCE`] permits: one per load view being built.
+    load_views: tokio::sync::Semaphore,
 }
 
 impl ApiState {
@@ -84,6 +89,7 @@ impl ApiState {
             wake_worker: None,
             body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
             stopping: None,
+            load_views: tokio::sync::Semaphore::new(LOAD_VIEWS_AT_ONCE),
         }
     }
 
@@ -392,8 +398,19 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
     }
 }
 
-async fn get_load(_: ApiCaller, State(s): State<Arc<ApiState>>, LoadPath(load): LoadPath) -> Response {
-    match load_view(s.store.as_ref(), &load).await {
+async fn get_load(
+    _: ApiCaller,
+    State(s): State<Arc<ApiState>>,
+    LoadPath(load): LoadPath,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let page = match page_of(query.as_deref().unwrap_or("")) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
+    };
+    // Never closed, so acquiring only ever waits.
+    let _view = s.load_views.acquire().await.ok();
+    match load_view(s.store.as_ref(), &load, &page).await {
         Ok(Some(v)) => axum::Json(v).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, "no_such_load", format!("load {load} has no records")),
         Err(e) => {
@@ -401,4 +418,26 @@ async fn get_load(_: ApiCaller, State(s): State<Arc<ApiState>>, LoadPath(load): 
             error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")
         }
     }
+}
+
+/// `?after_seq=N&limit=M&outbox_after=C&timers_after=C`, each at most once and all
+/// optional; any other parameter is refused rather than ignored (a misspelt cursor
+/// would silently show the first page).
+fn page_of(query: &str) -> Result<Page, BadInput> {
+    const NAMES: [&str; 4] = ["after_seq", "limit", "outbox_after", "timers_after"];
+    let bad = |m: String| BadInput::new("bad_query", m);
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(query).map_err(|_| bad("the query string is not form-encoded UTF-8".into()))?;
+    let mut values: [Option<String>; 4] = Default::default();
+    for (name, value) in pairs {
+        let Some(i) = NAMES.iter().position(|n| *n == name) else {
+            let name: String = name.chars().take(40).collect();
+            return Err(bad(format!("unknown query parameter {name:?} (one of {})", NAMES.join(", "))));
+        };
+        if values[i].replace(value).is_some() {
+            return Err(bad(format!("query parameter {name} is given twice")));
+        }
+    }
+    let [after_seq, limit, outbox_after, timers_after] = values;
+    Page::parse(after_seq.as_deref(), limit.as_deref(), outbox_after.as_deref(), timers_after.as_deref())
 }

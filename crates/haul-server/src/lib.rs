@@ -28,7 +28,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-pub use crate::api::{ApiState, MAX_BODY_BYTES, OPENAPI_JSON, ROUTES, Route, SMS_PER_MINUTE, router};
+pub use crate::api::{
+    ApiState, LOAD_VIEWS_AT_ONCE, MAX_BODY_BYTES, OPENAPI_JSON, ROUTES, Route, SMS_PER_MINUTE, router,
+};
 pub use crate::http::{ConnectionLimits, serve_http};
 pub use crate::metrics::metrics_handle;
 

@@ -8,7 +8,7 @@
 
 use base64::Engine;
 use hmac::{Hmac, KeyInit, Mac};
-use sha1::Sha1;
+use sha1::{Digest, Sha1};
 use subtle::ConstantTimeEq;
 
 use std::sync::Arc;
@@ -16,10 +16,11 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use haul_core::InboundEvent;
-use haul_core::ids::EventId;
+use haul_core::event::{MAX_SMS_BODY_CHARS, MAX_SMS_FROM_CHARS, is_refused_control};
+use haul_core::ids::{EventId, is_message_sid};
 use haul_core::tools::mask_phone;
-use haul_store::UnmatchedSms;
+use haul_core::{EventBody, InboundEvent};
+use haul_store::{SidClaim, SmsRoute, UnmatchedSms};
 use serde::Deserialize;
 use serde_json::json;
 use tracing::{error, info, warn};
@@ -67,8 +68,130 @@ pub fn validate(auth_token: &str, url: &str, params: &[(String, String)], given:
 
 // ---------------------------------------------------------------------------------
 // The webhook.
+//
+// Past the signature, a request is never refused and never lost: it is checked once,
+// then its MessageSid is taken (once across all loads), and only then does it go
+// anywhere. One that validates goes to the one active load whose driver phone sent it;
+// anything else is kept, cleaned and clipped, in the unmatched list with the reason.
+// A replay (Twilio's signatures do not expire) goes where its sid went the first time,
+// where the queue or the unmatched list already has it: 200, and nothing new.
 
 const TWIML_EMPTY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response></Response>";
+
+/// Longest `To` kept, in characters (a phone number or a short code, like `From`).
+const MAX_TO_CHARS: usize = MAX_SMS_FROM_CHARS;
+
+/// The reason an SMS that validates is kept as unmatched.
+fn no_single_load(candidates: usize) -> String {
+    match candidates {
+        0 => "no single active load has this driver phone".into(),
+        n => format!("no single active load has this driver phone ({n} do)"),
+    }
+}
+
+/// An inbound SMS as the webhook keeps it: every field cleaned (control characters
+/// replaced, NUL removed) and clipped to its bound, and either the event it is or the
+/// reasons it is not one.
+#[derive(Debug)]
+struct Inbound {
+    /// The MessageSid; without a usable one, `nosid:` and a SHA-1 of the request, so a
+    /// replay of it still finds its first copy.
+    key: String,
+    from: String,
+    to: String,
+    body: String,
+    checked: Result<(EventId, EventBody), String>,
+}
+
+impl Inbound {
+    /// The webhook's one validation, before any routing: a MessageSid of Twilio's form,
+    /// `From` and `Body` as an `inbound_sms` takes them (haul_core's bounds, no control
+    /// characters but newline, tab and carriage return), `To` bounded like `From`.
+    fn check(params: &[(String, String)]) -> Inbound {
+        let field = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let mut problems = Vec::new();
+        let from = clean("From", field("From"), MAX_SMS_FROM_CHARS, &mut problems);
+        if field("From") == Some("") {
+            problems.push("From is empty".into());
+        }
+        let to = clean("To", field("To"), MAX_TO_CHARS, &mut problems);
+        let body = clean("Body", field("Body"), MAX_SMS_BODY_CHARS, &mut problems);
+        let sid = field("MessageSid");
+        let key = match sid {
+            Some(sid) if is_message_sid(sid) => sid.to_owned(),
+            _ => {
+                problems.push(match sid {
+                    None => "MessageSid is missing".into(),
+                    Some(_) => "MessageSid is not a Twilio message id".into(),
+                });
+                request_key(params)
+            }
+        };
+        let checked = if problems.is_empty() {
+            // haul_core has the last word, so a routed SMS is always an event it takes.
+            EventId::twilio_sms(&key)
+                .and_then(|id| Ok((id, EventBody::from_payload("inbound_sms", json!({"from": from, "body": body}))?)))
+                .map_err(|e| e.message)
+        } else {
+            Err(problems.join("; "))
+        };
+        Inbound { key, from, to, body, checked }
+    }
+
+    fn unmatched(&self, reason: String, received_at: haul_core::Timestamp) -> UnmatchedSms {
+        UnmatchedSms {
+            message_sid: self.key.clone(),
+            from: self.from.clone(),
+            to: self.to.clone(),
+            body: self.body.clone(),
+            received_at,
+            reason,
+        }
+    }
+}
+
+/// `value` as kept: NUL removed, other refused control characters replaced (U+FFFD),
+/// at most `max_chars`; what was wrong with it goes to `problems`.
+fn clean(name: &str, value: Option<&str>, max_chars: usize, problems: &mut Vec<String>) -> String {
+    let Some(value) = value else {
+        problems.push(format!("{name} is missing"));
+        return String::new();
+    };
+    if value.chars().any(is_refused_control) {
+        problems.push(format!("{name} contains a control character"));
+    }
+    let chars = value.chars().count();
+    if chars > max_chars {
+        problems.push(format!("{name} is longer than {max_chars} characters ({chars})"));
+    }
+    value
+        .chars()
+        .filter(|&c| c != '\0')
+        .map(|c| if is_refused_control(c) { char::REPLACEMENT_CHARACTER } else { c })
+        .take(max_chars)
+        .collect()
+}
+
+/// `nosid:` and the SHA-1 of the request's parameters in signature order: the key of a
+/// request with no usable MessageSid (no MessageSid has a `:`).
+fn request_key(params: &[(String, String)]) -> String {
+    let mut sorted: Vec<&(String, String)> = params.iter().collect();
+    sorted.sort();
+    let mut hash = Sha1::new();
+    for (k, v) in sorted {
+        hash.update(k.as_bytes());
+        hash.update([0]);
+        hash.update(v.as_bytes());
+        hash.update([0]);
+    }
+    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("nosid:{hex}")
+}
+
+fn store_unavailable(what: &str, e: &haul_store::StoreError) -> Response {
+    error!(error = %e, "{what} failed");
+    error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")
+}
 
 pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let Ok(params) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&body) else {
@@ -84,49 +207,65 @@ pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMa
         metrics::counter!("haul_twilio_bad_signatures_total").increment(1);
         return error(StatusCode::FORBIDDEN, "bad_signature", "X-Twilio-Signature does not match");
     }
-    let field = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    let (Some(from), Some(to), Some(text), Some(sid)) =
-        (field("From"), field("To"), field("Body"), field("MessageSid"))
-    else {
-        return error(StatusCode::BAD_REQUEST, "bad_form", "From, To, Body and MessageSid are required");
-    };
-    if sid.is_empty() || sid.len() > 64 || !sid.chars().all(|c| c.is_ascii_alphanumeric()) {
-        return error(StatusCode::BAD_REQUEST, "bad_form", "MessageSid is not a Twilio message id");
-    }
-    if !s.allow_sms_from(&from) {
-        warn!(from = %mask_phone(&from), "inbound SMS over the per-sender rate: 429");
+    let sms = Inbound::check(&params);
+    if !s.allow_sms_from(&sms.from) {
+        warn!(from = %mask_phone(&sms.from), "inbound SMS over the per-sender rate: 429");
         return error(StatusCode::TOO_MANY_REQUESTS, "rate_limited", "too many messages from this number");
     }
-    let event_id = match EventId::parse_inbound(&format!("sms:{sid}")) {
-        Ok(e) => e,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
+
+    // Where it would go now.
+    let (route, reason) = match &sms.checked {
+        Err(problems) => (SmsRoute::Unmatched, problems.clone()),
+        Ok(_) => match s.store.loads_by_phone(&sms.from).await {
+            Ok(loads) => match loads.as_slice() {
+                [load] => (SmsRoute::Load(load.clone()), String::new()),
+                others => (SmsRoute::Unmatched, no_single_load(others.len())),
+            },
+            Err(e) => return store_unavailable("looking up the sender's load", &e),
+        },
     };
-    let loads = match s.store.loads_by_phone(&from).await {
-        Ok(l) => l,
-        Err(e) => {
-            error!(error = %e, "looking up the sender's load failed");
-            return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again");
+    // Where it goes: its sid's first route. Taken before delivering, so a failed
+    // delivery is retried to the same place and a replay never reaches a new one.
+    let route = match s.store.claim_message_sid(&sms.key, &route, s.clock.now()).await {
+        Ok(SidClaim::New) => route,
+        Ok(SidClaim::Taken(first)) => {
+            metrics::counter!("haul_twilio_replays_total").increment(1);
+            info!(from = %mask_phone(&sms.from), "inbound SMS seen before: it goes where its MessageSid went");
+            first
         }
+        Err(e) => return store_unavailable("taking a MessageSid", &e),
     };
-    if let [load] = loads.as_slice() {
-        let v = json!({"event_id": event_id, "kind": "inbound_sms", "from": from, "body": text});
-        let event = match InboundEvent::from_outside(load.clone(), v) {
-            Ok(e) => e,
-            Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
-        };
-        let answer = accept(&s, &event, false).await;
-        if !answer.status().is_success() {
-            return answer;
+    match (route, &sms.checked) {
+        (SmsRoute::Load(load), Ok((event_id, body))) => {
+            let event = InboundEvent { load_id: load.clone(), event_id: event_id.clone(), body: body.clone() };
+            let answer = accept(&s, &event, false).await;
+            if answer.status().is_server_error() {
+                return answer;
+            }
+            if answer.status().is_client_error() {
+                // An `sms:` id an API caller took before the prefix was reserved.
+                warn!(load_id = %load, %event_id, status = %answer.status(), "inbound SMS not queued: its event id was taken");
+            } else {
+                info!(load_id = %load, from = %mask_phone(&sms.from), %event_id, "inbound SMS matched");
+            }
         }
-        info!(load_id = %load, from = %mask_phone(&from), %event_id, "inbound SMS matched");
-    } else {
-        let sms = UnmatchedSms { message_sid: sid, from: from.clone(), to, body: text, received_at: s.clock.now() };
-        if let Err(e) = s.store.record_unmatched_sms(&sms).await {
-            error!(error = %e, "keeping an unmatched SMS failed");
-            return error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again");
+        (_, checked) => {
+            let reason = match checked {
+                Err(problems) => problems.clone(),
+                // Kept as unmatched the first time, when no single load had its number;
+                // one has it now.
+                Ok(_) if reason.is_empty() => no_single_load(0),
+                Ok(_) => reason,
+            };
+            match s.store.record_unmatched_sms(&sms.unmatched(reason, s.clock.now())).await {
+                Ok(true) => {
+                    metrics::counter!("haul_unmatched_sms_total").increment(1);
+                    info!(from = %mask_phone(&sms.from), "inbound SMS not routed: kept as unmatched");
+                }
+                Ok(false) => {}
+                Err(e) => return store_unavailable("keeping an unmatched SMS", &e),
+            }
         }
-        metrics::counter!("haul_unmatched_sms_total").increment(1);
-        info!(from = %mask_phone(&from), candidates = loads.len(), "inbound SMS matched no single active load: kept as unmatched");
     }
     ([(header::CONTENT_TYPE, "text/xml")], TWIML_EMPTY).into_response()
 }
@@ -190,6 +329,38 @@ mod tests {
         assert!(validate("12345", &http_1234, &p, "Zmvh+3yNM1Phv2jhDCwEM3q5ebU="));
         assert!(validate("12345", URI, &p, "kvajT1Ptam85bY51eRf/AJRuM3w="));
         assert!(validate("12345", &URI.replace("https", "http"), &p, "0ZXoZLH/DfblKGATFgpif+LLRf4="));
+    }
+
+    fn form(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn an_inbound_sms_is_checked_once_and_kept_clean_and_bounded() {
+        let ok = Inbound::check(&form(&[
+            ("From", "+15555550100"),
+            ("To", "+15555550000"),
+            ("Body", "ETA\r\n9:15\t"),
+            ("MessageSid", "SM1"),
+        ]));
+        assert_eq!((ok.key.as_str(), ok.body.as_str()), ("SM1", "ETA\r\n9:15\t"));
+        assert_eq!(ok.checked.unwrap().0.as_str(), "sms:SM1");
+
+        let long = "é\u{1b}".repeat(1000);
+        let params = form(&[("From", "+1\u{0}5"), ("Body", &long)]);
+        let bad = Inbound::check(&params);
+        assert_eq!(bad.from, "+15", "NUL removed");
+        assert_eq!(bad.body.chars().count(), 1600, "clipped by characters, not bytes");
+        assert!(bad.body.starts_with("é\u{FFFD}é"), "other control characters replaced");
+        assert_eq!(
+            bad.checked.unwrap_err(),
+            "From contains a control character; To is missing; Body contains a control character; \
+             Body is longer than 1600 characters (2000); MessageSid is missing"
+        );
+        assert!(bad.key.starts_with("nosid:") && bad.key.len() == 46, "{}", bad.key);
+        assert_eq!(Inbound::check(&params).key, bad.key, "a replay finds the same key");
+        let other = Inbound::check(&form(&[("From", "+1\u{0}5"), ("Body", "other")]));
+        assert_ne!(other.key, bad.key);
     }
 
     #[test]

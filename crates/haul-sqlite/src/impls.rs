@@ -1,4 +1,5 @@
-//! The storage contracts on SQLite. Every method is one unit on the writer thread.
+//! The storage contracts on SQLite. A method that writes is one unit on the writer
+//! thread; a read-only one runs on a read connection ([`SqliteStore::read`]).
 
 use std::time::Duration;
 
@@ -9,13 +10,13 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, receipt,
-    record_row, timer_row, unmatched_sms_row,
+    record_row, sms_route, sms_route_load, timer_row, unmatched_sms_row,
 };
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
-    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
-    StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
+    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
+    SidClaim, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
 };
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -54,8 +55,36 @@ impl Columns for SqliteRow<'_, '_> {
 }
 
 impl SqliteStore {
-    /// Runs a (cached) query on the writer thread and decodes each row.
+    /// Runs `f`, which only reads, on a read connection; in memory, on the writer.
+    async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    {
+        match &self.readers {
+            Some(readers) => readers.run(f).await,
+            None => self.writer.run(f).await,
+        }
+    }
+
+    /// Runs a (cached) read-only query and decodes each row.
     async fn query_rows<T, P>(
+        &self,
+        sql: &'static str,
+        params: P,
+        decode: fn(&dyn Columns) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        T: Send + 'static,
+        P: rusqlite::Params + Send + 'static,
+    {
+        self.read(move |conn: &Connection| rows(conn, sql, params, decode)).await
+    }
+
+    /// Runs a (cached) statement that writes and returns rows (`UPDATE … RETURNING`)
+    /// on the writer thread, and decodes each row.
+    async fn write_rows<T, P>(
         &self,
         sql: &'static str,
         params: P,
@@ -93,6 +122,11 @@ fn rows<T>(
 // e2e` went to those re-prepares). The same happens to `col = ?n ... ORDER BY` on a
 // key that starts with `col` (SQLite 3.54): there the value is `CAST(?n AS TEXT)`,
 // which the planner still serves from the key (`SEARCH ... USING PRIMARY KEY`).
+
+/// A `LIMIT` value: a `usize` past SQLite's integers reads everything.
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
 
 /// `Connection::execute` through the statement cache.
 fn exec(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
@@ -151,6 +185,19 @@ impl EventStore for SqliteStore {
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
         self.append_unit(load_id, entries, expected_version, outbox, Some(receipt.to_owned()), now).await
+    }
+
+    async fn read_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(record),
+                " FROM events WHERE load_id = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq LIMIT CAST(?3 AS INTEGER)"
+            ),
+            (load_id.to_string(), after_seq as i64, sql_limit(limit)),
+            record_row,
+        )
+        .await
     }
 
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError> {
@@ -279,13 +326,13 @@ impl Outbox for SqliteStore {
              RETURNING ",
             columns!(outbox)
         );
-        let rows = self.query_rows(sql, (token.clone(), lease_until, now, limit as i64), outbox_row).await?;
+        let rows = self.write_rows(sql, (token.clone(), lease_until, now, limit as i64), outbox_row).await?;
         Ok(claims(rows, &token))
     }
 
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
         let (id, token, now) = (id.to_owned(), token.to_owned(), to_ms(now));
-        self.writer.run(move |conn: &Connection| Ok(check_lease(&id, owns(conn, &id, &token)?, now)?)).await
+        self.read(move |conn: &Connection| Ok(check_lease(&id, owns(conn, &id, &token)?, now)?)).await
     }
 
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
@@ -369,15 +416,33 @@ impl Outbox for SqliteStore {
         .await
     }
 
+    async fn rows_for_load_page(
+        &self,
+        load_id: &LoadId,
+        after: &RowCursor,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(outbox),
+                " FROM outbox WHERE load_id = CAST(?1 AS TEXT) AND (created_at, id) > (?2, ?3)
+                 ORDER BY created_at, id LIMIT CAST(?4 AS INTEGER)"
+            ),
+            (load_id.to_string(), to_ms(after.created_at), after.id.clone(), sql_limit(limit)),
+            outbox_row,
+        )
+        .await
+    }
+
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
-        self.writer
-            .run(|conn: &Connection| {
-                let v: Option<i64> = conn
-                    .query_row("SELECT min(created_at) FROM outbox WHERE status = 'pending'", [], |r| r.get(0))
-                    .map_err(db)?;
-                Ok(v.map(from_ms))
-            })
-            .await
+        self.read(|conn: &Connection| {
+            let v: Option<i64> = conn
+                .query_row("SELECT min(created_at) FROM outbox WHERE status = 'pending'", [], |r| r.get(0))
+                .map_err(db)?;
+            Ok(v.map(from_ms))
+        })
+        .await
     }
 
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
@@ -403,14 +468,13 @@ impl Outbox for SqliteStore {
     }
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
-        self.writer
-            .run(move |conn: &Connection| {
-                let n: i64 = conn
-                    .query_row("SELECT count(*) FROM outbox WHERE status = ?1", [status.as_str()], |r| r.get(0))
-                    .map_err(db)?;
-                Ok(n as u64)
-            })
-            .await
+        self.read(move |conn: &Connection| {
+            let n: i64 = conn
+                .query_row("SELECT count(*) FROM outbox WHERE status = ?1", [status.as_str()], |r| r.get(0))
+                .map_err(db)?;
+            Ok(n as u64)
+        })
+        .await
     }
 }
 
@@ -526,6 +590,25 @@ impl TimerStore for SqliteStore {
         self.query_rows(
             concat!("SELECT ", columns!(timer), " FROM timers WHERE load_id = ?1 ORDER BY created_at, timer_id"),
             [load_id],
+            timer_row,
+        )
+        .await
+    }
+
+    async fn timers_for_load_page(
+        &self,
+        load_id: &LoadId,
+        after: &RowCursor,
+        limit: usize,
+    ) -> Result<Vec<Timer>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(timer),
+                " FROM timers WHERE load_id = CAST(?1 AS TEXT) AND (created_at, timer_id) > (?2, ?3)
+                 ORDER BY created_at, timer_id LIMIT CAST(?4 AS INTEGER)"
+            ),
+            (load_id.to_string(), to_ms(after.created_at), after.id.clone(), sql_limit(limit)),
             timer_row,
         )
         .await
@@ -679,29 +762,26 @@ impl LoadQueue for SqliteStore {
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
-        self.writer
-            .run(|conn: &Connection| {
-                let n: i64 = conn
-                    .query_row("SELECT count(*) FROM queue WHERE acked_at IS NULL", [], |r| r.get(0))
-                    .map_err(db)?;
-                Ok(n as u64)
-            })
-            .await
+        self.read(|conn: &Connection| {
+            let n: i64 =
+                conn.query_row("SELECT count(*) FROM queue WHERE acked_at IS NULL", [], |r| r.get(0)).map_err(db)?;
+            Ok(n as u64)
+        })
+        .await
     }
 
     async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
         let (load_id, event_id) = (load_id.to_string(), event_id.to_owned());
-        self.writer
-            .run(move |conn: &Connection| {
-                conn.query_row(
-                    "SELECT body FROM queue WHERE load_id = ?1 AND event_id = ?2",
-                    params![load_id, event_id],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(db)
-            })
-            .await
+        self.read(move |conn: &Connection| {
+            conn.query_row(
+                "SELECT body FROM queue WHERE load_id = ?1 AND event_id = ?2",
+                params![load_id, event_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(db)
+        })
+        .await
     }
 }
 
@@ -844,14 +924,42 @@ impl LoadIndex for SqliteStore {
         let sms = sms.clone();
         self.writer
             .run(move |conn: &Connection| {
-                let n = conn
-                    .execute(
-                        "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at) VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT (message_sid) DO NOTHING",
-                        params![sms.message_sid, sms.from, sms.to, sms.body, to_ms(sms.received_at)],
-                    )
-                    .map_err(db)?;
+                let n = exec(
+                    conn,
+                    "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at, reason)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (message_sid) DO NOTHING",
+                    params![sms.message_sid, sms.from, sms.to, sms.body, to_ms(sms.received_at), sms.reason],
+                )
+                .map_err(db)?;
                 Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn claim_message_sid(
+        &self,
+        message_sid: &str,
+        route: &SmsRoute,
+        now: Timestamp,
+    ) -> Result<SidClaim, StoreError> {
+        let (sid, load_id, now) = (message_sid.to_owned(), sms_route_load(route).map(str::to_owned), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let n = exec(
+                    conn,
+                    "INSERT INTO message_sids (message_sid, load_id, claimed_at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (message_sid) DO NOTHING",
+                    params![sid, load_id, now],
+                )
+                .map_err(db)?;
+                if n == 1 {
+                    return Ok(SidClaim::New);
+                }
+                let first: Option<String> = conn
+                    .prepare_cached("SELECT load_id FROM message_sids WHERE message_sid = ?1")
+                    .and_then(|mut s| s.query_row([&sid], |r| r.get(0)))
+                    .map_err(db)?;
+                Ok(SidClaim::Taken(sms_route(first)?))
             })
             .await
     }

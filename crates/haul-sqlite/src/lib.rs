@@ -6,19 +6,26 @@
 //! savepoint alone, and one commit (one fsync) serves the batch. That is group
 //! commit: under load the hand-off and the fsync are shared by many units, with no
 //! weaker durability than one transaction per unit.
+//!
+//! Reads do not queue behind the writes: in a file, every read-only method runs on
+//! one of a few read-only connections ([`READERS`]), which WAL lets read beside the
+//! writer. An in-memory database has only the writer's connection, and reads share it.
 
 mod impls;
+mod readers;
 mod writer;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use haul_store::StoreError;
 use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, pending_migrations};
 use rusqlite::Connection;
 
+pub use readers::READERS;
 pub use writer::MAX_BATCH;
 
-/// Prepared statements the connection keeps: more than the store has.
+/// Prepared statements a connection keeps: more than the store has.
 const STATEMENT_CACHE: usize = 128;
 
 const MIGRATIONS: &[Migration] = &[
@@ -27,6 +34,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(3, include_str!("../migrations/0003_outcome_published.sql")),
     Migration::new(4, include_str!("../migrations/0004_load_index.sql")),
     Migration::new(5, include_str!("../migrations/0005_retention.sql")),
+    Migration::new(6, include_str!("../migrations/0006_message_sids.sql")),
 ];
 
 /// Where the database lives and how hard it syncs.
@@ -78,6 +86,8 @@ impl SqliteConfig {
 #[derive(Clone)]
 pub struct SqliteStore {
     writer: writer::Writer,
+    /// `None` in memory: reads run on the writer.
+    readers: Option<Arc<readers::Readers>>,
     tokens: Tokens,
 }
 
@@ -97,7 +107,12 @@ impl SqliteStore {
         // Every statement the store runs fits (rusqlite keeps 16 by default, fewer than
         // the store's hot statements, so they pushed each other out and were re-parsed).
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        Ok(SqliteStore { writer: writer::Writer::spawn(conn), tokens: Tokens::new(config.seed) })
+        // After the writer's connection: the file exists and is in WAL mode.
+        let readers = match &config.path {
+            Some(p) => Some(Arc::new(readers::Readers::open(p, READERS)?)),
+            None => None,
+        };
+        Ok(SqliteStore { writer: writer::Writer::spawn(conn), readers, tokens: Tokens::new(config.seed) })
     }
 
     /// Applies the migrations not yet applied; returns their versions.

@@ -24,8 +24,8 @@ use serde_json::Value;
 
 use crate::{
     AppendError, Claim, ClaimError, DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow,
-    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, StaleClaimError, StoreError, Timer, TimerStatus,
-    UnmatchedSms, is_key_of_load,
+    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsRoute, StaleClaimError, StoreError, Timer,
+    TimerStatus, UnmatchedSms, is_key_of_load,
 };
 
 // ---------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ macro_rules! columns {
         "id, channel, key, load_id, payload, created_at"
     };
     (unmatched_sms) => {
-        "message_sid, from_phone, to_phone, body, received_at"
+        "message_sid, from_phone, to_phone, body, received_at, reason"
     };
 }
 
@@ -231,7 +231,24 @@ pub fn unmatched_sms_row(r: &dyn Columns) -> Result<UnmatchedSms, StoreError> {
         to: r.string(2)?,
         body: r.string(3)?,
         received_at: from_ms(r.i64(4)?),
+        reason: r.string(5)?,
     })
+}
+
+/// The route a `message_sids` row names by its `load_id` (NULL: unmatched).
+pub fn sms_route(load_id: Option<String>) -> Result<SmsRoute, CorruptRowError> {
+    match load_id {
+        Some(l) => Ok(SmsRoute::Load(parse_load_id(&l)?)),
+        None => Ok(SmsRoute::Unmatched),
+    }
+}
+
+/// The `load_id` a `message_sids` row keeps for `route`.
+pub fn sms_route_load(route: &SmsRoute) -> Option<&str> {
+    match route {
+        SmsRoute::Load(l) => Some(l.as_str()),
+        SmsRoute::Unmatched => None,
+    }
 }
 
 /// A row whose first column is a load id.
@@ -560,6 +577,7 @@ mod tests {
                 ("to_phone", Text("+2")),
                 ("body", Text("hi")),
                 ("received_at", Int(3)),
+                ("reason", Text("why")),
             ],
         ))
         .unwrap();
@@ -567,7 +585,12 @@ mod tests {
             (s.message_sid.as_str(), s.from.as_str(), s.to.as_str(), s.body.as_str()),
             ("SM1", "+1", "+2", "hi")
         );
-        assert_eq!(to_ms(s.received_at), 3);
+        assert_eq!((to_ms(s.received_at), s.reason.as_str()), (3, "why"));
+        assert_eq!(sms_route(None), Ok(SmsRoute::Unmatched));
+        let l1 = LoadId::parse("L1").unwrap();
+        assert_eq!(sms_route(Some("L1".into())), Ok(SmsRoute::Load(l1.clone())));
+        assert_eq!(sms_route_load(&SmsRoute::Load(l1)), Some("L1"));
+        assert!(sms_route(Some("L 1".into())).is_err());
     }
 
     #[test]

@@ -15,8 +15,8 @@ use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
 use crate::{
-    AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, Store, TimerStatus,
-    UnmatchedSms,
+    AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, SidClaim,
+    SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -28,6 +28,8 @@ macro_rules! contract_tests {
             read_empty_load_has_version_zero,
             append_then_read_round_trips,
             read_after_returns_the_tail_and_the_version,
+            read_page_walks_the_log_in_bounded_pages,
+            outbox_rows_and_timers_page_in_creation_order,
             append_writes_outbox_rows_with_the_entries,
             append_with_stale_version_is_concurrency_conflict,
             append_with_future_version_is_concurrency_conflict,
@@ -61,6 +63,8 @@ macro_rules! contract_tests {
             dead_rows_without_a_published_outcome_are_found,
             loads_are_found_by_active_driver_phone,
             unmatched_sms_is_kept_once,
+            message_sids_are_taken_once_across_loads,
+            racing_claims_of_one_message_sid_have_one_winner,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
             prune_deletes_only_finished_rows_older_than_the_cutoff,
@@ -197,6 +201,68 @@ pub async fn read_after_returns_the_tail_and_the_version(s: DynStore) {
     let (all, v) = s.read_after(&load("L1"), 0).await.unwrap();
     assert_eq!((all, v), s.read(&load("L1")).await.unwrap());
     assert_eq!(s.read_after(&load("L9"), 0).await.unwrap(), (vec![], 0));
+}
+
+pub async fn read_page_walks_the_log_in_bounded_pages(s: DynStore) {
+    for i in 0..5u64 {
+        commit(&s, "L1", &format!("e{i}"), i * 2, &[]).await;
+    }
+    commit(&s, "L2", "e0", 0, &[]).await;
+    let page = async |after: u64, limit: usize| -> Vec<u64> {
+        s.read_page(&load("L1"), after, limit).await.unwrap().iter().map(|r| r.seq).collect()
+    };
+    assert_eq!(page(0, 4).await, vec![1, 2, 3, 4]);
+    assert_eq!(page(4, 4).await, vec![5, 6, 7, 8]);
+    assert_eq!(page(8, 4).await, vec![9, 10], "the last page is short");
+    assert!(page(10, 4).await.is_empty(), "nothing after the last record");
+    assert!(page(0, 0).await.is_empty(), "a zero limit reads nothing");
+    assert_eq!(page(0, usize::MAX).await.len(), 10, "a limit past every record reads them all");
+    assert!(s.read_page(&load("L9"), 0, 4).await.unwrap().is_empty());
+    // Pages put together are the log, record for record.
+    let mut all: Vec<haul_core::projection::Record> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |r| r.seq);
+        let next = s.read_page(&load("L1"), after, 3).await.unwrap();
+        if next.is_empty() {
+            break;
+        }
+        all.extend(next);
+    }
+    assert_eq!(all, s.read(&load("L1")).await.unwrap().0);
+}
+
+pub async fn outbox_rows_and_timers_page_in_creation_order(s: DynStore) {
+    // Created out of id order, two at one instant (then by id), and rows of another load.
+    s.append(&load("L1"), vec![entry("e1")], 0, vec![row("L1/e1/z"), row("L1/e1/y")], at(5)).await.unwrap();
+    s.append(&load("L1"), vec![entry("e2")], 1, vec![row("L1/e2/b")], at(3)).await.unwrap();
+    s.append(&load("L2"), vec![entry("e1")], 0, vec![row("L2/e1/a")], at(4)).await.unwrap();
+    let rows = async |after: &RowCursor, limit: usize| -> Vec<String> {
+        s.rows_for_load_page(&load("L1"), after, limit).await.unwrap().into_iter().map(|r| r.id).collect()
+    };
+    assert_eq!(rows(&RowCursor::start(), 2).await, vec!["L1/e2/b", "L1/e1/y"]);
+    let y = s.get("L1/e1/y").await.unwrap().unwrap();
+    assert_eq!(rows(&RowCursor::after_outbox_row(&y), 2).await, vec!["L1/e1/z"]);
+    let z = s.get("L1/e1/z").await.unwrap().unwrap();
+    assert!(rows(&RowCursor::after_outbox_row(&z), 2).await.is_empty());
+    assert!(rows(&RowCursor::start(), 0).await.is_empty(), "a zero limit reads nothing");
+    // A position between rows, as a cursor whose row was pruned since.
+    let gone = RowCursor { created_at: at(4), id: "L1/gone".into() };
+    assert_eq!(rows(&gone, 10).await, vec!["L1/e1/y", "L1/e1/z"]);
+    let whole: Vec<String> = s.rows_for_load(&load("L1")).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(rows(&RowCursor::start(), usize::MAX).await, whole, "the order of rows_for_load");
+
+    for (n, created) in [(3, 9), (1, 7), (2, 7)] {
+        s.schedule(&timer("L1", n), at(100), at(created)).await.unwrap();
+    }
+    s.schedule(&timer("L2", 1), at(100), at(8)).await.unwrap();
+    let timers = async |after: &RowCursor, limit: usize| -> Vec<TimerId> {
+        s.timers_for_load_page(&load("L1"), after, limit).await.unwrap().into_iter().map(|t| t.timer_id).collect()
+    };
+    assert_eq!(timers(&RowCursor::start(), 2).await, vec![timer("L1", 1), timer("L1", 2)]);
+    let second = s.get_timer(&timer("L1", 2)).await.unwrap().unwrap();
+    assert_eq!(timers(&RowCursor::after_timer(&second), 2).await, vec![timer("L1", 3)]);
+    let whole: Vec<TimerId> = s.timers_for_load(&load("L1")).await.unwrap().into_iter().map(|t| t.timer_id).collect();
+    assert_eq!(timers(&RowCursor::start(), 100).await, whole, "the order of timers_for_load");
 }
 
 pub async fn append_writes_outbox_rows_with_the_entries(s: DynStore) {
@@ -647,6 +713,7 @@ pub async fn unmatched_sms_is_kept_once(s: DynStore) {
         to: "+15555550000".into(),
         body: "hello'); DROP TABLE unmatched_sms; --".into(),
         received_at: at(t),
+        reason: format!("no active load ({t})"),
     };
     assert!(s.record_unmatched_sms(&sms("SM1", 1)).await.unwrap());
     assert!(!s.record_unmatched_sms(&sms("SM1", 2)).await.unwrap());
@@ -654,6 +721,45 @@ pub async fn unmatched_sms_is_kept_once(s: DynStore) {
     let got = s.unmatched_sms(10).await.unwrap();
     assert_eq!(got.iter().map(|u| u.message_sid.as_str()).collect::<Vec<_>>(), vec!["SM2", "SM1"]);
     assert_eq!(got[1], sms("SM1", 1));
+}
+
+pub async fn message_sids_are_taken_once_across_loads(s: DynStore) {
+    let (l1, l2) = (SmsRoute::Load(load("L1")), SmsRoute::Load(load("L2")));
+    assert_eq!(s.claim_message_sid("SM1", &l1, at(1)).await.unwrap(), SidClaim::New);
+    // Later claims, for any route, find the first one's.
+    assert_eq!(s.claim_message_sid("SM1", &l1, at(2)).await.unwrap(), SidClaim::Taken(l1.clone()));
+    assert_eq!(s.claim_message_sid("SM1", &l2, at(3)).await.unwrap(), SidClaim::Taken(l1.clone()));
+    assert_eq!(s.claim_message_sid("SM1", &SmsRoute::Unmatched, at(4)).await.unwrap(), SidClaim::Taken(l1.clone()));
+    assert_eq!(s.claim_message_sid("SM2", &SmsRoute::Unmatched, at(5)).await.unwrap(), SidClaim::New);
+    assert_eq!(s.claim_message_sid("SM2", &l2, at(6)).await.unwrap(), SidClaim::Taken(SmsRoute::Unmatched));
+    // Sids are compared whole and exactly.
+    assert_eq!(s.claim_message_sid("sm1", &l2, at(7)).await.unwrap(), SidClaim::New);
+    assert_eq!(s.claim_message_sid("SM1' OR '1'='1", &l2, at(8)).await.unwrap(), SidClaim::New);
+}
+
+pub async fn racing_claims_of_one_message_sid_have_one_winner(s: DynStore) {
+    let claimers = 8;
+    let barrier = Arc::new(tokio::sync::Barrier::new(claimers));
+    let mut tasks = Vec::new();
+    for c in 0..claimers {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let route = SmsRoute::Load(load(&format!("L{c}")));
+            barrier.wait().await;
+            (route.clone(), s.claim_message_sid("SMrace", &route, at(1)).await.unwrap())
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let winners: Vec<&SmsRoute> = results.iter().filter(|(_, c)| *c == SidClaim::New).map(|(r, _)| r).collect();
+    assert_eq!(winners.len(), 1, "exactly one claim is new: {results:?}");
+    for (_, claim) in &results {
+        if *claim != SidClaim::New {
+            assert_eq!(*claim, SidClaim::Taken(winners[0].clone()), "the others see the winner's route");
+        }
+    }
 }
 
 pub async fn append_acking_acks_if_and_only_if_the_append_commits(s: DynStore) {

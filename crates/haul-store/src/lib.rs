@@ -161,8 +161,64 @@ pub trait EventStore: Send + Sync {
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError>;
 
+    /// At most `limit` records after `after_seq`, in `seq` order: one page of the log,
+    /// for readers that must not hold a long log whole (`GET /v1/loads/{id}` folds and
+    /// shows a log page by page). Records are gapless from 1, so the last record's `seq`
+    /// is where the next page starts.
+    async fn read_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError>;
+
     /// Load ids with a log, in id order, after `after`, at most `limit`.
     async fn load_ids(&self, after: Option<&LoadId>, limit: usize) -> Result<Vec<LoadId>, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
+// Pages of one load's outbox rows and timers.
+
+/// Where a page of a load's outbox rows or timers starts: after the position of a row
+/// with this creation time and id, in the order those lists come in (`created_at`,
+/// then id). A position, not a row: a cursor whose row was pruned since still works.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowCursor {
+    pub created_at: Timestamp,
+    pub id: String,
+}
+
+impl RowCursor {
+    /// The position of the first page: before every row.
+    pub fn start() -> Self {
+        RowCursor { created_at: Timestamp::MIN, id: String::new() }
+    }
+
+    /// The cursor of the page after `row`.
+    pub fn after_outbox_row(row: &OutboxRow) -> Self {
+        RowCursor { created_at: row.created_at, id: row.id.clone() }
+    }
+
+    /// The cursor of the page after `timer`.
+    pub fn after_timer(timer: &Timer) -> Self {
+        RowCursor { created_at: timer.created_at, id: timer.timer_id.to_string() }
+    }
+
+    /// Reads the form [`Display`](std::fmt::Display) writes, `{created_at in epoch
+    /// ms}.{id}`; `None` for anything else (an id is at most
+    /// [`MAX_DERIVED_ID_LEN`](haul_core::ids::MAX_DERIVED_ID_LEN) printable characters).
+    pub fn parse(s: &str) -> Option<Self> {
+        let (ms, id) = s.split_once('.')?;
+        let ok_id = !id.is_empty()
+            && id.len() <= haul_core::ids::MAX_DERIVED_ID_LEN
+            && !id.chars().any(|c| c.is_control() || c.is_whitespace());
+        if !ok_id || ms.is_empty() || !ms.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let created_at = Timestamp::from_millisecond(ms.parse().ok()?).ok()?;
+        Some(RowCursor { created_at, id: id.to_owned() })
+    }
+}
+
+impl std::fmt::Display for RowCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", haul_core::time::to_ms(self.created_at), self.id)
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -263,6 +319,15 @@ pub trait Outbox: Send + Sync {
 
     async fn rows_for_load(&self, load_id: &LoadId) -> Result<Vec<OutboxRow>, StoreError>;
 
+    /// At most `limit` of the load's rows after `after`, in `rows_for_load`'s order
+    /// (`created_at`, then id).
+    async fn rows_for_load_page(
+        &self,
+        load_id: &LoadId,
+        after: &RowCursor,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, StoreError>;
+
     /// `created_at` of the oldest pending row: its age is the monitoring figure.
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError>;
 
@@ -331,6 +396,15 @@ pub trait TimerStore: Send + Sync {
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<Timer>, StoreError>;
 
     async fn timers_for_load(&self, load_id: &LoadId) -> Result<Vec<Timer>, StoreError>;
+
+    /// At most `limit` of the load's timers after `after`, in `timers_for_load`'s order
+    /// (`created_at`, then timer id).
+    async fn timers_for_load_page(
+        &self,
+        load_id: &LoadId,
+        after: &RowCursor,
+        limit: usize,
+    ) -> Result<Vec<Timer>, StoreError>;
 
     async fn get_timer(&self, timer_id: &TimerId) -> Result<Option<Timer>, StoreError>;
 }
@@ -446,14 +520,37 @@ pub trait DeliveryLog: Send + Sync {
 // ---------------------------------------------------------------------------------
 // Lookups for the API.
 
-/// An inbound SMS that matched no active load.
+/// An inbound SMS that could not go to a load: no single active load has its number, or
+/// it did not validate (kept cleaned and clipped, for a person to read).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnmatchedSms {
+    /// The MessageSid, or a key made from the request when it had no usable one.
     pub message_sid: String,
     pub from: String,
     pub to: String,
     pub body: String,
     pub received_at: Timestamp,
+    /// Why it was not routed.
+    pub reason: String,
+}
+
+/// Where the Twilio webhook sent an inbound SMS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SmsRoute {
+    /// Published to this load's queue as event `sms:{MessageSid}`.
+    Load(LoadId),
+    /// Kept in the unmatched list.
+    Unmatched,
+}
+
+/// What [`LoadIndex::claim_message_sid`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SidClaim {
+    /// The first time: the sid is now taken, for the route given.
+    New,
+    /// Taken before, for this route (a replay, or Twilio's retry of a request whose
+    /// delivery failed after the claim).
+    Taken(SmsRoute),
 }
 
 /// Facts derived from logs that the API looks loads up by. The log stays the source
@@ -473,6 +570,18 @@ pub trait LoadIndex: Send + Sync {
 
     /// Keeps an unmatched SMS (idempotent on `message_sid`); true when new.
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError>;
+
+    /// Takes a MessageSid for `route`, once across all loads and for good: `New` the
+    /// first time, and from then on `Taken` with the first call's route, whatever
+    /// `route` is now. The webhook claims before it publishes or records, so a replayed
+    /// request can never reach another load, and a retry after a failed publish goes
+    /// to the load the sid was taken for.
+    async fn claim_message_sid(
+        &self,
+        message_sid: &str,
+        route: &SmsRoute,
+        now: Timestamp,
+    ) -> Result<SidClaim, StoreError>;
 
     /// The most recent unmatched SMS first.
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError>;
@@ -568,4 +677,23 @@ impl<
     T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Prune + Send + Sync + 'static,
 > Store for T
 {
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_cursors_round_trip_and_refuse_other_text() {
+        let c =
+            RowCursor { created_at: haul_core::time::from_ms(1_772_434_800_123), id: "L1/ask:x:p.1/1/send_sms".into() };
+        assert_eq!(c.to_string(), "1772434800123.L1/ask:x:p.1/1/send_sms");
+        assert_eq!(RowCursor::parse(&c.to_string()), Some(c));
+        for bad in ["", "1772434800123", "1772434800123.", ".L1/a", "-1.L1/a", "x.L1/a", "1.L1 a", "1.L1\u{0}a"] {
+            assert_eq!(RowCursor::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(RowCursor::parse(&format!("1.{}", "x".repeat(1025))), None, "ids are bounded");
+        assert_eq!(RowCursor::parse("99999999999999999999.L1/a"), None, "out of range");
+        assert!(RowCursor::start().created_at < haul_core::time::from_ms(0));
+    }
 }

@@ -176,6 +176,18 @@ pub enum Command {
         /// Print the load as JSON (the body of GET /v1/loads/{id}).
         #[arg(long)]
         json: bool,
+        /// Log records after this seq (the page's next_after_seq).
+        #[arg(long)]
+        after_seq: Option<String>,
+        /// Records, outbox rows and timers per page (1 to 1000; default 100).
+        #[arg(long)]
+        limit: Option<String>,
+        /// Outbox rows after this cursor (the page's next_outbox_after).
+        #[arg(long)]
+        outbox_after: Option<String>,
+        /// Timers after this cursor (the page's next_timers_after).
+        #[arg(long)]
+        timers_after: Option<String>,
     },
     /// Create or upgrade the database schema of store.url (serve does it too).
     Migrate {

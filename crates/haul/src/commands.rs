@@ -23,7 +23,16 @@ const MAX_PRUNE_BATCHES: usize = 100_000;
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { settings, listen, roles } => serve(&settings, listen, &roles).await,
-        Command::Inspect { load_id, settings, json } => inspect(&load_id, &settings, json).await,
+        Command::Inspect { load_id, settings, json, after_seq, limit, outbox_after, timers_after } => {
+            let page = haul_runtime::inspect::Page::parse(
+                after_seq.as_deref(),
+                limit.as_deref(),
+                outbox_after.as_deref(),
+                timers_after.as_deref(),
+            )
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+            inspect(&load_id, &settings, json, &page).await
+        }
         Command::Migrate { settings } => migrate(&settings).await,
         Command::Prune { settings, older_than, batch } => prune(&settings, &older_than, batch).await,
         Command::Config(ConfigCommand::Check { settings, listen }) => config_check(&settings, listen),
@@ -163,11 +172,16 @@ async fn serve(settings: &ConfigArgs, listen: Option<String>, roles: &str) -> an
     Ok(ExitCode::SUCCESS)
 }
 
-async fn inspect(load_id: &str, settings: &ConfigArgs, json: bool) -> anyhow::Result<ExitCode> {
+async fn inspect(
+    load_id: &str,
+    settings: &ConfigArgs,
+    json: bool,
+    page: &haul_runtime::inspect::Page,
+) -> anyhow::Result<ExitCode> {
     let config = load_config(settings, None)?;
     let load = haul_core::ids::LoadId::parse(load_id).map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let store = store::open(&config.store.url, None).await.context("store.url")?;
-    let Some(view) = haul_runtime::inspect::load_view(store.as_ref(), &load).await? else {
+    let Some(view) = haul_runtime::inspect::load_view(store.as_ref(), &load, page).await? else {
         eprintln!("load {load} has no records in {}", store::describe(&config.store.url));
         return Ok(ExitCode::from(2));
     };

@@ -1,0 +1,292 @@
+//! The Twilio webhook against replays and bad input, on SQLite and PostgreSQL.
+//!
+//! A MessageSid is taken once across all loads: a replayed request (its signature
+//! never expires) answers 200 and does nothing, whichever load its number belongs to
+//! by then. The `sms:` event ids are the webhook's: the ingestion API refuses them.
+//! Whatever a signed request holds, it is answered 200 and kept: routed to its load
+//! when it validates, otherwise cleaned, clipped and listed as unmatched with the
+//! reason, the same on both backends.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use haul_core::ids::LoadId;
+use haul_core::time::Timestamp;
+use haul_store::{LoadQueue, Published, QueueError, QueueMessage, Store, StoreError};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use common::{Api, Backend, api, api_with_queue};
+
+const DRIVER: &str = "+15555550100";
+const HAUL_NUMBER: &str = "+15555550000";
+
+fn l(s: &str) -> LoadId {
+    LoadId::parse(s).unwrap()
+}
+
+fn t0() -> Timestamp {
+    "2026-03-02T07:00:00Z".parse().unwrap()
+}
+
+fn sms<'a>(from: &'a str, body: &'a str, sid: &'a str) -> [(&'a str, &'a str); 4] {
+    [("From", from), ("To", HAUL_NUMBER), ("Body", body), ("MessageSid", sid)]
+}
+
+async fn assign(a: &Api, load: &str, phone: &str, active: bool) {
+    a.store.set_load_facts(&l(load), Some(phone), active, t0()).await.unwrap();
+}
+
+/// The body an SMS was queued with on a load, if it was.
+async fn queued(a: &Api, load: &str, sid: &str) -> Option<Value> {
+    let body = a.store.published_body(&l(load), &format!("sms:{sid}")).await.unwrap()?;
+    Some(serde_json::from_str(&body).unwrap())
+}
+
+async fn a_replayed_sms_never_reaches_another_load(backend: Backend) {
+    let a = api(backend).await;
+    // Kept as unmatched: nobody drives with this number yet.
+    let first = sms(DRIVER, "ETA 9:15", "SMa1");
+    assert_eq!(a.twilio(&first).await.0, StatusCode::OK);
+    assert_eq!(a.unmatched().await.len(), 1);
+    // The number goes to a load; the captured request comes back.
+    assign(&a, "L1", DRIVER, true).await;
+    assert_eq!(a.twilio(&first).await.0, StatusCode::OK);
+    assert_eq!(queued(&a, "L1", "SMa1").await, None, "the replay became an event of L1");
+    assert_eq!(a.store.depth().await.unwrap(), 0);
+    assert_eq!(a.unmatched().await.len(), 1);
+    assert_eq!(a.metric("haul_unmatched_sms_total").await, 1.0, "one message, whatever its replays");
+
+    // Matched to L1; the number moves to L2; the request comes back.
+    let second = sms(DRIVER, "Running late", "SMb2");
+    assert_eq!(a.twilio(&second).await.0, StatusCode::OK);
+    assert_eq!(queued(&a, "L1", "SMb2").await.unwrap()["body"], "Running late");
+    assign(&a, "L1", DRIVER, false).await;
+    assign(&a, "L2", DRIVER, true).await;
+    assert_eq!(a.twilio(&second).await.0, StatusCode::OK);
+    assert_eq!(queued(&a, "L2", "SMb2").await, None, "the replay became an event of L2");
+    assert_eq!(a.store.depth().await.unwrap(), 1);
+}
+
+async fn the_api_refuses_sms_event_ids_so_the_real_sms_gets_through(backend: Backend) {
+    let a = api(backend).await;
+    assign(&a, "L1", DRIVER, true).await;
+    let forged = json!({"event_id": "sms:SMc3", "kind": "inbound_sms", "from": DRIVER, "body": "delivered, all good"});
+    let (status, answer) = a.post_event("L1", &forged).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["code"], "reserved_event_id");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("sms:"), "{answer}");
+    assert_eq!(a.store.depth().await.unwrap(), 0);
+    assert_eq!(a.twilio(&sms(DRIVER, "Flat tyre, 2h late", "SMc3")).await.0, StatusCode::OK);
+    assert_eq!(queued(&a, "L1", "SMc3").await.unwrap()["body"], "Flat tyre, 2h late");
+}
+
+/// The store's own queue, but the first `failures` publishes fail as an outage would.
+struct FailingPublishes {
+    store: Arc<dyn Store>,
+    failures: AtomicU32,
+}
+
+#[async_trait]
+impl LoadQueue for FailingPublishes {
+    async fn publish(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Published, StoreError> {
+        if self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(StoreError::new("the queue is down"));
+        }
+        self.store.publish(load_id, event_id, body, now).await
+    }
+    async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
+        self.store.receive(max, visibility, now).await
+    }
+    async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError> {
+        self.store.ack(receipt, now).await
+    }
+    async fn nack(&self, receipt: &str, delay: Duration, now: Timestamp) -> Result<(), QueueError> {
+        self.store.nack(receipt, delay, now).await
+    }
+    async fn depth(&self) -> Result<u64, StoreError> {
+        self.store.depth().await
+    }
+    async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
+        self.store.published_body(load_id, event_id).await
+    }
+}
+
+async fn a_publish_that_failed_goes_through_on_twilios_retry(backend: Backend) {
+    let a = api_with_queue(backend, |store| Arc::new(FailingPublishes { store, failures: AtomicU32::new(1) })).await;
+    assign(&a, "L1", DRIVER, true).await;
+    let msg = sms(DRIVER, "ETA 10:40", "SMd4");
+    assert_eq!(a.twilio(&msg).await.0, StatusCode::SERVICE_UNAVAILABLE, "the outage is Twilio's to retry");
+    assert_eq!(queued(&a, "L1", "SMd4").await, None);
+    // Twilio's retry: the MessageSid was taken, and goes to the load it was taken for.
+    assert_eq!(a.twilio(&msg).await.0, StatusCode::OK);
+    assert_eq!(queued(&a, "L1", "SMd4").await.unwrap()["body"], "ETA 10:40");
+    assert_eq!(a.twilio(&msg).await.0, StatusCode::OK);
+    assert_eq!(a.store.depth().await.unwrap(), 1);
+}
+
+/// One bad (or borderline) webhook request and what must be kept of it.
+struct Case {
+    name: &'static str,
+    params: Vec<(&'static str, String)>,
+    /// `None`: routed to L1 (it validates). `Some`: kept as unmatched with these.
+    kept: Option<Kept>,
+}
+
+struct Kept {
+    /// `None`: a key the webhook makes up (no usable MessageSid).
+    sid: Option<&'static str>,
+    from: String,
+    to: String,
+    body: String,
+    /// Part of the reason given.
+    reason: &'static str,
+}
+
+fn form(from: &str, to: &str, body: &str, sid: &str) -> Vec<(&'static str, String)> {
+    vec![("From", from.into()), ("To", to.into()), ("Body", body.into()), ("MessageSid", sid.into())]
+}
+
+fn without(mut params: Vec<(&'static str, String)>, name: &str) -> Vec<(&'static str, String)> {
+    params.retain(|(k, _)| *k != name);
+    params
+}
+
+fn kept(sid: Option<&'static str>, from: &str, to: &str, body: &str, reason: &'static str) -> Option<Kept> {
+    Some(Kept { sid, from: from.into(), to: to.into(), body: body.into(), reason })
+}
+
+fn cases() -> Vec<Case> {
+    let long = "x".repeat(2_000);
+    let huge = "y".repeat(60 * 1024);
+    let at_bound = "z".repeat(1_600);
+    let other = "+15555550199";
+    vec![
+        Case {
+            name: "a matched SMS with a control character",
+            params: form(DRIVER, HAUL_NUMBER, "ETA\u{7} 9:15", "SMctl1"),
+            kept: kept(Some("SMctl1"), DRIVER, HAUL_NUMBER, "ETA\u{FFFD} 9:15", "control character"),
+        },
+        Case {
+            name: "a matched SMS with a NUL",
+            params: form(DRIVER, HAUL_NUMBER, "ETA\u{0}9:15", "SMnul1"),
+            kept: kept(Some("SMnul1"), DRIVER, HAUL_NUMBER, "ETA9:15", "control character"),
+        },
+        Case {
+            name: "a matched SMS over 1,600 characters",
+            params: form(DRIVER, HAUL_NUMBER, &long, "SMlong1"),
+            kept: kept(Some("SMlong1"), DRIVER, HAUL_NUMBER, &long[..1_600], "longer than 1600"),
+        },
+        Case {
+            name: "an unmatched SMS of 60 KB",
+            params: form(other, HAUL_NUMBER, &huge, "SMhuge1"),
+            kept: kept(Some("SMhuge1"), other, HAUL_NUMBER, &huge[..1_600], "longer than 1600"),
+        },
+        Case {
+            name: "an empty From",
+            params: form("", HAUL_NUMBER, "who am I", "SMnofrom1"),
+            kept: kept(Some("SMnofrom1"), "", HAUL_NUMBER, "who am I", "From is empty"),
+        },
+        Case {
+            name: "a NUL in From",
+            params: form("+1555\u{0}5550100", HAUL_NUMBER, "hi", "SMnulfrom1"),
+            kept: kept(Some("SMnulfrom1"), DRIVER, HAUL_NUMBER, "hi", "From contains a control character"),
+        },
+        Case {
+            name: "a From of 100 characters",
+            params: form(&"9".repeat(100), HAUL_NUMBER, "hi", "SMlongfrom1"),
+            kept: kept(Some("SMlongfrom1"), &"9".repeat(32), HAUL_NUMBER, "hi", "From is longer than 32"),
+        },
+        Case {
+            name: "a To of 5,000 characters",
+            params: form(DRIVER, &"8".repeat(5_000), "hi", "SMlongto1"),
+            kept: kept(Some("SMlongto1"), DRIVER, &"8".repeat(32), "hi", "To is longer than 32"),
+        },
+        Case {
+            name: "no Body",
+            params: without(form(DRIVER, HAUL_NUMBER, "", "SMnobody1"), "Body"),
+            kept: kept(Some("SMnobody1"), DRIVER, HAUL_NUMBER, "", "Body is missing"),
+        },
+        Case {
+            name: "no MessageSid",
+            params: without(form(DRIVER, HAUL_NUMBER, "no sid at all", ""), "MessageSid"),
+            kept: kept(None, DRIVER, HAUL_NUMBER, "no sid at all", "MessageSid is missing"),
+        },
+        Case {
+            name: "a MessageSid out of form",
+            params: form(DRIVER, HAUL_NUMBER, "odd sid", "SM/../x\u{0}"),
+            kept: kept(None, DRIVER, HAUL_NUMBER, "odd sid", "MessageSid"),
+        },
+        Case {
+            name: "a matched SMS of exactly 1,600 characters, with tabs and line breaks",
+            params: form(DRIVER, HAUL_NUMBER, &format!("a\tb\r\n{}", &at_bound[6..]), "SMbound1"),
+            kept: None,
+        },
+    ]
+}
+
+async fn bad_webhook_inputs_are_kept_as_unmatched(backend: Backend) {
+    let a = api(backend).await;
+    assign(&a, "L1", DRIVER, true).await;
+    let cases = cases();
+    for round in ["first", "replayed"] {
+        let mut refused = Vec::new();
+        for c in &cases {
+            let params: Vec<(&str, &str)> = c.params.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let (status, answer) = a.twilio(&params).await;
+            if status != StatusCode::OK || !answer.contains("<Response>") {
+                refused.push(format!("{}: {status} {answer}", c.name));
+            }
+        }
+        assert!(refused.is_empty(), "{backend:?}, {round}: answered other than 200:\n{}", refused.join("\n"));
+        let unmatched = a.unmatched().await;
+        let kept_cases = cases.iter().filter(|c| c.kept.is_some()).count();
+        assert_eq!(unmatched.len(), kept_cases, "{round}: one row per message: {unmatched:#?}");
+        assert_eq!(a.metric("haul_unmatched_sms_total").await, kept_cases as f64, "{round}: distinct messages");
+        assert_eq!(a.store.depth().await.unwrap(), 1, "{round}: only the valid SMS was queued");
+    }
+    let unmatched = a.unmatched().await;
+    for c in &cases {
+        let Some(k) = &c.kept else {
+            let sid = &c.params.iter().find(|(n, _)| *n == "MessageSid").unwrap().1;
+            assert_eq!(queued(&a, "L1", sid).await.unwrap()["body"], c.params[2].1, "{}", c.name);
+            continue;
+        };
+        let row = unmatched
+            .iter()
+            .find(|u| match k.sid {
+                Some(sid) => u["message_sid"] == sid,
+                None => u["body"] == k.body.as_str(),
+            })
+            .unwrap_or_else(|| panic!("{}: not kept: {unmatched:#?}", c.name));
+        if k.sid.is_none() {
+            let key = row["message_sid"].as_str().unwrap();
+            assert!(key.starts_with("nosid:") && key.len() <= 64, "{}: {key}", c.name);
+        }
+        assert_eq!(row["from"], k.from.as_str(), "{}", c.name);
+        assert_eq!(row["to"], k.to.as_str(), "{}", c.name);
+        assert_eq!(row["body"], k.body.as_str(), "{}", c.name);
+        let reason = row["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains(k.reason), "{}: reason {reason:?}", c.name);
+        if let Some(sid) = k.sid {
+            assert_eq!(queued(&a, "L1", sid).await, None, "{}: kept, not routed", c.name);
+        }
+    }
+}
+
+on_both_backends!(
+    a_replayed_sms_never_reaches_another_load,
+    the_api_refuses_sms_event_ids_so_the_real_sms_gets_through,
+    a_publish_that_failed_goes_through_on_twilios_retry,
+    bad_webhook_inputs_are_kept_as_unmatched,
+);
