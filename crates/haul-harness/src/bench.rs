@@ -5,7 +5,8 @@
 //! `projection` (read + project per run at 100, 1,000 and 10,000 entries),
 //! `contention` (8 workers on one hot load: wasted decisions, with and without the
 //! LoadLock), `e2e` (the whole pipeline in one process, at a fixed rate and at
-//! saturation) and `dispatch` (outbox rows to an HTTP sink against bare HTTP posts).
+//! saturation), `e2e-http` (one unit over real HTTP through `haul serve` processes, by
+//! closed-loop callers) and `dispatch` (outbox rows to an HTTP sink against bare HTTP posts).
 //! Each reports its peak resident memory.
 
 use std::collections::BTreeMap;
@@ -30,7 +31,9 @@ use haul_runtime::faults::Faults;
 use haul_runtime::queue::Received;
 use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
 
-pub const WORKLOADS: [&str; 6] = ["append", "projection", "contention", "e2e", "dispatch", "timers"];
+mod e2e_http;
+
+pub const WORKLOADS: [&str; 7] = ["append", "projection", "contention", "e2e", "e2e-http", "dispatch", "timers"];
 
 /// Figures of one workload: name → number.
 pub type Figures = BTreeMap<String, f64>;
@@ -388,6 +391,7 @@ pub async fn run_workload(name: &str, store: &BenchStore, quick: bool) -> anyhow
         "projection" => projection(store).await,
         "contention" => contention(store).await,
         "e2e" => e2e(store, quick).await,
+        "e2e-http" => e2e_http::e2e_http(store, quick).await,
         "dispatch" => dispatch(store, if quick { 500 } else { 3_000 }).await,
         "timers" => timers(store, if quick { 50_000 } else { 1_000_000 }, if quick { 1_000 } else { 10_000 }).await,
         other => anyhow::bail!("unknown workload {other:?} (one of {})", WORKLOADS.join(", ")),

@@ -235,3 +235,32 @@ fn config_check_knows_whether_sqs_is_built_in() {
         one_error_line(&["config", "check"], &env, &["queue.kind", "--features sqs"]);
     }
 }
+
+/// `haul bench e2e-http` drives real `haul serve` children over HTTP: every unit reaches
+/// the Hero sink (the workload fails otherwise) and each figure is reported. Figures are
+/// not judged here: speed is shown by running the bench, never by timed assertions.
+#[test]
+fn bench_e2e_http_runs_its_units_through_serve_processes_on_both_backends() {
+    for store in ["sqlite", "postgres"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_haul"))
+            .args(["bench", "e2e-http", "--quick", "--json", "--store", store])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{store}: {stderr}");
+        let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let f = &figures["e2e-http"];
+        let mut want = vec!["bare_append_per_s".to_owned(), "bare_posts_per_s".to_owned()];
+        for c in ["1", "16", "32"] {
+            let layouts: &[&str] = if store == "postgres" { &["", "split_"] } else { &[""] };
+            for tag in layouts {
+                for figure in ["units_per_s", "p50_ms", "p99_ms"] {
+                    want.push(format!("{tag}{figure}_{c}_callers"));
+                }
+            }
+        }
+        for k in want {
+            assert!(f[k.as_str()].as_f64().is_some_and(|v| v > 0.0), "{store}: {k} in {f}");
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! `e2e-http`: one unit of work as a user sees it, end to end over real HTTP, against
+//! real `haul serve` processes.
+//!
+//! The unit: a load with a driver and no open ask; a caller posts an `inbound_sms` to
+//! `POST /v1/loads/{id}/events` with the token; the worker logs it with its decision (SOP
+//! rule 5: a Hero task) and the outbox row; the dispatcher POSTs the task to a Hero sink
+//! on 127.0.0.1; the delivered outcome is logged. Latency is the POST's start until the
+//! sink holds the task; throughput counts units whose outcome is logged. Callers are
+//! closed-loop (1, 16, 32), each owning a share of 1,000 loads so that no two callers
+//! wait on one load's FIFO.
+//!
+//! The servers are child processes of this binary (`haul serve`), so what is measured is
+//! what an operator runs: all roles in one process, and on PostgreSQL also the roles
+//! split across processes (api / worker / dispatcher+pump). Beside each figure: the
+//! bare limits measured in the same run (the bare driver's append rate and bare POSTs/s
+//! to the same sink).
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use haul_store::OutboxStatus;
+use serde_json::{Value, json};
+
+use super::{BenchStore, Figures, percentile};
+
+/// The API token the child servers are started with.
+const TOKEN: &str = "bench-e2e-http";
+/// How long a child server may take to answer `/healthz`.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one unit may take before the run is declared broken.
+const UNIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The Hero task service: deduplicates on `Idempotency-Key` (as the wire contract asks)
+/// and tells the caller waiting on that load the first time its task arrives.
+#[derive(Default)]
+struct Sink {
+    seen: Mutex<HashSet<String>>,
+    waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<Instant>>>,
+}
+
+async fn task(
+    axum::extract::State(sink): axum::extract::State<Arc<Sink>>,
+    headers: axum::http::HeaderMap,
+    axum::Json(body): axum::Json<Value>,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    let held = Instant::now();
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let first = sink.seen.lock().map(|mut seen| seen.insert(key.clone())).unwrap_or(false);
+    if first
+        && let Some(load) = body["load_id"].as_str()
+        && let Some(tx) = sink.waiting.lock().ok().and_then(|mut w| w.remove(load))
+    {
+        let _ = tx.send(held);
+    }
+    (axum::http::StatusCode::CREATED, axum::Json(json!({ "id": key })))
+}
+
+async fn start_sink() -> anyhow::Result<(String, Arc<Sink>)> {
+    let sink = Arc::new(Sink::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route("/v1/tasks", axum::routing::post(task))
+        .route("/v1/messages", axum::routing::post(|| async { axum::http::StatusCode::CREATED }))
+        .with_state(sink.clone());
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((format!("http://{addr}"), sink))
+}
+
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// `haul serve` processes on one store; dropped, they are killed.
+struct Servers {
+    children: Vec<tokio::process::Child>,
+    api: String,
+}
+
+impl Servers {
+    /// One process per entry of `roles` (`"api,worker,dispatcher,pump"` is all in one);
+    /// the first must hold the api role.
+    async fn start(store_url: &str, hero_url: &str, roles: &[&str]) -> anyhow::Result<Servers> {
+        let exe = std::env::current_exe().context("finding the haul binary")?;
+        let client = reqwest::Client::new();
+        let mut servers = Servers { children: Vec::new(), api: String::new() };
+        for (i, r) in roles.iter().enumerate() {
+            let addr = free_addr()?;
+            let child = tokio::process::Command::new(&exe)
+                .args(["serve", "--roles", r, "--listen", &addr.to_string()])
+                .env("HAUL_STORE_URL", store_url)
+                .env("HAUL_CHANNELS_HERO_URL", hero_url)
+                .env("HAUL_API_TOKEN", TOKEN)
+                .env("HAUL_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("starting {} serve --roles {r}", exe.display()))?;
+            servers.children.push(child);
+            let base = format!("http://{addr}");
+            let started = Instant::now();
+            loop {
+                if client.get(format!("{base}/healthz")).send().await.is_ok_and(|a| a.status().is_success()) {
+                    break;
+                }
+                anyhow::ensure!(started.elapsed() < START_TIMEOUT, "haul serve --roles {r} did not start");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if i == 0 {
+                servers.api = base;
+            }
+        }
+        Ok(servers)
+    }
+}
+
+fn load_id(i: usize) -> String {
+    format!("H{i}")
+}
+
+async fn post_event(client: &reqwest::Client, api: &str, load: &str, event: Value) -> anyhow::Result<()> {
+    let answer = client
+        .post(format!("{api}/v1/loads/{load}/events"))
+        .bearer_auth(TOKEN)
+        .json(&event)
+        .send()
+        .await
+        .context("POST /v1/loads/{id}/events")?;
+    let status = answer.status();
+    anyhow::ensure!(status.is_success(), "POST /v1/loads/{load}/events: {status}: {}", answer.text().await?);
+    Ok(())
+}
+
+/// Waits until the queue is empty and `dispatched` rows are dispatched: every unit's
+/// outcome is then in its log.
+async fn settled(store_url: &str, dispatched: usize) -> anyhow::Result<()> {
+    let s = haul_runtime::store::open(store_url, None).await?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if s.count_by_status(OutboxStatus::Dispatched).await? as usize >= dispatched
+            && s.count_by_status(OutboxStatus::Pending).await? == 0
+            && s.depth().await? == 0
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the servers did not finish the units");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One round: `callers` closed-loop callers doing `units` units in all on `loads` loads
+/// of a fresh store. Returns units/s (outcomes logged) and latencies in ms.
+async fn round(
+    store: &BenchStore,
+    roles: &[&str],
+    loads: usize,
+    callers: usize,
+    units: usize,
+) -> anyhow::Result<(f64, Vec<f64>)> {
+    let store_url = match store {
+        BenchStore::Sqlite(_) => super::fresh_store(store, "e2e-http").await?.1,
+        BenchStore::Postgres(url) => haul_postgres::testing::fresh_schema_url(url).await.1,
+    };
+    // The schema is made here, not by several servers starting at once.
+    drop(haul_runtime::store::open(&store_url, None).await?);
+    let (hero_url, sink) = start_sink().await?;
+    let servers = Servers::start(&store_url, &hero_url, roles).await?;
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    // Each load: a driver, no ask open.
+    let sem = Arc::new(tokio::sync::Semaphore::new(32));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..loads {
+        let (client, api, sem) = (client.clone(), servers.api.clone(), sem.clone());
+        tasks.spawn(async move {
+            let _p = sem.acquire_owned().await?;
+            let ev = json!({"event_id": "init", "kind": "load_update", "driver_phone": "+15555550100", "stage": "in_transit"});
+            post_event(&client, &api, &load_id(i), ev).await
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    settled(&store_url, 0).await?;
+    let dispatched_before =
+        haul_runtime::store::open(&store_url, None).await?.count_by_status(OutboxStatus::Dispatched).await? as usize;
+
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..callers {
+        let (client, api, sink) = (client.clone(), servers.api.clone(), sink.clone());
+        let mine: Vec<usize> = (c..loads).step_by(callers).collect();
+        let count = units / callers + usize::from(c < units % callers);
+        tasks.spawn(async move {
+            let mut lat = Vec::with_capacity(count);
+            for n in 0..count {
+                let load = load_id(mine[n % mine.len()]);
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                sink.waiting.lock().map_err(|_| anyhow::anyhow!("sink lock poisoned"))?.insert(load.clone(), tx);
+                let sent = Instant::now();
+                let ev = json!({"event_id": format!("u{c}_{n}"), "kind": "inbound_sms", "from": "+15555550199",
+                    "body": format!("Gate code for the dock is {n}")});
+                post_event(&client, &api, &load, ev).await?;
+                let held = tokio::time::timeout(UNIT_TIMEOUT, rx)
+                    .await
+                    .with_context(|| format!("no Hero task for {load} within {}s", UNIT_TIMEOUT.as_secs()))??;
+                lat.push(held.duration_since(sent).as_secs_f64() * 1000.0);
+            }
+            anyhow::Ok(lat)
+        });
+    }
+    let mut lat = Vec::with_capacity(units);
+    while let Some(r) = tasks.join_next().await {
+        lat.extend(r??);
+    }
+    settled(&store_url, dispatched_before + units).await?;
+    let secs = started.elapsed().as_secs_f64();
+    drop(servers);
+    lat.sort_by(|a, b| a.total_cmp(b));
+    Ok((units as f64 / secs, lat))
+}
+
+/// Bare POSTs/s to a sink like the Hero one, 32 at a time, with one client.
+async fn bare_posts(posts: usize) -> anyhow::Result<f64> {
+    let (url, _sink) = start_sink().await?;
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let body = json!({"load_id": "H0", "title": "SMS from the driver", "body": "Gate code", "urgency": "normal"});
+    let sem = Arc::new(tokio::sync::Semaphore::new(32));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..posts {
+        let (client, url, body, sem) = (client.clone(), url.clone(), body.clone(), sem.clone());
+        tasks.spawn(async move {
+            let _p = sem.acquire_owned().await?;
+            client
+                .post(format!("{url}/v1/tasks"))
+                .header("Idempotency-Key", format!("bare-{i}"))
+                .json(&body)
+                .send()
+                .await?
+                .error_for_status()?;
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(posts as f64 / started.elapsed().as_secs_f64())
+}
+
+pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
+    let mut f = Figures::new();
+    let loads = if quick { 100 } else { 1_000 };
+    const ALL: &[&str] = &["api,worker,dispatcher,pump"];
+    const SPLIT: &[&str] = &["api", "worker", "dispatcher,pump"];
+    let mut layouts = vec![("", ALL)];
+    if matches!(store, BenchStore::Postgres(_)) {
+        layouts.push(("split_", SPLIT));
+    }
+    for (tag, roles) in layouts {
+        for callers in [1usize, 16, 32] {
+            let units = match (quick, callers) {
+                (true, 1) => 50,
+                (true, _) => 200,
+                (false, 1) => 500,
+                (false, _) => 4_000,
+            };
+            let (rate, lat) = round(store, roles, loads, callers, units).await?;
+            f.insert(format!("{tag}units_per_s_{callers}_callers"), rate);
+            f.insert(format!("{tag}p50_ms_{callers}_callers"), percentile(&lat, 0.5));
+            f.insert(format!("{tag}p99_ms_{callers}_callers"), percentile(&lat, 0.99));
+        }
+    }
+    // The limits, in the same run.
+    let (s, handle) = super::fresh_store(store, "e2e-http-bare").await?;
+    drop(s);
+    let writers = if matches!(store, BenchStore::Postgres(_)) { 8 } else { 1 };
+    f.insert("bare_append_per_s".into(), super::raw_rate(store, &handle, loads, writers, 0).await?);
+    f.insert("bare_posts_per_s".into(), bare_posts(if quick { 500 } else { 5_000 }).await?);
+    Ok(f)
+}
