@@ -10,6 +10,7 @@ mod impls;
 pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod wake;
 
 use std::time::Duration;
 

@@ -26,6 +26,29 @@ pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>
     })
 }
 
+/// Wake-ups across processes (PostgreSQL `LISTEN`/`NOTIFY`, see `haul_postgres::wake`)
+/// for a process that runs the worker and dispatcher roles as `runs_worker` and
+/// `runs_dispatcher` say: it listens for the wake-ups of the roles it runs and forwards
+/// those it raises for roles it does not. `None` on SQLite, whose processes poll.
+pub fn spawn_wake_bridge(
+    url: &str,
+    runs_worker: bool,
+    runs_dispatcher: bool,
+    wake_worker: Arc<tokio::sync::Notify>,
+    wake_dispatcher: Arc<tokio::sync::Notify>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    use haul_postgres::wake::{Direction, Link, Wake};
+    if !matches!(StoreKind::of_url(url), Ok(StoreKind::Postgres)) {
+        return None;
+    }
+    let direction = |runs: bool| if runs { Direction::Listen } else { Direction::Forward };
+    let links = vec![
+        Link { wake: Wake::Work, direction: direction(runs_worker), local: wake_worker },
+        Link { wake: Wake::Dispatch, direction: direction(runs_dispatcher), local: wake_dispatcher },
+    ];
+    Some(tokio::spawn(haul_postgres::wake::bridge(url.to_owned(), links)))
+}
+
 /// The store's address without a password, for logs.
 pub fn describe(url: &str) -> String {
     match StoreKind::of_url(url) {

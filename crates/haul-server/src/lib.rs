@@ -130,6 +130,13 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     };
     let public_url = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
     let (wake_worker, wake_dispatcher) = pipeline.wakeups();
+    let wake_bridge = haul_runtime::store::spawn_wake_bridge(
+        &config.store.url,
+        roles.worker,
+        roles.dispatcher,
+        wake_worker.clone(),
+        wake_dispatcher.clone(),
+    );
     let mut state = ApiState::new(
         store.clone(),
         queue.clone(),
@@ -184,6 +191,9 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
             "in-flight work did not finish within {}s; it was not appended and will be redelivered",
             SHUTDOWN_GRACE.as_secs()
         );
+    }
+    if let Some(b) = wake_bridge {
+        b.abort();
     }
     info!("stopped");
     Ok(())
