@@ -158,14 +158,19 @@ impl PgStore {
         // 1. The version. Taking the loads row (insert or guarded update) serializes
         // appends to one load; a loser waits for the winner's commit, then fails here.
         let won = if expected == 0 {
-            tx.execute(LOAD_CREATE, &[&lid, &new_version, &now]).await
+            tx.execute(&tx.prepare_cached(LOAD_CREATE).await.map_err(pg)?, &[&lid, &new_version, &now]).await
         } else {
-            tx.execute(LOAD_ADVANCE, &[&lid, &new_version, &expected, &now]).await
+            tx.execute(&tx.prepare_cached(LOAD_ADVANCE).await.map_err(pg)?, &[&lid, &new_version, &expected, &now])
+                .await
         }
         .map_err(pg)?;
         if won != 1 {
             drop(tx);
-            let actual: Option<i64> = match client.query_opt(LOAD_VERSION, &[&lid]).await.map_err(pg)? {
+            let actual: Option<i64> = match client
+                .query_opt(&client.prepare_cached(LOAD_VERSION).await.map_err(pg)?, &[&lid])
+                .await
+                .map_err(pg)?
+            {
                 Some(row) => Some(col(&row, 0)?),
                 None => None,
             };
@@ -180,7 +185,9 @@ impl PgStore {
         // 2. The entry ids.
         check_entry_ids_distinct(load_id, &entries)?;
         let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
-        if let Some(row) = tx.query_opt(ENTRY_IDS_TAKEN, &[&lid, &ids]).await.map_err(pg)? {
+        if let Some(row) =
+            tx.query_opt(&tx.prepare_cached(ENTRY_IDS_TAKEN).await.map_err(pg)?, &[&lid, &ids]).await.map_err(pg)?
+        {
             return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: col(&row, 0)? }.into());
         }
 
@@ -188,7 +195,10 @@ impl PgStore {
         check_keys_distinct(&outbox)?;
         let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
         if !keys.is_empty()
-            && let Some(row) = tx.query_opt(OUTBOX_KEYS_TAKEN, &[&lid, &keys]).await.map_err(pg)?
+            && let Some(row) = tx
+                .query_opt(&tx.prepare_cached(OUTBOX_KEYS_TAKEN).await.map_err(pg)?, &[&lid, &keys])
+                .await
+                .map_err(pg)?
         {
             return Err(DuplicateActionKeyError { key: col(&row, 0)? }.into());
         }
@@ -196,26 +206,28 @@ impl PgStore {
         let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
         let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
         let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
-        tx.execute(EVENTS_INSERT, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await.map_err(
-            |e| match constraint(&e) {
+        tx.execute(&tx.prepare_cached(EVENTS_INSERT).await.map_err(pg)?, &[&lid, &seqs, &ids, &kinds, &payloads, &now])
+            .await
+            .map_err(|e| match constraint(&e) {
                 Some(c) if c.ends_with("entry_id_key") => {
                     AppendError::DuplicateEntry(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
                 }
                 _ => AppendError::Store(pg(e)),
-            },
-        )?;
+            })?;
         if !outbox.is_empty() {
             let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
             let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
-            tx.execute(OUTBOX_INSERT, &[&lid, &keys, &types, &actions, &now]).await.map_err(|e| {
-                match constraint(&e) {
-                    // Another transaction took the key between our check and insert.
-                    Some(c) if c.ends_with("pkey") => {
-                        AppendError::DuplicateActionKey(DuplicateActionKeyError { key: "?".into() })
+            tx.execute(&tx.prepare_cached(OUTBOX_INSERT).await.map_err(pg)?, &[&lid, &keys, &types, &actions, &now])
+                .await
+                .map_err(|e| {
+                    match constraint(&e) {
+                        // Another transaction took the key between our check and insert.
+                        Some(c) if c.ends_with("pkey") => {
+                            AppendError::DuplicateActionKey(DuplicateActionKeyError { key: "?".into() })
+                        }
+                        _ => AppendError::Store(pg(e)),
                     }
-                    _ => AppendError::Store(pg(e)),
-                }
-            })?;
+                })?;
         }
         // Last, so the queue head's row lock is held for the shortest time.
         let acked = match receipt {
@@ -229,7 +241,10 @@ impl PgStore {
 
 /// The row's lease when `token` is its claim on a pending row.
 async fn owns(client: &deadpool_postgres::Object, id: &str, token: &str) -> Result<Option<i64>, ClaimError> {
-    let row = client.query_opt(OUTBOX_OWNS, &[&outbox_key_load(id), &id, &token]).await.map_err(pg)?;
+    let row = client
+        .query_opt(&client.prepare_cached(OUTBOX_OWNS).await.map_err(pg)?, &[&outbox_key_load(id), &id, &token])
+        .await
+        .map_err(pg)?;
     match row {
         Some(r) => Ok(col(&r, 0)?),
         None => Err(StaleClaimError { outbox_id: id.to_owned() }.into()),
@@ -253,7 +268,10 @@ impl Outbox for PgStore {
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError> {
         let client = self.client().await?;
         let n = client
-            .execute(OUTBOX_MARK_DISPATCHED, &[&outbox_key_load(id), &id, &token, &receipt, &to_ms(now)])
+            .execute(
+                &client.prepare_cached(OUTBOX_MARK_DISPATCHED).await.map_err(pg)?,
+                &[&outbox_key_load(id), &id, &token, &receipt, &to_ms(now)],
+            )
             .await
             .map_err(pg)?;
         if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
@@ -274,7 +292,10 @@ impl Outbox for PgStore {
         let tx = client.transaction().await.map_err(pg)?;
         let published = publish_in(&tx, load_id.as_str(), event_id, body, now).await?;
         let n = tx
-            .execute(OUTBOX_MARK_DISPATCHED, &[&outbox_key_load(id), &id, &token, &receipt, &now])
+            .execute(
+                &tx.prepare_cached(OUTBOX_MARK_DISPATCHED).await.map_err(pg)?,
+                &[&outbox_key_load(id), &id, &token, &receipt, &now],
+            )
             .await
             .map_err(pg)?;
         // The publish stands either way, as it would have as a step of its own.
@@ -293,8 +314,22 @@ impl Outbox for PgStore {
         let client = self.client().await?;
         let (now, lid) = (to_ms(now), outbox_key_load(id));
         let n = match retry_at {
-            Some(at) => client.execute(OUTBOX_MARK_RETRY, &[&lid, &id, &token, &failure, &to_ms(at), &now]).await,
-            None => client.execute(OUTBOX_MARK_DEAD, &[&lid, &id, &token, &failure, &now]).await,
+            Some(at) => {
+                client
+                    .execute(
+                        &client.prepare_cached(OUTBOX_MARK_RETRY).await.map_err(pg)?,
+                        &[&lid, &id, &token, &failure, &to_ms(at), &now],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .execute(
+                        &client.prepare_cached(OUTBOX_MARK_DEAD).await.map_err(pg)?,
+                        &[&lid, &id, &token, &failure, &now],
+                    )
+                    .await
+            }
         }
         .map_err(pg)?;
         if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
@@ -320,7 +355,10 @@ impl Outbox for PgStore {
 
     async fn oldest_pending_created_at(&self) -> Result<Option<Timestamp>, StoreError> {
         let client = self.client().await?;
-        let row = client.query_one(OUTBOX_OLDEST_PENDING, &[]).await.map_err(pg)?;
+        let row = client
+            .query_one(&client.prepare_cached(OUTBOX_OLDEST_PENDING).await.map_err(pg)?, &[])
+            .await
+            .map_err(pg)?;
         Ok(col::<Option<i64>>(&row, 0)?.map(from_ms))
     }
 
@@ -330,7 +368,13 @@ impl Outbox for PgStore {
 
     async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
         let client = self.client().await?;
-        client.execute(OUTBOX_MARK_OUTCOME_PUBLISHED, &[&outbox_key_load(id), &id, &to_ms(now)]).await.map_err(pg)?;
+        client
+            .execute(
+                &client.prepare_cached(OUTBOX_MARK_OUTCOME_PUBLISHED).await.map_err(pg)?,
+                &[&outbox_key_load(id), &id, &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
         Ok(())
     }
 
@@ -340,7 +384,10 @@ impl Outbox for PgStore {
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
         let client = self.client().await?;
-        let row = client.query_one(OUTBOX_COUNT_BY_STATUS, &[&status.as_str()]).await.map_err(pg)?;
+        let row = client
+            .query_one(&client.prepare_cached(OUTBOX_COUNT_BY_STATUS).await.map_err(pg)?, &[&status.as_str()])
+            .await
+            .map_err(pg)?;
         Ok(col::<i64>(&row, 0)? as u64)
     }
 }
@@ -351,7 +398,10 @@ impl TimerStore for PgStore {
         let (load_id, _, _) = timer_id.parts();
         let client = self.client().await?;
         let n = client
-            .execute(TIMER_SCHEDULE, &[&timer_id.as_str(), &load_id.as_str(), &to_ms(fire_at), &to_ms(now)])
+            .execute(
+                &client.prepare_cached(TIMER_SCHEDULE).await.map_err(pg)?,
+                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(fire_at), &to_ms(now)],
+            )
             .await
             .map_err(pg)?;
         Ok(n == 1)
@@ -363,14 +413,22 @@ impl TimerStore for PgStore {
         // A cancel that arrives before its schedule leaves a canceled row behind, so the
         // late schedule is a noop. The upsert's WHERE makes it change only a scheduled
         // timer; a fired or canceled one stays as it is.
-        let row =
-            client.query_opt(TIMER_CANCEL, &[&timer_id.as_str(), &load_id.as_str(), &to_ms(now)]).await.map_err(pg)?;
+        let row = client
+            .query_opt(
+                &client.prepare_cached(TIMER_CANCEL).await.map_err(pg)?,
+                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(now)],
+            )
+            .await
+            .map_err(pg)?;
         Ok(row.is_some())
     }
 
     async fn mark_fired(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        let n = client.execute(TIMER_MARK_FIRED, &[&timer_id.as_str(), &to_ms(now)]).await.map_err(pg)?;
+        let n = client
+            .execute(&client.prepare_cached(TIMER_MARK_FIRED).await.map_err(pg)?, &[&timer_id.as_str(), &to_ms(now)])
+            .await
+            .map_err(pg)?;
         Ok(n == 1)
     }
 
@@ -400,7 +458,7 @@ impl TimerStore for PgStore {
 /// Locks the head row of the message's load and names the load. Lock order
 /// everywhere: head row, then message row.
 async fn lock_head(tx: &deadpool_postgres::Transaction<'_>, message_id: i64) -> Result<Option<String>, StoreError> {
-    match tx.query_opt(QUEUE_LOCK_HEAD, &[&message_id]).await.map_err(pg)? {
+    match tx.query_opt(&tx.prepare_cached(QUEUE_LOCK_HEAD).await.map_err(pg)?, &[&message_id]).await.map_err(pg)? {
         Some(row) => Ok(Some(col(&row, 0)?)),
         None => Ok(None),
     }
@@ -414,13 +472,17 @@ async fn publish_in(
     body: &str,
     now: i64,
 ) -> Result<Published, StoreError> {
-    let Some(row) = tx.query_opt(QUEUE_PUBLISH, &[&lid, &event_id, &body, &now]).await.map_err(pg)? else {
+    let Some(row) = tx
+        .query_opt(&tx.prepare_cached(QUEUE_PUBLISH).await.map_err(pg)?, &[&lid, &event_id, &body, &now])
+        .await
+        .map_err(pg)?
+    else {
         return Ok(Published::Duplicate);
     };
     let id: i64 = col(&row, 0)?;
     // An empty head takes this message; a busy head keeps its own. The upsert locks
     // the head row, so it serializes with an ack moving the head.
-    tx.execute(QUEUE_HEAD_TAKE, &[&lid, &id, &now]).await.map_err(pg)?;
+    tx.execute(&tx.prepare_cached(QUEUE_HEAD_TAKE).await.map_err(pg)?, &[&lid, &id, &now]).await.map_err(pg)?;
     Ok(Published::New)
 }
 
@@ -438,10 +500,10 @@ async fn ack_in(
     if load.is_some_and(|l| l != load_id) {
         return Ok(false);
     }
-    if tx.execute(QUEUE_ACK, &[&id, &receipt, &now]).await.map_err(pg)? != 1 {
+    if tx.execute(&tx.prepare_cached(QUEUE_ACK).await.map_err(pg)?, &[&id, &receipt, &now]).await.map_err(pg)? != 1 {
         return Ok(false);
     }
-    tx.execute(QUEUE_HEAD_ADVANCE, &[&load_id, &now]).await.map_err(pg)?;
+    tx.execute(&tx.prepare_cached(QUEUE_HEAD_ADVANCE).await.map_err(pg)?, &[&load_id, &now]).await.map_err(pg)?;
     Ok(true)
 }
 
@@ -467,7 +529,10 @@ impl LoadQueue for PgStore {
         let token = self.tokens.next();
         let (now, until) = (to_ms(now), deadline_ms(now, visibility));
         let client = self.client().await?;
-        let rows = client.query(QUEUE_RECEIVE, &[&now, &(max as i64), &until, &token]).await.map_err(pg)?;
+        let rows = client
+            .query(&client.prepare_cached(QUEUE_RECEIVE).await.map_err(pg)?, &[&now, &(max as i64), &until, &token])
+            .await
+            .map_err(pg)?;
         let mut out = rows.iter().map(|r| queue_message_row(&PgRow(r))).collect::<Result<Vec<_>, StoreError>>()?;
         out.sort_by_key(|(id, _)| *id);
         Ok(out.into_iter().map(|(_, m)| m).collect())
@@ -490,24 +555,30 @@ impl LoadQueue for PgStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
-        let n = tx.execute(QUEUE_NACK, &[&id, &receipt]).await.map_err(pg)?;
+        let n = tx.execute(&tx.prepare_cached(QUEUE_NACK).await.map_err(pg)?, &[&id, &receipt]).await.map_err(pg)?;
         if n != 1 {
             return Err(stale());
         }
-        tx.execute(QUEUE_HEAD_DELAY, &[&load_id, &visible_at]).await.map_err(pg)?;
+        tx.execute(&tx.prepare_cached(QUEUE_HEAD_DELAY).await.map_err(pg)?, &[&load_id, &visible_at])
+            .await
+            .map_err(pg)?;
         tx.commit().await.map_err(pg)?;
         Ok(())
     }
 
     async fn depth(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
-        let row = client.query_one(QUEUE_DEPTH, &[]).await.map_err(pg)?;
+        let row = client.query_one(&client.prepare_cached(QUEUE_DEPTH).await.map_err(pg)?, &[]).await.map_err(pg)?;
         Ok(col::<i64>(&row, 0)? as u64)
     }
 
     async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError> {
         let client = self.client().await?;
-        match client.query_opt(QUEUE_PUBLISHED_BODY, &[&load_id.as_str(), &event_id]).await.map_err(pg)? {
+        match client
+            .query_opt(&client.prepare_cached(QUEUE_PUBLISHED_BODY).await.map_err(pg)?, &[&load_id.as_str(), &event_id])
+            .await
+            .map_err(pg)?
+        {
             Some(row) => Ok(Some(col(&row, 0)?)),
             None => Ok(None),
         }
