@@ -2,8 +2,9 @@
 //!
 //! The rules the worker lives by, in one place: a message is acked once its event is
 //! in the log (or can never get there: poison), given back with a delay when the run
-//! cannot append now, and a conflict or a reused action key decides again, within the
-//! conflict retries. The worker finds out what happened and carries out the
+//! cannot append now, a conflict decides again within the conflict retries, and a
+//! reused action key falls back once, whatever the retries (with none, a reused key
+//! would otherwise leave the message on the queue for good, and its load behind it). The worker finds out what happened and carries out the
 //! disposition; the rules are tested here as data.
 
 use std::time::Duration;
@@ -110,8 +111,9 @@ pub fn refuse(refused: Refused, policy: &Policy) -> Finish {
 }
 
 /// The disposition after `happened` ended attempt number `attempt` (0 for the first
-/// decision, one more per re-decision).
-pub fn dispose(happened: Happened, attempt: u32, policy: &Policy) -> Disposition {
+/// decision, one more per re-decision); `fallback` when that attempt was the fallback
+/// decision.
+pub fn dispose(happened: Happened, attempt: u32, fallback: bool, policy: &Policy) -> Disposition {
     let finish = |message, end| Disposition::Finish(Finish { message, end });
     let left = |why: String| finish(Message::Nack { delay: policy.redelivery_delay }, End::Left(why));
     let retries_left = attempt < policy.conflict_retries;
@@ -128,12 +130,13 @@ pub fn dispose(happened: Happened, attempt: u32, policy: &Policy) -> Disposition
         Happened::Appended { with_ack: false } => finish(Message::Ack, End::Committed),
         Happened::AnswerLost => left("the append's answer was lost".into()),
         Happened::Conflict if retries_left => Disposition::Redecide,
-        Happened::DuplicateActionKey(key) if retries_left => {
+        Happened::Conflict => left(format!("{} conflict retries spent", policy.conflict_retries)),
+        // Not a race: deciding again would reuse the key again. The fallback's own key
+        // is the event's, so it can only be taken by a bug: then the queue keeps it.
+        Happened::DuplicateActionKey(key) if !fallback => {
             Disposition::Fallback(format!("the decision reused action key {key}"))
         }
-        Happened::Conflict | Happened::DuplicateActionKey(_) => {
-            left(format!("{} conflict retries spent", policy.conflict_retries))
-        }
+        Happened::DuplicateActionKey(key) => left(format!("the fallback decision reused action key {key}")),
         // The event is in the log: acked, nothing written.
         Happened::DuplicateEntry => finish(Message::Ack, End::Duplicate),
         Happened::AppendFailed(e) => left(format!("append failed: {e}")),
@@ -147,7 +150,12 @@ mod tests {
     const POLICY: Policy = Policy { conflict_retries: 2, redelivery_delay: Duration::from_secs(1) };
 
     fn check(happened: Happened, attempt: u32, expected: Disposition) {
-        assert_eq!(dispose(happened.clone(), attempt, &POLICY), expected, "{happened:?} at attempt {attempt}");
+        check_with(POLICY, happened, attempt, false, expected);
+    }
+
+    fn check_with(policy: Policy, happened: Happened, attempt: u32, fallback: bool, expected: Disposition) {
+        let got = dispose(happened.clone(), attempt, fallback, &policy);
+        assert_eq!(got, expected, "{happened:?} at attempt {attempt} (fallback {fallback}), {policy:?}");
     }
 
     fn finish(message: Message, end: End) -> Disposition {
@@ -198,6 +206,24 @@ mod tests {
             0,
             Disposition::Fallback("the decision reused action key L1/e1/send_sms".into()),
         );
-        check(DuplicateActionKey("L1/e1/send_sms".into()), 2, left("2 conflict retries spent"));
+    }
+
+    #[test]
+    fn a_reused_action_key_falls_back_once_whatever_the_retries() {
+        use Happened::*;
+        let key = || DuplicateActionKey("L1/e1/send_sms".into());
+        let fallback = || Disposition::Fallback("the decision reused action key L1/e1/send_sms".into());
+        let none = Policy { conflict_retries: 0, ..POLICY };
+        // With no conflict retries the fallback still comes (it used to need one).
+        check_with(none, key(), 0, false, fallback());
+        check_with(POLICY, key(), 2, false, fallback());
+        check_with(POLICY, key(), 5, false, fallback());
+        // The fallback's own key taken: left to the queue, not a loop.
+        let left_fb = left("the fallback decision reused action key L1/e1/send_sms");
+        check_with(none, key(), 1, true, left_fb.clone());
+        check_with(POLICY, key(), 1, true, left_fb);
+        // The fallback's append meeting a conflict: the retries as usual.
+        check_with(none, Conflict, 1, true, left("0 conflict retries spent"));
+        check_with(POLICY, Conflict, 1, true, Disposition::Redecide);
     }
 }

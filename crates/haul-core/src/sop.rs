@@ -60,11 +60,22 @@ const TROUBLE: [&str; 12] = [
     "won't make it",
 ];
 
-/// Rule 4's trouble words, case-insensitively, anywhere in the text. Curly apostrophes
-/// (phones type them) count as straight ones.
+/// Rule 4's trouble words and phrases, case-insensitively, as whole words: the text is
+/// cut into words (letters, digits and apostrophes inside a word), and a phrase matches
+/// a run of consecutive words. So "LATE." and "running late" report trouble, and
+/// "plate", "translate" or "chocolate" do not. Curly apostrophes (phones type them)
+/// count as straight ones.
 pub fn reports_trouble(text: &str) -> bool {
     let t = text.to_lowercase().replace(['\u{2019}', '\u{2018}'], "'");
-    TROUBLE.iter().any(|w| t.contains(w))
+    let words: Vec<&str> = t
+        .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .map(|w| w.trim_matches('\''))
+        .filter(|w| !w.is_empty())
+        .collect();
+    TROUBLE.iter().any(|phrase| {
+        let phrase: Vec<&str> = phrase.split(' ').collect();
+        words.windows(phrase.len()).any(|run| run == phrase.as_slice())
+    })
 }
 
 pub fn decide(policies: &Policies, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Decision {
@@ -276,6 +287,21 @@ mod tests {
     fn trouble_words() {
         for (text, trouble) in [
             ("ETA 9:15", false),
+            // Inside other words: no trouble.
+            ("At the plate scale now, ETA 9:40", false),
+            ("Need to translate the BOL, ETA 10", false),
+            ("Bringing chocolate, ETA 9", false),
+            ("Belated thanks, ETA 9:30", false),
+            ("Unstuck now, ETA 9:50", false),
+            ("Crash on I-80, ETA 11", true),
+            // Whole words and phrases, anywhere, in any case.
+            ("running late", true),
+            ("LATE.", true),
+            ("breakdown", true),
+            ("Late, sorry", true),
+            ("'late'", true),
+            ("Broke  down,\tnear Gary", true),
+            ("flat-tire", true),
             ("Broke down near Gary", true),
             ("FLAT TIRE", true),
             ("I can’t make it today", true),

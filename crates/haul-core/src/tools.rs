@@ -26,7 +26,7 @@ use crate::validate::validate_decision;
 
 /// Names the system prompt and the tool set below; recorded in every LLM decision
 /// (`decision_recorded.prompt_version`). Change it whenever either changes.
-pub const PROMPT_VERSION: &str = "haul-sop-tools/1";
+pub const PROMPT_VERSION: &str = "haul-sop-tools/2";
 
 /// Most tool calls one answer may carry (as many as a decision may have actions).
 pub const MAX_TOOL_CALLS: usize = crate::validate::MAX_ACTIONS;
@@ -65,8 +65,9 @@ send_sms again and set_timer for the new step.
 create_hero_task (urgent) with the ask and step + 1: the driver has not answered, call them.
 4. inbound_sms from the driver (from_driver = true) while an ask is open: the ask is \
 answered: cancel_timer for its current step. If the text reports trouble (breakdown, \
-accident, flat tire, stuck, delay, late, cannot make it, ...) also create_hero_task \
-(urgent, no ask) carrying the text.
+accident, flat tire, stuck, delay, late, cannot make it, ...: whole words or phrases, in \
+any case, never inside another word, so \"plate\", \"translate\" or \"chocolate\" is not \
+\"late\") also create_hero_task (urgent, no ask) carrying the text.
 5. inbound_sms with no ask open, or not from the driver: create_hero_task (normal, no \
 ask) carrying the text.
 6. action_outcome failed for send_sms: create_hero_task (urgent, no ask): the SMS to the \
@@ -694,6 +695,17 @@ mod tests {
         assert_eq!(d.asks, vec![AskChange { ask_id: AskId::parse(ask).unwrap(), step: 1, status: AskStatus::Open }]);
         assert_eq!(d.prompt_version.as_deref(), Some(PROMPT_VERSION));
         assert_eq!(d.rationale, "because");
+    }
+
+    #[test]
+    fn rule_4_in_the_prompt_reads_trouble_as_the_sop_does() {
+        let prompt = SYSTEM_PROMPT.replace('\n', " ");
+        assert!(prompt.contains("whole words or phrases"), "{prompt}");
+        assert!(prompt.contains("never inside another word"), "{prompt}");
+        for (word, inside) in [("late", "plate"), ("late", "translate"), ("late", "chocolate")] {
+            assert!(prompt.contains(&format!("\"{inside}\"")), "{inside}");
+            assert!(!crate::sop::reports_trouble(inside), "{inside} holds {word} but is no trouble");
+        }
     }
 
     #[test]

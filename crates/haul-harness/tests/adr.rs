@@ -36,6 +36,7 @@ on_both_backends!(
     queue_outage_during_publish_backs_off_buries_and_alerts_only_after_a_publish,
     timer_for_an_answered_ask_is_a_filtered_noop,
     duplicate_action_key_gives_the_fallback_hero_task,
+    duplicate_action_key_falls_back_with_no_conflict_retries,
     two_runs_of_one_load_at_once_one_commits_the_other_redecides,
     redelivered_inbound_event_is_already_processed,
 );
@@ -307,6 +308,24 @@ async fn duplicate_action_key_gives_the_fallback_hero_task(store: Arc<dyn Store>
     assert!(d["rationale"].as_str().unwrap().contains("reused action key"), "{d}");
     assert_eq!(h.svc.effect_count("hero", "481207/ping_0800/create_hero_task:fallback"), 1);
     assert_eq!(h.entries("ping_0800").await, 1, "the inbound event was not lost");
+}
+
+async fn duplicate_action_key_falls_back_with_no_conflict_retries(store: Arc<dyn Store>) {
+    let mut config = Config::default();
+    config.worker.conflict_retries = 0;
+    let h = harness(store, config, Faults::default(), Some(Arc::new(ReusesKeys))).await;
+    start(&h).await;
+    h.settle().await;
+    h.publish(ping("ping_0800")).await;
+    // The load's next event waits behind it in the queue.
+    h.publish(sms("sms_0801", DRIVER, "ETA 9:15")).await;
+    h.settle().await;
+    let d = h.decision("ping_0800").await;
+    assert_eq!(d["decider"], "fallback", "{d}");
+    assert!(d["rationale"].as_str().unwrap().contains("reused action key"), "{d}");
+    assert_eq!(h.svc.effect_count("hero", "481207/ping_0800/create_hero_task:fallback"), 1);
+    assert_eq!(h.entries("ping_0800").await, 1, "the inbound event was logged");
+    assert_eq!(h.entries("sms_0801").await, 1, "the load's queue moved on");
 }
 
 /// The SOP, but the first two calls wait for each other, so two runs read the same

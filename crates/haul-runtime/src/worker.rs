@@ -267,7 +267,7 @@ impl Worker {
         let mut attempt = 0;
         loop {
             let prepared = self.prepare(msg, event, fallback.as_deref(), started).await?;
-            match self.go_on(msg, event, prepared, attempt).await? {
+            match self.go_on(msg, event, prepared, attempt, fallback.is_some()).await? {
                 Then::Done(outcome) => return Ok(outcome),
                 Then::Redecide => {}
                 Then::Fallback(why) => fallback = Some(why),
@@ -283,12 +283,13 @@ impl Worker {
         event: &InboundEvent,
         prepared: Prepare,
         attempt: u32,
+        fallback: bool,
     ) -> Result<Then, Crash> {
         let (happened, committed) = match prepared {
             Prepare::Done(happened) => (happened, None),
             Prepare::Ready(p) => self.commit(msg, event, p).await?,
         };
-        Ok(match disposition::dispose(happened, attempt, &self.policy()) {
+        Ok(match disposition::dispose(happened, attempt, fallback, &self.policy()) {
             Disposition::Finish(f) => Then::Done(self.finish(msg, f, committed).await),
             Disposition::Redecide => Then::Redecide,
             Disposition::Fallback(why) => Then::Fallback(why),
@@ -495,7 +496,7 @@ impl Worker {
         started: Instant,
     ) -> RunOutcome {
         let then = match prepared {
-            Ok(p) => self.go_on(msg, event, p, 0).await,
+            Ok(p) => self.go_on(msg, event, p, 0, false).await,
             Err(c) => Err(c),
         };
         match then {
