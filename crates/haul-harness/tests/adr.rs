@@ -31,6 +31,7 @@ on_both_backends!(
     crash_between_pump_publish_and_mark_fired_logs_one_timer_fired,
     send_slower_than_the_lease_is_resent_and_both_outcomes_are_recorded,
     retry_budget_counts_from_first_attempt_at_not_from_commit,
+    retry_budget_counts_from_the_first_attempt_not_from_each_retry,
     first_retry_is_always_allowed,
     hero_channel_failure_raises_an_ops_alert_and_no_hero_task,
     queue_outage_during_publish_backs_off_buries_and_alerts_only_after_a_publish,
@@ -169,6 +170,33 @@ async fn retry_budget_counts_from_first_attempt_at_not_from_commit(store: Arc<dy
     assert_eq!(h.entries(&outcome_id(SMS1, "failed")).await, 1);
     let task = format!("481207/{}/create_hero_task", outcome_id(SMS1, "failed"));
     assert_eq!(h.svc.sends("hero", &task), 1, "the agent escalates a failed SMS");
+}
+
+/// A backlog between retries: each retry is taken a minute after it was due. The
+/// budget (150 s) runs from the row's first attempt, so the fourth attempt's retry
+/// would land past it and the row dies for the budget, long before its 8 attempts.
+/// Anchored at each attempt's `now` instead, it would retry until the attempts ran out.
+async fn retry_budget_counts_from_the_first_attempt_not_from_each_retry(store: Arc<dyn Store>) {
+    let h = harness(store, Config::default(), Faults::default(), None).await;
+    h.svc.add_fault(FaultRule { channel: "sms".into(), key: SMS1.into(), kind: FaultKind::Retryable, times: None });
+    start(&h).await;
+    for _ in 0..3 {
+        h.pipeline.worker.run_once().await.unwrap();
+    }
+    let first_attempt = h.now();
+    for _ in 0..20 {
+        h.pipeline.dispatcher.run_once().await.unwrap();
+        let row = h.row(SMS1).await;
+        if row.status == OutboxStatus::Dead {
+            let failure = row.last_failure.unwrap_or_default();
+            assert!(failure.contains("retry budget of 150s spent"), "{failure}");
+            assert_eq!(row.attempts, 4, "{failure}");
+            assert!(h.now() > add(first_attempt, Duration::from_secs(150)), "died at {}", h.now());
+            return;
+        }
+        h.set(add(row.due_at, Duration::from_secs(60)));
+    }
+    panic!("the row never died");
 }
 
 async fn first_retry_is_always_allowed(store: Arc<dyn Store>) {
