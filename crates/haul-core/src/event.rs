@@ -303,7 +303,7 @@ pub fn validate_phone(field: &str, p: &str) -> Result<(), BadInput> {
     Ok(())
 }
 
-fn validate_stage(s: &str) -> Result<(), BadInput> {
+pub fn validate_stage(s: &str) -> Result<(), BadInput> {
     if s.is_empty() || s.len() > 32 || !s.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
         return Err(BadInput::new("bad_payload", format!("stage {:?} is not of the form [a-z_]{{1,32}}", clip(s))));
     }

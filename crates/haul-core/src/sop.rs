@@ -281,7 +281,88 @@ impl Sop<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::reports_trouble;
+    use super::*;
+    use crate::projection::{Record, project};
+    use serde_json::{Value, json};
+
+    const PHONE: &str = "+15555550100";
+    const ASK: &str = "ask:eta_request:ping_0700";
+
+    fn load() -> LoadId {
+        LoadId::parse("481207").unwrap()
+    }
+
+    fn at(min: u32) -> Timestamp {
+        crate::time::add("2026-03-02T07:00:00Z".parse().unwrap(), std::time::Duration::from_secs(u64::from(min) * 60))
+    }
+
+    fn ev(v: Value) -> InboundEvent {
+        InboundEvent::from_json(load(), v).unwrap()
+    }
+
+    fn timer(step: u32) -> InboundEvent {
+        let ask = AskId::parse(ASK).unwrap();
+        let t = crate::ids::TimerId::new(&load(), &ask, step);
+        ev(json!({"event_id": format!("evt:{t}"), "kind": "timer_fired", "timer_id": t, "ask_id": ask,
+                  "step": step, "fire_at": at(30 * step)}))
+    }
+
+    fn outcome(action_type: &str, hero_channel: bool, internal: bool) -> InboundEvent {
+        let id = format!("481207/x/{action_type}");
+        ev(json!({"event_id": format!("evt:out:{id}:failed"), "kind": "action_outcome", "outbox_id": id,
+                  "action_type": action_type, "status": "failed", "failure": "HTTP 500",
+                  "hero_channel": hero_channel, "internal": internal}))
+    }
+
+    /// The state after the SOP decided each event in turn (each at minute `m`).
+    fn state_after(events: &[(u32, InboundEvent)]) -> LoadState {
+        let mut records: Vec<Record> = vec![];
+        for (m, e) in events {
+            let d = decide(&Policies::default(), &load(), &project(&records), e, at(*m));
+            let entries = [
+                (e.event_id.to_string(), e.kind().to_owned(), e.body.payload()),
+                (d.decision_id.clone(), "decision_recorded".to_owned(), serde_json::to_value(&d).unwrap()),
+            ];
+            records.extend(Record::appended(records.len() as u64, entries, at(*m)));
+        }
+        project(&records)
+    }
+
+    /// The SOP's decision on `event`, straight (no filter in front), as its action types.
+    fn check(state: &LoadState, event: InboundEvent, min: u32, want: &[&str]) {
+        let d = decide(&Policies::default(), &load(), state, &event, at(min));
+        let got: Vec<&str> = d.actions.iter().map(|a| a.kind.action_type().as_str()).collect();
+        assert_eq!(got, want, "{}: {}", event.event_id, d.rationale);
+    }
+
+    /// The filter stops stale timers and Hero-channel or internal failures before the
+    /// decider; the SOP keeps its own guards for a decider called without it (the LLM
+    /// decider's fallback, replays), and these hold them without the filter.
+    #[test]
+    fn the_sops_own_guards_hold_without_the_filter() {
+        let init =
+            ev(json!({"event_id": "load:init", "kind": "load_update", "driver_phone": PHONE, "stage": "in_transit"}));
+        let ping =
+            ev(json!({"event_id": "ping_0700", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "high"}));
+        let open = state_after(&[(0, init.clone()), (0, ping.clone())]);
+        // The current timer acts (the control), a timer for another step does not.
+        check(&open, timer(1), 30, &["send_sms", "set_timer"]);
+        check(&open, timer(2), 30, &[]);
+        let at_step_2 = state_after(&[(0, init.clone()), (0, ping.clone()), (30, timer(1))]);
+        check(&at_step_2, timer(1), 31, &[]);
+        // A timer for an answered ask does nothing.
+        let answer = ev(json!({"event_id": "sms_1", "kind": "inbound_sms", "from": PHONE, "body": "ETA 9:15"}));
+        let answered = state_after(&[(0, init.clone()), (0, ping), (10, answer)]);
+        check(&answered, timer(1), 30, &[]);
+        // A failed external action makes a Hero task (the control); a failed Hero-channel
+        // or internal one never does: that would loop while the Hero tooling is down.
+        let quiet = state_after(&[(0, init)]);
+        check(&quiet, outcome("send_sms", false, false), 5, &["create_hero_task"]);
+        check(&quiet, outcome("create_hero_task", true, false), 5, &[]);
+        check(&quiet, outcome("post_hero_slack", true, false), 5, &[]);
+        check(&quiet, outcome("update_stage", false, true), 5, &[]);
+        check(&quiet, outcome("set_timer", false, true), 5, &[]);
+    }
 
     #[test]
     fn trouble_words() {

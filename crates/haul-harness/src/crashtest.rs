@@ -81,8 +81,15 @@ pub async fn load(
 }
 
 /// Waits (up to `timeout_s`) until the queue is empty, no outbox row is pending and no
-/// timer is overdue; then checks the invariants. Errors name what broke.
-pub async fn check(store: Arc<dyn Store>, services: &str, accepted: &Path, timeout_s: u64) -> anyhow::Result<()> {
+/// timer is overdue; then checks the invariants. Errors name what broke. Fewer than
+/// `min_events` accepted events is an error too: with none, every check would pass.
+pub async fn check(
+    store: Arc<dyn Store>,
+    services: &str,
+    accepted: &Path,
+    timeout_s: u64,
+    min_events: usize,
+) -> anyhow::Result<()> {
     let clock = SystemClock;
     let deadline = Instant::now() + Duration::from_secs(timeout_s);
     loop {
@@ -105,11 +112,20 @@ pub async fn check(store: Arc<dyn Store>, services: &str, accepted: &Path, timeo
         let (l, e) = line.split_once(' ').context("accepted file: bad line")?;
         by_load.entry(l.to_owned()).or_default().push(e.to_owned());
     }
+    let total: usize = by_load.values().map(Vec::len).sum();
+    if total < min_events.max(1) {
+        bail!(
+            "the API accepted {total} events (at least {} expected): the crash test tested nothing; is the API up?",
+            min_events.max(1)
+        );
+    }
     let stats: Value = reqwest::get(format!("{services}/stats")).await?.json().await?;
     let conflicts: Vec<String> =
         stats["conflicts"].as_array().into_iter().flatten().filter_map(|c| c.as_str().map(str::to_owned)).collect();
     invariants::one_payload_per_key(&conflicts)?;
-    let effects =
+    // Killed dispatchers resend keys; the services dedupe, so one effect per key is the
+    // check, and the sends are reported beside it.
+    let deduped_effects =
         |c: Channel, key: &str| stats["effects"][format!("{} {key}", c.config_name())].as_u64().unwrap_or(0) as usize;
     let (mut events, mut rows) = (0usize, 0usize);
     for (l, ids) in &by_load {
@@ -118,13 +134,14 @@ pub async fn check(store: Arc<dyn Store>, services: &str, accepted: &Path, timeo
         invariants::events_logged_once(&load, &recs, ids.iter().map(String::as_str))?;
         invariants::log_is_sound(&load, &recs)?;
         let outbox = store.rows_for_load(&load).await?;
-        invariants::outbox_settled(&load, &recs, &outbox, effects)?;
+        invariants::outbox_settled(&load, &recs, &outbox, deduped_effects)?;
         events += ids.len();
         rows += outbox.len();
     }
     println!(
-        "crash test: {events} accepted events each logged once, {rows} outbox rows settled, {} effects, no stuck rows",
-        stats["effects"].as_object().map_or(0, |m| m.len())
+        "crash test: {events} accepted events each logged once, {rows} outbox rows settled, {} keys with one effect each at services that dedupe ({} calls taken), no stuck rows",
+        stats["effects"].as_object().map_or(0, |m| m.len()),
+        stats["sends"]
     );
     Ok(())
 }

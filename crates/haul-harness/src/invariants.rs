@@ -144,13 +144,16 @@ pub fn one_payload_per_key(conflicts: &[String]) -> Result<(), Violation> {
 
 /// After a drain: no row pending; a dispatched row had one effect at its service and
 /// its delivered outcome is in `log`; a dead row has its failed outcome (external
-/// actions) or its OpsAlert (Hero-channel and internal ones). `effects(channel, key)`
-/// counts what the channel service holds for a key.
+/// actions) or its OpsAlert (Hero-channel and internal ones). `deduped_effects(channel,
+/// key)` counts the effects a key had at a channel service that dedupes on it: a key
+/// may be sent more than once (crashes, lapsed leases, lost answers are allowed to
+/// resend), and the service keeps it to one effect. So "one" here means "reached the
+/// service and was kept to one", not "sent once".
 pub fn outbox_settled(
     load: &LoadId,
     log: &[Record],
     rows: &[OutboxRow],
-    effects: impl Fn(Channel, &str) -> usize,
+    deduped_effects: impl Fn(Channel, &str) -> usize,
 ) -> Result<(), Violation> {
     let logged = |id: EventId| log.iter().any(|r| r.entry_id == id.as_str());
     for row in rows {
@@ -163,13 +166,13 @@ pub fn outbox_settled(
             }
             OutboxStatus::Dispatched => {
                 if let Some(c) = row.action_type.channel() {
-                    let n = effects(c, &row.id);
+                    let n = deduped_effects(c, &row.id);
                     if n != 1 {
                         let service = c.config_name();
                         return broke(
                             Invariant::DispatchedOnce,
                             format!(
-                                "dispatched row {} of load {load} has {n} effects at the {service} service",
+                                "dispatched row {} of load {load} has {n} effects at the {service} service (which dedupes on the key)",
                                 row.id
                             ),
                         );
@@ -186,7 +189,7 @@ pub fn outbox_settled(
                 let settled = match row.action_type.class() {
                     ChannelClass::External => logged(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
                     ChannelClass::HeroChannel | ChannelClass::Internal => {
-                        effects(Channel::Ops, &ops_alert_key(&row.id)) == 1
+                        deduped_effects(Channel::Ops, &ops_alert_key(&row.id)) == 1
                     }
                 };
                 if !settled {

@@ -275,6 +275,7 @@ impl World {
                     FaultKind::Permanent => "service:4xx",
                     FaultKind::LostAnswer => "service:lost_answer",
                     FaultKind::Slow(_) => "service:timeout",
+                    FaultKind::Held(_) => "service:held",
                 };
                 s.count(name);
                 s.trace.push(format!("  {channel} {key}: {name}"));
@@ -620,7 +621,7 @@ impl World {
             }
             let rows = s.rows_for_load(l).await?;
             if let Err(v) =
-                invariants::outbox_settled(l, recs, &rows, |c, key| self.svc.effect_count(c.config_name(), key))
+                invariants::outbox_settled(l, recs, &rows, |c, key| self.svc.deduped_effects(c.config_name(), key))
             {
                 return Ok(Some(v.message));
             }

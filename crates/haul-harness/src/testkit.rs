@@ -5,6 +5,13 @@
 //! every new effect, notice a key reused with another payload, and misbehave on
 //! command (`[[fault]]` in eval scenarios, the simulator's service faults). Used by
 //! `haul eval`, `haul sim` and the tests, never by `serve`.
+//!
+//! Two counts, for two questions. [`FakeServices::sends`]: how many calls with a key
+//! the service took (every one, deduplicated or not): "was it sent once?" is
+//! `sends == 1`, and a second send shows. [`FakeServices::deduped_effects`]: how many
+//! effects the key had at a service that dedupes, which is at most one by
+//! construction: "did the driver get one message although it was sent twice?". Only
+//! the first can catch a double send.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,6 +46,46 @@ pub enum FaultKind {
     Slow(Duration),
     /// Applies the effect, then answers 503 as if the answer was lost.
     LostAnswer,
+    /// Holds the call until the test releases it: the test knows the call is in
+    /// flight (no sleep to guess when), and decides when it completes.
+    Held(Gate),
+}
+
+/// A call held at a service: [`Gate::arrived`] returns once a call reached it,
+/// [`Gate::release`] lets it answer.
+#[derive(Clone, Default)]
+pub struct Gate {
+    arrived: Arc<tokio::sync::Notify>,
+    released: Arc<tokio::sync::Notify>,
+}
+
+impl Gate {
+    /// Waits until a call has reached the gate (returns at once if one already has).
+    pub async fn arrived(&self) {
+        self.arrived.notified().await;
+    }
+
+    /// Lets the held call (or the next one) answer.
+    pub fn release(&self) {
+        self.released.notify_one();
+    }
+
+    async fn hold(&self) {
+        self.arrived.notify_one();
+        self.released.notified().await;
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gate")
+    }
+}
+
+impl PartialEq for Gate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.arrived, &other.arrived)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -66,6 +113,9 @@ pub struct Call {
     pub channel: String,
     pub key: String,
     pub status: u16,
+    /// The service took it: applied it, or answered it as a duplicate of one it
+    /// applied (a lost answer counts: the effect happened).
+    pub taken: bool,
 }
 
 #[derive(Default)]
@@ -173,10 +223,20 @@ impl FakeServices {
         self.lock().effects.clone()
     }
 
-    pub fn effect_count(&self, channel: &str, key: &str) -> usize {
+    /// The effects `key` had at a service that dedupes: 0 or 1, however often it was
+    /// sent. Says "one message reached the driver", never "it was sent once" (that
+    /// is [`FakeServices::sends`]).
+    pub fn deduped_effects(&self, channel: &str, key: &str) -> usize {
         self.lock().effects.iter().filter(|e| e.channel == channel && e.key == key).count()
     }
 
+    /// Calls with `key` the service took (applied, or answered as a duplicate): every
+    /// send that got through, so a second send of one key counts 2.
+    pub fn sends(&self, channel: &str, key: &str) -> usize {
+        self.lock().calls.iter().filter(|c| c.channel == channel && c.key == key && c.taken).count()
+    }
+
+    /// Every call with `key`, refused ones (faults, bad token) included.
     pub fn call_count(&self, channel: &str, key: &str) -> usize {
         self.lock().calls.iter().filter(|c| c.channel == channel && c.key == key).count()
     }
@@ -204,7 +264,9 @@ async fn stats(State(shared): State<Arc<Mutex<Shared>>>) -> Response {
     for e in &s.effects {
         *effects.entry(format!("{} {}", e.channel, e.key)).or_default() += 1;
     }
-    axum::Json(json!({"effects": effects, "calls": s.calls.len(), "conflicts": s.conflicts})).into_response()
+    let sends = s.calls.iter().filter(|c| c.taken).count();
+    axum::Json(json!({"effects": effects, "calls": s.calls.len(), "sends": sends, "conflicts": s.conflicts}))
+        .into_response()
 }
 
 fn answer(status: StatusCode, body: Value) -> Response {
@@ -225,7 +287,7 @@ async fn handle(
     if let Some(t) = token {
         let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {t}"));
         if !ok {
-            lock().calls.push(Call { channel, key, status: 401 });
+            lock().calls.push(Call { channel, key, status: 401, taken: false });
             return answer(StatusCode::UNAUTHORIZED, json!({"error": "bad token"}));
         }
     }
@@ -254,11 +316,15 @@ async fn handle(
             tokio::time::sleep(*d).await;
             None
         }
+        Some(FaultKind::Held(gate)) => {
+            gate.hold().await;
+            None
+        }
         Some(FaultKind::LostAnswer) | None => None,
     };
     let mut s = lock();
     if let Some(status) = refuse {
-        s.calls.push(Call { channel, key, status: status.as_u16() });
+        s.calls.push(Call { channel, key, status: status.as_u16(), taken: false });
         return answer(status, json!({"error": "injected fault"}));
     }
     let answered = match s.answers.get(&(channel.clone(), key.clone())).cloned() {
@@ -277,7 +343,7 @@ async fn handle(
         }
     };
     let status = if fault == Some(FaultKind::LostAnswer) { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
-    s.calls.push(Call { channel, key, status: status.as_u16() });
+    s.calls.push(Call { channel, key, status: status.as_u16(), taken: true });
     answer(status, answered)
 }
 
@@ -340,7 +406,30 @@ impl LoadQueue for FlakyQueue {
 
 #[cfg(test)]
 mod tests {
-    use super::glob_match;
+    use super::*;
+
+    /// A key sent twice is two sends and one effect: `sends` sees the second send,
+    /// `deduped_effects` cannot.
+    #[tokio::test]
+    async fn a_second_send_of_a_key_is_counted() {
+        let svc = FakeServices::start(None).await.unwrap();
+        let http = reqwest::Client::new();
+        let send = || {
+            http.post(format!("{}/v1/messages", svc.base_url(Channel::Sms)))
+                .header("idempotency-key", "L1/e/send_sms")
+                .json(&json!({"to": "+15555550100", "body": "hi"}))
+                .send()
+        };
+        assert_eq!(svc.sends("sms", "L1/e/send_sms"), 0);
+        send().await.unwrap();
+        assert_eq!((svc.sends("sms", "L1/e/send_sms"), svc.deduped_effects("sms", "L1/e/send_sms")), (1, 1));
+        send().await.unwrap();
+        assert_eq!((svc.sends("sms", "L1/e/send_sms"), svc.deduped_effects("sms", "L1/e/send_sms")), (2, 1));
+        svc.add_fault(FaultRule { channel: "sms".into(), key: "*".into(), kind: FaultKind::Retryable, times: Some(1) });
+        send().await.unwrap();
+        assert_eq!(svc.sends("sms", "L1/e/send_sms"), 2, "a refused call is not a send");
+        assert_eq!(svc.call_count("sms", "L1/e/send_sms"), 3);
+    }
 
     #[test]
     fn globs() {

@@ -17,7 +17,7 @@ use haul_core::projection::LoadState;
 use haul_core::sop::Policies;
 use haul_core::time::{Timestamp, add};
 use haul_core::{Clock, EventBody, InboundEvent, QueueMode};
-use haul_harness::testkit::{FaultKind, FaultRule};
+use haul_harness::testkit::{self, FaultKind, FaultRule};
 use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::dispatcher::Dispatched;
 use haul_runtime::faults::{FaultPoint, Faults};
@@ -31,6 +31,7 @@ on_both_backends!(
     crash_between_pump_publish_and_mark_fired_logs_one_timer_fired,
     send_slower_than_the_lease_is_resent_and_both_outcomes_are_recorded,
     retry_budget_counts_from_first_attempt_at_not_from_commit,
+    retry_budget_counts_from_the_first_attempt_not_from_each_retry,
     first_retry_is_always_allowed,
     hero_channel_failure_raises_an_ops_alert_and_no_hero_task,
     queue_outage_during_publish_backs_off_buries_and_alerts_only_after_a_publish,
@@ -54,14 +55,14 @@ async fn crash_between_send_and_mark_resends_with_one_effect_at_the_service(stor
     let h = harness(store, Config::default(), crash_at(FaultPoint::AfterSend, SMS1, 1), None).await;
     start(&h).await;
     h.settle().await;
-    assert_eq!(h.svc.effect_count("sms", SMS1), 1, "the SMS went out before the crash");
+    assert_eq!(h.svc.sends("sms", SMS1), 1, "the SMS went out before the crash");
     assert_eq!(h.row(SMS1).await.status, OutboxStatus::Pending, "not marked: the process died");
     assert_eq!(h.entries(&outcome_id(SMS1, "delivered")).await, 0);
     // The lease lapses; another pass re-sends with the same key.
     h.advance(91);
     h.settle().await;
-    assert_eq!(h.svc.call_count("sms", SMS1), 2, "re-sent");
-    assert_eq!(h.svc.effect_count("sms", SMS1), 1, "the service deduped: one message to the driver");
+    assert_eq!(h.svc.sends("sms", SMS1), 2, "re-sent with the same key");
+    assert_eq!(h.svc.deduped_effects("sms", SMS1), 1, "the service deduped: one message to the driver");
     assert_eq!(h.row(SMS1).await.status, OutboxStatus::Dispatched);
     assert_eq!(h.entries(&outcome_id(SMS1, "delivered")).await, 1);
     assert!(h.svc.conflicts().is_empty());
@@ -74,7 +75,8 @@ async fn crash_after_publish_before_mark_drops_the_duplicate_outcome(store: Arc<
     assert_eq!(h.entries(&outcome_id(SMS1, "delivered")).await, 1, "published before the crash");
     h.advance(91);
     h.settle().await;
-    assert_eq!(h.svc.effect_count("sms", SMS1), 1);
+    assert_eq!(h.svc.sends("sms", SMS1), 2, "the unmarked row was sent again");
+    assert_eq!(h.svc.deduped_effects("sms", SMS1), 1, "the service deduped: one message to the driver");
     assert_eq!(h.row(SMS1).await.status, OutboxStatus::Dispatched);
     assert_eq!(h.entries(&outcome_id(SMS1, "delivered")).await, 1, "the second publish was dropped");
     // Past any queue's dedup window, the event store drops it: a copy that reaches the
@@ -97,7 +99,7 @@ async fn crash_between_pump_publish_and_mark_fired_logs_one_timer_fired(store: A
     assert_eq!(h.entries(&fired).await, 1, "timer_fired logged once");
     let t = h.store.get_timer(&timer.parse().unwrap()).await.unwrap().unwrap();
     assert_eq!(t.status, TimerStatus::Fired, "marked by the pass after the crash");
-    assert_eq!(h.svc.effect_count("sms", "481207/ask:eta_request:ping_0700/2/send_sms"), 1, "step 2 once");
+    assert_eq!(h.svc.sends("sms", "481207/ask:eta_request:ping_0700/2/send_sms"), 1, "step 2 once");
     // A second copy that reaches the worker is dropped by the event store.
     let copy = json!({"event_id": fired, "kind": "timer_fired", "timer_id": timer,
                       "ask_id": "ask:eta_request:ping_0700", "step": 1, "fire_at": "2026-03-02T07:30:00Z"});
@@ -107,10 +109,11 @@ async fn crash_between_pump_publish_and_mark_fired_logs_one_timer_fired(store: A
 
 async fn send_slower_than_the_lease_is_resent_and_both_outcomes_are_recorded(store: Arc<dyn Store>) {
     let h = harness(store, Config::default(), Faults::default(), None).await;
+    let gate = testkit::Gate::default();
     h.svc.add_fault(FaultRule {
         channel: "sms".into(),
         key: SMS1.into(),
-        kind: FaultKind::Slow(Duration::from_millis(1500)),
+        kind: FaultKind::Held(gate.clone()),
         times: Some(1),
     });
     h.svc.add_fault(FaultRule { channel: "sms".into(), key: SMS1.into(), kind: FaultKind::Permanent, times: Some(1) });
@@ -118,19 +121,20 @@ async fn send_slower_than_the_lease_is_resent_and_both_outcomes_are_recorded(sto
     for _ in 0..3 {
         h.pipeline.worker.run_once().await.unwrap();
     }
-    // Dispatcher A claims and its send hangs at the service past the lease.
+    // Dispatcher A claims and its send is held at the service past the lease.
     let a = h.pipeline.dispatcher.clone();
     let slow = tokio::spawn(async move { a.run_once().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.arrived().await; // A has claimed the row and its call is at the service
     h.advance(91);
     // Dispatcher B takes the lapsed row over and re-sends; its attempt fails for good.
     let b = h.second_dispatcher(99);
     let b_results = b.run_once().await.unwrap();
     assert!(b_results.contains(&Dispatched::Buried), "{b_results:?}");
     // A's send completes at the service; A publishes delivered, then its mark is stale.
+    gate.release();
     let a_results = slow.await.unwrap();
     assert!(a_results.contains(&Dispatched::Stale), "{a_results:?}");
-    assert_eq!(h.svc.effect_count("sms", SMS1), 1, "the driver got one message");
+    assert_eq!(h.svc.sends("sms", SMS1), 1, "the driver got one message");
     h.settle().await;
     assert_eq!(h.entries(&outcome_id(SMS1, "delivered")).await, 1);
     assert_eq!(h.entries(&outcome_id(SMS1, "failed")).await, 1, "both outcomes recorded");
@@ -166,7 +170,34 @@ async fn retry_budget_counts_from_first_attempt_at_not_from_commit(store: Arc<dy
     h.settle().await;
     assert_eq!(h.entries(&outcome_id(SMS1, "failed")).await, 1);
     let task = format!("481207/{}/create_hero_task", outcome_id(SMS1, "failed"));
-    assert_eq!(h.svc.effect_count("hero", &task), 1, "the agent escalates a failed SMS");
+    assert_eq!(h.svc.sends("hero", &task), 1, "the agent escalates a failed SMS");
+}
+
+/// A backlog between retries: each retry is taken a minute after it was due. The
+/// budget (150 s) runs from the row's first attempt, so the fourth attempt's retry
+/// would land past it and the row dies for the budget, long before its 8 attempts.
+/// Anchored at each attempt's `now` instead, it would retry until the attempts ran out.
+async fn retry_budget_counts_from_the_first_attempt_not_from_each_retry(store: Arc<dyn Store>) {
+    let h = harness(store, Config::default(), Faults::default(), None).await;
+    h.svc.add_fault(FaultRule { channel: "sms".into(), key: SMS1.into(), kind: FaultKind::Retryable, times: None });
+    start(&h).await;
+    for _ in 0..3 {
+        h.pipeline.worker.run_once().await.unwrap();
+    }
+    let first_attempt = h.now();
+    for _ in 0..20 {
+        h.pipeline.dispatcher.run_once().await.unwrap();
+        let row = h.row(SMS1).await;
+        if row.status == OutboxStatus::Dead {
+            let failure = row.last_failure.unwrap_or_default();
+            assert!(failure.contains("retry budget of 150s spent"), "{failure}");
+            assert_eq!(row.attempts, 4, "{failure}");
+            assert!(h.now() > add(first_attempt, Duration::from_secs(150)), "died at {}", h.now());
+            return;
+        }
+        h.set(add(row.due_at, Duration::from_secs(60)));
+    }
+    panic!("the row never died");
 }
 
 async fn first_retry_is_always_allowed(store: Arc<dyn Store>) {
@@ -183,7 +214,7 @@ async fn first_retry_is_always_allowed(store: Arc<dyn Store>) {
     h.advance(2);
     h.settle().await;
     assert_eq!(h.row(SMS1).await.status, OutboxStatus::Dispatched);
-    assert_eq!(h.svc.effect_count("sms", SMS1), 1);
+    assert_eq!(h.svc.sends("sms", SMS1), 1);
 }
 
 async fn hero_channel_failure_raises_an_ops_alert_and_no_hero_task(store: Arc<dyn Store>) {
@@ -194,7 +225,7 @@ async fn hero_channel_failure_raises_an_ops_alert_and_no_hero_task(store: Arc<dy
     h.settle().await;
     let key = "481207/sms_x/create_hero_task";
     assert_eq!(h.row(key).await.status, OutboxStatus::Dead);
-    assert_eq!(h.svc.effect_count("ops", &format!("alert:{key}")), 1, "an OpsAlert, independent of Hero tooling");
+    assert_eq!(h.svc.sends("ops", &format!("alert:{key}")), 1, "an OpsAlert, independent of Hero tooling");
     let failed = outcome_id(key, "failed");
     let d = h.decision(&failed).await;
     assert_eq!((d["filtered"].as_bool(), d["needs_hero_task"].as_bool()), (Some(true), Some(false)));
@@ -226,7 +257,7 @@ async fn queue_outage_during_publish_backs_off_buries_and_alerts_only_after_a_pu
             break;
         }
         gaps.push((row.due_at.as_millisecond() - before.as_millisecond()) as u64);
-        assert_eq!(h.svc.effect_count("ops", &format!("alert:{key}")), 0, "no page while the queue is down");
+        assert_eq!(h.svc.sends("ops", &format!("alert:{key}")), 0, "no page while the queue is down");
         h.set(row.due_at);
         assert!(gaps.len() < 20);
     }
@@ -236,12 +267,12 @@ async fn queue_outage_during_publish_backs_off_buries_and_alerts_only_after_a_pu
         let full = (1000u64 << i).min(30_000);
         assert!(*gap >= full / 2 && *gap <= full, "gap {i} = {gap} ms outside [{}, {full}]", full / 2);
     }
-    assert_eq!(h.svc.effect_count("hero", key), 1, "resends were deduped by the Hero service");
-    assert_eq!(h.svc.effect_count("ops", &format!("alert:{key}")), 0, "buried with no publish: no alert yet");
+    assert_eq!(h.svc.deduped_effects("hero", key), 1, "resends were deduped by the Hero service");
+    assert_eq!(h.svc.sends("ops", &format!("alert:{key}")), 0, "buried with no publish: no alert yet");
     // The queue comes back: the sweep publishes the failed outcome, then alerts once.
     h.queue.set_down(false);
     h.settle().await;
-    assert_eq!(h.svc.effect_count("ops", &format!("alert:{key}")), 1);
+    assert_eq!(h.svc.sends("ops", &format!("alert:{key}")), 1);
     assert_eq!(h.entries(&outcome_id(key, "failed")).await, 1);
     assert!(h.store.dead_without_outcome(10).await.unwrap().is_empty());
 }
@@ -260,7 +291,7 @@ async fn timer_for_an_answered_ask_is_a_filtered_noop(store: Arc<dyn Store>) {
     let d = h.decision(fired).await;
     assert_eq!((d["filtered"].as_bool(), d["decider"].as_str()), (Some(true), Some("filter")));
     assert!(d["actions"].as_array().unwrap().is_empty());
-    assert_eq!(h.svc.effect_count("sms", "481207/ask:eta_request:ping_0700/2/send_sms"), 0, "no second ask");
+    assert_eq!(h.svc.sends("sms", "481207/ask:eta_request:ping_0700/2/send_sms"), 0, "no second ask");
     let ask = &h.state().await.asks[&AskId::parse("ask:eta_request:ping_0700").unwrap()];
     assert_eq!(ask.status, haul_core::AskStatus::Answered);
 }
@@ -306,7 +337,7 @@ async fn duplicate_action_key_gives_the_fallback_hero_task(store: Arc<dyn Store>
     assert_eq!(d["actions"][0]["key"], "481207/ping_0800/create_hero_task:fallback");
     assert_eq!(d["actions"][0]["params"]["urgency"], "urgent");
     assert!(d["rationale"].as_str().unwrap().contains("reused action key"), "{d}");
-    assert_eq!(h.svc.effect_count("hero", "481207/ping_0800/create_hero_task:fallback"), 1);
+    assert_eq!(h.svc.sends("hero", "481207/ping_0800/create_hero_task:fallback"), 1);
     assert_eq!(h.entries("ping_0800").await, 1, "the inbound event was not lost");
 }
 
@@ -402,6 +433,6 @@ async fn redelivered_inbound_event_is_already_processed(store: Arc<dyn Store>) {
     h.publish(ping("ping_0700")).await;
     h.settle().await;
     assert_eq!(h.log().await.len(), before);
-    assert_eq!(h.svc.effect_count("sms", SMS1), 1);
+    assert_eq!(h.svc.sends("sms", SMS1), 1);
     let _ = EventId::parse("ping_0700");
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use haul_harness::eval::scenario::parse;
-use haul_harness::eval::{EvalStore, run_paths, run_scenario};
+use haul_harness::eval::{EvalOptions, EvalStore, run_paths, run_scenario, run_scenario_with};
 use haul_runtime::faults::{FaultPoint, Faults};
 
 const GOOD: &str = r#"
@@ -40,14 +40,14 @@ async fn a_wrong_sent_expectation_fails_naming_step_key_missing_and_unexpected()
     let r = run(&wrong, Faults::default()).await;
     assert!(!r.passed);
     let f = r.failure.clone().unwrap();
-    assert_eq!((f.step, f.at.as_deref(), f.key.as_str()), (Some(1), Some("07:01"), "sent"));
+    assert_eq!((f.step, f.at.as_deref(), f.key.as_str()), (Some(2), Some("07:01"), "sent"), "steps count from 1");
     assert!(
         f.message.contains("missing [\"sms 481207/ask:eta_request:ping_0700/2/send_sms to=\\\"+15555550100\\\"\"]"),
         "{}",
         f.message
     );
     assert!(f.message.contains("unexpected [\"sms 481207/ask:eta_request:ping_0700/1/send_sms"), "{}", f.message);
-    assert!(r.line().starts_with("FAIL ask once (inline.toml): step 1 (07:01): sent: missing"), "{}", r.line());
+    assert!(r.line().starts_with("FAIL ask once (inline.toml): step 2 (07:01): sent: missing"), "{}", r.line());
 }
 
 #[tokio::test]
@@ -66,7 +66,7 @@ async fn an_event_dropped_by_a_fault_point_breaks_invariant_1() {
     // The run for ping_0700 dies after reading, every time: the event never reaches the log.
     let faults = Faults::new(|p, ctx| p == FaultPoint::AfterRead && ctx == "ping_0700");
     let f = run(GOOD, faults).await.failure.unwrap();
-    assert_eq!((f.step, f.key.as_str()), (Some(0), "invariant 1"));
+    assert_eq!((f.step, f.key.as_str()), (Some(1), "invariant 1"));
     assert!(f.message.contains("event ping_0700 of load 481207 is in the log 0 times"), "{}", f.message);
 }
 
@@ -87,10 +87,102 @@ async fn a_broken_file_fails_alone_and_the_others_still_run() {
         report.scenarios[i].failure.as_ref().map(|f| format!("{}: {}", f.key, f.message)).unwrap_or_default()
     };
     assert!(msg(1).contains("line 15") && msg(1).contains("open_askz"), "{}", msg(1));
-    assert!(msg(2).starts_with("step[1].at: line 13:") && msg(2).contains("goes back in time"), "{}", msg(2));
-    assert!(msg(3).starts_with("step[1].at: line 13:"), "{}", msg(3));
+    assert!(msg(2).starts_with("step 2.at: line 13:") && msg(2).contains("goes back in time"), "{}", msg(2));
+    assert!(msg(3).starts_with("step 2.at: line 13:"), "{}", msg(3));
     assert!(msg(4).contains("line 1"), "{}", msg(4));
     assert!(msg(5).contains("not UTF-8"), "{}", msg(5));
     assert!(msg(6).contains("no such file"), "{}", msg(6));
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// Two loads in one file: `asks`, `open_asks` and `stage` check each, by its `load`.
+const TWO_LOADS: &str = r#"
+name = "two loads"
+start = "2026-03-02T07:00:00Z"
+[load]
+id = "L1"
+client = "client_a"
+driver_phone = "+15555550100"
+stage = "in_transit"
+[[step]]
+at = "07:00"
+inbound = [
+  { kind = "load_update", event_id = "init", load = "L2", client = "client_a", driver_phone = "+15555550101", stage = "in_transit" },
+  { kind = "location_ping", event_id = "ping_a", load = "L2", risk = "high", lat = 41.88, lon = -87.63 },
+]
+[[step]]
+at = "07:01"
+inbound = [{ kind = "load_update", event_id = "tms_1", stage = "delivered" }]
+expect.stage = [{ stage = "delivered" }, { load = "L2", stage = "in_transit" }]
+expect.open_asks = [{ ids = [] }, { load = "L2", ids = ["ask:eta_request:ping_a"] }]
+expect.asks = [{ id = "ask:eta_request:ping_a", status = "open", step = 1, load = "L2" }]
+"#;
+
+#[tokio::test]
+async fn asks_open_asks_and_stage_check_each_load_by_its_load_key() {
+    let r = run(TWO_LOADS, Faults::default()).await;
+    assert!(r.passed, "{}", r.line());
+    for (from, to, key, says) in [
+        (
+            "{ load = \"L2\", stage = \"in_transit\" }",
+            "{ load = \"L2\", stage = \"delivered\" }",
+            "stage",
+            "load L2: expected \"delivered\", got \"in_transit\"",
+        ),
+        (
+            "load = \"L2\", ids = [\"ask:eta_request:ping_a\"]",
+            "load = \"L2\", ids = []",
+            "open_asks",
+            "load L2: missing [], unexpected [\"ask:eta_request:ping_a\"]",
+        ),
+        (
+            "status = \"open\", step = 1, load = \"L2\"",
+            "status = \"answered\", load = \"L2\"",
+            "asks",
+            "load L2: ask ask:eta_request:ping_a: expected status answered, got status open step 1",
+        ),
+    ] {
+        let f = run(&TWO_LOADS.replace(from, to), Faults::default()).await.failure.expect(key);
+        assert_eq!((f.step, f.key.as_str(), f.message.as_str()), (Some(2), key, says));
+    }
+}
+
+#[tokio::test]
+async fn with_timelines_a_failing_scenario_reports_its_loads_timelines() {
+    let wrong = TWO_LOADS.replace("stage = \"delivered\" }, { load", "stage = \"at_dock\" }, { load");
+    let opts = EvalOptions { timelines: true, ..EvalOptions::default() };
+    let r =
+        run_scenario_with(&parse(&wrong).unwrap(), "inline.toml", &EvalStore::SqliteMemory, Faults::default(), &opts)
+            .await;
+    assert!(!r.passed);
+    let t = r.timeline.expect("a timeline");
+    assert!(t.contains("load L1 ") && t.contains("load L2 "), "{t}");
+    assert!(t.contains("ask:eta_request:ping_a"), "{t}");
+    // Without the option (and for a passing scenario) there is none.
+    assert!(run(&wrong, Faults::default()).await.timeline.is_none());
+    let good = parse(TWO_LOADS).unwrap();
+    let ok = run_scenario_with(&good, "x", &EvalStore::SqliteMemory, Faults::default(), &opts).await;
+    assert!(ok.timeline.is_none());
+}
+
+#[tokio::test]
+async fn the_junit_report_has_a_test_case_per_scenario_and_escapes_text() {
+    let wrong = GOOD
+        .replace("name = \"ask once\"", "name = \"ask <once> & \\\"again\\\"\"")
+        .replace("/1/send_sms\", to", "/2/send_sms\", to");
+    let passed = run(GOOD, Faults::default()).await;
+    let failed = run(&wrong, Faults::default()).await;
+    let report = haul_harness::eval::Report { scenarios: vec![passed, failed], passed: 1, failed: 1 };
+    let xml = haul_harness::eval::junit(&report);
+    assert!(
+        xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites tests=\"2\" failures=\"1\""),
+        "{xml}"
+    );
+    assert!(xml.contains("<testcase classname=\"inline.toml\" name=\"ask once\" time=\""), "{xml}");
+    assert!(xml.contains("name=\"ask &lt;once&gt; &amp; &quot;again&quot;\""), "{xml}");
+    assert!(xml.contains("<failure message=\"missing [&quot;sms 481207/ask:eta_request:ping_0700/2/send_sms"), "{xml}");
+    assert!(xml.contains("type=\"sent\""), "{xml}");
+    assert_eq!(xml.matches("<testcase ").count(), 2);
+    assert_eq!(xml.matches("<failure ").count(), 1);
+    assert!(xml.trim_end().ends_with("</testsuite>\n</testsuites>"), "{xml}");
 }

@@ -113,7 +113,7 @@ async fn a_good_answer_is_an_llm_decision_and_its_actions_are_dispatched(store: 
     let types: Vec<&str> = d["actions"].as_array().unwrap().iter().map(|a| a["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["send_sms", "set_timer"]);
     // In the outbox and dispatched: the SMS to the driver, the timer scheduled.
-    assert_eq!(h.svc.effect_count("sms", SMS1), 1);
+    assert_eq!(h.svc.sends("sms", SMS1), 1);
     let sms = h.svc.effects().into_iter().find(|e| e.key == SMS1).unwrap();
     assert_eq!(sms.payload["to"], DRIVER, "{}", sms.payload);
     assert!(h.row("481207/ask:eta_request:ping_0700/1/set_timer").await.receipt.is_some());
@@ -220,7 +220,7 @@ async fn expect_fallback(h: &H, llm: Option<&RecordedLlm>, case: &str, why: &str
     assert_eq!(d["decider"], "fallback", "{case}: {d}");
     assert!(d["rationale"].as_str().unwrap().contains(why), "{case}: {} lacks {why:?}", d["rationale"]);
     assert!(!d["rationale"].as_str().unwrap().contains(RECORDED_API_KEY), "{case}: the key leaked");
-    assert_eq!(h.svc.effect_count("hero", "481207/ping_0700/create_hero_task:fallback"), 1, "{case}");
+    assert_eq!(h.svc.sends("hero", "481207/ping_0700/create_hero_task:fallback"), 1, "{case}");
     let hero: Vec<_> = h.svc.effects().into_iter().filter(|e| e.channel == "hero").collect();
     assert_eq!(hero.len(), 1, "{case}: {hero:?}");
     assert_eq!(hero[0].payload["urgency"], "urgent", "{case}");

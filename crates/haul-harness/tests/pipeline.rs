@@ -43,6 +43,12 @@ enum Bad {
     Fails,
     Sleeps(Duration),
     TextsAStranger,
+    /// Says it has started deciding, then waits until the test lets it go on: the
+    /// test knows a run holds the load without guessing how long that takes.
+    Gated {
+        entered: Arc<tokio::sync::Notify>,
+        release: Arc<tokio::sync::Notify>,
+    },
 }
 
 #[async_trait]
@@ -62,6 +68,11 @@ impl Decider for Bad {
             Bad::Fails => anyhow::bail!("model unavailable"),
             Bad::Sleeps(d) => {
                 tokio::time::sleep(*d).await;
+                SopDecider { policies: Policies::default() }.decide(load, state, event, now).await
+            }
+            Bad::Gated { entered, release } => {
+                entered.notify_one();
+                release.notified().await;
                 SopDecider { policies: Policies::default() }.decide(load, state, event, now).await
             }
             Bad::TextsAStranger => {
@@ -85,7 +96,7 @@ async fn expect_fallback(h: &H, why: &str) {
     let d = h.decision("ping_0700").await;
     assert_eq!(d["decider"], "fallback", "{d}");
     assert!(d["rationale"].as_str().unwrap().contains(why), "{d}");
-    assert_eq!(h.svc.effect_count("hero", "481207/ping_0700/create_hero_task:fallback"), 1);
+    assert_eq!(h.svc.sends("hero", "481207/ping_0700/create_hero_task:fallback"), 1);
     assert_eq!(h.svc.effects().iter().filter(|e| e.channel == "sms").count(), 0);
 }
 
@@ -110,12 +121,13 @@ async fn one_process_never_runs_one_load_twice_at_once(store: Arc<dyn Store>) {
     let h = harness(store.clone(), Config::default(), Faults::default(), None).await;
     h.publish(init()).await;
     h.settle().await;
-    let slow: Arc<dyn Decider> = Arc::new(Bad::Sleeps(Duration::from_millis(500)));
+    let (entered, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let gated: Arc<dyn Decider> = Arc::new(Bad::Gated { entered: entered.clone(), release: release.clone() });
     let w = Arc::new(Worker::new(
         store,
         h.queue.clone(),
         QueueMode::Separate,
-        slow,
+        gated,
         h.clock.clone() as Arc<dyn Clock>,
         WorkerSettings::default(),
         Faults::default(),
@@ -123,8 +135,9 @@ async fn one_process_never_runs_one_load_twice_at_once(store: Arc<dyn Store>) {
     let (a, b) = (h.message(ping("ping_0700")), h.message(ping("ping_0701")));
     let w2 = w.clone();
     let first = tokio::spawn(async move { w2.process(a).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    entered.notified().await; // the first run has the load and is deciding
     assert_eq!(w.process(b).await, RunOutcome::Busy, "the second run of the load waits for the first");
+    release.notify_one();
     assert!(matches!(first.await.unwrap(), RunOutcome::Committed { .. }));
 }
 
@@ -406,7 +419,7 @@ async fn a_lost_load_lock_still_ends_with_one_committed_decision(store: Arc<dyn 
     let seqs: Vec<u64> = h.log().await.iter().map(|r| r.seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless log");
     h.settle().await;
-    assert_eq!(h.svc.effect_count("sms", "481207/ask:eta_request:ping_0700/1/send_sms"), 1);
+    assert_eq!(h.svc.sends("sms", "481207/ask:eta_request:ping_0700/1/send_sms"), 1);
     assert_eq!(h.queue.depth().await.unwrap(), 0);
 }
 

@@ -41,6 +41,11 @@ async fn api() -> Api {
 }
 
 async fn api_with(limits: Limits) -> Api {
+    api_configured(limits, Some(TWILIO)).await
+}
+
+/// A server with these limits and Twilio auth token (`None`: HAUL_TWILIO_AUTH_TOKEN unset).
+async fn api_configured(limits: Limits, twilio_auth_token: Option<&str>) -> Api {
     let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -50,7 +55,7 @@ async fn api_with(limits: Limits) -> Api {
         store.clone() as Arc<dyn LoadQueue>,
         clock,
         TOKENS.iter().map(|t| t.to_string()).collect(),
-        Some(TWILIO.into()),
+        twilio_auth_token.map(str::to_owned),
         base.clone(),
     );
     state.body_read_timeout = limits.body_read_timeout;
@@ -271,6 +276,24 @@ async fn twilio_webhook_checks_the_signature() {
     // A replay (same MessageSid) is deduplicated.
     assert_eq!(a.twilio(&SMS, Some(a.sign(&SMS))).await.status(), StatusCode::OK);
     assert_eq!(a.written().await, 1);
+}
+
+/// With no auth token set the webhook cannot check a signature, so it refuses every
+/// request: even one signed with an empty key (what an unset token read as "" would
+/// accept), and nothing is written.
+#[tokio::test]
+async fn twilio_webhook_without_an_auth_token_refuses_everything() {
+    let a = api_configured(LIMITS, None).await;
+    let pairs: Vec<(String, String)> = SMS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let empty_key = twilio::signature("", &format!("{}/v1/webhooks/twilio/sms", a.base), &pairs);
+    for signature in [None, Some(empty_key), Some(a.sign(&SMS))] {
+        let resp = a.twilio(&SMS, signature).await;
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "webhook_not_configured", "{body}");
+    }
+    assert_eq!(a.written().await, 0);
+    assert!(a.store.unmatched_sms(10).await.unwrap().is_empty(), "nothing kept either");
 }
 
 #[tokio::test]

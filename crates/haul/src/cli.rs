@@ -103,6 +103,9 @@ pub enum Testkit {
         accepted: PathBuf,
         #[arg(long, default_value_t = 180)]
         timeout: u64,
+        /// Fewer accepted events than this fails the check: a run that tested nothing.
+        #[arg(long, default_value_t = 1)]
+        min_events: usize,
     },
 }
 
@@ -239,6 +242,13 @@ pub enum Command {
         /// The recorded answers (TOML) the LLM decider's stand-in server replies with.
         #[arg(long, value_name = "FILE", required_if_eq("decider", "llm"))]
         llm_answers: Option<PathBuf>,
+        /// For each failing scenario, print its loads' timelines (as `haul inspect` shows
+        /// them) after its FAIL line.
+        #[arg(long, short)]
+        verbose: bool,
+        /// Also write a JUnit XML report to FILE (one test case per scenario), for CI systems.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
     },
     /// Check or print the settings serve, inspect, migrate and prune would run with.
     #[command(subcommand)]

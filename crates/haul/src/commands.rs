@@ -47,8 +47,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {
             simulate(seed, seeds, loads, steps, &faults, store, plant.as_deref()).await
         }
-        Command::Eval { paths, json, store, queue, decider, llm_answers } => {
-            evaluate(&paths, json, store, queue, decider, llm_answers.as_deref()).await
+        Command::Eval { paths, json, store, queue, decider, llm_answers, verbose, junit } => {
+            let out = EvalOutput { json, verbose, junit };
+            evaluate(&paths, &out, store, queue, decider, llm_answers.as_deref()).await
         }
     }
 }
@@ -243,9 +244,9 @@ async fn testkit(t: Testkit) -> anyhow::Result<ExitCode> {
         Testkit::Load { api, token, loads, seconds, seed, accepted } => {
             crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
         }
-        Testkit::Check { db, services, accepted, timeout } => {
+        Testkit::Check { db, services, accepted, timeout, min_events } => {
             let store = store::open(&db, None).await?;
-            crashtest::check(store, &services, &accepted, timeout).await?;
+            crashtest::check(store, &services, &accepted, timeout, min_events).await?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -325,9 +326,16 @@ async fn simulate(
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
+/// How `haul eval` reports.
+struct EvalOutput {
+    json: bool,
+    verbose: bool,
+    junit: Option<PathBuf>,
+}
+
 async fn evaluate(
     paths: &[PathBuf],
-    json: bool,
+    out: &EvalOutput,
     store: StoreKind,
     queue: QueueKind,
     decider: DeciderKind,
@@ -346,17 +354,28 @@ async fn evaluate(
         QueueKind::Store => EvalQueue::Store,
         QueueKind::Sqs => EvalQueue::sqs_emulator().await?,
     };
-    let opts = EvalOptions { queue, decider };
+    let opts = EvalOptions { queue, decider, timelines: out.verbose };
     let report = eval::run_paths_with(paths, &store, &opts, |r| {
-        if !json {
+        if !out.json {
             say(format_args!("{}", r.line()));
+            for line in r.timeline.iter().flat_map(|t| t.lines()) {
+                say(format_args!("  | {line}"));
+            }
         }
     })
     .await;
-    if json {
+    if let Some(file) = &out.junit {
+        std::fs::write(file, eval::junit(&report)).with_context(|| format!("--junit {}", file.display()))?;
+    }
+    if out.json {
         say(format_args!("{}", serde_json::to_string_pretty(&report)?));
     } else {
         say(format_args!("{} passed, {} failed", report.passed, report.failed));
+    }
+    if report.scenarios.is_empty() {
+        let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        eprintln!("error: no scenario files (*.toml) in {}: nothing was tested", shown.join(" "));
+        return Ok(ExitCode::FAILURE);
     }
     Ok(if report.failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -264,3 +264,46 @@ fn bench_e2e_http_runs_its_units_through_serve_processes_on_both_backends() {
         }
     }
 }
+
+/// A run that tested nothing fails: `haul eval` on a folder with no scenarios.
+#[test]
+fn eval_of_no_scenarios_fails() {
+    let dir = scratch("no-evals");
+    std::fs::write(dir.join("README.md"), "not a scenario").unwrap();
+    let (ok, out, err) = haul(&["eval", dir.to_str().unwrap()], &[]);
+    assert!(!ok, "{out}{err}");
+    assert_eq!(out.trim(), "0 passed, 0 failed");
+    assert!(err.contains("no scenario files") && err.contains("nothing was tested"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--verbose` prints a failing scenario's timeline under its FAIL line; `--junit FILE`
+/// writes the report for CI systems.
+#[test]
+fn eval_verbose_prints_the_timeline_and_junit_writes_the_report() {
+    let dir = scratch("eval-out");
+    let good = std::fs::read_to_string("../../evals/ask_again_after_an_answered_ask.toml").unwrap();
+    std::fs::write(dir.join("a.toml"), &good).unwrap();
+    let wrong = good.replacen(
+        "expect.sent = [",
+        "expect.sent = [{ channel = \"sms\", key = \"481207/nothing/send_sms\" }, ",
+        1,
+    );
+    assert_ne!(wrong, good);
+    std::fs::write(dir.join("b.toml"), wrong).unwrap();
+    let junit = dir.join("junit.xml");
+    let (ok, out, err) = haul(&["eval", "--verbose", "--junit", junit.to_str().unwrap(), dir.to_str().unwrap()], &[]);
+    assert!(!ok, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("PASS "), "{out}");
+    assert!(lines[1].starts_with("FAIL ") && lines[1].contains("481207/nothing/send_sms"), "{out}");
+    assert!(lines[2].starts_with("  | load 481207  version "), "{out}");
+    assert!(lines.iter().any(|l| l.starts_with("  | asks:")), "{out}");
+    assert_eq!(lines.last(), Some(&"1 passed, 1 failed"));
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("<testsuites tests=\"2\" failures=\"1\""), "{xml}");
+    // Without --verbose, no timeline.
+    let (_, out, _) = haul(&["eval", dir.to_str().unwrap()], &[]);
+    assert!(!out.contains("  | "), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

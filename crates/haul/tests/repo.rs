@@ -116,6 +116,8 @@ fn scenario_keys() -> Vec<String> {
         format!("{head}{step}expect.timers_scheduled = [{{ zz_probe = 1 }}]\n"),
         format!("{head}{step}expect.asks = [{{ zz_probe = 1 }}]\n"),
         format!("{head}{step}expect.decisions = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}{step}expect.open_asks = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}{step}expect.stage = [{{ zz_probe = 1 }}]\n"),
         format!("{head}[clients.a]\nzz_probe = 1\n"),
         format!("{head}[clients.a.eta_request]\nzz_probe = 1\n"),
     ];

@@ -22,8 +22,7 @@ use std::time::Duration;
 use haul_core::action::{Action, ActionType};
 use haul_core::decision::DECISION_RECORDED;
 use haul_core::ids::{LoadId, ops_alert_outbox_id};
-use haul_core::projection::{Record, project};
-use haul_core::time::Timestamp;
+use haul_core::projection::{LoadState, Record, project};
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_postgres::testing::FreshStore;
 use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
@@ -91,12 +90,15 @@ pub enum EvalDecider {
 pub struct EvalOptions {
     pub queue: EvalQueue,
     pub decider: EvalDecider,
+    /// A failing scenario's report carries its loads' timelines (`haul eval --verbose`).
+    pub timelines: bool,
 }
 
 /// Where a scenario failed.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Failure {
-    /// Step index (0-based), `None` before the first step or for file problems.
+    /// The step's number, counted from 1 as the `[[step]]` blocks are; `None` before the
+    /// first step or for file problems.
     pub step: Option<usize>,
     pub at: Option<String>,
     /// The `expect` key, `invariant N`, or the file key at fault.
@@ -112,6 +114,10 @@ pub struct ScenarioReport {
     pub failure: Option<Failure>,
     pub steps: usize,
     pub duration_ms: u64,
+    /// With [`EvalOptions::timelines`], a failing scenario's loads as `haul inspect`
+    /// shows them, read when it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<String>,
 }
 
 impl ScenarioReport {
@@ -203,6 +209,7 @@ fn file_failure(path: &Path, key: &str, message: String) -> ScenarioReport {
         failure: Some(Failure { step: None, at: None, key: key.into(), message }),
         steps: 0,
         duration_ms: 0,
+        timeline: None,
     }
 }
 
@@ -245,13 +252,14 @@ pub async fn run_scenario_with(
     opts: &EvalOptions,
 ) -> ScenarioReport {
     let started = std::time::Instant::now();
-    let failure = match Run::start(s, store, faults, opts).await {
+    let (failure, timeline) = match Run::start(s, store, faults, opts).await {
         Ok(mut run) => {
             let failure = run.steps(s).await.err();
+            let timeline = if failure.is_some() && opts.timelines { Some(run.timelines().await) } else { None };
             run.close().await;
-            failure
+            (failure, timeline)
         }
-        Err(e) => Some(Failure { step: None, at: None, key: "setup".into(), message: format!("{e:#}") }),
+        Err(e) => (Some(Failure { step: None, at: None, key: "setup".into(), message: format!("{e:#}") }), None),
     };
     ScenarioReport {
         file: file.to_owned(),
@@ -260,6 +268,7 @@ pub async fn run_scenario_with(
         failure,
         steps: s.steps.len(),
         duration_ms: started.elapsed().as_millis() as u64,
+        timeline,
     }
 }
 
@@ -383,7 +392,8 @@ impl Run {
             self.invariants().await.map_err(|(k, m)| fail(None, &k, m))?;
         }
         for (i, step) in s.steps.iter().enumerate() {
-            let here = Some((i, step.at_text.as_str()));
+            // Counted from 1, as a person counts the `[[step]]` blocks.
+            let here = Some((i + 1, step.at_text.as_str()));
             self.clock.set(step.at);
             for (event, repeat) in &step.inbound {
                 self.publish(event, *repeat).await.map_err(|m| fail(here, "inbound", m))?;
@@ -391,7 +401,7 @@ impl Run {
             self.settle().await.map_err(|m| fail(here, "pipeline", m))?;
             self.llm_ok().map_err(|(k, m)| fail(here, &k, m))?;
             if let Some(expect) = &step.expect {
-                self.check(expect, s.start).await.map_err(|(k, m)| fail(here, &k, m))?;
+                self.check(expect).await.map_err(|(k, m)| fail(here, &k, m))?;
                 self.mark_checked().await.map_err(|m| fail(here, "store", m))?;
             }
             self.invariants().await.map_err(|(k, m)| fail(here, &k, m))?;
@@ -431,6 +441,21 @@ impl Run {
         return self.sqs.is_some();
         #[cfg(not(feature = "sqs"))]
         false
+    }
+
+    /// Every load's timeline as `haul inspect` prints it (the first page of each).
+    async fn timelines(&self) -> String {
+        let mut out = String::new();
+        for l in &self.loads {
+            let page = haul_runtime::inspect::Page::default();
+            match haul_runtime::inspect::load_view(self.store.as_ref(), l, &page).await {
+                Ok(Some(view)) => out.push_str(&haul_runtime::inspect::timeline(&view)),
+                Ok(None) => out.push_str(&format!("load {l}: no records\n")),
+                Err(e) => out.push_str(&format!("load {l}: cannot read it: {e}\n")),
+            }
+            out.push('\n');
+        }
+        out.trim_end().to_owned()
     }
 
     /// Deletes what the scenario made outside its store.
@@ -483,7 +508,7 @@ impl Run {
             .collect()
     }
 
-    async fn check(&self, e: &Expect, start: Timestamp) -> Result<(), (String, String)> {
+    async fn check(&self, e: &Expect) -> Result<(), (String, String)> {
         let store_err = |m: String| ("store".to_string(), m);
         let new_effects: Vec<Effect> = self.svc.effects().into_iter().skip(self.effects_seen).collect();
         if let Some(want) = &e.sent {
@@ -515,11 +540,7 @@ impl Run {
             vec![]
         };
         if let Some(want) = &e.timers_scheduled {
-            let mut want_set = BTreeSet::new();
-            for t in want {
-                let at = scenario::parse_at(&t.fire_at, start).map_err(|m| ("timers_scheduled".to_string(), m))?;
-                want_set.insert(format!("{} at {}", t.id, at));
-            }
+            let want_set: BTreeSet<String> = want.iter().map(|t| format!("{} at {}", t.id, t.fire_at)).collect();
             let got: BTreeSet<String> = self
                 .newly(&rows, Some(ActionType::SetTimer), OutboxStatus::Dispatched, Some("scheduled"))
                 .iter()
@@ -548,11 +569,23 @@ impl Run {
         }
         if e.asks.is_some() || e.open_asks.is_some() || e.stage.is_some() || e.decisions.is_some() {
             let logs = self.logs().await.map_err(store_err)?;
-            let main: Vec<Record> = self.load.as_ref().and_then(|l| logs.get(l)).cloned().unwrap_or_default();
-            let state = project(&main);
+            let mut states: BTreeMap<&LoadId, LoadState> = BTreeMap::new();
+            let wanted = e.asks.iter().flatten().map(|a| &a.load);
+            let wanted = wanted.chain(e.open_asks.iter().flatten().map(|o| &o.load));
+            for l in wanted.chain(e.stage.iter().flatten().map(|s| &s.load)) {
+                if !states.contains_key(l) {
+                    let recs = match logs.get(l) {
+                        Some(r) => r.clone(),
+                        None => self.store.read(l).await.map_err(|e| store_err(e.to_string()))?.0,
+                    };
+                    states.insert(l, project(&recs));
+                }
+            }
+            // Another load than the `[load]` is named in the message.
+            let of = |l: &LoadId| if self.load.as_ref() == Some(l) { String::new() } else { format!("load {l}: ") };
             if let Some(want) = &e.asks {
                 for a in want {
-                    let got = state.asks.values().find(|x| x.ask_id.as_str() == a.id);
+                    let got = states[&a.load].asks.values().find(|x| x.ask_id.as_str() == a.id);
                     let ok = got.is_some_and(|g| g.status.as_str() == a.status && a.step.is_none_or(|s| s == g.step));
                     if !ok {
                         let actual = got.map_or("no such ask".to_string(), |g| {
@@ -560,18 +593,22 @@ impl Run {
                         });
                         let expected =
                             format!("status {}{}", a.status, a.step.map(|s| format!(" step {s}")).unwrap_or_default());
-                        return Err(("asks".into(), format!("ask {}: expected {expected}, got {actual}", a.id)));
+                        return Err((
+                            "asks".into(),
+                            format!("{}ask {}: expected {expected}, got {actual}", of(&a.load), a.id),
+                        ));
                     }
                 }
             }
-            if let Some(want) = &e.open_asks {
-                let got: BTreeSet<String> = state.open_asks().map(|a| a.ask_id.to_string()).collect();
-                same_set("open_asks", want.iter().cloned().collect(), got)?;
+            for want in e.open_asks.iter().flatten() {
+                let got: BTreeSet<String> = states[&want.load].open_asks().map(|a| a.ask_id.to_string()).collect();
+                same_set("open_asks", want.ids.iter().cloned().collect(), got)
+                    .map_err(|(k, m)| (k, format!("{}{m}", of(&want.load))))?;
             }
-            if let Some(want) = &e.stage {
-                let got = state.stage.clone().unwrap_or_default();
-                if &got != want {
-                    return Err(("stage".into(), format!("expected {want:?}, got {got:?}")));
+            for want in e.stage.iter().flatten() {
+                let got = states[&want.load].stage.clone().unwrap_or_default();
+                if got != want.stage {
+                    return Err(("stage".into(), format!("{}expected {:?}, got {got:?}", of(&want.load), want.stage)));
                 }
             }
             if let Some(want) = &e.decisions {
@@ -705,4 +742,67 @@ fn check_decision(want: &scenario::DecisionExpect, got: &Value) -> Result<(), St
         }
     }
     Ok(())
+}
+
+/// The report as JUnit XML (one `testsuite`, a `testcase` per scenario named by its
+/// file, a `failure` for each failing one), the form CI systems read.
+pub fn junit(report: &Report) -> String {
+    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let secs = |ms: u64| format!("{:.3}", ms as f64 / 1000.0);
+    let total: u64 = report.scenarios.iter().map(|s| s.duration_ms).sum();
+    out.push_str(&format!(
+        "<testsuites tests=\"{}\" failures=\"{}\" time=\"{}\">\n<testsuite name=\"haul eval\" tests=\"{}\" failures=\"{}\" time=\"{}\">\n",
+        report.scenarios.len(),
+        report.failed,
+        secs(total),
+        report.scenarios.len(),
+        report.failed,
+        secs(total)
+    ));
+    for s in &report.scenarios {
+        out.push_str(&format!(
+            "  <testcase classname=\"{}\" name=\"{}\" time=\"{}\"",
+            xml(&s.file),
+            xml(&s.name),
+            secs(s.duration_ms)
+        ));
+        match &s.failure {
+            None => out.push_str("/>\n"),
+            Some(f) => {
+                let mut text = s.line();
+                if let Some(t) = &s.timeline {
+                    text.push_str("\n\n");
+                    text.push_str(t);
+                }
+                out.push_str(&format!(
+                    ">\n    <failure message=\"{}\" type=\"{}\">{}</failure>\n  </testcase>\n",
+                    xml(&f.message),
+                    xml(&f.key),
+                    xml(&text)
+                ));
+            }
+        }
+    }
+    out.push_str("</testsuite>\n</testsuites>\n");
+    out
+}
+
+/// Text for an XML attribute or element: the five special characters escaped, and the
+/// control characters XML 1.0 cannot carry dropped.
+fn xml(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\n' => out.push_str("&#10;"),
+            '\t' | '\r' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }

@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use haul_core::ids::LoadId;
+use haul_core::action::ActionType;
+use haul_core::ids::{AskId, EventId, LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
 use haul_core::{Channel, InboundEvent, parse_duration};
 use serde::Deserialize;
@@ -62,19 +63,71 @@ struct StepSection {
     #[serde(default)]
     inbound: Vec<Spanned<toml::Table>>,
     #[serde(default)]
-    expect: Option<Expect>,
+    expect: Option<ExpectSection>,
 }
 
-/// The `expect` keys; each present one is checked.
-#[derive(Clone, Debug, Default, Deserialize)]
+/// The `expect` keys as written, each entry with where it is, checked by [`parse`]
+/// into an [`Expect`].
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ExpectSection {
+    sent: Option<Vec<Spanned<SentExpect>>>,
+    timers_scheduled: Option<Vec<Spanned<TimerSection>>>,
+    timers_canceled: Option<Vec<Spanned<String>>>,
+    asks: Option<Vec<Spanned<AskSection>>>,
+    /// A list of ask ids (the `[load]`'s), or `{ load, ids }` tables.
+    open_asks: Option<Spanned<toml::Value>>,
+    /// A stage (the `[load]`'s), or `{ load, stage }` tables.
+    stage: Option<Spanned<toml::Value>>,
+    decisions: Option<Vec<Spanned<DecisionExpect>>>,
+    dead: Option<Vec<Spanned<String>>>,
+    ops_alerts: Option<Vec<Spanned<String>>>,
+    llm_calls: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimerSection {
+    id: String,
+    fire_at: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AskSection {
+    id: String,
+    status: String,
+    step: Option<u32>,
+    load: Option<String>,
+}
+
+/// `expect.open_asks = [{ load = "L2", ids = [...] }]`: another load's open asks.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenAsksSection {
+    load: Option<String>,
+    ids: Vec<String>,
+}
+
+/// `expect.stage = [{ load = "L2", stage = "delivered" }]`: another load's stage.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StageSection {
+    load: Option<String>,
+    stage: String,
+}
+
+/// The `expect` keys; each present one is checked. Every value was checked when the
+/// file was parsed (channels, statuses, urgencies, ids, deciders, action types, times),
+/// so a misspelt one fails there, with its line, instead of never matching.
+#[derive(Clone, Debug, Default)]
 pub struct Expect {
     pub sent: Option<Vec<SentExpect>>,
     pub timers_scheduled: Option<Vec<TimerExpect>>,
     pub timers_canceled: Option<Vec<String>>,
     pub asks: Option<Vec<AskExpect>>,
-    pub open_asks: Option<Vec<String>>,
-    pub stage: Option<String>,
+    pub open_asks: Option<Vec<OpenAsksExpect>>,
+    pub stage: Option<Vec<StageExpect>>,
     pub decisions: Option<Vec<DecisionExpect>>,
     pub dead: Option<Vec<String>>,
     pub ops_alerts: Option<Vec<String>>,
@@ -92,19 +145,31 @@ pub struct SentExpect {
     pub body_contains: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct TimerExpect {
     pub id: String,
-    pub fire_at: String,
+    pub fire_at: Timestamp,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug)]
 pub struct AskExpect {
+    /// The `[load]`, or the entry's `load`.
+    pub load: LoadId,
     pub id: String,
     pub status: String,
     pub step: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct OpenAsksExpect {
+    pub load: LoadId,
+    pub ids: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StageExpect {
+    pub load: LoadId,
+    pub stage: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -277,49 +342,279 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
     if file.step.len() > MAX_STEPS {
         return Err(FileError { line: None, key: "step".into(), message: format!("more than {MAX_STEPS} steps") });
     }
+    if file.step.is_empty() {
+        return Err(FileError {
+            line: None,
+            key: "step".into(),
+            message: "no [[step]]: a scenario with no steps tests nothing".into(),
+        });
+    }
+    if file.step.iter().all(|s| s.expect.is_none()) {
+        return Err(FileError {
+            line: None,
+            key: "expect".into(),
+            message: "no step has an `expect`: a scenario that expects nothing tests only the invariants; add one"
+                .into(),
+        });
+    }
     let mut steps = Vec::new();
     let mut last = start;
     for (i, s) in file.step.iter().enumerate() {
-        let at = parse_at(s.at.get_ref(), start).map_err(|m| err(s.at.span(), &format!("step[{i}].at"), m))?;
+        // Counted from 1, as a person counts the `[[step]]` blocks.
+        let n = i + 1;
+        let at = parse_at(s.at.get_ref(), start).map_err(|m| err(s.at.span(), &format!("step {n}.at"), m))?;
         if at < last {
-            return Err(err(s.at.span(), &format!("step[{i}].at"), format!("{:?} goes back in time", s.at.get_ref())));
+            return Err(err(s.at.span(), &format!("step {n}.at"), format!("{:?} goes back in time", s.at.get_ref())));
         }
         last = at;
-        let mut inbound = Vec::new();
-        for ev in &s.inbound {
-            let span = ev.span();
-            let key = format!("step[{i}].inbound");
-            let mut table = ev.get_ref().clone();
-            let repeat = match table.remove("repeat") {
-                None => 1,
-                Some(toml::Value::Integer(n)) if (1..=i64::from(MAX_REPEAT)).contains(&n) => n as u32,
-                Some(_) => {
-                    return Err(err(
-                        span,
-                        &format!("{key}.repeat"),
-                        format!("must be an integer from 1 to {MAX_REPEAT}"),
-                    ));
-                }
-            };
-            let target = match table.remove("load") {
-                None => load.clone().ok_or_else(|| {
-                    err(span.clone(), &key, "no load id: add a [load] section or `load = ...`".into())
-                })?,
-                Some(toml::Value::String(l)) => {
-                    LoadId::parse(&l).map_err(|e| err(span.clone(), &format!("{key}.load"), e.message))?
-                }
-                Some(_) => return Err(err(span, &format!("{key}.load"), "must be a string".into())),
-            };
-            let mut v = serde_json::to_value(&table).map_err(|e| err(span.clone(), &key, e.to_string()))?;
-            if v["kind"] == "location_ping" && v.get("at").is_none() {
-                v["at"] = Value::String(at.to_string());
-            }
-            let event = InboundEvent::from_json(target, v).map_err(|e| err(span, &key, e.message))?;
-            inbound.push((event, repeat));
-        }
-        steps.push(Step { at, at_text: s.at.get_ref().clone(), inbound, expect: s.expect.clone() });
+        let inbound = s
+            .inbound
+            .iter()
+            .map(|ev| inbound_event(ev, &format!("step {n}.inbound"), at, load.as_ref(), &err))
+            .collect::<Result<Vec<_>, _>>()?;
+        let expect = match &s.expect {
+            Some(e) => Some(check_expect(e, &Ctx { text, start, load: load.as_ref(), step: n })?),
+            None => None,
+        };
+        steps.push(Step { at, at_text: s.at.get_ref().clone(), inbound, expect });
     }
     Ok(Scenario { name: file.name, start, clients: file.clients, load, init, faults, steps })
+}
+
+/// One inline table of a step's `inbound`, as the event it publishes and how often.
+fn inbound_event(
+    ev: &Spanned<toml::Table>,
+    key: &str,
+    at: Timestamp,
+    load: Option<&LoadId>,
+    err: &dyn Fn(std::ops::Range<usize>, &str, String) -> FileError,
+) -> Result<(InboundEvent, u32), FileError> {
+    let span = ev.span();
+    let mut table = ev.get_ref().clone();
+    let repeat = match table.remove("repeat") {
+        None => 1,
+        Some(toml::Value::Integer(n)) if (1..=i64::from(MAX_REPEAT)).contains(&n) => n as u32,
+        Some(_) => {
+            return Err(err(span, &format!("{key}.repeat"), format!("must be an integer from 1 to {MAX_REPEAT}")));
+        }
+    };
+    let target = match table.remove("load") {
+        None => load
+            .cloned()
+            .ok_or_else(|| err(span.clone(), key, "no load id: add a [load] section or `load = ...`".into()))?,
+        Some(toml::Value::String(l)) => {
+            LoadId::parse(&l).map_err(|e| err(span.clone(), &format!("{key}.load"), e.message))?
+        }
+        Some(_) => return Err(err(span, &format!("{key}.load"), "must be a string".into())),
+    };
+    let mut v = serde_json::to_value(&table).map_err(|e| err(span.clone(), key, e.to_string()))?;
+    if v["kind"] == "location_ping" && v.get("at").is_none() {
+        v["at"] = Value::String(at.to_string());
+    }
+    // haul's own kinds carry haul's derived ids (`evt:…`); the kinds an outside
+    // source sends are held to what the API takes, reserved prefixes refused.
+    let own = matches!(v["kind"].as_str(), Some("timer_fired" | "action_outcome"));
+    let event = if own { InboundEvent::from_json(target, v) } else { InboundEvent::from_outside(target, v) }
+        .map_err(|e| err(span, key, e.message))?;
+    Ok((event, repeat))
+}
+
+/// What checking one step's `expect` needs to know.
+struct Ctx<'a> {
+    text: &'a str,
+    start: Timestamp,
+    load: Option<&'a LoadId>,
+    /// The step's number, from 1.
+    step: usize,
+}
+
+impl Ctx<'_> {
+    fn err(&self, span: std::ops::Range<usize>, key: &str, message: String) -> FileError {
+        FileError {
+            line: Some(line_of(self.text, span.start)),
+            key: format!("step {}.expect.{key}", self.step),
+            message,
+        }
+    }
+
+    /// The entry's `load`, or the `[load]`.
+    fn load(&self, span: &std::ops::Range<usize>, key: &str, named: Option<&str>) -> Result<LoadId, FileError> {
+        match named {
+            Some(l) => LoadId::parse(l).map_err(|e| self.err(span.clone(), key, e.message)),
+            None => self.load.cloned().ok_or_else(|| {
+                self.err(span.clone(), key, "which load? add a [load] section or `load = \"…\"`".into())
+            }),
+        }
+    }
+}
+
+/// One of `choices`, or an error listing them.
+fn one_of(value: &str, what: &str, choices: &[&str]) -> Result<(), String> {
+    if choices.contains(&value) {
+        return Ok(());
+    }
+    let (last, rest) = choices.split_last().expect("there are choices");
+    Err(format!("{value:?} is not a {what}: {} or {last}", rest.join(", ")))
+}
+
+/// An action key (idempotency key) names its load first: `{load}/…`.
+fn action_key(key: &str) -> Result<(), String> {
+    match key.split_once('/') {
+        Some((l, rest)) if LoadId::parse(l).is_ok() && !rest.is_empty() => Ok(()),
+        _ => {
+            Err(format!("{key:?} is not an action key ({{load}}/…, e.g. 481207/ask:eta_request:ping_0700/1/send_sms)"))
+        }
+    }
+}
+
+/// Channels an SMS, a task, a Slack post or a stage goes out on (OpsAlerts have
+/// `ops_alerts`).
+const SENT_CHANNELS: [Channel; 4] = [Channel::Sms, Channel::Hero, Channel::Slack, Channel::Tms];
+const ASK_STATUSES: [&str; 4] = ["open", "answered", "escalated", "closed"];
+
+fn check_expect(e: &ExpectSection, cx: &Ctx<'_>) -> Result<Expect, FileError> {
+    let mut out = Expect { llm_calls: e.llm_calls, ..Expect::default() };
+    out.sent = e.sent.as_deref().map(|l| sent_of(l, cx)).transpose()?;
+    out.timers_scheduled = e.timers_scheduled.as_deref().map(|l| timers_of(l, cx)).transpose()?;
+    out.asks = e.asks.as_deref().map(|l| asks_of(l, cx)).transpose()?;
+    out.open_asks = e.open_asks.as_ref().map(|v| open_asks_of(v, cx)).transpose()?;
+    out.stage = e.stage.as_ref().map(|v| stage_of(v, cx)).transpose()?;
+    out.decisions = e.decisions.as_deref().map(|l| decisions_of(l, cx)).transpose()?;
+    for (key, list, slot) in [
+        ("timers_canceled", &e.timers_canceled, &mut out.timers_canceled),
+        ("dead", &e.dead, &mut out.dead),
+        ("ops_alerts", &e.ops_alerts, &mut out.ops_alerts),
+    ] {
+        if let Some(list) = list {
+            for k in list {
+                let ok = if key == "timers_canceled" {
+                    TimerId::parse(k.get_ref()).map(|_| ()).map_err(|e| e.message)
+                } else {
+                    action_key(k.get_ref())
+                };
+                ok.map_err(|m| cx.err(k.span(), key, m))?;
+            }
+            *slot = Some(list.iter().map(|k| k.get_ref().clone()).collect());
+        }
+    }
+    Ok(out)
+}
+
+fn sent_of(list: &[Spanned<SentExpect>], cx: &Ctx<'_>) -> Result<Vec<SentExpect>, FileError> {
+    let names: Vec<&str> = SENT_CHANNELS.map(Channel::scenario_name).to_vec();
+    let mut sent = Vec::new();
+    for w in list {
+        let (span, w) = (w.span(), w.get_ref());
+        let bad = |m: String| cx.err(span.clone(), "sent", m);
+        if w.channel == Channel::Ops.scenario_name() {
+            return Err(bad("OpsAlerts are checked with expect.ops_alerts, not sent".into()));
+        }
+        one_of(&w.channel, "channel", &names).map_err(bad)?;
+        action_key(&w.key).map_err(bad)?;
+        if let Some(u) = &w.urgency {
+            one_of(u, "urgency", &["normal", "urgent"]).map_err(bad)?;
+        }
+        if let Some(to) = &w.to
+            && w.channel == Channel::Sms.scenario_name()
+        {
+            haul_core::event::validate_phone("to", to).map_err(|e| bad(e.message))?;
+        }
+        sent.push(w.clone());
+    }
+    Ok(sent)
+}
+
+fn timers_of(list: &[Spanned<TimerSection>], cx: &Ctx<'_>) -> Result<Vec<TimerExpect>, FileError> {
+    let mut timers = Vec::new();
+    for t in list {
+        let (span, t) = (t.span(), t.get_ref());
+        let bad = |m: String| cx.err(span.clone(), "timers_scheduled", m);
+        TimerId::parse(&t.id).map_err(|e| bad(e.message))?;
+        let fire_at = parse_at(&t.fire_at, cx.start).map_err(bad)?;
+        timers.push(TimerExpect { id: t.id.clone(), fire_at });
+    }
+    Ok(timers)
+}
+
+fn asks_of(list: &[Spanned<AskSection>], cx: &Ctx<'_>) -> Result<Vec<AskExpect>, FileError> {
+    let mut asks = Vec::new();
+    for a in list {
+        let (span, a) = (a.span(), a.get_ref());
+        let bad = |m: String| cx.err(span.clone(), "asks", m);
+        AskId::parse(&a.id).map_err(|e| bad(e.message))?;
+        one_of(&a.status, "status", &ASK_STATUSES).map_err(bad)?;
+        if a.step == Some(0) {
+            return Err(bad("steps of an ask count from 1".into()));
+        }
+        let load = cx.load(&span, "asks", a.load.as_deref())?;
+        asks.push(AskExpect { load, id: a.id.clone(), status: a.status.clone(), step: a.step });
+    }
+    Ok(asks)
+}
+
+fn open_asks_of(v: &Spanned<toml::Value>, cx: &Ctx<'_>) -> Result<Vec<OpenAsksExpect>, FileError> {
+    let span = v.span();
+    let bad = |m: String| cx.err(span.clone(), "open_asks", m);
+    let shape = "a list of ask ids (the [load]'s), or a list of { load, ids } tables";
+    let toml::Value::Array(items) = v.get_ref() else { return Err(bad(format!("must be {shape}"))) };
+    let sections: Vec<OpenAsksSection> = if items.iter().all(toml::Value::is_str) {
+        vec![OpenAsksSection { load: None, ids: items.iter().filter_map(|i| i.as_str().map(str::to_owned)).collect() }]
+    } else if items.iter().all(toml::Value::is_table) {
+        items
+            .iter()
+            .map(|i| i.clone().try_into().map_err(|e: toml::de::Error| bad(e.message().to_owned())))
+            .collect::<Result<_, _>>()?
+    } else {
+        return Err(bad(format!("must be {shape}")));
+    };
+    let mut open = Vec::new();
+    for s in sections {
+        for id in &s.ids {
+            AskId::parse(id).map_err(|e| bad(e.message))?;
+        }
+        open.push(OpenAsksExpect { load: cx.load(&span, "open_asks", s.load.as_deref())?, ids: s.ids });
+    }
+    Ok(open)
+}
+
+fn stage_of(v: &Spanned<toml::Value>, cx: &Ctx<'_>) -> Result<Vec<StageExpect>, FileError> {
+    let span = v.span();
+    let bad = |m: String| cx.err(span.clone(), "stage", m);
+    let shape = "a stage (the [load]'s), or a list of { load, stage } tables";
+    let sections: Vec<StageSection> = match v.get_ref() {
+        toml::Value::String(s) => vec![StageSection { load: None, stage: s.clone() }],
+        toml::Value::Array(items) if !items.is_empty() && items.iter().all(toml::Value::is_table) => items
+            .iter()
+            .map(|i| i.clone().try_into().map_err(|e: toml::de::Error| bad(e.message().to_owned())))
+            .collect::<Result<_, _>>()?,
+        _ => return Err(bad(format!("must be {shape}"))),
+    };
+    let mut stages = Vec::new();
+    for s in sections {
+        haul_core::event::validate_stage(&s.stage).map_err(|e| bad(e.message))?;
+        stages.push(StageExpect { load: cx.load(&span, "stage", s.load.as_deref())?, stage: s.stage });
+    }
+    Ok(stages)
+}
+
+fn decisions_of(list: &[Spanned<DecisionExpect>], cx: &Ctx<'_>) -> Result<Vec<DecisionExpect>, FileError> {
+    let types: Vec<&str> = ActionType::ALL.map(ActionType::as_str).to_vec();
+    let mut decisions = Vec::new();
+    for d in list {
+        let (span, d) = (d.span(), d.get_ref());
+        let bad = |m: String| cx.err(span.clone(), "decisions", m);
+        EventId::parse(&d.event_id).map_err(|e| bad(e.message))?;
+        if let Some(decider) = &d.decider
+            && decider.strip_prefix("llm:").is_none_or(str::is_empty)
+        {
+            one_of(decider, "decider", &["sop", "filter", "fallback", "llm:MODEL"]).map_err(bad)?;
+        }
+        for t in d.actions.iter().flatten() {
+            one_of(t, "action type", &types).map_err(bad)?;
+        }
+        decisions.push(d.clone());
+    }
+    Ok(decisions)
 }
 
 #[cfg(test)]
@@ -362,13 +657,14 @@ mod tests {
     #[test]
     fn files() {
         let head = "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[load]\nid = \"L1\"\n";
-        check(&format!("{head}[[step]]\nat = \"07:00\"\n"), Ok(1));
-        check(&format!("{head}[[step]]\nat = \"07:10\"\n[[step]]\nat = \"07:05\"\n"), Err(("step[1].at", Some(8))));
-        check(&format!("{head}[[step]]\nat = \"later\"\n"), Err(("step[0].at", Some(6))));
+        let ok = "expect.sent = []\n";
+        check(&format!("{head}[[step]]\nat = \"07:00\"\n{ok}"), Ok(1));
+        check(&format!("{head}[[step]]\nat = \"07:10\"\n[[step]]\nat = \"07:05\"\n{ok}"), Err(("step 2.at", Some(8))));
+        check(&format!("{head}[[step]]\nat = \"later\"\n{ok}"), Err(("step 1.at", Some(6))));
         check(&format!("{head}[[step]]\nat = \"07:00\"\nexpect.sentt = []\n"), Err(("toml", Some(7))));
         check(
-            &format!("{head}[[step]]\nat = \"07:00\"\ninbound = [{{ kind = \"teleport\", event_id = \"e\" }}]\n"),
-            Err(("inbound", Some(7))),
+            &format!("{head}[[step]]\nat = \"07:00\"\ninbound = [{{ kind = \"teleport\", event_id = \"e\" }}]\n{ok}"),
+            Err(("step 1.inbound", Some(7))),
         );
         check(
             &format!("{head}[[fault]]\nchannel = \"fax\"\nkey = \"*\"\nkind = \"retryable\"\n"),
@@ -377,9 +673,102 @@ mod tests {
         check(&format!("{head}[clients.a.eta_request]\nretry_after = \"soon\"\n"), Err(("toml", Some(6))));
         check("name = \"x\"\nstart = \"yesterday\"\n", Err(("start", Some(2))));
         check(
-            "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[[step]]\nat = \"07:00\"\ninbound = [{ kind = \"inbound_sms\", event_id = \"s\", from = \"+1\", body = \"x\" }]\n",
+            "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[[step]]\nat = \"07:00\"\ninbound = [{ kind = \"inbound_sms\", event_id = \"s\", from = \"+1\", body = \"x\" }]\nexpect.sent = []\n",
             Err(("inbound", Some(5))),
         );
         check("name = \"x\"\nstart = [\n", Err(("toml", Some(2))));
+    }
+
+    /// A scenario that cannot fail is refused: no steps, or no step expects anything.
+    #[test]
+    fn a_scenario_that_tests_nothing_is_refused() {
+        let head = "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[load]\nid = \"L1\"\n";
+        check(head, Err(("step", None)));
+        check(&format!("{head}[[step]]\nat = \"07:00\"\n[[step]]\nat = \"07:10\"\n"), Err(("expect", None)));
+        check(&format!("{head}[[step]]\nat = \"07:00\"\n[[step]]\nat = \"07:10\"\nexpect.stage = \"x\"\n"), Ok(2));
+    }
+
+    /// Values inside `expect` are checked when the file is read, with the step (counted
+    /// from 1) and the line: a misspelt channel, status or urgency would otherwise
+    /// never match and fail (or pass) for the wrong reason.
+    #[test]
+    fn expect_values_are_checked_at_parse_time() {
+        let head = "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[load]\nid = \"L1\"\n[[step]]\nat = \"07:00\"\n";
+        let at7 = |expect: &str| format!("{head}{expect}\n");
+        let no = |key: &'static str| Err((key, Some(7)));
+        for (expect, want) in [
+            ("expect.sent = [{ channel = \"hero_task\", key = \"L1/e/create_hero_task\" }]", Ok(1)),
+            ("expect.sent = [{ channel = \"hero\", key = \"L1/e/create_hero_task\" }]", no("step 1.expect.sent")),
+            ("expect.sent = [{ channel = \"ops\", key = \"L1/e/create_hero_task\" }]", no("step 1.expect.sent")),
+            (
+                "expect.sent = [{ channel = \"sms\", key = \"L1/e/send_sms\", urgency = \"high\" }]",
+                no("step 1.expect.sent"),
+            ),
+            ("expect.sent = [{ channel = \"sms\", key = \"send_sms\" }]", no("step 1.expect.sent")),
+            (
+                "expect.sent = [{ channel = \"sms\", key = \"L1/e/send_sms\", to = \"555-0100\" }]",
+                no("step 1.expect.sent"),
+            ),
+            ("expect.asks = [{ id = \"ask:eta_request:p\", status = \"answerd\" }]", no("step 1.expect.asks")),
+            ("expect.asks = [{ id = \"eta_request:p\", status = \"open\" }]", no("step 1.expect.asks")),
+            ("expect.asks = [{ id = \"ask:eta_request:p\", status = \"open\", load = \"L2\" }]", Ok(1)),
+            ("expect.open_asks = [\"ask:eta_request:p\"]", Ok(1)),
+            ("expect.open_asks = [{ load = \"L2\", ids = [\"ask:eta_request:p\"] }]", Ok(1)),
+            ("expect.open_asks = [{ load = \"L2\", idz = [] }]", no("step 1.expect.open_asks")),
+            ("expect.open_asks = [\"ask:eta_request:p\", { load = \"L2\", ids = [] }]", no("step 1.expect.open_asks")),
+            ("expect.open_asks = [\"p\"]", no("step 1.expect.open_asks")),
+            ("expect.stage = \"delivered\"", Ok(1)),
+            ("expect.stage = [{ load = \"L2\", stage = \"delivered\" }]", Ok(1)),
+            ("expect.stage = \"Delivered\"", no("step 1.expect.stage")),
+            ("expect.stage = 3", no("step 1.expect.stage")),
+            ("expect.timers_scheduled = [{ id = \"tmr:L1:ask:eta_request:p:1\", fire_at = \"07:30\" }]", Ok(1)),
+            (
+                "expect.timers_scheduled = [{ id = \"tmr:L1:ask:eta_request:p:1\", fire_at = \"7:30\" }]",
+                no("step 1.expect.timers_scheduled"),
+            ),
+            ("expect.timers_canceled = [\"timer_1\"]", no("step 1.expect.timers_canceled")),
+            ("expect.decisions = [{ event_id = \"p\", decider = \"llm:gpt\", actions = [\"send_sms\"] }]", Ok(1)),
+            ("expect.decisions = [{ event_id = \"p\", decider = \"sopp\" }]", no("step 1.expect.decisions")),
+            ("expect.decisions = [{ event_id = \"p\", actions = [\"sms\"] }]", no("step 1.expect.decisions")),
+            ("expect.dead = [\"L1/p/send_sms\"]", Ok(1)),
+            ("expect.ops_alerts = [\"alert\"]", no("step 1.expect.ops_alerts")),
+        ] {
+            check(&at7(expect), want);
+        }
+        // Without a [load], the state keys must name one.
+        let bare = "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[[step]]\nat = \"07:00\"\n";
+        check(&format!("{bare}expect.stage = \"delivered\"\n"), Err(("step 1.expect.stage", Some(5))));
+        check(&format!("{bare}expect.stage = [{{ load = \"L2\", stage = \"delivered\" }}]\n"), Ok(1));
+        check(
+            &format!("{bare}expect.asks = [{{ id = \"ask:eta_request:p\", status = \"open\" }}]\n"),
+            Err(("asks", Some(5))),
+        );
+    }
+
+    /// The kinds an outside source sends take the event ids the API takes: haul's
+    /// reserved prefixes are refused; haul's own kinds keep their derived ids.
+    #[test]
+    fn reserved_event_ids_are_refused_as_the_api_refuses_them() {
+        let head = "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[load]\nid = \"L1\"\n[[step]]\nat = \"07:00\"\nexpect.sent = []\n";
+        for (event, want) in [
+            ("{ kind = \"inbound_sms\", event_id = \"s1\", from = \"+15555550100\", body = \"x\" }", Ok(1)),
+            (
+                "{ kind = \"inbound_sms\", event_id = \"sms:SM1\", from = \"+15555550100\", body = \"x\" }",
+                Err(("step 1.inbound", Some(8))),
+            ),
+            (
+                "{ kind = \"location_ping\", event_id = \"evt:p\", risk = \"high\", lat = 1.0, lon = 2.0 }",
+                Err(("step 1.inbound", Some(8))),
+            ),
+            ("{ kind = \"load_update\", event_id = \"dec:u\", stage = \"x\" }", Err(("step 1.inbound", Some(8)))),
+            (
+                "{ kind = \"timer_fired\", event_id = \"evt:tmr:L1:ask:eta_request:p:1\", timer_id = \"tmr:L1:ask:eta_request:p:1\", ask_id = \"ask:eta_request:p\", step = 1, fire_at = \"2026-03-02T07:00:00Z\" }",
+                Ok(1),
+            ),
+        ] {
+            check(&format!("{head}inbound = [{event}]\n"), want);
+        }
+        let e = parse(&format!("{head}inbound = [{{ kind = \"inbound_sms\", event_id = \"sms:SM1\", from = \"+15555550100\", body = \"x\" }}]\n")).unwrap_err();
+        assert!(e.message.contains("reserved"), "{e}");
     }
 }
