@@ -66,6 +66,9 @@ pub struct ApiState {
     pub stopping: Option<watch::Receiver<bool>>,
     /// [`LOAD_VIEWS_AT_ONCE`] permits: one per load view being built.
     load_views: tokio::sync::Semaphore,
+    /// Whether `/metrics` reads the figures kept in the store (processes with the `api`
+    /// role do; see `metrics.rs`).
+    pub store_figures: bool,
 }
 
 impl ApiState {
@@ -90,6 +93,7 @@ impl ApiState {
             body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
             stopping: None,
             load_views: tokio::sync::Semaphore::new(LOAD_VIEWS_AT_ONCE),
+            store_figures: true,
         }
     }
 

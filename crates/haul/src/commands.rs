@@ -168,6 +168,11 @@ fn eval_store(kind: StoreKind) -> EvalStore {
 async fn serve(settings: &ConfigArgs, listen: Option<String>, roles: &str) -> anyhow::Result<ExitCode> {
     let config = load_config(settings, listen)?;
     let roles = haul_server::Roles::parse(roles)?;
+    haul_server::metrics::set_build_info(
+        env!("CARGO_PKG_VERSION"),
+        env!("BUILD_HAUL_COMMIT"),
+        env!("BUILD_HAUL_FEATURES"),
+    );
     haul_server::serve(config, roles, haul_server::shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
