@@ -132,6 +132,22 @@ impl PgStore {
         Ok(applied)
     }
 
+    /// The migrations this build knows that the database has not applied (all of them
+    /// when it has no schema). Reads only: what read-only commands check instead of
+    /// migrating.
+    pub async fn unapplied_migrations(&self) -> Result<Vec<i64>, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[]).await.map_err(pg)?;
+        let exists: bool = row.try_get(0).map_err(pg)?;
+        let done = if exists {
+            let rows = client.query("SELECT version FROM schema_migrations", &[]).await.map_err(pg)?;
+            rows.iter().map(|r| r.try_get(0)).collect::<Result<Vec<i64>, _>>().map_err(pg)?
+        } else {
+            vec![]
+        };
+        Ok(pending_migrations(MIGRATIONS, &done, SCHEMA_VERSION).iter().map(|m| m.version).collect())
+    }
+
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {e}")))
     }

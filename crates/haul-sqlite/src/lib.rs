@@ -141,6 +141,33 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// The migrations this build knows that the database has not applied (all of them
+    /// when it has no schema). Reads only: what read-only commands check instead of
+    /// migrating.
+    pub async fn unapplied_migrations(&self) -> Result<Vec<i64>, StoreError> {
+        self.writer
+            .run(|conn: &Connection| -> Result<Vec<i64>, StoreError> {
+                let exists: bool = conn
+                    .query_row(
+                        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(db)?;
+                let done: Vec<i64> = if exists {
+                    conn.prepare("SELECT version FROM schema_migrations")
+                        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                        .map_err(db)?
+                } else {
+                    vec![]
+                };
+                Ok(pending_migrations(MIGRATIONS, &done, latest_version(MIGRATIONS)).iter().map(|m| m.version).collect())
+            })
+            .await
+    }
+}
+
 pub(crate) fn db(e: rusqlite::Error) -> StoreError {
     StoreError::new(format!("sqlite: {e}"))
 }

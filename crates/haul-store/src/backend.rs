@@ -151,7 +151,7 @@ macro_rules! columns {
     };
     (dead_row) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-         lease_until, last_failure, receipt, created_at, updated_at, dead_at"
+         lease_until, last_failure, receipt, created_at, updated_at, dead_at, outcome_published_at"
     };
 }
 
@@ -261,7 +261,7 @@ pub fn dead_row(r: &dyn Columns) -> Result<DeadRow, StoreError> {
     let row = outbox_row(r)?;
     // A dead row always has its time of death; one without reads as its last update.
     let dead_at = r.opt_i64(14)?.map_or(row.updated_at, from_ms);
-    Ok(DeadRow { row, dead_at })
+    Ok(DeadRow { row, dead_at, outcome_published_at: r.opt_i64(15)?.map(from_ms) })
 }
 
 /// The route a `message_sids` row names by its `load_id` (NULL: unmatched).

@@ -1158,6 +1158,10 @@ pub async fn dead_rows_page_newest_first_by_type(s: DynStore) {
     // Page by page, from each page's last row.
     let first = s.dead_rows_page(&[], None, 1).await.unwrap();
     assert_eq!(first[0].row.last_failure.as_deref(), Some("400 L2/a/send_sms"));
+    assert_eq!(first[0].outcome_published_at, None);
+    s.mark_outcome_published("L2/a/send_sms", at(8)).await.unwrap();
+    let first = s.dead_rows_page(&[], None, 1).await.unwrap();
+    assert_eq!(first[0].outcome_published_at, Some(at(8)));
     assert_eq!(page(vec![], Some(first[0].cursor()), 1).await, all[1..2].to_vec());
     assert_eq!(
         page(vec![], Some(RowCursor { created_at: at(7), id: "L1/b/create_hero_task".into() }), 5).await,

@@ -75,6 +75,10 @@ pub struct LoadsPage {
 pub struct DeadRow {
     pub row: OutboxRow,
     pub dead_at: Timestamp,
+    /// When its failed outcome reached the log, and for a Hero-channel or internal row
+    /// the OpsAlert was delivered (the dispatcher marks it after both); `None` while
+    /// either is still to do (the sweep retries).
+    pub outcome_published_at: Option<Timestamp>,
 }
 
 impl DeadRow {
