@@ -1046,7 +1046,9 @@ pub async fn loads_summary_follows_the_log_and_filters_loads(s: DynStore) {
     s.schedule(&timer("L1", 1), at(900), at(10)).await.unwrap();
 
     let all = s.loads_page(&LoadFilter::default(), None, 10).await.unwrap();
-    let summary: Vec<(String, u64, Option<String>, u32, u32, Timestamp, Timestamp)> = all
+    /// Load, version, stage, open asks, escalated asks, created, last activity.
+    type Summary = (String, u64, Option<String>, u32, u32, Timestamp, Timestamp);
+    let summary: Vec<Summary> = all
         .loads
         .iter()
         .map(|l| {
