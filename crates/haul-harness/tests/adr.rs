@@ -354,7 +354,7 @@ async fn duplicate_action_key_falls_back_with_no_conflict_retries(store: Arc<dyn
     let d = h.decision("ping_0800").await;
     assert_eq!(d["decider"], "fallback", "{d}");
     assert!(d["rationale"].as_str().unwrap().contains("reused action key"), "{d}");
-    assert_eq!(h.svc.effect_count("hero", "481207/ping_0800/create_hero_task:fallback"), 1);
+    assert_eq!(h.svc.sends("hero", "481207/ping_0800/create_hero_task:fallback"), 1);
     assert_eq!(h.entries("ping_0800").await, 1, "the inbound event was logged");
     assert_eq!(h.entries("sms_0801").await, 1, "the load's queue moved on");
 }

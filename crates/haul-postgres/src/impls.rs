@@ -3,20 +3,23 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use haul_core::action::ActionType;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, record_row,
-    sms_route, sms_route_load, timer_row, unmatched_sms_row,
+    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, outbox_row, parse_receipt,
+    queue_message_row, record_row, sms_route, sms_route_load, timer_row, unmatched_sms_row,
 };
+use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, types_param};
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
     OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
     SidClaim, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns, outbox_key_load,
 };
+use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::FromSql;
@@ -228,6 +231,17 @@ impl PgStore {
                         _ => AppendError::Store(pg(e)),
                     }
                 })?;
+        }
+        // 4. The load's summary (stage, asks), on the row step 1 holds.
+        let delta = SummaryDelta::of(&entries);
+        if delta.stage.is_some() || !delta.asks_unchanged() {
+            let (mut asks, mut open, mut escalated) = (None, None, None);
+            if !delta.asks_unchanged() {
+                let before: String = col(&tx.query_one(LOAD_SUMMARY_ASKS, &[&lid]).await.map_err(pg)?, 0)?;
+                let (after, o, e) = delta.fold_asks(&before);
+                (asks, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
+            }
+            tx.execute(LOAD_SUMMARY_SET, &[&lid, &delta.stage, &asks, &open, &escalated]).await.map_err(pg)?;
         }
         // Last, so the queue head's row lock is held for the shortest time.
         let acked = match receipt {
@@ -737,6 +751,89 @@ impl LoadIndex for PgStore {
 
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {
         self.query_rows(UNMATCHED_SMS_LIST, &[&sql_limit(limit)], unmatched_sms_row).await
+    }
+}
+
+/// A position in epoch milliseconds and id; `default` when there is none.
+fn position(cursor: Option<&RowCursor>, default: i64) -> (i64, String) {
+    cursor.map_or((default, String::new()), |c| (to_ms(c.created_at), c.id.clone()))
+}
+
+#[async_trait]
+impl OpsQueries for PgStore {
+    async fn oldest_due_timer(&self, now: Timestamp) -> Result<Option<Timestamp>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(TIMERS_OLDEST_DUE).await.map_err(pg)?;
+        let row = client.query_one(&stmt, &[&to_ms(now)]).await.map_err(pg)?;
+        Ok(col::<Option<i64>>(&row, 0)?.map(from_ms))
+    }
+
+    async fn loads_page(
+        &self,
+        filter: &LoadFilter,
+        after: Option<&LoadId>,
+        limit: usize,
+    ) -> Result<LoadsPage, StoreError> {
+        let after = after.map_or("", |a| a.as_str());
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(LOADS_SCAN_END).await.map_err(pg)?;
+        let row = client.query_one(&stmt, &[&after, &sql_limit(LOADS_SCANNED_PER_PAGE)]).await.map_err(pg)?;
+        let (Some(upto), scanned) = (col::<Option<String>>(&row, 0)?, col::<i64>(&row, 1)?) else {
+            return Ok(LoadsPage { loads: vec![], next_after: None });
+        };
+        let ms = |t: Option<Timestamp>| t.map(to_ms);
+        let stmt = client.prepare_cached(LOADS_PAGE).await.map_err(pg)?;
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &after,
+                    &upto,
+                    &filter.stage,
+                    &filter.open_asks,
+                    &filter.escalated,
+                    &ms(filter.active_before),
+                    &ms(filter.active_since),
+                    &filter.has_dead,
+                    &ms(filter.pending_created_by),
+                    &ms(filter.timer_due_by),
+                    &sql_limit(limit),
+                ],
+            )
+            .await
+            .map_err(pg)?;
+        let loads = rows.iter().map(|r| load_summary_row(&PgRow(r))).collect::<Result<Vec<_>, _>>()?;
+        let next_after = haul_store::ops::next_loads_cursor(&loads, limit, &upto, scanned as usize)?;
+        Ok(LoadsPage { loads, next_after })
+    }
+
+    async fn dead_rows_page(
+        &self,
+        types: &[ActionType],
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<DeadRow>, StoreError> {
+        let (at, id) = position(before, i64::MAX);
+        self.query_rows(OUTBOX_DEAD_PAGE, &[&types_param(types), &at, &id, &sql_limit(limit)], dead_row).await
+    }
+
+    async fn overdue_timers_page(
+        &self,
+        due_by: Timestamp,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<Timer>, StoreError> {
+        let (at, id) = position(after, i64::MIN);
+        self.query_rows(TIMERS_OVERDUE_PAGE, &[&to_ms(due_by), &at, &id, &sql_limit(limit)], timer_row).await
+    }
+
+    async fn unmatched_sms_page(
+        &self,
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<UnmatchedSms>, StoreError> {
+        let (at, id) = position(before, i64::MAX);
+        self.query_rows(UNMATCHED_SMS_PAGE, &[&at, &id, &sql_limit(limit)], unmatched_sms_row).await
     }
 }
 

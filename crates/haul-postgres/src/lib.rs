@@ -29,6 +29,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(4, include_str!("../migrations/0004_load_index.sql")),
     Migration::new(5, include_str!("../migrations/0005_partition_retention.sql")),
     Migration::new(6, include_str!("../migrations/0006_message_sids.sql")),
+    Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
 ];
 
 /// The newest schema version this build knows.
@@ -130,6 +131,22 @@ impl PgStore {
         }
         tx.commit().await.map_err(pg)?;
         Ok(applied)
+    }
+
+    /// The migrations this build knows that the database has not applied (all of them
+    /// when it has no schema). Reads only: what read-only commands check instead of
+    /// migrating.
+    pub async fn unapplied_migrations(&self) -> Result<Vec<i64>, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[]).await.map_err(pg)?;
+        let exists: bool = row.try_get(0).map_err(pg)?;
+        let done = if exists {
+            let rows = client.query("SELECT version FROM schema_migrations", &[]).await.map_err(pg)?;
+            rows.iter().map(|r| r.try_get(0)).collect::<Result<Vec<i64>, _>>().map_err(pg)?
+        } else {
+            vec![]
+        };
+        Ok(pending_migrations(MIGRATIONS, &done, SCHEMA_VERSION).iter().map(|m| m.version).collect())
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {

@@ -224,3 +224,64 @@ pub const UNMATCHED_SMS_LIST: &str = concat!(
     columns!(unmatched_sms),
     " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT $1"
 );
+
+// ---------------------------------------------------------------------------------
+// The per-load summary `append` keeps, and the operators' queries across loads
+// (`haul_store::ops`).
+
+/// The summary's asks, under the append's lock on the row: `$1` load.
+pub const LOAD_SUMMARY_ASKS: &str = "SELECT asks FROM loads WHERE load_id = $1";
+/// `$1` load, `$2` stage, `$3` asks, `$4` open, `$5` escalated (each NULL: unchanged).
+pub const LOAD_SUMMARY_SET: &str = "UPDATE loads SET stage = COALESCE($2, stage), asks = COALESCE($3, asks),
+       open_asks = COALESCE($4, open_asks), escalated_asks = COALESCE($5, escalated_asks)
+     WHERE load_id = $1";
+/// The oldest due timer not yet fired (`/metrics`): `$1` now.
+pub const TIMERS_OLDEST_DUE: &str = "SELECT min(fire_at) FROM timers WHERE status = 'scheduled' AND fire_at <= $1";
+/// Where one page of the loads query stops looking: `$1` after (load id), `$2` loads
+/// looked at per page. The last of them and how many there were.
+pub const LOADS_SCAN_END: &str =
+    "SELECT max(load_id), count(*) FROM (SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2) s";
+/// The loads query over `($1, $2]` in load id order: `$3` stage, `$4` an open ask,
+/// `$5` an escalated ask, `$6` active before, `$7` active since, `$8` a dead row, `$9`
+/// a pending row created by, `$10` a timer due by (each NULL or false: no condition),
+/// `$11` limit. Each per-load condition probes one partition's partial index.
+pub const LOADS_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(load_summary),
+    " FROM loads l WHERE l.load_id > $1 AND l.load_id <= $2
+       AND ($3::text IS NULL OR l.stage = $3)
+       AND (NOT $4::boolean OR l.open_asks > 0)
+       AND (NOT $5::boolean OR l.escalated_asks > 0)
+       AND ($6::bigint IS NULL OR l.updated_at < $6)
+       AND ($7::bigint IS NULL OR l.updated_at >= $7)
+       AND (NOT $8::boolean OR EXISTS (SELECT 1 FROM outbox o WHERE o.load_id = l.load_id AND o.status = 'dead'))
+       AND ($9::bigint IS NULL OR EXISTS (SELECT 1 FROM outbox o
+             WHERE o.load_id = l.load_id AND o.status = 'pending' AND o.created_at <= $9))
+       AND ($10::bigint IS NULL OR EXISTS (SELECT 1 FROM timers t
+             WHERE t.load_id = l.load_id AND t.status = 'scheduled' AND t.fire_at <= $10))
+     ORDER BY l.load_id LIMIT $11"
+);
+/// Dead rows across loads, newest first: `$1` action types (`,a,b,`), `$2` before
+/// dead_at, `$3` before id (at the same dead_at), `$4` limit.
+pub const OUTBOX_DEAD_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(dead_row),
+    " FROM outbox WHERE status = 'dead' AND strpos($1, ',' || action_type || ',') > 0
+       AND dead_at <= $2 AND (dead_at < $2 OR id < $3)
+     ORDER BY dead_at DESC, id DESC LIMIT $4"
+);
+/// Overdue timers, the most overdue first: `$1` due by, `$2` after fire_at, `$3` after
+/// timer id, `$4` limit.
+pub const TIMERS_OVERDUE_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(timer),
+    " FROM timers WHERE status = 'scheduled' AND fire_at <= $1 AND (fire_at, timer_id) > ($2, $3)
+     ORDER BY fire_at, timer_id LIMIT $4"
+);
+/// Unmatched SMS, newest first: `$1` before received_at, `$2` before sid, `$3` limit.
+pub const UNMATCHED_SMS_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(unmatched_sms),
+    " FROM unmatched_sms WHERE (received_at, message_sid) < ($1, $2)
+     ORDER BY received_at DESC, message_sid DESC LIMIT $3"
+);

@@ -138,6 +138,9 @@ async fn every_hot_query_is_served_by_an_index() {
     let texts = vec!["x", "y"];
     let (pending, dead, empty) = ("pending", "dead", "");
     let (sid, phone) = ("SM8a1f", "+15555550100");
+    let (stage, asks, count, window, last) = (Some("in_transit"), Some(r#"{"a":"open"}"#), Some(1i32), 5000i64, "L9");
+    let (no_text, no_ms, no, yes) = (None::<&str>, None::<i64>, false, true);
+    let (min, max, types) = (i64::MIN, i64::MAX, ",send_sms,create_hero_task,");
     let cases = vec![
         per_load("read / read_after", READ_AFTER, vec![&l, &zero]),
         per_load("read_page", READ_PAGE, vec![&l, &zero, &limit]),
@@ -183,6 +186,23 @@ async fn every_hot_query_is_served_by_an_index() {
         case("webhook: claim a MessageSid", MESSAGE_SID_CLAIM, vec![&sid, &l, &now]),
         case("webhook: keep an unmatched SMS", UNMATCHED_SMS_RECORD, vec![&sid, &phone, &phone, &token, &now, &token]),
         case("unmatched SMS, newest first", UNMATCHED_SMS_LIST, vec![&limit]),
+        per_load("append: the summary's asks", LOAD_SUMMARY_ASKS, vec![&l]),
+        case("append: the summary", LOAD_SUMMARY_SET, vec![&l, &stage, &asks, &count, &count]),
+        case("oldest due timer (/metrics)", TIMERS_OLDEST_DUE, vec![&now]),
+        case("loads query: the window", LOADS_SCAN_END, vec![&empty, &window]),
+        case(
+            "loads query, no filter",
+            LOADS_PAGE,
+            vec![&empty, &last, &no_text, &no, &no, &no_ms, &no_ms, &no, &no_ms, &no_ms, &limit],
+        ),
+        case(
+            "loads query, every filter",
+            LOADS_PAGE,
+            vec![&empty, &last, &stage, &yes, &yes, &later, &zero, &yes, &now, &later, &limit],
+        ),
+        case("dead rows across loads", OUTBOX_DEAD_PAGE, vec![&types, &max, &empty, &limit]),
+        case("overdue timers", TIMERS_OVERDUE_PAGE, vec![&later, &min, &empty, &limit]),
+        case("unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit]),
         case("prune outbox batch", PRUNE_OUTBOX, vec![&later, &limit]),
         case("prune timers batch", PRUNE_TIMERS, vec![&later, &limit]),
         case("prune queue batch", PRUNE_QUEUE, vec![&later, &limit]),

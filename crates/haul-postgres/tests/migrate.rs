@@ -11,8 +11,8 @@ use haul_core::time::{Timestamp, add};
 use haul_postgres::PgStore;
 use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
 use haul_store::{
-    AppendError, DeliveryLog, EventStore, LoadIndex, LoadQueue, NewEntry, NewOutboxRow, Outbox, OutboxStatus, Prune,
-    Published, SidClaim, SmsRoute, TimerStatus, TimerStore,
+    AppendError, DeliveryLog, EventStore, LoadIndex, LoadQueue, NewEntry, NewOutboxRow, OpsQueries, Outbox,
+    OutboxStatus, Prune, Published, SidClaim, SmsRoute, TimerStatus, TimerStore,
 };
 use serde_json::json;
 
@@ -278,7 +278,7 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
         .await
         .unwrap();
 
-    assert_eq!(s.migrate().await.unwrap(), vec![6]);
+    assert_eq!(s.migrate_to(6).await.unwrap(), vec![6]);
     let elsewhere = SmsRoute::Load(load(9));
     let taken = async |sid: &str| s.claim_message_sid(sid, &elsewhere, at(10)).await.unwrap();
     assert_eq!(taken("SMlog0").await, SidClaim::Taken(SmsRoute::Load(load(0))));
@@ -288,4 +288,54 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
     let kept = s.unmatched_sms(10).await.unwrap();
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].reason, "no single active load has this driver phone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
+    let (s, client) = unmigrated().await;
+    s.migrate_to(6).await.unwrap();
+    // L0: stage set twice, an ask opened then escalated, and a record that is not JSON.
+    // L1: two asks, one open and one answered. L2: nothing of either.
+    client
+        .batch_execute(
+            r#"INSERT INTO loads VALUES ('L0', 5, 1000, 5000), ('L1', 2, 1000, 2000), ('L2', 1, 1000, 1000);
+               INSERT INTO events VALUES
+                 ('L0', 1, 'u1', 'load_update', '{"stage":"at_pickup"}', 1000),
+                 ('L0', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:u1","step":1,"status":"open"}]}', 1000),
+                 ('L0', 3, 'u2', 'load_update', '{"stage":"in_transit","client":"c"}', 3000),
+                 ('L0', 4, 'dec:t1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:u1","step":2,"status":"escalated"}]}', 4000),
+                 ('L0', 5, 'x1', 'load_update', 'not json', 5000),
+                 ('L1', 1, 'u1', 'load_update', '{"client":"c"}', 1000),
+                 ('L1', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"a","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"answered"}]}', 2000),
+                 ('L2', 1, 'p1', 'location_ping', '{}', 1000);"#,
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.migrate().await.unwrap(), vec![9]);
+    let page = s.loads_page(&haul_store::LoadFilter::default(), None, 10).await.unwrap();
+    let got: Vec<(String, Option<String>, u32, u32, i64)> = page
+        .loads
+        .iter()
+        .map(|l| {
+            let ms = haul_core::time::to_ms(l.last_activity_at);
+            (l.load_id.to_string(), l.stage.clone(), l.open_asks, l.escalated_asks, ms)
+        })
+        .collect();
+    let st = |s: &str| Some(s.to_string());
+    assert_eq!(
+        got,
+        vec![
+            ("L0".into(), st("in_transit"), 0, 1, 5000),
+            ("L1".into(), None, 1, 0, 2000),
+            ("L2".into(), None, 0, 0, 1000),
+        ]
+    );
+    let next = NewEntry {
+        entry_id: "dec:y".into(),
+        kind: "decision_recorded".into(),
+        payload: json!({"asks": [{"ask_id": "a", "step": 2, "status": "closed"}]}),
+    };
+    s.append(&load(1), vec![next], 2, vec![], at(9)).await.unwrap();
+    let l1 = s.loads_page(&haul_store::LoadFilter::default(), Some(&load(0)), 1).await.unwrap().loads.remove(0);
+    assert_eq!((l1.open_asks, l1.escalated_asks, l1.version), (0, 0, 3));
 }

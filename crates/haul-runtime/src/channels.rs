@@ -180,6 +180,44 @@ impl ChannelClient for RecordChannel {
     }
 }
 
+/// A channel's client with each call's duration recorded, by channel and result
+/// (`delivered`, `retryable`, `permanent`).
+struct Timed {
+    channel: Channel,
+    inner: Arc<dyn ChannelClient>,
+}
+
+#[async_trait]
+impl ChannelClient for Timed {
+    async fn send(
+        &self,
+        key: &str,
+        load_id: &LoadId,
+        path: &str,
+        body: &Value,
+        now: Timestamp,
+    ) -> Result<String, DeliveryError> {
+        let started = std::time::Instant::now();
+        let sent = self.inner.send(key, load_id, path, body, now).await;
+        let result = match &sent {
+            Ok(_) => "delivered",
+            Err(DeliveryError::Retryable(_)) => "retryable",
+            Err(DeliveryError::Permanent(_)) => "permanent",
+        };
+        metrics::histogram!(
+            "haul_channel_call_duration_seconds",
+            "channel" => self.channel.config_name(),
+            "result" => result
+        )
+        .record(started.elapsed().as_secs_f64());
+        sent
+    }
+
+    fn mode(&self) -> &'static str {
+        self.inner.mode()
+    }
+}
+
 /// The client of every channel, keyed by channel.
 #[derive(Clone)]
 pub struct Channels {
@@ -187,9 +225,14 @@ pub struct Channels {
 }
 
 impl Channels {
-    /// `make(channel)` for each channel, in `Channel::ALL` order.
-    pub fn build(make: impl FnMut(Channel) -> anyhow::Result<Arc<dyn ChannelClient>>) -> anyhow::Result<Self> {
-        Ok(Channels { clients: PerChannel::try_from_fn(make)? })
+    /// `make(channel)` for each channel, in `Channel::ALL` order; every call of each is
+    /// timed (`haul_channel_call_duration_seconds`).
+    pub fn build(mut make: impl FnMut(Channel) -> anyhow::Result<Arc<dyn ChannelClient>>) -> anyhow::Result<Self> {
+        let clients = PerChannel::try_from_fn(|channel| {
+            let inner = make(channel)?;
+            Ok::<_, anyhow::Error>(Arc::new(Timed { channel, inner }) as Arc<dyn ChannelClient>)
+        })?;
+        Ok(Channels { clients })
     }
 
     /// HTTP clients for the channels with a URL, record mode for the others. Tokens are

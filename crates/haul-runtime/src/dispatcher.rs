@@ -305,7 +305,8 @@ impl Dispatcher {
             }
             Effect::MarkDead { failure } => {
                 marked(self.store.mark_failed(id, token, failure, None, now).await)?;
-                metrics::counter!("haul_outbox_dead_rows_total", "action_type" => row.action_type.as_str())
+                let class = haul_store::ops::class_name(row.action_type.class());
+                metrics::counter!("haul_outbox_dead_rows_total", "action_type" => row.action_type.as_str(), "class" => class)
                     .increment(1);
                 warn!(why = failure, action_type = %row.action_type, "row buried");
                 Ok(())

@@ -15,6 +15,7 @@ pub mod loops;
 pub mod pipeline;
 pub mod projector;
 pub mod pump;
+pub mod queries;
 pub mod queue;
 pub mod store;
 pub mod worker;

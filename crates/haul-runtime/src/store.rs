@@ -49,6 +49,38 @@ pub fn spawn_wake_bridge(
     Some(tokio::spawn(haul_postgres::wake::bridge(url.to_owned(), links)))
 }
 
+/// Opens a store that exists, for commands that only read: never creates a database
+/// file or a schema and never migrates. A store that is missing, or whose schema is
+/// older than this build, is an error that says what to run.
+pub async fn open_existing(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+    let (store, unapplied): (Arc<dyn Store>, Vec<i64>) = match StoreKind::of_url(url)? {
+        StoreKind::Sqlite => {
+            let config = SqliteConfig::from_url(url).context("store.url")?;
+            let Some(path) = &config.path else {
+                anyhow::bail!("{url} is a new, empty store: name the database to read (--db or store.url)");
+            };
+            if !path.is_file() {
+                anyhow::bail!("no store at {} (haul migrate or haul serve creates one)", path.display());
+            }
+            let store = SqliteStore::open(&config)?;
+            let unapplied = store.unapplied_migrations().await?;
+            (Arc::new(store), unapplied)
+        }
+        StoreKind::Postgres => {
+            let store = PgStore::connect(&PgConfig::new(url)).await?;
+            let unapplied = store.unapplied_migrations().await?;
+            (Arc::new(store), unapplied)
+        }
+    };
+    if !unapplied.is_empty() {
+        anyhow::bail!(
+            "the schema of {} lacks migrations {unapplied:?} of this build: run haul migrate first (this command only reads)",
+            describe(url)
+        );
+    }
+    Ok(store)
+}
+
 /// The store's address without a password, for logs.
 pub fn describe(url: &str) -> String {
     match StoreKind::of_url(url) {

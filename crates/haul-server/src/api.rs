@@ -26,6 +26,7 @@ use haul_core::ids::LoadId;
 use haul_core::mask::clip_quotes;
 use haul_core::{BadInput, Clock, InboundEvent};
 use haul_runtime::inspect::{Page, load_view};
+use haul_runtime::queries::{Query as OpsQuery, QueryError};
 use haul_runtime::queue::EventQueue;
 use haul_store::{LoadQueue, Published, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -66,6 +67,9 @@ pub struct ApiState {
     pub stopping: Option<watch::Receiver<bool>>,
     /// [`LOAD_VIEWS_AT_ONCE`] permits: one per load view being built.
     load_views: tokio::sync::Semaphore,
+    /// Whether `/metrics` reads the figures kept in the store (processes with the `api`
+    /// role do; see `metrics.rs`).
+    pub store_figures: bool,
 }
 
 impl ApiState {
@@ -90,6 +94,7 @@ impl ApiState {
             body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
             stopping: None,
             load_views: tokio::sync::Semaphore::new(LOAD_VIEWS_AT_ONCE),
+            store_figures: true,
         }
     }
 
@@ -259,6 +264,11 @@ pub const ROUTES: &[Route] = &[
     Route { method: "POST", path: "/v1/webhooks/twilio/sms", api_role: true, token: false },
     Route { method: "GET", path: "/v1/webhooks/twilio/unmatched", api_role: true, token: true },
     Route { method: "GET", path: "/v1/openapi.json", api_role: true, token: false },
+    Route { method: "GET", path: "/v1/ops/loads", api_role: true, token: true },
+    Route { method: "GET", path: "/v1/ops/dead", api_role: true, token: true },
+    Route { method: "GET", path: "/v1/ops/timers", api_role: true, token: true },
+    Route { method: "GET", path: "/v1/ops/unmatched", api_role: true, token: true },
+    Route { method: "GET", path: "/v1/ops/alerts", api_role: true, token: true },
 ];
 
 /// The OpenAPI 3.1 document of these routes, served as written.
@@ -273,6 +283,11 @@ fn handler(route: &Route) -> MethodRouter<Arc<ApiState>> {
         ("POST", "/v1/webhooks/twilio/sms") => post(twilio_sms),
         ("GET", "/v1/webhooks/twilio/unmatched") => get(unmatched),
         ("GET", "/v1/openapi.json") => get(openapi),
+        ("GET", path) if path.starts_with("/v1/ops/") => {
+            let query = OpsQuery::parse(&path["/v1/ops/".len()..])
+                .unwrap_or_else(|| panic!("ROUTES lists {path}, which names no query"));
+            get(move |_: ApiCaller, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery| ops_query(query, s, raw))
+        }
         // A route listed without a handler: every test that builds a router fails here.
         (method, path) => panic!("ROUTES lists {method} {path}, which has no handler"),
     }
@@ -440,4 +455,21 @@ fn page_of(query: &str) -> Result<Page, BadInput> {
     }
     let [after_seq, limit, outbox_after, timers_after] = values;
     Page::parse(after_seq.as_deref(), limit.as_deref(), outbox_after.as_deref(), timers_after.as_deref())
+}
+
+/// `GET /v1/ops/{query}`: one of the operators' queries across loads
+/// (`haul_runtime::queries`, the same as `haul query`).
+async fn ops_query(query: OpsQuery, s: Arc<ApiState>, raw: Option<String>) -> Response {
+    let pairs: Vec<(String, String)> = match serde_urlencoded::from_str(raw.as_deref().unwrap_or("")) {
+        Ok(p) => p,
+        Err(_) => return error(StatusCode::BAD_REQUEST, "bad_query", "the query string is not form-encoded UTF-8"),
+    };
+    match haul_runtime::queries::run(s.store.as_ref(), query, &pairs, s.clock.now()).await {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(QueryError::Bad(e)) => error(StatusCode::BAD_REQUEST, e.code, e.message),
+        Err(QueryError::Store(e)) => {
+            error!(error = %e, query = query.name(), "an operators' query failed");
+            error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")
+        }
+    }
 }

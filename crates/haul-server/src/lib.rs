@@ -149,6 +149,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     let (stop_tx, stop_rx) = watch::channel(false);
     state.body_read_timeout = config.server.body_read_timeout;
     state.stopping = Some(stop_rx.clone());
+    state.store_figures = roles.api;
     let state = Arc::new(state);
     let mut tasks = JoinSet::new();
     if roles.worker {

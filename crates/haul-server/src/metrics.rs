@@ -1,5 +1,12 @@
-//! `/metrics`: the process-wide Prometheus recorder, and the figures read from the
-//! store at scrape time (so whichever role's process is scraped reports them).
+//! `/metrics`: the process-wide Prometheus recorder, every family's `# HELP`, and the
+//! figures read from the store at scrape time.
+//!
+//! Counters and histograms count what this process did, so they add up across
+//! processes. Figures read from the store (the oldest pending outbox row, the oldest
+//! due timer not yet fired, dead rows, queue depth) are the same whichever process
+//! reads them, so only processes with the `api` role export them: a deployment of split
+//! roles does not report them once per process (docs/operations.md, "Metrics").
+//! Several api processes each report the same value: alert on `max`, never `sum`.
 
 use std::sync::{Arc, OnceLock};
 
@@ -11,7 +18,77 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::api::ApiState;
 
-/// The process-wide Prometheus recorder (installed once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric family haul emits, with its type and its `# HELP` text. Tests hold the
+/// rendered `/metrics` to it (every family has its HELP line) and docs/operations.md
+/// lists each one.
+pub const FAMILIES: &[(&str, Kind, &str)] = &[
+    ("haul_build_info", Kind::Gauge, "Always 1; the labels name the version, the commit and the features built in."),
+    ("haul_events_accepted_total", Kind::Counter, "Events the API or the webhook queued (duplicates not counted)."),
+    ("haul_runs_total", Kind::Counter, "Worker runs, by how they ended."),
+    ("haul_run_duration_seconds", Kind::Histogram, "Time of one worker run, read to append."),
+    ("haul_decisions_total", Kind::Counter, "Decisions appended, by decider and whether the filter decided."),
+    ("haul_append_conflicts_total", Kind::Counter, "Appends refused by the version check (a re-decision follows)."),
+    ("haul_load_lock_busy_total", Kind::Counter, "Runs put back because another process held the load's LoadLock."),
+    ("haul_queue_poison_total", Kind::Counter, "Queue messages that were not events (dropped)."),
+    ("haul_dispatches_total", Kind::Counter, "Outbox rows handled by the dispatcher, by result."),
+    (
+        "haul_channel_call_duration_seconds",
+        Kind::Histogram,
+        "Time of one call to a channel service, by channel and result.",
+    ),
+    (
+        "haul_outbox_dead_rows_total",
+        Kind::Counter,
+        "Outbox rows this process buried, by action type and channel class.",
+    ),
+    ("haul_outbox_dead_rows_in_store", Kind::Gauge, "Dead outbox rows in the store now (read at scrape, api role)."),
+    (
+        "haul_outbox_oldest_pending_age_seconds",
+        Kind::Gauge,
+        "Age of the oldest pending outbox row, 0 when none (read at scrape, api role).",
+    ),
+    (
+        "haul_timers_oldest_due_age_seconds",
+        Kind::Gauge,
+        "How long the oldest due timer not yet fired has been due, 0 when none (read at scrape, api role).",
+    ),
+    ("haul_queue_depth", Kind::Gauge, "Messages waiting in the load queue (read at scrape, api role)."),
+    ("haul_ops_alerts_total", Kind::Counter, "OpsAlerts raised, by kind."),
+    ("haul_timer_pump_lag_seconds", Kind::Histogram, "How late each timer fired after its fire_at."),
+    ("haul_timer_pump_last_lag_seconds", Kind::Gauge, "The lag of the last timer this process fired."),
+    ("haul_llm_requests_total", Kind::Counter, "Model calls of the LLM decider, by outcome."),
+    ("haul_twilio_bad_signatures_total", Kind::Counter, "Webhook calls refused for their signature."),
+    ("haul_unmatched_sms_total", Kind::Counter, "Distinct inbound SMS kept as unmatched."),
+    ("haul_twilio_replays_total", Kind::Counter, "Webhook requests for a MessageSid already taken."),
+    ("haul_http_connections_open", Kind::Gauge, "HTTP connections open now."),
+    ("haul_http_connections_refused_total", Kind::Counter, "Connections turned away over server.max_connections."),
+];
+
+/// The figures read from the store at scrape time (exported by api processes only).
+pub const STORE_FIGURES: [&str; 4] = [
+    "haul_outbox_dead_rows_in_store",
+    "haul_outbox_oldest_pending_age_seconds",
+    "haul_timers_oldest_due_age_seconds",
+    "haul_queue_depth",
+];
+
+/// What `haul_build_info` says: version, commit, features.
+static BUILD_INFO: OnceLock<(String, String, String)> = OnceLock::new();
+
+/// Names the build for `haul_build_info` (the binary knows its commit and features);
+/// call before [`zero_series`]. Later calls change nothing.
+pub fn set_build_info(version: &str, commit: &str, features: &str) {
+    let _ = BUILD_INFO.set((version.to_owned(), commit.to_owned(), features.to_owned()));
+}
+
+/// The process-wide Prometheus recorder (installed once), with every family described.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
@@ -22,41 +99,111 @@ pub fn metrics_handle() -> PrometheusHandle {
                     &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
                 )
                 .expect("static bucket list is not empty");
-            match builder.install_recorder() {
+            let handle = match builder.install_recorder() {
                 Ok(h) => h,
                 // Another recorder is installed (tests in one process): render an empty one.
                 Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            };
+            for (name, kind, help) in FAMILIES {
+                match kind {
+                    Kind::Counter => metrics::describe_counter!(*name, *help),
+                    Kind::Gauge => metrics::describe_gauge!(*name, *help),
+                    Kind::Histogram => metrics::describe_histogram!(*name, *help),
+                }
             }
+            handle
         })
         .clone()
 }
 
-/// Series that dashboards divide by exist from the first scrape, at zero.
+/// Every family exists from the first scrape: counters at zero for each label value
+/// known in advance, histograms empty, gauges at their resting value.
 pub fn zero_series() {
     let _ = metrics_handle();
+    let (version, commit, features) =
+        BUILD_INFO.get_or_init(|| (env!("CARGO_PKG_VERSION").to_owned(), "unknown".to_owned(), String::new())).clone();
+    metrics::gauge!("haul_build_info", "version" => version, "commit" => commit, "features" => features).set(1.0);
+    for kind in haul_core::event::EVENT_KINDS {
+        if kind != "action_outcome" && kind != "timer_fired" {
+            metrics::counter!("haul_events_accepted_total", "kind" => kind).absolute(0);
+        }
+    }
+    for outcome in ["committed", "already_processed", "duplicate", "left_for_redelivery", "busy", "poison", "crashed"] {
+        metrics::counter!("haul_runs_total", "outcome" => outcome).absolute(0);
+    }
+    let _ = metrics::histogram!("haul_run_duration_seconds");
+    for decider in ["filter", "sop", "fallback"] {
+        for filtered in ["true", "false"] {
+            metrics::counter!("haul_decisions_total", "decider" => decider, "filtered" => filtered).absolute(0);
+        }
+    }
     metrics::counter!("haul_append_conflicts_total").absolute(0);
-    metrics::counter!("haul_http_connections_refused_total").absolute(0);
+    metrics::counter!("haul_load_lock_busy_total").absolute(0);
+    metrics::counter!("haul_queue_poison_total").absolute(0);
+    for result in ["delivered", "retrying", "buried", "stale", "unsettled", "crashed"] {
+        metrics::counter!("haul_dispatches_total", "result" => result).absolute(0);
+    }
+    for channel in haul_core::Channel::ALL {
+        for result in ["delivered", "retryable", "permanent"] {
+            let _ = metrics::histogram!(
+                "haul_channel_call_duration_seconds",
+                "channel" => channel.config_name(),
+                "result" => result
+            );
+        }
+    }
+    for t in haul_core::ActionType::ALL {
+        let class = haul_store::ops::class_name(t.class());
+        metrics::counter!("haul_outbox_dead_rows_total", "action_type" => t.as_str(), "class" => class).absolute(0);
+    }
     for kind in ["hero_channel_failure", "internal_failure"] {
         metrics::counter!("haul_ops_alerts_total", "kind" => kind).absolute(0);
     }
-    for t in haul_core::ActionType::ALL {
-        metrics::counter!("haul_outbox_dead_rows_total", "action_type" => t.as_str()).absolute(0);
+    let _ = metrics::histogram!("haul_timer_pump_lag_seconds");
+    metrics::gauge!("haul_timer_pump_last_lag_seconds").set(0.0);
+    for outcome in [
+        "decided",
+        "transport",
+        "timeout",
+        "rate_limited",
+        "status",
+        "too_large",
+        "malformed",
+        "refusal",
+        "no_tool_calls",
+        "invalid",
+    ] {
+        metrics::counter!("haul_llm_requests_total", "outcome" => outcome).absolute(0);
+    }
+    metrics::counter!("haul_twilio_bad_signatures_total").absolute(0);
+    metrics::counter!("haul_unmatched_sms_total").absolute(0);
+    metrics::counter!("haul_twilio_replays_total").absolute(0);
+    metrics::gauge!("haul_http_connections_open").increment(0.0);
+    metrics::counter!("haul_http_connections_refused_total").absolute(0);
+}
+
+/// Reads the figures that live in the store and sets their gauges. A figure the store
+/// cannot give now keeps its last value (the scrape still answers).
+async fn read_store_figures(s: &ApiState) {
+    let now = s.clock.now();
+    let age = |t: Option<haul_core::time::Timestamp>| t.map_or(0.0, |t| haul_core::time::since(now, t).as_secs_f64());
+    if let Ok(oldest) = s.store.oldest_pending_created_at().await {
+        metrics::gauge!("haul_outbox_oldest_pending_age_seconds").set(age(oldest));
+    }
+    if let Ok(oldest) = s.store.oldest_due_timer(now).await {
+        metrics::gauge!("haul_timers_oldest_due_age_seconds").set(age(oldest));
+    }
+    if let Ok(n) = s.store.count_by_status(OutboxStatus::Dead).await {
+        metrics::gauge!("haul_outbox_dead_rows_in_store").set(n as f64);
+    }
+    if let Ok(n) = s.queue.depth().await {
+        metrics::gauge!("haul_queue_depth").set(n as f64);
     }
 }
 
 pub(crate) async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
-    // Figures that live in the store are read at scrape time, so any role's process
-    // reports them.
-    let now = s.clock.now();
-    if let Ok(oldest) = s.store.oldest_pending_created_at().await {
-        let age = oldest.map(|t| haul_core::time::since(now, t).as_secs_f64()).unwrap_or(0.0);
-        metrics::gauge!("haul_outbox_oldest_pending_age_seconds").set(age);
-    }
-    if let Ok(n) = s.store.count_by_status(OutboxStatus::Dead).await {
-        metrics::gauge!("haul_outbox_dead_rows").set(n as f64);
-    }
-    if let Ok(n) = s.queue.depth().await {
-        metrics::gauge!("haul_queue_depth").set(n as f64);
+    if s.store_figures {
+        read_store_figures(&s).await;
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
 }

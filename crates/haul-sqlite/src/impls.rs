@@ -4,20 +4,23 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use haul_core::action::ActionType;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    deadline_ms, delivery_receipt, delivery_row, load_id_row, outbox_row, parse_receipt, queue_message_row, receipt,
-    record_row, sms_route, sms_route_load, timer_row, unmatched_sms_row,
+    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, outbox_row, parse_receipt,
+    queue_message_row, receipt, record_row, sms_route, sms_route_load, timer_row, unmatched_sms_row,
 };
+use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, next_loads_cursor, types_param};
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
     OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
     SidClaim, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
 };
+use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -263,6 +266,27 @@ impl SqliteStore {
                 )
                 .and_then(|mut s| s.execute(params![lid, new_version as i64, now]))
                 .map_err(db)?;
+                // The load's summary (stage, asks), in the same transaction.
+                let delta = SummaryDelta::of(&entries);
+                if delta.stage.is_some() || !delta.asks_unchanged() {
+                    let (mut asks, mut open, mut escalated) = (None, None, None);
+                    if !delta.asks_unchanged() {
+                        let before: String = conn
+                            .prepare_cached("SELECT asks FROM loads WHERE load_id = ?1")
+                            .and_then(|mut s| s.query_row([lid], |r| r.get(0)))
+                            .map_err(db)?;
+                        let (after, o, e) = delta.fold_asks(&before);
+                        (asks, open, escalated) = (Some(after), Some(o), Some(e));
+                    }
+                    exec(
+                        conn,
+                        "UPDATE loads SET stage = COALESCE(?2, stage), asks = COALESCE(?3, asks),
+                           open_asks = COALESCE(?4, open_asks), escalated_asks = COALESCE(?5, escalated_asks)
+                         WHERE load_id = ?1",
+                        params![lid, delta.stage, asks, open, escalated],
+                    )
+                    .map_err(db)?;
+                }
                 let mut ins = conn
                     .prepare_cached(
                         "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -972,6 +996,148 @@ impl LoadIndex for SqliteStore {
                 " FROM unmatched_sms ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?1 AS INTEGER)"
             ),
             [limit as i64],
+            unmatched_sms_row,
+        )
+        .await
+    }
+}
+
+/// A position in epoch milliseconds and id; `default` when there is none.
+fn position(cursor: Option<&RowCursor>, default: i64) -> (i64, String) {
+    cursor.map_or((default, String::new()), |c| (to_ms(c.created_at), c.id.clone()))
+}
+
+/// The loads query over `(?1, ?2]`; the parameters are those of PostgreSQL's `LOADS_PAGE`.
+const LOADS_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(load_summary),
+    " FROM loads l WHERE l.load_id > ?1 AND l.load_id <= ?2
+       AND (?3 IS NULL OR l.stage = ?3)
+       AND (NOT ?4 OR l.open_asks > 0)
+       AND (NOT ?5 OR l.escalated_asks > 0)
+       AND (?6 IS NULL OR l.updated_at < ?6)
+       AND (?7 IS NULL OR l.updated_at >= ?7)
+       AND (NOT ?8 OR EXISTS (SELECT 1 FROM outbox o WHERE o.load_id = l.load_id AND o.status = 'dead'))
+       AND (?9 IS NULL OR EXISTS (SELECT 1 FROM outbox o
+             WHERE o.load_id = l.load_id AND o.status = 'pending' AND o.created_at <= ?9))
+       AND (?10 IS NULL OR EXISTS (SELECT 1 FROM timers t
+             WHERE t.load_id = l.load_id AND t.status = 'scheduled' AND t.fire_at <= ?10))
+     ORDER BY l.load_id LIMIT CAST(?11 AS INTEGER)"
+);
+
+#[async_trait]
+impl OpsQueries for SqliteStore {
+    async fn oldest_due_timer(&self, now: Timestamp) -> Result<Option<Timestamp>, StoreError> {
+        let now = to_ms(now);
+        self.read(move |conn: &Connection| {
+            let v: Option<i64> = conn
+                .prepare_cached("SELECT min(fire_at) FROM timers WHERE status = 'scheduled' AND fire_at <= ?1")
+                .and_then(|mut s| s.query_row([now], |r| r.get(0)))
+                .map_err(db)?;
+            Ok(v.map(from_ms))
+        })
+        .await
+    }
+
+    async fn loads_page(
+        &self,
+        filter: &LoadFilter,
+        after: Option<&LoadId>,
+        limit: usize,
+    ) -> Result<LoadsPage, StoreError> {
+        let after = after.map_or(String::new(), |a| a.to_string());
+        let filter = filter.clone();
+        self.read(move |conn: &Connection| {
+            let (upto, scanned): (Option<String>, i64) = conn
+                .prepare_cached(
+                    "SELECT max(load_id), count(*) FROM
+                       (SELECT load_id FROM loads WHERE load_id > ?1 ORDER BY load_id LIMIT CAST(?2 AS INTEGER))",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![after, sql_limit(LOADS_SCANNED_PER_PAGE)], |r| Ok((r.get(0)?, r.get(1)?)))
+                })
+                .map_err(db)?;
+            let Some(upto) = upto else { return Ok(LoadsPage { loads: vec![], next_after: None }) };
+            let ms = |t: Option<Timestamp>| t.map(to_ms);
+            let loads = rows(
+                conn,
+                LOADS_PAGE,
+                params![
+                    after,
+                    upto,
+                    filter.stage,
+                    filter.open_asks,
+                    filter.escalated,
+                    ms(filter.active_before),
+                    ms(filter.active_since),
+                    filter.has_dead,
+                    ms(filter.pending_created_by),
+                    ms(filter.timer_due_by),
+                    sql_limit(limit),
+                ],
+                load_summary_row,
+            )?;
+            let next_after = next_loads_cursor(&loads, limit, &upto, scanned as usize)?;
+            Ok(LoadsPage { loads, next_after })
+        })
+        .await
+    }
+
+    async fn dead_rows_page(
+        &self,
+        types: &[ActionType],
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<DeadRow>, StoreError> {
+        let (at, id) = position(before, i64::MAX);
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(dead_row),
+                " FROM outbox WHERE status = 'dead' AND instr(?1, ',' || action_type || ',') > 0
+                   AND dead_at <= ?2 AND (dead_at < ?2 OR id < ?3)
+                 ORDER BY dead_at DESC, id DESC LIMIT CAST(?4 AS INTEGER)"
+            ),
+            (types_param(types), at, id, sql_limit(limit)),
+            dead_row,
+        )
+        .await
+    }
+
+    async fn overdue_timers_page(
+        &self,
+        due_by: Timestamp,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<Timer>, StoreError> {
+        let (at, id) = position(after, i64::MIN);
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(timer),
+                " FROM timers WHERE status = 'scheduled' AND fire_at <= ?1 AND (fire_at, timer_id) > (?2, ?3)
+                 ORDER BY fire_at, timer_id LIMIT CAST(?4 AS INTEGER)"
+            ),
+            (to_ms(due_by), at, id, sql_limit(limit)),
+            timer_row,
+        )
+        .await
+    }
+
+    async fn unmatched_sms_page(
+        &self,
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<UnmatchedSms>, StoreError> {
+        let (at, id) = position(before, i64::MAX);
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(unmatched_sms),
+                " FROM unmatched_sms WHERE (received_at, message_sid) < (?1, ?2)
+                 ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?3 AS INTEGER)"
+            ),
+            (at, id, sql_limit(limit)),
             unmatched_sms_row,
         )
         .await

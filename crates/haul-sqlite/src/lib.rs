@@ -35,6 +35,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(4, include_str!("../migrations/0004_load_index.sql")),
     Migration::new(5, include_str!("../migrations/0005_retention.sql")),
     Migration::new(6, include_str!("../migrations/0006_message_sids.sql")),
+    Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
 ];
 
 /// Where the database lives and how hard it syncs.
@@ -135,6 +136,33 @@ impl SqliteStore {
                     applied.push(m.version);
                 }
                 Ok(applied)
+            })
+            .await
+    }
+}
+
+impl SqliteStore {
+    /// The migrations this build knows that the database has not applied (all of them
+    /// when it has no schema). Reads only: what read-only commands check instead of
+    /// migrating.
+    pub async fn unapplied_migrations(&self) -> Result<Vec<i64>, StoreError> {
+        self.writer
+            .run(|conn: &Connection| -> Result<Vec<i64>, StoreError> {
+                let exists: bool = conn
+                    .query_row(
+                        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(db)?;
+                let done: Vec<i64> = if exists {
+                    conn.prepare("SELECT version FROM schema_migrations")
+                        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                        .map_err(db)?
+                } else {
+                    vec![]
+                };
+                Ok(pending_migrations(MIGRATIONS, &done, latest_version(MIGRATIONS)).iter().map(|m| m.version).collect())
             })
             .await
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, add};
 use haul_sqlite::{SqliteConfig, SqliteStore};
-use haul_store::{LoadIndex, SidClaim, SmsRoute};
+use haul_store::{LoadFilter, LoadIndex, OpsQueries, SidClaim, SmsRoute};
 
 const VERSION_5: [&str; 5] = [
     include_str!("../migrations/0001_init.sql"),
@@ -50,7 +50,7 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
         .unwrap();
     }
     let store = SqliteStore::open(&SqliteConfig::from_url(&format!("sqlite://{}", path.display())).unwrap()).unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![6]);
+    assert_eq!(store.migrate().await.unwrap(), vec![6, 9]);
     assert_eq!(store.migrate().await.unwrap(), Vec::<i64>::new(), "applied once");
     let elsewhere = SmsRoute::Load(load("L9"));
     let taken = async |sid: &str| store.claim_message_sid(sid, &elsewhere, at(10)).await.unwrap();
@@ -61,4 +61,67 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
     let kept = store.unmatched_sms(10).await.unwrap();
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].reason, "no single active load has this driver phone");
+}
+
+#[tokio::test]
+async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
+    let dir = std::env::temp_dir().join(format!("haul-migrate9-{}-{}", std::process::id(), fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("haul.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);",
+        )
+        .unwrap();
+        let version_6 = VERSION_5.iter().chain([&include_str!("../migrations/0006_message_sids.sql")]);
+        for (i, sql) in version_6.enumerate() {
+            conn.execute_batch(sql).unwrap();
+            conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1]).unwrap();
+        }
+        // L0: stage set twice, an ask opened then escalated, and a record that is not
+        // JSON. L1: two asks, one open and one answered. L2: nothing of either.
+        conn.execute_batch(
+            r#"INSERT INTO loads VALUES ('L0', 5, 1000, 5000), ('L1', 2, 1000, 2000), ('L2', 1, 1000, 1000);
+               INSERT INTO events VALUES
+                 ('L0', 1, 'u1', 'load_update', '{"stage":"at_pickup"}', 1000),
+                 ('L0', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:u1","step":1,"status":"open"}]}', 1000),
+                 ('L0', 3, 'u2', 'load_update', '{"stage":"in_transit","client":"c"}', 3000),
+                 ('L0', 4, 'dec:t1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:u1","step":2,"status":"escalated"}]}', 4000),
+                 ('L0', 5, 'x1', 'load_update', 'not json', 5000),
+                 ('L1', 1, 'u1', 'load_update', '{"client":"c"}', 1000),
+                 ('L1', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"a","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"answered"}]}', 2000),
+                 ('L2', 1, 'p1', 'location_ping', '{}', 1000);"#,
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&SqliteConfig::from_url(&format!("sqlite://{}", path.display())).unwrap()).unwrap();
+    assert_eq!(store.migrate().await.unwrap(), vec![9]);
+    let page = store.loads_page(&LoadFilter::default(), None, 10).await.unwrap();
+    let got: Vec<(String, Option<String>, u32, u32, i64)> = page
+        .loads
+        .iter()
+        .map(|l| {
+            let ms = haul_core::time::to_ms(l.last_activity_at);
+            (l.load_id.to_string(), l.stage.clone(), l.open_asks, l.escalated_asks, ms)
+        })
+        .collect();
+    let st = |s: &str| Some(s.to_string());
+    assert_eq!(
+        got,
+        vec![
+            ("L0".into(), st("in_transit"), 0, 1, 5000),
+            ("L1".into(), None, 1, 0, 2000),
+            ("L2".into(), None, 0, 0, 1000),
+        ]
+    );
+    // The summary goes on from there with the next append.
+    let next = haul_store::NewEntry {
+        entry_id: "dec:y".into(),
+        kind: "decision_recorded".into(),
+        payload: serde_json::json!({"asks": [{"ask_id": "a", "step": 2, "status": "closed"}]}),
+    };
+    haul_store::EventStore::append(&store, &load("L1"), vec![next], 2, vec![], at(9)).await.unwrap();
+    let l1 = store.loads_page(&LoadFilter::default(), Some(&load("L0")), 1).await.unwrap().loads.remove(0);
+    assert_eq!((l1.open_asks, l1.escalated_asks, l1.version), (0, 0, 3));
 }

@@ -23,9 +23,9 @@ use haul_core::time::{Timestamp, from_ms, to_ms};
 use serde_json::Value;
 
 use crate::{
-    AppendError, Claim, ClaimError, DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow,
-    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsRoute, StaleClaimError, StoreError, Timer,
-    TimerStatus, UnmatchedSms, is_key_of_load,
+    AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary, NewEntry,
+    NewOutboxRow, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsRoute, StaleClaimError,
+    StoreError, Timer, TimerStatus, UnmatchedSms, is_key_of_load,
 };
 
 // ---------------------------------------------------------------------------------
@@ -146,6 +146,13 @@ macro_rules! columns {
     (unmatched_sms) => {
         "message_sid, from_phone, to_phone, body, received_at, reason"
     };
+    (load_summary) => {
+        "load_id, version, stage, open_asks, escalated_asks, created_at, updated_at"
+    };
+    (dead_row) => {
+        "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
+         lease_until, last_failure, receipt, created_at, updated_at, dead_at, outcome_published_at"
+    };
 }
 
 /// A row of `columns!(outbox)`.
@@ -233,6 +240,28 @@ pub fn unmatched_sms_row(r: &dyn Columns) -> Result<UnmatchedSms, StoreError> {
         received_at: from_ms(r.i64(4)?),
         reason: r.string(5)?,
     })
+}
+
+/// A row of `columns!(load_summary)`.
+pub fn load_summary_row(r: &dyn Columns) -> Result<LoadSummary, StoreError> {
+    let load_id = r.string(0)?;
+    Ok(LoadSummary {
+        load_id: parse_load_id(&load_id)?,
+        version: r.i64(1)? as u64,
+        stage: r.opt_string(2)?,
+        open_asks: r.u32(3)?,
+        escalated_asks: r.u32(4)?,
+        created_at: from_ms(r.i64(5)?),
+        last_activity_at: from_ms(r.i64(6)?),
+    })
+}
+
+/// A row of `columns!(dead_row)`: `columns!(outbox)` and `dead_at`.
+pub fn dead_row(r: &dyn Columns) -> Result<DeadRow, StoreError> {
+    let row = outbox_row(r)?;
+    // A dead row always has its time of death; one without reads as its last update.
+    let dead_at = r.opt_i64(14)?.map_or(row.updated_at, from_ms);
+    Ok(DeadRow { row, dead_at, outcome_published_at: r.opt_i64(15)?.map(from_ms) })
 }
 
 /// The route a `message_sids` row names by its `load_id` (NULL: unmatched).

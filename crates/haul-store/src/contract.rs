@@ -70,6 +70,12 @@ macro_rules! contract_tests {
             prune_deletes_only_finished_rows_older_than_the_cutoff,
             prune_honours_the_batch_bound,
             store_keeps_working_after_prune,
+            oldest_due_timer_is_the_earliest_scheduled_one_due,
+            loads_summary_follows_the_log_and_filters_loads,
+            loads_pages_walk_every_load_once,
+            dead_rows_page_newest_first_by_type,
+            overdue_timers_page_most_overdue_first,
+            unmatched_sms_page_newest_first,
         );
         /// The store's own queue, driven by the suite's clock.
         async fn __queue_under_test() -> $crate::queue_contract::QueueUnderTest {
@@ -960,4 +966,255 @@ pub async fn store_keeps_working_after_prune(s: DynStore) {
     // deduplicated by the log the same way).
     assert!(s.schedule(&timer("L1", 1), at(400), at(300)).await.unwrap());
     assert_eq!(s.due(at(400), 10).await.unwrap().len(), 2);
+}
+
+// ---------------------------------------------------------------------------------
+// Queries across loads (OpsQueries)
+
+pub async fn oldest_due_timer_is_the_earliest_scheduled_one_due(s: DynStore) {
+    assert_eq!(s.oldest_due_timer(at(1000)).await.unwrap(), None);
+    s.schedule(&timer("L1", 1), at(100), at(0)).await.unwrap();
+    s.schedule(&timer("L2", 1), at(50), at(0)).await.unwrap();
+    s.schedule(&timer("L3", 1), at(500), at(0)).await.unwrap();
+    s.schedule(&timer("L4", 1), at(10), at(0)).await.unwrap();
+    s.cancel(&timer("L4", 1), at(1)).await.unwrap();
+    let check = |now: u64, expected: Option<u64>| {
+        let s = s.clone();
+        async move { assert_eq!(s.oldest_due_timer(at(now)).await.unwrap(), expected.map(at), "now {now}") }
+    };
+    check(40, None).await; // nothing due yet (the canceled one never counts)
+    check(50, Some(50)).await;
+    check(200, Some(50)).await;
+    s.mark_fired(&timer("L2", 1), at(201)).await.unwrap();
+    check(200, Some(100)).await;
+    check(600, Some(100)).await;
+}
+
+fn update(stage: &str) -> NewEntry {
+    NewEntry { entry_id: format!("u-{stage}"), kind: "load_update".into(), payload: json!({"stage": stage}) }
+}
+
+fn decision(event: &str, asks: serde_json::Value) -> NewEntry {
+    NewEntry { entry_id: format!("dec:{event}"), kind: "decision_recorded".into(), payload: json!({"asks": asks}) }
+}
+
+/// The load ids of one page of `filter`, from the start.
+async fn loads_matching(s: &DynStore, filter: &crate::LoadFilter) -> Vec<String> {
+    let page = s.loads_page(filter, None, 100).await.unwrap();
+    assert_eq!(page.next_after, None, "one page holds them all");
+    page.loads.into_iter().map(|l| l.load_id.to_string()).collect()
+}
+
+pub async fn loads_summary_follows_the_log_and_filters_loads(s: DynStore) {
+    use crate::LoadFilter;
+    // L1: in transit, one open ask. L2: an escalated ask and a dead row. L3: delivered,
+    // its ask answered, a pending row, an overdue timer. L4: nothing but an SMS.
+    let l = |id: &str| load(id);
+    let open = json!([{"ask_id": "ask:eta_request:p1", "step": 1, "status": "open"}]);
+    s.append(&l("L1"), vec![update("in_transit"), decision("u-in_transit", open.clone())], 0, vec![], at(10))
+        .await
+        .unwrap();
+    s.append(
+        &l("L2"),
+        vec![update("at_pickup"), decision("u-at_pickup", open.clone())],
+        0,
+        vec![row("L2/a/send_sms")],
+        at(20),
+    )
+    .await
+    .unwrap();
+    let escalated = json!([{"ask_id": "ask:eta_request:p1", "step": 2, "status": "escalated"}]);
+    s.append(&l("L2"), vec![entry("e2"), decision("e2", escalated)], 2, vec![], at(30)).await.unwrap();
+    s.append(&l("L3"), vec![update("in_transit"), decision("u-in_transit", open)], 0, vec![], at(40)).await.unwrap();
+    let answered = json!([{"ask_id": "ask:eta_request:p1", "step": 1, "status": "answered"}]);
+    s.append(
+        &l("L3"),
+        vec![update("delivered"), decision("u-delivered", answered)],
+        2,
+        vec![row("L3/b/send_sms")],
+        at(50),
+    )
+    .await
+    .unwrap();
+    s.append(&l("L4"), vec![entry("e1")], 0, vec![], at(60)).await.unwrap();
+    let c = s.pending(10, at(21), LEASE).await.unwrap();
+    let l2_row = c.iter().find(|c| c.row.id == "L2/a/send_sms").unwrap();
+    s.mark_failed(&l2_row.row.id, &l2_row.token, "400", None, at(22)).await.unwrap();
+    let l3_row = c.iter().find(|c| c.row.id == "L3/b/send_sms");
+    assert!(l3_row.is_none(), "L3's row is not due at 21");
+    s.schedule(&timer("L3", 1), at(70), at(50)).await.unwrap();
+    s.schedule(&timer("L1", 1), at(900), at(10)).await.unwrap();
+
+    let all = s.loads_page(&LoadFilter::default(), None, 10).await.unwrap();
+    /// Load, version, stage, open asks, escalated asks, created, last activity.
+    type Summary = (String, u64, Option<String>, u32, u32, Timestamp, Timestamp);
+    let summary: Vec<Summary> = all
+        .loads
+        .iter()
+        .map(|l| {
+            (
+                l.load_id.to_string(),
+                l.version,
+                l.stage.clone(),
+                l.open_asks,
+                l.escalated_asks,
+                l.created_at,
+                l.last_activity_at,
+            )
+        })
+        .collect();
+    let st = |s: &str| Some(s.to_string());
+    assert_eq!(
+        summary,
+        vec![
+            ("L1".into(), 2, st("in_transit"), 1, 0, at(10), at(10)),
+            ("L2".into(), 4, st("at_pickup"), 0, 1, at(20), at(30)),
+            ("L3".into(), 4, st("delivered"), 0, 0, at(40), at(50)),
+            ("L4".into(), 1, None, 0, 0, at(60), at(60)),
+        ]
+    );
+    let check = |filter: LoadFilter, expected: &[&str]| {
+        let s = s.clone();
+        let expected: Vec<String> = expected.iter().map(|e| e.to_string()).collect();
+        async move { assert_eq!(loads_matching(&s, &filter).await, expected, "{filter:?}") }
+    };
+    check(LoadFilter { stage: st("in_transit"), ..Default::default() }, &["L1"]).await;
+    check(LoadFilter { stage: st("nope' OR 1=1 --"), ..Default::default() }, &[]).await;
+    check(LoadFilter { open_asks: true, ..Default::default() }, &["L1"]).await;
+    check(LoadFilter { escalated: true, ..Default::default() }, &["L2"]).await;
+    check(LoadFilter { has_dead: true, ..Default::default() }, &["L2"]).await;
+    check(LoadFilter { pending_created_by: Some(at(50)), ..Default::default() }, &["L3"]).await;
+    check(LoadFilter { pending_created_by: Some(at(49)), ..Default::default() }, &[]).await;
+    check(LoadFilter { timer_due_by: Some(at(100)), ..Default::default() }, &["L3"]).await;
+    check(LoadFilter { timer_due_by: Some(at(900)), ..Default::default() }, &["L1", "L3"]).await;
+    check(LoadFilter { active_before: Some(at(30)), ..Default::default() }, &["L1"]).await;
+    check(LoadFilter { active_since: Some(at(30)), ..Default::default() }, &["L2", "L3", "L4"]).await;
+    check(LoadFilter { active_since: Some(at(30)), has_dead: true, escalated: true, ..Default::default() }, &["L2"])
+        .await;
+    check(LoadFilter { stage: st("in_transit"), timer_due_by: Some(at(100)), ..Default::default() }, &[]).await;
+    // A failed append changes no summary.
+    let stale = s.append(&l("L1"), vec![update("delivered")], 1, vec![], at(99)).await;
+    assert!(matches!(stale, Err(AppendError::ConcurrencyConflict(_))));
+    check(LoadFilter { stage: st("delivered"), ..Default::default() }, &["L3"]).await;
+}
+
+pub async fn loads_pages_walk_every_load_once(s: DynStore) {
+    use crate::LoadFilter;
+    for i in 0..7 {
+        let stage = if i % 2 == 0 { "in_transit" } else { "at_pickup" };
+        s.append(&load(&format!("L{i}")), vec![update(stage)], 0, vec![], at(i)).await.unwrap();
+    }
+    let walk = |filter: LoadFilter, limit: usize| {
+        let s = s.clone();
+        async move {
+            let (mut seen, mut after, mut pages) = (Vec::new(), None::<LoadId>, 0);
+            loop {
+                let page = s.loads_page(&filter, after.as_ref(), limit).await.unwrap();
+                assert!(page.loads.len() <= limit);
+                seen.extend(page.loads.iter().map(|l| l.load_id.to_string()));
+                pages += 1;
+                match page.next_after {
+                    Some(next) => after = Some(next),
+                    None => break,
+                }
+                assert!(pages < 20, "the pages end");
+            }
+            seen
+        }
+    };
+    let all: Vec<String> = (0..7).map(|i| format!("L{i}")).collect();
+    assert_eq!(walk(LoadFilter::default(), 2).await, all);
+    assert_eq!(walk(LoadFilter::default(), 7).await, all);
+    let in_transit = LoadFilter { stage: Some("in_transit".into()), ..Default::default() };
+    assert_eq!(walk(in_transit, 3).await, vec!["L0", "L2", "L4", "L6"]);
+    let last = s.loads_page(&LoadFilter::default(), Some(&load("L6")), 5).await.unwrap();
+    assert_eq!((last.loads.len(), last.next_after), (0, None));
+}
+
+pub async fn dead_rows_page_newest_first_by_type(s: DynStore) {
+    let hero =
+        |id: &str| NewOutboxRow { id: id.into(), action_type: ActionType::CreateHeroTask, action: json!({"key": id}) };
+    s.append(&load("L1"), vec![entry("e1")], 0, vec![row("L1/a/send_sms"), hero("L1/b/create_hero_task")], at(0))
+        .await
+        .unwrap();
+    s.append(&load("L2"), vec![entry("e1")], 0, vec![row("L2/a/send_sms"), row("L2/c/send_sms")], at(0)).await.unwrap();
+    let claims = s.pending(10, at(1), LEASE).await.unwrap();
+    let died = [("L1/a/send_sms", 5), ("L1/b/create_hero_task", 7), ("L2/a/send_sms", 7)];
+    for (id, t) in died {
+        let c = claims.iter().find(|c| c.row.id == id).unwrap();
+        s.mark_failed(id, &c.token, &format!("400 {id}"), None, at(t)).await.unwrap();
+    }
+    let page = |types: Vec<ActionType>, before: Option<RowCursor>, limit: usize| {
+        let s = s.clone();
+        async move {
+            let rows = s.dead_rows_page(&types, before.as_ref(), limit).await.unwrap();
+            rows.iter().map(|d| (d.row.id.clone(), d.dead_at)).collect::<Vec<_>>()
+        }
+    };
+    let all = vec![
+        ("L2/a/send_sms".to_string(), at(7)),
+        ("L1/b/create_hero_task".to_string(), at(7)),
+        ("L1/a/send_sms".to_string(), at(5)),
+    ];
+    assert_eq!(page(vec![], None, 10).await, all);
+    // Page by page, from each page's last row.
+    let first = s.dead_rows_page(&[], None, 1).await.unwrap();
+    assert_eq!(first[0].row.last_failure.as_deref(), Some("400 L2/a/send_sms"));
+    assert_eq!(first[0].outcome_published_at, None);
+    s.mark_outcome_published("L2/a/send_sms", at(8)).await.unwrap();
+    let first = s.dead_rows_page(&[], None, 1).await.unwrap();
+    assert_eq!(first[0].outcome_published_at, Some(at(8)));
+    assert_eq!(page(vec![], Some(first[0].cursor()), 1).await, all[1..2].to_vec());
+    assert_eq!(
+        page(vec![], Some(RowCursor { created_at: at(7), id: "L1/b/create_hero_task".into() }), 5).await,
+        all[2..].to_vec()
+    );
+    assert_eq!(page(vec![ActionType::SendSms], None, 10).await, vec![all[0].clone(), all[2].clone()]);
+    assert_eq!(page(vec![ActionType::CreateHeroTask, ActionType::PostHeroSlack], None, 10).await, all[1..2].to_vec());
+    assert_eq!(page(vec![ActionType::UpdateStage], None, 10).await, vec![]);
+}
+
+pub async fn overdue_timers_page_most_overdue_first(s: DynStore) {
+    for (l, fire) in [("L1", 30), ("L2", 10), ("L3", 10), ("L4", 500)] {
+        s.schedule(&timer(l, 1), at(fire), at(0)).await.unwrap();
+    }
+    s.schedule(&timer("L5", 1), at(5), at(0)).await.unwrap();
+    s.mark_fired(&timer("L5", 1), at(6)).await.unwrap();
+    let page = |due_by: u64, after: Option<RowCursor>, limit: usize| {
+        let s = s.clone();
+        async move {
+            let timers = s.overdue_timers_page(at(due_by), after.as_ref(), limit).await.unwrap();
+            timers.iter().map(|t| t.load_id.to_string()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(page(100, None, 10).await, vec!["L2", "L3", "L1"]);
+    assert_eq!(page(10, None, 10).await, vec!["L2", "L3"]);
+    let first = s.overdue_timers_page(at(100), None, 1).await.unwrap().remove(0);
+    let after = RowCursor { created_at: first.fire_at, id: first.timer_id.to_string() };
+    assert_eq!(page(100, Some(after), 10).await, vec!["L3", "L1"]);
+    assert_eq!(page(1, None, 10).await, Vec::<String>::new());
+}
+
+pub async fn unmatched_sms_page_newest_first(s: DynStore) {
+    for (sid, t) in [("SM1", 1), ("SM2", 3), ("SM3", 3), ("SM4", 9)] {
+        let sms = UnmatchedSms {
+            message_sid: sid.into(),
+            from: "+15555550199".into(),
+            to: "+15555550000".into(),
+            body: "where do I go".into(),
+            received_at: at(t),
+            reason: "no single active load has this driver phone".into(),
+        };
+        s.record_unmatched_sms(&sms).await.unwrap();
+    }
+    let page = |before: Option<RowCursor>, limit: usize| {
+        let s = s.clone();
+        async move {
+            let got = s.unmatched_sms_page(before.as_ref(), limit).await.unwrap();
+            got.iter().map(|u| u.message_sid.clone()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(page(None, 10).await, vec!["SM4", "SM3", "SM2", "SM1"]);
+    assert_eq!(page(None, 2).await, vec!["SM4", "SM3"]);
+    assert_eq!(page(Some(RowCursor { created_at: at(3), id: "SM3".into() }), 10).await, vec!["SM2", "SM1"]);
 }

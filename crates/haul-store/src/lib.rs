@@ -18,7 +18,10 @@ use serde_json::Value;
 
 pub mod backend;
 pub mod contract;
+pub mod ops;
 pub mod queue_contract;
+
+pub use ops::{DeadRow, LoadFilter, LoadSummary, LoadsPage, OpsQueries};
 
 // ---------------------------------------------------------------------------------
 // Errors. Callers branch on these, so each has its own type (the names are ADR 0003's).
@@ -669,12 +672,34 @@ pub async fn prune_all(
 
 /// Everything one database provides.
 pub trait Store:
-    EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Prune + Send + Sync + 'static
+    EventStore
+    + Outbox
+    + TimerStore
+    + LoadQueue
+    + LoadLock
+    + DeliveryLog
+    + LoadIndex
+    + OpsQueries
+    + Prune
+    + Send
+    + Sync
+    + 'static
 {
 }
 
 impl<
-    T: EventStore + Outbox + TimerStore + LoadQueue + LoadLock + DeliveryLog + LoadIndex + Prune + Send + Sync + 'static,
+    T: EventStore
+        + Outbox
+        + TimerStore
+        + LoadQueue
+        + LoadLock
+        + DeliveryLog
+        + LoadIndex
+        + OpsQueries
+        + Prune
+        + Send
+        + Sync
+        + 'static,
 > Store for T
 {
 }

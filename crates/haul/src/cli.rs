@@ -250,6 +250,12 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
     },
+    /// Queries across loads, for operators: loads by filter, dead outbox rows, overdue
+    /// timers, unmatched SMS, OpsAlerts. Read-only: opens an existing store (never
+    /// creates or migrates one). One page at a time, with the flag that gives the next
+    /// (`--after`/`--before`); `--json` prints GET /v1/ops/{query}'s answer.
+    #[command(subcommand)]
+    Query(QueryCommand),
     /// Check or print the settings serve, inspect, migrate and prune would run with.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -286,4 +292,156 @@ pub enum ConfigCommand {
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
     },
+}
+
+/// What every query takes besides its filters.
+#[derive(Args, Debug, Clone, Default)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    pub settings: ConfigArgs,
+    /// Items per page (1 to 500; default 50).
+    #[arg(long)]
+    pub limit: Option<String>,
+    /// Print the page as JSON (the body of GET /v1/ops/{query}).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QueryCommand {
+    /// Loads by filter, in load id order; every filter given must hold. A page looks at
+    /// up to 5000 loads, so with a rare filter it may be short and still name a next page.
+    Loads {
+        #[command(flatten)]
+        args: QueryArgs,
+        /// The load's stage.
+        #[arg(long)]
+        stage: Option<String>,
+        /// At least one ask is open.
+        #[arg(long)]
+        open_asks: bool,
+        /// At least one ask was escalated to a person.
+        #[arg(long)]
+        escalated: bool,
+        /// At least one outbox row is dead.
+        #[arg(long)]
+        has_dead: bool,
+        /// A pending outbox row is older than this (e.g. 5m).
+        #[arg(long, value_name = "DURATION")]
+        pending_over: Option<String>,
+        /// A timer has been due for longer than this (0s: any overdue timer).
+        #[arg(long, value_name = "DURATION")]
+        overdue_over: Option<String>,
+        /// No record appended for longer than this.
+        #[arg(long, value_name = "DURATION")]
+        idle_over: Option<String>,
+        /// A record appended within this.
+        #[arg(long, value_name = "DURATION")]
+        active_within: Option<String>,
+        /// The page after this load (the previous page's next).
+        #[arg(long, value_name = "LOAD_ID")]
+        after: Option<String>,
+    },
+    /// Dead outbox rows across loads, newest first, with their failure and age.
+    Dead {
+        #[command(flatten)]
+        args: QueryArgs,
+        /// Only rows of this action type (send_sms, create_hero_task, ...).
+        #[arg(long)]
+        action_type: Option<String>,
+        /// Only rows of this channel class: external, hero_channel or internal.
+        #[arg(long)]
+        class: Option<String>,
+        /// The page after this cursor (the previous page's next).
+        #[arg(long, value_name = "CURSOR")]
+        before: Option<String>,
+    },
+    /// Timers due and not fired, the most overdue first.
+    Timers {
+        #[command(flatten)]
+        args: QueryArgs,
+        /// Only timers due for longer than this (default 0s: every due one).
+        #[arg(long, value_name = "DURATION")]
+        overdue_over: Option<String>,
+        /// The page after this cursor (the previous page's next).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+    },
+    /// Inbound SMS that went to no load, newest first.
+    Unmatched {
+        #[command(flatten)]
+        args: QueryArgs,
+        /// The page after this cursor (the previous page's next).
+        #[arg(long, value_name = "CURSOR")]
+        before: Option<String>,
+    },
+    /// OpsAlerts raised (dead Hero-channel and internal rows), newest first: what
+    /// failed, when, and whether the ops service took the alert.
+    Alerts {
+        #[command(flatten)]
+        args: QueryArgs,
+        /// The page after this cursor (the previous page's next).
+        #[arg(long, value_name = "CURSOR")]
+        before: Option<String>,
+    },
+}
+
+impl QueryCommand {
+    /// The query, its common flags, and its filters as the API's (name, value) pairs.
+    pub fn into_parts(self) -> (haul_runtime::queries::Query, QueryArgs, Vec<(String, String)>) {
+        use haul_runtime::queries::Query;
+        let mut pairs = Vec::new();
+        let mut opt = |name: &str, value: Option<String>| {
+            if let Some(v) = value {
+                pairs.push((name.to_owned(), v));
+            }
+        };
+        let flag = |on: bool| on.then(|| "true".to_owned());
+        let (query, args) = match self {
+            QueryCommand::Loads {
+                args,
+                stage,
+                open_asks,
+                escalated,
+                has_dead,
+                pending_over,
+                overdue_over,
+                idle_over,
+                active_within,
+                after,
+            } => {
+                opt("stage", stage);
+                opt("open_asks", flag(open_asks));
+                opt("escalated", flag(escalated));
+                opt("has_dead", flag(has_dead));
+                opt("pending_over", pending_over);
+                opt("overdue_over", overdue_over);
+                opt("idle_over", idle_over);
+                opt("active_within", active_within);
+                opt("after", after);
+                (Query::Loads, args)
+            }
+            QueryCommand::Dead { args, action_type, class, before } => {
+                opt("action_type", action_type);
+                opt("class", class);
+                opt("before", before);
+                (Query::Dead, args)
+            }
+            QueryCommand::Timers { args, overdue_over, after } => {
+                opt("overdue_over", overdue_over);
+                opt("after", after);
+                (Query::Timers, args)
+            }
+            QueryCommand::Unmatched { args, before } => {
+                opt("before", before);
+                (Query::Unmatched, args)
+            }
+            QueryCommand::Alerts { args, before } => {
+                opt("before", before);
+                (Query::Alerts, args)
+            }
+        };
+        opt("limit", args.limit.clone());
+        (query, args, pairs)
+    }
 }

@@ -13,7 +13,7 @@ use haul_harness::eval::{EvalDecider, EvalOptions, EvalQueue, EvalStore};
 use haul_harness::{bench, crashtest, eval, sim};
 use haul_runtime::store;
 
-use crate::cli::{Cli, Command, ConfigArgs, ConfigCommand, DeciderKind, QueueKind, StoreKind, Testkit};
+use crate::cli::{Cli, Command, ConfigArgs, ConfigCommand, DeciderKind, QueryCommand, QueueKind, StoreKind, Testkit};
 
 /// The shortest `haul prune --older-than`: the queue's dedup promise (LoadQueue::publish).
 const MIN_RETENTION: Duration = Duration::from_secs(300);
@@ -34,6 +34,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             inspect(&load_id, &settings, json, &page).await
         }
         Command::Migrate { settings } => migrate(&settings).await,
+        Command::Query(q) => query(q).await,
         Command::Prune { settings, older_than, batch } => prune(&settings, &older_than, batch).await,
         Command::Config(ConfigCommand::Check { settings, listen }) => config_check(&settings, listen),
         Command::Config(ConfigCommand::Show { settings, listen }) => config_show(&settings, listen),
@@ -169,6 +170,11 @@ fn eval_store(kind: StoreKind) -> EvalStore {
 async fn serve(settings: &ConfigArgs, listen: Option<String>, roles: &str) -> anyhow::Result<ExitCode> {
     let config = load_config(settings, listen)?;
     let roles = haul_server::Roles::parse(roles)?;
+    haul_server::metrics::set_build_info(
+        env!("CARGO_PKG_VERSION"),
+        env!("BUILD_HAUL_COMMIT"),
+        env!("BUILD_HAUL_FEATURES"),
+    );
     haul_server::serve(config, roles, haul_server::shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -190,6 +196,96 @@ async fn inspect(
         say(format_args!("{}", serde_json::to_string_pretty(&view)?));
     } else {
         say(haul_runtime::inspect::timeline(&view).trim_end());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `haul query ...`: one page of an operators' query, on a store that exists.
+async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
+    use haul_runtime::queries::{Query, QueryError};
+    let (query, args, pairs) = q.into_parts();
+    let config = load_config(&args.settings, None)?;
+    let store = store::open_existing(&config.store.url).await?;
+    let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
+    let answer = match haul_runtime::queries::run(store.as_ref(), query, &pairs, now).await {
+        Ok(a) => a,
+        // The message names the API's parameter: the flag with `_` for `-`.
+        Err(QueryError::Bad(e)) => anyhow::bail!("haul query {}: {}", query.name(), e.message),
+        Err(QueryError::Store(e)) => return Err(e.into()),
+    };
+    if args.json {
+        say(serde_json::to_string_pretty(&answer)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    let ago = |v: &serde_json::Value| {
+        let s = v.as_f64().unwrap_or(0.0).max(0.0);
+        haul_core::time::format_duration(Duration::from_secs(s as u64))
+    };
+    let (items, next_flag, next_key, empty) = match query {
+        Query::Loads => ("loads", "--after", "next_after", "no load matches"),
+        Query::Dead => ("rows", "--before", "next_before", "no dead rows"),
+        Query::Timers => ("timers", "--after", "next_after", "no timer is overdue"),
+        Query::Unmatched => ("unmatched", "--before", "next_before", "no unmatched SMS"),
+        Query::Alerts => ("alerts", "--before", "next_before", "no OpsAlert raised (within retention)"),
+    };
+    let list = answer[items].as_array().cloned().unwrap_or_default();
+    for i in &list {
+        let line = match query {
+            Query::Loads => format!(
+                "{}  stage {}  open asks {}  escalated {}  last activity {} ago  (version {})",
+                text(&i["load_id"]),
+                text(&i["stage"]),
+                i["open_asks"],
+                i["escalated_asks"],
+                ago(&i["idle_s"]),
+                i["version"]
+            ),
+            Query::Dead => format!(
+                "{}  {} ({})  died {} ago after {} attempts: {}",
+                text(&i["id"]),
+                text(&i["action_type"]),
+                text(&i["class"]),
+                ago(&i["age_s"]),
+                i["attempts"],
+                text(&i["last_failure"])
+            ),
+            Query::Timers => format!(
+                "{}  load {}  due {} ({} ago)",
+                text(&i["timer_id"]),
+                text(&i["load_id"]),
+                text(&i["fire_at"]),
+                ago(&i["overdue_s"])
+            ),
+            Query::Unmatched => format!(
+                "{}  from {}  {} ago  {}: {:?}",
+                text(&i["message_sid"]),
+                haul_core::tools::mask_phone(&text(&i["from"])),
+                ago(&i["age_s"]),
+                text(&i["reason"]),
+                text(&i["body"]).chars().take(80).collect::<String>()
+            ),
+            Query::Alerts => format!(
+                "{}  {}  {}  raised {} ago  {}: {}",
+                text(&i["kind"]),
+                text(&i["outbox_id"]),
+                text(&i["action_type"]),
+                ago(&i["age_s"]),
+                if i["delivered"] == true { "delivered" } else { "NOT delivered (the sweep retries)" },
+                text(&i["failure"])
+            ),
+        };
+        say(line);
+    }
+    if list.is_empty() {
+        say(empty);
+    }
+    if let Some(next) = answer[next_key].as_str() {
+        say(format_args!("next page: {next_flag} {next}"));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -307,3 +307,44 @@ fn eval_verbose_prints_the_timeline_and_junit_writes_the_report() {
     assert!(!out.contains("  | "), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn queries_open_only_a_store_that_exists_and_never_create_one() {
+    let dir = scratch("query-missing");
+    let db = dir.join("nothing-here.db");
+    let url = format!("sqlite://{}", db.display());
+    for q in ["loads", "dead", "timers", "unmatched", "alerts"] {
+        let (ok, _, err) = haul(&["query", q, "--db", &url], &[]);
+        assert!(!ok, "{q}");
+        assert!(err.contains("no store at") && err.contains("haul migrate"), "{q}: {err}");
+        assert!(!db.exists(), "haul query {q} created the database file");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn queries_page_a_migrated_store_in_text_and_json() {
+    let dir = scratch("query");
+    let url = format!("sqlite://{}", dir.join("haul.db").display());
+    assert!(haul(&["migrate", "--db", &url], &[]).0);
+    let (ok, out, err) = haul(&["query", "loads", "--db", &url, "--escalated", "--pending-over", "5m"], &[]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "no load matches");
+    let (ok, out, err) = haul(&["query", "dead", "--db", &url, "--class", "internal", "--json"], &[]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v, serde_json::json!({"rows": [], "next_before": null}));
+    for q in ["timers", "unmatched", "alerts"] {
+        let (ok, out, err) = haul(&["query", q, "--db", &url, "--json", "--limit", "500"], &[]);
+        assert!(ok, "{q}: {err}");
+        assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok(), "{q}: {out}");
+    }
+    // Bounds and forms are the API's, said in one line.
+    let (ok, _, err) = haul(&["query", "loads", "--db", &url, "--limit", "501"], &[]);
+    assert!(!ok && err.contains("from 1 to 500"), "{err}");
+    let (ok, _, err) = haul(&["query", "dead", "--db", &url, "--class", "nope"], &[]);
+    assert!(!ok && err.contains("external, hero_channel or internal"), "{err}");
+    let (ok, _, err) = haul(&["query", "timers", "--db", &url, "--overdue-over", "15"], &[]);
+    assert!(!ok && err.contains("overdue_over"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

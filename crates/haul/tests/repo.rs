@@ -211,6 +211,23 @@ fn docs_operations_md_lists_every_metric_the_code_emits_and_no_other() {
     }
 }
 
+#[test]
+fn the_alerting_rules_name_only_metrics_the_code_emits() {
+    let rules = read("deploy/prometheus/alerts.yml") + &read("deploy/prometheus/alerts_test.yml");
+    let emitted = emitted_metrics();
+    let mut named = Vec::new();
+    for (i, _) in rules.match_indices("haul_") {
+        let name: String =
+            rules[i..].chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+        named.push(name);
+    }
+    assert!(named.len() >= 6, "{named:?}");
+    for name in named {
+        let family = name.trim_end_matches("_bucket").trim_end_matches("_count").trim_end_matches("_sum");
+        assert!(emitted.iter().any(|e| e == family), "deploy/prometheus names {name}, which nothing emits");
+    }
+}
+
 /// Text files in the repository (git's list when git is there).
 fn repo_files() -> Vec<PathBuf> {
     let out = std::process::Command::new("git").args(["ls-files", "-z"]).current_dir(root()).output();

@@ -1,0 +1,374 @@
+//! The operators' queries across loads, one implementation for `GET /v1/ops/{query}`
+//! and `haul query {query}`: the same parameter names (the command's flags are the
+//! query's parameters with `-` for `_`), the same bounds, the same JSON.
+//!
+//! Each query is a keyset page of the store's [`OpsQueries`]: `limit` items (default
+//! [`DEFAULT_PAGE`], at most [`MAX_PAGE`]) and the cursor of the next page (`next_after`
+//! or `next_before`, `null` on the last page), passed back as given. An unknown
+//! parameter, one given twice, or a value out of form is `bad_query`: a misspelt filter
+//! would otherwise silently list everything.
+
+use std::time::Duration;
+
+use haul_core::BadInput;
+use haul_core::action::ActionType;
+use haul_core::ids::LoadId;
+use haul_core::time::{Timestamp, from_ms, since, to_ms};
+use haul_store::ops::{DEFAULT_PAGE, MAX_PAGE, class_name, class_types};
+use haul_store::{DeadRow, LoadFilter, RowCursor, Store, StoreError};
+use serde_json::{Value, json};
+
+/// One of the queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Query {
+    /// Loads by filter.
+    Loads,
+    /// Dead outbox rows across loads, newest first.
+    Dead,
+    /// Timers due and not fired, the most overdue first.
+    Timers,
+    /// Inbound SMS that went to no load, newest first.
+    Unmatched,
+    /// OpsAlerts raised (dead Hero-channel and internal rows), newest first.
+    Alerts,
+}
+
+impl Query {
+    pub const ALL: [Query; 5] = [Query::Loads, Query::Dead, Query::Timers, Query::Unmatched, Query::Alerts];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Query::Loads => "loads",
+            Query::Dead => "dead",
+            Query::Timers => "timers",
+            Query::Unmatched => "unmatched",
+            Query::Alerts => "alerts",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Query> {
+        Query::ALL.into_iter().find(|q| q.name() == name)
+    }
+
+    /// The parameters it takes.
+    pub fn params(self) -> &'static [&'static str] {
+        match self {
+            Query::Loads => &[
+                "stage",
+                "open_asks",
+                "escalated",
+                "has_dead",
+                "pending_over",
+                "overdue_over",
+                "idle_over",
+                "active_within",
+                "after",
+                "limit",
+            ],
+            Query::Dead => &["action_type", "class", "before", "limit"],
+            Query::Timers => &["overdue_over", "after", "limit"],
+            Query::Unmatched | Query::Alerts => &["before", "limit"],
+        }
+    }
+}
+
+/// Why a query gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("{}", .0.message)]
+    Bad(BadInput),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<BadInput> for QueryError {
+    fn from(e: BadInput) -> Self {
+        QueryError::Bad(e)
+    }
+}
+
+fn bad(message: String) -> BadInput {
+    BadInput::new("bad_query", message)
+}
+
+/// The parameters given, each known to `query` and given once.
+struct Params<'a> {
+    query: Query,
+    values: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    fn new(query: Query, pairs: &'a [(String, String)]) -> Result<Self, BadInput> {
+        let mut values: Vec<(&str, &str)> = Vec::new();
+        for (name, value) in pairs {
+            if !query.params().contains(&name.as_str()) {
+                let name: String = name.chars().take(40).collect();
+                return Err(bad(format!(
+                    "unknown query parameter {name:?} for {} (one of {})",
+                    query.name(),
+                    query.params().join(", ")
+                )));
+            }
+            if values.iter().any(|(n, _)| n == name) {
+                return Err(bad(format!("query parameter {name} is given twice")));
+            }
+            values.push((name, value));
+        }
+        Ok(Params { query, values })
+    }
+
+    fn get(&self, name: &str) -> Option<&'a str> {
+        debug_assert!(self.query.params().contains(&name));
+        self.values.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    fn limit(&self) -> Result<usize, BadInput> {
+        match self.get("limit") {
+            None => Ok(DEFAULT_PAGE),
+            Some(s) => s
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_PAGE).contains(n))
+                .ok_or_else(|| bad(format!("limit {:?}: a whole number from 1 to {MAX_PAGE}", clip(s)))),
+        }
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, BadInput> {
+        match self.get(name) {
+            None | Some("false") => Ok(false),
+            Some("true") | Some("") => Ok(true),
+            Some(s) => Err(bad(format!("{name} {:?}: true or false", clip(s)))),
+        }
+    }
+
+    fn duration(&self, name: &str) -> Result<Option<Duration>, BadInput> {
+        self.get(name)
+            .map(|s| haul_core::time::parse_duration(s).map_err(|e| bad(format!("{name}: {}", e.message))))
+            .transpose()
+    }
+
+    fn cursor(&self, name: &str) -> Result<Option<RowCursor>, BadInput> {
+        self.get(name)
+            .map(|s| {
+                RowCursor::parse(s)
+                    .ok_or_else(|| bad(format!("{name} {:?} is not a cursor this query gave ({{ms}}.{{id}})", clip(s))))
+            })
+            .transpose()
+    }
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(100).collect()
+}
+
+/// `now - d`, or the earliest time for a duration past it.
+fn ago(now: Timestamp, d: Duration) -> Timestamp {
+    from_ms(to_ms(now).saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+}
+
+fn seconds(now: Timestamp, t: Timestamp) -> f64 {
+    since(now, t).as_secs_f64().round()
+}
+
+/// Runs `query` with `pairs` (name, value) at `now`: the answer's JSON.
+pub async fn run(
+    store: &dyn Store,
+    query: Query,
+    pairs: &[(String, String)],
+    now: Timestamp,
+) -> Result<Value, QueryError> {
+    let p = Params::new(query, pairs)?;
+    let limit = p.limit()?;
+    match query {
+        Query::Loads => {
+            let filter = LoadFilter {
+                stage: p.get("stage").map(str::to_owned),
+                open_asks: p.flag("open_asks")?,
+                escalated: p.flag("escalated")?,
+                has_dead: p.flag("has_dead")?,
+                pending_created_by: p.duration("pending_over")?.map(|d| ago(now, d)),
+                timer_due_by: p.duration("overdue_over")?.map(|d| ago(now, d)),
+                active_before: p.duration("idle_over")?.map(|d| ago(now, d)),
+                active_since: p.duration("active_within")?.map(|d| ago(now, d)),
+            };
+            let after = p
+                .get("after")
+                .map(|s| LoadId::parse(s).map_err(|_| bad(format!("after {:?} is not a load id", clip(s)))))
+                .transpose()?;
+            let page = store.loads_page(&filter, after.as_ref(), limit).await?;
+            let loads: Vec<Value> = page
+                .loads
+                .iter()
+                .map(|l| {
+                    json!({
+                        "load_id": l.load_id,
+                        "stage": l.stage,
+                        "open_asks": l.open_asks,
+                        "escalated_asks": l.escalated_asks,
+                        "version": l.version,
+                        "created_at": l.created_at,
+                        "last_activity_at": l.last_activity_at,
+                        "idle_s": seconds(now, l.last_activity_at),
+                    })
+                })
+                .collect();
+            Ok(json!({"loads": loads, "next_after": page.next_after}))
+        }
+        Query::Dead | Query::Alerts => {
+            let types: Vec<ActionType> = if query == Query::Alerts {
+                ActionType::ALL.into_iter().filter(|t| t.class() != haul_core::action::ChannelClass::External).collect()
+            } else {
+                match (p.get("action_type"), p.get("class")) {
+                    (Some(_), Some(_)) => return Err(bad("give action_type or class, not both".into()).into()),
+                    (Some(t), None) => {
+                        vec![ActionType::parse(t).ok_or_else(|| bad(format!("action_type {:?} is not one", clip(t))))?]
+                    }
+                    (None, Some(c)) => class_types(c)
+                        .ok_or_else(|| bad(format!("class {:?}: external, hero_channel or internal", clip(c))))?,
+                    (None, None) => vec![],
+                }
+            };
+            let before = p.cursor("before")?;
+            let rows = store.dead_rows_page(&types, before.as_ref(), limit).await?;
+            let next = (rows.len() == limit).then(|| rows.last().map(|r| r.cursor().to_string())).flatten();
+            if query == Query::Alerts {
+                let alerts: Vec<Value> = rows.iter().map(|d| alert_json(d, now)).collect();
+                Ok(json!({"alerts": alerts, "next_before": next}))
+            } else {
+                let rows: Vec<Value> = rows.iter().map(|d| dead_json(d, now)).collect();
+                Ok(json!({"rows": rows, "next_before": next}))
+            }
+        }
+        Query::Timers => {
+            let over = p.duration("overdue_over")?.unwrap_or(Duration::ZERO);
+            let after = p.cursor("after")?;
+            let timers = store.overdue_timers_page(ago(now, over), after.as_ref(), limit).await?;
+            let next = (timers.len() == limit)
+                .then(|| timers.last().map(|t| RowCursor { created_at: t.fire_at, id: t.timer_id.to_string() }))
+                .flatten()
+                .map(|c| c.to_string());
+            let timers: Vec<Value> = timers
+                .iter()
+                .map(|t| {
+                    json!({
+                        "timer_id": t.timer_id,
+                        "load_id": t.load_id,
+                        "fire_at": t.fire_at,
+                        "overdue_s": seconds(now, t.fire_at),
+                        "created_at": t.created_at,
+                    })
+                })
+                .collect();
+            Ok(json!({"timers": timers, "next_after": next}))
+        }
+        Query::Unmatched => {
+            let before = p.cursor("before")?;
+            let list = store.unmatched_sms_page(before.as_ref(), limit).await?;
+            let next = (list.len() == limit)
+                .then(|| list.last().map(|u| RowCursor { created_at: u.received_at, id: u.message_sid.clone() }))
+                .flatten()
+                .map(|c| c.to_string());
+            let sms: Vec<Value> = list
+                .iter()
+                .map(|u| {
+                    json!({
+                        "message_sid": u.message_sid,
+                        "from": u.from,
+                        "to": u.to,
+                        "body": u.body,
+                        "received_at": u.received_at,
+                        "age_s": seconds(now, u.received_at),
+                        "reason": u.reason,
+                    })
+                })
+                .collect();
+            Ok(json!({"unmatched": sms, "next_before": next}))
+        }
+    }
+}
+
+fn dead_json(d: &DeadRow, now: Timestamp) -> Value {
+    let r = &d.row;
+    json!({
+        "id": r.id,
+        "load_id": r.load_id,
+        "action_type": r.action_type,
+        "class": class_name(r.action_type.class()),
+        "attempts": r.attempts,
+        "last_failure": r.last_failure,
+        "created_at": r.created_at,
+        "dead_at": d.dead_at,
+        "age_s": seconds(now, d.dead_at),
+        "outcome_published_at": d.outcome_published_at,
+    })
+}
+
+/// An OpsAlert as the store knows it: a dead Hero-channel or internal row. The
+/// dispatcher raises it after the row's failed outcome reached the log, and marks the
+/// row (`outcome_published_at`) only once the ops service took it; until then the
+/// alert is not delivered (refused, or not yet raised) and the sweep tries again.
+fn alert_json(d: &DeadRow, now: Timestamp) -> Value {
+    let r = &d.row;
+    let kind = haul_core::dispatch::AlertKind::for_class(r.action_type.class()).map(|k| k.as_str());
+    json!({
+        "kind": kind,
+        "outbox_id": r.id,
+        "load_id": r.load_id,
+        "action_type": r.action_type,
+        "failure": r.last_failure,
+        "raised_at": d.dead_at,
+        "age_s": seconds(now, d.dead_at),
+        "delivered": d.outcome_published_at.is_some(),
+        "delivered_at": d.outcome_published_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    #[test]
+    fn parameters_are_checked_before_the_store_is_asked() {
+        let check = |query: Query, p: &[(&str, &str)], expected: Result<(), &str>| {
+            let pairs = pairs(p);
+            let got = Params::new(query, &pairs).and_then(|p| {
+                p.limit()?;
+                for name in query.params() {
+                    match *name {
+                        "open_asks" | "escalated" | "has_dead" => drop(p.flag(name)?),
+                        "pending_over" | "overdue_over" | "idle_over" | "active_within" => drop(p.duration(name)?),
+                        "before" => drop(p.cursor(name)?),
+                        "after" if query != Query::Loads => drop(p.cursor(name)?),
+                        _ => {}
+                    }
+                }
+                Ok(())
+            });
+            match (got, expected) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(part)) => {
+                    assert_eq!(e.code, "bad_query");
+                    assert!(e.message.contains(part), "{p:?}: {}", e.message);
+                }
+                (got, expected) => panic!("{query:?} {p:?}: got {got:?}, expected {expected:?}"),
+            }
+        };
+        check(Query::Loads, &[], Ok(()));
+        check(Query::Loads, &[("stage", "in_transit"), ("escalated", "true"), ("pending_over", "5m")], Ok(()));
+        check(Query::Loads, &[("limit", "500")], Ok(()));
+        check(Query::Loads, &[("limit", "501")], Err("from 1 to 500"));
+        check(Query::Loads, &[("limit", "0")], Err("from 1 to 500"));
+        check(Query::Loads, &[("stage", "a"), ("stage", "b")], Err("given twice"));
+        check(Query::Loads, &[("stag", "a")], Err("unknown query parameter \"stag\""));
+        check(Query::Loads, &[("escalated", "yes")], Err("true or false"));
+        check(Query::Loads, &[("pending_over", "5")], Err("pending_over"));
+        check(Query::Timers, &[("overdue_over", "15m"), ("after", "1772434800000.tmr:L1:ask:x:p:1")], Ok(()));
+        check(Query::Timers, &[("after", "L1")], Err("not a cursor"));
+        check(Query::Dead, &[("before", "x.y")], Err("not a cursor"));
+        check(Query::Unmatched, &[("stage", "x")], Err("one of before, limit"));
+    }
+}

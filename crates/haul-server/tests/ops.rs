@@ -1,0 +1,185 @@
+//! The operators' queries over real HTTP (`GET /v1/ops/{query}`), on both backends:
+//! filters, pages and their cursors, bounds, `bad_query`, and the token.
+
+mod common;
+
+use std::time::Duration;
+
+use haul_core::action::ActionType;
+use haul_core::ids::{LoadId, TimerId};
+use haul_core::time::{Timestamp, add};
+use haul_store::{NewEntry, NewOutboxRow, UnmatchedSms};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use common::{Api, Backend, api};
+
+/// An hour before the API's clock (07:00).
+fn t(secs: u64) -> Timestamp {
+    add("2026-03-02T06:00:00Z".parse().unwrap(), Duration::from_secs(secs))
+}
+
+fn row(id: &str, action_type: ActionType) -> NewOutboxRow {
+    NewOutboxRow { id: id.into(), action_type, action: json!({"key": id}) }
+}
+
+/// L1 in transit with an open ask; L2 with an escalated ask, a dead SMS and a dead
+/// Hero task (its alert delivered); L3 with a row pending since 06:20 and a timer 30
+/// minutes overdue; two unmatched SMS.
+async fn fill(a: &Api) {
+    let s = &a.store;
+    let entry = |id: &str, kind: &str, payload: Value| NewEntry { entry_id: id.into(), kind: kind.into(), payload };
+    let ask = |status: &str| json!([{"ask_id": "ask:eta_request:u1", "step": 1, "status": status}]);
+    let l = |id: &str| LoadId::parse(id).unwrap();
+    s.append(
+        &l("L1"),
+        vec![
+            entry("u1", "load_update", json!({"stage": "in_transit"})),
+            entry("dec:u1", "decision_recorded", json!({"asks": ask("open")})),
+        ],
+        0,
+        vec![],
+        t(0),
+    )
+    .await
+    .unwrap();
+    s.append(
+        &l("L2"),
+        vec![
+            entry("u1", "load_update", json!({"stage": "at_pickup"})),
+            entry("dec:u1", "decision_recorded", json!({"asks": ask("escalated")})),
+        ],
+        0,
+        vec![row("L2/u1/send_sms", ActionType::SendSms), row("L2/u1/create_hero_task", ActionType::CreateHeroTask)],
+        t(10),
+    )
+    .await
+    .unwrap();
+    s.append(
+        &l("L3"),
+        vec![entry("p1", "location_ping", json!({}))],
+        0,
+        vec![row("L3/p1/send_sms", ActionType::SendSms)],
+        t(1200),
+    )
+    .await
+    .unwrap();
+    for c in s.pending(10, t(20), Duration::from_secs(60)).await.unwrap() {
+        s.mark_failed(&c.row.id, &c.token, "HTTP 400: no such number", None, t(30)).await.unwrap();
+    }
+    s.mark_outcome_published("L2/u1/create_hero_task", t(31)).await.unwrap();
+    s.schedule(&TimerId::parse("tmr:L3:ask:eta_request:p1:1").unwrap(), t(1800), t(1200)).await.unwrap();
+    for (sid, at) in [("SM1", 100), ("SM2", 200)] {
+        let sms = UnmatchedSms {
+            message_sid: sid.into(),
+            from: "+15555550199".into(),
+            to: "+15555550000".into(),
+            body: "who is this".into(),
+            received_at: t(at),
+            reason: "no single active load has this driver phone".into(),
+        };
+        s.record_unmatched_sms(&sms).await.unwrap();
+    }
+}
+
+async fn ok(a: &Api, path: &str) -> Value {
+    let (status, v, _) = a.get(path).await;
+    assert_eq!(status, StatusCode::OK, "{path}: {v}");
+    v
+}
+
+fn ids(v: &Value, list: &str, key: &str) -> Vec<String> {
+    v[list].as_array().unwrap().iter().map(|x| x[key].as_str().unwrap().to_owned()).collect()
+}
+
+async fn the_queries_filter_and_page(backend: Backend) {
+    let a = api(backend).await;
+    fill(&a).await;
+    let loads = |q: &'static str| {
+        let a = &a;
+        async move { ids(&ok(a, &format!("/v1/ops/loads{q}")).await, "loads", "load_id") }
+    };
+    assert_eq!(loads("").await, ["L1", "L2", "L3"]);
+    assert_eq!(loads("?stage=in_transit").await, ["L1"]);
+    assert_eq!(loads("?open_asks=true").await, ["L1"]);
+    assert_eq!(loads("?escalated=true&has_dead=true").await, ["L2"]);
+    assert_eq!(loads("?pending_over=5m").await, ["L3"], "L3's row waits since 06:20");
+    assert_eq!(loads("?pending_over=45m").await, Vec::<String>::new());
+    assert_eq!(loads("?overdue_over=15m").await, ["L3"]);
+    assert_eq!(loads("?overdue_over=45m").await, Vec::<String>::new());
+    assert_eq!(loads("?idle_over=50m").await, ["L1", "L2"]);
+    assert_eq!(loads("?active_within=50m").await, ["L3"]);
+    let page = ok(&a, "/v1/ops/loads?limit=2").await;
+    assert_eq!(page["next_after"], "L2");
+    assert_eq!(ids(&ok(&a, "/v1/ops/loads?limit=2&after=L2").await, "loads", "load_id"), ["L3"]);
+    let l1 = &ok(&a, "/v1/ops/loads?stage=in_transit").await["loads"][0];
+    assert_eq!(
+        (l1["open_asks"].clone(), l1["escalated_asks"].clone(), l1["idle_s"].clone()),
+        (json!(1), json!(0), json!(3600.0))
+    );
+
+    let dead = ok(&a, "/v1/ops/dead").await;
+    assert_eq!(ids(&dead, "rows", "id"), ["L2/u1/send_sms", "L2/u1/create_hero_task"]);
+    let first = &dead["rows"][0];
+    assert_eq!(
+        (first["class"].clone(), first["last_failure"].clone()),
+        (json!("external"), json!("HTTP 400: no such number"))
+    );
+    assert_eq!(dead["next_before"], Value::Null);
+    let page = ok(&a, "/v1/ops/dead?limit=1").await;
+    let next = page["next_before"].as_str().unwrap().to_owned();
+    let rest = ok(&a, &format!("/v1/ops/dead?limit=2&before={}", urlencode(&next))).await;
+    assert_eq!(ids(&rest, "rows", "id"), ["L2/u1/create_hero_task"]);
+    assert_eq!(ids(&ok(&a, "/v1/ops/dead?class=hero_channel").await, "rows", "id"), ["L2/u1/create_hero_task"]);
+    assert_eq!(ids(&ok(&a, "/v1/ops/dead?action_type=send_sms").await, "rows", "id"), ["L2/u1/send_sms"]);
+
+    let timers = ok(&a, "/v1/ops/timers").await;
+    assert_eq!(ids(&timers, "timers", "timer_id"), ["tmr:L3:ask:eta_request:p1:1"]);
+    assert_eq!(timers["timers"][0]["overdue_s"], json!(1800.0));
+    assert_eq!(ids(&ok(&a, "/v1/ops/timers?overdue_over=1h").await, "timers", "timer_id").len(), 0);
+
+    let sms = ok(&a, "/v1/ops/unmatched?limit=1").await;
+    assert_eq!(ids(&sms, "unmatched", "message_sid"), ["SM2"]);
+    let next = sms["next_before"].as_str().unwrap().to_owned();
+    let rest = ok(&a, &format!("/v1/ops/unmatched?limit=1&before={}", urlencode(&next))).await;
+    assert_eq!(ids(&rest, "unmatched", "message_sid"), ["SM1"]);
+
+    let alerts = ok(&a, "/v1/ops/alerts").await;
+    assert_eq!(alerts["alerts"].as_array().unwrap().len(), 1, "{alerts}");
+    let alert = &alerts["alerts"][0];
+    assert_eq!(alert["kind"], "hero_channel_failure");
+    assert_eq!(alert["outbox_id"], "L2/u1/create_hero_task");
+    assert_eq!(alert["delivered"], true);
+}
+
+fn urlencode(s: &str) -> String {
+    serde_urlencoded::to_string([("x", s)]).unwrap()[2..].to_owned()
+}
+
+async fn bad_queries_are_400_and_the_token_comes_first(backend: Backend) {
+    let a = api(backend).await;
+    for q in [
+        "/v1/ops/loads?limit=0",
+        "/v1/ops/loads?limit=501",
+        "/v1/ops/loads?stag=x",
+        "/v1/ops/loads?stage=a&stage=b",
+        "/v1/ops/loads?escalated=maybe",
+        "/v1/ops/loads?pending_over=5",
+        "/v1/ops/loads?after=not%20a%20load",
+        "/v1/ops/dead?class=nope",
+        "/v1/ops/dead?class=external&action_type=send_sms",
+        "/v1/ops/dead?before=12",
+        "/v1/ops/timers?after=x",
+        "/v1/ops/unmatched?before=1.",
+        "/v1/ops/alerts?limit=x",
+    ] {
+        let (status, v, _) = a.get(q).await;
+        assert_eq!((status, v["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("bad_query")), "{q}: {v}");
+    }
+    for q in ["loads", "dead", "timers", "unmatched", "alerts"] {
+        let resp = a.client.get(format!("{}/v1/ops/{q}?limit=0", a.base)).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{q}");
+    }
+}
+
+on_both_backends!(the_queries_filter_and_page, bad_queries_are_400_and_the_token_comes_first);

@@ -1,0 +1,282 @@
+//! Queries across loads, for operators: which loads need a person, the dead outbox
+//! rows, the overdue timers, the unmatched SMS, and the figures monitoring reads from
+//! the store at scrape time.
+//!
+//! Every list is a keyset page (a cursor names a position, never an offset) with a
+//! bound, and every statement behind it is served by an index (on PostgreSQL the
+//! EXPLAIN test holds that). A load's stage, its asks and its last activity are a small
+//! summary on the `loads` row, kept by `append` in the append's own transaction
+//! ([`SummaryDelta`]): the log stays the source of truth, and the summary is the fold
+//! of its stage and ask changes, as the projection folds them.
+
+use async_trait::async_trait;
+use haul_core::action::{ActionType, ChannelClass};
+use haul_core::decision::DECISION_RECORDED;
+use haul_core::ids::LoadId;
+use haul_core::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::{NewEntry, OutboxRow, RowCursor, StoreError, Timer, UnmatchedSms};
+
+/// Items per page when the caller names no limit.
+pub const DEFAULT_PAGE: usize = 50;
+/// The most items one page holds.
+pub const MAX_PAGE: usize = 500;
+/// Loads one page of [`OpsQueries::loads_page`] examines at most, in load id order.
+/// A filter that few loads match gives short (even empty) pages with a cursor to go on
+/// from, so no page costs more than this many rows of `loads` and their probes.
+pub const LOADS_SCANNED_PER_PAGE: usize = 5000;
+
+/// Which loads [`OpsQueries::loads_page`] returns: every condition given must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadFilter {
+    /// The load's stage is this one.
+    pub stage: Option<String>,
+    /// At least one ask is open.
+    pub open_asks: bool,
+    /// At least one ask was escalated to a person.
+    pub escalated: bool,
+    /// At least one outbox row is dead.
+    pub has_dead: bool,
+    /// A pending outbox row was created at or before this (its age is over the limit).
+    pub pending_created_by: Option<Timestamp>,
+    /// A scheduled timer was due at or before this (it is overdue by that much).
+    pub timer_due_by: Option<Timestamp>,
+    /// The last record was appended before this.
+    pub active_before: Option<Timestamp>,
+    /// The last record was appended at or after this.
+    pub active_since: Option<Timestamp>,
+}
+
+/// One load's summary: what `loads` keeps besides the version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadSummary {
+    pub load_id: LoadId,
+    /// `seq` of the last record.
+    pub version: u64,
+    pub stage: Option<String>,
+    pub open_asks: u32,
+    pub escalated_asks: u32,
+    pub created_at: Timestamp,
+    /// When the last record was appended.
+    pub last_activity_at: Timestamp,
+}
+
+/// A page of loads and where the next one starts (`None`: nothing after it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadsPage {
+    pub loads: Vec<LoadSummary>,
+    pub next_after: Option<LoadId>,
+}
+
+/// A dead outbox row and when it died.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadRow {
+    pub row: OutboxRow,
+    pub dead_at: Timestamp,
+    /// When its failed outcome reached the log, and for a Hero-channel or internal row
+    /// the OpsAlert was delivered (the dispatcher marks it after both); `None` while
+    /// either is still to do (the sweep retries).
+    pub outcome_published_at: Option<Timestamp>,
+}
+
+impl DeadRow {
+    /// The cursor of the page after this row (newest first: the next page is older).
+    pub fn cursor(&self) -> RowCursor {
+        RowCursor { created_at: self.dead_at, id: self.row.id.clone() }
+    }
+}
+
+/// `external`, `hero_channel` or `internal`.
+pub fn class_name(class: ChannelClass) -> &'static str {
+    match class {
+        ChannelClass::External => "external",
+        ChannelClass::HeroChannel => "hero_channel",
+        ChannelClass::Internal => "internal",
+    }
+}
+
+/// The action types of a class named by [`class_name`]; `None` for another name.
+pub fn class_types(name: &str) -> Option<Vec<ActionType>> {
+    let class = [ChannelClass::External, ChannelClass::HeroChannel, ChannelClass::Internal]
+        .into_iter()
+        .find(|c| class_name(*c) == name)?;
+    Some(ActionType::ALL.into_iter().filter(|t| t.class() == class).collect())
+}
+
+/// The action types as the statements take them: `,send_sms,set_timer,` (every type
+/// when `types` is empty), matched with `',' || action_type || ','`.
+pub fn types_param(types: &[ActionType]) -> String {
+    let types = if types.is_empty() { &ActionType::ALL[..] } else { types };
+    let mut s = String::from(",");
+    for t in types {
+        s.push_str(t.as_str());
+        s.push(',');
+    }
+    s
+}
+
+#[async_trait]
+pub trait OpsQueries: Send + Sync {
+    /// `fire_at` of the earliest scheduled timer due at `now` (`fire_at <= now`): how
+    /// late the pump is, whether or not a pump runs.
+    async fn oldest_due_timer(&self, now: Timestamp) -> Result<Option<Timestamp>, StoreError>;
+
+    /// Loads after `after` (load id order) that match `filter`, at most `limit`, among
+    /// at most [`LOADS_SCANNED_PER_PAGE`] loads examined.
+    async fn loads_page(
+        &self,
+        filter: &LoadFilter,
+        after: Option<&LoadId>,
+        limit: usize,
+    ) -> Result<LoadsPage, StoreError>;
+
+    /// Dead rows of these action types (all when empty), newest first (`dead_at`, then
+    /// id, descending), before the position `before`, at most `limit`.
+    async fn dead_rows_page(
+        &self,
+        types: &[ActionType],
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<DeadRow>, StoreError>;
+
+    /// Scheduled timers due at or before `due_by`, the most overdue first (`fire_at`,
+    /// then timer id), after the position `after`, at most `limit`.
+    async fn overdue_timers_page(
+        &self,
+        due_by: Timestamp,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<Timer>, StoreError>;
+
+    /// Unmatched SMS, newest first (`received_at`, then sid, descending), before the
+    /// position `before`, at most `limit`.
+    async fn unmatched_sms_page(
+        &self,
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<UnmatchedSms>, StoreError>;
+}
+
+/// The cursor after a page of loads: its last load when the page is full; else the
+/// last load examined (`upto`) when a whole scan window was examined (more may match
+/// after it); else `None`, the end.
+pub fn next_loads_cursor(
+    loads: &[LoadSummary],
+    limit: usize,
+    upto: &str,
+    scanned: usize,
+) -> Result<Option<LoadId>, StoreError> {
+    if limit > 0 && loads.len() >= limit {
+        return Ok(loads.last().map(|l| l.load_id.clone()));
+    }
+    if scanned >= LOADS_SCANNED_PER_PAGE {
+        return Ok(Some(crate::backend::parse_load_id(upto)?));
+    }
+    Ok(None)
+}
+
+/// What one append changes in its load's summary: the last stage a `load_update` set,
+/// and each ask's last status a `decision_recorded` gave. Read leniently, as the
+/// projection reads: what does not have the shape changes nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SummaryDelta {
+    pub stage: Option<String>,
+    pub asks: Vec<(String, String)>,
+}
+
+impl SummaryDelta {
+    pub fn of(entries: &[NewEntry]) -> Self {
+        let mut d = SummaryDelta::default();
+        for e in entries {
+            if e.kind == "load_update" {
+                if let Some(stage) = e.payload.get("stage").and_then(Value::as_str) {
+                    d.stage = Some(stage.to_owned());
+                }
+            } else if e.kind == DECISION_RECORDED {
+                for a in e.payload.get("asks").and_then(Value::as_array).into_iter().flatten() {
+                    if let (Some(id), Some(status)) =
+                        (a.get("ask_id").and_then(Value::as_str), a.get("status").and_then(Value::as_str))
+                    {
+                        d.asks.push((id.to_owned(), status.to_owned()));
+                    }
+                }
+            }
+        }
+        d
+    }
+
+    /// True when the append changes no ask (the stage, if any, is a plain overwrite).
+    pub fn asks_unchanged(&self) -> bool {
+        self.asks.is_empty()
+    }
+
+    /// The summary's asks (`{ask_id: status}` as JSON text) after this delta, and the
+    /// counts of open and escalated asks in it. A `before` that is not an object counts
+    /// as no asks.
+    pub fn fold_asks(&self, before: &str) -> (String, i64, i64) {
+        let mut asks = match serde_json::from_str::<Value>(before) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        for (id, status) in &self.asks {
+            asks.insert(id.clone(), Value::String(status.clone()));
+        }
+        let count = |s: &str| asks.values().filter(|v| v.as_str() == Some(s)).count() as i64;
+        let (open, escalated) = (count("open"), count("escalated"));
+        (Value::Object(asks).to_string(), open, escalated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn e(kind: &str, payload: Value) -> NewEntry {
+        NewEntry { entry_id: "x".into(), kind: kind.into(), payload }
+    }
+
+    #[test]
+    fn the_delta_is_the_last_stage_and_each_asks_last_status() {
+        let check = |entries: Vec<NewEntry>, before: &str, stage: Option<&str>, asks: Value, open: i64, esc: i64| {
+            let d = SummaryDelta::of(&entries);
+            assert_eq!(d.stage.as_deref(), stage);
+            let (text, o, x) = d.fold_asks(before);
+            assert_eq!((serde_json::from_str::<Value>(&text).unwrap(), o, x), (asks, open, esc));
+        };
+        check(vec![], "{}", None, json!({}), 0, 0);
+        check(vec![e("load_update", json!({"stage": "in_transit"}))], "{}", Some("in_transit"), json!({}), 0, 0);
+        check(vec![e("load_update", json!({"client": "c"}))], "{}", None, json!({}), 0, 0);
+        let dec = |asks: Value| e(DECISION_RECORDED, json!({"asks": asks}));
+        check(
+            vec![dec(json!([{"ask_id": "a1", "step": 1, "status": "open"}]))],
+            r#"{"a0":"escalated"}"#,
+            None,
+            json!({"a0": "escalated", "a1": "open"}),
+            1,
+            1,
+        );
+        check(
+            vec![dec(json!([{"ask_id": "a1", "step": 2, "status": "answered"}]))],
+            r#"{"a1":"open"}"#,
+            None,
+            json!({"a1": "answered"}),
+            0,
+            0,
+        );
+        // Out of shape: nothing changes; a broken summary counts as none.
+        check(vec![dec(json!("x")), dec(json!([{"ask_id": 3}]))], "not json", None, json!({}), 0, 0);
+    }
+
+    #[test]
+    fn classes_name_their_types() {
+        assert_eq!(class_types("hero_channel"), Some(vec![ActionType::CreateHeroTask, ActionType::PostHeroSlack]));
+        assert_eq!(class_types("external"), Some(vec![ActionType::SendSms]));
+        assert_eq!(class_types("nope"), None);
+        assert_eq!(types_param(&[ActionType::SendSms]), ",send_sms,");
+        assert!(types_param(&[]).contains(",update_stage,"));
+    }
+}
