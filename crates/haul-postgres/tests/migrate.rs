@@ -278,7 +278,7 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
         .await
         .unwrap();
 
-    assert_eq!(s.migrate().await.unwrap(), vec![6]);
+    assert_eq!(s.migrate_to(6).await.unwrap(), vec![6]);
     let elsewhere = SmsRoute::Load(load(9));
     let taken = async |sid: &str| s.claim_message_sid(sid, &elsewhere, at(10)).await.unwrap();
     assert_eq!(taken("SMlog0").await, SidClaim::Taken(SmsRoute::Load(load(0))));

@@ -24,8 +24,8 @@ use serde_json::Value;
 
 use crate::{
     AppendError, Claim, ClaimError, DuplicateActionKeyError, DuplicateEntryError, NewEntry, NewOutboxRow, OutboxRow,
-    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsRoute, StaleClaimError, StoreError, Timer,
-    TimerStatus, UnmatchedSms, is_key_of_load,
+    OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsAssignment, SmsRoute, StaleClaimError, StoreError,
+    Timer, TimerStatus, UnmatchedSms, is_key_of_load,
 };
 
 // ---------------------------------------------------------------------------------
@@ -233,6 +233,18 @@ pub fn unmatched_sms_row(r: &dyn Columns) -> Result<UnmatchedSms, StoreError> {
         received_at: from_ms(r.i64(4)?),
         reason: r.string(5)?,
     })
+}
+
+/// A row of `columns!(unmatched_sms), assigned_load, assigned_event`, read back after
+/// [`LoadIndex::assign_unmatched_sms`](crate::LoadIndex::assign_unmatched_sms) tried to
+/// take it for `load_id` and `event_id`: whose it is now.
+pub fn sms_assignment(r: &dyn Columns, load_id: &LoadId, event_id: &str) -> Result<SmsAssignment, StoreError> {
+    let sms = unmatched_sms_row(r)?;
+    match (r.opt_string(6)?, r.opt_string(7)?) {
+        (Some(l), Some(e)) if l == load_id.as_str() && e == event_id => Ok(SmsAssignment::Assigned(sms)),
+        (Some(l), Some(e)) => Ok(SmsAssignment::Taken { load_id: parse_load_id(&l)?, event_id: e }),
+        _ => Err(CorruptRowError::value("assigned_load", "NULL after its assignment").into()),
+    }
 }
 
 /// The route a `message_sids` row names by its `load_id` (NULL: unmatched).
