@@ -119,6 +119,7 @@ pub async fn check(store: Arc<dyn Store>, services: &str, accepted: &Path, timeo
         invariants::log_is_sound(&load, &recs)?;
         let outbox = store.rows_for_load(&load).await?;
         invariants::outbox_settled(&load, &recs, &outbox, effects)?;
+        invariants::requeued_once(&load, &outbox)?;
         events += ids.len();
         rows += outbox.len();
     }

@@ -140,7 +140,7 @@ pub enum Command {
         /// Steps of the fault phase per run.
         #[arg(long, default_value_t = 200)]
         steps: usize,
-        /// Faults to inject: all, none, or some of crash,duplicate,redelivery,interleave,outage,service,clock.
+        /// Faults to inject: all, none, or some of crash,duplicate,redelivery,interleave,outage,service,clock,operator (operator actions: requeues, bulk requeues, resolved asks, assigned SMS).
         #[arg(long, default_value = "all")]
         faults: String,
         /// The backend: SQLite in memory, or a fresh schema per seed in the PostgreSQL of

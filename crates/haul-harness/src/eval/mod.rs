@@ -684,7 +684,12 @@ impl Run {
             })
             .and_then(|()| logs.iter().try_for_each(|(l, recs)| invariants::log_is_sound(l, recs)))
             .and_then(|()| invariants::one_payload_per_key(&self.svc.conflicts()));
-        checked.map_err(|v| (v.invariant.key().to_string(), v.message))
+        checked.map_err(|v| (v.invariant.key().to_string(), v.message))?;
+        for l in &self.loads {
+            let rows = self.store.rows_for_load(l).await.map_err(|e| ("store".to_string(), e.to_string()))?;
+            invariants::requeued_once(l, &rows).map_err(|v| (v.invariant.key().to_string(), v.message))?;
+        }
+        Ok(())
     }
 }
 
