@@ -500,6 +500,7 @@ pub const FLAGS: &[(&str, &str)] = &[("--db", "store.url"), ("--listen", "server
 /// is an error; `serve` reads the secrets, the binary `HAUL_LOG`, the tools the rest.
 pub const NOT_SETTINGS: &[(&str, &str)] = &[
     ("HAUL_API_TOKEN", "secret: the API's bearer tokens, comma-separated"),
+    ("HAUL_OPERATOR_TOKEN", "secret: the operators' bearer tokens (operator actions), comma-separated"),
     ("HAUL_TWILIO_AUTH_TOKEN", "secret: the key of Twilio's webhook signatures"),
     ("HAUL_LLM_API_KEY", "secret: the model's API key (the default of decider.llm.api_key_env)"),
     ("HAUL_LOG", "log filter, e.g. haul=debug"),

@@ -196,7 +196,7 @@ impl Request {
     }
 }
 
-/// `{key, type, ask_id?, step?, params}`.
+/// `{key, type, ask_id?, step?, requeue_of?, params}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Action {
     pub key: String,
@@ -206,6 +206,11 @@ pub struct Action {
     pub ask_id: Option<AskId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// On an operator's requeue: the key of the dead row this action is a copy of (the
+    /// dead row stays dead; this is its link to the row that re-drives it). Absent on
+    /// every other action, so rows written before it read back unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_of: Option<String>,
 }
 
 impl Action {
@@ -230,6 +235,7 @@ mod tests {
             kind: ActionKind::SendSms { to: "+15555550100".into(), body: "ETA?".into() },
             ask_id: Some(AskId::parse("ask:eta_request:p").unwrap()),
             step: Some(1),
+            requeue_of: None,
         };
         let v = serde_json::to_value(&a).unwrap();
         assert_eq!(

@@ -106,6 +106,7 @@ impl Decision {
             },
             ask_id: None,
             step: None,
+            requeue_of: None,
         };
         Decision::new(event, decided_at, "fallback", vec![action], vec![], why)
     }

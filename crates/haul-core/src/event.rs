@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::action::ActionType;
+use crate::action::{Action, ActionType};
 use crate::error::{BadInput, clip};
 use crate::ids::{AskId, EventId, LoadId, TimerId};
 use crate::outcome::OutcomeStatus;
@@ -91,6 +91,44 @@ pub struct ActionOutcome {
     pub internal: bool,
 }
 
+/// `operator_action`: what a person asked haul to do about a load, with who asked and
+/// why. It goes through the load queue and the load worker like any other input, so
+/// the log is the audit trail and the version check guards it (docs/design.md,
+/// "Operator actions"); the deterministic path decides it, never a model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorAction {
+    /// Who asked (`[A-Za-z0-9_.@+-]{1,64}`, e.g. a login or an email address).
+    pub actor: String,
+    /// Why, in the operator's words (1 to 500 characters).
+    pub reason: String,
+    pub command: OperatorCommand,
+}
+
+/// What an operator asks for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OperatorCommand {
+    /// A new outbox row carrying `action`, the action of the dead row `outbox_id`
+    /// (read from the outbox by whoever made the event). The dead row stays dead.
+    Requeue { outbox_id: String, action: Action },
+    /// An SMS the webhook could not route, handed to this load: the SOP takes it as
+    /// the load's `inbound_sms`.
+    AssignSms { message_sid: String, from: String, body: String },
+    /// The ask is settled by hand (the driver called in): closed, its timer canceled.
+    ResolveAsk { ask_id: AskId },
+}
+
+impl OperatorCommand {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OperatorCommand::Requeue { .. } => "requeue",
+            OperatorCommand::AssignSms { .. } => "assign_sms",
+            OperatorCommand::ResolveAsk { .. } => "resolve_ask",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventBody {
     LoadUpdate(LoadUpdate),
@@ -98,10 +136,17 @@ pub enum EventBody {
     InboundSms(InboundSms),
     TimerFired(TimerFired),
     ActionOutcome(ActionOutcome),
+    OperatorAction(OperatorAction),
 }
 
 /// Every inbound kind, as named on the wire and in the log.
-pub const EVENT_KINDS: [&str; 5] = ["load_update", "location_ping", "inbound_sms", "timer_fired", "action_outcome"];
+pub const EVENT_KINDS: [&str; 6] =
+    ["load_update", "location_ping", "inbound_sms", "timer_fired", "action_outcome", "operator_action"];
+
+/// Longest operator reason, in characters.
+pub const MAX_OPERATOR_REASON_CHARS: usize = 500;
+/// Longest operator name, in characters.
+pub const MAX_OPERATOR_ACTOR_CHARS: usize = 64;
 
 impl EventBody {
     pub fn kind(&self) -> &'static str {
@@ -111,6 +156,7 @@ impl EventBody {
             EventBody::InboundSms(_) => "inbound_sms",
             EventBody::TimerFired(_) => "timer_fired",
             EventBody::ActionOutcome(_) => "action_outcome",
+            EventBody::OperatorAction(_) => "operator_action",
         }
     }
 
@@ -122,6 +168,7 @@ impl EventBody {
             EventBody::InboundSms(p) => serde_json::to_value(p),
             EventBody::TimerFired(p) => serde_json::to_value(p),
             EventBody::ActionOutcome(p) => serde_json::to_value(p),
+            EventBody::OperatorAction(p) => serde_json::to_value(p),
         };
         v.expect("payload structs always serialize")
     }
@@ -140,6 +187,7 @@ impl EventBody {
             "inbound_sms" => EventBody::InboundSms(de(kind, payload)?),
             "timer_fired" => EventBody::TimerFired(de(kind, payload)?),
             "action_outcome" => EventBody::ActionOutcome(de(kind, payload)?),
+            "operator_action" => EventBody::OperatorAction(de(kind, payload)?),
             other => {
                 return Err(BadInput::new(
                     "unknown_kind",
@@ -203,6 +251,7 @@ impl EventBody {
                     validate_text("failure", f, 2048)?;
                 }
             }
+            EventBody::OperatorAction(op) => validate_operator_action(op)?,
         }
         Ok(())
     }
@@ -240,9 +289,41 @@ impl InboundEvent {
     }
 
     /// Parses input from outside haul: only the inbound id form, and only the kinds an
-    /// outside source may send (`timer_fired` and `action_outcome` are haul's own).
+    /// outside source may send (`timer_fired` and `action_outcome` are haul's own,
+    /// `operator_action` needs an operator: [`InboundEvent::from_operator`]).
     pub fn from_outside(load_id: LoadId, v: Value) -> Result<Self, BadInput> {
         let ev = Self::parse(load_id, v, EventId::parse_inbound)?;
+        if let EventBody::OperatorAction(_) = ev.body {
+            return Err(BadInput::new(
+                "kind_not_accepted",
+                "operator_action events need an operator token (HAUL_OPERATOR_TOKEN)",
+            ));
+        }
+        Self::not_hauls_own(ev)
+    }
+
+    /// Parses input from a caller holding an operator token: what
+    /// [`InboundEvent::from_outside`] takes, and `operator_action` events, whose ids
+    /// are `op:` ids (and only theirs).
+    pub fn from_operator(load_id: LoadId, v: Value) -> Result<Self, BadInput> {
+        let ev = Self::parse(load_id, v, EventId::parse_operator)?;
+        let operator = matches!(ev.body, EventBody::OperatorAction(_));
+        if operator && !ev.event_id.is_operator() {
+            return Err(BadInput::new(
+                "bad_event_id",
+                format!("an operator_action's event id is op:{{request id}}, not {:?}", clip(ev.event_id.as_str())),
+            ));
+        }
+        if !operator && ev.event_id.is_operator() {
+            return Err(BadInput::new(
+                "reserved_event_id",
+                format!("event id {:?}: op: ids are for operator_action events only", clip(ev.event_id.as_str())),
+            ));
+        }
+        Self::not_hauls_own(ev)
+    }
+
+    fn not_hauls_own(ev: Self) -> Result<Self, BadInput> {
         if matches!(ev.body, EventBody::TimerFired(_) | EventBody::ActionOutcome(_)) {
             return Err(BadInput::new("kind_not_accepted", format!("{} events come only from haul itself", ev.kind())));
         }
@@ -278,6 +359,51 @@ impl fmt::Display for InboundEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {} ({})", self.load_id, self.event_id, self.kind())
     }
+}
+
+fn validate_operator_action(op: &OperatorAction) -> Result<(), BadInput> {
+    let actor_ok = !op.actor.is_empty()
+        && op.actor.chars().count() <= MAX_OPERATOR_ACTOR_CHARS
+        && op.actor.chars().all(|c| c.is_ascii_alphanumeric() || "_.@+-".contains(c));
+    if !actor_ok {
+        return Err(BadInput::new(
+            "bad_payload",
+            format!(
+                "operator_action actor {:?} is not of the form [A-Za-z0-9_.@+-]{{1,{MAX_OPERATOR_ACTOR_CHARS}}}",
+                clip(&op.actor)
+            ),
+        ));
+    }
+    if op.reason.trim().is_empty() {
+        return Err(BadInput::new("bad_payload", "operator_action reason is empty: say why"));
+    }
+    validate_text("reason", &op.reason, MAX_OPERATOR_REASON_CHARS)?;
+    match &op.command {
+        OperatorCommand::Requeue { outbox_id, action } => {
+            validate_text("outbox_id", outbox_id, crate::ids::MAX_DERIVED_ID_LEN)?;
+            if action.key != *outbox_id {
+                return Err(BadInput::new(
+                    "bad_payload",
+                    "operator_action requeue: the action's key is not the outbox id it requeues",
+                ));
+            }
+        }
+        OperatorCommand::AssignSms { message_sid, from, body } => {
+            if !crate::ids::is_message_sid(message_sid) {
+                return Err(BadInput::new(
+                    "bad_message_sid",
+                    format!("MessageSid {:?} is not a Twilio message id", clip(message_sid)),
+                ));
+            }
+            validate_text("from", from, MAX_SMS_FROM_CHARS)?;
+            if from.is_empty() {
+                return Err(BadInput::new("bad_payload", "assign_sms from is empty"));
+            }
+            validate_text("body", body, MAX_SMS_BODY_CHARS)?;
+        }
+        OperatorCommand::ResolveAsk { .. } => {}
+    }
+    Ok(())
 }
 
 pub fn validate_client(c: &str) -> Result<(), BadInput> {
@@ -386,5 +512,75 @@ mod tests {
             Err("kind_not_accepted"),
         );
         check(json!([1, 2]), Err("bad_json"));
+        check(
+            json!({"event_id":"op:r1","kind":"operator_action","actor":"ana","reason":"x","command":{"type":"resolve_ask","ask_id":"ask:eta_request:p"}}),
+            Err("reserved_event_id"),
+        );
+        check(
+            json!({"event_id":"r1","kind":"operator_action","actor":"ana","reason":"x","command":{"type":"resolve_ask","ask_id":"ask:eta_request:p"}}),
+            Err("kind_not_accepted"),
+        );
+    }
+
+    fn check_operator(input: Value, expected: Result<&str, &str>) {
+        let load = LoadId::parse("481207").unwrap();
+        match (InboundEvent::from_operator(load, input.clone()), expected) {
+            (Ok(ev), Ok(kind)) => {
+                assert_eq!(ev.kind(), kind);
+                let again = InboundEvent::from_json(ev.load_id.clone(), ev.to_json()).unwrap();
+                assert_eq!(again, ev);
+            }
+            (Err(e), Err(code)) => assert_eq!(e.code, code, "{input}: {e}"),
+            (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn operator_events() {
+        let op = |command: Value| json!({"event_id":"op:r1","kind":"operator_action","actor":"ana@example.com","reason":"Hero is back","command":command});
+        let dead = json!({"key":"481207/sms_1/create_hero_task","type":"create_hero_task",
+                          "params":{"title":"t","body":"b","urgency":"normal"}});
+        check_operator(
+            op(json!({"type":"requeue","outbox_id":"481207/sms_1/create_hero_task","action":dead})),
+            Ok("operator_action"),
+        );
+        check_operator(
+            op(json!({"type":"requeue","outbox_id":"481207/other/create_hero_task","action":dead})),
+            Err("bad_payload"),
+        );
+        check_operator(op(json!({"type":"resolve_ask","ask_id":"ask:eta_request:p"})), Ok("operator_action"));
+        check_operator(op(json!({"type":"resolve_ask","ask_id":"nope"})), Err("bad_payload"));
+        check_operator(
+            op(json!({"type":"assign_sms","message_sid":"SM1","from":"+15555550100","body":"ETA 9"})),
+            Ok("operator_action"),
+        );
+        check_operator(
+            op(json!({"type":"assign_sms","message_sid":"SM/1","from":"+1","body":"x"})),
+            Err("bad_message_sid"),
+        );
+        check_operator(op(json!({"type":"teleport"})), Err("bad_payload"));
+        check_operator(op(json!({"type":"resolve_ask","ask_id":"ask:eta_request:p","extra":1})), Err("bad_payload"));
+        let mut v = op(json!({"type":"resolve_ask","ask_id":"ask:eta_request:p"}));
+        v["reason"] = json!("  ");
+        check_operator(v.clone(), Err("bad_payload"));
+        v["reason"] = json!("x".repeat(501));
+        check_operator(v.clone(), Err("bad_payload"));
+        v["reason"] = json!("ok");
+        v["actor"] = json!("a b");
+        check_operator(v.clone(), Err("bad_payload"));
+        v["actor"] = json!("ana");
+        v["event_id"] = json!("r1");
+        check_operator(v.clone(), Err("bad_event_id"));
+        v["event_id"] = json!("sms:SM1");
+        check_operator(v, Err("reserved_event_id"));
+        // an operator may post every other outside kind, but not under an op: id
+        check_operator(
+            json!({"event_id":"p1","kind":"location_ping","lat":1,"lon":0,"risk":"low"}),
+            Ok("location_ping"),
+        );
+        check_operator(
+            json!({"event_id":"op:p1","kind":"location_ping","lat":1,"lon":0,"risk":"low"}),
+            Err("reserved_event_id"),
+        );
     }
 }

@@ -92,9 +92,18 @@ pub fn is_message_sid(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_MESSAGE_SID_LEN && s.chars().all(|c| c.is_ascii_alphanumeric())
 }
 
+/// The prefix of operator actions' event ids, `op:{request id}` (and, for one row of a
+/// bulk requeue, `op:{request id}:{row hash}`). Reserved: only the operator routes make
+/// them, and an `operator_action` carries no other.
+pub const OPERATOR_PREFIX: &str = "op:";
+
+/// Longest request id an operator may give (`[A-Za-z0-9_.-]{1,64}`).
+pub const MAX_REQUEST_ID_LEN: usize = 64;
+
 /// An event id: one given by a source (`[A-Za-z0-9_.:-]{1,128}`, not starting with a
-/// reserved prefix), one the Twilio webhook gives an SMS (`sms:{MessageSid}`), or one
-/// haul derives itself (`evt:…`).
+/// reserved prefix), one the Twilio webhook gives an SMS (`sms:{MessageSid}`), one an
+/// operator action gets from its request id (`op:…`), or one haul derives itself
+/// (`evt:…`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EventId(String);
 string_id!(EventId);
@@ -124,6 +133,16 @@ impl EventId {
     /// nobody can pre-empt a timer's, an outcome's or an SMS's event id.
     pub fn parse_inbound(s: &str) -> Result<Self, BadInput> {
         check_inbound_form(s)?;
+        if ["evt:", "dec:", TWILIO_SMS_PREFIX, OPERATOR_PREFIX].iter().any(|p| s.starts_with(p)) {
+            return Err(reserved(s));
+        }
+        Ok(EventId(s.to_owned()))
+    }
+
+    /// What an operator may use: the inbound form, `op:` ids included (the other
+    /// reserved prefixes are still refused).
+    pub fn parse_operator(s: &str) -> Result<Self, BadInput> {
+        check_inbound_form(s)?;
         if ["evt:", "dec:", TWILIO_SMS_PREFIX].iter().any(|p| s.starts_with(p)) {
             return Err(reserved(s));
         }
@@ -145,9 +164,48 @@ impl EventId {
         Ok(EventId(format!("{TWILIO_SMS_PREFIX}{message_sid}")))
     }
 
+    /// `op:{request id}`: the event id of an operator action, the same for every retry
+    /// of one request, so a retried request is a duplicate and does nothing twice.
+    pub fn operator(request_id: &str) -> Result<Self, BadInput> {
+        check_request_id(request_id)?;
+        Ok(EventId(format!("{OPERATOR_PREFIX}{request_id}")))
+    }
+
+    /// `op:{request id}:{16 hex digits}`: the event id of one row of a bulk requeue,
+    /// derived from the request and the row's key, so a retried bulk request names
+    /// every row's event as the first try did, whatever order the rows come in.
+    pub fn operator_bulk(request_id: &str, outbox_id: &str) -> Result<Self, BadInput> {
+        check_request_id(request_id)?;
+        Ok(EventId(format!("{OPERATOR_PREFIX}{request_id}:{:016x}", fnv1a64(outbox_id.as_bytes()))))
+    }
+
     pub fn is_derived(&self) -> bool {
         self.0.starts_with("evt:")
     }
+
+    pub fn is_operator(&self) -> bool {
+        self.0.starts_with(OPERATOR_PREFIX)
+    }
+}
+
+/// A request id an operator gives: `[A-Za-z0-9_.-]{1,64}`.
+pub fn check_request_id(s: &str) -> Result<(), BadInput> {
+    let ok = !s.is_empty()
+        && s.len() <= MAX_REQUEST_ID_LEN
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+    if !ok {
+        return Err(BadInput::new(
+            "bad_request_id",
+            format!("request id {:?} is not of the form [A-Za-z0-9_.-]{{1,{MAX_REQUEST_ID_LEN}}}", clip(s)),
+        ));
+    }
+    Ok(())
+}
+
+/// FNV-1a, 64 bits: a stable hash (the same in every process and version), not a
+/// secret one; it only spreads a bulk request's rows over distinct event ids.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 fn check_inbound_form(s: &str) -> Result<(), BadInput> {
@@ -163,7 +221,9 @@ fn check_inbound_form(s: &str) -> Result<(), BadInput> {
 fn reserved(s: &str) -> BadInput {
     BadInput::new(
         "reserved_event_id",
-        format!("event id {s:?} uses a prefix reserved for haul (evt:, dec:, and sms: for the Twilio webhook's SMS)"),
+        format!(
+            "event id {s:?} uses a prefix reserved for haul (evt:, dec:, sms: for the Twilio webhook's SMS, op: for operator actions)"
+        ),
     )
 }
 
@@ -308,6 +368,7 @@ mod tests {
         for (s, ok) in [
             ("ping_0700", true),
             ("sms:SM8a1f", false),
+            ("op:r1", false),
             ("sms_8a1f", true),
             ("a.b-c_d:e", true),
             ("evt:tmr:1:ask:x:y:1", false),
@@ -361,6 +422,25 @@ mod tests {
         assert_eq!(ops_alert_key(&key), "alert:481207/ask:eta_request:ping_0700/1/send_sms");
         assert_eq!(ops_alert_outbox_id(&ops_alert_key(&key)), Some(key.as_str()));
         assert_eq!(fallback_action_key(&load, &ping), "481207/ping_0700/create_hero_task:fallback");
+    }
+
+    #[test]
+    fn operator_event_ids() {
+        assert_eq!(EventId::operator("req-1.a_b").unwrap().as_str(), "op:req-1.a_b");
+        assert!(EventId::operator("req-1").unwrap().is_operator());
+        for bad in ["", "a:b", "a b", "a/b", &"r".repeat(MAX_REQUEST_ID_LEN + 1)] {
+            assert_eq!(EventId::operator(bad).unwrap_err().code, "bad_request_id", "{bad:?}");
+        }
+        let a = EventId::operator_bulk("r1", "481207/ask:eta_request:p/2/create_hero_task").unwrap();
+        let b = EventId::operator_bulk("r1", "481207/sms_1/create_hero_task").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, EventId::operator_bulk("r1", "481207/ask:eta_request:p/2/create_hero_task").unwrap());
+        assert_eq!(a.as_str().len(), "op:r1:".len() + 16);
+        // readable in a log and on the queue, never accepted as an outside source's id
+        assert_eq!(EventId::parse(a.as_str()), Ok(a.clone()));
+        assert_eq!(EventId::parse_inbound(a.as_str()).unwrap_err().code, "reserved_event_id");
+        assert!(EventId::operator(&"r".repeat(MAX_REQUEST_ID_LEN)).is_ok());
+        assert!(EventId::operator_bulk(&"r".repeat(MAX_REQUEST_ID_LEN), "x").unwrap().as_str().len() <= 128);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::decision::{AskStatus, DECISION_RECORDED, Decision};
-use crate::event::{EventBody, TimerFired};
+use crate::event::{EventBody, OperatorCommand, TimerFired};
 use crate::ids::{AskId, EventId};
 use crate::outcome::OutcomeStatus;
 use crate::time::Timestamp;
@@ -87,6 +87,14 @@ pub struct LoadState {
     pub decided: BTreeSet<EventId>,
     /// Records the fold could not read.
     pub unreadable: u64,
+    /// Dead rows an operator requeued: the dead row's key, the key of the row that
+    /// carries its action again. One requeue per dead row: a second is a noop.
+    #[serde(default)]
+    pub requeues: BTreeMap<String, String>,
+    /// MessageSids of unmatched SMS an operator assigned to this load, so one is
+    /// handled once however many requests assign it.
+    #[serde(default)]
+    pub assigned_sms: BTreeSet<String>,
     pub last_recorded_at: Option<Timestamp>,
 }
 
@@ -145,12 +153,29 @@ impl LoadState {
                     self.outcomes.insert(o.outbox_id, seen);
                 }
             }
+            EventBody::OperatorAction(op) => {
+                if let OperatorCommand::AssignSms { message_sid, .. } = op.command {
+                    self.assigned_sms.insert(message_sid);
+                }
+            }
             EventBody::LocationPing(_) | EventBody::InboundSms(_) | EventBody::TimerFired(_) => {}
         }
     }
 
+    /// True when the SMS with this MessageSid was handled on this load already: it came
+    /// from the webhook as `sms:{sid}`, or an operator assigned it here.
+    pub fn has_sms(&self, message_sid: &str) -> bool {
+        self.assigned_sms.contains(message_sid)
+            || EventId::twilio_sms(message_sid).is_ok_and(|id| self.processed.contains(&id))
+    }
+
     fn apply_decision(&mut self, d: &Decision) {
         self.decided.insert(d.event_id.clone());
+        for a in &d.actions {
+            if let Some(dead) = &a.requeue_of {
+                self.requeues.insert(dead.clone(), a.key.clone());
+            }
+        }
         for change in &d.asks {
             let ask = self.asks.entry(change.ask_id.clone()).or_insert_with(|| OpenAsk {
                 ask_id: change.ask_id.clone(),

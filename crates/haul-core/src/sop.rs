@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, ActionKind, ActionType, Urgency};
 use crate::decision::{AskChange, AskStatus, Decision};
-use crate::event::{EventBody, InboundEvent, Risk};
+use crate::event::{EventBody, InboundEvent, InboundSms, Risk};
 use crate::ids::{AskId, LoadId, TimerId, ask_action_key, event_action_key};
 use crate::outcome::OutcomeStatus;
 use crate::projection::{LoadState, OpenAsk};
@@ -85,6 +85,21 @@ pub fn decide(policies: &Policies, load: &LoadId, state: &LoadState, event: &Inb
     Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale)
 }
 
+/// Rules 4 and 5 for `sms` as if it were `event` (an operator assigning an unmatched
+/// SMS to the load): its keys are derived from `event`. The SMS rules read no client
+/// policy.
+pub fn decide_sms(
+    load: &LoadId,
+    state: &LoadState,
+    event: &InboundEvent,
+    sms: &InboundSms,
+    now: Timestamp,
+) -> Decision {
+    let mut d = Sop { load, state, event, now, policy: EtaPolicy::default(), actions: vec![], asks: vec![] };
+    let rationale = d.sms(sms);
+    Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale)
+}
+
 struct Sop<'a> {
     load: &'a LoadId,
     state: &'a LoadState,
@@ -141,38 +156,7 @@ impl Sop<'_> {
                     }
                 }
             }
-            EventBody::InboundSms(sms) => {
-                let from_driver = state.driver_phone.as_deref() == Some(sms.from.as_str());
-                let open: Vec<&OpenAsk> = state.open_asks().collect();
-                if from_driver && !open.is_empty() {
-                    // Rule 4.
-                    for ask in &open {
-                        self.asks.push(AskChange {
-                            ask_id: ask.ask_id.clone(),
-                            step: ask.step,
-                            status: AskStatus::Answered,
-                        });
-                        self.cancel_timer(ask);
-                    }
-                    if reports_trouble(&sms.body) {
-                        self.event_task(
-                            "Driver reports trouble",
-                            format!("The driver of load {} wrote: {}", self.load, sms.body),
-                            Urgency::Urgent,
-                        );
-                        return "the driver answered and reports trouble".into();
-                    }
-                    return "the driver answered".into();
-                }
-                // Rule 5.
-                let who = if from_driver { "the driver" } else { "a number that is not the driver's" };
-                self.event_task(
-                    "SMS needs a reply",
-                    format!("Load {}: SMS from {who} with no ask open: {}", self.load, sms.body),
-                    Urgency::Normal,
-                );
-                format!("SMS from {who} with no ask open: a person reads it")
-            }
+            EventBody::InboundSms(sms) => self.sms(sms),
             // Rule 6.
             EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Failed && !o.hero_channel && !o.internal => {
                 let what = if o.action_type == ActionType::SendSms {
@@ -205,6 +189,37 @@ impl Sop<'_> {
             // Rule 8.
             _ => "nothing to do".into(),
         }
+    }
+
+    /// Rules 4 and 5: an SMS on this load, from the webhook or assigned by an operator.
+    fn sms(&mut self, sms: &InboundSms) -> String {
+        let state = self.state;
+        let from_driver = state.driver_phone.as_deref() == Some(sms.from.as_str());
+        let open: Vec<&OpenAsk> = state.open_asks().collect();
+        if from_driver && !open.is_empty() {
+            // Rule 4.
+            for ask in &open {
+                self.asks.push(AskChange { ask_id: ask.ask_id.clone(), step: ask.step, status: AskStatus::Answered });
+                self.cancel_timer(ask);
+            }
+            if reports_trouble(&sms.body) {
+                self.event_task(
+                    "Driver reports trouble",
+                    format!("The driver of load {} wrote: {}", self.load, sms.body),
+                    Urgency::Urgent,
+                );
+                return "the driver answered and reports trouble".into();
+            }
+            return "the driver answered".into();
+        }
+        // Rule 5.
+        let who = if from_driver { "the driver" } else { "a number that is not the driver's" };
+        self.event_task(
+            "SMS needs a reply",
+            format!("Load {}: SMS from {who} with no ask open: {}", self.load, sms.body),
+            Urgency::Normal,
+        );
+        format!("SMS from {who} with no ask open: a person reads it")
     }
 
     fn take_step(&mut self, ask: &AskId, step: u32, phone: &str) {
@@ -261,7 +276,7 @@ impl Sop<'_> {
 
     fn push(&mut self, ask: &AskId, step: u32, kind: ActionKind) {
         let key = ask_action_key(self.load, ask, step, kind.action_type().as_str());
-        self.actions.push(Action { key, kind, ask_id: Some(ask.clone()), step: Some(step) });
+        self.actions.push(Action { key, kind, ask_id: Some(ask.clone()), step: Some(step), requeue_of: None });
     }
 
     fn event_task(&mut self, title: &str, body: String, urgency: Urgency) {
@@ -271,6 +286,7 @@ impl Sop<'_> {
             kind: ActionKind::CreateHeroTask { title: format!("Load {}: {title}", self.load), body, urgency },
             ask_id: None,
             step: None,
+            requeue_of: None,
         });
     }
 

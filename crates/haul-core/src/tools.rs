@@ -420,10 +420,20 @@ fn to_action(
         }
     };
     Ok(match at {
-        Some((ask, step)) => {
-            Action { key: ask_action_key(load, &ask, step, t.as_str()), kind, ask_id: Some(ask), step: Some(step) }
-        }
-        None => Action { key: event_action_key(load, &event.event_id, t.as_str()), kind, ask_id: None, step: None },
+        Some((ask, step)) => Action {
+            key: ask_action_key(load, &ask, step, t.as_str()),
+            kind,
+            ask_id: Some(ask),
+            step: Some(step),
+            requeue_of: None,
+        },
+        None => Action {
+            key: event_action_key(load, &event.event_id, t.as_str()),
+            kind,
+            ask_id: None,
+            step: None,
+            requeue_of: None,
+        },
     })
 }
 

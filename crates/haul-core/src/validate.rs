@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 
 use crate::action::{ActionKind, ActionType};
 use crate::decision::Decision;
-use crate::event::{EventBody, InboundEvent};
+use crate::event::{EventBody, InboundEvent, OperatorAction, OperatorCommand};
 use crate::ids::{LoadId, TimerId, ask_action_key, event_action_key, fallback_action_key};
+use crate::operator::OPERATOR_DECIDER;
 use crate::projection::LoadState;
 
 /// Most actions one decision may carry.
@@ -33,7 +34,22 @@ pub fn validate_decision(load: &LoadId, state: &LoadState, event: &InboundEvent,
         if !keys.insert(a.key.as_str()) {
             return Err(format!("action key {} appears twice", a.key));
         }
+        let requeued = match (&a.requeue_of, &event.body) {
+            (None, _) => None,
+            (
+                Some(dead),
+                EventBody::OperatorAction(OperatorAction {
+                    command: OperatorCommand::Requeue { outbox_id, .. }, ..
+                }),
+            ) if outbox_id == dead && d.decider == OPERATOR_DECIDER => Some(dead),
+            (Some(dead), _) => {
+                return Err(format!("action {} claims to requeue {dead}, which this event does not", a.key));
+            }
+        };
         let expected = match (&a.ask_id, a.step) {
+            // An operator's copy of a dead row's action: keyed by the operator's event,
+            // whatever ask it belongs to (the dead row keeps the ask's key).
+            _ if requeued.is_some() => event_action_key(load, &event.event_id, t.as_str()),
             (Some(ask), Some(step)) if step >= 1 => ask_action_key(load, ask, step, t.as_str()),
             (None, None) if d.decider == "fallback" && t == ActionType::CreateHeroTask => {
                 fallback_action_key(load, &event.event_id)
@@ -66,7 +82,8 @@ pub fn validate_decision(load: &LoadId, state: &LoadState, event: &InboundEvent,
                 if *timer_id != TimerId::new(load, ask_id, *step) {
                     return Err(format!("set_timer {} has timer id {timer_id} not of its form", a.key));
                 }
-                if *fire_at < d.decided_at {
+                // A requeued timer may be due already: the TimerStore fires it at once.
+                if *fire_at < d.decided_at && requeued.is_none() {
                     return Err(format!("set_timer {} fires before the decision", a.key));
                 }
             }

@@ -114,7 +114,8 @@ fn simulate(happenings: &[Happening]) -> (Vec<Record>, LoadState) {
         if state.processed.contains(&event.event_id) {
             return;
         }
-        let decision = filter(state, &event, now).unwrap_or_else(|| decide(&policies, &load, state, &event, now));
+        let decision =
+            filter(&load, state, &event, now).unwrap_or_else(|| decide(&policies, &load, state, &event, now));
         for a in &decision.actions {
             match &a.kind {
                 ActionKind::SetTimer { timer_id, fire_at, .. } => timers.push((timer_id.clone(), *fire_at)),

@@ -135,6 +135,7 @@ pub async fn check(
         invariants::log_is_sound(&load, &recs)?;
         let outbox = store.rows_for_load(&load).await?;
         invariants::outbox_settled(&load, &recs, &outbox, deduped_effects)?;
+        invariants::requeued_once(&load, &outbox)?;
         events += ids.len();
         rows += outbox.len();
     }

@@ -39,6 +39,9 @@ pub enum Invariant {
     DispatchedOnce,
     /// A dead row has its failed outcome logged (external) or its OpsAlert (the rest).
     DeadRowSettled,
+    /// An operator's requeue re-drives a dead row of its load, and a dead row is
+    /// requeued at most once however many requests ask.
+    RequeuedOnce,
 }
 
 impl Invariant {
@@ -55,6 +58,7 @@ impl Invariant {
             Invariant::NothingPending => "nothing pending",
             Invariant::DispatchedOnce => "dispatched once",
             Invariant::DeadRowSettled => "dead row settled",
+            Invariant::RequeuedOnce => "requeued once",
         }
     }
 }
@@ -204,6 +208,25 @@ pub fn outbox_settled(
     Ok(())
 }
 
+/// Operator requeues among one load's outbox rows: each row whose action says
+/// `requeue_of` names a dead row of the same load, and no dead row is named twice.
+pub fn requeued_once(load: &LoadId, rows: &[OutboxRow]) -> Result<(), Violation> {
+    let mut named = BTreeSet::new();
+    for row in rows {
+        let Some(dead) = row.action.get("requeue_of").and_then(|v| v.as_str()) else { continue };
+        if !named.insert(dead) {
+            return broke(Invariant::RequeuedOnce, format!("dead row {dead} of load {load} was requeued twice"));
+        }
+        if !rows.iter().any(|r| r.id == dead && r.status == OutboxStatus::Dead) {
+            return broke(
+                Invariant::RequeuedOnce,
+                format!("row {} of load {load} requeues {dead}, which is not a dead row of the load", row.id),
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use haul_core::action::ActionType;
@@ -292,5 +315,21 @@ mod tests {
         let dead = [row(OutboxStatus::Dead, ActionType::CreateHeroTask)];
         assert_eq!(settled(&dead, 0), Some(Invariant::DeadRowSettled));
         assert_eq!(settled(&dead, 1), None);
+
+        // Requeues: each of a dead row of the load, once.
+        let requeue = |id: &str, of: &str| OutboxRow {
+            id: id.into(),
+            action: json!({"requeue_of": of}),
+            ..row(OutboxStatus::Dispatched, ActionType::CreateHeroTask)
+        };
+        let once = |rows: &[OutboxRow]| requeued_once(&load(), rows).err().map(|v| v.invariant);
+        let dead = row(OutboxStatus::Dead, ActionType::CreateHeroTask);
+        let first = requeue("481207/op:r1/create_hero_task", &dead.id);
+        assert_eq!(once(&[dead.clone(), first.clone()]), None);
+        let second = requeue("481207/op:r2/create_hero_task", &dead.id);
+        assert_eq!(once(&[dead.clone(), first.clone(), second]), Some(Invariant::RequeuedOnce));
+        assert_eq!(once(&[first.clone()]), Some(Invariant::RequeuedOnce), "no such dead row");
+        let live = row(OutboxStatus::Dispatched, ActionType::CreateHeroTask);
+        assert_eq!(once(&[live, first]), Some(Invariant::RequeuedOnce), "not dead");
     }
 }

@@ -44,11 +44,14 @@ pub struct FaultSet {
     pub outage: bool,
     pub service: bool,
     pub clock: bool,
+    /// Operator actions among the faults: requeues (retried, repeated, in bulk),
+    /// resolved asks, unmatched SMS assigned to loads.
+    pub operator: bool,
 }
 
 impl FaultSet {
-    pub const NAMES: [&'static str; 7] =
-        ["crash", "duplicate", "redelivery", "interleave", "outage", "service", "clock"];
+    pub const NAMES: [&'static str; 8] =
+        ["crash", "duplicate", "redelivery", "interleave", "outage", "service", "clock", "operator"];
 
     pub fn all() -> Self {
         FaultSet {
@@ -59,6 +62,7 @@ impl FaultSet {
             outage: true,
             service: true,
             clock: true,
+            operator: true,
         }
     }
 
@@ -75,6 +79,7 @@ impl FaultSet {
                     outage: false,
                     service: false,
                     clock: false,
+                    operator: false,
                 });
             }
             _ => {}
@@ -89,6 +94,7 @@ impl FaultSet {
                 "outage" => f.outage = true,
                 "service" => f.service = true,
                 "clock" => f.clock = true,
+                "operator" => f.operator = true,
                 other => {
                     anyhow::bail!("--faults: unknown fault {other:?} (all, none, or some of {})", Self::NAMES.join(","))
                 }
@@ -502,10 +508,11 @@ impl World {
                 let p = self.rng.usize(0..2);
                 self.run_pump(p).await?;
             }
-            78..=89 => {
+            78..=87 => {
                 let s = self.rng.u64(1..=120);
                 self.clock.advance(Duration::from_secs(s));
             }
+            88..=89 if f.operator => self.operate().await?,
             90..=91 if f.clock => {
                 let m = self.rng.u64(10..=60);
                 self.count("clock:jump");
@@ -549,6 +556,105 @@ impl World {
                 self.clock.advance(Duration::from_secs(s));
             }
         }
+        Ok(())
+    }
+
+    /// An operator action, made as the operator routes make it: a requeue of a dead row
+    /// (sometimes retried, sometimes of a row requeued before by another request), a
+    /// bulk requeue (sometimes a dry run), an ask resolved by hand, or an SMS kept as
+    /// unmatched and assigned to a load. A refusal is traced, not a failure.
+    async fn operate(&mut self) -> anyhow::Result<()> {
+        use haul_runtime::operator as ops;
+        self.next_event += 1;
+        let n = self.next_event;
+        let who = ops::Requester {
+            request_id: format!("sim-{n}"),
+            actor: "sim".into(),
+            reason: format!("step {}", self.step),
+        };
+        let now = self.clock.now();
+        let start: Timestamp = "2026-03-02T07:00:00Z".parse()?;
+        let (store, events) = (self.store.clone(), self.events.clone());
+        let mut queued: Vec<(LoadId, String)> = Vec::new();
+        let what = match self.rng.u32(0..4) {
+            0 => {
+                let dead = store.dead(start, 50).await?;
+                if dead.is_empty() {
+                    return Ok(());
+                }
+                let row = dead[self.rng.usize(0..dead.len())].clone();
+                let times = if self.rng.bool() { 2 } else { 1 };
+                self.count("operator:requeue");
+                for _ in 0..times {
+                    match ops::requeue(store.as_ref(), &events, &who, &row.id, now).await {
+                        Ok(q) => queued.push((q.load_id, q.event_id.to_string())),
+                        Err(e) => self.trace(format!("operator requeue {} refused: {e}", row.id)),
+                    }
+                }
+                format!("requeue {}{}", row.id, if times > 1 { " twice" } else { "" })
+            }
+            1 => {
+                let types = [
+                    haul_core::ActionType::CreateHeroTask,
+                    haul_core::ActionType::SendSms,
+                    haul_core::ActionType::UpdateStage,
+                ];
+                let action_type = types[self.rng.usize(0..types.len())];
+                let filter = ops::DeadFilter { action_type, since: start, limit: 5 };
+                let dry_run = self.rng.u32(0..4) == 0;
+                self.count(if dry_run { "operator:bulk_requeue_dry_run" } else { "operator:bulk_requeue" });
+                match ops::bulk_requeue(store.as_ref(), &events, &who, &filter, dry_run, now).await {
+                    Ok(a) if !dry_run => queued.extend(
+                        a.rows
+                            .into_iter()
+                            .filter(|r| r.status == "queued" || r.status == "duplicate")
+                            .map(|r| (r.load_id, r.event_id.to_string())),
+                    ),
+                    Ok(_) => {}
+                    Err(e) => self.trace(format!("operator bulk requeue refused: {e}")),
+                }
+                format!("bulk requeue of dead {action_type}{}", if dry_run { " (dry run)" } else { "" })
+            }
+            2 => {
+                let load = self.loads[self.rng.usize(0..self.loads.len())].clone();
+                let state = haul_core::project(&store.read(&load).await?.0);
+                let asks: Vec<_> = state.asks.keys().cloned().collect();
+                if asks.is_empty() {
+                    return Ok(());
+                }
+                let ask = asks[self.rng.usize(0..asks.len())].clone();
+                self.count("operator:resolve_ask");
+                match ops::resolve_ask(&events, &who, &load, &ask, now).await {
+                    Ok(q) => queued.push((q.load_id, q.event_id.to_string())),
+                    Err(e) => self.trace(format!("operator resolve {ask} refused: {e}")),
+                }
+                format!("resolve {load} {ask}")
+            }
+            _ => {
+                let i = self.rng.usize(0..self.loads.len());
+                let sid = format!("SMsim{n}");
+                let from = if self.rng.bool() { phone(i) } else { STRANGER.to_owned() };
+                store.claim_message_sid(&sid, &haul_store::SmsRoute::Unmatched, now).await?;
+                let sms = haul_store::UnmatchedSms {
+                    message_sid: sid.clone(),
+                    from,
+                    to: "+15555550000".into(),
+                    body: "ETA 9:15".into(),
+                    received_at: now,
+                    reason: "no single active load has this driver phone".into(),
+                };
+                store.record_unmatched_sms(&sms).await?;
+                let load = self.loads[i].clone();
+                self.count("operator:assign_sms");
+                match ops::assign_sms(store.as_ref(), &events, &who, &sid, &load, now).await {
+                    Ok(q) => queued.push((q.load_id, q.event_id.to_string())),
+                    Err(e) => self.trace(format!("operator assign {sid} refused: {e}")),
+                }
+                format!("assign {sid} to {load}")
+            }
+        };
+        self.trace(format!("operator {}: {what}", who.request_id));
+        self.published.extend(queued);
         Ok(())
     }
 
@@ -622,6 +728,7 @@ impl World {
             let rows = s.rows_for_load(l).await?;
             if let Err(v) =
                 invariants::outbox_settled(l, recs, &rows, |c, key| self.svc.deduped_effects(c.config_name(), key))
+                    .and_then(|()| invariants::requeued_once(l, &rows))
             {
                 return Ok(Some(v.message));
             }

@@ -321,6 +321,7 @@ impl Decider for ReusesKeys {
             kind: ActionKind::SendSms { to: state.driver_phone.clone().unwrap(), body: "ETA?".into() },
             ask_id: Some(ask),
             step: Some(1),
+            requeue_of: None,
         };
         Ok(Decision::new(&event.event_id, now, "reuses-keys", vec![action], vec![], "always the same key"))
     }

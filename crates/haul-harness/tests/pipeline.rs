@@ -82,6 +82,7 @@ impl Decider for Bad {
                     kind: ActionKind::SendSms { to: "+15555550199".into(), body: "hi".into() },
                     ask_id: Some(ask),
                     step: Some(1),
+                    requeue_of: None,
                 };
                 Ok(Decision::new(&event.event_id, now, "bad", vec![action], vec![], "texts a stranger"))
             }

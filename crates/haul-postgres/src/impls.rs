@@ -10,14 +10,15 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, outbox_row, parse_receipt,
-    queue_message_row, record_row, sms_route, sms_route_load, timer_row, unmatched_sms_row,
+    queue_message_row, record_row, sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, types_param};
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
     OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
-    SidClaim, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns, outbox_key_load,
+    SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
+    outbox_key_load,
 };
 use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use tokio_postgres::Row;
@@ -378,6 +379,16 @@ impl Outbox for PgStore {
 
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
         self.query_rows(OUTBOX_DEAD, &[&to_ms(since), &(limit as i64)], outbox_row).await
+    }
+
+    async fn dead_of_type(
+        &self,
+        action_type: ActionType,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let params: Params = &[&action_type.as_str(), &to_ms(since), &sql_limit(limit)];
+        self.query_rows(OUTBOX_DEAD_OF_TYPE, params, outbox_row).await
     }
 
     async fn mark_outcome_published(&self, id: &str, now: Timestamp) -> Result<(), StoreError> {
@@ -747,6 +758,23 @@ impl LoadIndex for PgStore {
             return Ok(SidClaim::New);
         }
         Ok(SidClaim::Taken(sms_route(col(&row, 0)?)?))
+    }
+
+    async fn assign_unmatched_sms(
+        &self,
+        message_sid: &str,
+        load_id: &LoadId,
+        event_id: &str,
+        now: Timestamp,
+    ) -> Result<SmsAssignment, StoreError> {
+        let client = self.client().await?;
+        let assign = client.prepare_cached(UNMATCHED_SMS_ASSIGN).await.map_err(pg)?;
+        client.execute(&assign, &[&message_sid, &load_id.as_str(), &event_id, &to_ms(now)]).await.map_err(pg)?;
+        let read = client.prepare_cached(UNMATCHED_SMS_ASSIGNED).await.map_err(pg)?;
+        match client.query_opt(&read, &[&message_sid]).await.map_err(pg)? {
+            Some(row) => sms_assignment(&PgRow(&row), load_id, event_id),
+            None => Ok(SmsAssignment::NotFound),
+        }
     }
 
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {

@@ -96,6 +96,13 @@ pub const OUTBOX_DEAD: &str = concat!(
     columns!(outbox),
     " FROM outbox WHERE status = 'dead' AND dead_at >= $1 ORDER BY dead_at, id LIMIT $2"
 );
+/// A bulk requeue's pick, through outbox_dead_type (migration 8): `$1` action type,
+/// `$2` since, `$3` limit.
+pub const OUTBOX_DEAD_OF_TYPE: &str = concat!(
+    "SELECT ",
+    columns!(outbox),
+    " FROM outbox WHERE status = 'dead' AND action_type = $1 AND dead_at >= $2 ORDER BY dead_at, id LIMIT $3"
+);
 /// `$1` load, `$2` id, `$3` now.
 pub const OUTBOX_MARK_OUTCOME_PUBLISHED: &str =
     "UPDATE outbox SET outcome_published_at = $3 WHERE load_id = $1 AND id = $2 AND outcome_published_at IS NULL";
@@ -218,6 +225,18 @@ pub const MESSAGE_SID_CLAIM: &str = "INSERT INTO message_sids (message_sid, load
 pub const UNMATCHED_SMS_RECORD: &str =
     "INSERT INTO unmatched_sms (message_sid, from_phone, to_phone, body, received_at, reason)
      VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (message_sid) DO NOTHING";
+/// An operator hands an unmatched SMS to a load, once: `$1` sid, `$2` load, `$3` the
+/// operator event, `$4` now. A racing assignment waits on the row lock and then finds
+/// it taken.
+pub const UNMATCHED_SMS_ASSIGN: &str =
+    "UPDATE unmatched_sms SET assigned_load = $2, assigned_event = $3, assigned_at = $4
+     WHERE message_sid = $1 AND assigned_load IS NULL";
+/// The SMS and whose it is: `$1` sid.
+pub const UNMATCHED_SMS_ASSIGNED: &str = concat!(
+    "SELECT ",
+    columns!(unmatched_sms),
+    ", assigned_load, assigned_event FROM unmatched_sms WHERE message_sid = $1"
+);
 /// The newest first: `$1` limit.
 pub const UNMATCHED_SMS_LIST: &str = concat!(
     "SELECT ",

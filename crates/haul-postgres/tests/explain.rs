@@ -136,7 +136,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let keys = vec![key];
     let seqs = vec![3i64, 4];
     let texts = vec!["x", "y"];
-    let (pending, dead, empty) = ("pending", "dead", "");
+    let (pending, dead, empty, hero) = ("pending", "dead", "", "create_hero_task");
     let (sid, phone) = ("SM8a1f", "+15555550100");
     let (stage, asks, count, window, last) = (Some("in_transit"), Some(r#"{"a":"open"}"#), Some(1i32), 5000i64, "L9");
     let (no_text, no_ms, no, yes) = (None::<&str>, None::<i64>, false, true);
@@ -162,6 +162,7 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("rows_for_load_page", OUTBOX_PAGE, vec![&l, &zero, &key, &limit]),
         case("oldest pending", OUTBOX_OLDEST_PENDING, vec![]),
         case("dead since", OUTBOX_DEAD, vec![&zero, &limit]),
+        case("dead of one type since (bulk requeue)", OUTBOX_DEAD_OF_TYPE, vec![&hero, &zero, &limit]),
         per_load("mark_outcome_published", OUTBOX_MARK_OUTCOME_PUBLISHED, vec![&l, &key, &now]),
         case("dead without outcome (sweep)", OUTBOX_DEAD_WITHOUT_OUTCOME, vec![&limit]),
         Case { custom_only: true, ..case("count pending", OUTBOX_COUNT_BY_STATUS, vec![&pending]) },
@@ -203,6 +204,8 @@ async fn every_hot_query_is_served_by_an_index() {
         case("dead rows across loads", OUTBOX_DEAD_PAGE, vec![&types, &max, &empty, &limit]),
         case("overdue timers", TIMERS_OVERDUE_PAGE, vec![&later, &min, &empty, &limit]),
         case("unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit]),
+        case("operator: assign an unmatched SMS", UNMATCHED_SMS_ASSIGN, vec![&sid, &l, &key, &now]),
+        case("operator: an unmatched SMS's assignment", UNMATCHED_SMS_ASSIGNED, vec![&sid]),
         case("prune outbox batch", PRUNE_OUTBOX, vec![&later, &limit]),
         case("prune timers batch", PRUNE_TIMERS, vec![&later, &limit]),
         case("prune queue batch", PRUNE_QUEUE, vec![&later, &limit]),

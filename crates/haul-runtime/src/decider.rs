@@ -43,6 +43,11 @@ impl Decider for SopDecider {
         event: &InboundEvent,
         now: Timestamp,
     ) -> anyhow::Result<Decision> {
+        // The worker's filter decides operator actions before any decider; asked
+        // anyway, the SOP answers as the filter would.
+        if let haul_core::EventBody::OperatorAction(op) = &event.body {
+            return Ok(haul_core::operator::decide(load, state, event, op, now));
+        }
         Ok(sop::decide(&self.policies, load, state, event, now))
     }
 }

@@ -239,6 +239,23 @@ fn hms(t: haul_core::Timestamp) -> String {
 }
 
 /// A readable timeline for a person at a terminal.
+/// An `operator_action` in one line: who, what, on which row, SMS or ask, and why.
+fn operator_summary(kind: &str, p: &serde_json::Value) -> Option<String> {
+    if kind != "operator_action" {
+        return None;
+    }
+    let c = &p["command"];
+    let target = ["outbox_id", "message_sid", "ask_id"].iter().find_map(|k| c[*k].as_str()).unwrap_or("?");
+    let (actor, what, reason) = (p["actor"].as_str()?, c["type"].as_str()?, p["reason"].as_str()?);
+    Some(format!("by {actor}: {what} {target}, reason: {}", clip_line(reason)))
+}
+
+/// One line of at most 200 characters.
+fn clip_line(s: &str) -> String {
+    let line: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).take(200).collect();
+    if s.chars().count() > 200 { format!("{line}…") } else { line }
+}
+
 pub fn timeline(v: &LoadView) -> String {
     let mut out = String::new();
     let s = &v.state;
@@ -296,15 +313,8 @@ pub fn timeline(v: &LoadView) -> String {
                 );
             }
         } else {
-            let _ = writeln!(
-                out,
-                "  #{:<4} {}  {:<15} {}  {}",
-                r.seq,
-                hms(r.recorded_at),
-                r.kind,
-                r.entry_id,
-                summary(&r.payload)
-            );
+            let what = operator_summary(&r.kind, &r.payload).unwrap_or_else(|| summary(&r.payload));
+            let _ = writeln!(out, "  #{:<4} {}  {:<15} {}  {}", r.seq, hms(r.recorded_at), r.kind, r.entry_id, what);
         }
     }
     if let Some(next) = v.next_after_seq {
@@ -315,11 +325,14 @@ pub fn timeline(v: &LoadView) -> String {
         let _ = writeln!(out, "  (none)");
     }
     for o in &v.outbox {
-        let detail = match (&o.receipt, &o.last_failure) {
+        let mut detail = match (&o.receipt, &o.last_failure) {
             (Some(r), _) => format!("receipt {r}"),
             (None, Some(f)) => format!("last failure: {f}"),
             _ => String::new(),
         };
+        if let Some(dead) = o.action.get("requeue_of").and_then(|d| d.as_str()) {
+            detail = format!("{detail}  (requeues {dead})");
+        }
         let _ = writeln!(
             out,
             "  {:<10} {:<16} attempts {}  {}  {detail}",
@@ -377,6 +390,21 @@ mod tests {
     use haul_core::time::{add, from_ms};
 
     use super::*;
+
+    #[test]
+    fn an_operator_action_reads_as_who_what_and_why() {
+        let requeue = serde_json::json!({"actor": "ana", "reason": "Hero fixed\n(INC-42)",
+            "command": {"type": "requeue", "outbox_id": "L1/x/create_hero_task", "action": {}}});
+        let assign = serde_json::json!({"actor": "bo", "reason": "x",
+            "command": {"type": "assign_sms", "message_sid": "SM1", "from": "+1", "body": "b"}});
+        for (kind, payload, want) in [
+            ("operator_action", &requeue, Some("by ana: requeue L1/x/create_hero_task, reason: Hero fixed (INC-42)")),
+            ("operator_action", &assign, Some("by bo: assign_sms SM1, reason: x")),
+            ("inbound_sms", &assign, None),
+        ] {
+            assert_eq!(operator_summary(kind, payload).as_deref(), want);
+        }
+    }
 
     #[test]
     fn a_views_state_keeps_open_asks_and_the_latest_others_and_counts_all() {

@@ -12,6 +12,7 @@ pub mod faults;
 pub mod inspect;
 pub mod llm;
 pub mod loops;
+pub mod operator;
 pub mod pipeline;
 pub mod projector;
 pub mod pump;

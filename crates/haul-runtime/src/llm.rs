@@ -274,6 +274,11 @@ impl Decider for LlmDecider {
         event: &InboundEvent,
         now: Timestamp,
     ) -> anyhow::Result<Decision> {
+        // Operator actions are decided by the deterministic path, never by the model
+        // (the worker's filter takes them first; asked anyway, no request is made).
+        if let haul_core::EventBody::OperatorAction(op) = &event.body {
+            return Ok(haul_core::operator::decide(load, state, event, op, now));
+        }
         let result = self.ask(load, state, event, now).await;
         let outcome = match &result {
             Ok(_) => "decided",

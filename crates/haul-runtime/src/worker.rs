@@ -507,8 +507,8 @@ impl Worker {
             Err(c) => RunOutcome::Crashed(c),
         }
     }
-    /// The filter, else the decider under its time limit; a failed, late or invalid
-    /// decision becomes the fallback.
+    /// The filter (operator actions included), else the decider under its time limit;
+    /// a failed, late or invalid decision becomes the fallback.
     async fn decide(
         &self,
         load: &LoadId,
@@ -516,8 +516,19 @@ impl Worker {
         event: &InboundEvent,
         now: haul_core::Timestamp,
     ) -> Decision {
-        if let Some(d) = filter(state, event, now) {
-            return d;
+        if let Some(d) = filter(load, state, event, now) {
+            // An operator's decision is checked as a decider's is: it names keys.
+            if d.decider != haul_core::operator::OPERATOR_DECIDER {
+                return d;
+            }
+            match validate_decision(load, state, event, &d) {
+                Ok(()) => return d,
+                Err(why) => {
+                    let why = format!("the operator decision did not validate: {why}");
+                    warn!(why, "fallback decision");
+                    return Decision::fallback(load, &event.event_id, event.kind(), now, &why);
+                }
+            }
         }
         // Inside the run's own limit with room to append the fallback, so a late
         // decider ends in a fallback decision, not an abandoned run.

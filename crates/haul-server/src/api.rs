@@ -53,6 +53,9 @@ pub struct ApiState {
     pub clock: Arc<dyn Clock>,
     /// Accepted bearer tokens (several, for rotation).
     pub tokens: Vec<String>,
+    /// Operators' bearer tokens (`HAUL_OPERATOR_TOKEN`): accepted wherever `tokens`
+    /// are, and the only ones the operator routes and `operator_action` events take.
+    pub operator_tokens: Vec<String>,
     pub twilio_auth_token: Option<String>,
     /// The URL the outside world uses; Twilio signs it plus the route.
     pub public_url: String,
@@ -86,6 +89,7 @@ impl ApiState {
             queue: EventQueue::new(queue),
             clock,
             tokens,
+            operator_tokens: vec![],
             twilio_auth_token,
             public_url,
             metrics: metrics_handle(),
@@ -114,6 +118,19 @@ impl ApiState {
     }
 }
 
+/// A JSON body read into `T`: not UTF-8 or not JSON is `bad_json`, JSON of another
+/// shape (a missing or unknown field, a value of the wrong type) `bad_payload`.
+pub(crate) fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Err(error(StatusCode::BAD_REQUEST, "bad_utf8", "the body is not valid UTF-8"));
+    };
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        error(StatusCode::BAD_REQUEST, "bad_json", format!("the body is not JSON: {}", clip_quotes(&e.to_string())))
+    })?;
+    serde_json::from_value(value)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "bad_payload", clip_quotes(&e.to_string())))
+}
+
 /// `{"error": {"code", "message"}}` with a status.
 pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (status, axum::Json(json!({"error": {"code": code, "message": message.into()}}))).into_response()
@@ -131,9 +148,38 @@ fn body_error(r: BytesRejection) -> Response {
     error(status, "bad_body", clip_quotes(&r.body_text()))
 }
 
-/// A caller that presented one of the API's bearer tokens.
+/// A caller that presented one of the API's bearer tokens, or an operator's.
 #[derive(Clone, Copy, Debug)]
-pub struct ApiCaller;
+pub struct ApiCaller {
+    /// The token was an operator's (`HAUL_OPERATOR_TOKEN`).
+    pub operator: bool,
+}
+
+/// A caller that presented an operator's token: what the operator routes take. A
+/// wrong or missing token is 401 as on every route; a good API token that is not an
+/// operator's is 403 `operator_token_required`.
+#[derive(Clone, Copy, Debug)]
+pub struct OperatorCaller;
+
+/// True when `given` is one of `tokens`, compared with every token without stopping early.
+fn one_of(tokens: &[String], given: &str) -> bool {
+    tokens.iter().fold(false, |ok, t| ok | bool::from(t.as_bytes().ct_eq(given.as_bytes())))
+}
+
+impl FromRequestParts<Arc<ApiState>> for OperatorCaller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        match ApiCaller::from_request_parts(parts, s).await? {
+            ApiCaller { operator: true } => Ok(OperatorCaller),
+            ApiCaller { operator: false } => Err(error(
+                StatusCode::FORBIDDEN,
+                "operator_token_required",
+                "operator actions need an operator token (HAUL_OPERATOR_TOKEN), not the API token",
+            )),
+        }
+    }
+}
 
 /// The credentials of `Bearer <token>`; the scheme is case-insensitive (RFC 7235).
 fn bearer_token(authorization: &str) -> Option<&str> {
@@ -153,12 +199,11 @@ impl FromRequestParts<Arc<ApiState>> for ApiCaller {
             (Some(v), None) => v.to_str().ok().and_then(bearer_token),
             _ => None,
         };
-        // Compare with every token, without stopping early.
-        let ok = given.is_some_and(|given| {
-            s.tokens.iter().fold(false, |ok, t| ok | bool::from(t.as_bytes().ct_eq(given.as_bytes())))
-        });
-        if ok {
-            Ok(ApiCaller)
+        // Compare with every token of both lists, without stopping early.
+        let (api, operator) =
+            given.map_or((false, false), |given| (one_of(&s.tokens, given), one_of(&s.operator_tokens, given)));
+        if api | operator {
+            Ok(ApiCaller { operator })
         } else {
             Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token"))
         }
@@ -253,22 +298,28 @@ pub struct Route {
     pub api_role: bool,
     /// Needs the bearer token ([`ApiCaller`]).
     pub token: bool,
+    /// Needs an operator's token ([`OperatorCaller`]).
+    pub operator: bool,
 }
 
 /// Every route `haul serve` answers.
 pub const ROUTES: &[Route] = &[
-    Route { method: "GET", path: "/metrics", api_role: false, token: false },
-    Route { method: "GET", path: "/healthz", api_role: false, token: false },
-    Route { method: "POST", path: "/v1/loads/{load_id}/events", api_role: true, token: true },
-    Route { method: "GET", path: "/v1/loads/{load_id}", api_role: true, token: true },
-    Route { method: "POST", path: "/v1/webhooks/twilio/sms", api_role: true, token: false },
-    Route { method: "GET", path: "/v1/webhooks/twilio/unmatched", api_role: true, token: true },
-    Route { method: "GET", path: "/v1/openapi.json", api_role: true, token: false },
-    Route { method: "GET", path: "/v1/ops/loads", api_role: true, token: true },
-    Route { method: "GET", path: "/v1/ops/dead", api_role: true, token: true },
-    Route { method: "GET", path: "/v1/ops/timers", api_role: true, token: true },
-    Route { method: "GET", path: "/v1/ops/unmatched", api_role: true, token: true },
-    Route { method: "GET", path: "/v1/ops/alerts", api_role: true, token: true },
+    Route { method: "GET", path: "/metrics", api_role: false, token: false, operator: false },
+    Route { method: "GET", path: "/healthz", api_role: false, token: false, operator: false },
+    Route { method: "POST", path: "/v1/loads/{load_id}/events", api_role: true, token: true, operator: false },
+    Route { method: "GET", path: "/v1/loads/{load_id}", api_role: true, token: true, operator: false },
+    Route { method: "POST", path: "/v1/webhooks/twilio/sms", api_role: true, token: false, operator: false },
+    Route { method: "GET", path: "/v1/webhooks/twilio/unmatched", api_role: true, token: true, operator: false },
+    Route { method: "GET", path: "/v1/openapi.json", api_role: true, token: false, operator: false },
+    Route { method: "POST", path: "/v1/operator/requeue", api_role: true, token: true, operator: true },
+    Route { method: "POST", path: "/v1/operator/bulk-requeue", api_role: true, token: true, operator: true },
+    Route { method: "POST", path: "/v1/operator/assign-sms", api_role: true, token: true, operator: true },
+    Route { method: "POST", path: "/v1/operator/resolve-ask", api_role: true, token: true, operator: true },
+    Route { method: "GET", path: "/v1/ops/loads", api_role: true, token: true, operator: false },
+    Route { method: "GET", path: "/v1/ops/dead", api_role: true, token: true, operator: false },
+    Route { method: "GET", path: "/v1/ops/timers", api_role: true, token: true, operator: false },
+    Route { method: "GET", path: "/v1/ops/unmatched", api_role: true, token: true, operator: false },
+    Route { method: "GET", path: "/v1/ops/alerts", api_role: true, token: true, operator: false },
 ];
 
 /// The OpenAPI 3.1 document of these routes, served as written.
@@ -288,6 +339,10 @@ fn handler(route: &Route) -> MethodRouter<Arc<ApiState>> {
                 .unwrap_or_else(|| panic!("ROUTES lists {path}, which names no query"));
             get(move |_: ApiCaller, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery| ops_query(query, s, raw))
         }
+        ("POST", "/v1/operator/requeue") => post(crate::operator::requeue),
+        ("POST", "/v1/operator/bulk-requeue") => post(crate::operator::bulk_requeue),
+        ("POST", "/v1/operator/assign-sms") => post(crate::operator::assign_sms),
+        ("POST", "/v1/operator/resolve-ask") => post(crate::operator::resolve_ask),
         // A route listed without a handler: every test that builds a router fails here.
         (method, path) => panic!("ROUTES lists {method} {path}, which has no handler"),
     }
@@ -337,7 +392,7 @@ async fn healthz(State(s): State<Arc<ApiState>>) -> Response {
 }
 
 async fn post_event(
-    _: ApiCaller,
+    caller: ApiCaller,
     State(s): State<Arc<ApiState>>,
     LoadPath(load): LoadPath,
     ApiBody(body): ApiBody,
@@ -355,7 +410,12 @@ async fn post_event(
             );
         }
     };
-    let mut event = match InboundEvent::from_outside(load.clone(), value) {
+    let parsed = if caller.operator {
+        InboundEvent::from_operator(load.clone(), value)
+    } else {
+        InboundEvent::from_outside(load.clone(), value)
+    };
+    let mut event = match parsed {
         Ok(e) => e,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
     };

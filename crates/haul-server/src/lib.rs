@@ -9,6 +9,7 @@
 pub mod api;
 pub mod http;
 pub mod metrics;
+mod operator;
 mod tokens;
 pub mod twilio;
 
@@ -80,6 +81,7 @@ impl Roles {
 pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     // Checked with the settings; a token file is only made once the port is bound.
     let env_tokens = if roles.api { tokens::tokens_from_env()? } else { Some(vec![]) };
+    let operator_tokens = if roles.api { tokens::operator_tokens_from_env()? } else { vec![] };
     let store = haul_runtime::store::open(&config.store.url, None).await.context("store.url")?;
     crate::metrics::zero_series();
     let decider: Option<Arc<dyn haul_runtime::decider::Decider>> = match config.decider.kind {
@@ -146,6 +148,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         public_url,
     );
     state.wake_worker = Some(wake_worker.clone());
+    state.operator_tokens = operator_tokens;
     let (stop_tx, stop_rx) = watch::channel(false);
     state.body_read_timeout = config.server.body_read_timeout;
     state.stopping = Some(stop_rx.clone());

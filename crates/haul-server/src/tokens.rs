@@ -15,13 +15,24 @@ const TOKEN_BYTES: usize = 32;
 
 /// The tokens `HAUL_API_TOKEN` names (comma-separated), or `None` when it is unset.
 pub(crate) fn tokens_from_env() -> anyhow::Result<Option<Vec<String>>> {
-    let Ok(v) = std::env::var("HAUL_API_TOKEN") else { return Ok(None) };
+    list_from_env("HAUL_API_TOKEN")
+}
+
+/// The operator tokens `HAUL_OPERATOR_TOKEN` names (comma-separated); none when it is
+/// unset, and then the operator routes answer 403. Never made up: an operator token
+/// is given on purpose.
+pub(crate) fn operator_tokens_from_env() -> anyhow::Result<Vec<String>> {
+    Ok(list_from_env("HAUL_OPERATOR_TOKEN")?.unwrap_or_default())
+}
+
+fn list_from_env(name: &str) -> anyhow::Result<Option<Vec<String>>> {
+    let Ok(v) = std::env::var(name) else { return Ok(None) };
     let tokens: Vec<String> = v.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect();
     if tokens.is_empty() {
-        bail!("HAUL_API_TOKEN is set but names no token");
+        bail!("{name} is set but names no token");
     }
     if tokens.iter().any(|t| t.len() < 8) {
-        bail!("HAUL_API_TOKEN: every token must be at least 8 characters");
+        bail!("{name}: every token must be at least 8 characters");
     }
     Ok(Some(tokens))
 }

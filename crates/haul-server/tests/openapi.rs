@@ -45,6 +45,12 @@ fn the_document_says_which_routes_need_the_token() {
         let op = &doc["paths"][r.path][r.method.to_lowercase()];
         let public = op.get("security") == Some(&serde_json::json!([]));
         assert_eq!(public, !r.token, "{} {}: security in the document vs the route's token", r.method, r.path);
+        let operator = op.get("security") == Some(&serde_json::json!([{"operator": []}]));
+        assert_eq!(
+            operator, r.operator,
+            "{} {}: security in the document vs the route's operator token",
+            r.method, r.path
+        );
     }
 }
 

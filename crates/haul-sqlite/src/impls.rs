@@ -11,14 +11,14 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, outbox_row, parse_receipt,
-    queue_message_row, receipt, record_row, sms_route, sms_route_load, timer_row, unmatched_sms_row,
+    queue_message_row, receipt, record_row, sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, next_loads_cursor, types_param};
 use haul_store::{
     AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
     OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
-    SidClaim, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
+    SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
 };
 use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use rusqlite::types::FromSql;
@@ -478,6 +478,26 @@ impl Outbox for SqliteStore {
                 " FROM outbox WHERE status = 'dead' AND dead_at >= ?1 ORDER BY dead_at, id LIMIT CAST(?2 AS INTEGER)"
             ),
             (since, limit as i64),
+            outbox_row,
+        )
+        .await
+    }
+
+    async fn dead_of_type(
+        &self,
+        action_type: ActionType,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        // Served by outbox_dead_type (migration 8).
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(outbox),
+                " FROM outbox WHERE status = 'dead' AND action_type = CAST(?1 AS TEXT) AND dead_at >= ?2
+                 ORDER BY dead_at, id LIMIT CAST(?3 AS INTEGER)"
+            ),
+            (action_type.as_str(), to_ms(since), sql_limit(limit)),
             outbox_row,
         )
         .await
@@ -984,6 +1004,39 @@ impl LoadIndex for SqliteStore {
                     .and_then(|mut s| s.query_row([&sid], |r| r.get(0)))
                     .map_err(db)?;
                 Ok(SidClaim::Taken(sms_route(first)?))
+            })
+            .await
+    }
+
+    async fn assign_unmatched_sms(
+        &self,
+        message_sid: &str,
+        load_id: &LoadId,
+        event_id: &str,
+        now: Timestamp,
+    ) -> Result<SmsAssignment, StoreError> {
+        let (sid, load_id, event_id, now) = (message_sid.to_owned(), load_id.clone(), event_id.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                exec(
+                    conn,
+                    "UPDATE unmatched_sms SET assigned_load = ?2, assigned_event = ?3, assigned_at = ?4
+                     WHERE message_sid = ?1 AND assigned_load IS NULL",
+                    params![sid, load_id.as_str(), event_id, now],
+                )
+                .map_err(db)?;
+                let mut stmt = conn
+                    .prepare_cached(concat!(
+                        "SELECT ",
+                        columns!(unmatched_sms),
+                        ", assigned_load, assigned_event FROM unmatched_sms WHERE message_sid = ?1"
+                    ))
+                    .map_err(db)?;
+                let mut found = stmt.query([&sid]).map_err(db)?;
+                match found.next().map_err(db)? {
+                    Some(row) => sms_assignment(&SqliteRow(row), &load_id, &event_id),
+                    None => Ok(SmsAssignment::NotFound),
+                }
             })
             .await
     }

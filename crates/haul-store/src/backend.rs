@@ -24,8 +24,8 @@ use serde_json::Value;
 
 use crate::{
     AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary, NewEntry,
-    NewOutboxRow, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsRoute, StaleClaimError,
-    StoreError, Timer, TimerStatus, UnmatchedSms, is_key_of_load,
+    NewOutboxRow, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsAssignment, SmsRoute,
+    StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, is_key_of_load,
 };
 
 // ---------------------------------------------------------------------------------
@@ -262,6 +262,18 @@ pub fn dead_row(r: &dyn Columns) -> Result<DeadRow, StoreError> {
     // A dead row always has its time of death; one without reads as its last update.
     let dead_at = r.opt_i64(14)?.map_or(row.updated_at, from_ms);
     Ok(DeadRow { row, dead_at, outcome_published_at: r.opt_i64(15)?.map(from_ms) })
+}
+
+/// A row of `columns!(unmatched_sms), assigned_load, assigned_event`, read back after
+/// [`LoadIndex::assign_unmatched_sms`](crate::LoadIndex::assign_unmatched_sms) tried to
+/// take it for `load_id` and `event_id`: whose it is now.
+pub fn sms_assignment(r: &dyn Columns, load_id: &LoadId, event_id: &str) -> Result<SmsAssignment, StoreError> {
+    let sms = unmatched_sms_row(r)?;
+    match (r.opt_string(6)?, r.opt_string(7)?) {
+        (Some(l), Some(e)) if l == load_id.as_str() && e == event_id => Ok(SmsAssignment::Assigned(sms)),
+        (Some(l), Some(e)) => Ok(SmsAssignment::Taken { load_id: parse_load_id(&l)?, event_id: e }),
+        _ => Err(CorruptRowError::value("assigned_load", "NULL after its assignment").into()),
+    }
 }
 
 /// The route a `message_sids` row names by its `load_id` (NULL: unmatched).

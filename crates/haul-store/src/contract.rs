@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::{
     AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, SidClaim,
-    SmsRoute, Store, TimerStatus, UnmatchedSms,
+    SmsAssignment, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -61,10 +61,13 @@ macro_rules! contract_tests {
             load_lock_excludes_a_second_holder,
             recorded_delivery_is_deduplicated_by_channel_and_key,
             dead_rows_without_a_published_outcome_are_found,
+            dead_rows_of_one_type_are_found_since_a_time_in_bounds,
             loads_are_found_by_active_driver_phone,
             unmatched_sms_is_kept_once,
             message_sids_are_taken_once_across_loads,
             racing_claims_of_one_message_sid_have_one_winner,
+            an_unmatched_sms_is_assigned_to_one_load_by_one_event,
+            racing_assignments_of_one_sms_have_one_winner,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
             prune_deletes_only_finished_rows_older_than_the_cutoff,
@@ -599,6 +602,54 @@ pub async fn dead_rows_without_a_published_outcome_are_found(s: DynStore) {
     assert_eq!(s.dead_without_outcome(10).await.unwrap().len(), 1);
 }
 
+pub async fn dead_rows_of_one_type_are_found_since_a_time_in_bounds(s: DynStore) {
+    let typed = |id: &str, t: ActionType| NewOutboxRow { id: id.into(), action_type: t, action: json!({"key": id}) };
+    let rows = vec![
+        typed("L1/a/create_hero_task", ActionType::CreateHeroTask),
+        typed("L1/b/send_sms", ActionType::SendSms),
+        typed("L1/c/create_hero_task", ActionType::CreateHeroTask),
+        typed("L1/d/create_hero_task", ActionType::CreateHeroTask),
+        typed("L1/e/create_hero_task", ActionType::CreateHeroTask),
+    ];
+    s.append(&load("L1"), vec![entry("e1")], 0, rows, at(0)).await.unwrap();
+    let claims = s.pending(10, at(0), LEASE).await.unwrap();
+    // Buried one by one, a second apart (a before c before b before d); e stays pending.
+    for (n, id) in ["L1/a/create_hero_task", "L1/c/create_hero_task", "L1/b/send_sms", "L1/d/create_hero_task"]
+        .into_iter()
+        .enumerate()
+    {
+        let c = claims.iter().find(|c| c.row.id == id).unwrap();
+        s.mark_failed(id, &c.token, "400", None, at(10 + n as u64)).await.unwrap();
+    }
+    let e = claims.iter().find(|c| c.row.id == "L1/e/create_hero_task").unwrap();
+    s.mark_failed(&e.row.id, &e.token, "503", Some(at(100)), at(20)).await.unwrap();
+    let check = |t: ActionType, since: u64, limit: usize, want: &'static [&'static str]| {
+        let s = s.clone();
+        async move {
+            let got: Vec<String> =
+                s.dead_of_type(t, at(since), limit).await.unwrap().into_iter().map(|r| r.id).collect();
+            assert_eq!(got, want, "{t} since +{since}s, limit {limit}");
+        }
+    };
+    check(
+        ActionType::CreateHeroTask,
+        0,
+        10,
+        &["L1/a/create_hero_task", "L1/c/create_hero_task", "L1/d/create_hero_task"],
+    )
+    .await;
+    check(ActionType::CreateHeroTask, 11, 10, &["L1/c/create_hero_task", "L1/d/create_hero_task"]).await;
+    check(ActionType::CreateHeroTask, 0, 2, &["L1/a/create_hero_task", "L1/c/create_hero_task"]).await;
+    check(ActionType::CreateHeroTask, 14, 10, &[]).await;
+    check(ActionType::SendSms, 0, 10, &["L1/b/send_sms"]).await;
+    check(ActionType::SetTimer, 0, 10, &[]).await;
+    let row = s.dead_of_type(ActionType::SendSms, at(0), 1).await.unwrap().remove(0);
+    assert_eq!(
+        (row.status, row.last_failure.as_deref(), row.action),
+        (OutboxStatus::Dead, Some("400"), json!({"key": "L1/b/send_sms"}))
+    );
+}
+
 // ---------------------------------------------------------------------------------
 // TimerStore
 
@@ -741,6 +792,64 @@ pub async fn message_sids_are_taken_once_across_loads(s: DynStore) {
     // Sids are compared whole and exactly.
     assert_eq!(s.claim_message_sid("sm1", &l2, at(7)).await.unwrap(), SidClaim::New);
     assert_eq!(s.claim_message_sid("SM1' OR '1'='1", &l2, at(8)).await.unwrap(), SidClaim::New);
+}
+
+fn unmatched(sid: &str, t: u64) -> UnmatchedSms {
+    UnmatchedSms {
+        message_sid: sid.into(),
+        from: "+15555550100".into(),
+        to: "+15555550000".into(),
+        body: "ETA 9:15".into(),
+        received_at: at(t),
+        reason: "no single active load has this driver phone".into(),
+    }
+}
+
+pub async fn an_unmatched_sms_is_assigned_to_one_load_by_one_event(s: DynStore) {
+    assert_eq!(s.assign_unmatched_sms("SM1", &load("L1"), "op:r1", at(1)).await.unwrap(), SmsAssignment::NotFound);
+    s.record_unmatched_sms(&unmatched("SM1", 1)).await.unwrap();
+    s.record_unmatched_sms(&unmatched("SM2", 2)).await.unwrap();
+    let first = s.assign_unmatched_sms("SM1", &load("L1"), "op:r1", at(3)).await.unwrap();
+    assert_eq!(first, SmsAssignment::Assigned(unmatched("SM1", 1)));
+    // The same request again (a retry) goes on; anyone else finds it taken.
+    assert_eq!(s.assign_unmatched_sms("SM1", &load("L1"), "op:r1", at(4)).await.unwrap(), first);
+    let taken = SmsAssignment::Taken { load_id: load("L1"), event_id: "op:r1".into() };
+    assert_eq!(s.assign_unmatched_sms("SM1", &load("L1"), "op:r2", at(5)).await.unwrap(), taken);
+    assert_eq!(s.assign_unmatched_sms("SM1", &load("L2"), "op:r1", at(6)).await.unwrap(), taken);
+    // Sids are compared whole; the other SMS is still free; the list still shows both.
+    assert_eq!(s.assign_unmatched_sms("sm1", &load("L2"), "op:r3", at(7)).await.unwrap(), SmsAssignment::NotFound);
+    let second = s.assign_unmatched_sms("SM2", &load("L2"), "op:r3", at(8)).await.unwrap();
+    assert_eq!(second, SmsAssignment::Assigned(unmatched("SM2", 2)));
+    assert_eq!(s.unmatched_sms(10).await.unwrap().len(), 2);
+}
+
+pub async fn racing_assignments_of_one_sms_have_one_winner(s: DynStore) {
+    s.record_unmatched_sms(&unmatched("SMrace", 1)).await.unwrap();
+    let assigners = 8;
+    let barrier = Arc::new(tokio::sync::Barrier::new(assigners));
+    let mut tasks = Vec::new();
+    for c in 0..assigners {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let l = load(&format!("L{c}"));
+            barrier.wait().await;
+            (l.clone(), s.assign_unmatched_sms("SMrace", &l, &format!("op:r{c}"), at(2)).await.unwrap())
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let winners: Vec<&LoadId> =
+        results.iter().filter(|(_, a)| matches!(a, SmsAssignment::Assigned(_))).map(|(l, _)| l).collect();
+    assert_eq!(winners.len(), 1, "exactly one assignment wins: {results:?}");
+    let n = winners[0].as_str().trim_start_matches('L');
+    let taken = SmsAssignment::Taken { load_id: winners[0].clone(), event_id: format!("op:r{n}") };
+    for (l, a) in &results {
+        if l != winners[0] {
+            assert_eq!(*a, taken, "the others see the winner");
+        }
+    }
 }
 
 pub async fn racing_claims_of_one_message_sid_have_one_winner(s: DynStore) {

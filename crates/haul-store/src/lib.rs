@@ -337,6 +337,17 @@ pub trait Outbox: Send + Sync {
     /// Dead rows that died at or after `since`, oldest first, at most `limit`.
     async fn dead(&self, since: Timestamp, limit: usize) -> Result<Vec<OutboxRow>, StoreError>;
 
+    /// Dead rows of one action type that died at or after `since`, oldest first (by
+    /// when they died, then id), at most `limit`: what an operator's bulk requeue
+    /// picks from ("every dead `create_hero_task` since 07:00"). Served by an index
+    /// on `(action_type, dead_at)` of the dead rows.
+    async fn dead_of_type(
+        &self,
+        action_type: ActionType,
+        since: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, StoreError>;
+
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError>;
 
     /// Records that the row's terminal outcome reached the load queue.
@@ -537,6 +548,18 @@ pub struct UnmatchedSms {
     pub reason: String,
 }
 
+/// What [`LoadIndex::assign_unmatched_sms`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SmsAssignment {
+    /// The SMS is this load's, by this event: assigned now, or by the same event before
+    /// (a retried request).
+    Assigned(UnmatchedSms),
+    /// Assigned before to another load, or to this one by another operator event.
+    Taken { load_id: LoadId, event_id: String },
+    /// No unmatched SMS has this MessageSid.
+    NotFound,
+}
+
 /// Where the Twilio webhook sent an inbound SMS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SmsRoute {
@@ -588,6 +611,18 @@ pub trait LoadIndex: Send + Sync {
 
     /// The most recent unmatched SMS first.
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError>;
+
+    /// Hands the unmatched SMS `message_sid` to `load_id` for the operator event
+    /// `event_id`, once: the first call takes it, a call with the same load and event
+    /// finds it taken by itself (`Assigned` again, so a retried request goes on), any
+    /// other finds `Taken`. The row stays in the unmatched list, marked.
+    async fn assign_unmatched_sms(
+        &self,
+        message_sid: &str,
+        load_id: &LoadId,
+        event_id: &str,
+        now: Timestamp,
+    ) -> Result<SmsAssignment, StoreError>;
 }
 
 // ---------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ pub enum Command {
         /// Steps of the fault phase per run.
         #[arg(long, default_value_t = 200)]
         steps: usize,
-        /// Faults to inject: all, none, or some of crash,duplicate,redelivery,interleave,outage,service,clock.
+        /// Faults to inject: all, none, or some of crash,duplicate,redelivery,interleave,outage,service,clock,operator (operator actions: requeues, bulk requeues, resolved asks, assigned SMS).
         #[arg(long, default_value = "all")]
         faults: String,
         /// The backend: SQLite in memory, or a fresh schema per seed in the PostgreSQL of
@@ -259,6 +259,12 @@ pub enum Command {
     /// Check or print the settings serve, inspect, migrate and prune would run with.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Operator actions on the store of store.url: each publishes one operator_action
+    /// event (who, why, what) to the load's queue, which the load worker appends with
+    /// its decision, so the log records it. The same as the /v1/operator routes. A
+    /// request id names the action for good: the same request again does nothing new.
+    #[command(subcommand)]
+    Operator(OperatorCommand),
     /// Print a shell completion script for bash, zsh or fish.
     ///
     /// bash: `haul completions bash > /etc/bash_completion.d/haul`;
@@ -267,6 +273,89 @@ pub enum Command {
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+    },
+}
+
+/// Who asks, why, and the request's id: every operator command takes them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Requester {
+    /// Names this action for good ([A-Za-z0-9_.-], at most 64): its event id is
+    /// op:REQUEST_ID, so running the command again does nothing twice.
+    #[arg(long)]
+    pub request_id: String,
+    /// Who asks (kept in the log).
+    #[arg(long)]
+    pub actor: String,
+    /// Why (kept in the log; 1 to 500 characters).
+    #[arg(long)]
+    pub reason: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OperatorCommand {
+    /// Requeue a dead outbox row: a new row carries its action again (key
+    /// LOAD/op:REQUEST_ID/TYPE, linked to the dead row, which stays dead).
+    Requeue {
+        /// The dead row's key (haul inspect lists it).
+        outbox_id: String,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue the dead rows of one action type that died since a time, at most
+    /// --limit, oldest first; --dry-run lists them and publishes nothing.
+    BulkRequeue {
+        /// The action type, e.g. create_hero_task.
+        #[arg(long = "type", value_name = "ACTION_TYPE")]
+        action_type: String,
+        /// Rows that died at or after this time (RFC 3339, e.g. 2026-03-02T07:00:00Z).
+        #[arg(long)]
+        since: String,
+        /// At most this many rows (1 to 100).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// List what would be requeued; publish nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give an SMS of the unmatched list to a load, which takes it as its inbound_sms.
+    AssignSms {
+        /// The SMS's MessageSid (GET /v1/webhooks/twilio/unmatched lists them).
+        message_sid: String,
+        /// The load that takes it.
+        #[arg(long)]
+        load: String,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Close an ask by hand (the driver called in) and cancel its timer.
+    ResolveAsk {
+        load_id: String,
+        /// The ask, e.g. ask:eta_request:ping_0700.
+        ask_id: String,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -36,6 +36,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate { settings } => migrate(&settings).await,
         Command::Query(q) => query(q).await,
         Command::Prune { settings, older_than, batch } => prune(&settings, &older_than, batch).await,
+        Command::Operator(op) => crate::operator::run(op).await,
         Command::Config(ConfigCommand::Check { settings, listen }) => config_check(&settings, listen),
         Command::Config(ConfigCommand::Show { settings, listen }) => config_show(&settings, listen),
         Command::Completions { shell } => {
@@ -56,7 +57,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints a line; a closed stdout (`| head`) ends the program quietly instead of panicking.
-fn say(line: impl std::fmt::Display) {
+pub(crate) fn say(line: impl std::fmt::Display) {
     let mut out = std::io::stdout().lock();
     if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
         std::process::exit(0);
@@ -78,7 +79,7 @@ fn load_settings(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Lo
 
 /// The settings a command runs with, validated; warns about HAUL_* variables that name
 /// no setting.
-fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Config> {
+pub(crate) fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Config> {
     let loaded = load_settings(args, listen)?;
     for name in &loaded.unknown {
         tracing::warn!("{name} names no setting; ignored");

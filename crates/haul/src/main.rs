@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod operator;
 
 use std::process::ExitCode;
 

@@ -531,3 +531,123 @@ async fn serve_raises_its_descriptor_limit_and_answers_beside_300_stalled_reques
     assert!(status.success(), "exit {status:?}\n{}", serve.log());
     std::fs::remove_dir_all(dir).ok();
 }
+
+const OPERATOR: &str = "e2e-operator-9876543210";
+const ESCALATION: &str = "481207/ask:eta_request:ping_0700/2/create_hero_task";
+const REQUEUED: &str = "481207/op:inc-42/create_hero_task";
+
+/// `haul operator …` on the same store as the server, with `--json`: the exit code and
+/// the answer.
+fn operator_cli(dir: &PathBuf, db: &str, args: &[&str]) -> (i32, Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_haul"))
+        .current_dir(dir)
+        .arg("operator")
+        .args(args)
+        .args(["--db", db, "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let answer = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("not JSON: {text}\n{}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap_or(-1), answer)
+}
+
+/// The walk-through, as an operator would: the Hero service refuses the
+/// escalation Hero task (400), the row is dead, an OpsAlert fires and the ask stays
+/// escalated. Once the service is fixed, the operator requeues the dead row (over
+/// HTTP, retried; then a second requeue with `haul operator`, which the log refuses as
+/// done already): the task arrives once, and the log says who requeued it and why.
+async fn requeue_after_the_hero_service_recovers(db: &str, dir: &PathBuf) {
+    use haul_harness::testkit::{FaultKind, FaultRule};
+    let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
+    svc.add_fault(FaultRule { channel: "hero".into(), key: "*".into(), kind: FaultKind::Permanent, times: None });
+    let policy = "[timers]\npoll = \"1s\"\n[clients.client_a.eta_request]\nretry_after = \"2s\"\nmax_attempts = 1\n";
+    std::fs::write(dir.join("haul.toml"), policy).unwrap();
+    let port = free_port();
+    let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));
+    let mut env = channel_env(&svc);
+    env.push(("HAUL_OPERATOR_TOKEN".into(), OPERATOR.into()));
+    let mut serve = Serve::start(dir, "serve", &["--config", "haul.toml", "--listen", &listen, "--db", db], &env);
+    let client = reqwest::Client::new();
+    wait_healthy(&client, &base, &serve).await;
+    assert_eq!(post(&client, &base, init()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&client, &base, ping()).await, StatusCode::ACCEPTED);
+    let logs = || serve.log();
+    let dead = |v: &Value| outbox_status(v, ESCALATION).as_deref() == Some("dead");
+    let view = wait_for(&client, &base, "the dead escalation", dead, &logs).await;
+    assert_eq!(view["state"]["asks"]["ask:eta_request:ping_0700"]["status"], "escalated");
+    let alerted = Instant::now() + Duration::from_secs(10);
+    while svc.deduped_effects("ops", &format!("alert:{ESCALATION}")) != 1 {
+        assert!(Instant::now() < alerted, "no OpsAlert for {ESCALATION}:\n{}", serve.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(svc.deduped_effects("hero", ESCALATION), 0);
+
+    // The Hero service is fixed; the operator requeues the dead row, and retries.
+    svc.clear_faults();
+    let body = json!({"request_id": "inc-42", "actor": "ana", "reason": "Hero service fixed (INC-42)", "outbox_id": ESCALATION});
+    let requeue =
+        |token: &'static str| client.post(format!("{base}/v1/operator/requeue")).bearer_auth(token).json(&body).send();
+    assert_eq!(requeue(TOKEN).await.unwrap().status(), StatusCode::FORBIDDEN, "the API token is not an operator's");
+    let first = requeue(OPERATOR).await.unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    assert_eq!(first.json::<Value>().await.unwrap()["event_id"], "op:inc-42");
+    assert_eq!(requeue(OPERATOR).await.unwrap().status(), StatusCode::OK, "a retry is a duplicate");
+    let sent = |v: &Value| outbox_status(v, REQUEUED).as_deref() == Some("dispatched");
+    wait_for(&client, &base, "the requeued task", sent, &logs).await;
+
+    // Another operator requeues the same row from a shell: the log says it was done.
+    let args =
+        ["requeue", ESCALATION, "--request-id", "inc-42-again", "--actor", "bo", "--reason", "re-driving INC-42"];
+    let (code, answer) = operator_cli(dir, db, &args);
+    assert_eq!((code, answer["status"].as_str()), (0, Some("queued")), "{answer}");
+    let noop =
+        |v: &Value| v["log"].as_array().is_some_and(|l| l.iter().any(|r| r["entry_id"] == "dec:op:inc-42-again"));
+    let view = wait_for(&client, &base, "the second requeue's decision", noop, &logs).await;
+    let (code, answer) = operator_cli(
+        dir,
+        db,
+        &["requeue", "481207/nope/send_sms", "--request-id", "x1", "--actor", "bo", "--reason", "typo"],
+    );
+    assert_eq!((code, answer["error"]["code"].as_str()), (1, Some("no_such_row")), "{answer}");
+
+    // The task arrived once; the dead row stays dead, linked from its requeue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(svc.sends("hero", REQUEUED), 1);
+    assert_eq!(svc.effects().iter().filter(|e| e.channel == "hero").count(), 1);
+    assert_eq!(outbox_status(&view, ESCALATION).as_deref(), Some("dead"));
+    let row = view["outbox"].as_array().unwrap().iter().find(|r| r["id"] == REQUEUED).unwrap().clone();
+    assert_eq!(row["action"]["requeue_of"], ESCALATION, "{row}");
+    // The log: who requeued it and why, and what each decision did.
+    let log = view["log"].as_array().unwrap();
+    let entry = |id: &str| log.iter().find(|r| r["entry_id"] == id).unwrap_or_else(|| panic!("{id} not in {log:#?}"));
+    let op = entry("op:inc-42");
+    assert_eq!((op["kind"].as_str(), op["payload"]["actor"].as_str()), (Some("operator_action"), Some("ana")));
+    assert_eq!(op["payload"]["reason"], "Hero service fixed (INC-42)");
+    let decision = &entry("dec:op:inc-42")["payload"];
+    assert_eq!(decision["decider"], "operator");
+    assert_eq!(decision["actions"][0]["key"], REQUEUED);
+    assert_eq!(entry("op:inc-42-again")["payload"]["actor"], "bo");
+    let again = &entry("dec:op:inc-42-again")["payload"];
+    assert_eq!(again["actions"], json!([]));
+    assert!(again["rationale"].as_str().unwrap().contains("requeued already, as 481207/op:inc-42"), "{again}");
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    assert_no_secrets(&serve.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_on_sqlite() {
+    let dir = temp_dir("operator-sqlite");
+    requeue_after_the_hero_service_recovers("sqlite://haul.db", &dir).await;
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_on_postgres() {
+    let (admin, schema, db) = pg_schema().await;
+    let dir = temp_dir("operator-postgres");
+    requeue_after_the_hero_service_recovers(&db, &dir).await;
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}

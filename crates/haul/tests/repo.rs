@@ -120,6 +120,8 @@ fn scenario_keys() -> Vec<String> {
         format!("{head}{step}expect.stage = [{{ zz_probe = 1 }}]\n"),
         format!("{head}[clients.a]\nzz_probe = 1\n"),
         format!("{head}[clients.a.eta_request]\nzz_probe = 1\n"),
+        format!("{head}{step}unmatched_sms = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}{step}operator = [{{ zz_probe = 1 }}]\n"),
     ];
     let mut keys = Vec::new();
     for probe in &probes {

@@ -25,7 +25,7 @@ use haul_core::ids::{LoadId, ops_alert_outbox_id};
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_postgres::testing::FreshStore;
-use haul_store::{LoadQueue, OutboxRow, OutboxStatus, Store};
+use haul_store::{LoadQueue, OutboxRow, OutboxStatus, SmsRoute, Store, UnmatchedSms};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -398,6 +398,12 @@ impl Run {
             for (event, repeat) in &step.inbound {
                 self.publish(event, *repeat).await.map_err(|m| fail(here, "inbound", m))?;
             }
+            for sms in &step.unmatched_sms {
+                self.keep_unmatched(sms).await.map_err(|m| fail(here, "unmatched_sms", m))?;
+            }
+            for op in &step.operator {
+                self.operate(op).await.map_err(|m| fail(here, "operator", m))?;
+            }
             self.settle().await.map_err(|m| fail(here, "pipeline", m))?;
             self.llm_ok().map_err(|(k, m)| fail(here, &k, m))?;
             if let Some(expect) = &step.expect {
@@ -415,6 +421,62 @@ impl Run {
         }
         self.loads.insert(event.load_id.clone());
         self.published.push((event.load_id.clone(), event.event_id.to_string()));
+        Ok(())
+    }
+
+    /// Keeps an SMS as unmatched, as the Twilio webhook keeps one no load takes.
+    async fn keep_unmatched(&self, sms: &scenario::UnmatchedStep) -> Result<(), String> {
+        let now = self.clock.now();
+        self.store.claim_message_sid(&sms.message_sid, &SmsRoute::Unmatched, now).await.map_err(|e| e.to_string())?;
+        let kept = UnmatchedSms {
+            message_sid: sms.message_sid.clone(),
+            from: sms.from.clone(),
+            to: "+15555550000".into(),
+            body: sms.body.clone(),
+            received_at: now,
+            reason: "no single active load has this driver phone".into(),
+        };
+        self.store.record_unmatched_sms(&kept).await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// An operator action, made as `POST /v1/operator/*` makes it, `repeat` times; a
+    /// refusal fails the scenario.
+    async fn operate(&mut self, op: &scenario::OperatorStep) -> Result<(), String> {
+        use haul_runtime::operator as ops;
+        use scenario::OperatorAsk;
+        for _ in 0..op.repeat {
+            let (store, now) = (self.store.as_ref(), self.clock.now());
+            let queued: Vec<(LoadId, String)> = match &op.ask {
+                OperatorAsk::Requeue { outbox_id } => {
+                    let q = ops::requeue(store, &self.queue, &op.who, outbox_id, now).await;
+                    q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
+                }
+                OperatorAsk::AssignSms { message_sid, load } => {
+                    let q = ops::assign_sms(store, &self.queue, &op.who, message_sid, load, now).await;
+                    q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
+                }
+                OperatorAsk::ResolveAsk { load, ask_id } => {
+                    let q = ops::resolve_ask(&self.queue, &op.who, load, ask_id, now).await;
+                    q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
+                }
+                OperatorAsk::BulkRequeue { filter, dry_run } => {
+                    let a = ops::bulk_requeue(store, &self.queue, &op.who, filter, *dry_run, now)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if let Some(r) =
+                        a.rows.iter().find(|r| !["queued", "duplicate", "would_requeue"].contains(&r.status.as_str()))
+                    {
+                        return Err(format!("bulk requeue of {}: {}", r.outbox_id, r.status));
+                    }
+                    a.rows.into_iter().filter(|_| !dry_run).map(|r| (r.load_id, r.event_id.to_string())).collect()
+                }
+            };
+            for (load, event_id) in queued {
+                self.loads.insert(load.clone());
+                self.published.push((load, event_id));
+            }
+        }
         Ok(())
     }
 
@@ -659,7 +721,12 @@ impl Run {
             })
             .and_then(|()| logs.iter().try_for_each(|(l, recs)| invariants::log_is_sound(l, recs)))
             .and_then(|()| invariants::one_payload_per_key(&self.svc.conflicts()));
-        checked.map_err(|v| (v.invariant.key().to_string(), v.message))
+        checked.map_err(|v| (v.invariant.key().to_string(), v.message))?;
+        for l in &self.loads {
+            let rows = self.store.rows_for_load(l).await.map_err(|e| ("store".to_string(), e.to_string()))?;
+            invariants::requeued_once(l, &rows).map_err(|v| (v.invariant.key().to_string(), v.message))?;
+        }
+        Ok(())
     }
 }
 

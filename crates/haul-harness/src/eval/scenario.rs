@@ -62,8 +62,65 @@ struct StepSection {
     at: Spanned<String>,
     #[serde(default)]
     inbound: Vec<Spanned<toml::Table>>,
+    /// SMS the Twilio webhook kept as unmatched, as it keeps them.
+    #[serde(default)]
+    unmatched_sms: Vec<Spanned<UnmatchedSection>>,
+    /// Operator actions, as `POST /v1/operator/*` makes them.
+    #[serde(default)]
+    operator: Vec<Spanned<OperatorSection>>,
     #[serde(default)]
     expect: Option<ExpectSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnmatchedSection {
+    message_sid: String,
+    from: String,
+    body: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OperatorSection {
+    action: String,
+    request_id: String,
+    actor: String,
+    reason: String,
+    outbox_id: Option<String>,
+    message_sid: Option<String>,
+    load: Option<String>,
+    ask_id: Option<String>,
+    action_type: Option<String>,
+    since: Option<String>,
+    limit: Option<usize>,
+    dry_run: Option<bool>,
+    repeat: Option<u32>,
+}
+
+/// An SMS the webhook kept as unmatched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnmatchedStep {
+    pub message_sid: String,
+    pub from: String,
+    pub body: String,
+}
+
+/// What an operator asks for in a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OperatorAsk {
+    Requeue { outbox_id: String },
+    BulkRequeue { filter: haul_runtime::operator::DeadFilter, dry_run: bool },
+    AssignSms { message_sid: String, load: LoadId },
+    ResolveAsk { load: LoadId, ask_id: haul_core::ids::AskId },
+}
+
+/// One operator action of a step, made `repeat` times (a retried request).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorStep {
+    pub who: haul_runtime::operator::Requester,
+    pub ask: OperatorAsk,
+    pub repeat: u32,
 }
 
 /// The `expect` keys as written, each entry with where it is, checked by [`parse`]
@@ -201,6 +258,8 @@ pub struct Step {
     pub at_text: String,
     /// Each event with how many times it is published.
     pub inbound: Vec<(InboundEvent, u32)>,
+    pub unmatched_sms: Vec<UnmatchedStep>,
+    pub operator: Vec<OperatorStep>,
     pub expect: Option<Expect>,
 }
 
@@ -252,6 +311,71 @@ pub fn parse_at(s: &str, start: Timestamp) -> Result<Timestamp, String> {
     }
     s.parse::<Timestamp>()
         .map_err(|_| format!("{s:?} is not HH:MM, +DURATION (e.g. +90m) or an RFC 3339 time (2026-03-02T07:00:00Z)"))
+}
+
+/// An operator action as written: the keys its `action` takes, and only those.
+fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) -> Result<OperatorStep, String> {
+    let who = haul_runtime::operator::Requester {
+        request_id: op.request_id.clone(),
+        actor: op.actor.clone(),
+        reason: op.reason.clone(),
+    };
+    let repeat = op.repeat.unwrap_or(1);
+    if !(1..=MAX_REPEAT).contains(&repeat) {
+        return Err(format!("repeat must be 1 to {MAX_REPEAT}"));
+    }
+    let given = [
+        ("outbox_id", op.outbox_id.is_some()),
+        ("message_sid", op.message_sid.is_some()),
+        ("load", op.load.is_some()),
+        ("ask_id", op.ask_id.is_some()),
+        ("action_type", op.action_type.is_some()),
+        ("since", op.since.is_some()),
+        ("limit", op.limit.is_some()),
+        ("dry_run", op.dry_run.is_some()),
+    ];
+    let (takes, needs): (&[&str], &[&str]) = match op.action.as_str() {
+        "requeue" => (&["outbox_id"], &["outbox_id"]),
+        "bulk_requeue" => (&["action_type", "since", "limit", "dry_run"], &["action_type", "since"]),
+        "assign_sms" => (&["message_sid", "load"], &["message_sid"]),
+        "resolve_ask" => (&["ask_id", "load"], &["ask_id"]),
+        other => return Err(format!("action {other:?} is not requeue, bulk_requeue, assign_sms or resolve_ask")),
+    };
+    if let Some((k, _)) = given.iter().find(|(k, on)| *on && !takes.contains(k)) {
+        return Err(format!("{} takes no {k} (it takes {})", op.action, takes.join(", ")));
+    }
+    if let Some(k) = needs.iter().find(|k| !given.iter().any(|(g, on)| g == *k && *on)) {
+        return Err(format!("{} needs {k}", op.action));
+    }
+    let load = || -> Result<LoadId, String> {
+        match &op.load {
+            Some(l) => LoadId::parse(l).map_err(|e| e.message),
+            None => load.cloned().ok_or_else(|| "no load: add a [load] section or `load = ...`".to_owned()),
+        }
+    };
+    let ask = match op.action.as_str() {
+        "requeue" => OperatorAsk::Requeue { outbox_id: op.outbox_id.clone().unwrap_or_default() },
+        "bulk_requeue" => {
+            let t = op.action_type.as_deref().unwrap_or_default();
+            let action_type =
+                haul_core::ActionType::parse(t).ok_or_else(|| format!("action_type {t:?} is not an action type"))?;
+            let since = parse_at(op.since.as_deref().unwrap_or_default(), start)?;
+            let limit = op.limit.unwrap_or(haul_runtime::operator::MAX_BULK_ROWS);
+            OperatorAsk::BulkRequeue {
+                filter: haul_runtime::operator::DeadFilter { action_type, since, limit },
+                dry_run: op.dry_run.unwrap_or(false),
+            }
+        }
+        "assign_sms" => {
+            OperatorAsk::AssignSms { message_sid: op.message_sid.clone().unwrap_or_default(), load: load()? }
+        }
+        _ => {
+            let ask_id = op.ask_id.as_deref().unwrap_or_default();
+            let ask_id = haul_core::ids::AskId::parse(ask_id).map_err(|e| e.message)?;
+            OperatorAsk::ResolveAsk { load: load()?, ask_id }
+        }
+    };
+    Ok(OperatorStep { who, ask, repeat })
 }
 
 pub fn parse(text: &str) -> Result<Scenario, FileError> {
@@ -376,7 +500,20 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
             Some(e) => Some(check_expect(e, &Ctx { text, start, load: load.as_ref(), step: n })?),
             None => None,
         };
-        steps.push(Step { at, at_text: s.at.get_ref().clone(), inbound, expect });
+        let unmatched_sms = s
+            .unmatched_sms
+            .iter()
+            .map(|u| {
+                let u = u.get_ref();
+                UnmatchedStep { message_sid: u.message_sid.clone(), from: u.from.clone(), body: u.body.clone() }
+            })
+            .collect();
+        let mut operator = Vec::new();
+        for op in &s.operator {
+            let key = format!("step {n}.operator");
+            operator.push(operator_step(op.get_ref(), load.as_ref(), start).map_err(|m| err(op.span(), &key, m))?);
+        }
+        steps.push(Step { at, at_text: s.at.get_ref().clone(), inbound, unmatched_sms, operator, expect });
     }
     Ok(Scenario { name: file.name, start, clients: file.clients, load, init, faults, steps })
 }
@@ -413,7 +550,7 @@ fn inbound_event(
     }
     // haul's own kinds carry haul's derived ids (`evt:…`); the kinds an outside
     // source sends are held to what the API takes, reserved prefixes refused.
-    let own = matches!(v["kind"].as_str(), Some("timer_fired" | "action_outcome"));
+    let own = matches!(v["kind"].as_str(), Some("timer_fired" | "action_outcome" | "operator_action"));
     let event = if own { InboundEvent::from_json(target, v) } else { InboundEvent::from_outside(target, v) }
         .map_err(|e| err(span, key, e.message))?;
     Ok((event, repeat))
@@ -677,6 +814,26 @@ mod tests {
             Err(("inbound", Some(5))),
         );
         check("name = \"x\"\nstart = [\n", Err(("toml", Some(2))));
+        let op = |fields: &str| {
+            format!(
+                "{head}[[step]]\nat = \"07:00\"\noperator = [{{ request_id = \"r1\", actor = \"ana\", reason = \"why\", {fields} }}]\nexpect.sent = []\n"
+            )
+        };
+        check(&op("action = \"requeue\", outbox_id = \"L1/x/send_sms\""), Ok(1));
+        check(&op("action = \"requeue\""), Err(("step 1.operator", Some(7))));
+        check(&op("action = \"requeue\", outbox_id = \"k\", ask_id = \"ask:a:b\""), Err(("step 1.operator", Some(7))));
+        check(
+            &op("action = \"bulk_requeue\", action_type = \"create_hero_task\", since = \"07:00\", dry_run = true"),
+            Ok(1),
+        );
+        check(
+            &op("action = \"bulk_requeue\", action_type = \"launch\", since = \"07:00\""),
+            Err(("step 1.operator", Some(7))),
+        );
+        check(&op("action = \"assign_sms\", message_sid = \"SM1\""), Ok(1));
+        check(&op("action = \"resolve_ask\", ask_id = \"nope\""), Err(("step 1.operator", Some(7))));
+        check(&op("action = \"teleport\""), Err(("step 1.operator", Some(7))));
+        check(&op("action = \"requeue\", outbox_id = \"k\", zz = 1"), Err(("toml", Some(7))));
     }
 
     /// A scenario that cannot fail is refused: no steps, or no step expects anything.

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 pub const TOKEN: &str = "token-one-123456";
 pub const TWILIO: &str = "twilio-auth-token";
+pub const OPERATOR: &str = "operator-token-7890";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -60,14 +61,16 @@ pub async fn api_with_queue(backend: Backend, queue: impl FnOnce(Arc<dyn Store>)
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
-    let state = Arc::new(ApiState::new(
+    let mut state = ApiState::new(
         store.clone(),
         queue(store.clone()),
         clock,
         vec![TOKEN.to_string()],
         Some(TWILIO.into()),
         base.clone(),
-    ));
+    );
+    state.operator_tokens = vec![OPERATOR.to_string()];
+    let state = Arc::new(state);
     let app = router(state, true);
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
@@ -92,6 +95,17 @@ impl Api {
             .send()
             .await
             .unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `POST path` with `token` (none: no Authorization): the status and the JSON answer.
+    pub async fn post_as(&self, token: Option<&str>, path: &str, body: &Value) -> (StatusCode, Value) {
+        let mut req = self.client.post(format!("{}{path}", self.base)).json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
         let status = resp.status();
         (status, resp.json().await.unwrap_or(Value::Null))
     }

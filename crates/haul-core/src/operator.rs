@@ -1,0 +1,313 @@
+//! Operator actions (docs/design.md, "Operator actions"): what a decision on an
+//! `operator_action` event is.
+//!
+//! An operator never edits a log or the outbox: the action is an inbound event on the
+//! load queue, and the load worker appends it with this decision like any other
+//! input, so the log is the audit trail (who, why, what was done) and the version
+//! check guards it. The decision is deterministic whichever decider the load runs
+//! under (the filter calls it; no model is asked), and a pure function of the state
+//! and the event, so an operator request retried or replayed does the same thing.
+//! What cannot be done is a noop decision that says why, never an error: the event
+//! is in the log either way.
+
+use crate::action::{Action, ActionKind};
+use crate::decision::{AskChange, AskStatus, Decision};
+use crate::event::{InboundEvent, InboundSms, OperatorAction, OperatorCommand};
+use crate::ids::{LoadId, TimerId, ask_action_key, event_action_key};
+use crate::outcome::OutcomeStatus;
+use crate::projection::LoadState;
+use crate::time::Timestamp;
+
+/// `decision_recorded.decider` of every operator decision.
+pub const OPERATOR_DECIDER: &str = "operator";
+
+/// The decision on `op`, the body of `event`, for `load` in `state` (before the event).
+pub fn decide(load: &LoadId, state: &LoadState, event: &InboundEvent, op: &OperatorAction, now: Timestamp) -> Decision {
+    let by = format!("{} by {} ({})", op.command.name(), op.actor, op.reason);
+    let noop =
+        |why: String| Decision::new(&event.event_id, now, OPERATOR_DECIDER, vec![], vec![], format!("{by}: {why}"));
+    match &op.command {
+        OperatorCommand::Requeue { outbox_id, action } => {
+            if !outbox_id.strip_prefix(load.as_str()).is_some_and(|rest| rest.starts_with('/')) {
+                return noop(format!("refused: {outbox_id} is not a row of load {load}"));
+            }
+            match state.outcomes.get(outbox_id).map(|o| o.status) {
+                Some(OutcomeStatus::Failed) => {}
+                Some(OutcomeStatus::Delivered) => return noop(format!("refused: {outbox_id} was delivered")),
+                None => {
+                    return noop(format!(
+                        "refused: {outbox_id} has no failed outcome in this load's log (only a dead row is requeued)"
+                    ));
+                }
+            }
+            if let Some(again) = state.requeues.get(outbox_id) {
+                return noop(format!("{outbox_id} was requeued already, as {again}: nothing more to do"));
+            }
+            if let ActionKind::SendSms { to, .. } = &action.kind
+                && state.driver_phone.as_deref() != Some(to.as_str())
+            {
+                return noop(format!("refused: {outbox_id} texts a number that is no longer the driver's"));
+            }
+            let t = action.action_type();
+            let copy = Action {
+                key: event_action_key(load, &event.event_id, t.as_str()),
+                kind: action.kind.clone(),
+                ask_id: action.ask_id.clone(),
+                step: action.step,
+                requeue_of: Some(outbox_id.clone()),
+            };
+            let why = format!("{by}: the {t} of dead row {outbox_id} goes out again as {}", copy.key);
+            Decision::new(&event.event_id, now, OPERATOR_DECIDER, vec![copy], vec![], why)
+        }
+        OperatorCommand::AssignSms { message_sid, from, body } => {
+            if state.has_sms(message_sid) {
+                return noop(format!("SMS {message_sid} was handled on this load already: nothing more to do"));
+            }
+            let sms = InboundSms { from: from.clone(), body: body.clone() };
+            let mut d = crate::sop::decide_sms(load, state, event, &sms, now);
+            d.decider = OPERATOR_DECIDER.into();
+            d.rationale = format!("{by}: SMS {message_sid} is this load's; {}", d.rationale);
+            d
+        }
+        OperatorCommand::ResolveAsk { ask_id } => {
+            let Some(ask) = state.asks.get(ask_id) else {
+                return noop(format!("refused: load {load} has no ask {ask_id}"));
+            };
+            let change = AskChange { ask_id: ask_id.clone(), step: ask.step, status: AskStatus::Closed };
+            let actions = match ask.status {
+                // Its current step's timer is still due: cancel it.
+                AskStatus::Open => {
+                    let kind = ActionKind::CancelTimer { timer_id: TimerId::new(load, ask_id, ask.step) };
+                    vec![Action {
+                        key: ask_action_key(load, ask_id, ask.step, kind.action_type().as_str()),
+                        kind,
+                        ask_id: Some(ask_id.clone()),
+                        step: Some(ask.step),
+                        requeue_of: None,
+                    }]
+                }
+                // Escalated: its last timer fired, and the escalation step has none.
+                AskStatus::Escalated => vec![],
+                status @ (AskStatus::Answered | AskStatus::Closed) => {
+                    return noop(format!("{ask_id} is {} already: nothing more to do", status.as_str()));
+                }
+            };
+            let why = format!("{by}: {ask_id} closed by hand at step {}", ask.step);
+            Decision::new(&event.event_id, now, OPERATOR_DECIDER, actions, vec![change], why)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::action::{ActionType, Urgency};
+    use crate::decision::DECISION_RECORDED;
+    use crate::event::EventBody;
+    use crate::ids::{AskId, EventId};
+    use crate::projection::{Record, project};
+    use crate::validate::validate_decision;
+
+    const LOAD: &str = "481207";
+    const PHONE: &str = "+15555550100";
+    const DEAD: &str = "481207/ask:eta_request:p/2/create_hero_task";
+
+    fn at(hhmm: &str) -> Timestamp {
+        format!("2026-03-02T{hhmm}:00Z").parse().unwrap()
+    }
+
+    /// A log built from (entry id, kind, payload), decisions included as given.
+    fn state(entries: &[(&str, &str, serde_json::Value)]) -> LoadState {
+        let records: Vec<Record> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, (id, kind, payload))| Record {
+                seq: i as u64 + 1,
+                entry_id: id.to_string(),
+                kind: kind.to_string(),
+                payload: payload.clone(),
+                recorded_at: at("07:00"),
+            })
+            .collect();
+        project(&records)
+    }
+
+    fn load_update() -> (&'static str, &'static str, serde_json::Value) {
+        ("load:init", "load_update", json!({"client":"a","driver_phone":PHONE,"stage":"in_transit"}))
+    }
+
+    fn ask(status: &str, step: u32) -> (&'static str, &'static str, serde_json::Value) {
+        (
+            "dec:p",
+            DECISION_RECORDED,
+            json!({"decision_id":"dec:p","event_id":"p","decided_at":"2026-03-02T07:00:00Z","filtered":false,
+                   "needs_hero_task":false,"actions":[],"rationale":"r","decider":"sop",
+                   "asks":[{"ask_id":"ask:eta_request:p","step":step,"status":status}]}),
+        )
+    }
+
+    fn outcome(key: &str, status: &str) -> (String, &'static str, serde_json::Value) {
+        (
+            format!("evt:out:{key}:{status}"),
+            "action_outcome",
+            json!({"outbox_id":key,"action_type":"create_hero_task","status":status,"hero_channel":true}),
+        )
+    }
+
+    fn dead_action() -> Action {
+        Action {
+            key: DEAD.into(),
+            kind: ActionKind::CreateHeroTask { title: "t".into(), body: "call them".into(), urgency: Urgency::Urgent },
+            ask_id: Some(AskId::parse("ask:eta_request:p").unwrap()),
+            step: Some(2),
+            requeue_of: None,
+        }
+    }
+
+    fn op_event(request: &str, command: OperatorCommand) -> InboundEvent {
+        InboundEvent {
+            load_id: LoadId::parse(LOAD).unwrap(),
+            event_id: EventId::operator(request).unwrap(),
+            body: EventBody::OperatorAction(OperatorAction {
+                actor: "ana".into(),
+                reason: "Hero is back".into(),
+                command,
+            }),
+        }
+    }
+
+    /// The decision's action keys and types and ask changes, checked as data; every
+    /// decision also validates as the worker validates it.
+    fn check(
+        state: &LoadState,
+        command: OperatorCommand,
+        want_actions: &[(&str, ActionType)],
+        want_asks: &[(&str, AskStatus)],
+    ) -> Decision {
+        let load = LoadId::parse(LOAD).unwrap();
+        let event = op_event("r1", command);
+        let EventBody::OperatorAction(op) = &event.body else { unreachable!() };
+        let d = decide(&load, state, &event, op, at("09:00"));
+        let got: Vec<(&str, ActionType)> = d.actions.iter().map(|a| (a.key.as_str(), a.action_type())).collect();
+        assert_eq!(got, want_actions, "{}", d.rationale);
+        let asks: Vec<(&str, AskStatus)> = d.asks.iter().map(|c| (c.ask_id.as_str(), c.status)).collect();
+        assert_eq!(asks, want_asks, "{}", d.rationale);
+        assert_eq!(d.decider, OPERATOR_DECIDER);
+        assert!(d.rationale.contains("by ana (Hero is back)"), "{}", d.rationale);
+        validate_decision(&load, state, &event, &d).unwrap();
+        d
+    }
+
+    fn requeue() -> OperatorCommand {
+        OperatorCommand::Requeue { outbox_id: DEAD.into(), action: dead_action() }
+    }
+
+    #[test]
+    fn requeue_copies_a_dead_rows_action_under_a_new_key() {
+        let (id, kind, payload) = outcome(DEAD, "failed");
+        let dead = state(&[load_update(), ask("escalated", 2), (&id, kind, payload)]);
+        let d = check(&dead, requeue(), &[("481207/op:r1/create_hero_task", ActionType::CreateHeroTask)], &[]);
+        assert_eq!(d.actions[0].requeue_of.as_deref(), Some(DEAD));
+        assert_eq!(d.actions[0].kind, dead_action().kind);
+        assert!(d.needs_hero_task);
+
+        // Only a row whose failed outcome is in the log; never a delivered one.
+        check(&state(&[load_update()]), requeue(), &[], &[]);
+        let (id, kind, payload) = outcome(DEAD, "delivered");
+        check(&state(&[load_update(), (&id, kind, payload)]), requeue(), &[], &[]);
+        // Another load's row.
+        let other = Action { key: "999/x/create_hero_task".into(), ..dead_action() };
+        check(&dead, OperatorCommand::Requeue { outbox_id: other.key.clone(), action: other }, &[], &[]);
+        // An SMS to a number that is not the driver's any more.
+        let sms_key = "481207/ask:eta_request:p/1/send_sms";
+        let (id, kind, mut payload) = outcome(sms_key, "failed");
+        payload["action_type"] = json!("send_sms");
+        payload["hero_channel"] = json!(false);
+        let sms_dead = state(&[load_update(), (&id, kind, payload)]);
+        let sms = |to: &str| Action {
+            key: sms_key.into(),
+            kind: ActionKind::SendSms { to: to.into(), body: "ETA?".into() },
+            ask_id: Some(AskId::parse("ask:eta_request:p").unwrap()),
+            step: Some(1),
+            requeue_of: None,
+        };
+        check(&sms_dead, OperatorCommand::Requeue { outbox_id: sms_key.into(), action: sms("+15555550199") }, &[], &[]);
+        check(
+            &sms_dead,
+            OperatorCommand::Requeue { outbox_id: sms_key.into(), action: sms(PHONE) },
+            &[("481207/op:r1/send_sms", ActionType::SendSms)],
+            &[],
+        );
+    }
+
+    #[test]
+    fn a_dead_row_is_requeued_once() {
+        let (id, kind, payload) = outcome(DEAD, "failed");
+        let mut entries = vec![load_update(), ask("escalated", 2), (id.as_str(), kind, payload)];
+        let first =
+            check(&state(&entries), requeue(), &[("481207/op:r1/create_hero_task", ActionType::CreateHeroTask)], &[]);
+        let op = op_event("r1", requeue());
+        let (op_payload, decision) = (op.body.payload(), serde_json::to_value(&first).unwrap());
+        entries.push(("op:r1", "operator_action", op_payload));
+        entries.push(("dec:op:r1", DECISION_RECORDED, decision));
+        let after = state(&entries);
+        assert_eq!(after.requeues.get(DEAD).map(String::as_str), Some("481207/op:r1/create_hero_task"));
+        // A second request (another request id) finds it requeued: a noop.
+        check(&after, requeue(), &[], &[]);
+    }
+
+    #[test]
+    fn resolve_ask_closes_it_and_cancels_a_live_timer() {
+        let resolve = || OperatorCommand::ResolveAsk { ask_id: AskId::parse("ask:eta_request:p").unwrap() };
+        check(
+            &state(&[load_update(), ask("open", 2)]),
+            resolve(),
+            &[("481207/ask:eta_request:p/2/cancel_timer", ActionType::CancelTimer)],
+            &[("ask:eta_request:p", AskStatus::Closed)],
+        );
+        check(
+            &state(&[load_update(), ask("escalated", 3)]),
+            resolve(),
+            &[],
+            &[("ask:eta_request:p", AskStatus::Closed)],
+        );
+        check(&state(&[load_update(), ask("answered", 1)]), resolve(), &[], &[]);
+        check(&state(&[load_update(), ask("closed", 1)]), resolve(), &[], &[]);
+        check(&state(&[load_update()]), resolve(), &[], &[]);
+    }
+
+    #[test]
+    fn assigned_sms_goes_through_the_sop_once() {
+        let assign = |from: &str, body: &str| OperatorCommand::AssignSms {
+            message_sid: "SM1".into(),
+            from: from.into(),
+            body: body.into(),
+        };
+        // Rule 4: the driver answers the open ask.
+        check(
+            &state(&[load_update(), ask("open", 1)]),
+            assign(PHONE, "ETA 9:15"),
+            &[("481207/ask:eta_request:p/1/cancel_timer", ActionType::CancelTimer)],
+            &[("ask:eta_request:p", AskStatus::Answered)],
+        );
+        // Rule 5: no ask open, a person reads it.
+        check(
+            &state(&[load_update()]),
+            assign("+15555550199", "hello?"),
+            &[("481207/op:r1/create_hero_task", ActionType::CreateHeroTask)],
+            &[],
+        );
+        // Handled before: assigned by another request, or routed here by the webhook.
+        let assigned = op_event("r0", assign(PHONE, "ETA 9:15")).body.payload();
+        check(
+            &state(&[load_update(), ask("open", 1), ("op:r0", "operator_action", assigned)]),
+            assign(PHONE, "x"),
+            &[],
+            &[],
+        );
+        let sms = json!({"from": PHONE, "body": "ETA 9:15"});
+        check(&state(&[load_update(), ask("open", 1), ("sms:SM1", "inbound_sms", sms)]), assign(PHONE, "x"), &[], &[]);
+    }
+}

@@ -1,0 +1,286 @@
+//! Operator requests made into `operator_action` events (docs/design.md, "Operator
+//! actions"): what `POST /v1/operator/*`, `haul operator …`, the evals and the
+//! simulator share.
+//!
+//! A request never writes a log or an outbox row. It reads what the event must carry
+//! (a dead row's action, an unmatched SMS), builds the event under the id its request
+//! id gives (`op:{request id}`), and publishes it to the load's queue; the load worker
+//! appends it with its decision (`haul_core::operator`). A retried request publishes
+//! the same event, which the queue and the log deduplicate: it does nothing twice.
+
+use haul_core::action::{Action, ActionType};
+use haul_core::event::{OperatorAction, OperatorCommand};
+use haul_core::ids::{AskId, EventId, LoadId, check_request_id};
+use haul_core::time::Timestamp;
+use haul_core::{BadInput, EventBody, InboundEvent};
+use haul_store::{OutboxRow, OutboxStatus, Published, SmsAssignment, Store, StoreError};
+use serde::{Deserialize, Serialize};
+
+use crate::queue::EventQueue;
+
+/// Most rows one bulk requeue takes (and its default).
+pub const MAX_BULK_ROWS: usize = 100;
+
+/// Who asks, why, and the request id that names the action for good.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Requester {
+    /// `[A-Za-z0-9_.-]{1,64}`, chosen by the caller; the same id again is the same
+    /// request (a retry), answered `duplicate`.
+    pub request_id: String,
+    pub actor: String,
+    pub reason: String,
+}
+
+/// Why a request was refused. Nothing was published.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("{}", .0.message)]
+    BadInput(BadInput),
+    #[error("no outbox row {0}")]
+    NoSuchRow(String),
+    #[error("outbox row {id} is {status}: only a dead row is requeued")]
+    NotDead { id: String, status: &'static str },
+    #[error("no unmatched SMS has MessageSid {0}")]
+    NoSuchSms(String),
+    #[error("SMS {message_sid} was assigned to load {load_id} by {event_id} already")]
+    SmsAssigned { message_sid: String, load_id: LoadId, event_id: String },
+    #[error("request id {request_id} was already used for another operator action on load {load_id}")]
+    RequestIdReused { request_id: String, load_id: LoadId },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl OperatorError {
+    /// The error code of docs/api.md.
+    pub fn code(&self) -> &str {
+        match self {
+            OperatorError::BadInput(e) => e.code,
+            OperatorError::NoSuchRow(_) => "no_such_row",
+            OperatorError::NotDead { .. } => "not_dead",
+            OperatorError::NoSuchSms(_) => "no_such_sms",
+            OperatorError::SmsAssigned { .. } => "sms_assigned",
+            OperatorError::RequestIdReused { .. } => "request_id_reused",
+            OperatorError::Store(_) => "store_unavailable",
+        }
+    }
+
+    /// The HTTP status it answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            OperatorError::BadInput(_) => 400,
+            OperatorError::NoSuchRow(_) | OperatorError::NoSuchSms(_) => 404,
+            OperatorError::NotDead { .. } | OperatorError::SmsAssigned { .. } => 409,
+            OperatorError::RequestIdReused { .. } => 422,
+            OperatorError::Store(_) => 503,
+        }
+    }
+}
+
+impl From<BadInput> for OperatorError {
+    fn from(e: BadInput) -> Self {
+        OperatorError::BadInput(e)
+    }
+}
+
+/// An operator event on its load's queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Queued {
+    pub load_id: LoadId,
+    pub event_id: EventId,
+    /// `queued`, or `duplicate` when this request was made before.
+    pub status: &'static str,
+}
+
+impl Queued {
+    pub fn is_new(&self) -> bool {
+        self.status == "queued"
+    }
+}
+
+/// The event `who` asks for on `load_id`, checked as one from an operator is.
+fn event(
+    load_id: &LoadId,
+    event_id: &EventId,
+    who: &Requester,
+    command: OperatorCommand,
+) -> Result<InboundEvent, OperatorError> {
+    let body =
+        EventBody::OperatorAction(OperatorAction { actor: who.actor.clone(), reason: who.reason.clone(), command });
+    let draft = InboundEvent { load_id: load_id.clone(), event_id: event_id.clone(), body };
+    // The same checks as an operator_action posted to the ingestion route.
+    Ok(InboundEvent::from_operator(load_id.clone(), draft.to_json())?)
+}
+
+/// Publishes `event`; a repeat of its id answers `duplicate` when it is the same
+/// event, and is refused when the request id was used for another.
+async fn publish(
+    queue: &EventQueue,
+    event: &InboundEvent,
+    request_id: &str,
+    now: Timestamp,
+) -> Result<Queued, OperatorError> {
+    let status = match queue.publish(event, now).await? {
+        Published::New => "queued",
+        Published::Duplicate => match queue.published_event(&event.load_id, &event.event_id).await? {
+            Some(first) if first != *event => {
+                return Err(OperatorError::RequestIdReused {
+                    request_id: request_id.to_owned(),
+                    load_id: event.load_id.clone(),
+                });
+            }
+            _ => "duplicate",
+        },
+    };
+    Ok(Queued { load_id: event.load_id.clone(), event_id: event.event_id.clone(), status })
+}
+
+/// The requeue event of a dead row (its action copied from the row).
+fn requeue_event(row: &OutboxRow, event_id: &EventId, who: &Requester) -> Result<InboundEvent, OperatorError> {
+    if row.status != OutboxStatus::Dead {
+        return Err(OperatorError::NotDead { id: row.id.clone(), status: row.status.as_str() });
+    }
+    let action: Action = serde_json::from_value(row.action.clone())
+        .map_err(|e| StoreError::new(format!("outbox row {} holds an action that does not read: {e}", row.id)))?;
+    event(&row.load_id, event_id, who, OperatorCommand::Requeue { outbox_id: row.id.clone(), action })
+}
+
+/// Requeues the dead row `outbox_id`: a new row carrying its action, made by the load
+/// worker on the `operator_action` this publishes. The dead row stays dead.
+pub async fn requeue(
+    store: &dyn Store,
+    queue: &EventQueue,
+    who: &Requester,
+    outbox_id: &str,
+    now: Timestamp,
+) -> Result<Queued, OperatorError> {
+    let event_id = EventId::operator(&who.request_id)?;
+    let row = store.get(outbox_id).await?.ok_or_else(|| OperatorError::NoSuchRow(outbox_id.to_owned()))?;
+    let event = requeue_event(&row, &event_id, who)?;
+    publish(queue, &event, &who.request_id, now).await
+}
+
+/// Hands the unmatched SMS `message_sid` to `load_id`, which takes it as its
+/// `inbound_sms` (the SOP's SMS rules). One load, one request: another request for
+/// the same SMS is refused (`sms_assigned`); the same request again is `duplicate`.
+pub async fn assign_sms(
+    store: &dyn Store,
+    queue: &EventQueue,
+    who: &Requester,
+    message_sid: &str,
+    load_id: &LoadId,
+    now: Timestamp,
+) -> Result<Queued, OperatorError> {
+    let event_id = EventId::operator(&who.request_id)?;
+    if !haul_core::ids::is_message_sid(message_sid) {
+        return Err(BadInput::new("bad_message_sid", "MessageSid is not of the form [A-Za-z0-9]{1,64}").into());
+    }
+    // Checked before the SMS is taken, so a bad actor or reason takes nothing.
+    event(
+        load_id,
+        &event_id,
+        who,
+        OperatorCommand::AssignSms { message_sid: message_sid.into(), from: "+1".into(), body: String::new() },
+    )?;
+    let sms = match store.assign_unmatched_sms(message_sid, load_id, event_id.as_str(), now).await? {
+        SmsAssignment::Assigned(sms) => sms,
+        SmsAssignment::NotFound => return Err(OperatorError::NoSuchSms(message_sid.to_owned())),
+        SmsAssignment::Taken { load_id, event_id } => {
+            return Err(OperatorError::SmsAssigned { message_sid: message_sid.to_owned(), load_id, event_id });
+        }
+    };
+    let command = OperatorCommand::AssignSms { message_sid: sms.message_sid, from: sms.from, body: sms.body };
+    let event = event(load_id, &event_id, who, command)?;
+    publish(queue, &event, &who.request_id, now).await
+}
+
+/// Closes the ask `ask_id` of `load_id` by hand and cancels its timer (the driver
+/// called in). Whether there is such an ask to close is the load's decision.
+pub async fn resolve_ask(
+    queue: &EventQueue,
+    who: &Requester,
+    load_id: &LoadId,
+    ask_id: &AskId,
+    now: Timestamp,
+) -> Result<Queued, OperatorError> {
+    let event_id = EventId::operator(&who.request_id)?;
+    let event = event(load_id, &event_id, who, OperatorCommand::ResolveAsk { ask_id: ask_id.clone() })?;
+    publish(queue, &event, &who.request_id, now).await
+}
+
+/// Which dead rows a bulk requeue takes: one action type, dead since a time, at most
+/// `limit` (≤ [`MAX_BULK_ROWS`]), oldest death first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeadFilter {
+    pub action_type: ActionType,
+    pub since: Timestamp,
+    pub limit: usize,
+}
+
+/// One row of a bulk requeue, and what became of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BulkRow {
+    pub outbox_id: String,
+    pub load_id: LoadId,
+    /// When the row was buried.
+    pub dead_at: Timestamp,
+    pub last_failure: Option<String>,
+    pub event_id: EventId,
+    /// `would_requeue` (a dry run), `queued`, `duplicate`, or an error code.
+    pub status: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BulkAnswer {
+    pub request_id: String,
+    pub dry_run: bool,
+    pub filter: DeadFilter,
+    pub rows: Vec<BulkRow>,
+    /// More dead rows match than `limit`: a next request with `since` = the last row's
+    /// `dead_at` takes the next ones (a row requeued already is a noop on its load).
+    pub truncated: bool,
+}
+
+/// Requeues every dead row the filter picks, each as its own `operator_action` on its
+/// load (event id `op:{request id}:{row hash}`, so a retried request publishes the
+/// same events). With `dry_run`, lists them and publishes nothing.
+pub async fn bulk_requeue(
+    store: &dyn Store,
+    queue: &EventQueue,
+    who: &Requester,
+    filter: &DeadFilter,
+    dry_run: bool,
+    now: Timestamp,
+) -> Result<BulkAnswer, OperatorError> {
+    check_request_id(&who.request_id)?;
+    if filter.limit == 0 || filter.limit > MAX_BULK_ROWS {
+        return Err(BadInput::new("bad_limit", format!("limit must be 1 to {MAX_BULK_ROWS}")).into());
+    }
+    let mut picked = store.dead_of_type(filter.action_type, filter.since, filter.limit + 1).await?;
+    let truncated = picked.len() > filter.limit;
+    picked.truncate(filter.limit);
+    let mut rows = Vec::with_capacity(picked.len());
+    for row in &picked {
+        let event_id = EventId::operator_bulk(&who.request_id, &row.id)?;
+        // The event is built on a dry run too: what would be refused shows as refused.
+        let status = match requeue_event(row, &event_id, who) {
+            Err(e @ (OperatorError::Store(_) | OperatorError::BadInput(_))) => return Err(e),
+            Err(e) => e.code().to_owned(),
+            Ok(_) if dry_run => "would_requeue".to_owned(),
+            Ok(event) => match publish(queue, &event, &who.request_id, now).await {
+                Ok(q) => q.status.to_owned(),
+                Err(e @ OperatorError::Store(_)) => return Err(e),
+                Err(e) => e.code().to_owned(),
+            },
+        };
+        rows.push(BulkRow {
+            outbox_id: row.id.clone(),
+            load_id: row.load_id.clone(),
+            dead_at: row.updated_at,
+            last_failure: row.last_failure.clone(),
+            event_id,
+            status,
+        });
+    }
+    Ok(BulkAnswer { request_id: who.request_id.clone(), dry_run, filter: filter.clone(), rows, truncated })
+}

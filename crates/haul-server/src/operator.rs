@@ -1,0 +1,148 @@
+//! The operator routes (`/v1/operator/*`, docs/api.md "Operator actions"): each takes
+//! an operator's token ([`OperatorCaller`]), a request id, who asks and why, and
+//! publishes an `operator_action` through `haul_runtime::operator`, which the load
+//! worker appends with its decision. Nothing here writes a log or an outbox row.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use haul_core::action::ActionType;
+use haul_core::ids::{AskId, LoadId};
+use haul_core::time::Timestamp;
+use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Queued, Requester};
+use serde::Deserialize;
+use tracing::{error, info};
+
+use crate::api::{ApiBody, ApiState, OperatorCaller, error, json_body};
+
+fn refused(e: OperatorError) -> Response {
+    if let OperatorError::Store(s) = &e {
+        error!(error = %s, "an operator action failed on the store");
+        return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), "the store does not answer; try again");
+    }
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    error(status, e.code(), e.to_string())
+}
+
+/// 202 `queued` (the worker is woken) or 200 `duplicate`, with the load and event id.
+fn answer(s: &ApiState, who: &Requester, what: &str, q: Result<Queued, OperatorError>) -> Response {
+    let q = match q {
+        Ok(q) => q,
+        Err(e) => return refused(e),
+    };
+    info!(action = what, actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, event_id = %q.event_id, status = q.status, "operator action");
+    let status = if q.is_new() {
+        if let Some(w) = &s.wake_worker {
+            w.notify_one();
+        }
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    (status, axum::Json(q)).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RequeueBody {
+    request_id: String,
+    actor: String,
+    reason: String,
+    outbox_id: String,
+}
+
+pub(crate) async fn requeue(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+    let b: RequeueBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let q = operator::requeue(s.store.as_ref(), &s.queue, &who, &b.outbox_id, s.clock.now()).await;
+    answer(&s, &who, "requeue", q)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AssignSmsBody {
+    request_id: String,
+    actor: String,
+    reason: String,
+    message_sid: String,
+    load_id: LoadId,
+}
+
+pub(crate) async fn assign_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+    let b: AssignSmsBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let q = operator::assign_sms(s.store.as_ref(), &s.queue, &who, &b.message_sid, &b.load_id, s.clock.now()).await;
+    answer(&s, &who, "assign_sms", q)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResolveAskBody {
+    request_id: String,
+    actor: String,
+    reason: String,
+    load_id: LoadId,
+    ask_id: AskId,
+}
+
+pub(crate) async fn resolve_ask(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+    let b: ResolveAskBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let q = operator::resolve_ask(&s.queue, &who, &b.load_id, &b.ask_id, s.clock.now()).await;
+    answer(&s, &who, "resolve_ask", q)
+}
+
+fn default_limit() -> usize {
+    MAX_BULK_ROWS
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BulkRequeueBody {
+    request_id: String,
+    actor: String,
+    reason: String,
+    action_type: ActionType,
+    since: Timestamp,
+    #[serde(default = "default_limit")]
+    limit: usize,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+pub(crate) async fn bulk_requeue(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    ApiBody(body): ApiBody,
+) -> Response {
+    let b: BulkRequeueBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let filter = DeadFilter { action_type: b.action_type, since: b.since, limit: b.limit };
+    match operator::bulk_requeue(s.store.as_ref(), &s.queue, &who, &filter, b.dry_run, s.clock.now()).await {
+        Ok(a) => {
+            let queued = a.rows.iter().filter(|r| r.status == "queued").count();
+            info!(actor = %who.actor, request_id = %who.request_id, rows = a.rows.len(), queued, dry_run = b.dry_run, "operator bulk requeue");
+            if queued > 0
+                && let Some(w) = &s.wake_worker
+            {
+                w.notify_one();
+            }
+            (StatusCode::OK, axum::Json(a)).into_response()
+        }
+        Err(e) => refused(e),
+    }
+}

@@ -1,0 +1,252 @@
+//! The operator routes over real HTTP, on SQLite and PostgreSQL: only an operator's
+//! token, one `operator_action` per request id on the load's queue (a retry answers
+//! `duplicate`, the id reused for something else 422), a dead row's action carried
+//! whole, a bulk requeue bounded with its dry run, an unmatched SMS assigned once.
+
+mod common;
+
+use std::time::Duration;
+
+use haul_core::action::ActionType;
+use haul_core::ids::LoadId;
+use haul_core::time::{Timestamp, add};
+use haul_store::{NewEntry, NewOutboxRow, OutboxStatus};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use common::{Api, Backend, OPERATOR, TOKEN, api};
+
+fn t0() -> Timestamp {
+    "2026-03-02T07:00:00Z".parse().unwrap()
+}
+
+fn l(s: &str) -> LoadId {
+    LoadId::parse(s).unwrap()
+}
+
+fn hero_action(key: &str) -> Value {
+    json!({"key": key, "type": "create_hero_task",
+           "params": {"title": "Driver not answering", "body": "call them", "urgency": "urgent"},
+           "ask_id": "ask:eta_request:p", "step": 2})
+}
+
+/// Rows of `load` made by one decision (event `event`), then the given ones buried
+/// (`dead` seconds after 07:00 each) and the rest left pending.
+async fn rows(api: &Api, load: &str, event: &str, rows: &[(&str, ActionType, Option<u64>)]) {
+    let s = &api.store;
+    let version = s.read(&l(load)).await.unwrap().1;
+    let entries = vec![
+        NewEntry { entry_id: event.into(), kind: "location_ping".into(), payload: json!({}) },
+        NewEntry { entry_id: format!("dec:{event}"), kind: "decision_recorded".into(), payload: json!({}) },
+    ];
+    let outbox = rows
+        .iter()
+        .map(|(key, t, _)| NewOutboxRow { id: key.to_string(), action_type: *t, action: hero_action(key) })
+        .collect();
+    s.append(&l(load), entries, version, outbox, t0()).await.unwrap();
+    for (key, _, dead) in rows {
+        let Some(secs) = dead else { continue };
+        let when = add(t0(), Duration::from_secs(*secs));
+        let claims = s.pending(100, when, Duration::from_secs(60)).await.unwrap();
+        let c = claims.iter().find(|c| c.row.id == *key).unwrap();
+        s.mark_failed(key, &c.token, "400 bad request", None, when).await.unwrap();
+        for other in claims.iter().filter(|c| c.row.id != *key) {
+            // Give the other claims back at once (a retry due now).
+            s.mark_failed(&other.row.id, &other.token, "503", Some(when), when).await.unwrap();
+        }
+    }
+}
+
+fn who(request_id: &str) -> Value {
+    json!({"request_id": request_id, "actor": "ana", "reason": "the Hero service is back"})
+}
+
+fn with(mut base: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().unwrap() {
+        base[k] = v.clone();
+    }
+    base
+}
+
+/// The event the queue holds for `event_id` of `load`.
+async fn published(api: &Api, load: &str, event_id: &str) -> Value {
+    let body = api.store.published_body(&l(load), event_id).await.unwrap().expect("published");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn check(got: (StatusCode, Value), status: StatusCode, code_or_status: &str) -> Value {
+    let (s, v) = got;
+    assert_eq!(s, status, "{v}");
+    let seen = v["error"]["code"].as_str().or(v["status"].as_str()).unwrap_or("");
+    assert_eq!(seen, code_or_status, "{v}");
+    v
+}
+
+const DEAD: &str = "L1/ask:eta_request:p/2/create_hero_task";
+
+async fn requeue_takes_an_operator_token_and_publishes_once(backend: Backend) {
+    let api = api(backend).await;
+    rows(&api, "L1", "p", &[(DEAD, ActionType::CreateHeroTask, Some(1)), ("L1/p/send_sms", ActionType::SendSms, None)])
+        .await;
+    let body = with(who("r1"), json!({"outbox_id": DEAD}));
+    let path = "/v1/operator/requeue";
+    check(api.post_as(None, path, &body).await, StatusCode::UNAUTHORIZED, "unauthorized");
+    check(api.post_as(Some("wrong-token-123"), path, &body).await, StatusCode::UNAUTHORIZED, "unauthorized");
+    check(api.post_as(Some(TOKEN), path, &body).await, StatusCode::FORBIDDEN, "operator_token_required");
+
+    let v = check(api.post_as(Some(OPERATOR), path, &body).await, StatusCode::ACCEPTED, "queued");
+    assert_eq!((v["load_id"].as_str(), v["event_id"].as_str()), (Some("L1"), Some("op:r1")));
+    let ev = published(&api, "L1", "op:r1").await;
+    assert_eq!(ev["kind"], "operator_action");
+    assert_eq!((ev["actor"].as_str(), ev["reason"].as_str()), (Some("ana"), Some("the Hero service is back")));
+    assert_eq!(ev["command"], json!({"type": "requeue", "outbox_id": DEAD, "action": hero_action(DEAD)}));
+    // A retry is the same event; the id reused for another reason is refused.
+    check(api.post_as(Some(OPERATOR), path, &body).await, StatusCode::OK, "duplicate");
+    let other = with(body.clone(), json!({"reason": "something else"}));
+    check(api.post_as(Some(OPERATOR), path, &other).await, StatusCode::UNPROCESSABLE_ENTITY, "request_id_reused");
+    assert_eq!(api.store.depth().await.unwrap(), 1, "one event on the queue");
+    // The dead row stays dead.
+    assert_eq!(api.store.get(DEAD).await.unwrap().unwrap().status, OutboxStatus::Dead);
+
+    for (body, status, code) in [
+        (with(who("r2"), json!({"outbox_id": "L1/p/send_sms"})), StatusCode::CONFLICT, "not_dead"),
+        (with(who("r2"), json!({"outbox_id": "L1/nope/send_sms"})), StatusCode::NOT_FOUND, "no_such_row"),
+        (with(who("r 2"), json!({"outbox_id": DEAD})), StatusCode::BAD_REQUEST, "bad_request_id"),
+        (with(who("op:x"), json!({"outbox_id": DEAD})), StatusCode::BAD_REQUEST, "bad_request_id"),
+        (with(who("r2"), json!({"outbox_id": DEAD, "reason": " "})), StatusCode::BAD_REQUEST, "bad_payload"),
+        (with(who("r2"), json!({"outbox_id": DEAD, "actor": "a b"})), StatusCode::BAD_REQUEST, "bad_payload"),
+        (json!({"request_id": "r2", "actor": "ana", "outbox_id": DEAD}), StatusCode::BAD_REQUEST, "bad_payload"),
+        (with(who("r2"), json!({"outbox_id": DEAD, "extra": 1})), StatusCode::BAD_REQUEST, "bad_payload"),
+    ] {
+        check(api.post_as(Some(OPERATOR), path, &body).await, status, code);
+    }
+    assert_eq!(api.store.depth().await.unwrap(), 1, "nothing refused was published");
+}
+
+async fn operator_actions_on_the_ingestion_route_need_an_operator_token(backend: Backend) {
+    let api = api(backend).await;
+    let event = json!({"event_id": "op:r9", "kind": "operator_action", "actor": "ana", "reason": "driver called",
+                       "command": {"type": "resolve_ask", "ask_id": "ask:eta_request:p"}});
+    let path = "/v1/loads/L1/events";
+    check(api.post_as(Some(TOKEN), path, &event).await, StatusCode::BAD_REQUEST, "reserved_event_id");
+    let plain_id = with(event.clone(), json!({"event_id": "r9"}));
+    check(api.post_as(Some(TOKEN), path, &plain_id).await, StatusCode::BAD_REQUEST, "kind_not_accepted");
+    check(api.post_as(Some(OPERATOR), path, &plain_id).await, StatusCode::BAD_REQUEST, "bad_event_id");
+    check(api.post_as(Some(OPERATOR), path, &event).await, StatusCode::ACCEPTED, "queued");
+    // An operator token reads what the API token reads.
+    let (status, _, _) = api.get("/v1/webhooks/twilio/unmatched").await;
+    assert_eq!(status, StatusCode::OK);
+    let resp = api.client.get(format!("{}/v1/loads/L1", api.base)).bearer_auth(OPERATOR).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND, "no records yet, but past the token");
+    // The resolve-ask route makes the same event from its request id.
+    let body = with(who("r10"), json!({"load_id": "L1", "ask_id": "ask:eta_request:p"}));
+    check(api.post_as(Some(OPERATOR), "/v1/operator/resolve-ask", &body).await, StatusCode::ACCEPTED, "queued");
+    let ev = published(&api, "L1", "op:r10").await;
+    assert_eq!(ev["command"], json!({"type": "resolve_ask", "ask_id": "ask:eta_request:p"}));
+    let bad = with(who("r11"), json!({"load_id": "L1", "ask_id": "nope"}));
+    check(api.post_as(Some(OPERATOR), "/v1/operator/resolve-ask", &bad).await, StatusCode::BAD_REQUEST, "bad_payload");
+}
+
+async fn bulk_requeue_is_bounded_and_its_dry_run_publishes_nothing(backend: Backend) {
+    let api = api(backend).await;
+    let hero = ActionType::CreateHeroTask;
+    rows(&api, "L1", "p", &[("L1/a/create_hero_task", hero, Some(1)), ("L1/b/send_sms", ActionType::SendSms, Some(2))])
+        .await;
+    rows(&api, "L2", "p", &[("L2/c/create_hero_task", hero, Some(3)), ("L2/d/create_hero_task", hero, Some(4))]).await;
+    let path = "/v1/operator/bulk-requeue";
+    let filter = |request: &str, extra: Value| {
+        with(with(who(request), json!({"action_type": "create_hero_task", "since": "2026-03-02T07:00:00Z"})), extra)
+    };
+    let (status, v) = api.post_as(Some(OPERATOR), path, &filter("b1", json!({"limit": 2, "dry_run": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let listed = |v: &Value| -> Vec<(String, String)> {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["outbox_id"].as_str().unwrap().to_owned(), r["status"].as_str().unwrap().to_owned()))
+            .collect()
+    };
+    let would = |id: &str| (id.to_owned(), "would_requeue".to_owned());
+    assert_eq!(listed(&v), vec![would("L1/a/create_hero_task"), would("L2/c/create_hero_task")]);
+    assert_eq!((v["truncated"].as_bool(), v["dry_run"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(v["rows"][0]["last_failure"], "400 bad request");
+    assert_eq!(api.store.depth().await.unwrap(), 0, "a dry run publishes nothing");
+
+    let (status, v) = api.post_as(Some(OPERATOR), path, &filter("b1", json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let queued = |id: &str| (id.to_owned(), "queued".to_owned());
+    let all = ["L1/a/create_hero_task", "L2/c/create_hero_task", "L2/d/create_hero_task"];
+    assert_eq!(listed(&v), all.map(queued).to_vec());
+    assert_eq!(v["truncated"], false);
+    assert_eq!(api.store.depth().await.unwrap(), 3, "one event per row, each on its load");
+    let event_id = v["rows"][2]["event_id"].as_str().unwrap().to_owned();
+    assert!(event_id.starts_with("op:b1:"), "{event_id}");
+    let ev = published(&api, "L2", &event_id).await;
+    assert_eq!(ev["command"]["outbox_id"], "L2/d/create_hero_task");
+    // The same request again: every row a duplicate, nothing new.
+    let (_, v) = api.post_as(Some(OPERATOR), path, &filter("b1", json!({}))).await;
+    assert_eq!(listed(&v), all.map(|id| (id.to_owned(), "duplicate".to_owned())).to_vec());
+    assert_eq!(api.store.depth().await.unwrap(), 3);
+    // Since a later time; another type.
+    let (_, v) = api
+        .post_as(Some(OPERATOR), path, &filter("b2", json!({"since": "2026-03-02T07:00:04Z", "dry_run": true})))
+        .await;
+    assert_eq!(listed(&v), vec![would("L2/d/create_hero_task")]);
+    let (_, v) =
+        api.post_as(Some(OPERATOR), path, &filter("b3", json!({"action_type": "send_sms", "dry_run": true}))).await;
+    assert_eq!(listed(&v), vec![would("L1/b/send_sms")]);
+
+    for (extra, code) in [
+        (json!({"limit": 0}), "bad_limit"),
+        (json!({"limit": 101}), "bad_limit"),
+        (json!({"action_type": "launch"}), "bad_payload"),
+        (json!({"since": "07:00"}), "bad_payload"),
+        (json!({"request_id": ""}), "bad_request_id"),
+    ] {
+        check(api.post_as(Some(OPERATOR), path, &filter("b4", extra)).await, StatusCode::BAD_REQUEST, code);
+    }
+    check(
+        api.post_as(Some(TOKEN), path, &filter("b4", json!({}))).await,
+        StatusCode::FORBIDDEN,
+        "operator_token_required",
+    );
+}
+
+async fn an_unmatched_sms_is_assigned_to_one_load_once(backend: Backend) {
+    let api = api(backend).await;
+    let form = [("From", "+15555550100"), ("To", "+15555550000"), ("Body", "ETA 9:15"), ("MessageSid", "SMa1")];
+    assert_eq!(api.twilio(&form).await.0, StatusCode::OK);
+    assert_eq!(api.unmatched().await.len(), 1, "no load has that phone");
+    let path = "/v1/operator/assign-sms";
+    let body = |request: &str, load: &str| with(who(request), json!({"message_sid": "SMa1", "load_id": load}));
+    check(api.post_as(Some(TOKEN), path, &body("s1", "L1")).await, StatusCode::FORBIDDEN, "operator_token_required");
+    let v = check(api.post_as(Some(OPERATOR), path, &body("s1", "L1")).await, StatusCode::ACCEPTED, "queued");
+    assert_eq!(v["event_id"], "op:s1");
+    let ev = published(&api, "L1", "op:s1").await;
+    assert_eq!(
+        ev["command"],
+        json!({"type": "assign_sms", "message_sid": "SMa1", "from": "+15555550100", "body": "ETA 9:15"})
+    );
+    check(api.post_as(Some(OPERATOR), path, &body("s1", "L1")).await, StatusCode::OK, "duplicate");
+    check(api.post_as(Some(OPERATOR), path, &body("s2", "L1")).await, StatusCode::CONFLICT, "sms_assigned");
+    check(api.post_as(Some(OPERATOR), path, &body("s3", "L2")).await, StatusCode::CONFLICT, "sms_assigned");
+    let unknown = with(who("s4"), json!({"message_sid": "SMnone", "load_id": "L1"}));
+    check(api.post_as(Some(OPERATOR), path, &unknown).await, StatusCode::NOT_FOUND, "no_such_sms");
+    let bad_sid = with(who("s5"), json!({"message_sid": "SM/x", "load_id": "L1"}));
+    check(api.post_as(Some(OPERATOR), path, &bad_sid).await, StatusCode::BAD_REQUEST, "bad_message_sid");
+    // A bad reason takes nothing: the next good request still finds the SMS taken by s1 only.
+    let no_reason = with(body("s6", "L1"), json!({"reason": ""}));
+    check(api.post_as(Some(OPERATOR), path, &no_reason).await, StatusCode::BAD_REQUEST, "bad_payload");
+    assert_eq!(api.store.depth().await.unwrap(), 1);
+    // Twilio's replay of the SMS does nothing new.
+    assert_eq!(api.twilio(&form).await.0, StatusCode::OK);
+    assert_eq!(api.store.depth().await.unwrap(), 1);
+}
+
+on_both_backends!(
+    requeue_takes_an_operator_token_and_publishes_once,
+    operator_actions_on_the_ingestion_route_need_an_operator_token,
+    bulk_requeue_is_bounded_and_its_dry_run_publishes_nothing,
+    an_unmatched_sms_is_assigned_to_one_load_once,
+);

@@ -1,0 +1,120 @@
+//! `haul operator …`: the operator actions from a shell, on the store (and load queue)
+//! of the settings, through `haul_runtime::operator` as the `/v1/operator` routes go.
+//! A refusal prints its code and message (the API's error body with `--json`) and
+//! exits 1; nothing was published then.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use haul_config::QueueKind;
+use haul_core::action::ActionType;
+use haul_core::ids::{AskId, LoadId};
+use haul_core::{Clock, Timestamp};
+use haul_runtime::clock::SystemClock;
+use haul_runtime::operator::{self, BulkAnswer, DeadFilter, OperatorError, Queued, Requester};
+use haul_runtime::queue::EventQueue;
+use haul_runtime::store;
+use haul_store::{LoadQueue, Store};
+use serde_json::json;
+
+use crate::cli::{ConfigArgs, OperatorCommand, Requester as RequesterArgs};
+use crate::commands::{load_config, say};
+
+pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        OperatorCommand::Requeue { outbox_id, who, settings, json } => {
+            let (store, queue) = open(&settings).await?;
+            let who = requester(who);
+            let q = operator::requeue(store.as_ref(), &queue, &who, &outbox_id, SystemClock.now()).await;
+            queued(q, json, &format!("requeue of {outbox_id}"))
+        }
+        OperatorCommand::AssignSms { message_sid, load, who, settings, json } => {
+            let load = LoadId::parse(&load).map_err(|e| anyhow::anyhow!("--load: {}", e.message))?;
+            let (store, queue) = open(&settings).await?;
+            let who = requester(who);
+            let q = operator::assign_sms(store.as_ref(), &queue, &who, &message_sid, &load, SystemClock.now()).await;
+            queued(q, json, &format!("SMS {message_sid} assigned"))
+        }
+        OperatorCommand::ResolveAsk { load_id, ask_id, who, settings, json } => {
+            let load = LoadId::parse(&load_id).map_err(|e| anyhow::anyhow!("LOAD_ID: {}", e.message))?;
+            let ask = AskId::parse(&ask_id).map_err(|e| anyhow::anyhow!("ASK_ID: {}", e.message))?;
+            let (_, queue) = open(&settings).await?;
+            let who = requester(who);
+            let q = operator::resolve_ask(&queue, &who, &load, &ask, SystemClock.now()).await;
+            queued(q, json, &format!("{ask} resolved"))
+        }
+        OperatorCommand::BulkRequeue { action_type, since, limit, dry_run, who, settings, json } => {
+            let action_type = ActionType::parse(&action_type).with_context(|| {
+                let all: Vec<&str> = ActionType::ALL.iter().map(|t| t.as_str()).collect();
+                format!("--type {action_type:?} is not one of {}", all.join(", "))
+            })?;
+            let since: Timestamp =
+                since.parse().map_err(|_| anyhow::anyhow!("--since {since:?} is not an RFC 3339 time"))?;
+            let (store, queue) = open(&settings).await?;
+            let who = requester(who);
+            let filter = DeadFilter { action_type, since, limit };
+            match operator::bulk_requeue(store.as_ref(), &queue, &who, &filter, dry_run, SystemClock.now()).await {
+                Ok(a) => {
+                    bulk(&a, json)?;
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => refused(e, json),
+            }
+        }
+    }
+}
+
+fn requester(r: RequesterArgs) -> Requester {
+    Requester { request_id: r.request_id, actor: r.actor, reason: r.reason }
+}
+
+/// The store of the settings and the load queue serve uses with it.
+async fn open(settings: &ConfigArgs) -> anyhow::Result<(Arc<dyn Store>, EventQueue)> {
+    let config = load_config(settings, None)?;
+    let store = store::open(&config.store.url, None).await.context("store.url")?;
+    let queue: Arc<dyn LoadQueue> = match config.queue.kind {
+        QueueKind::Store => store.clone(),
+        QueueKind::Sqs => store::open_sqs(&config.queue).await?,
+    };
+    Ok((store, EventQueue::new(queue)))
+}
+
+fn queued(q: Result<Queued, OperatorError>, json: bool, what: &str) -> anyhow::Result<ExitCode> {
+    let q = match q {
+        Ok(q) => q,
+        Err(e) => return refused(e, json),
+    };
+    if json {
+        say(serde_json::to_string_pretty(&q)?);
+    } else if q.is_new() {
+        say(format_args!("queued {} on load {}: {what}", q.event_id, q.load_id));
+    } else {
+        say(format_args!("duplicate: {} was made before on load {}; nothing new", q.event_id, q.load_id));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bulk(a: &BulkAnswer, json: bool) -> anyhow::Result<()> {
+    if json {
+        say(serde_json::to_string_pretty(a)?);
+        return Ok(());
+    }
+    for r in &a.rows {
+        let failure = r.last_failure.as_deref().unwrap_or("-");
+        say(format_args!("{:<14} {}  died {}  {}  ({})", r.status, r.outbox_id, r.dead_at, r.event_id, failure));
+    }
+    let more = if a.truncated { "; more match: run again with --since the last row's time" } else { "" };
+    let what = if a.dry_run { "would be requeued (dry run)" } else { "requeued" };
+    say(format_args!("{} dead {} row(s) {what}{more}", a.rows.len(), a.filter.action_type));
+    Ok(())
+}
+
+fn refused(e: OperatorError, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        say(json!({"error": {"code": e.code(), "message": e.to_string()}}));
+    } else {
+        eprintln!("refused ({}): {e}", e.code());
+    }
+    Ok(ExitCode::from(1))
+}
