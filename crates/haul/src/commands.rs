@@ -282,8 +282,11 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
         };
         say(line);
     }
-    if list.is_empty() {
-        say(empty);
+    match (list.is_empty(), answer[next_key].is_string()) {
+        (true, false) => say(empty),
+        // The loads query looks at a bounded window of loads per page.
+        (true, true) => say("none on this page"),
+        _ => {}
     }
     if let Some(next) = answer[next_key].as_str() {
         say(format_args!("next page: {next_flag} {next}"));
