@@ -12,6 +12,7 @@
 //! 127.0.0.1; a request with no recorded answer, or of the wrong shape, fails the
 //! scenario (key `llm`).
 
+pub mod keep;
 pub mod scenario;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -91,6 +92,8 @@ pub enum EvalDecider {
 pub struct EvalOptions {
     pub queue: EvalQueue,
     pub decider: EvalDecider,
+    /// Copy each scenario's logs into this store when it ends (`haul eval --keep`).
+    pub keep: Option<Arc<keep::Keep>>,
 }
 
 /// Where a scenario failed.
@@ -247,8 +250,14 @@ pub async fn run_scenario_with(
     let started = std::time::Instant::now();
     let failure = match Run::start(s, store, faults, opts).await {
         Ok(mut run) => {
-            let failure = run.steps(s).await.err();
+            let mut failure = run.steps(s).await.err();
             run.close().await;
+            if let Some(keep) = &opts.keep
+                && let Err(e) = keep.copy(run.store.as_ref(), &run.loads, &s.clients).await
+            {
+                failure =
+                    failure.or(Some(Failure { step: None, at: None, key: "keep".into(), message: format!("{e:#}") }));
+            }
             failure
         }
         Err(e) => Some(Failure { step: None, at: None, key: "setup".into(), message: format!("{e:#}") }),
