@@ -108,7 +108,7 @@ impl LoadState {
     /// Folds one record in. Records must come in `seq` order.
     pub fn apply(&mut self, r: &Record) {
         if r.kind == DECISION_RECORDED {
-            match serde_json::from_value::<Decision>(r.payload.clone()) {
+            match Decision::deserialize(&r.payload) {
                 Ok(d) => self.apply_decision_record(r, &d),
                 Err(_) => self.apply_unreadable(r),
             }

@@ -102,7 +102,7 @@ impl Candidate {
                 if let Some(r) = recorded {
                     let requests = r.requests();
                     if requests.len() > asked && requests[asked..].iter().any(|q| !q.answered) {
-                        return Err("no recorded model answer");
+                        return Err("no model answer (none recorded, or the live call budget spent)");
                     }
                 }
                 Ok((replay::accept(load, state, event, now, &decider.name(), answer), rule))

@@ -152,7 +152,7 @@ pub enum Command {
         plant: Option<String>,
     },
     /// Benchmark workloads; each throughput is reported with the limit measured in the
-    /// same run (append, projection, contention, e2e, dispatch, timers).
+    /// same run (append, projection, contention, e2e, dispatch, timers, replay).
     Bench {
         /// Workloads to run (default: all).
         workloads: Vec<String>,
@@ -278,6 +278,13 @@ pub enum Command {
         /// With --decider llm: the recorded model answers (the haul eval answers format).
         #[arg(long, value_name = "FILE")]
         llm_answers: Option<PathBuf>,
+        /// With --decider llm: ask the model of decider.llm.* what --llm-answers does not
+        /// hold (at most --max-calls times), and add its answers to that file.
+        #[arg(long, requires = "max_calls")]
+        live: bool,
+        /// With --live: model calls at most; decisions past it are not compared.
+        #[arg(long, value_name = "N")]
+        max_calls: Option<usize>,
         /// Print the whole report as JSON instead of the summary.
         #[arg(long)]
         json: bool,

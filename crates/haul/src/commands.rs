@@ -51,9 +51,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let keep = Keep { url: keep, config: keep_config };
             evaluate(&paths, json, store, queue, decider, llm_answers.as_deref(), keep).await
         }
-        Command::Replay { settings, loads, since, client, all, limit, decider, llm_answers, json, html, show } => {
+        Command::Replay {
+            settings,
+            loads,
+            since,
+            client,
+            all,
+            limit,
+            decider,
+            llm_answers,
+            live,
+            max_calls,
+            json,
+            html,
+            show,
+        } => {
             let select = Select { loads, since, client, all, limit };
-            replay(&settings, select, decider, llm_answers.as_deref(), json, html.as_deref(), show).await
+            let llm = Llm { answers: llm_answers, live: if live { max_calls } else { None } };
+            replay(&settings, select, decider, llm, json, html.as_deref(), show).await
         }
         Command::ExportScenario { load_id, settings, mask_bodies, keep_phones, output } => {
             export_scenario(&load_id, &settings, mask_bodies, keep_phones, output.as_deref()).await
@@ -460,16 +475,24 @@ impl Progress {
     }
 }
 
+/// `haul replay --llm-answers FILE [--live --max-calls N]`.
+struct Llm {
+    answers: Option<PathBuf>,
+    /// The call budget, with --live.
+    live: Option<usize>,
+}
+
 async fn replay(
     settings: &ConfigArgs,
     select: Select,
     decider: Option<DeciderKind>,
-    llm_answers: Option<&Path>,
+    llm: Llm,
     json: bool,
     html: Option<&Path>,
     show: usize,
 ) -> anyhow::Result<ExitCode> {
     use haul_harness::replay::{Candidate, ReplayOptions};
+    use haul_harness::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm, Upstream};
     let config = load_config(settings, None)?;
     let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
     let selection = select.selection(now)?;
@@ -479,26 +502,52 @@ async fn replay(
         Some(DeciderKind::Llm) => haul_config::DeciderKind::Llm,
         None => config.decider.kind,
     };
-    let candidate = match (kind, llm_answers) {
-        (haul_config::DeciderKind::Sop, None) => Candidate::Sop(policies),
-        (haul_config::DeciderKind::Sop, Some(_)) => anyhow::bail!("--llm-answers goes with --decider llm"),
+    let mut recorded_answers: Option<(Answers, PathBuf)> = None;
+    let candidate = match (kind, &llm.answers) {
+        (haul_config::DeciderKind::Sop, None) if llm.live.is_none() => Candidate::Sop(policies),
+        (haul_config::DeciderKind::Sop, _) => anyhow::bail!("--llm-answers and --live go with --decider llm"),
         (haul_config::DeciderKind::Llm, None) => anyhow::bail!(
-            "the LLM candidate replays recorded answers: --llm-answers FILE (a live model is not supported by replay)"
+            "the LLM candidate replays recorded answers: --llm-answers FILE (with --live --max-calls N, the model \
+             of decider.llm.* answers what FILE does not hold, and its answers are added to FILE)"
         ),
         (haul_config::DeciderKind::Llm, Some(file)) => {
-            let answers = haul_harness::testkit_llm::Answers::from_file(file).context("--llm-answers")?;
-            let server = haul_harness::testkit_llm::RecordedLlm::start(
-                answers.clone(),
-                haul_harness::testkit_llm::RECORDED_API_KEY,
-            )
-            .await?;
-            let llm = haul_runtime::llm::LlmSettings {
+            let upstream = match llm.live {
+                None => None,
+                Some(max_calls) => {
+                    let c = &config.decider.llm;
+                    c.check()?;
+                    let api_key = std::env::var(&c.api_key_env)
+                        .ok()
+                        .filter(|k| !k.trim().is_empty())
+                        .ok_or_else(|| anyhow::anyhow!("--live: {} is not set", c.api_key_env))?;
+                    Some(Upstream { base_url: c.base_url.clone().unwrap_or_default(), api_key, max_calls })
+                }
+            };
+            let answers = match (&upstream, file.exists()) {
+                (Some(_), false) => Answers {
+                    model: config.decider.llm.model.clone().unwrap_or_default(),
+                    timeout: config.decider.llm.timeout,
+                    answers: vec![],
+                },
+                _ => Answers::from_file(file).context("--llm-answers")?,
+            };
+            if upstream.is_some() {
+                anyhow::ensure!(
+                    Some(&answers.model) == config.decider.llm.model.as_ref(),
+                    "--llm-answers {} holds answers of model {:?}, not of decider.llm.model",
+                    file.display(),
+                    answers.model
+                );
+                recorded_answers = Some((answers.clone(), file.clone()));
+            }
+            let server = RecordedLlm::start_with(answers.clone(), RECORDED_API_KEY, upstream).await?;
+            let settings = haul_runtime::llm::LlmSettings {
                 base_url: server.base_url(),
                 model: answers.model.clone(),
-                api_key: haul_harness::testkit_llm::RECORDED_API_KEY.into(),
+                api_key: RECORDED_API_KEY.into(),
                 timeout: answers.timeout,
             };
-            let decider = std::sync::Arc::new(haul_runtime::llm::LlmDecider::new(llm, policies.clone())?);
+            let decider = std::sync::Arc::new(haul_runtime::llm::LlmDecider::new(settings, policies.clone())?);
             Candidate::Decider { decider, policies, recorded: Some(server) }
         }
     };
@@ -510,6 +559,17 @@ async fn replay(
     let report =
         haul_harness::replay::replay(reader, &store::describe(db), &candidate, &opts, |s| progress.show(s)).await?;
     progress.done();
+    if let (Some((mut answers, file)), Candidate::Decider { recorded: Some(server), .. }) =
+        (recorded_answers, &candidate)
+    {
+        let live = server.live_answers();
+        if !live.is_empty() {
+            let n = live.len();
+            answers.answers.extend(live);
+            std::fs::write(&file, answers.to_toml()?).with_context(|| format!("--llm-answers {}", file.display()))?;
+            eprintln!("{n} live answers added to {}: the same replay now runs without the model", file.display());
+        }
+    }
     if let Some(file) = html {
         std::fs::write(file, haul_harness::replay::html(&report))
             .with_context(|| format!("--html {}", file.display()))?;
