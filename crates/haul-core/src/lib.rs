@@ -20,6 +20,7 @@ pub mod outcome;
 pub mod projection;
 pub mod queue_mode;
 pub mod redact;
+pub mod replay;
 pub mod retry;
 pub mod sop;
 pub mod time;

@@ -115,21 +115,38 @@ impl LoadState {
 
     /// Folds one record in. Records must come in `seq` order.
     pub fn apply(&mut self, r: &Record) {
-        self.version = r.seq;
-        self.last_recorded_at = Some(r.recorded_at);
         if r.kind == DECISION_RECORDED {
-            match serde_json::from_value::<Decision>(r.payload.clone()) {
-                Ok(d) => self.apply_decision(&d),
-                Err(_) => self.unreadable += 1,
+            match Decision::deserialize(&r.payload) {
+                Ok(d) => self.apply_decision_record(r, &d),
+                Err(_) => self.apply_unreadable(r),
             }
             return;
         }
-        let (Ok(event_id), Ok(body)) =
-            (EventId::parse(&r.entry_id), EventBody::from_payload(&r.kind, r.payload.clone()))
-        else {
-            self.unreadable += 1;
-            return;
-        };
+        match (EventId::parse(&r.entry_id), EventBody::from_payload(&r.kind, r.payload.clone())) {
+            (Ok(event_id), Ok(body)) => self.apply_event(r, event_id, body),
+            _ => self.apply_unreadable(r),
+        }
+    }
+
+    /// Folds in a record the caller could not read (counted, skipped).
+    pub fn apply_unreadable(&mut self, r: &Record) {
+        self.version = r.seq;
+        self.last_recorded_at = Some(r.recorded_at);
+        self.unreadable += 1;
+    }
+
+    /// Folds in a `decision_recorded` record the caller has already parsed as `d`:
+    /// the same step as [`apply`](Self::apply), without parsing the payload again.
+    pub fn apply_decision_record(&mut self, r: &Record, d: &Decision) {
+        self.version = r.seq;
+        self.last_recorded_at = Some(r.recorded_at);
+        self.apply_decision(d);
+    }
+
+    /// Folds in an inbound event record the caller has already parsed (its id and body).
+    pub fn apply_event(&mut self, r: &Record, event_id: EventId, body: EventBody) {
+        self.version = r.seq;
+        self.last_recorded_at = Some(r.recorded_at);
         self.processed.insert(event_id.clone());
         match body {
             EventBody::LoadUpdate(u) => {

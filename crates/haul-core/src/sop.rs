@@ -79,10 +79,82 @@ pub fn reports_trouble(text: &str) -> bool {
 }
 
 pub fn decide(policies: &Policies, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Decision {
+    decide_with_rule(policies, load, state, event, now).0
+}
+
+/// Which rule of docs/design.md's SOP decided an event (or the deterministic filter,
+/// which runs before it). `haul replay` counts decisions and differences by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    /// The deterministic filter: no decider call.
+    Filter,
+    /// 1: a ping at or above the trigger risk opens an ETA request.
+    Rule1,
+    /// 2: a current timer with attempts left asks again.
+    Rule2,
+    /// 3: a current timer with no attempts left escalates to a person.
+    Rule3,
+    /// 4: an SMS from the driver answers the open asks.
+    Rule4,
+    /// 5: any other SMS goes to a person.
+    Rule5,
+    /// 6: a failed external action goes to a person.
+    Rule6,
+    /// 7: delivered closes the open asks.
+    Rule7,
+    /// 8: anything else: nothing to do.
+    Rule8,
+}
+
+impl Rule {
+    pub const ALL: [Rule; 9] = [
+        Rule::Filter,
+        Rule::Rule1,
+        Rule::Rule2,
+        Rule::Rule3,
+        Rule::Rule4,
+        Rule::Rule5,
+        Rule::Rule6,
+        Rule::Rule7,
+        Rule::Rule8,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Rule::Filter => "filter",
+            Rule::Rule1 => "rule 1: risk opens an ETA request",
+            Rule::Rule2 => "rule 2: no answer, ask again",
+            Rule::Rule3 => "rule 3: no answer, escalate",
+            Rule::Rule4 => "rule 4: the driver answers",
+            Rule::Rule5 => "rule 5: an SMS for a person",
+            Rule::Rule6 => "rule 6: a failed action",
+            Rule::Rule7 => "rule 7: delivered",
+            Rule::Rule8 => "rule 8: nothing to do",
+        }
+    }
+}
+
+/// [`decide`], and the rule that decided.
+pub fn decide_with_rule(
+    policies: &Policies,
+    load: &LoadId,
+    state: &LoadState,
+    event: &InboundEvent,
+    now: Timestamp,
+) -> (Decision, Rule) {
     let policy = policies.for_client(state.client.as_deref());
-    let mut d = Sop { load, state, event, now, policy, actions: vec![], asks: vec![] };
+    let mut d = Sop { load, state, event, now, policy, actions: vec![], asks: vec![], rule: Rule::Rule8 };
     let rationale = d.rules();
-    Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale)
+    (Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale), d.rule)
+}
+
+/// The rule an event falls under: the filter's, else the SOP's with these policies.
+pub fn rule_for(policies: &Policies, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Rule {
+    if crate::filter::filter(load, state, event, now).is_some() {
+        return Rule::Filter;
+    }
+    decide_with_rule(policies, load, state, event, now).1
 }
 
 /// Rules 4 and 5 for `sms` as if it were `event` (an operator assigning an unmatched
@@ -95,7 +167,8 @@ pub fn decide_sms(
     sms: &InboundSms,
     now: Timestamp,
 ) -> Decision {
-    let mut d = Sop { load, state, event, now, policy: EtaPolicy::default(), actions: vec![], asks: vec![] };
+    let mut d =
+        Sop { load, state, event, now, policy: EtaPolicy::default(), actions: vec![], asks: vec![], rule: Rule::Rule8 };
     let rationale = d.sms(sms);
     Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale)
 }
@@ -108,6 +181,7 @@ struct Sop<'a> {
     policy: EtaPolicy,
     actions: Vec<Action>,
     asks: Vec<AskChange>,
+    rule: Rule,
 }
 
 impl Sop<'_> {
@@ -116,6 +190,7 @@ impl Sop<'_> {
         match &self.event.body {
             // Rule 1.
             EventBody::LocationPing(p) if p.risk >= self.policy.trigger_risk && !state.is_delivered() => {
+                self.rule = Rule::Rule1;
                 if let Some(ask) = state.open_ask_of_kind(ETA_REQUEST) {
                     return format!("risk {} but {} is already open", p.risk.as_str(), ask.ask_id);
                 }
@@ -145,12 +220,14 @@ impl Sop<'_> {
                 match state.driver_phone.clone() {
                     // Rule 2.
                     Some(phone) if ask.step < self.policy.max_attempts => {
+                        self.rule = Rule::Rule2;
                         let step = ask.step + 1;
                         self.take_step(&ask.ask_id, step, &phone);
                         format!("no answer to {}: ask again (step {step} of {})", ask.ask_id, self.policy.max_attempts)
                     }
                     // Rule 3 (and a lost phone number, which also needs a person).
                     _ => {
+                        self.rule = Rule::Rule3;
                         self.escalate(ask);
                         format!("no answer after {} attempts: escalate to a person", ask.step)
                     }
@@ -159,6 +236,7 @@ impl Sop<'_> {
             EventBody::InboundSms(sms) => self.sms(sms),
             // Rule 6.
             EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Failed && !o.hero_channel && !o.internal => {
+                self.rule = Rule::Rule6;
                 let what = if o.action_type == ActionType::SendSms {
                     "SMS to driver failed, call them"
                 } else {
@@ -179,6 +257,7 @@ impl Sop<'_> {
             }
             // Rule 7.
             EventBody::LoadUpdate(u) if u.stage.as_deref() == Some(crate::projection::STAGE_DELIVERED) => {
+                self.rule = Rule::Rule7;
                 let open: Vec<&OpenAsk> = state.open_asks().collect();
                 for ask in &open {
                     self.asks.push(AskChange { ask_id: ask.ask_id.clone(), step: ask.step, status: AskStatus::Closed });
@@ -198,6 +277,7 @@ impl Sop<'_> {
         let open: Vec<&OpenAsk> = state.open_asks().collect();
         if from_driver && !open.is_empty() {
             // Rule 4.
+            self.rule = Rule::Rule4;
             for ask in &open {
                 self.asks.push(AskChange { ask_id: ask.ask_id.clone(), step: ask.step, status: AskStatus::Answered });
                 self.cancel_timer(ask);
@@ -213,6 +293,7 @@ impl Sop<'_> {
             return "the driver answered".into();
         }
         // Rule 5.
+        self.rule = Rule::Rule5;
         let who = if from_driver { "the driver" } else { "a number that is not the driver's" };
         self.event_task(
             "SMS needs a reply",

@@ -6,7 +6,9 @@
 //! `contention` (8 workers on one hot load: wasted decisions, with and without the
 //! LoadLock), `e2e` (the whole pipeline in one process, at a fixed rate and at
 //! saturation), `e2e-http` (one unit over real HTTP through `haul serve` processes, by
-//! closed-loop callers) and `dispatch` (outbox rows to an HTTP sink against bare HTTP posts).
+//! closed-loop callers), `dispatch` (outbox rows to an HTTP sink against bare HTTP posts)
+//! and `replay` (`haul replay` with the SOP over 10,000 loads and 560,000 log records,
+//! decisions per second against reading and projecting the same logs).
 //! Each reports its peak resident memory.
 
 use std::collections::BTreeMap;
@@ -33,7 +35,8 @@ use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
 
 mod e2e_http;
 
-pub const WORKLOADS: [&str; 7] = ["append", "projection", "contention", "e2e", "e2e-http", "dispatch", "timers"];
+pub const WORKLOADS: [&str; 8] =
+    ["append", "projection", "contention", "e2e", "e2e-http", "dispatch", "timers", "replay"];
 
 /// Figures of one workload: name → number.
 pub type Figures = BTreeMap<String, f64>;
@@ -394,6 +397,7 @@ pub async fn run_workload(name: &str, store: &BenchStore, quick: bool) -> anyhow
         "e2e-http" => e2e_http::e2e_http(store, quick).await,
         "dispatch" => dispatch(store, if quick { 500 } else { 3_000 }).await,
         "timers" => timers(store, if quick { 50_000 } else { 1_000_000 }, if quick { 1_000 } else { 10_000 }).await,
+        "replay" => replay(store, if quick { 1_000 } else { 10_000 }).await,
         other => anyhow::bail!("unknown workload {other:?} (one of {})", WORKLOADS.join(", ")),
     }
     .with_context(|| format!("workload {name}"))?;
@@ -674,5 +678,167 @@ async fn timers(store: &BenchStore, pending: usize, due: usize) -> anyhow::Resul
     f.insert("lag_p50_s".into(), percentile(&lags, 0.5));
     f.insert("lag_p99_s".into(), percentile(&lags, 0.99));
     f.insert("target_p99_s".into(), poll.as_secs_f64() + 1.0);
+    Ok(f)
+}
+
+/// One load's log as the worker writes it under the SOP: `load:init`, then `cycles`
+/// rounds of a high-risk ping and its ask, the delivered outcomes, a timer asking
+/// again, the driver's answer cancelling the timer, and a low-risk ping; 2 + 18 per
+/// cycle records. Entries, and the time of the last.
+fn sop_log(l: &LoadId, cycles: usize, t0: Timestamp) -> (Vec<NewEntry>, Timestamp) {
+    use haul_core::projection::Record;
+    let policies = haul_core::sop::Policies::default();
+    let mut state = LoadState::default();
+    let mut entries = Vec::new();
+    let mut at = t0;
+    let run = |ev: Value, now: Timestamp, state: &mut LoadState, entries: &mut Vec<NewEntry>| -> Decision {
+        let ev = InboundEvent::from_json(l.clone(), ev).expect("a valid bench event");
+        let d = haul_core::filter::filter(l, state, &ev, now)
+            .unwrap_or_else(|| haul_core::sop::decide(&policies, l, state, &ev, now));
+        let pair = [
+            (ev.event_id.to_string(), ev.kind().to_owned(), ev.body.payload()),
+            (
+                d.decision_id.clone(),
+                "decision_recorded".to_owned(),
+                serde_json::to_value(&d).expect("a decision encodes"),
+            ),
+        ];
+        for r in Record::appended(state.version, pair.clone(), now) {
+            state.apply(&r);
+        }
+        entries.extend(pair.into_iter().map(|(entry_id, kind, payload)| NewEntry { entry_id, kind, payload }));
+        d
+    };
+    let outcomes = |d: &Decision| -> Vec<Value> {
+        d.actions
+            .iter()
+            .map(|a| {
+                let receipt = match a.action_type() {
+                    ActionType::SetTimer => "scheduled",
+                    ActionType::CancelTimer => "canceled",
+                    _ => "rec:1",
+                };
+                json!({"event_id": format!("evt:out:{}:delivered", a.key), "kind": "action_outcome", "outbox_id": a.key,
+                       "action_type": a.action_type(), "status": "delivered", "receipt": receipt,
+                       "internal": a.class() == haul_core::ChannelClass::Internal,
+                       "hero_channel": a.class() == haul_core::ChannelClass::HeroChannel})
+            })
+            .collect()
+    };
+    let phone = "+15555550100";
+    run(
+        json!({"event_id": "load:init", "kind": "load_update", "client": "bench", "driver_phone": phone, "stage": "in_transit", "next_stop": "Gary, IN"}),
+        at,
+        &mut state,
+        &mut entries,
+    );
+    for c in 0..cycles {
+        at = haul_core::time::add(t0, Duration::from_secs(7200 * c as u64));
+        let ping = format!("ping_{c}");
+        let d = run(
+            json!({"event_id": ping, "kind": "location_ping", "lat": 41.88, "lon": -87.63, "risk": "high", "at": at.to_string()}),
+            at,
+            &mut state,
+            &mut entries,
+        );
+        for o in outcomes(&d) {
+            run(o, at, &mut state, &mut entries);
+        }
+        let later = haul_core::time::add(at, Duration::from_secs(1800));
+        let timer = d.actions.iter().find_map(|a| match &a.kind {
+            haul_core::ActionKind::SetTimer { timer_id, fire_at, ask_id, step } => Some(json!({
+                "event_id": format!("evt:tmr:{timer_id}"), "kind": "timer_fired", "timer_id": timer_id, "ask_id": ask_id,
+                "step": step, "fire_at": fire_at.to_string()})),
+            _ => None,
+        });
+        if let Some(t) = timer {
+            let d = run(t, later, &mut state, &mut entries);
+            for o in outcomes(&d) {
+                run(o, later, &mut state, &mut entries);
+            }
+        }
+        let answer = haul_core::time::add(at, Duration::from_secs(2400));
+        let d = run(
+            json!({"event_id": format!("sms_{c}"), "kind": "inbound_sms", "from": phone, "body": "ETA 9:15, on my way"}),
+            answer,
+            &mut state,
+            &mut entries,
+        );
+        for o in outcomes(&d) {
+            run(o, answer, &mut state, &mut entries);
+        }
+        at = haul_core::time::add(at, Duration::from_secs(3000));
+        run(
+            json!({"event_id": format!("low_{c}"), "kind": "location_ping", "lat": 41.0, "lon": -87.0, "risk": "low", "at": at.to_string()}),
+            at,
+            &mut state,
+            &mut entries,
+        );
+    }
+    (entries, at)
+}
+
+/// `haul replay` with the SOP over `loads` loads of 56 records, in decisions per second,
+/// against reading and projecting the same logs through the same reader (the limit: a
+/// replay reads and folds them too). Each measured twice, alternating; the better kept.
+async fn replay(store: &BenchStore, loads: usize) -> anyhow::Result<Figures> {
+    use crate::replay::{Candidate, ReplayOptions, read_and_project, replay};
+    let mut f = Figures::new();
+    let (s, handle) = fresh_store(store, "replay").await?;
+    let t0: Timestamp = "2026-03-02T07:00:00Z".parse()?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let writers = 8;
+    for w in 0..writers {
+        let s = s.clone();
+        tasks.spawn(async move {
+            for i in (w..loads).step_by(writers) {
+                let l = load(i);
+                let (entries, last) = sop_log(&l, 3, t0);
+                s.append(&l, entries, 0, vec![], last).await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    f.insert("setup_seconds".into(), started.elapsed().as_secs_f64());
+    let url = match store {
+        BenchStore::Sqlite(_) => handle,
+        BenchStore::Postgres(url) => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}options=-csearch_path%3D{handle}")
+        }
+    };
+    let reader = haul_runtime::store::open_log_reader(&url).await?;
+    let opts = ReplayOptions { show: 0, ..ReplayOptions::default() };
+    let candidate = Candidate::Sop(haul_core::sop::Policies::default());
+    let (mut project_rate, mut replay_rate, mut records_rate) = (0f64, 0f64, 0f64);
+    let (mut records, mut decisions) = (0, 0);
+    for _ in 0..2 {
+        let t = Instant::now();
+        (records, decisions) = read_and_project(reader.clone(), &opts).await?;
+        let secs = t.elapsed().as_secs_f64();
+        project_rate = project_rate.max(decisions as f64 / secs);
+        records_rate = records_rate.max(records as f64 / secs);
+        let t = Instant::now();
+        let report = replay(reader.clone(), "bench", &candidate, &opts, |_| {}).await?;
+        let secs = t.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            report.summary.compared == decisions,
+            "replay compared {} of {decisions}",
+            report.summary.compared
+        );
+        anyhow::ensure!(report.summary.different == 0, "the same SOP differs: {:?}", report.summary);
+        replay_rate = replay_rate.max(report.summary.compared as f64 / secs);
+    }
+    f.insert("loads".into(), loads as f64);
+    f.insert("records".into(), records as f64);
+    f.insert("decisions".into(), decisions as f64);
+    f.insert("read_project_decisions_per_s".into(), project_rate);
+    f.insert("read_project_records_per_s".into(), records_rate);
+    f.insert("replay_decisions_per_s".into(), replay_rate);
+    f.insert("ratio".into(), replay_rate / project_rate);
     Ok(f)
 }

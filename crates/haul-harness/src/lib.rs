@@ -9,7 +9,9 @@
 pub mod bench;
 pub mod crashtest;
 pub mod eval;
+pub mod export;
 pub mod invariants;
+pub mod replay;
 pub mod sim;
 pub mod testkit;
 pub mod testkit_llm;

@@ -43,7 +43,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use haul_core::ActionType;
 use haul_core::parse_duration;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::testkit::glob_match;
@@ -54,11 +54,11 @@ pub const RECORDED_API_KEY: &str = "recorded-llm-key";
 /// The decider's time limit in evals when the answers file gives none.
 pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct AnswersFile {
     model: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     timeout: Option<String>,
     #[serde(default)]
     answer: Vec<Answer>,
@@ -74,43 +74,43 @@ pub struct Answers {
 }
 
 /// One recorded answer and what request it answers.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Answer {
     /// The load id (exact); any load when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<String>,
     /// The inbound event id; `*` matches any run of characters.
     pub event: String,
     /// HTTP status (default 200).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
     /// Wait this long (real time) before answering.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay: Option<String>,
     /// The body verbatim instead of a chat completion.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<String>,
     /// Default: `tool_calls` with tool calls, `stop` without.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_call: Vec<RecordedCall>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordedCall {
     pub name: String,
     /// Sent as JSON text, as the API does.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<Value>,
     /// Sent verbatim (for arguments that are not JSON).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments_raw: Option<String>,
 }
 
@@ -141,6 +141,16 @@ impl Answers {
         Ok(Answers { model: f.model, timeout, answers: f.answer })
     }
 
+    /// The answers as an answers file.
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        let f = AnswersFile {
+            model: self.model.clone(),
+            timeout: Some(haul_core::time::format_duration(self.timeout)),
+            answer: self.answers.clone(),
+        };
+        Ok(toml::to_string(&f)?)
+    }
+
     pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))
@@ -156,20 +166,35 @@ impl Answers {
 pub struct LlmRequest {
     pub load: String,
     pub event: String,
-    /// Whether a recorded answer matched it.
+    /// Whether a recorded answer matched it (or, live, the model answered).
     pub answered: bool,
+}
+
+/// A real model the server asks, within a budget, when no recorded answer matches
+/// (`haul replay --live`); what it answers is recorded ([`RecordedLlm::live_answers`]).
+#[derive(Clone)]
+pub struct Upstream {
+    /// `decider.llm.base_url`.
+    pub base_url: String,
+    pub api_key: String,
+    /// Model calls at most.
+    pub max_calls: usize,
 }
 
 #[derive(Default)]
 struct Shared {
     requests: Vec<LlmRequest>,
     problems: Vec<String>,
+    /// Answers the upstream model gave, as recorded answers.
+    live: Vec<Answer>,
+    live_calls: usize,
 }
 
 struct Server {
     answers: Answers,
     api_key: String,
     shared: Mutex<Shared>,
+    upstream: Option<(Upstream, reqwest::Client)>,
 }
 
 /// The recorded chat-completions server.
@@ -182,7 +207,17 @@ pub struct RecordedLlm {
 impl RecordedLlm {
     /// Starts on an ephemeral port of 127.0.0.1; requests must carry `Bearer {api_key}`.
     pub async fn start(answers: Answers, api_key: &str) -> anyhow::Result<Self> {
-        let server = Arc::new(Server { answers, api_key: api_key.to_owned(), shared: Mutex::default() });
+        Self::start_with(answers, api_key, None).await
+    }
+
+    /// As [`start`](Self::start); a request with no recorded answer goes to `upstream`
+    /// while its budget lasts, and its answer is recorded.
+    pub async fn start_with(answers: Answers, api_key: &str, upstream: Option<Upstream>) -> anyhow::Result<Self> {
+        let upstream = match upstream {
+            Some(u) => Some((u, reqwest::Client::builder().timeout(answers.timeout).build()?)),
+            None => None,
+        };
+        let server = Arc::new(Server { answers, api_key: api_key.to_owned(), shared: Mutex::default(), upstream });
         let app = Router::new().route("/v1/chat/completions", post(handle)).with_state(server.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -215,6 +250,11 @@ impl RecordedLlm {
     /// Requests about one event.
     pub fn requests_for(&self, event: &str) -> usize {
         self.lock().requests.iter().filter(|r| r.event == event).count()
+    }
+
+    /// What the upstream model answered, as recorded answers (in the order asked).
+    pub fn live_answers(&self) -> Vec<Answer> {
+        self.lock().live.clone()
     }
 
     /// Misshapen requests and requests with no recorded answer.
@@ -286,6 +326,11 @@ async fn handle(State(server): State<Arc<Server>>, headers: HeaderMap, body: Byt
         }
     };
     let answer = server.answers.find(&load, &event).cloned();
+    if answer.is_none()
+        && let Some((up, client)) = &server.upstream
+    {
+        return live(&server, up, client, load, event, body).await;
+    }
     {
         let mut shared = server.shared.lock().unwrap_or_else(|p| p.into_inner());
         shared.requests.push(LlmRequest { load: load.clone(), event: event.clone(), answered: answer.is_some() });
@@ -333,4 +378,83 @@ async fn handle(State(server): State<Arc<Server>>, headers: HeaderMap, body: Byt
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     });
     (status, axum::Json(completion)).into_response()
+}
+
+/// Asks the upstream model, within the budget; records its answer.
+async fn live(
+    server: &Server,
+    up: &Upstream,
+    client: &reqwest::Client,
+    load: String,
+    event: String,
+    body: Bytes,
+) -> Response {
+    let spent = {
+        let mut shared = server.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let spent = shared.live_calls >= up.max_calls;
+        if !spent {
+            shared.live_calls += 1;
+        }
+        spent
+    };
+    let fail = |why: String| {
+        let mut shared = server.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared.requests.push(LlmRequest { load: load.clone(), event: event.clone(), answered: false });
+        shared.problems.push(why.clone());
+        error(StatusCode::SERVICE_UNAVAILABLE, &why)
+    };
+    if spent {
+        return fail(format!("the live call budget ({}) is spent", up.max_calls));
+    }
+    let url = format!("{}/chat/completions", up.base_url.trim_end_matches('/'));
+    let sent = client
+        .post(url)
+        .bearer_auth(&up.api_key)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.to_vec())
+        .send()
+        .await;
+    let resp = match sent {
+        Ok(r) => r,
+        Err(e) => return fail(format!("the live model could not be reached: {e}")),
+    };
+    let status = resp.status();
+    let Ok(bytes) = resp.bytes().await else { return fail("the live model's answer was cut short".into()) };
+    let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let message = parsed.as_ref().map(|v| v["choices"][0].clone());
+    let (true, Some(choice)) = (status.is_success(), message.filter(|m| m.is_object())) else {
+        return fail(format!("the live model answered {status}"));
+    };
+    let m = &choice["message"];
+    let text = |v: &Value| v.as_str().map(str::to_owned);
+    let answer = Answer {
+        load: Some(load.clone()),
+        event: event.clone(),
+        content: text(&m["content"]),
+        refusal: text(&m["refusal"]),
+        finish_reason: text(&choice["finish_reason"]),
+        tool_call: m["tool_calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| RecordedCall {
+                        name: c["function"]["name"].as_str().unwrap_or_default().to_owned(),
+                        arguments: None,
+                        arguments_raw: Some(match &c["function"]["arguments"] {
+                            Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        }),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ..Answer::default()
+    };
+    {
+        let mut shared = server.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared.requests.push(LlmRequest { load, event, answered: true });
+        shared.live.push(answer);
+    }
+    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }

@@ -42,7 +42,7 @@ fn col<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, CorruptRowEr
 }
 
 /// A tokio-postgres row, read by haul_store's decoders.
-struct PgRow<'a>(&'a Row);
+pub(crate) struct PgRow<'a>(pub(crate) &'a Row);
 
 impl Columns for PgRow<'_> {
     fn string(&self, index: usize) -> Result<String, CorruptRowError> {

@@ -7,6 +7,7 @@
 //! first check and racing writers cannot interleave.
 
 mod impls;
+mod readonly;
 pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -21,6 +22,7 @@ use tokio_postgres::NoTls;
 
 /// A store URL without its credentials, for logs and errors.
 pub use haul_core::redact::redact_url as redact;
+pub use readonly::ReadOnlyLog;
 
 const MIGRATIONS: &[Migration] = &[
     Migration::new(1, include_str!("../migrations/0001_init.sql")),

@@ -108,3 +108,12 @@ pub async fn open_sqs(queue: &haul_config::QueueConfig) -> anyhow::Result<Arc<dy
 pub async fn open_sqs(_queue: &haul_config::QueueConfig) -> anyhow::Result<Arc<dyn haul_store::LoadQueue>> {
     anyhow::bail!("queue.kind \"sqs\" needs a build with SQS (cargo build --features sqs)")
 }
+
+/// Opens the logs at `url` read-only ([`haul_store::LogReader`]): SQLite `mode=ro`
+/// (never created), PostgreSQL in read-only transactions; no migration either way.
+pub async fn open_log_reader(url: &str) -> anyhow::Result<Arc<dyn haul_store::LogReader>> {
+    Ok(match StoreKind::of_url(url)? {
+        StoreKind::Sqlite => Arc::new(haul_sqlite::ReadOnlyLog::open_url(url)?),
+        StoreKind::Postgres => Arc::new(haul_postgres::ReadOnlyLog::connect(url).await?),
+    })
+}

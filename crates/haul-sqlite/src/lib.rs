@@ -13,6 +13,7 @@
 
 mod impls;
 mod readers;
+mod readonly;
 mod writer;
 
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, p
 use rusqlite::Connection;
 
 pub use readers::READERS;
+pub use readonly::ReadOnlyLog;
 pub use writer::MAX_BATCH;
 
 /// Prepared statements a connection keeps: more than the store has.

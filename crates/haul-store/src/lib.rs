@@ -175,6 +175,36 @@ pub trait EventStore: Send + Sync {
 }
 
 // ---------------------------------------------------------------------------------
+// Reading logs without writing: `haul replay` and `haul export-scenario`.
+
+/// Which loads a read-only tool reads; every condition given must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadSelection {
+    /// The load's last append is at or after this time.
+    pub since: Option<Timestamp>,
+    /// A `load_update` in the load's log names this client.
+    pub client: Option<String>,
+}
+
+/// The logs, read-only: what tools that must never write to a store (a production
+/// database included) read through. Backends implement it over a connection that
+/// cannot write (SQLite opened `mode=ro`, PostgreSQL read-only transactions) and run
+/// no migration. Checked by [`contract::log_reader_reads_what_was_appended`].
+#[async_trait]
+pub trait LogReader: Send + Sync {
+    /// Load ids after `after`, in id order, at most `limit`, that pass `filter`.
+    async fn select_loads(
+        &self,
+        filter: &LoadSelection,
+        after: Option<&LoadId>,
+        limit: usize,
+    ) -> Result<Vec<LoadId>, StoreError>;
+
+    /// At most `limit` records of the load after `after_seq`, in `seq` order.
+    async fn read_log_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
 // Pages of one load's outbox rows and timers.
 
 /// Where a page of a load's outbox rows or timers starts: after the position of a row

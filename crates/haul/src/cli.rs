@@ -155,7 +155,7 @@ pub enum Command {
         plant: Option<String>,
     },
     /// Benchmark workloads; each throughput is reported with the limit measured in the
-    /// same run (append, projection, contention, e2e, dispatch, timers).
+    /// same run (append, projection, contention, e2e, dispatch, timers, replay).
     Bench {
         /// Workloads to run (default: all).
         workloads: Vec<String>,
@@ -249,6 +249,80 @@ pub enum Command {
         /// Also write a JUnit XML report to FILE (one test case per scenario), for CI systems.
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
+        /// Copy every scenario's logs into the store at URL (created if needed) instead
+        /// of only a throwaway one, renaming load ids and clients that collide.
+        #[arg(long, value_name = "URL")]
+        keep: Option<String>,
+        /// With --keep: write the kept clients' policies (a settings file for haul replay).
+        #[arg(long, value_name = "FILE", requires = "keep")]
+        keep_config: Option<PathBuf>,
+    },
+    /// Replay recorded decisions against a candidate decider, read-only: for each
+    /// decision of the selected loads, the candidate decides on the state the log had
+    /// before its event, at the recorded time, and the two are compared (filtered or
+    /// not, the actions, the ask changes). Each step is a one-step what-if on the
+    /// recorded history. The candidate is the SOP (or the LLM decider) with the
+    /// settings of --config (a candidate.toml with other client policies). Exit status
+    /// 0 when nothing differs, 2 when something does, 1 on an error. docs/replay.md.
+    Replay {
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// These loads (repeat the flag or list several).
+        #[arg(long = "load", value_name = "ID", num_args = 1..)]
+        loads: Vec<String>,
+        /// Loads with a record this recent (e.g. 7d, 36h).
+        #[arg(long, value_name = "AGE")]
+        since: Option<String>,
+        /// Loads of this client (a load_update naming it).
+        #[arg(long, value_name = "NAME")]
+        client: Option<String>,
+        /// Every load (still bounded by --limit).
+        #[arg(long)]
+        all: bool,
+        /// At most this many loads.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// The candidate decider (default: decider.kind of the settings).
+        #[arg(long, value_enum)]
+        decider: Option<DeciderKind>,
+        /// With --decider llm: the recorded model answers (the haul eval answers format).
+        #[arg(long, value_name = "FILE")]
+        llm_answers: Option<PathBuf>,
+        /// With --decider llm: ask the model of decider.llm.* what --llm-answers does not
+        /// hold (at most --max-calls times), and add its answers to that file.
+        #[arg(long, requires = "max_calls")]
+        live: bool,
+        /// With --live: model calls at most; decisions past it are not compared.
+        #[arg(long, value_name = "N")]
+        max_calls: Option<usize>,
+        /// Print the whole report as JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+        /// Also write the report as one self-contained HTML file.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        /// Differences shown with their context.
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        show: usize,
+    },
+    /// Write one load's log as an eval scenario (docs/scenarios.md), read-only: its
+    /// events at the times they were decided, its failed actions as faults, what its
+    /// decisions imply as expectations. Phone numbers become fixed fakes unless
+    /// --keep-phones; SMS bodies stay unless --mask-bodies. The clients' policies come
+    /// from the settings (--config).
+    ExportScenario {
+        load_id: String,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Replace inbound SMS bodies (keeping whether they report trouble).
+        #[arg(long)]
+        mask_bodies: bool,
+        /// Keep phone numbers as recorded.
+        #[arg(long)]
+        keep_phones: bool,
+        /// Write to this file instead of stdout.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
     /// Queries across loads, for operators: loads by filter, dead outbox rows, overdue
     /// timers, unmatched SMS, OpsAlerts. Read-only: opens an existing store (never

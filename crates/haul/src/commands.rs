@@ -49,9 +49,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {
             simulate(seed, seeds, loads, steps, &faults, store, plant.as_deref()).await
         }
-        Command::Eval { paths, json, store, queue, decider, llm_answers, verbose, junit } => {
+        Command::Eval { paths, json, store, queue, decider, llm_answers, verbose, junit, keep, keep_config } => {
             let out = EvalOutput { json, verbose, junit };
-            evaluate(&paths, &out, store, queue, decider, llm_answers.as_deref()).await
+            let keep = Keep { url: keep, config: keep_config };
+            evaluate(&paths, &out, store, queue, decider, llm_answers.as_deref(), keep).await
+        }
+        Command::Replay {
+            settings,
+            loads,
+            since,
+            client,
+            all,
+            limit,
+            decider,
+            llm_answers,
+            live,
+            max_calls,
+            json,
+            html,
+            show,
+        } => {
+            let select = Select { loads, since, client, all, limit };
+            let llm = Llm { answers: llm_answers, live: if live { max_calls } else { None } };
+            replay(&settings, select, decider, llm, json, html.as_deref(), show).await
+        }
+        Command::ExportScenario { load_id, settings, mask_bodies, keep_phones, output } => {
+            export_scenario(&load_id, &settings, mask_bodies, keep_phones, output.as_deref()).await
         }
     }
 }
@@ -433,6 +456,12 @@ struct EvalOutput {
     junit: Option<PathBuf>,
 }
 
+/// `haul eval --keep URL [--keep-config FILE]`.
+struct Keep {
+    url: Option<String>,
+    config: Option<PathBuf>,
+}
+
 async fn evaluate(
     paths: &[PathBuf],
     out: &EvalOutput,
@@ -440,6 +469,7 @@ async fn evaluate(
     queue: QueueKind,
     decider: DeciderKind,
     llm_answers: Option<&Path>,
+    keep: Keep,
 ) -> anyhow::Result<ExitCode> {
     let store = eval_store(store);
     let decider = match (decider, llm_answers) {
@@ -454,7 +484,13 @@ async fn evaluate(
         QueueKind::Store => EvalQueue::Store,
         QueueKind::Sqs => EvalQueue::sqs_emulator().await?,
     };
-    let opts = EvalOptions { queue, decider, timelines: out.verbose };
+    let kept = match &keep.url {
+        Some(url) => Some(std::sync::Arc::new(
+            eval::keep::Keep::open(url).await.with_context(|| format!("--keep {}", store::describe(url)))?,
+        )),
+        None => None,
+    };
+    let opts = EvalOptions { queue, decider, timelines: out.verbose, keep: kept.clone() };
     let report = eval::run_paths_with(paths, &store, &opts, |r| {
         if !out.json {
             say(format_args!("{}", r.line()));
@@ -467,6 +503,15 @@ async fn evaluate(
     if let Some(file) = &out.junit {
         std::fs::write(file, eval::junit(&report)).with_context(|| format!("--junit {}", file.display()))?;
     }
+    if let (Some(k), Some(url)) = (&kept, &keep.url) {
+        let (loads, renamed) = k.counts().await;
+        eprintln!("kept {loads} loads in {} ({} renamed: their ids were taken)", store::describe(url), renamed.len());
+        if let Some(file) = &keep.config {
+            std::fs::write(file, k.clients_toml().await)
+                .with_context(|| format!("--keep-config {}", file.display()))?;
+            eprintln!("their clients' policies: {}", file.display());
+        }
+    }
     if out.json {
         say(format_args!("{}", serde_json::to_string_pretty(&report)?));
     } else {
@@ -478,4 +523,222 @@ async fn evaluate(
         return Ok(ExitCode::FAILURE);
     }
     Ok(if report.failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Which loads `haul replay` reads.
+struct Select {
+    loads: Vec<String>,
+    since: Option<String>,
+    client: Option<String>,
+    all: bool,
+    limit: Option<usize>,
+}
+
+impl Select {
+    fn selection(&self, now: haul_core::Timestamp) -> anyhow::Result<haul_harness::replay::Selection> {
+        use haul_harness::replay::Selection;
+        let filtered = self.since.is_some() || self.client.is_some();
+        if !self.loads.is_empty() {
+            anyhow::ensure!(
+                !filtered && !self.all,
+                "--load names the loads: it goes without --since, --client and --all"
+            );
+            let loads = self
+                .loads
+                .iter()
+                .map(|l| haul_core::ids::LoadId::parse(l).map_err(|e| anyhow::anyhow!("--load {l}: {}", e.message)))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            return Ok(Selection::Loads(loads));
+        }
+        anyhow::ensure!(
+            filtered || self.all,
+            "name the loads to replay: --load ID…, --since AGE, --client NAME or --all"
+        );
+        let since = match &self.since {
+            None => None,
+            Some(age) => {
+                let d = haul_core::time::parse_duration(age).map_err(|e| anyhow::anyhow!("--since: {}", e.message))?;
+                let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+                Some(haul_core::time::from_ms(haul_core::time::to_ms(now).saturating_sub(ms)))
+            }
+        };
+        if let Some(c) = &self.client {
+            haul_core::event::validate_client(c).map_err(|e| anyhow::anyhow!("--client: {}", e.message))?;
+        }
+        Ok(Selection::Filter(haul_store::LoadSelection { since, client: self.client.clone() }))
+    }
+}
+
+/// Progress on stderr, at most a few times a second, only when it is a terminal.
+struct Progress {
+    on: bool,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress { on: std::io::IsTerminal::is_terminal(&std::io::stderr()), last: std::time::Instant::now() }
+    }
+
+    fn show(&mut self, s: &haul_core::replay::Summary) {
+        if self.on && self.last.elapsed() > Duration::from_millis(250) {
+            self.last = std::time::Instant::now();
+            eprint!("\r{} loads, {} decisions compared, {} different ", s.loads, s.compared, s.different);
+        }
+    }
+
+    fn done(&self) {
+        if self.on {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+/// `haul replay --llm-answers FILE [--live --max-calls N]`.
+struct Llm {
+    answers: Option<PathBuf>,
+    /// The call budget, with --live.
+    live: Option<usize>,
+}
+
+async fn replay(
+    settings: &ConfigArgs,
+    select: Select,
+    decider: Option<DeciderKind>,
+    llm: Llm,
+    json: bool,
+    html: Option<&Path>,
+    show: usize,
+) -> anyhow::Result<ExitCode> {
+    use haul_harness::replay::{Candidate, ReplayOptions};
+    use haul_harness::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm, Upstream};
+    let config = load_config(settings, None)?;
+    let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
+    let selection = select.selection(now)?;
+    let policies = haul_config::policies(&config.clients);
+    let kind = match decider {
+        Some(DeciderKind::Sop) => haul_config::DeciderKind::Sop,
+        Some(DeciderKind::Llm) => haul_config::DeciderKind::Llm,
+        None => config.decider.kind,
+    };
+    let mut recorded_answers: Option<(Answers, PathBuf)> = None;
+    let candidate = match (kind, &llm.answers) {
+        (haul_config::DeciderKind::Sop, None) if llm.live.is_none() => Candidate::Sop(policies),
+        (haul_config::DeciderKind::Sop, _) => anyhow::bail!("--llm-answers and --live go with --decider llm"),
+        (haul_config::DeciderKind::Llm, None) => anyhow::bail!(
+            "the LLM candidate replays recorded answers: --llm-answers FILE (with --live --max-calls N, the model \
+             of decider.llm.* answers what FILE does not hold, and its answers are added to FILE)"
+        ),
+        (haul_config::DeciderKind::Llm, Some(file)) => {
+            let upstream = match llm.live {
+                None => None,
+                Some(max_calls) => {
+                    let c = &config.decider.llm;
+                    c.check()?;
+                    let api_key = std::env::var(&c.api_key_env)
+                        .ok()
+                        .filter(|k| !k.trim().is_empty())
+                        .ok_or_else(|| anyhow::anyhow!("--live: {} is not set", c.api_key_env))?;
+                    Some(Upstream { base_url: c.base_url.clone().unwrap_or_default(), api_key, max_calls })
+                }
+            };
+            let answers = match (&upstream, file.exists()) {
+                (Some(_), false) => Answers {
+                    model: config.decider.llm.model.clone().unwrap_or_default(),
+                    timeout: config.decider.llm.timeout,
+                    answers: vec![],
+                },
+                _ => Answers::from_file(file).context("--llm-answers")?,
+            };
+            if upstream.is_some() {
+                anyhow::ensure!(
+                    Some(&answers.model) == config.decider.llm.model.as_ref(),
+                    "--llm-answers {} holds answers of model {:?}, not of decider.llm.model",
+                    file.display(),
+                    answers.model
+                );
+                recorded_answers = Some((answers.clone(), file.clone()));
+            }
+            let server = RecordedLlm::start_with(answers.clone(), RECORDED_API_KEY, upstream).await?;
+            let settings = haul_runtime::llm::LlmSettings {
+                base_url: server.base_url(),
+                model: answers.model.clone(),
+                api_key: RECORDED_API_KEY.into(),
+                timeout: answers.timeout,
+            };
+            let decider = std::sync::Arc::new(haul_runtime::llm::LlmDecider::new(settings, policies.clone())?);
+            Candidate::Decider { decider, policies, recorded: Some(server) }
+        }
+    };
+    let db = config.store.url.as_str();
+    let reader =
+        store::open_log_reader(db).await.with_context(|| format!("opening {} read-only", store::describe(db)))?;
+    let opts = ReplayOptions { selection, limit: select.limit.unwrap_or(usize::MAX), show, ..ReplayOptions::default() };
+    let mut progress = Progress::new();
+    let report =
+        haul_harness::replay::replay(reader, &store::describe(db), &candidate, &opts, |s| progress.show(s)).await?;
+    progress.done();
+    if let (Some((mut answers, file)), Candidate::Decider { recorded: Some(server), .. }) =
+        (recorded_answers, &candidate)
+    {
+        let live = server.live_answers();
+        if !live.is_empty() {
+            let n = live.len();
+            answers.answers.extend(live);
+            std::fs::write(&file, answers.to_toml()?).with_context(|| format!("--llm-answers {}", file.display()))?;
+            eprintln!("{n} live answers added to {}: the same replay now runs without the model", file.display());
+        }
+    }
+    if let Some(file) = html {
+        std::fs::write(file, haul_harness::replay::html(&report))
+            .with_context(|| format!("--html {}", file.display()))?;
+    }
+    if json {
+        say(serde_json::to_string_pretty(&report)?);
+    } else {
+        say(haul_harness::replay::text(&report).trim_end());
+        if let Some(file) = html {
+            say(format_args!("\nreport: {}", file.display()));
+        }
+    }
+    Ok(if report.summary.different == 0 { ExitCode::SUCCESS } else { ExitCode::from(2) })
+}
+
+/// Records one export reads at most: a scenario has at most 1000 steps anyway.
+const MAX_EXPORT_RECORDS: usize = 100_000;
+
+async fn export_scenario(
+    load_id: &str,
+    settings: &ConfigArgs,
+    mask_bodies: bool,
+    keep_phones: bool,
+    output: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let config = load_config(settings, None)?;
+    let load = haul_core::ids::LoadId::parse(load_id).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let db = config.store.url.as_str();
+    let reader =
+        store::open_log_reader(db).await.with_context(|| format!("opening {} read-only", store::describe(db)))?;
+    let mut records = Vec::new();
+    loop {
+        let after = records.last().map_or(0, |r: &haul_core::projection::Record| r.seq);
+        let page = reader.read_log_page(&load, after, 1000).await?;
+        let n = page.len();
+        records.extend(page);
+        anyhow::ensure!(records.len() <= MAX_EXPORT_RECORDS, "load {load} has more than {MAX_EXPORT_RECORDS} records");
+        if n < 1000 {
+            break;
+        }
+    }
+    if records.is_empty() {
+        eprintln!("load {load} has no records in {}", store::describe(db));
+        return Ok(ExitCode::from(2));
+    }
+    let opts = haul_harness::export::ExportOptions { keep_phones, mask_bodies };
+    let text = haul_harness::export::scenario(&load, &records, &config.clients, opts)?;
+    match output {
+        Some(file) => std::fs::write(file, text).with_context(|| format!("--output {}", file.display()))?,
+        None => say(text.trim_end()),
+    }
+    Ok(ExitCode::SUCCESS)
 }

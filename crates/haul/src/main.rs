@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         Command::Testkit(_) => "warn",
         Command::Bench { .. } => "error",
         Command::Inspect { .. } | Command::Config(_) | Command::Completions { .. } => "warn",
+        Command::Replay { .. } | Command::ExportScenario { .. } => "warn",
         _ => "info",
     };
     // A bad HAUL_LOG is refused: ignoring it would hide the logs someone asked for.

@@ -12,6 +12,7 @@
 //! 127.0.0.1; a request with no recorded answer, or of the wrong shape, fails the
 //! scenario (key `llm`).
 
+pub mod keep;
 pub mod scenario;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,6 +93,8 @@ pub struct EvalOptions {
     pub decider: EvalDecider,
     /// A failing scenario's report carries its loads' timelines (`haul eval --verbose`).
     pub timelines: bool,
+    /// Copy each scenario's logs into this store when it ends (`haul eval --keep`).
+    pub keep: Option<Arc<keep::Keep>>,
 }
 
 /// Where a scenario failed.
@@ -254,9 +257,15 @@ pub async fn run_scenario_with(
     let started = std::time::Instant::now();
     let (failure, timeline) = match Run::start(s, store, faults, opts).await {
         Ok(mut run) => {
-            let failure = run.steps(s).await.err();
+            let mut failure = run.steps(s).await.err();
             let timeline = if failure.is_some() && opts.timelines { Some(run.timelines().await) } else { None };
             run.close().await;
+            if let Some(keep) = &opts.keep
+                && let Err(e) = keep.copy(run.store.as_ref(), &run.loads, &s.clients).await
+            {
+                failure =
+                    failure.or(Some(Failure { step: None, at: None, key: "keep".into(), message: format!("{e:#}") }));
+            }
             (failure, timeline)
         }
         Err(e) => (Some(Failure { step: None, at: None, key: "setup".into(), message: format!("{e:#}") }), None),

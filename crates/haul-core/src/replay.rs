@@ -1,0 +1,598 @@
+//! `haul replay`, the pure half: walk a recorded log, and for each recorded decision
+//! set the state before its event beside a candidate's decision and say what differs.
+//!
+//! Each step is a **one-step what-if on the recorded history**: the candidate decides
+//! on the state the log had before the event, at the recorded `decided_at`. After a
+//! first difference, the rest of the load's history is still what really happened
+//! (the recorded decisions are folded, never the candidate's), so a later difference
+//! may follow from an earlier one and a later sameness may not hold had the candidate
+//! been in charge. Reading the store, running the decider (which may be a model) and
+//! printing live at the edge; here are the walk, the comparison and the counts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, ActionKind};
+use crate::decision::{DECISION_RECORDED, Decision};
+use crate::event::{EventBody, InboundEvent};
+use crate::ids::{EventId, LoadId};
+use crate::projection::{LoadState, Record};
+use crate::sop::Rule;
+use crate::time::Timestamp;
+use crate::validate::validate_decision;
+
+/// What every report says first.
+pub const ONE_STEP_NOTE: &str = "Each step is a one-step what-if on the recorded history: the candidate decides on the \
+    state the log had before the event, at the recorded time. After a first difference, the rest of that load's \
+    history is what really happened, not what the candidate would have caused.";
+
+/// One recorded decision with what it was made on.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub event: InboundEvent,
+    pub event_record: Record,
+    pub decision_record: Record,
+    pub recorded: Decision,
+}
+
+/// Walks one load's log record by record, holding only the state folded so far and
+/// the event waiting for its decision: a long log is never in memory whole.
+#[derive(Debug)]
+pub struct Walker {
+    load: LoadId,
+    state: LoadState,
+    /// The last record, when it was an inbound event (its decision comes next).
+    pending: Option<(Record, EventId, EventBody)>,
+    /// Decisions that did not follow their event, events without a decision,
+    /// records that do not read: folded, not compared.
+    pub unpaired: u64,
+}
+
+impl Walker {
+    pub fn new(load: LoadId) -> Self {
+        Walker { load, state: LoadState::default(), pending: None, unpaired: 0 }
+    }
+
+    pub fn load(&self) -> &LoadId {
+        &self.load
+    }
+
+    /// The state folded so far: before a returned [`Step`]'s event until [`finish`](Self::finish).
+    pub fn state(&self) -> &LoadState {
+        &self.state
+    }
+
+    /// Takes the next record (in `seq` order). Returns a step when the record is the
+    /// decision of the event just before it; the caller compares, then hands the step
+    /// back to [`finish`](Self::finish) to fold it.
+    pub fn feed(&mut self, r: Record) -> Option<Step> {
+        if r.kind == DECISION_RECORDED {
+            let decision = Decision::deserialize(&r.payload);
+            match (self.pending.take(), decision) {
+                (Some((event_record, event_id, body)), Ok(recorded)) if recorded.event_id == event_id => {
+                    let event = InboundEvent { load_id: self.load.clone(), event_id, body };
+                    return Some(Step { event, event_record, decision_record: r, recorded });
+                }
+                (pending, decision) => {
+                    if let Some((er, id, body)) = pending {
+                        self.unpaired += 1;
+                        self.state.apply_event(&er, id, body);
+                    }
+                    self.unpaired += 1;
+                    match decision {
+                        Ok(d) => self.state.apply_decision_record(&r, &d),
+                        Err(_) => self.state.apply_unreadable(&r),
+                    }
+                }
+            }
+            return None;
+        }
+        self.flush();
+        match (EventId::parse(&r.entry_id), EventBody::from_payload(&r.kind, r.payload.clone())) {
+            (Ok(id), Ok(body)) => self.pending = Some((r, id, body)),
+            _ => {
+                self.unpaired += 1;
+                self.state.apply_unreadable(&r);
+            }
+        }
+        None
+    }
+
+    /// Folds a step's event and its recorded decision: the history goes on as it was.
+    pub fn finish(&mut self, step: Step) {
+        let Step { event, event_record, decision_record, recorded } = step;
+        self.state.apply_event(&event_record, event.event_id, event.body);
+        self.state.apply_decision_record(&decision_record, &recorded);
+    }
+
+    /// The end of the log: an event still waiting for its decision is folded.
+    pub fn close(mut self) -> (LoadState, u64) {
+        self.flush();
+        (self.state, self.unpaired)
+    }
+
+    fn flush(&mut self) {
+        if let Some((er, id, body)) = self.pending.take() {
+            self.unpaired += 1;
+            self.state.apply_event(&er, id, body);
+        }
+    }
+}
+
+/// What the worker records for a decider's answer: the decision when it validates,
+/// else the fallback (one urgent Hero task), exactly as a run would.
+pub fn accept(
+    load: &LoadId,
+    state: &LoadState,
+    event: &InboundEvent,
+    now: Timestamp,
+    decider: &str,
+    answer: Result<Decision, String>,
+) -> Decision {
+    let why = match answer {
+        Err(e) => format!("the {decider} decider failed: {e}"),
+        Ok(d) => match validate_decision(load, state, event, &d) {
+            Ok(()) => return d,
+            Err(why) => format!("the {decider} decision did not validate: {why}"),
+        },
+    };
+    Decision::fallback(load, &event.event_id, event.kind(), now, &why)
+}
+
+/// One field of an action or ask as recorded and as the candidate has it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldChange {
+    pub field: String,
+    pub recorded: Option<String>,
+    pub candidate: Option<String>,
+}
+
+/// How an action differs: only one side has its key, or both with other fields.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum ActionChange {
+    /// The candidate has it, the record does not.
+    Added {
+        key: String,
+        action_type: String,
+    },
+    /// The record has it, the candidate does not.
+    Removed {
+        key: String,
+        action_type: String,
+    },
+    Changed {
+        key: String,
+        action_type: String,
+        fields: Vec<FieldChange>,
+    },
+}
+
+impl ActionChange {
+    pub fn action_type(&self) -> &str {
+        match self {
+            ActionChange::Added { action_type, .. }
+            | ActionChange::Removed { action_type, .. }
+            | ActionChange::Changed { action_type, .. } => action_type,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        match self {
+            ActionChange::Added { key, .. } | ActionChange::Removed { key, .. } | ActionChange::Changed { key, .. } => {
+                key
+            }
+        }
+    }
+}
+
+/// What differs between a recorded decision and a candidate's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Difference {
+    /// `(recorded, candidate)` when one was filtered and the other not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filtered: Option<(bool, bool)>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<ActionChange>,
+    /// Per ask: its step and status after the decision, each side.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub asks: Vec<FieldChange>,
+}
+
+impl Difference {
+    pub fn is_empty(&self) -> bool {
+        self.filtered.is_none() && self.actions.is_empty() && self.asks.is_empty()
+    }
+}
+
+/// The fields of an action that matter to whoever receives it, as text.
+pub fn action_fields(a: &Action) -> Vec<(&'static str, String)> {
+    let mut f = vec![("type", a.action_type().as_str().to_owned())];
+    match &a.kind {
+        ActionKind::SendSms { to, body } => {
+            f.push(("to", to.clone()));
+            f.push(("body", body.clone()));
+        }
+        ActionKind::CreateHeroTask { title, body, urgency } => {
+            f.push(("title", title.clone()));
+            f.push(("body", body.clone()));
+            f.push(("urgency", urgency.as_str().to_owned()));
+        }
+        ActionKind::PostHeroSlack { channel, text } => {
+            f.push(("to", channel.clone()));
+            f.push(("body", text.clone()));
+        }
+        ActionKind::SetTimer { timer_id, fire_at, ask_id, step } => {
+            f.push(("timer_id", timer_id.to_string()));
+            f.push(("fire_at", fire_at.to_string()));
+            f.push(("timer_ask", format!("{ask_id} step {step}")));
+        }
+        ActionKind::CancelTimer { timer_id } => f.push(("timer_id", timer_id.to_string())),
+        ActionKind::UpdateStage { stage } => f.push(("stage", stage.clone())),
+    }
+    if let Some(ask) = &a.ask_id {
+        f.push(("ask_id", ask.to_string()));
+    }
+    if let Some(step) = a.step {
+        f.push(("step", step.to_string()));
+    }
+    f
+}
+
+/// What differs between `recorded` and `candidate`: filtered or not, the actions (by
+/// key: type, recipient, body, urgency, `fire_at`, ...), the ask changes. The decider's
+/// name and rationale are context, not differences.
+pub fn compare(recorded: &Decision, candidate: &Decision) -> Difference {
+    let mut d = Difference::default();
+    if recorded.filtered != candidate.filtered {
+        d.filtered = Some((recorded.filtered, candidate.filtered));
+    }
+    fn by_key(ds: &Decision) -> BTreeMap<&str, &Action> {
+        ds.actions.iter().map(|a| (a.key.as_str(), a)).collect()
+    }
+    let (r, c) = (by_key(recorded), by_key(candidate));
+    // Record order first, then what only the candidate has, in its order.
+    let keys = recorded.actions.iter().chain(&candidate.actions).map(|a| &a.key);
+    let mut seen = BTreeSet::new();
+    for key in keys {
+        if !seen.insert(key.clone()) {
+            continue;
+        }
+        match (r.get(key.as_str()), c.get(key.as_str())) {
+            (Some(a), None) => {
+                d.actions.push(ActionChange::Removed { key: key.clone(), action_type: a.action_type().to_string() })
+            }
+            (None, Some(b)) => {
+                d.actions.push(ActionChange::Added { key: key.clone(), action_type: b.action_type().to_string() })
+            }
+            (Some(a), Some(b)) if a != b => {
+                let (fa, fb): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                    (action_fields(a).into_iter().collect(), action_fields(b).into_iter().collect());
+                let names: BTreeSet<&&str> = fa.keys().chain(fb.keys()).collect();
+                let fields: Vec<FieldChange> = names
+                    .into_iter()
+                    .filter(|n| fa.get(**n) != fb.get(**n))
+                    .map(|n| FieldChange {
+                        field: (*n).to_owned(),
+                        recorded: fa.get(*n).cloned(),
+                        candidate: fb.get(*n).cloned(),
+                    })
+                    .collect();
+                d.actions.push(ActionChange::Changed {
+                    key: key.clone(),
+                    action_type: a.action_type().to_string(),
+                    fields,
+                });
+            }
+            _ => {}
+        }
+    }
+    let asks = |ds: &Decision| -> BTreeMap<String, String> {
+        ds.asks.iter().map(|a| (a.ask_id.to_string(), format!("step {} {}", a.step, a.status.as_str()))).collect()
+    };
+    let (ra, ca) = (asks(recorded), asks(candidate));
+    let ids: BTreeSet<&String> = ra.keys().chain(ca.keys()).collect();
+    for id in ids {
+        if ra.get(id) != ca.get(id) {
+            d.asks.push(FieldChange {
+                field: id.clone(),
+                recorded: ra.get(id).cloned(),
+                candidate: ca.get(id).cloned(),
+            });
+        }
+    }
+    d
+}
+
+/// One side of a difference, as a reviewer reads it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecisionView {
+    pub decider: String,
+    pub filtered: bool,
+    pub rationale: String,
+    pub actions: Vec<BTreeMap<String, String>>,
+}
+
+impl DecisionView {
+    pub fn of(d: &Decision) -> Self {
+        let actions = d
+            .actions
+            .iter()
+            .map(|a| {
+                let mut m: BTreeMap<String, String> =
+                    action_fields(a).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+                m.insert("key".into(), a.key.clone());
+                m
+            })
+            .collect();
+        DecisionView { decider: d.decider.clone(), filtered: d.filtered, rationale: d.rationale.clone(), actions }
+    }
+}
+
+/// A decision that differs, with its context.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Divergence {
+    pub load_id: String,
+    pub event_id: String,
+    pub event_kind: String,
+    /// `seq` of the event in its load's log.
+    pub event_seq: u64,
+    pub decided_at: Timestamp,
+    pub rule: Rule,
+    /// The event as logged (`{event_id, kind, ...payload}`).
+    pub event: serde_json::Value,
+    pub recorded: DecisionView,
+    pub candidate: DecisionView,
+    pub difference: Difference,
+}
+
+impl Divergence {
+    pub fn new(step: &Step, rule: Rule, candidate: &Decision, difference: Difference) -> Self {
+        Divergence {
+            load_id: step.event.load_id.to_string(),
+            event_id: step.event.event_id.to_string(),
+            event_kind: step.event.kind().to_owned(),
+            event_seq: step.event_record.seq,
+            decided_at: step.recorded.decided_at,
+            rule,
+            event: step.event.to_json(),
+            recorded: DecisionView::of(&step.recorded),
+            candidate: DecisionView::of(candidate),
+            difference,
+        }
+    }
+}
+
+/// Decisions compared and different for one rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleCount {
+    pub compared: u64,
+    pub different: u64,
+}
+
+/// Actions that differ, of one type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeCount {
+    pub added: u64,
+    pub removed: u64,
+    pub changed: u64,
+}
+
+/// The counts of a replay.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub loads: u64,
+    pub records: u64,
+    /// Decisions set beside a candidate's.
+    pub compared: u64,
+    pub same: u64,
+    pub different: u64,
+    /// Loads with at least one difference.
+    pub loads_affected: u64,
+    /// Keyed by [`Rule::label`].
+    pub by_rule: BTreeMap<String, RuleCount>,
+    /// Keyed by action type.
+    pub by_action_type: BTreeMap<String, TypeCount>,
+    /// Decisions not compared, by why (a record that does not pair, no recorded model
+    /// answer, the live call budget spent).
+    pub not_compared: BTreeMap<String, u64>,
+}
+
+impl Summary {
+    /// Counts one compared decision.
+    pub fn add(&mut self, rule: Rule, difference: &Difference) {
+        self.compared += 1;
+        let r = self.by_rule.entry(rule.label().to_owned()).or_default();
+        r.compared += 1;
+        if difference.is_empty() {
+            self.same += 1;
+            return;
+        }
+        self.different += 1;
+        r.different += 1;
+        for a in &difference.actions {
+            let t = self.by_action_type.entry(a.action_type().to_owned()).or_default();
+            match a {
+                ActionChange::Added { .. } => t.added += 1,
+                ActionChange::Removed { .. } => t.removed += 1,
+                ActionChange::Changed { .. } => t.changed += 1,
+            }
+        }
+    }
+
+    pub fn skip(&mut self, why: &str, n: u64) {
+        if n > 0 {
+            *self.not_compared.entry(why.to_owned()).or_default() += n;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::sop::{Policies, decide_with_rule};
+
+    fn at(s: &str) -> Timestamp {
+        format!("2026-03-02T{s}:00Z").parse().unwrap()
+    }
+
+    /// A log the way the worker writes it: each event followed by the SOP's decision.
+    fn log(policies: &Policies, events: &[(&str, serde_json::Value)]) -> Vec<Record> {
+        let load = LoadId::parse("L1").unwrap();
+        let mut state = LoadState::default();
+        let mut out = Vec::new();
+        for (time, ev) in events {
+            let ev = InboundEvent::from_json(load.clone(), ev.clone()).unwrap();
+            let now = at(time);
+            let d = crate::filter::filter(&load, &state, &ev, now)
+                .unwrap_or_else(|| decide_with_rule(policies, &load, &state, &ev, now).0);
+            let recs = Record::appended(
+                state.version,
+                [
+                    (ev.event_id.to_string(), ev.kind().to_owned(), ev.body.payload()),
+                    (d.decision_id.clone(), DECISION_RECORDED.to_owned(), serde_json::to_value(&d).unwrap()),
+                ],
+                now,
+            );
+            for r in &recs {
+                state.apply(r);
+            }
+            out.extend(recs);
+        }
+        out
+    }
+
+    fn policies(max_attempts: u32) -> Policies {
+        let mut p = Policies::default();
+        p.default.max_attempts = max_attempts;
+        p
+    }
+
+    fn life() -> Vec<(&'static str, serde_json::Value)> {
+        let timer = |step: u32| {
+            json!({"event_id": format!("evt:tmr:tmr:L1:ask:eta_request:p1:{step}"), "kind": "timer_fired",
+                   "timer_id": format!("tmr:L1:ask:eta_request:p1:{step}"), "ask_id": "ask:eta_request:p1", "step": step,
+                   "fire_at": "2026-03-02T07:30:00Z"})
+        };
+        vec![
+            ("07:00", json!({"event_id": "load:init", "kind": "load_update", "driver_phone": "+15555550100"})),
+            ("07:00", json!({"event_id": "p1", "kind": "location_ping", "lat": 1.0, "lon": 1.0, "risk": "high"})),
+            ("07:30", timer(1)),
+            ("08:00", timer(2)),
+            ("08:30", timer(3)),
+        ]
+    }
+
+    /// Replays `records` with the SOP under `candidate`: (event id, changes) per difference.
+    fn replay(records: &[Record], candidate: &Policies) -> (Summary, Vec<(String, Vec<String>)>) {
+        let load = LoadId::parse("L1").unwrap();
+        let mut w = Walker::new(load.clone());
+        let mut summary = Summary::default();
+        let mut diffs = Vec::new();
+        for r in records {
+            if let Some(step) = w.feed(r.clone()) {
+                let now = step.recorded.decided_at;
+                let (d, rule) = match crate::filter::filter(&load, w.state(), &step.event, now) {
+                    Some(d) => (d, Rule::Filter),
+                    None => decide_with_rule(candidate, &load, w.state(), &step.event, now),
+                };
+                let d = accept(&load, w.state(), &step.event, now, "sop", Ok(d));
+                let diff = compare(&step.recorded, &d);
+                summary.add(rule, &diff);
+                if !diff.is_empty() {
+                    let what = diff.actions.iter().map(describe).collect();
+                    diffs.push((step.event.event_id.to_string(), what));
+                }
+                w.finish(step);
+            }
+        }
+        let (state, unpaired) = w.close();
+        assert_eq!(state, crate::projection::project(records), "the walk folds the whole log");
+        summary.skip("unpaired", unpaired);
+        (summary, diffs)
+    }
+
+    fn describe(a: &ActionChange) -> String {
+        match a {
+            ActionChange::Added { action_type, .. } => format!("+{action_type}"),
+            ActionChange::Removed { action_type, .. } => format!("-{action_type}"),
+            ActionChange::Changed { action_type, fields, .. } => {
+                format!("{action_type} {}", fields.iter().map(|f| f.field.as_str()).collect::<Vec<_>>().join(","))
+            }
+        }
+    }
+
+    fn check(recorded_with: u32, candidate: u32, expected: &[(&str, &[&str])]) {
+        let records = log(&policies(recorded_with), &life());
+        let (summary, diffs) = replay(&records, &policies(candidate));
+        let want: Vec<(String, Vec<String>)> =
+            expected.iter().map(|(e, c)| (e.to_string(), c.iter().map(|s| s.to_string()).collect())).collect();
+        assert_eq!(diffs, want, "recorded with {recorded_with}, candidate {candidate}");
+        assert_eq!(summary.compared, 5);
+        assert_eq!(summary.different as usize, expected.len());
+        assert_eq!(summary.same + summary.different, summary.compared);
+    }
+
+    #[test]
+    fn the_same_sop_differs_nowhere_and_fewer_attempts_escalate_sooner() {
+        check(3, 3, &[]);
+        check(
+            3,
+            2,
+            &[
+                // Step 2's SMS says "attempt 2 of 2".
+                ("evt:tmr:tmr:L1:ask:eta_request:p1:1", &["send_sms body"]),
+                // Where the record asked a third time, the candidate escalates.
+                ("evt:tmr:tmr:L1:ask:eta_request:p1:2", &["-send_sms", "-set_timer", "+create_hero_task"]),
+            ],
+        );
+    }
+
+    #[test]
+    fn compare_names_each_field() {
+        let e = EventId::parse("e1").unwrap();
+        let sms = |body: &str| Action {
+            key: "L1/e1/send_sms".into(),
+            kind: ActionKind::SendSms { to: "+15555550100".into(), body: body.into() },
+            ask_id: None,
+            step: None,
+            requeue_of: None,
+        };
+        let d = |actions: Vec<Action>| Decision::new(&e, at("07:00"), "sop", actions, vec![], "why");
+        assert!(compare(&d(vec![sms("a")]), &d(vec![sms("a")])).is_empty());
+        let changed = compare(&d(vec![sms("a")]), &d(vec![sms("b")]));
+        assert_eq!(
+            changed.actions,
+            vec![ActionChange::Changed {
+                key: "L1/e1/send_sms".into(),
+                action_type: "send_sms".into(),
+                fields: vec![FieldChange {
+                    field: "body".into(),
+                    recorded: Some("a".into()),
+                    candidate: Some("b".into())
+                }],
+            }]
+        );
+        let filtered = compare(&d(vec![]), &Decision::filtered(&e, at("07:00"), "x"));
+        assert_eq!(filtered.filtered, Some((false, true)));
+        // The rationale and the decider's name are not differences.
+        let mut other = d(vec![sms("a")]);
+        other.rationale = "other".into();
+        other.decider = "llm:m".into();
+        assert!(compare(&d(vec![sms("a")]), &other).is_empty());
+    }
+
+    #[test]
+    fn records_that_do_not_pair_are_folded_not_compared() {
+        let records = log(&policies(3), &life());
+        // Drop the first decision: its event has none, and nothing is compared for it.
+        let mut broken = records.clone();
+        broken.remove(1);
+        let (summary, _) = replay(&broken, &policies(3));
+        assert_eq!(summary.compared, 4);
+        assert_eq!(summary.not_compared.get("unpaired"), Some(&1));
+    }
+}

@@ -1,0 +1,175 @@
+//! `haul eval --keep`, `haul replay` and `haul export-scenario` as a person runs them
+//! (the real binary, a SQLite file): exit codes, the summary, the HTML file, the
+//! exported scenario passing `haul eval`, and a missing store not created.
+//! (Both backends, and the figures' exactness: haul-harness/tests/replay.rs.)
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn haul(args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_haul"));
+    cmd.args(args).current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("haul-replay-cli-{}-{}", std::process::id(), fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn keep_replay_and_export_from_the_command_line() {
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("kept.db").display());
+    let kept = dir.join("kept.toml");
+    let (code, out, err) = haul(&["eval", "evals/", "--keep", &db, "--keep-config", kept.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("kept ") && err.contains("renamed"), "{err}");
+
+    // The same SOP: nothing differs, exit 0.
+    let (code, out, err) = haul(&["replay", "--config", kept.to_str().unwrap(), "--db", &db, "--all"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("one-step what-if"), "{out}");
+    assert!(out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["different", "0"]), "{out}");
+
+    // client_a with two attempts: differences, exit 2, and the HTML report.
+    let candidate = std::fs::read_to_string(&kept).unwrap().replacen(
+        "[clients.client_a.eta_request]\nretry_after = \"30m\"\nmax_attempts = 3",
+        "[clients.client_a.eta_request]\nretry_after = \"30m\"\nmax_attempts = 2",
+        1,
+    );
+    let cand = dir.join("candidate.toml");
+    std::fs::write(&cand, candidate).unwrap();
+    let html = dir.join("replay.html");
+    let (code, out, err) =
+        haul(&["replay", "--config", cand.to_str().unwrap(), "--db", &db, "--all", "--html", html.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("create_hero_task") && out.contains("attempt 2 of 2"), "{out}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("one-step what-if"), "{page}");
+    let (code, out, _) =
+        haul(&["replay", "--config", cand.to_str().unwrap(), "--db", &db, "--client", "client_a", "--json"]);
+    assert_eq!(code, 2);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(report["summary"]["different"].as_u64().unwrap() > 0);
+
+    // No selection is an error that says what to give.
+    let (code, _, err) = haul(&["replay", "--db", &db]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--load ID") && err.contains("--all"), "{err}");
+
+    // Export a load, run it, edit it.
+    let scenario = dir.join("481207.toml");
+    let (code, out, err) = haul(&[
+        "export-scenario",
+        "481207",
+        "--config",
+        kept.to_str().unwrap(),
+        "--db",
+        &db,
+        "-o",
+        scenario.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = haul(&["eval", scenario.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let text = std::fs::read_to_string(&scenario).unwrap();
+    assert!(!text.contains("+15555550100"), "the driver's phone is faked:\n{text}");
+    let edited = text.replacen("decider = \"sop\"", "decider = \"filter\"", 1);
+    assert_ne!(edited, text);
+    std::fs::write(&scenario, edited).unwrap();
+    let (code, out, _) = haul(&["eval", scenario.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("decisions"), "{out}");
+
+    // A store that does not exist is an error and is not created.
+    let missing = dir.join("missing.db");
+    let (code, _, err) = haul(&["replay", "--db", &format!("sqlite://{}", missing.display()), "--all"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(!missing.exists(), "replay created the store");
+    let (code, _, _) = haul(&["export-scenario", "481207", "--db", &format!("sqlite://{}", missing.display())]);
+    assert_eq!(code, 1);
+    assert!(!missing.exists());
+}
+
+/// `--live --max-calls N`: the model of `decider.llm.*` (here a recorded server standing
+/// in for it, over real HTTP) answers what the answers file lacks, N times at most; its
+/// answers go into the file, and the same replay then runs without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_answers_are_recorded_within_the_budget_and_replay_again_for_free() {
+    use haul_harness::testkit_llm::{Answers, RecordedLlm};
+    let model = Answers::parse(
+        "model = \"m-live\"\n[[answer]]\nevent = \"*\"\ncontent = \"nothing to do\"\n\
+         [[answer.tool_call]]\nname = \"no_action\"\narguments = { reason = \"stand-in\" }\n",
+    )
+    .unwrap();
+    let upstream = RecordedLlm::start(model, "upstream-key").await.unwrap();
+    let dir = temp_dir();
+    let db = format!("sqlite://{}", dir.join("kept.db").display());
+    let cfg = dir.join("llm.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[decider]\nkind = \"llm\"\nllm.base_url = \"{}\"\nllm.model = \"m-live\"\nllm.api_key_env = \"HAUL_TEST_UPSTREAM_KEY\"\n",
+            upstream.base_url()
+        ),
+    )
+    .unwrap();
+    let answers = dir.join("answers.toml");
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_haul"));
+            cmd.args(&args).current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+            for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+                cmd.env_remove(k);
+            }
+            cmd.env("HAUL_TEST_UPSTREAM_KEY", "upstream-key");
+            let out = cmd.output().unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let (code, out, err) =
+        run(s(&["eval", "evals/sop_eta_request_answered_after_second_attempt.toml", "--keep", &db])).await.unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    let replay = |live: bool| {
+        let mut a = s(&["replay", "--config", cfg.to_str().unwrap(), "--db", &db, "--all", "--json"]);
+        a.extend(s(&["--llm-answers", answers.to_str().unwrap()]));
+        if live {
+            a.extend(s(&["--live", "--max-calls", "2"]));
+        }
+        run(a)
+    };
+    // Without --live and without the file: an error, no model called.
+    let (code, _, err) = replay(false).await.unwrap();
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(upstream.requests().len(), 0);
+    let (code, out, err) = replay(true).await.unwrap();
+    assert!(code == 0 || code == 2, "{out}{err}");
+    assert!(err.contains("2 live answers added"), "{err}");
+    assert_eq!(upstream.requests().len(), 2, "the budget bounds the calls");
+    let first: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let budget_spent =
+        first["summary"]["not_compared"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum::<u64>();
+    assert!(budget_spent > 0, "{first}");
+    let recorded = Answers::from_file(&answers).unwrap();
+    assert_eq!(recorded.answers.len(), 2);
+    // Again without --live: the two recorded answers, no call.
+    let (_, out, err) = replay(false).await.unwrap();
+    let again: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(again["summary"]["compared"], first["summary"]["compared"]);
+    assert_eq!(upstream.requests().len(), 2, "the rerun called no model");
+}
