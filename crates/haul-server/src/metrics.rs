@@ -38,6 +38,9 @@ pub fn zero_series() {
     metrics::counter!("haul_http_connections_refused_total").absolute(0);
     for kind in ["hero_channel_failure", "internal_failure"] {
         metrics::counter!("haul_ops_alerts_total", "kind" => kind).absolute(0);
+        for reason in ["refused", "unavailable"] {
+            metrics::counter!("haul_ops_alert_failures_total", "kind" => kind, "reason" => reason).absolute(0);
+        }
     }
     for t in haul_core::ActionType::ALL {
         metrics::counter!("haul_outbox_dead_rows_total", "action_type" => t.as_str()).absolute(0);

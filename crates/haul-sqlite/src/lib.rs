@@ -35,6 +35,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(4, include_str!("../migrations/0004_load_index.sql")),
     Migration::new(5, include_str!("../migrations/0005_retention.sql")),
     Migration::new(6, include_str!("../migrations/0006_message_sids.sql")),
+    Migration::new(7, include_str!("../migrations/0007_ops_alerts.sql")),
 ];
 
 /// Where the database lives and how hard it syncs.
