@@ -450,3 +450,45 @@ async fn redelivered_inbound_event_is_already_processed(store: Arc<dyn Store>) {
     assert_eq!(h.svc.effect_count("sms", SMS1), 1);
     let _ = EventId::parse("ping_0700");
 }
+
+/// The SMS is delivered and its outcome published, but marking its row keeps failing
+/// (a trigger in the test's schema refuses that one update): each failure is a failed
+/// attempt that backs off, and when attempts are spent the row is buried, with no
+/// failed outcome (the delivered one is out) and one SMS at the service. PostgreSQL
+/// only: the fault is the database's own refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mark_that_keeps_failing_after_a_send_backs_off_and_buries_the_row() {
+    let (store, schema) = postgres_in_schema().await;
+    let client = haul_postgres::testing::client_in_schema(&haul_postgres::testing::database_url(), &schema).await;
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION refuse_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'the test refuses this mark'; END $$;
+             CREATE TRIGGER refuse_mark BEFORE UPDATE ON outbox FOR EACH ROW
+             WHEN (NEW.id = '{SMS1}' AND NEW.status = 'dispatched') EXECUTE FUNCTION refuse_mark();"
+        ))
+        .await
+        .unwrap();
+    let h = harness(store, Config::default(), Faults::default(), None).await;
+    start(&h).await;
+    let mut gaps = Vec::new();
+    for _ in 0..20 {
+        let before = h.now();
+        h.settle().await;
+        let row = h.row(SMS1).await;
+        if row.status != OutboxStatus::Pending {
+            break;
+        }
+        gaps.push((row.due_at.as_millisecond() - before.as_millisecond()) as u64);
+        h.set(row.due_at);
+    }
+    let row = h.row(SMS1).await;
+    assert_eq!((row.status, row.attempts), (OutboxStatus::Dead, 8), "buried after its attempts: {gaps:?}");
+    assert!(row.last_failure.as_deref().unwrap_or("").contains("mark_dispatched failed"), "{row:?}");
+    assert_eq!(gaps.len(), 7, "backed off between attempts, not re-sent every lease: {gaps:?}");
+    assert!(gaps.iter().all(|g| *g < 90_000), "{gaps:?}");
+    assert_eq!(h.svc.effect_count("sms", SMS1), 1, "the re-sends were deduplicated");
+    assert_eq!(h.entries(&outcome_id(SMS1, "delivered")).await, 1);
+    assert_eq!(h.entries(&outcome_id(SMS1, "failed")).await, 0, "no failed outcome for a delivered SMS");
+    assert!(h.store.dead_without_outcome(10).await.unwrap().is_empty(), "settled");
+}
