@@ -9,6 +9,9 @@
 //! runtime executes a plan's effects in order and comes back here when one fails;
 //! it decides nothing itself, so the rules are tested as data.
 
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::action::{ActionType, ChannelClass, ServiceCall};
@@ -18,7 +21,7 @@ use crate::ids::{LoadId, action_outcome_event_id, ops_alert_key};
 use crate::outcome::OutcomeStatus;
 use crate::queue_mode::QueueMode;
 use crate::retry::{RetryDecision, RetryPolicy};
-use crate::time::Timestamp;
+use crate::time::{Timestamp, add};
 
 /// What the plans need to know about a claimed (or dead) row.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,6 +73,11 @@ pub enum IfFailed {
     /// The attempt failed: plan again with [`after_failure`], the effect's error as
     /// the reason.
     FailAttempt,
+    /// The send was delivered and its outcome published, and marking the row failed:
+    /// a failed attempt too, planned with [`after_mark_failure`]. The row backs off and
+    /// is sent again (the service and the queue dedupe both), and once its attempts are
+    /// spent it is buried with no failed outcome: its delivered one is out.
+    FailMark,
     /// Stop: nothing more is done, the lease lapses and the row is claimed again.
     Stop,
     /// Best effort: the later `LeaveToSweep` steps are skipped (an alert only after
@@ -102,14 +110,18 @@ pub struct Plan {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Next {
     Plan(Plan),
-    /// The attempt failed for this reason: the plan is [`after_failure`]'s, with a
-    /// jitter the caller draws now (only a failed attempt draws one).
+    /// The attempt failed for this reason: the plan is [`after_failure`]'s, with the
+    /// row's jitter for this attempt ([`crate::retry::jitter`]).
     AttemptFailed(String),
+    /// The send was delivered, its outcome published, and the mark failed for this
+    /// reason: the plan is [`after_mark_failure`]'s.
+    MarkFailed(String),
 }
 
 /// The OpsAlert a dead row's channel class calls for: a failed Hero-channel or
 /// internal action is an infrastructure incident, never a Hero task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AlertKind {
     HeroChannelFailure,
     InternalFailure,
@@ -131,6 +143,10 @@ impl AlertKind {
             AlertKind::HeroChannelFailure => "hero_channel_failure",
             AlertKind::InternalFailure => "internal_failure",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        AlertKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
 
@@ -186,7 +202,7 @@ pub fn delivered(row: &Row, receipt: String, mode: QueueMode) -> Plan {
         QueueMode::StoreQueue => vec![step(Effect::PublishAndMark { event, receipt }, IfFailed::FailAttempt)],
         QueueMode::Separate => vec![
             step(Effect::Publish(event), IfFailed::FailAttempt),
-            step(Effect::MarkDispatched { receipt }, IfFailed::Stop),
+            step(Effect::MarkDispatched { receipt }, IfFailed::FailMark),
         ],
     };
     Plan { steps, settled: Settled::Delivered }
@@ -207,6 +223,44 @@ pub fn after_failure(row: &Row, why: &str, now: Timestamp, policy: &RetryPolicy,
         },
         RetryDecision::Dead(spent) => bury(row, format!("{why} ({spent})")),
     }
+}
+
+/// A failed mark after a delivered send whose outcome is published (`why`): retried
+/// as [`after_failure`] would; once attempts or the budget are spent, the row is dead
+/// and settled with no failed outcome and no OpsAlert, since the action did happen and
+/// its delivered outcome is in the queue.
+pub fn after_mark_failure(row: &Row, why: &str, now: Timestamp, policy: &RetryPolicy, jitter: f64) -> Plan {
+    let attempts = row.attempts + 1;
+    let first_attempt_at = row.first_attempt_at.unwrap_or(now);
+    match policy.after_failure(attempts, first_attempt_at, now, jitter) {
+        RetryDecision::RetryAt(_) => after_failure(row, why, now, policy, jitter),
+        RetryDecision::Dead(spent) => Plan {
+            steps: vec![
+                step(
+                    Effect::MarkDead { failure: format!("{why} ({spent}); delivered, and its outcome published") },
+                    IfFailed::Stop,
+                ),
+                step(Effect::MarkOutcomePublished, IfFailed::LeaveToSweep),
+            ],
+            settled: Settled::Buried,
+        },
+    }
+}
+
+/// How the sweep backs off a dead row it could not settle (the queue or the ops
+/// service is down): 1 s after the first failed pass, doubling up to 5 minutes, with
+/// equal jitter; it never gives up, since the outcome and the alert must get out.
+pub const SETTLE_BACKOFF: RetryPolicy = RetryPolicy {
+    base: Duration::from_secs(1),
+    cap: Duration::from_secs(300),
+    max_attempts: u32::MAX,
+    budget: Duration::MAX,
+};
+
+/// When the sweep tries a dead row again after its `failed_passes`-th failed pass
+/// (1 for the first), with the row's jitter for that pass.
+pub fn settle_retry_at(failed_passes: u32, now: Timestamp, jitter: f64) -> Timestamp {
+    add(now, SETTLE_BACKOFF.backoff(failed_passes, jitter).max(Duration::from_millis(1)))
 }
 
 /// The failed outcome (best effort), the row dead, then the OpsAlert its class calls
@@ -319,6 +373,7 @@ mod tests {
         };
         let if_failed = match s.if_failed {
             IfFailed::FailAttempt => "fail_attempt",
+            IfFailed::FailMark => "fail_mark",
             IfFailed::Stop => "stop",
             IfFailed::LeaveToSweep => "sweep",
         };
@@ -347,7 +402,8 @@ mod tests {
             row(SendSms, 0),
             ok(),
             Separate,
-            Ok((&["publish delivered r-1 | fail_attempt", "mark_dispatched r-1 | stop"], Settled::Delivered)),
+            // A failed mark is a failed attempt too: it backs off, and is buried when spent.
+            Ok((&["publish delivered r-1 | fail_attempt", "mark_dispatched r-1 | fail_mark"], Settled::Delivered)),
         );
         check(
             row(SendSms, 0),
@@ -435,6 +491,54 @@ mod tests {
                 Settled::Buried,
             ),
         );
+    }
+
+    #[test]
+    fn after_a_failed_mark_of_a_delivered_send() {
+        let policy = RetryPolicy::default();
+        let check = |attempts: u32, now: &str, expected: (&[&str], Settled)| {
+            let row = row(ActionType::SendSms, attempts);
+            check_plan(after_mark_failure(&row, "mark_dispatched failed: down", t(now), &policy, 0.5), expected)
+        };
+        // Retried like any failed attempt: the row is not re-sent every lease.
+        check(
+            0,
+            "07:00:00",
+            (
+                &["mark_retry 07:00:00.750 #1 attempt 1: mark_dispatched failed: down | stop"],
+                Settled::Retrying { retry_at: t("07:00:00.75") },
+            ),
+        );
+        // Spent: dead, with no failed outcome (the delivered one is out) and no alert.
+        check(
+            7,
+            "07:01:00",
+            (
+                &[
+                    "mark_dead mark_dispatched failed: down (gave up after 8 attempts); delivered, and its outcome \
+                     published | stop",
+                    "mark_outcome_published | sweep",
+                ],
+                Settled::Buried,
+            ),
+        );
+        let hero = row(ActionType::CreateHeroTask, 7);
+        let plan = after_mark_failure(&hero, "x", t("07:01:00"), &policy, 0.5);
+        assert!(plan.steps.iter().all(|s| !matches!(s.effect, Effect::RaiseAlert(_) | Effect::Publish(_))));
+    }
+
+    #[test]
+    fn the_sweep_backs_off_a_row_it_could_not_settle() {
+        let check = |passes: u32, jitter: f64, expected: &str| {
+            assert_eq!(settle_retry_at(passes, t("07:00:00"), jitter), t(expected), "pass {passes} jitter {jitter}");
+        };
+        check(1, 0.0, "07:00:00.5");
+        check(1, 0.5, "07:00:00.75");
+        check(3, 1.0, "07:00:04");
+        check(9, 1.0, "07:04:16");
+        // Capped at 5 minutes, however many passes failed.
+        check(10, 1.0, "07:05:00");
+        check(u32::MAX, 0.0, "07:02:30");
     }
 
     #[test]

@@ -11,6 +11,27 @@ use serde::{Deserialize, Serialize};
 
 use crate::time::{Timestamp, add, since};
 
+/// The jitter, in `[0, 1)`, for retry number `attempt` of the outbox row `id`, from
+/// `seed`: a pure function of the three, so the wait a row gets never depends on the
+/// order in which a batch's concurrent sends happened to fail, and a run with the same
+/// seed repeats exactly. Rows differ by id, so their retries still spread out.
+pub fn jitter(seed: u64, id: &str, attempt: u32) -> f64 {
+    // FNV-1a over the id, then SplitMix64's finalizer over it, the seed and the attempt.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut z = h ^ seed.rotate_left(29) ^ u64::from(attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..2 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+    }
+    // The top 53 bits as a fraction: exactly representable, below 1.
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     pub base: Duration,
@@ -76,5 +97,35 @@ impl RetryPolicy {
             ));
         }
         RetryDecision::RetryAt(retry_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_is_a_function_of_seed_row_and_attempt() {
+        let j = |seed, id: &str, attempt| jitter(seed, id, attempt);
+        // The same three, the same draw, however often and in whatever order asked.
+        let ids = ["L1/a/send_sms", "L2/a/send_sms", "L3/a/send_sms", "L4/a/send_sms"];
+        let once: Vec<f64> = ids.iter().map(|id| j(1, id, 1)).collect();
+        let reversed: Vec<f64> = ids.iter().rev().map(|id| j(1, id, 1)).rev().collect();
+        assert_eq!(once, reversed);
+        // Another row, attempt or seed: another draw.
+        let mut all: Vec<f64> = once.clone();
+        all.extend([j(1, ids[0], 2), j(2, ids[0], 1)]);
+        let mut sorted = all.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted.dedup();
+        assert_eq!(sorted.len(), all.len(), "{all:?}");
+        // In [0, 1), and spread over it: each tenth gets a share of 10 000 draws.
+        let mut tenths = [0u32; 10];
+        for n in 0..10_000u32 {
+            let x = j(7, &format!("L{n}/e/send_sms"), n % 8 + 1);
+            assert!((0.0..1.0).contains(&x), "{x}");
+            tenths[(x * 10.0) as usize] += 1;
+        }
+        assert!(tenths.iter().all(|&c| (850..1150).contains(&c)), "{tenths:?}");
     }
 }

@@ -127,6 +127,7 @@ pub async fn check(
     // check, and the sends are reported beside it.
     let deduped_effects =
         |c: Channel, key: &str| stats["effects"][format!("{} {key}", c.config_name())].as_u64().unwrap_or(0) as usize;
+    let refused = invariants::refused_alerts(store.as_ref(), 100).await?;
     let (mut events, mut rows) = (0usize, 0usize);
     for (l, ids) in &by_load {
         let load = LoadId::parse(l)?;
@@ -134,7 +135,7 @@ pub async fn check(
         invariants::events_logged_once(&load, &recs, ids.iter().map(String::as_str))?;
         invariants::log_is_sound(&load, &recs)?;
         let outbox = store.rows_for_load(&load).await?;
-        invariants::outbox_settled(&load, &recs, &outbox, deduped_effects)?;
+        invariants::outbox_settled(&load, &recs, &outbox, &refused, deduped_effects)?;
         invariants::requeued_once(&load, &outbox)?;
         events += ids.len();
         rows += outbox.len();

@@ -16,7 +16,7 @@ use haul_core::decision::DECISION_RECORDED;
 use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
 use haul_core::projection::Record;
 
-use haul_store::{OutboxRow, OutboxStatus};
+use haul_store::{AlertState, Outbox, OutboxRow, OutboxStatus, RowCursor, StoreError};
 
 /// The rule a run broke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +37,9 @@ pub enum Invariant {
     NothingPending,
     /// A dispatched row reached its service once and its delivered outcome is logged.
     DispatchedOnce,
-    /// A dead row has its failed outcome logged (external) or its OpsAlert (the rest).
+    /// A dead row has its failed outcome logged (external) or its OpsAlert delivered, or
+    /// refused by the ops service and recorded so (the rest); or, buried because it could
+    /// not be marked after its send, its delivered outcome logged.
     DeadRowSettled,
     /// An operator's requeue re-drives a dead row of its load, and a dead row is
     /// requeued at most once however many requests ask.
@@ -146,8 +148,24 @@ pub fn one_payload_per_key(conflicts: &[String]) -> Result<(), Violation> {
     }
 }
 
+/// The outbox ids whose OpsAlert the ops service refused, as the store recorded them
+/// (at most `max_pages` pages of 1000), for [`outbox_settled`].
+pub async fn refused_alerts(store: &dyn Outbox, max_pages: usize) -> Result<BTreeSet<String>, StoreError> {
+    let (mut refused, mut after) = (BTreeSet::new(), RowCursor::start());
+    for _ in 0..max_pages {
+        let page = store.ops_alerts(&after, 1000).await?;
+        let Some(last) = page.last() else { break };
+        after = last.cursor();
+        refused.extend(page.into_iter().filter(|a| a.state == AlertState::Refused).map(|a| a.outbox_id));
+    }
+    Ok(refused)
+}
+
 /// After a drain: no row pending; a dispatched row had one effect at its service and
 /// its delivered outcome is in `log`; a dead row has its failed outcome (external
+/// actions) or its OpsAlert (Hero-channel and internal ones: delivered, or `refused`
+/// by the ops service, which [`refused_alerts`] reads from the store), or, when it was
+/// buried because its mark kept failing after the send, its delivered outcome.
 /// actions) or its OpsAlert (Hero-channel and internal ones). `deduped_effects(channel,
 /// key)` counts the effects a key had at a channel service that dedupes on it: a key
 /// may be sent more than once (crashes, lapsed leases, lost answers are allowed to
@@ -157,6 +175,7 @@ pub fn outbox_settled(
     load: &LoadId,
     log: &[Record],
     rows: &[OutboxRow],
+    refused: &BTreeSet<String>,
     deduped_effects: impl Fn(Channel, &str) -> usize,
 ) -> Result<(), Violation> {
     let logged = |id: EventId| log.iter().any(|r| r.entry_id == id.as_str());
@@ -190,12 +209,13 @@ pub fn outbox_settled(
                 }
             }
             OutboxStatus::Dead => {
-                let settled = match row.action_type.class() {
-                    ChannelClass::External => logged(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
-                    ChannelClass::HeroChannel | ChannelClass::Internal => {
-                        deduped_effects(Channel::Ops, &ops_alert_key(&row.id)) == 1
-                    }
-                };
+                let settled = logged(action_outcome_event_id(&row.id, OutcomeStatus::Delivered))
+                    || match row.action_type.class() {
+                        ChannelClass::External => logged(action_outcome_event_id(&row.id, OutcomeStatus::Failed)),
+                        ChannelClass::HeroChannel | ChannelClass::Internal => {
+                            deduped_effects(Channel::Ops, &ops_alert_key(&row.id)) == 1 || refused.contains(&row.id)
+                        }
+                    };
                 if !settled {
                     return broke(
                         Invariant::DeadRowSettled,
@@ -302,8 +322,10 @@ mod tests {
             created_at: at,
             updated_at: at,
         };
-        let settled =
-            |rows: &[OutboxRow], n: usize| outbox_settled(&load(), &log, rows, |_, _| n).err().map(|v| v.invariant);
+        let none = BTreeSet::new();
+        let settled = |rows: &[OutboxRow], n: usize| {
+            outbox_settled(&load(), &log, rows, &none, |_, _| n).err().map(|v| v.invariant)
+        };
         assert_eq!(settled(&[row(OutboxStatus::Pending, ActionType::SendSms)], 1), Some(Invariant::NothingPending));
         // Two effects, or none, for one dispatched row: both are broken.
         let dispatched = [row(OutboxStatus::Dispatched, ActionType::CreateHeroTask)];
@@ -315,6 +337,15 @@ mod tests {
         let dead = [row(OutboxStatus::Dead, ActionType::CreateHeroTask)];
         assert_eq!(settled(&dead, 0), Some(Invariant::DeadRowSettled));
         assert_eq!(settled(&dead, 1), None);
+        // Or its OpsAlert refused, as the store recorded it.
+        let refused = BTreeSet::from([dead[0].id.clone()]);
+        assert!(outbox_settled(&load(), &log, &dead, &refused, |_, _| 0).is_ok());
+        // Or, buried because it could not be marked after its send, its delivered outcome.
+        let delivered = vec![
+            rec(1, "evt:out:481207/ping_1/create_hero_task:delivered", "action_outcome", json!({})),
+            decision(2, "evt:out:481207/ping_1/create_hero_task:delivered", &[]),
+        ];
+        assert!(outbox_settled(&load(), &delivered, &dead, &none, |_, _| 0).is_ok());
 
         // Requeues: each of a dead row of the load, once.
         let requeue = |id: &str, of: &str| OutboxRow {

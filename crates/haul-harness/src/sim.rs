@@ -683,7 +683,10 @@ impl World {
             if moved {
                 continue;
             }
-            let busy = self.store.depth().await? > 0 || self.store.count_by_status(OutboxStatus::Pending).await? > 0;
+            // A dead row the sweep put off is due again within minutes.
+            let busy = self.store.depth().await? > 0
+                || self.store.count_by_status(OutboxStatus::Pending).await? > 0
+                || !self.store.dead_without_outcome(1).await?.is_empty();
             if busy {
                 self.clock.advance(Duration::from_secs(30));
                 continue;
@@ -708,6 +711,7 @@ impl World {
         for (l, id) in &self.published {
             published.entry(l).or_default().push(id.as_str());
         }
+        let refused = invariants::refused_alerts(s.as_ref(), 100).await?;
         for (l, recs) in &logs {
             let checked = invariants::events_logged_once(l, recs, published.get(l).into_iter().flatten().copied())
                 .and_then(|()| invariants::log_is_sound(l, recs));
@@ -726,9 +730,9 @@ impl World {
                 }
             }
             let rows = s.rows_for_load(l).await?;
-            if let Err(v) =
-                invariants::outbox_settled(l, recs, &rows, |c, key| self.svc.deduped_effects(c.config_name(), key))
-                    .and_then(|()| invariants::requeued_once(l, &rows))
+            let effects = |c: haul_core::Channel, key: &str| self.svc.deduped_effects(c.config_name(), key);
+            if let Err(v) = invariants::outbox_settled(l, recs, &rows, &refused, effects)
+                .and_then(|()| invariants::requeued_once(l, &rows))
             {
                 return Ok(Some(v.message));
             }

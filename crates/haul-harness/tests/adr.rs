@@ -22,7 +22,7 @@ use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::dispatcher::Dispatched;
 use haul_runtime::faults::{FaultPoint, Faults};
 use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
-use haul_store::{OutboxStatus, Store, TimerStatus};
+use haul_store::{AlertState, OutboxStatus, Store, TimerStatus};
 use serde_json::json;
 
 on_both_backends!(
@@ -35,6 +35,7 @@ on_both_backends!(
     first_retry_is_always_allowed,
     hero_channel_failure_raises_an_ops_alert_and_no_hero_task,
     queue_outage_during_publish_backs_off_buries_and_alerts_only_after_a_publish,
+    a_refused_ops_alert_is_recorded_once_and_holds_up_no_later_dead_row,
     timer_for_an_answered_ask_is_a_filtered_noop,
     duplicate_action_key_gives_the_fallback_hero_task,
     duplicate_action_key_falls_back_with_no_conflict_retries,
@@ -277,6 +278,50 @@ async fn queue_outage_during_publish_backs_off_buries_and_alerts_only_after_a_pu
     assert!(h.store.dead_without_outcome(10).await.unwrap().is_empty());
 }
 
+/// The ops service refuses (4xx) the OpsAlert of an old dead Hero task; later an SMS
+/// dies while the queue is down, so its failed outcome is left to the sweep. The
+/// refusal is recorded and not sent again, and the SMS's outcome gets out behind it:
+/// rule 6's Hero task is made.
+async fn a_refused_ops_alert_is_recorded_once_and_holds_up_no_later_dead_row(store: Arc<dyn Store>) {
+    let h = harness(store, Config::default(), Faults::default(), None).await;
+    let hero = "481207/sms_x/create_hero_task";
+    let alert = format!("alert:{hero}");
+    let permanent = |channel: &str, key: &str| FaultRule {
+        channel: channel.into(),
+        key: key.into(),
+        kind: FaultKind::Permanent,
+        times: None,
+    };
+    h.svc.add_fault(permanent("hero", hero));
+    h.svc.add_fault(permanent("ops", &alert));
+    h.svc.add_fault(permanent("sms", SMS1));
+    h.publish(init()).await;
+    h.publish(sms("sms_x", "+15555550199", "who is this?")).await;
+    h.settle().await;
+    assert_eq!(h.row(hero).await.status, OutboxStatus::Dead);
+    // The ask's SMS dies while the queue is down: its outcome is left to the sweep.
+    h.advance(60);
+    h.publish(ping("ping_0700")).await;
+    while !h.pipeline.worker.run_once().await.unwrap().is_empty() {}
+    h.queue.set_down(true);
+    h.pipeline.dispatcher.run_once().await.unwrap();
+    assert_eq!(h.row(SMS1).await.status, OutboxStatus::Dead);
+    h.queue.set_down(false);
+    for _ in 0..5 {
+        h.settle().await;
+        h.advance(60);
+    }
+    let failed = outcome_id(SMS1, "failed");
+    assert_eq!(h.entries(&failed).await, 1, "the SMS's failed outcome got out behind the refused alert");
+    assert_eq!(h.svc.sends("hero", &format!("{LOAD}/{failed}/create_hero_task")), 1, "rule 6");
+    assert_eq!(h.svc.call_count("ops", &alert), 1, "a refused alert is not sent again");
+    let alerts = h.store.ops_alerts(&haul_store::RowCursor::start(), 10).await.unwrap();
+    let got: Vec<_> = alerts.iter().map(|a| (a.outbox_id.as_str(), a.state, a.sends)).collect();
+    assert_eq!(got, vec![(hero, AlertState::Refused, 1)]);
+    assert!(alerts[0].last_error.as_deref().unwrap_or("").contains("4"), "{:?}", alerts[0].last_error);
+    assert!(h.store.dead_without_outcome(10).await.unwrap().is_empty(), "both rows settled");
+}
+
 async fn timer_for_an_answered_ask_is_a_filtered_noop(store: Arc<dyn Store>) {
     let h = harness(store, Config::default(), Faults::default(), None).await;
     start(&h).await;
@@ -436,4 +481,46 @@ async fn redelivered_inbound_event_is_already_processed(store: Arc<dyn Store>) {
     assert_eq!(h.log().await.len(), before);
     assert_eq!(h.svc.sends("sms", SMS1), 1);
     let _ = EventId::parse("ping_0700");
+}
+
+/// The SMS is delivered and its outcome published, but marking its row keeps failing
+/// (a trigger in the test's schema refuses that one update): each failure is a failed
+/// attempt that backs off, and when attempts are spent the row is buried, with no
+/// failed outcome (the delivered one is out) and one SMS at the service. PostgreSQL
+/// only: the fault is the database's own refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mark_that_keeps_failing_after_a_send_backs_off_and_buries_the_row() {
+    let (store, schema) = postgres_in_schema().await;
+    let client = haul_postgres::testing::client_in_schema(&haul_postgres::testing::database_url(), &schema).await;
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION refuse_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'the test refuses this mark'; END $$;
+             CREATE TRIGGER refuse_mark BEFORE UPDATE ON outbox FOR EACH ROW
+             WHEN (NEW.id = '{SMS1}' AND NEW.status = 'dispatched') EXECUTE FUNCTION refuse_mark();"
+        ))
+        .await
+        .unwrap();
+    let h = harness(store, Config::default(), Faults::default(), None).await;
+    start(&h).await;
+    let mut gaps = Vec::new();
+    for _ in 0..20 {
+        let before = h.now();
+        h.settle().await;
+        let row = h.row(SMS1).await;
+        if row.status != OutboxStatus::Pending {
+            break;
+        }
+        gaps.push((row.due_at.as_millisecond() - before.as_millisecond()) as u64);
+        h.set(row.due_at);
+    }
+    let row = h.row(SMS1).await;
+    assert_eq!((row.status, row.attempts), (OutboxStatus::Dead, 8), "buried after its attempts: {gaps:?}");
+    assert!(row.last_failure.as_deref().unwrap_or("").contains("mark_dispatched failed"), "{row:?}");
+    assert_eq!(gaps.len(), 7, "backed off between attempts, not re-sent every lease: {gaps:?}");
+    assert!(gaps.iter().all(|g| *g < 90_000), "{gaps:?}");
+    assert_eq!(h.svc.deduped_effects("sms", SMS1), 1, "the re-sends were deduplicated");
+    assert_eq!(h.entries(&outcome_id(SMS1, "delivered")).await, 1);
+    assert_eq!(h.entries(&outcome_id(SMS1, "failed")).await, 0, "no failed outcome for a delivered SMS");
+    assert!(h.store.dead_without_outcome(10).await.unwrap().is_empty(), "settled");
 }

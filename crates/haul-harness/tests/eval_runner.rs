@@ -1,10 +1,11 @@
 //! Self-checks of `haul eval`: a runner that cannot fail is worthless.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use haul_harness::eval::scenario::parse;
 use haul_harness::eval::{EvalOptions, EvalStore, run_paths, run_scenario, run_scenario_with};
-use haul_runtime::faults::{FaultPoint, Faults};
+use haul_runtime::faults::{FaultPoint, Faults, Observed};
 
 const GOOD: &str = r#"
 name = "ask once"
@@ -185,4 +186,42 @@ async fn the_junit_report_has_a_test_case_per_scenario_and_escapes_text() {
     assert_eq!(xml.matches("<testcase ").count(), 2);
     assert_eq!(xml.matches("<failure ").count(), 1);
     assert!(xml.trim_end().ends_with("</testsuite>\n</testsuites>"), "{xml}");
+}
+
+/// Four loads' SMS fail at one instant, in one concurrent batch: each row's retry wait
+/// must come from the seed, its id and its attempt, not from which send failed first,
+/// so the scenario gives one answer (its result, and the order the SMS were claimed
+/// in) however the tasks were scheduled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sms_failing_at_one_instant_retry_in_one_order_over_20_runs() {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../evals/outbox_simultaneous_sms_failures_retry_in_one_order.toml");
+    let scenario = parse(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let mut answers = std::collections::BTreeMap::<(String, Vec<String>), usize>::new();
+    for _ in 0..20 {
+        let claims = Arc::new(Mutex::new(Vec::new()));
+        let seen = claims.clone();
+        let faults = Faults::default().with_observer(move |o| {
+            if let Observed::Claimed { outbox_id, .. } = o
+                && outbox_id.ends_with("/send_sms")
+            {
+                seen.lock().unwrap().push(outbox_id.split('/').next().unwrap_or("").to_owned());
+            }
+        });
+        let r = run_scenario(&scenario, "retry_order.toml", &EvalStore::SqliteMemory, faults).await;
+        let order = claims.lock().unwrap().clone();
+        *answers.entry((r.line(), order)).or_default() += 1;
+    }
+    let pass = "PASS outbox: SMS that fail at one instant retry in one order, every run".to_string();
+    let order = ["R1", "R2", "R3", "R4", "R2", "R3", "R1", "R4"];
+    let claimed_first: Vec<String> = order.iter().map(|s| s.to_string()).collect();
+    let got: Vec<_> = answers.into_iter().collect();
+    assert_eq!(got.len(), 1, "{} answers: {got:#?}", got.len());
+    let ((line, claims), n) = &got[0];
+    assert_eq!((line, n), (&pass, &20));
+    // The first sends in one batch (any order), then the retries in the order of their waits.
+    let (first, retries) = claims.split_at(4);
+    let mut first = first.to_vec();
+    first.sort();
+    assert_eq!((first.as_slice(), retries), (&claimed_first[..4], &claimed_first[4..]));
 }

@@ -4,21 +4,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use haul_core::action::ActionType;
+use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, outbox_row, parse_receipt,
-    queue_message_row, record_row, sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row,
+    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
+    parse_receipt, queue_message_row, record_row, sms_assignment, sms_route, sms_route_load, timer_row,
+    unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, types_param};
 use haul_store::{
-    AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
-    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
-    SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
-    outbox_key_load,
+    AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
+    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
+    Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
+    RowCursor, SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms,
+    Unsettled, columns, outbox_key_load,
 };
 use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use tokio_postgres::Row;
@@ -405,6 +407,44 @@ impl Outbox for PgStore {
 
     async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
         self.query_rows(OUTBOX_DEAD_WITHOUT_OUTCOME, &[&(limit as i64)], outbox_row).await
+    }
+
+    async fn unsettled_due(&self, now: Timestamp, limit: usize) -> Result<Vec<Unsettled>, StoreError> {
+        self.query_rows(OUTBOX_UNSETTLED_DUE, &[&to_ms(now), &sql_limit(limit)], unsettled_row).await
+    }
+
+    async fn defer_settle(&self, id: &str, failure: &str, retry_at: Timestamp) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let params: Params = &[&outbox_key_load(id), &id, &to_ms(retry_at), &failure];
+        client.execute(OUTBOX_DEFER_SETTLE, params).await.map_err(pg)?;
+        Ok(())
+    }
+
+    async fn record_ops_alert(
+        &self,
+        alert: &Alert,
+        state: AlertState,
+        error: Option<&str>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(OPS_ALERT_RECORD).await.map_err(pg)?;
+        let params: Params = &[
+            &alert.outbox_id,
+            &alert.load_id.as_str(),
+            &alert.kind.as_str(),
+            &alert.action_type.as_str(),
+            &alert.failure,
+            &state.as_str(),
+            &error,
+            &to_ms(now),
+        ];
+        Ok(client.query_opt(&stmt, params).await.map_err(pg)?.is_some())
+    }
+
+    async fn ops_alerts(&self, after: &RowCursor, limit: usize) -> Result<Vec<OpsAlertRecord>, StoreError> {
+        let params: Params = &[&to_ms(after.created_at), &after.id, &sql_limit(limit)];
+        self.query_rows(OPS_ALERT_PAGE, params, ops_alert_row).await
     }
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {

@@ -112,6 +112,35 @@ pub const OUTBOX_DEAD_WITHOUT_OUTCOME: &str = concat!(
     columns!(outbox),
     " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL ORDER BY dead_at, id LIMIT $1"
 );
+/// The sweep's due rows: `$1` now, `$2` limit. Through the index of unsettled dead rows
+/// (a handful), skipping those put off.
+pub const OUTBOX_UNSETTLED_DUE: &str = concat!(
+    "SELECT ",
+    columns!(unsettled),
+    " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
+     AND (settle_due_at IS NULL OR settle_due_at <= $1) ORDER BY dead_at, id LIMIT $2"
+);
+/// `$1` load, `$2` id, `$3` retry at, `$4` failure.
+pub const OUTBOX_DEFER_SETTLE: &str =
+    "UPDATE outbox SET settle_attempts = settle_attempts + 1, settle_due_at = $3, settle_failure = $4
+     WHERE load_id = $1 AND id = $2 AND status = 'dead' AND outcome_published_at IS NULL";
+/// Records a send of an OpsAlert: `$1` outbox id, `$2` load, `$3` kind, `$4` action
+/// type, `$5` failure, `$6` state, `$7` error, `$8` now. A delivered or refused alert
+/// is not updated, and returns no row.
+pub const OPS_ALERT_RECORD: &str =
+    "INSERT INTO ops_alerts (outbox_id, load_id, kind, action_type, failure, state, sends, last_error, raised_at,
+                             updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $8, $8)
+     ON CONFLICT (outbox_id) DO UPDATE SET state = excluded.state, sends = ops_alerts.sends + 1,
+         last_error = COALESCE(excluded.last_error, ops_alerts.last_error), updated_at = excluded.updated_at
+     WHERE ops_alerts.state = 'pending'
+     RETURNING outbox_id";
+/// The alerts in the order raised: `$1` after raised_at, `$2` after outbox id, `$3` limit.
+pub const OPS_ALERT_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(ops_alert),
+    " FROM ops_alerts WHERE (raised_at, outbox_id) > ($1, $2) ORDER BY raised_at, outbox_id LIMIT $3"
+);
 /// `$1` status. Served by an index for `pending` and `dead` (the figures `/metrics`
 /// and the crash test read); a count of `dispatched` reads the table (bench only).
 pub const OUTBOX_COUNT_BY_STATUS: &str = "SELECT count(*) FROM outbox WHERE status = $1";

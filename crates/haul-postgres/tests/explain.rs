@@ -123,7 +123,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let client = client_in_schema(&options.url, &schema).await;
     client
         .batch_execute(
-            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms;
+            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms, ops_alerts;
              SET enable_seqscan = off;",
         )
         .await
@@ -165,6 +165,10 @@ async fn every_hot_query_is_served_by_an_index() {
         case("dead of one type since (bulk requeue)", OUTBOX_DEAD_OF_TYPE, vec![&hero, &zero, &limit]),
         per_load("mark_outcome_published", OUTBOX_MARK_OUTCOME_PUBLISHED, vec![&l, &key, &now]),
         case("dead without outcome (sweep)", OUTBOX_DEAD_WITHOUT_OUTCOME, vec![&limit]),
+        case("unsettled dead rows due (sweep)", OUTBOX_UNSETTLED_DUE, vec![&now, &limit]),
+        per_load("defer_settle", OUTBOX_DEFER_SETTLE, vec![&l, &key, &now, &token]),
+        case("ops alert record", OPS_ALERT_RECORD, vec![&key, &l, &empty, &empty, &empty, &pending, &empty, &now]),
+        case("ops alerts page", OPS_ALERT_PAGE, vec![&zero, &key, &limit]),
         Case { custom_only: true, ..case("count pending", OUTBOX_COUNT_BY_STATUS, vec![&pending]) },
         Case { custom_only: true, ..case("count dead (/metrics)", OUTBOX_COUNT_BY_STATUS, vec![&dead]) },
         case("timer schedule", TIMER_SCHEDULE, vec![&timer, &l, &later, &now]),

@@ -1,7 +1,8 @@
 //! Upgrading a filled version-4 schema to the partitioned version 5 loses no row and
 //! leaves a store that works: rows written through the store on the old schema are all
 //! there, byte for byte, and the log, the outbox, timers and the queue carry on. Version
-//! 6 takes every MessageSid the webhook had already seen.
+//! 6 takes every MessageSid the webhook had already seen; version 7 leaves every dead
+//! row without a published outcome due for the sweep.
 
 use std::time::Duration;
 
@@ -311,7 +312,7 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
         )
         .await
         .unwrap();
-    assert_eq!(s.migrate().await.unwrap(), vec![8, 9]);
+    assert_eq!(s.migrate().await.unwrap(), vec![7, 8, 9]);
     let page = s.loads_page(&haul_store::LoadFilter::default(), None, 10).await.unwrap();
     let got: Vec<(String, Option<String>, u32, u32, i64)> = page
         .loads
@@ -338,4 +339,20 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
     s.append(&load(1), vec![next], 2, vec![], at(9)).await.unwrap();
     let l1 = s.loads_page(&haul_store::LoadFilter::default(), Some(&load(0)), 1).await.unwrap().loads.remove(0);
     assert_eq!((l1.open_asks, l1.escalated_asks, l1.version), (0, 0, 3));
+}
+
+#[tokio::test]
+async fn upgrade_to_version_7_leaves_dead_rows_due_for_the_sweep() {
+    let (s, _client) = unmigrated().await;
+    s.migrate_to(6).await.unwrap();
+    let key = format!("{}/e1/send_sms", load(0));
+    s.append(&load(0), vec![entry("e1")], 0, vec![row(key.clone())], at(1)).await.unwrap();
+    let c = s.pending(1, at(2), Duration::from_secs(90)).await.unwrap().remove(0);
+    s.mark_failed(&c.row.id, &c.token, "HTTP 400", None, at(3)).await.unwrap();
+
+    assert_eq!(s.migrate().await.unwrap(), vec![7, 8, 9]);
+    let due = s.unsettled_due(at(3), 10).await.unwrap();
+    let got: Vec<_> = due.iter().map(|u| (u.row.id.as_str(), u.settle_attempts, u.settle_due_at)).collect();
+    assert_eq!(got, vec![(key.as_str(), 0, None)], "a row buried before the upgrade is due at once");
+    assert!(s.ops_alerts(&haul_store::RowCursor::start(), 10).await.unwrap().is_empty());
 }

@@ -7,14 +7,14 @@
 //! through the load worker, the one writer per load. Several dispatchers may run at
 //! once; claims and tokens keep them apart.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use haul_core::action::{Action, Request};
 use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, Settled};
 use haul_core::time::Timestamp;
-use haul_core::{Clock, QueueMode, RetryPolicy};
-use haul_store::{Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
+use haul_core::{Clock, QueueMode, RetryPolicy, retry};
+use haul_store::{AlertState, Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -30,7 +30,9 @@ pub struct DispatcherSettings {
     /// Send a batch's rows one after another instead of at once (the simulator, whose
     /// runs must repeat exactly).
     pub sequential: bool,
-    /// Seeds the retry jitter (evals, the simulator); `None` draws from the OS.
+    /// Seeds the retry jitter (evals, the simulator); `None` draws a seed from the OS.
+    /// Each row's jitter is a function of the seed, its id and its attempt
+    /// (`haul_core::retry::jitter`), never of the order its batch's sends ended in.
     pub jitter_seed: Option<u64>,
 }
 
@@ -83,7 +85,7 @@ pub struct Dispatcher {
     clock: Arc<dyn Clock>,
     settings: DispatcherSettings,
     faults: Faults,
-    rng: Mutex<fastrand::Rng>,
+    jitter_seed: u64,
     /// Woken after an outcome is published (in-process workers react at once).
     wake_worker: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     /// On the store's own queue a delivered outcome's publish and the row's mark go in
@@ -101,7 +103,7 @@ impl Dispatcher {
         settings: DispatcherSettings,
         faults: Faults,
     ) -> Self {
-        let rng = settings.jitter_seed.map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+        let jitter_seed = settings.jitter_seed.unwrap_or_else(|| fastrand::u64(..));
         Dispatcher {
             queue_mode,
             store,
@@ -110,7 +112,7 @@ impl Dispatcher {
             clock,
             settings,
             faults,
-            rng: Mutex::new(rng),
+            jitter_seed,
             wake_worker: std::sync::OnceLock::new(),
         }
     }
@@ -155,26 +157,33 @@ impl Dispatcher {
     }
 
     /// Dead rows whose failed outcome never reached the queue (it was down when they
-    /// were buried): publish it now, then raise the OpsAlert their class calls for.
-    /// Stops at the first that still cannot be settled: the queue or the ops service
-    /// is still down, and the next pass tries again.
+    /// were buried), or whose OpsAlert did not reach the ops service: publish the
+    /// outcome now, then raise the alert their class calls for. Each row on its own: one
+    /// that still cannot be settled is put off in the store with its own backoff
+    /// (`haul_core::dispatch::settle_retry_at`) and the next row is tried, so a row the
+    /// queue or the ops service keeps failing never holds up the others.
     async fn sweep_dead(&self) -> Result<Vec<Dispatched>, StoreError> {
+        let now = self.clock.now();
         let mut out = Vec::new();
-        'rows: for row in self.store.dead_without_outcome(self.settings.batch).await? {
-            let facts = row_facts(&row);
-            for step in dispatch::sweep(&facts, row.last_failure.as_deref()).steps {
-                match self.effect(&facts, NO_CLAIM, &step.effect).await {
-                    Ok(()) => {}
-                    Err(EffectError::Store(e)) if step.effect == Effect::MarkOutcomePublished => return Err(e),
-                    Err(e) => {
-                        if let Effect::Publish(_) = step.effect {
-                            debug!(error = %e, outbox_id = %row.id, "the failed outcome still cannot be published");
-                        }
-                        break 'rows;
-                    }
+        for u in self.store.unsettled_due(now, self.settings.batch).await? {
+            let facts = row_facts(&u.row);
+            let mut failed = None;
+            for step in dispatch::sweep(&facts, u.row.last_failure.as_deref()).steps {
+                if let Err(e) = self.effect(&facts, NO_CLAIM, &step.effect).await {
+                    failed = Some(e.why(&step.effect));
+                    break;
                 }
             }
-            out.push(Dispatched::Buried);
+            let Some(why) = failed else {
+                out.push(Dispatched::Buried);
+                continue;
+            };
+            let passes = u.settle_attempts.saturating_add(1);
+            let jitter = retry::jitter(self.jitter_seed, &format!("settle:{}", u.row.id), passes);
+            let retry_at = dispatch::settle_retry_at(passes, now, jitter);
+            warn!(outbox_id = %u.row.id, passes, %retry_at, why, "a dead row could not be settled; tried again later");
+            self.store.defer_settle(&u.row.id, &why, retry_at).await?;
+            out.push(Dispatched::Retrying { retry_at });
         }
         Ok(out)
     }
@@ -211,21 +220,21 @@ impl Dispatcher {
                 dispatch::after_send(&facts, sent, mode)
             }
         };
+        // This attempt's draw, whatever the order the batch's sends ended in.
+        let jitter = retry::jitter(self.jitter_seed, &facts.outbox_id, facts.attempts.saturating_add(1));
+        let policy = &self.settings.retry;
         loop {
             let mut plan = match next {
                 Next::Plan(plan) => plan,
-                Next::AttemptFailed(why) => {
-                    let now = self.clock.now();
-                    let jitter = self.rng.lock().unwrap_or_else(|p| p.into_inner()).f64();
-                    dispatch::after_failure(&facts, &why, now, &self.settings.retry, jitter)
-                }
+                Next::AttemptFailed(why) => dispatch::after_failure(&facts, &why, self.clock.now(), policy, jitter),
+                Next::MarkFailed(why) => dispatch::after_mark_failure(&facts, &why, self.clock.now(), policy, jitter),
             };
             if self.faults.bugs.mark_before_publish {
                 mark_before_publish(&mut plan);
             }
             match self.execute(&facts, token, plan).await? {
                 Ran::Done(d) => return Ok(d),
-                Ran::AttemptFailed(why) => next = Next::AttemptFailed(why),
+                Ran::Again(n) => next = n,
             }
         }
     }
@@ -243,7 +252,8 @@ impl Dispatcher {
                 Ok(()) => {}
                 Err(EffectError::Stale) => return Ok(Ran::Done(Dispatched::Stale)),
                 Err(e) => match step.if_failed {
-                    IfFailed::FailAttempt => return Ok(Ran::AttemptFailed(e.why(&step.effect))),
+                    IfFailed::FailAttempt => return Ok(Ran::Again(Next::AttemptFailed(e.why(&step.effect)))),
+                    IfFailed::FailMark => return Ok(Ran::Again(Next::MarkFailed(e.why(&step.effect)))),
                     IfFailed::Stop => return Ok(Ran::Done(Dispatched::Unsettled(e.why(&step.effect)))),
                     IfFailed::LeaveToSweep => {
                         left_to_sweep = true;
@@ -350,11 +360,13 @@ impl Dispatcher {
         }
     }
 
-    /// An OpsAlert: to the ops service (HTTP or record mode), the log and the counter.
-    /// Independent of the Hero tooling, so a Hero outage cannot loop.
+    /// An OpsAlert: to the ops service (HTTP or record mode), the log, the store and
+    /// the counters. Independent of the Hero tooling, so a Hero outage cannot loop.
+    /// The store keeps each send's result: a delivered or refused alert is settled (a
+    /// refusal, a 4xx, is not sent again: it would be refused again), and one that
+    /// failed otherwise is an error, so the sweep tries it again after a backoff.
     async fn alert(&self, alert: &Alert) -> Result<(), EffectError> {
         let kind = alert.kind.as_str();
-        metrics::counter!("haul_ops_alerts_total", "kind" => kind).increment(1);
         error!(
             alert = kind,
             outbox_id = %alert.outbox_id,
@@ -363,11 +375,33 @@ impl Dispatcher {
             failure = alert.failure,
             "OpsAlert"
         );
-        let (call, key) = (alert.call(), alert.key());
-        let sent = self.channels.get(call.channel).send(&key, &alert.load_id, &call.path, &call.body, self.clock.now());
-        match sent.await {
-            Ok(_) => Ok(()),
+        let (call, key, now) = (alert.call(), alert.key(), self.clock.now());
+        let sent = self.channels.get(call.channel).send(&key, &alert.load_id, &call.path, &call.body, now).await;
+        let (state, error) = match &sent {
+            Ok(_) => (AlertState::Delivered, None),
+            Err(e @ DeliveryError::Permanent(_)) => (AlertState::Refused, Some(clip(&e.to_string()))),
+            Err(e @ DeliveryError::Retryable(_)) => (AlertState::Pending, Some(clip(&e.to_string()))),
+        };
+        let recorded = self.store.record_ops_alert(alert, state, error.as_deref(), now).await?;
+        let failed = |reason: &'static str| {
+            metrics::counter!("haul_ops_alert_failures_total", "kind" => kind, "reason" => reason).increment(1);
+        };
+        match sent {
+            Ok(_) => {
+                if recorded {
+                    metrics::counter!("haul_ops_alerts_total", "kind" => kind).increment(1);
+                }
+                Ok(())
+            }
+            Err(e @ DeliveryError::Permanent(_)) => {
+                if recorded {
+                    failed("refused");
+                    error!(error = %e, outbox_id = %alert.outbox_id, "the ops service refused the OpsAlert; recorded as refused, not sent again");
+                }
+                Ok(())
+            }
             Err(e) => {
+                failed("unavailable");
                 error!(error = %e, outbox_id = %alert.outbox_id, "the OpsAlert could not be delivered; the sweep retries it");
                 Err(EffectError::Delivery(e))
             }
@@ -381,7 +415,13 @@ const NO_CLAIM: &str = "";
 /// How a plan run ended.
 enum Ran {
     Done(Dispatched),
-    AttemptFailed(String),
+    /// A failed attempt: plan again.
+    Again(Next),
+}
+
+/// What the store keeps of an ops service's answer.
+fn clip(s: &str) -> String {
+    s.chars().take(1000).collect()
 }
 
 /// Why an effect did not happen.

@@ -60,7 +60,12 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         "How long the oldest due timer not yet fired has been due, 0 when none (read at scrape, api role).",
     ),
     ("haul_queue_depth", Kind::Gauge, "Messages waiting in the load queue (read at scrape, api role)."),
-    ("haul_ops_alerts_total", Kind::Counter, "OpsAlerts raised, by kind."),
+    ("haul_ops_alerts_total", Kind::Counter, "OpsAlerts delivered to the ops service, by kind (each alert once)."),
+    (
+        "haul_ops_alert_failures_total",
+        Kind::Counter,
+        "OpsAlerts the ops service refused (4xx, recorded, not sent again) or could not take yet, by kind and reason.",
+    ),
     ("haul_timer_pump_lag_seconds", Kind::Histogram, "How late each timer fired after its fire_at."),
     ("haul_timer_pump_last_lag_seconds", Kind::Gauge, "The lag of the last timer this process fired."),
     ("haul_llm_requests_total", Kind::Counter, "Model calls of the LLM decider, by outcome."),
@@ -158,6 +163,9 @@ pub fn zero_series() {
     }
     for kind in ["hero_channel_failure", "internal_failure"] {
         metrics::counter!("haul_ops_alerts_total", "kind" => kind).absolute(0);
+        for reason in ["refused", "unavailable"] {
+            metrics::counter!("haul_ops_alert_failures_total", "kind" => kind, "reason" => reason).absolute(0);
+        }
     }
     let _ = metrics::histogram!("haul_timer_pump_lag_seconds");
     metrics::gauge!("haul_timer_pump_last_lag_seconds").set(0.0);

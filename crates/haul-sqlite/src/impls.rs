@@ -5,20 +5,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use haul_core::action::ActionType;
+use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, outbox_row, parse_receipt,
-    queue_message_row, receipt, record_row, sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row,
+    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
+    parse_receipt, queue_message_row, receipt, record_row, sms_assignment, sms_route, sms_route_load, timer_row,
+    unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, next_loads_cursor, types_param};
 use haul_store::{
-    AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, Outbox,
-    OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor,
-    SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, columns,
+    AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
+    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
+    Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
+    RowCursor, SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms,
+    Unsettled, columns,
 };
 use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use rusqlite::types::FromSql;
@@ -509,6 +512,83 @@ impl Outbox for SqliteStore {
 
     async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError> {
         self.dead_unpublished(limit).await
+    }
+
+    async fn unsettled_due(&self, now: Timestamp, limit: usize) -> Result<Vec<Unsettled>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(unsettled),
+                " FROM outbox WHERE status = 'dead' AND outcome_published_at IS NULL
+                 AND (settle_due_at IS NULL OR settle_due_at <= ?1) ORDER BY dead_at, id LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (to_ms(now), sql_limit(limit)),
+            unsettled_row,
+        )
+        .await
+    }
+
+    async fn defer_settle(&self, id: &str, failure: &str, retry_at: Timestamp) -> Result<(), StoreError> {
+        let (id, failure, retry_at) = (id.to_owned(), failure.to_owned(), to_ms(retry_at));
+        self.writer
+            .run(move |conn: &Connection| {
+                exec(
+                    conn,
+                    "UPDATE outbox SET settle_attempts = settle_attempts + 1, settle_due_at = ?2, settle_failure = ?3
+                     WHERE id = ?1 AND status = 'dead' AND outcome_published_at IS NULL",
+                    params![id, retry_at, failure],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn record_ops_alert(
+        &self,
+        alert: &Alert,
+        state: AlertState,
+        error: Option<&str>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let params = (
+            alert.outbox_id.clone(),
+            alert.load_id.to_string(),
+            alert.kind.as_str(),
+            alert.action_type.as_str(),
+            alert.failure.clone(),
+            state.as_str(),
+            error.map(str::to_owned),
+            to_ms(now),
+        );
+        let recorded = self
+            .write_rows(
+                "INSERT INTO ops_alerts (outbox_id, load_id, kind, action_type, failure, state, sends, last_error,
+                                         raised_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, ?8, ?8)
+                 ON CONFLICT (outbox_id) DO UPDATE SET state = excluded.state, sends = ops_alerts.sends + 1,
+                     last_error = COALESCE(excluded.last_error, ops_alerts.last_error), updated_at = excluded.updated_at
+                 WHERE ops_alerts.state = 'pending'
+                 RETURNING outbox_id",
+                params,
+                |r| r.string(0).map_err(StoreError::from),
+            )
+            .await?;
+        Ok(!recorded.is_empty())
+    }
+
+    async fn ops_alerts(&self, after: &RowCursor, limit: usize) -> Result<Vec<OpsAlertRecord>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(ops_alert),
+                " FROM ops_alerts WHERE (raised_at, outbox_id) > (?1, ?2)
+                 ORDER BY raised_at, outbox_id LIMIT CAST(?3 AS INTEGER)"
+            ),
+            (to_ms(after.created_at), after.id.clone(), sql_limit(limit)),
+            ops_alert_row,
+        )
+        .await
     }
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {

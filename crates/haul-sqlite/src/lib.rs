@@ -37,6 +37,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(4, include_str!("../migrations/0004_load_index.sql")),
     Migration::new(5, include_str!("../migrations/0005_retention.sql")),
     Migration::new(6, include_str!("../migrations/0006_message_sids.sql")),
+    Migration::new(7, include_str!("../migrations/0007_ops_alerts.sql")),
     Migration::new(8, include_str!("../migrations/0008_operator_actions.sql")),
     Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
 ];

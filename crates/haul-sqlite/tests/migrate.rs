@@ -1,12 +1,13 @@
-//! Version 6 on a filled version-5 database: every MessageSid the webhook had already
-//! seen (in a log, on the queue, kept as unmatched) is taken, where it went.
+//! Versions 6 and 7 on a filled version-5 database: every MessageSid the webhook had
+//! already seen (in a log, on the queue, kept as unmatched) is taken, where it went; a
+//! dead row without a published outcome is due for the sweep.
 
 use std::time::Duration;
 
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, add};
 use haul_sqlite::{SqliteConfig, SqliteStore};
-use haul_store::{LoadFilter, LoadIndex, OpsQueries, SidClaim, SmsRoute};
+use haul_store::{LoadFilter, LoadIndex, OpsQueries, Outbox, SidClaim, SmsRoute};
 
 const VERSION_5: [&str; 5] = [
     include_str!("../migrations/0001_init.sql"),
@@ -45,7 +46,10 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
              INSERT INTO events VALUES ('L0', 1, 'sms:SMlog0', 'inbound_sms', '{}', 1000),
                                        ('L0', 2, 'dec:sms:SMlog0', 'decision_recorded', '{}', 1000);
              INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES ('L1', 'sms:SMqueue1', '{}', 2000);
-             INSERT INTO unmatched_sms VALUES ('SMkept2', '+15555550199', '+15555550000', 'hi', 3000);",
+             INSERT INTO unmatched_sms VALUES ('SMkept2', '+15555550199', '+15555550000', 'hi', 3000);
+             INSERT INTO outbox (id, load_id, action_type, action, status, attempts, due_at, created_at, updated_at,
+                                 dead_at, last_failure)
+                 VALUES ('L0/e1/send_sms', 'L0', 'send_sms', '{}', 'dead', 1, 1000, 1000, 2000, 2000, 'HTTP 400');",
         )
         .unwrap();
     }
@@ -61,6 +65,11 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
     let kept = store.unmatched_sms(10).await.unwrap();
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].reason, "no single active load has this driver phone");
+    // Version 7: a row buried before it is due for the sweep at once; no alert is kept yet.
+    let due = store.unsettled_due(at(0), 10).await.unwrap();
+    let got: Vec<_> = due.iter().map(|u| (u.row.id.as_str(), u.settle_attempts, u.settle_due_at)).collect();
+    assert_eq!(got, vec![("L0/e1/send_sms", 0, None)]);
+    assert!(store.ops_alerts(&haul_store::RowCursor::start(), 10).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -96,7 +105,7 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
         .unwrap();
     }
     let store = SqliteStore::open(&SqliteConfig::from_url(&format!("sqlite://{}", path.display())).unwrap()).unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![8, 9]);
+    assert_eq!(store.migrate().await.unwrap(), vec![7, 8, 9]);
     let page = store.loads_page(&LoadFilter::default(), None, 10).await.unwrap();
     let got: Vec<(String, Option<String>, u32, u32, i64)> = page
         .loads

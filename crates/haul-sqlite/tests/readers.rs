@@ -86,6 +86,8 @@ async fn every_read_answers_while_the_writer_waits_for_a_lock() {
     assert!(quick("dead", s.dead(at(0), 10)).await.unwrap().is_empty());
     assert_eq!(quick("count_by_status", s.count_by_status(OutboxStatus::Pending)).await.unwrap(), 1);
     assert!(quick("dead_without_outcome", s.dead_without_outcome(10)).await.unwrap().is_empty());
+    assert!(quick("unsettled_due", s.unsettled_due(at(1), 10)).await.unwrap().is_empty());
+    assert!(quick("ops_alerts", s.ops_alerts(&RowCursor::start(), 10)).await.unwrap().is_empty());
     assert!(quick("due", s.due(at(0), 10)).await.unwrap().is_empty());
     assert_eq!(quick("timers_for_load", s.timers_for_load(&l)).await.unwrap().len(), 1);
     assert_eq!(

@@ -17,15 +17,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use haul_core::action::ActionType;
+use haul_core::dispatch::AlertKind;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, from_ms, to_ms};
 use serde_json::Value;
 
 use crate::{
-    AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary, NewEntry,
-    NewOutboxRow, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery, SmsAssignment, SmsRoute,
-    StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, is_key_of_load,
+    AlertState, AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary,
+    NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery,
+    SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load,
 };
 
 // ---------------------------------------------------------------------------------
@@ -153,6 +154,13 @@ macro_rules! columns {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
          lease_until, last_failure, receipt, created_at, updated_at, dead_at, outcome_published_at"
     };
+    (unsettled) => {
+        "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
+         lease_until, last_failure, receipt, created_at, updated_at, settle_attempts, settle_due_at, settle_failure"
+    };
+    (ops_alert) => {
+        "outbox_id, load_id, kind, action_type, failure, state, sends, last_error, raised_at, updated_at"
+    };
 }
 
 /// A row of `columns!(outbox)`.
@@ -231,6 +239,34 @@ pub fn delivery_row(r: &dyn Columns) -> Result<RecordedDelivery, StoreError> {
 }
 
 /// A row of `columns!(unmatched_sms)`.
+/// A row of `columns!(unsettled)`: `columns!(outbox)` and the sweep's three.
+pub fn unsettled_row(r: &dyn Columns) -> Result<Unsettled, StoreError> {
+    Ok(Unsettled {
+        row: outbox_row(r)?,
+        settle_attempts: r.u32(14)?,
+        settle_due_at: r.opt_i64(15)?.map(from_ms),
+        settle_failure: r.opt_string(16)?,
+    })
+}
+
+/// A row of `columns!(ops_alert)`.
+pub fn ops_alert_row(r: &dyn Columns) -> Result<OpsAlertRecord, StoreError> {
+    let (load_id, kind, action_type, state) = (r.string(1)?, r.string(2)?, r.string(3)?, r.string(5)?);
+    Ok(OpsAlertRecord {
+        outbox_id: r.string(0)?,
+        load_id: parse_load_id(&load_id)?,
+        kind: AlertKind::parse(&kind).ok_or_else(|| CorruptRowError::value("kind", &kind))?,
+        action_type: ActionType::parse(&action_type)
+            .ok_or_else(|| CorruptRowError::value("action_type", &action_type))?,
+        failure: r.string(4)?,
+        state: AlertState::parse(&state).ok_or_else(|| CorruptRowError::value("state", &state))?,
+        sends: r.u32(6)?,
+        last_error: r.opt_string(7)?,
+        raised_at: from_ms(r.i64(8)?),
+        updated_at: from_ms(r.i64(9)?),
+    })
+}
+
 pub fn unmatched_sms_row(r: &dyn Columns) -> Result<UnmatchedSms, StoreError> {
     Ok(UnmatchedSms {
         message_sid: r.string(0)?,

@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haul_core::action::ActionType;
+use haul_core::dispatch::{Alert, AlertKind};
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
 use crate::{
-    AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, SidClaim,
-    SmsAssignment, SmsRoute, Store, TimerStatus, UnmatchedSms,
+    AlertState, AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor,
+    SidClaim, SmsAssignment, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -62,6 +63,8 @@ macro_rules! contract_tests {
             recorded_delivery_is_deduplicated_by_channel_and_key,
             dead_rows_without_a_published_outcome_are_found,
             dead_rows_of_one_type_are_found_since_a_time_in_bounds,
+            a_deferred_dead_row_waits_and_never_holds_up_the_others,
+            ops_alerts_are_kept_with_their_state_and_read_in_pages,
             loads_are_found_by_active_driver_phone,
             unmatched_sms_is_kept_once,
             message_sids_are_taken_once_across_loads,
@@ -648,6 +651,102 @@ pub async fn dead_rows_of_one_type_are_found_since_a_time_in_bounds(s: DynStore)
         (row.status, row.last_failure.as_deref(), row.action),
         (OutboxStatus::Dead, Some("400"), json!({"key": "L1/b/send_sms"}))
     );
+}
+
+pub async fn a_deferred_dead_row_waits_and_never_holds_up_the_others(s: DynStore) {
+    commit(&s, "L1", "e1", 0, &["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms"]).await;
+    for c in s.pending(3, at(0), LEASE).await.unwrap() {
+        s.mark_failed(&c.row.id, &c.token, "400", None, at(1)).await.unwrap();
+    }
+    let due = |now| {
+        let s = s.clone();
+        async move {
+            let rows = s.unsettled_due(now, 10).await.unwrap();
+            rows.into_iter().map(|u| (u.row.id, u.settle_attempts)).collect::<Vec<_>>()
+        }
+    };
+    let ids = |v: &[(&str, u32)]| v.iter().map(|(i, n)| (i.to_string(), *n)).collect::<Vec<_>>();
+    // Just buried: due at once, oldest first.
+    assert_eq!(due(at(1)).await, ids(&[("L1/a/send_sms", 0), ("L1/b/send_sms", 0), ("L1/c/send_sms", 0)]));
+    // The oldest cannot be settled: put off, it leaves the way to the others.
+    s.defer_settle("L1/a/send_sms", "queue down", at(10)).await.unwrap();
+    assert_eq!(due(at(9)).await, ids(&[("L1/b/send_sms", 0), ("L1/c/send_sms", 0)]));
+    assert_eq!(s.unsettled_due(at(9), 1).await.unwrap()[0].row.id, "L1/b/send_sms", "the limit counts due rows");
+    let u = s.unsettled_due(at(10), 1).await.unwrap().remove(0);
+    assert_eq!(
+        (u.row.id.as_str(), u.settle_attempts, u.settle_due_at, u.settle_failure.as_deref()),
+        ("L1/a/send_sms", 1, Some(at(10)), Some("queue down"))
+    );
+    assert_eq!(u.row.last_failure.as_deref(), Some("400"), "why it died stays");
+    s.defer_settle("L1/a/send_sms", "queue still down", at(30)).await.unwrap();
+    assert_eq!(due(at(29)).await, ids(&[("L1/b/send_sms", 0), ("L1/c/send_sms", 0)]));
+    assert_eq!(due(at(30)).await[0], ("L1/a/send_sms".to_string(), 2));
+    // Settled rows leave the sweep; deferring one changes nothing.
+    s.mark_outcome_published("L1/a/send_sms", at(31)).await.unwrap();
+    s.defer_settle("L1/a/send_sms", "late", at(40)).await.unwrap();
+    assert_eq!(due(at(100)).await, ids(&[("L1/b/send_sms", 0), ("L1/c/send_sms", 0)]));
+    // Only dead rows are deferred.
+    commit(&s, "L2", "e1", 0, &["L2/a/send_sms"]).await;
+    s.defer_settle("L2/a/send_sms", "x", at(40)).await.unwrap();
+    let c = s.pending(1, at(41), LEASE).await.unwrap().remove(0);
+    assert_eq!(c.row.id, "L2/a/send_sms", "a pending row is untouched");
+}
+
+fn alert(outbox_id: &str) -> Alert {
+    Alert {
+        kind: AlertKind::HeroChannelFailure,
+        outbox_id: outbox_id.into(),
+        load_id: load(crate::outbox_key_load(outbox_id)),
+        action_type: ActionType::CreateHeroTask,
+        failure: "HTTP 400".into(),
+    }
+}
+
+pub async fn ops_alerts_are_kept_with_their_state_and_read_in_pages(s: DynStore) {
+    use AlertState::*;
+    let (a, b, c) = ("L1/e1/create_hero_task", "L2/e1/create_hero_task", "L3/e1/create_hero_task");
+    // a: down twice, then delivered.
+    assert!(s.record_ops_alert(&alert(a), Pending, Some("HTTP 503"), at(1)).await.unwrap());
+    assert!(s.record_ops_alert(&alert(a), Pending, Some("timed out"), at(2)).await.unwrap());
+    assert!(s.record_ops_alert(&alert(a), Delivered, None, at(3)).await.unwrap());
+    // b: refused; c: delivered at once.
+    assert!(s.record_ops_alert(&alert(b), Refused, Some("HTTP 422 bad kind"), at(1)).await.unwrap());
+    assert!(s.record_ops_alert(&alert(c), Delivered, None, at(2)).await.unwrap());
+    // Final states stay: a later send (a repeated sweep) is not recorded.
+    assert!(!s.record_ops_alert(&alert(a), Refused, Some("HTTP 409"), at(4)).await.unwrap());
+    assert!(!s.record_ops_alert(&alert(b), Delivered, None, at(4)).await.unwrap());
+    assert!(!s.record_ops_alert(&alert(b), Pending, Some("HTTP 503"), at(4)).await.unwrap());
+
+    let all = s.ops_alerts(&RowCursor::start(), 10).await.unwrap();
+    let got: Vec<_> = all
+        .iter()
+        .map(|r| (r.outbox_id.as_str(), r.state, r.sends, r.last_error.as_deref(), r.raised_at, r.updated_at))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (a, Delivered, 3, Some("timed out"), at(1), at(3)),
+            (b, Refused, 1, Some("HTTP 422 bad kind"), at(1), at(1)),
+            (c, Delivered, 1, None, at(2), at(2)),
+        ]
+    );
+    let first = &all[0];
+    assert_eq!(
+        (first.load_id.as_str(), first.kind, first.action_type, first.failure.as_str()),
+        ("L1", AlertKind::HeroChannelFailure, ActionType::CreateHeroTask, "HTTP 400")
+    );
+    // Pages of one: the same alerts, in the same order.
+    let mut paged = Vec::new();
+    let mut after = RowCursor::start();
+    loop {
+        let page = s.ops_alerts(&after, 1).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.cursor();
+        paged.extend(page);
+        assert!(paged.len() <= 3);
+    }
+    assert_eq!(paged, all);
+    assert!(s.ops_alerts(&RowCursor::start(), 0).await.unwrap().is_empty());
 }
 
 // ---------------------------------------------------------------------------------

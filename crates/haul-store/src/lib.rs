@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use haul_core::action::ActionType;
+use haul_core::dispatch::{Alert, AlertKind};
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::Timestamp;
@@ -385,6 +386,106 @@ pub trait Outbox: Send + Sync {
 
     /// Dead rows whose failed outcome has not reached the load queue, oldest first.
     async fn dead_without_outcome(&self, limit: usize) -> Result<Vec<OutboxRow>, StoreError>;
+
+    /// The dead rows the dispatcher's sweep may settle at `now`: their failed outcome
+    /// has not reached the load queue, and their next pass is due (a row just buried is
+    /// due at once; [`defer_settle`](Outbox::defer_settle) puts it off). Oldest first
+    /// (`dead_at`, then id), at most `limit`. A row put off is left out, so it never
+    /// holds up the rows behind it.
+    async fn unsettled_due(&self, now: Timestamp, limit: usize) -> Result<Vec<Unsettled>, StoreError>;
+
+    /// A pass of the sweep over a dead row failed with `failure` (the queue or the ops
+    /// service is down): one more failed pass is counted and the row is due again at
+    /// `retry_at`. Only a dead row whose outcome is not published changes; the row's
+    /// `last_failure` (why it died) stays.
+    async fn defer_settle(&self, id: &str, failure: &str, retry_at: Timestamp) -> Result<(), StoreError>;
+
+    /// Records a send of a dead row's OpsAlert and how it ended: the first call keeps
+    /// the alert (raised at `now`), each later one counts a send; `state` is the
+    /// send's result (`Pending` when it failed and will be tried again), `error` what
+    /// the ops service or the network said. An alert `Delivered` or `Refused` is final:
+    /// a later call changes nothing and returns false. Returns true when this call
+    /// recorded the send.
+    async fn record_ops_alert(
+        &self,
+        alert: &Alert,
+        state: AlertState,
+        error: Option<&str>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
+
+    /// The OpsAlerts raised, in the order they were raised (`raised_at`, then outbox
+    /// id), after the position `after` names ([`RowCursor::start`] for the first
+    /// page), at most `limit`: what was raised, when, and whether it was delivered,
+    /// refused, or is still being tried.
+    async fn ops_alerts(&self, after: &RowCursor, limit: usize) -> Result<Vec<OpsAlertRecord>, StoreError>;
+}
+
+/// A dead row the sweep has yet to settle.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unsettled {
+    pub row: OutboxRow,
+    /// The sweep's passes over it that failed.
+    pub settle_attempts: u32,
+    /// When the next pass is due; `None`: at once.
+    pub settle_due_at: Option<Timestamp>,
+    /// Why the last pass failed.
+    pub settle_failure: Option<String>,
+}
+
+/// Where an OpsAlert is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertState {
+    /// Raised; no send has reached the ops service yet (it is down), and the sweep
+    /// tries again.
+    Pending,
+    /// The ops service took it.
+    Delivered,
+    /// The ops service refused it (a 4xx): it is not sent again.
+    Refused,
+}
+
+impl AlertState {
+    pub const ALL: [AlertState; 3] = [AlertState::Pending, AlertState::Delivered, AlertState::Refused];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertState::Pending => "pending",
+            AlertState::Delivered => "delivered",
+            AlertState::Refused => "refused",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        AlertState::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+}
+
+/// An OpsAlert as the store keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpsAlertRecord {
+    /// The dead row it is about (one alert per row).
+    pub outbox_id: String,
+    pub load_id: LoadId,
+    pub kind: AlertKind,
+    pub action_type: ActionType,
+    /// Why the row died.
+    pub failure: String,
+    pub state: AlertState,
+    /// Sends so far.
+    pub sends: u32,
+    /// What the last failed send got.
+    pub last_error: Option<String>,
+    pub raised_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl OpsAlertRecord {
+    /// The cursor of the page after this alert.
+    pub fn cursor(&self) -> RowCursor {
+        RowCursor { created_at: self.raised_at, id: self.outbox_id.clone() }
+    }
 }
 
 // ---------------------------------------------------------------------------------
