@@ -181,7 +181,8 @@ async fn inspect(
 ) -> anyhow::Result<ExitCode> {
     let config = load_config(settings, None)?;
     let load = haul_core::ids::LoadId::parse(load_id).map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let store = store::open(&config.store.url, None).await.context("store.url")?;
+    // Only reads: never creates a store where there was none.
+    let store = store::open_read_only(&config.store.url).await?;
     let Some(view) = haul_runtime::inspect::load_view(store.as_ref(), &load, page).await? else {
         eprintln!("load {load} has no records in {}", store::describe(&config.store.url));
         return Ok(ExitCode::from(2));
@@ -197,7 +198,7 @@ async fn inspect(
 async fn migrate(settings: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(settings, None)?;
     let db = config.store.url.as_str();
-    let store = store::open(db, None).await.with_context(|| format!("opening {}", store::describe(db)))?;
+    let store = store::open(db, None).await?;
     drop(store);
     say(format_args!("schema of {} is up to date", store::describe(db)));
     Ok(ExitCode::SUCCESS)
@@ -213,7 +214,7 @@ async fn prune(settings: &ConfigArgs, older_than: &str, batch: u32) -> anyhow::R
             "--older-than {older_than}: at least 5m (the queue deduplicates event ids for at least five minutes)"
         );
     }
-    let store = store::open(db, None).await.with_context(|| format!("opening {}", store::describe(db)))?;
+    let store = store::open(db, None).await?;
     let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
     let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
     let cutoff = haul_core::time::from_ms(haul_core::time::to_ms(now).saturating_sub(age_ms));
@@ -245,7 +246,7 @@ async fn testkit(t: Testkit) -> anyhow::Result<ExitCode> {
             crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
         }
         Testkit::Check { db, services, accepted, timeout, min_events } => {
-            let store = store::open(&db, None).await?;
+            let store = store::open_read_only(&db).await?;
             crashtest::check(store, &services, &accepted, timeout, min_events).await?;
         }
     }

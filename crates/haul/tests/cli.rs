@@ -278,3 +278,88 @@ fn eval_verbose_prints_the_timeline_and_junit_writes_the_report() {
     assert!(!out.contains("  | "), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The test database's URL with another database name and user.
+fn pg_url(user: &str, db: &str) -> String {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let (_, rest) = url.split_once("://").unwrap();
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host = host.split_once('/').map_or(host, |(h, _)| h);
+    format!("postgres://{user}@{host}/{db}")
+}
+
+/// A PostgreSQL store that cannot be opened says why in one line, as the server (or
+/// the OS) put it, with the URL's password redacted: not the pool's "Error occurred
+/// while creating a new object: db error".
+#[test]
+fn postgres_store_errors_say_the_servers_reason_in_one_line() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    for (url, want) in [
+        (pg_url("postgres", "haul_no_such_db"), "database \"haul_no_such_db\" does not exist"),
+        (pg_url("haul_no_such_role:s3cret-pw", "test"), "role \"haul_no_such_role\" does not exist"),
+        (format!("postgres://postgres:s3cret-pw@127.0.0.1:{closed}/test"), "Connection refused"),
+    ] {
+        for cmd in ["migrate", "inspect"] {
+            let mut args = vec![cmd, "--db", &url];
+            if cmd == "inspect" {
+                args.push("481207");
+            }
+            one_error_line(&args, &[], &[want, "cannot reach PostgreSQL at postgres://"]);
+            let (_, _, err) = haul(&args, &[]);
+            assert!(!err.contains("s3cret-pw") && !err.contains("db error"), "{err}");
+        }
+    }
+}
+
+/// A SQLite file that cannot be opened is named by absolute path, with the OS's
+/// reason (`/sys` refuses new files even to root).
+#[test]
+fn sqlite_store_errors_name_the_absolute_path_and_the_os_reason() {
+    let dir = scratch("sqlite-errors");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_haul")).args(args).current_dir(&dir).output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["migrate", "--db", "sqlite:///sys/haul.db"]);
+    assert!(err.contains("/sys/haul.db") && err.contains("Permission denied"), "{err}");
+    let err = run(&["migrate", "--db", "sqlite://no/such/folder/haul.db"]);
+    let abs = dir.join("no/such/folder/haul.db");
+    assert!(err.contains(&abs.display().to_string()) && err.contains("No such file or directory"), "{err}");
+    for err in [&err, &run(&["migrate", "--db", "sqlite:///sys/haul.db"])] {
+        assert!(!err.contains("Some(") && err.lines().count() == 1, "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `haul inspect` only reads: in a folder with no store it creates none and says
+/// where it looked, by absolute path; with a store, it says which one had no records.
+#[test]
+fn inspect_never_creates_a_store_and_names_the_one_it_read() {
+    let dir = scratch("inspect-ro");
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_haul"));
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+            cmd.env_remove(k);
+        }
+        let out = cmd.args(args).current_dir(&dir).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&["inspect", "481207"]);
+    assert_eq!(code, Some(1), "{err}");
+    let file = dir.join("haul.db");
+    assert!(err.contains(&format!("no SQLite database at {}", file.display())), "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "inspect created something");
+    // An empty file is not a store either, and stays as it was.
+    std::fs::write(&file, "").unwrap();
+    let (code, err) = run(&["inspect", "481207"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("holds no haul store"), "{err}");
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(run(&["migrate"]).0, Some(0));
+    let (code, err) = run(&["inspect", "481207"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.trim(), format!("load 481207 has no records in sqlite://{}", file.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
