@@ -88,7 +88,7 @@ pub async fn open_sqs(queue: &haul_config::QueueConfig) -> anyhow::Result<Arc<dy
         static_credentials: None,
     };
     let sqs = haul_sqs::SqsQueue::connect(&settings).await;
-    sqs.check().await.with_context(|| format!("queue.url {}", settings.queue_url))?;
+    sqs.check().await.map_err(|e| anyhow::anyhow!("queue.url: {}", e.0))?;
     Ok(Arc::new(sqs))
 }
 
