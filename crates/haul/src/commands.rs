@@ -14,6 +14,7 @@ use haul_harness::{bench, crashtest, eval, sim};
 use haul_runtime::store;
 
 use crate::cli::{Cli, Command, ConfigArgs, ConfigCommand, DeciderKind, QueueKind, StoreKind, Testkit};
+use crate::progress::Progress;
 
 /// The shortest `haul prune --older-than`: the queue's dedup promise (LoadQueue::publish).
 const MIN_RETENTION: Duration = Duration::from_secs(300);
@@ -219,11 +220,16 @@ async fn prune(settings: &ConfigArgs, older_than: &str, batch: u32) -> anyhow::R
     let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
     let cutoff = haul_core::time::from_ms(haul_core::time::to_ms(now).saturating_sub(age_ms));
     let mut batches = 0u64;
+    let mut progress = Progress::stderr("prune: batches", None);
+    let mut deleted = 0u64;
     let sum = haul_store::prune_all(store.as_ref(), cutoff, batch as usize, MAX_PRUNE_BATCHES, |b| {
         batches += 1;
+        deleted += b.outbox + b.timers + b.queue;
+        progress.update(batches, &format!("{deleted} rows deleted"));
         tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, "prune batch");
     })
     .await?;
+    progress.finish();
     say(format_args!(
         "pruned {} outbox rows, {} timers, {} queue messages finished before {cutoff} ({batches} batches of at most {batch} per table)",
         sum.outbox, sum.timers, sum.queue
@@ -263,8 +269,20 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
         StoreKind::Postgres => bench::BenchStore::Postgres(haul_harness::database_url()),
     };
     let mut all = BTreeMap::new();
-    for w in &workloads {
-        let figures = bench::run_workload(w, &store, quick).await?;
+    let mut progress = Progress::stderr("bench: workloads done", Some(workloads.len() as u64));
+    for (i, w) in workloads.iter().enumerate() {
+        // A workload runs for minutes without a word: say which one is running, and
+        // keep the clock moving while it does.
+        let run = bench::run_workload(w, &store, quick);
+        tokio::pin!(run);
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let figures = loop {
+            tokio::select! {
+                r = &mut run => break r?,
+                _ = tick.tick() => progress.update(i as u64, &format!("running {w}")),
+            }
+        };
+        progress.finish();
         if !json {
             for (k, v) in &figures {
                 say(format_args!("{w}.{k} = {v:.3}"));
@@ -272,6 +290,7 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
         }
         all.insert(w.clone(), figures);
     }
+    progress.finish();
     let _ = std::fs::remove_dir_all(&dir);
     if json {
         say(serde_json::to_string_pretty(&all)?);
@@ -297,9 +316,12 @@ async fn simulate(
     let store = eval_store(store);
     let (mut passed, mut failed) = (0, 0);
     let mut coverage = BTreeMap::<String, u64>::new();
+    let mut progress = Progress::stderr("sim: seeds", Some(seeds));
     for s in seed..seed.saturating_add(seeds) {
+        progress.update(s - seed, &format!("seed {s}, {failed} failed"));
         let opts = sim::SimOptions { seed: s, loads, steps, faults, bugs };
         let report = sim::run(&opts, &store).await.with_context(|| format!("seed {s}"))?;
+        progress.finish(); // erased before the seed's line, so the report reads as it would piped
         for (k, v) in &report.coverage {
             *coverage.entry(k.clone()).or_default() += v;
         }
@@ -321,6 +343,7 @@ async fn simulate(
             }
         }
     }
+    progress.finish();
     let cov: Vec<String> = coverage.iter().map(|(k, v)| format!("{k}={v}")).collect();
     say(format_args!("coverage: {}", cov.join(" ")));
     say(format_args!("{passed} passed, {failed} failed"));
@@ -356,15 +379,24 @@ async fn evaluate(
         QueueKind::Sqs => EvalQueue::sqs_emulator().await?,
     };
     let opts = EvalOptions { queue, decider, timelines: out.verbose };
+    let total = eval::collect(paths).len() as u64;
+    let mut progress = Progress::stderr("eval: scenarios", Some(total));
+    let (mut done, mut failed) = (0u64, 0u64);
     let report = eval::run_paths_with(paths, &store, &opts, |r| {
+        done += 1;
+        failed += u64::from(!r.passed);
+        // Erased before a line is printed, so the report reads as it would piped.
+        progress.finish();
         if !out.json {
             say(format_args!("{}", r.line()));
             for line in r.timeline.iter().flat_map(|t| t.lines()) {
                 say(format_args!("  | {line}"));
             }
         }
+        progress.update(done, &format!("{failed} failed"));
     })
     .await;
+    progress.finish();
     if let Some(file) = &out.junit {
         std::fs::write(file, eval::junit(&report)).with_context(|| format!("--junit {}", file.display()))?;
     }

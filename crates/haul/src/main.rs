@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod progress;
 
 use std::process::ExitCode;
 

@@ -363,3 +363,22 @@ fn inspect_never_creates_a_store_and_names_the_one_it_read() {
     assert_eq!(err.trim(), format!("load 481207 has no records in sqlite://{}", file.display()));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Progress goes to a terminal only: piped (as here, and in CI), the long commands
+/// write nothing to stderr, and stdout is the report alone.
+#[test]
+fn long_commands_are_quiet_on_stderr_when_it_is_not_a_terminal() {
+    let dir = scratch("quiet");
+    let db = format!("sqlite://{}", dir.join("haul.db").display());
+    for args in [
+        vec!["sim", "--seed", "1", "--seeds", "2", "--loads", "2", "--steps", "20"],
+        vec!["eval", "../../evals/ask_again_after_an_answered_ask.toml"],
+        vec!["prune", "--db", &db],
+    ] {
+        let (ok, out, err) = haul(&args, &[]);
+        assert!(ok, "{args:?}: {err}");
+        assert_eq!(err, "", "{args:?}");
+        assert!(!out.contains('\r') && !out.contains('\x1b'), "{args:?}: {out:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
