@@ -504,6 +504,7 @@ pub const NOT_SETTINGS: &[(&str, &str)] = &[
     ("HAUL_TWILIO_AUTH_TOKEN", "secret: the key of Twilio's webhook signatures"),
     ("HAUL_LLM_API_KEY", "secret: the model's API key (the default of decider.llm.api_key_env)"),
     ("HAUL_LOG", "log filter, e.g. haul=debug"),
+    ("HAUL_LOG_FORMAT", "log lines as text (the default) or json"),
     ("HAUL_SQS_ENDPOINT", "a running SQS emulator for haul eval --queue sqs and the tests"),
     ("HAUL_TEST_MAY_RESTART_POSTGRES", "scripts/crash-test may restart the local PostgreSQL"),
     ("HAUL_BENCH_SQLITE_OPTS", "haul bench: query options appended to its SQLite URL"),

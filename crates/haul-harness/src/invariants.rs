@@ -359,7 +359,7 @@ mod tests {
         assert_eq!(once(&[dead.clone(), first.clone()]), None);
         let second = requeue("481207/op:r2/create_hero_task", &dead.id);
         assert_eq!(once(&[dead.clone(), first.clone(), second]), Some(Invariant::RequeuedOnce));
-        assert_eq!(once(&[first.clone()]), Some(Invariant::RequeuedOnce), "no such dead row");
+        assert_eq!(once(std::slice::from_ref(&first)), Some(Invariant::RequeuedOnce), "no such dead row");
         let live = row(OutboxStatus::Dispatched, ActionType::CreateHeroTask);
         assert_eq!(once(&[live, first]), Some(Invariant::RequeuedOnce), "not dead");
     }

@@ -48,11 +48,14 @@ pub struct PgConfig {
     pub pool_size: usize,
     /// Seed for claim tokens and receipts; `None` draws one from the OS.
     pub seed: Option<u64>,
+    /// Every session reads only (`default_transaction_read_only`): for the commands
+    /// that only read, so a bug there cannot write. No schema is created.
+    pub read_only: bool,
 }
 
 impl PgConfig {
     pub fn new(url: impl Into<String>) -> Self {
-        PgConfig { url: url.into(), schema: None, pool_size: 16, seed: None }
+        PgConfig { url: url.into(), schema: None, pool_size: 16, seed: None, read_only: false }
     }
 }
 
@@ -74,11 +77,15 @@ impl PgStore {
             .parse()
             .map_err(|e| StoreError::new(format!("bad PostgreSQL url {}: {e}", redact(&config.url))))?;
         pg.connect_timeout(Duration::from_secs(5));
+        let mut options = Vec::new();
+        if config.read_only {
+            options.push("-c default_transaction_read_only=on".to_owned());
+        }
         if let Some(schema) = &config.schema {
             if !is_schema_name(schema) {
                 return Err(StoreError::new(format!("bad schema name {schema:?}")));
             }
-            let (client, conn) = pg.connect(NoTls).await.map_err(|e| unreachable_db(&config.url, e))?;
+            let (client, conn) = pg.connect(NoTls).await.map_err(|e| unreachable_db(&config.url, &pg_reason(&e)))?;
             let task = tokio::spawn(conn);
             client
                 .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
@@ -86,7 +93,10 @@ impl PgStore {
                 .map_err(|e| StoreError::new(format!("cannot create schema {schema}: {e}")))?;
             drop(client);
             let _ = task.await;
-            pg.options(format!("-c search_path={schema}"));
+            options.push(format!("-c search_path={schema}"));
+        }
+        if !options.is_empty() {
+            pg.options(options.join(" "));
         }
         let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
@@ -96,12 +106,8 @@ impl PgStore {
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::new(format!("cannot build the PostgreSQL pool: {e}")))?;
-        // Fail here, with the address, rather than on first use.
-        drop(
-            pool.get()
-                .await
-                .map_err(|e| StoreError::new(format!("cannot reach PostgreSQL at {}: {e}", redact(&config.url))))?,
-        );
+        // Fail here, with the address and the server's reason, rather than on first use.
+        drop(pool.get().await.map_err(|e| unreachable_db(&config.url, &pool_reason(&e)))?);
         Ok(PgStore { pool, tokens: Tokens::new(config.seed) })
     }
 
@@ -137,34 +143,58 @@ impl PgStore {
         Ok(applied)
     }
 
-    /// The migrations this build knows that the database has not applied (all of them
-    /// when it has no schema). Reads only: what read-only commands check instead of
-    /// migrating.
-    pub async fn unapplied_migrations(&self) -> Result<Vec<i64>, StoreError> {
+    /// The newest migration applied, `None` when the schema has no haul tables.
+    pub async fn schema_version(&self) -> Result<Option<i64>, StoreError> {
         let client = self.client().await?;
-        let row = client.query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[]).await.map_err(pg)?;
-        let exists: bool = row.try_get(0).map_err(pg)?;
-        let done = if exists {
-            let rows = client.query("SELECT version FROM schema_migrations", &[]).await.map_err(pg)?;
-            rows.iter().map(|r| r.try_get(0)).collect::<Result<Vec<i64>, _>>().map_err(pg)?
-        } else {
-            vec![]
-        };
-        Ok(pending_migrations(MIGRATIONS, &done, SCHEMA_VERSION).iter().map(|m| m.version).collect())
+        let exists = client.query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[]).await.map_err(pg)?;
+        if !exists.try_get::<_, bool>(0).map_err(pg)? {
+            return Ok(None);
+        }
+        let row = client.query_one("SELECT max(version) FROM schema_migrations", &[]).await.map_err(pg)?;
+        row.try_get(0).map_err(pg)
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {e}")))
+        self.pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {}", pool_reason(&e))))
     }
 }
 
-fn unreachable_db(url: &str, e: tokio_postgres::Error) -> StoreError {
-    StoreError::new(format!("cannot reach PostgreSQL at {}: {e}", redact(url)))
+fn unreachable_db(url: &str, reason: &str) -> StoreError {
+    StoreError::new(format!("cannot reach PostgreSQL at {}: {reason}", redact(url)))
+}
+
+/// Why the pool gave no connection, in one line: the driver's reason, not the pool's
+/// wrapper ("Error occurred while creating a new object: db error").
+pub fn pool_reason(e: &deadpool_postgres::PoolError) -> String {
+    use deadpool_postgres::PoolError;
+    match e {
+        PoolError::Backend(e) => pg_reason(e),
+        PoolError::Timeout(t) => format!("timed out ({t:?}) waiting for a connection"),
+        other => other.to_string(),
+    }
+}
+
+/// A driver error in one line, as the server or the OS put it: the server's message
+/// (`database "x" does not exist`, `password authentication failed for user "x"`,
+/// `role "x" does not exist`) with its SQLSTATE, or the chain of causes down to the
+/// OS's (`error connecting to server: Connection refused (os error 111)`), where the
+/// driver's own Display says only "db error" or "error connecting to server".
+pub fn pg_reason(e: &tokio_postgres::Error) -> String {
+    if let Some(d) = e.as_db_error() {
+        return format!("{} ({})", d.message(), d.code().code());
+    }
+    let mut parts = vec![e.to_string()];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ").replace('\n', " ")
 }
 
 pub(crate) fn pg(e: tokio_postgres::Error) -> StoreError {
-    match e.as_db_error() {
-        Some(d) => StoreError::new(format!("postgres: {} ({})", d.message(), d.code().code())),
-        None => StoreError::new(format!("postgres: {e}")),
-    }
+    StoreError::new(format!("postgres: {}", pg_reason(&e)))
 }

@@ -135,14 +135,24 @@ impl ChannelClient for HttpChannel {
     }
 }
 
-fn describe(e: &reqwest::Error) -> String {
+/// A failed request in one line, down to its root cause: reqwest's own Display stops
+/// at "error sending request", which hides "Connection refused" or a DNS failure.
+/// Secrets are masked.
+pub fn describe(e: &reqwest::Error) -> String {
     if e.is_timeout() {
-        "timed out".into()
-    } else if e.is_connect() {
-        mask_secrets(&format!("cannot connect: {e}"))
-    } else {
-        mask_secrets(&e.to_string())
+        return "timed out".into();
     }
+    let mut parts = vec![e.to_string()];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    let chain = parts.join(": ");
+    mask_secrets(&if e.is_connect() { format!("cannot connect: {chain}") } else { chain })
 }
 
 /// Record mode: the store keeps the delivery, deduped by key.

@@ -16,7 +16,7 @@ use haul_core::time::Timestamp;
 use haul_core::{Clock, QueueMode, RetryPolicy, retry};
 use haul_store::{AlertState, Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::channels::{Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
 use crate::faults::{Crash, FaultPoint, Faults, Observed};
@@ -189,12 +189,34 @@ impl Dispatcher {
     }
 
     async fn dispatch(&self, claim: Claim) -> Dispatched {
+        let started = std::time::Instant::now();
         let result = self.dispatch_inner(&claim).await.unwrap_or_else(Dispatched::Crashed);
+        // One line per dispatch, its fields at the top level (what a log shipper indexes).
+        let row = &claim.row;
+        let (load_id, outbox_id, action_type) = (row.load_id.as_str(), row.id.as_str(), row.action_type.as_str());
+        let (outcome, attempt, duration_ms) = (result.label(), row.attempts + 1, started.elapsed().as_millis() as u64);
         match &result {
-            Dispatched::Stale => info!("another dispatcher owns the row; changed nothing"),
-            Dispatched::Unsettled(why) => warn!(why, "left for the lease to lapse"),
-            Dispatched::Crashed(c) => info!(%c, "dispatch crashed at a fault point"),
-            other => debug!(result = other.label()),
+            Dispatched::Stale => {
+                info!(
+                    load_id,
+                    outbox_id,
+                    action_type,
+                    outcome,
+                    attempt,
+                    duration_ms,
+                    "dispatch: another dispatcher owns the row; changed nothing"
+                )
+            }
+            Dispatched::Unsettled(why) => {
+                warn!(
+                    load_id,
+                    outbox_id, action_type, outcome, attempt, why, duration_ms, "dispatch left for the lease to lapse"
+                )
+            }
+            Dispatched::Crashed(c) => {
+                info!(load_id, outbox_id, action_type, outcome, attempt, %c, duration_ms, "dispatch crashed at a fault point")
+            }
+            _ => info!(load_id, outbox_id, action_type, outcome, attempt, duration_ms, "dispatch"),
         }
         metrics::counter!("haul_dispatches_total", "result" => result.label()).increment(1);
         result

@@ -234,8 +234,15 @@ pub async fn load_view(store: &dyn Store, load_id: &LoadId, page: &Page) -> Resu
     }))
 }
 
+/// A time with its zone: haul keeps every time in UTC and says so.
 fn hms(t: haul_core::Timestamp) -> String {
-    t.strftime("%Y-%m-%d %H:%M:%S").to_string()
+    t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+/// The sends a row has had: its failed attempts, and the one that went through for
+/// a dispatched row (the store counts failures; a person asks "how often was it sent").
+pub fn sends(row: &OutboxRow) -> u32 {
+    row.attempts + u32::from(row.status == haul_store::OutboxStatus::Dispatched)
 }
 
 /// A readable timeline for a person at a terminal.
@@ -335,10 +342,12 @@ pub fn timeline(v: &LoadView) -> String {
         }
         let _ = writeln!(
             out,
-            "  {:<10} {:<16} attempts {}  {}  {detail}",
+            "  {:<10} {:<16} sends {}  created {}  due {}  {}  {detail}",
             o.status.as_str(),
             o.action_type.as_str(),
-            o.attempts,
+            sends(o),
+            hms(o.created_at),
+            hms(o.due_at),
             o.id
         );
     }
@@ -350,7 +359,14 @@ pub fn timeline(v: &LoadView) -> String {
         let _ = writeln!(out, "  (none)");
     }
     for t in &v.timers {
-        let _ = writeln!(out, "  {:<10} fire_at {}  {}", t.status.as_str(), hms(t.fire_at), t.timer_id);
+        let _ = writeln!(
+            out,
+            "  {:<10} fire_at {}  created {}  {}",
+            t.status.as_str(),
+            hms(t.fire_at),
+            hms(t.created_at),
+            t.timer_id
+        );
     }
     if let Some(next) = &v.next_timers_after {
         let _ = writeln!(out, "  … more timers: --timers-after {next}");
@@ -364,13 +380,15 @@ pub fn timeline(v: &LoadView) -> String {
     out
 }
 
-/// The payload's fields on one line, long text clipped.
+/// The payload's fields on one line, long text clipped; ids and keys are always
+/// whole (a clipped id cannot be looked up).
 fn summary(p: &serde_json::Value) -> String {
     let Some(obj) = p.as_object() else { return p.to_string() };
     obj.iter()
         .map(|(k, v)| {
+            let is_id = k == "id" || k == "key" || k.ends_with("_id");
             let v = match v {
-                serde_json::Value::String(s) if s.chars().count() > 60 => {
+                serde_json::Value::String(s) if !is_id && s.chars().count() > 60 => {
                     format!("{:?}…", s.chars().take(60).collect::<String>())
                 }
                 other => other.to_string(),
@@ -434,6 +452,63 @@ mod tests {
         let oldest_closed = view.asks.values().filter(|a| a.status != AskStatus::Open).map(|a| a.opened_at).min();
         assert_eq!(oldest_closed, Some(at(53)), "then the 97 latest closed ones");
         assert_eq!(view.outcomes.values().map(|o| o.at).min(), Some(at(50)), "the 100 latest outcomes");
+    }
+
+    /// `haul inspect`'s text: due and created times, every time with its zone, ids
+    /// never clipped, and sends (not failures) per outbox row.
+    #[test]
+    fn the_timeline_shows_whole_ids_zoned_times_and_sends() {
+        let t = |s: &str| -> Timestamp { format!("2026-03-02T{s}Z").parse().unwrap() };
+        let load = LoadId::parse("481207").unwrap();
+        let long_key = format!("481207/ask:eta_request:{}/1/send_sms", "p".repeat(70));
+        let row = |id: &str, status: haul_store::OutboxStatus, attempts: u32| OutboxRow {
+            id: id.into(),
+            load_id: load.clone(),
+            action_type: haul_core::ActionType::SendSms,
+            action: serde_json::Value::Null,
+            status,
+            attempts,
+            due_at: t("07:00:05"),
+            first_attempt_at: None,
+            claim_token: None,
+            lease_until: None,
+            last_failure: None,
+            receipt: None,
+            created_at: t("07:00:00"),
+            updated_at: t("07:00:05"),
+        };
+        let outcome = serde_json::json!({"outbox_id": long_key, "status": "delivered", "failure": "x".repeat(80)});
+        let view = LoadView {
+            load_id: load.clone(),
+            version: 1,
+            state: StateView::of(LoadState::default()),
+            log: vec![Record {
+                seq: 1,
+                entry_id: "evt:out".into(),
+                kind: "action_outcome".into(),
+                payload: outcome,
+                recorded_at: t("07:01:00"),
+            }],
+            next_after_seq: None,
+            outbox: vec![
+                row("481207/a/send_sms", haul_store::OutboxStatus::Dispatched, 0),
+                row("481207/b/send_sms", haul_store::OutboxStatus::Dead, 3),
+                row("481207/c/send_sms", haul_store::OutboxStatus::Pending, 2),
+            ],
+            next_outbox_after: None,
+            timers: vec![],
+            next_timers_after: None,
+            recorded: vec![],
+        };
+        let text = timeline(&view);
+        assert!(text.contains("#1    2026-03-02 07:01:00 UTC  action_outcome"), "{text}");
+        assert!(text.contains(&format!("outbox_id=\"{long_key}\"")), "the id is whole: {text}");
+        assert!(text.contains(&format!("failure=\"{}\"…", "x".repeat(60))), "text is clipped: {text}");
+        for (id, sends) in [("a", 1), ("b", 3), ("c", 2)] {
+            let line = text.lines().find(|l| l.contains(&format!("481207/{id}/send_sms"))).unwrap();
+            assert!(line.contains(&format!("sends {sends} ")), "{line}");
+            assert!(line.contains("created 2026-03-02 07:00:00 UTC  due 2026-03-02 07:00:05 UTC"), "{line}");
+        }
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Opening a store from `store.url`.
+//! Opening a store from `store.url`: for the commands that write (creating or
+//! upgrading the schema), and read-only for the ones that only read (`haul inspect`),
+//! which must never create a store where there was none.
 
 use std::sync::Arc;
 
@@ -8,19 +10,25 @@ use haul_postgres::{PgConfig, PgStore};
 use haul_sqlite::{SqliteConfig, SqliteStore};
 use haul_store::Store;
 
-/// Opens the store and brings its schema up to date.
+/// A store error as one line for people: its own message, without the type's
+/// "store error:" prefix (the message names the store and the reason).
+fn plain(e: haul_store::StoreError) -> anyhow::Error {
+    anyhow::anyhow!(e.0)
+}
+
+/// Opens the store and brings its schema up to date (creating a SQLite file).
 pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>> {
     Ok(match StoreKind::of_url(url)? {
         StoreKind::Sqlite => {
-            let mut config = SqliteConfig::from_url(url).context("store.url")?;
+            let mut config = SqliteConfig::from_url(url).map_err(plain)?;
             config.seed = seed;
-            let store = SqliteStore::open(&config)?;
-            store.migrate().await.context("migrating the SQLite schema")?;
+            let store = SqliteStore::open(&config).map_err(plain)?;
+            store.migrate().await.map_err(plain).with_context(|| format!("migrating {}", describe(url)))?;
             Arc::new(store)
         }
         StoreKind::Postgres => {
-            let store = PgStore::connect(&PgConfig { seed, ..PgConfig::new(url) }).await?;
-            store.migrate().await.context("migrating the PostgreSQL schema")?;
+            let store = PgStore::connect(&PgConfig { seed, ..PgConfig::new(url) }).await.map_err(plain)?;
+            store.migrate().await.map_err(plain).with_context(|| format!("migrating {}", describe(url)))?;
             Arc::new(store)
         }
     })
@@ -49,43 +57,46 @@ pub fn spawn_wake_bridge(
     Some(tokio::spawn(haul_postgres::wake::bridge(url.to_owned(), links)))
 }
 
-/// Opens a store that exists, for commands that only read: never creates a database
-/// file or a schema and never migrates. A store that is missing, or whose schema is
-/// older than this build, is an error that says what to run.
-pub async fn open_existing(url: &str) -> anyhow::Result<Arc<dyn Store>> {
-    let (store, unapplied): (Arc<dyn Store>, Vec<i64>) = match StoreKind::of_url(url)? {
+/// Opens an existing store to read it: nothing is created or migrated. A SQLite file
+/// is opened read-only (`mode=ro`) and must exist; a PostgreSQL session reads with
+/// `default_transaction_read_only`. A store that is missing, empty, or at an older
+/// schema is an error naming it (by absolute path for SQLite).
+pub async fn open_read_only(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+    let (store, version, latest): (Arc<dyn Store>, Option<i64>, i64) = match StoreKind::of_url(url)? {
         StoreKind::Sqlite => {
-            let config = SqliteConfig::from_url(url).context("store.url")?;
-            let Some(path) = &config.path else {
-                anyhow::bail!("{url} is a new, empty store: name the database to read (--db or store.url)");
-            };
-            if !path.is_file() {
-                anyhow::bail!("no store at {} (haul migrate or haul serve creates one)", path.display());
-            }
-            let store = SqliteStore::open(&config)?;
-            let unapplied = store.unapplied_migrations().await?;
-            (Arc::new(store), unapplied)
+            let config = SqliteConfig::from_url(url).map_err(plain)?;
+            let store = SqliteStore::open_read_only(&config).map_err(plain)?;
+            let version = store.schema_version().await.map_err(plain)?;
+            (Arc::new(store), version, haul_sqlite::SCHEMA_VERSION)
         }
         StoreKind::Postgres => {
-            let store = PgStore::connect(&PgConfig::new(url)).await?;
-            let unapplied = store.unapplied_migrations().await?;
-            (Arc::new(store), unapplied)
+            let store = PgStore::connect(&PgConfig { read_only: true, ..PgConfig::new(url) }).await.map_err(plain)?;
+            let version = store.schema_version().await.map_err(plain)?;
+            (Arc::new(store), version, haul_postgres::SCHEMA_VERSION)
         }
     };
-    if !unapplied.is_empty() {
-        anyhow::bail!(
-            "the schema of {} lacks migrations {unapplied:?} of this build: run haul migrate first (this command only reads)",
+    match version {
+        None => anyhow::bail!("{} holds no haul store (no schema); haul migrate creates one", describe(url)),
+        Some(v) if v < latest => anyhow::bail!(
+            "the schema of {} is at version {v}, this haul reads version {latest}: run haul migrate",
             describe(url)
-        );
+        ),
+        Some(_) => Ok(store),
     }
-    Ok(store)
 }
 
-/// The store's address without a password, for logs.
+/// The store's address for people and logs: PostgreSQL without its password, SQLite
+/// by absolute path (`sqlite:///srv/haul/haul.db`), so a message says which file.
 pub fn describe(url: &str) -> String {
     match StoreKind::of_url(url) {
         // A path holds no credential, and may hold an `@` the redactor would misread.
-        Ok(StoreKind::Sqlite) => url.to_owned(),
+        Ok(StoreKind::Sqlite) => match SqliteConfig::from_url(url) {
+            Ok(SqliteConfig { path: Some(p), .. }) => {
+                let query = url.split_once('?').map(|(_, q)| format!("?{q}")).unwrap_or_default();
+                format!("sqlite://{}{query}", std::path::absolute(&p).unwrap_or(p).display())
+            }
+            _ => url.to_owned(),
+        },
         Ok(StoreKind::Postgres) | Err(_) => haul_postgres::redact(url),
     }
 }
@@ -100,7 +111,7 @@ pub async fn open_sqs(queue: &haul_config::QueueConfig) -> anyhow::Result<Arc<dy
         static_credentials: None,
     };
     let sqs = haul_sqs::SqsQueue::connect(&settings).await;
-    sqs.check().await.with_context(|| format!("queue.url {}", settings.queue_url))?;
+    sqs.check().await.map_err(|e| anyhow::anyhow!("queue.url: {}", e.0))?;
     Ok(Arc::new(sqs))
 }
 

@@ -199,16 +199,32 @@ impl Worker {
         let span =
             info_span!("run", load_id = %msg.load_id, event_id = %msg.event_id, receive_count = msg.receive_count);
         let started = Instant::now();
-        let outcome = self.process_inner(&msg, started).instrument(span.clone()).await;
-        let _enter = span.enter();
+        let outcome = self.process_inner(&msg, started).instrument(span).await;
+        // One line per run, its fields at the top level (what a log shipper indexes).
+        let (load_id, event_id, outcome_label) = (msg.load_id.as_str(), msg.event_id.as_str(), outcome.label());
+        let duration_ms = started.elapsed().as_millis() as u64;
         match &outcome {
             RunOutcome::Committed { decider, filtered, actions } => {
-                debug!(decider, filtered, actions, "committed")
+                info!(load_id, event_id, outcome = outcome_label, decider, filtered, actions, duration_ms, "run")
             }
-            RunOutcome::LeftForRedelivery(why) => warn!(why, "left for redelivery"),
-            RunOutcome::Poison(why) => error!(why, "dropped a message that is not an event"),
-            RunOutcome::Crashed(c) => info!(%c, "run crashed at a fault point"),
-            _ => debug!(outcome = outcome.label()),
+            RunOutcome::LeftForRedelivery(why) => {
+                warn!(load_id, event_id, outcome = outcome_label, why, duration_ms, "run left for redelivery")
+            }
+            RunOutcome::Poison(why) => {
+                error!(
+                    load_id,
+                    event_id,
+                    outcome = outcome_label,
+                    why,
+                    duration_ms,
+                    "run dropped a message that is not an event"
+                )
+            }
+            RunOutcome::Crashed(c) => {
+                info!(load_id, event_id, outcome = outcome_label, %c, duration_ms, "run crashed at a fault point")
+            }
+            // Another run has the load, or the event is in the log already: no news.
+            _ => debug!(load_id, event_id, outcome = outcome_label, duration_ms, "run"),
         }
         metrics::counter!("haul_runs_total", "outcome" => outcome.label()).increment(1);
         metrics::histogram!("haul_run_duration_seconds").record(started.elapsed().as_secs_f64());

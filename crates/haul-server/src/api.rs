@@ -120,6 +120,9 @@ impl ApiState {
 
 /// A JSON body read into `T`: not UTF-8 or not JSON is `bad_json`, JSON of another
 /// shape (a missing or unknown field, a value of the wrong type) `bad_payload`.
+/// The error is the answer itself, sent at once by the handler (a cold path: boxing it
+/// would only add an allocation).
+#[allow(clippy::result_large_err)]
 pub(crate) fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
     let Ok(text) = std::str::from_utf8(body) else {
         return Err(error(StatusCode::BAD_REQUEST, "bad_utf8", "the body is not valid UTF-8"));
@@ -356,7 +359,27 @@ pub fn router(state: Arc<ApiState>, api: bool) -> Router {
     r.fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(access_log))
         .with_state(state)
+}
+
+/// The access log: one line per request with the method, the route's template (never
+/// the path as sent: no load ids of strangers, no unbounded values), the status and the
+/// time taken. Never a body, a header or the token. `/metrics` and `/healthz`, which
+/// scrapers and probes call every few seconds, log at debug.
+async fn access_log(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = req.method().clone();
+    let route = req.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_owned());
+    let response = next.run(req).await;
+    let route = route.as_deref().unwrap_or("(no route)");
+    let (status, duration_ms) = (response.status().as_u16(), started.elapsed().as_millis() as u64);
+    if route == "/metrics" || route == "/healthz" {
+        tracing::debug!(target: "haul_server::access", %method, route, status, duration_ms, "request");
+    } else {
+        tracing::info!(target: "haul_server::access", %method, route, status, duration_ms, "request");
+    }
+    response
 }
 
 /// `answer`, or under `/v1/` to a caller without the token 401 whatever the route: it

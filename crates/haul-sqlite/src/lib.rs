@@ -16,7 +16,7 @@ mod readers;
 mod readonly;
 mod writer;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use haul_store::StoreError;
@@ -41,6 +41,9 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(8, include_str!("../migrations/0008_operator_actions.sql")),
     Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
 ];
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i64 = latest_version(MIGRATIONS);
 
 /// Where the database lives and how hard it syncs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,27 +100,73 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Opens the database, creating the file if there is none. Errors name the file by
+    /// absolute path and say the OS's reason (permission denied, no such folder), which
+    /// SQLite's own "unable to open database file" leaves out.
     pub fn open(config: &SqliteConfig) -> Result<Self, StoreError> {
-        let conn = match &config.path {
+        let path = config.path.as_deref().map(absolute);
+        let conn = match &path {
             Some(p) => Connection::open(p),
             None => Connection::open_in_memory(),
         }
-        .map_err(|e| StoreError::new(format!("cannot open SQLite database {:?}: {e}", config.path)))?;
-        let wal = if config.path.is_some() { "PRAGMA journal_mode = WAL;" } else { "" };
+        .map_err(|e| cannot_open(path.as_deref(), &e))?;
+        let wal = if path.is_some() { "PRAGMA journal_mode = WAL;" } else { "" };
         conn.execute_batch(&format!(
             "{wal} PRAGMA synchronous = {}; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = OFF;",
             config.synchronous
         ))
-        .map_err(|e| StoreError::new(format!("cannot set up SQLite: {e}")))?;
+        .map_err(|e| cannot_open(path.as_deref(), &e))?;
+        Self::finish(conn, path.as_deref(), config.seed)
+    }
+
+    /// Opens an existing database read-only (`SQLITE_OPEN_READ_ONLY`, SQLite's
+    /// `mode=ro`): never creates the file, and nothing can write through it. A missing
+    /// file is an error naming its absolute path.
+    pub fn open_read_only(config: &SqliteConfig) -> Result<Self, StoreError> {
+        let Some(path) = config.path.as_deref().map(absolute) else {
+            return Err(StoreError::new("an in-memory SQLite database is empty: there is nothing to read"));
+        };
+        if !path.exists() {
+            return Err(StoreError::new(format!(
+                "no SQLite database at {}: nothing to read (haul migrate or haul serve creates it)",
+                path.display()
+            )));
+        }
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&path, flags).map_err(|e| cannot_open(Some(&path), &e))?;
+        conn.execute_batch("PRAGMA busy_timeout = 5000;").map_err(|e| cannot_open(Some(&path), &e))?;
+        Self::finish(conn, Some(&path), config.seed)
+    }
+
+    fn finish(conn: Connection, path: Option<&Path>, seed: Option<u64>) -> Result<Self, StoreError> {
         // Every statement the store runs fits (rusqlite keeps 16 by default, fewer than
         // the store's hot statements, so they pushed each other out and were re-parsed).
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         // After the writer's connection: the file exists and is in WAL mode.
-        let readers = match &config.path {
+        let readers = match path {
             Some(p) => Some(Arc::new(readers::Readers::open(p, READERS)?)),
             None => None,
         };
-        Ok(SqliteStore { writer: writer::Writer::spawn(conn), readers, tokens: Tokens::new(config.seed) })
+        Ok(SqliteStore { writer: writer::Writer::spawn(conn), readers, tokens: Tokens::new(seed) })
+    }
+
+    /// The newest migration applied, `None` when the file has no haul tables.
+    pub async fn schema_version(&self) -> Result<Option<i64>, StoreError> {
+        self.writer
+            .run(|conn: &Connection| -> Result<Option<i64>, StoreError> {
+                let exists: bool = conn
+                    .query_row(
+                        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(db)?;
+                if !exists {
+                    return Ok(None);
+                }
+                conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).map_err(db)
+            })
+            .await
     }
 
     /// Applies the migrations not yet applied; returns their versions.
@@ -145,30 +194,42 @@ impl SqliteStore {
     }
 }
 
-impl SqliteStore {
-    /// The migrations this build knows that the database has not applied (all of them
-    /// when it has no schema). Reads only: what read-only commands check instead of
-    /// migrating.
-    pub async fn unapplied_migrations(&self) -> Result<Vec<i64>, StoreError> {
-        self.writer
-            .run(|conn: &Connection| -> Result<Vec<i64>, StoreError> {
-                let exists: bool = conn
-                    .query_row(
-                        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
-                        [],
-                        |r| r.get(0),
-                    )
-                    .map_err(db)?;
-                let done: Vec<i64> = if exists {
-                    conn.prepare("SELECT version FROM schema_migrations")
-                        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-                        .map_err(db)?
-                } else {
-                    vec![]
-                };
-                Ok(pending_migrations(MIGRATIONS, &done, latest_version(MIGRATIONS)).iter().map(|m| m.version).collect())
-            })
-            .await
+/// `path` made absolute against the working directory, so messages say which file.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
+}
+
+/// SQLite's reason, and the OS's where SQLite gives none ("unable to open database
+/// file" is every reason at once: a missing folder, a folder not writable, a file not
+/// readable), found by trying what SQLite needed.
+fn cannot_open(path: Option<&Path>, e: &rusqlite::Error) -> StoreError {
+    let Some(path) = path else {
+        return StoreError::new(format!("cannot open an in-memory SQLite database: {e}"));
+    };
+    let what = e.to_string().replace(&format!(": {}", path.display()), "");
+    let why = os_reason(path).map(|r| format!(" ({r})")).unwrap_or_default();
+    StoreError::new(format!("cannot open SQLite database {}: {what}{why}", path.display()))
+}
+
+/// Why the OS would refuse SQLite `path` (and its `-wal` beside it), if it would.
+fn os_reason(path: &Path) -> Option<String> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty())?;
+    if let Err(e) = std::fs::metadata(dir) {
+        return Some(format!("folder {}: {e}", dir.display()));
+    }
+    if path.exists()
+        && let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open(path)
+    {
+        return Some(format!("{}: {e}", path.display()));
+    }
+    // SQLite creates the file, and the `-wal` and `-shm` files, in the folder.
+    let probe = dir.join(format!(".haul-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            None
+        }
+        Err(e) => Some(format!("cannot create files in {}: {e}", dir.display())),
     }
 }
 

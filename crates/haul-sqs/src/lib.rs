@@ -18,6 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, to_ms};
@@ -78,7 +79,7 @@ impl SqsQueue {
             .attributes(QueueAttributeName::FifoQueue, "true")
             .send()
             .await
-            .map_err(|e| sqs_error("create_queue", e))?;
+            .map_err(|e| sqs_error(name, "create_queue", e))?;
         let queue_url = out.queue_url.ok_or_else(|| StoreError::new("create_queue answered without a URL"))?;
         Ok(SqsQueue { client, queue_url })
     }
@@ -99,7 +100,7 @@ impl SqsQueue {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| sqs_error("delete_queue", e))
+            .map_err(|e| sqs_error(&self.queue_url, "delete_queue", e))
     }
 
     async fn receive_one(&self, visibility_s: i32) -> Result<Option<QueueMessage>, StoreError> {
@@ -114,7 +115,7 @@ impl SqsQueue {
             .message_attribute_names("All")
             .send()
             .await
-            .map_err(|e| sqs_error("receive_message", e))?;
+            .map_err(|e| sqs_error(&self.queue_url, "receive_message", e))?;
         let Some(m) = out.messages.unwrap_or_default().into_iter().next() else {
             return Ok(None);
         };
@@ -193,8 +194,43 @@ fn seconds(d: Duration) -> i32 {
     s.min(MAX_VISIBILITY_S) as i32
 }
 
-fn sqs_error<E: std::error::Error + 'static>(op: &str, e: E) -> StoreError {
-    StoreError::new(format!("SQS {op}: {}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
+/// A failed SQS call in one line: the queue, the call, and the reason as SQS put it
+/// (`AWS.SimpleQueueService.NonExistentQueue: The specified queue does not exist`) or
+/// the root cause of a call that never reached it (`Connection refused`), instead of
+/// the SDK's Debug text (hundreds of characters of nested structs).
+fn sqs_error<E, R>(queue: &str, op: &str, e: SdkError<E, R>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug + 'static,
+{
+    let reason = match &e {
+        SdkError::ServiceError(s) => match (s.err().code(), s.err().message()) {
+            (Some(code), Some(message)) => format!("{code}: {message}"),
+            (Some(code), None) => code.to_owned(),
+            _ => causes(&e),
+        },
+        SdkError::TimeoutError(_) => "timed out".to_owned(),
+        _ => causes(&e),
+    };
+    let reason: String = reason.replace(['\n', '\r'], " ").chars().take(MAX_REASON_CHARS).collect();
+    StoreError::new(format!("SQS queue {queue}: {op}: {reason}"))
+}
+
+/// Longest reason an SQS error quotes.
+const MAX_REASON_CHARS: usize = 300;
+
+/// An error and its causes, each said once, down to the root (the OS's reason).
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
 }
 
 fn string_attr(v: &str) -> MessageAttributeValue {
@@ -228,7 +264,7 @@ impl LoadQueue for SqsQueue {
             .message_attributes(ATTR_ENQUEUED_AT, string_attr(&to_ms(now).to_string()))
             .send()
             .await
-            .map_err(|e| sqs_error("send_message", e))?;
+            .map_err(|e| sqs_error(&self.queue_url, "send_message", e))?;
         // SQS accepts a duplicate as if it were new (and drops it): it cannot say which.
         Ok(Published::New)
     }
@@ -258,7 +294,7 @@ impl LoadQueue for SqsQueue {
             Err(e) if e.as_service_error().is_some_and(|s| s.is_receipt_handle_is_invalid()) => {
                 Err(QueueError::StaleReceipt(receipt.chars().take(32).collect()))
             }
-            Err(e) => Err(sqs_error("delete_message", e).into()),
+            Err(e) => Err(sqs_error(&self.queue_url, "delete_message", e).into()),
         }
     }
 
@@ -279,7 +315,7 @@ impl LoadQueue for SqsQueue {
             {
                 Err(QueueError::StaleReceipt(receipt.chars().take(32).collect()))
             }
-            Err(e) => Err(sqs_error("change_message_visibility", e).into()),
+            Err(e) => Err(sqs_error(&self.queue_url, "change_message_visibility", e).into()),
         }
     }
 
@@ -293,7 +329,7 @@ impl LoadQueue for SqsQueue {
             .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
             .send()
             .await
-            .map_err(|e| sqs_error("get_queue_attributes", e))?;
+            .map_err(|e| sqs_error(&self.queue_url, "get_queue_attributes", e))?;
         let attrs = out.attributes.unwrap_or_default();
         Ok(attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum())
     }

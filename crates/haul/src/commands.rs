@@ -14,6 +14,7 @@ use haul_harness::{bench, crashtest, eval, sim};
 use haul_runtime::store;
 
 use crate::cli::{Cli, Command, ConfigArgs, ConfigCommand, DeciderKind, QueryCommand, QueueKind, StoreKind, Testkit};
+use crate::progress::Progress;
 
 /// The shortest `haul prune --older-than`: the queue's dedup promise (LoadQueue::publish).
 const MIN_RETENTION: Duration = Duration::from_secs(300);
@@ -211,7 +212,8 @@ async fn inspect(
 ) -> anyhow::Result<ExitCode> {
     let config = load_config(settings, None)?;
     let load = haul_core::ids::LoadId::parse(load_id).map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let store = store::open(&config.store.url, None).await.context("store.url")?;
+    // Only reads: never creates a store where there was none.
+    let store = store::open_read_only(&config.store.url).await?;
     let Some(view) = haul_runtime::inspect::load_view(store.as_ref(), &load, page).await? else {
         eprintln!("load {load} has no records in {}", store::describe(&config.store.url));
         return Ok(ExitCode::from(2));
@@ -229,7 +231,7 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
     use haul_runtime::queries::{Query, QueryError};
     let (query, args, pairs) = q.into_parts();
     let config = load_config(&args.settings, None)?;
-    let store = store::open_existing(&config.store.url).await?;
+    let store = store::open_read_only(&config.store.url).await?;
     let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
     let answer = match haul_runtime::queries::run(store.as_ref(), query, &pairs, now).await {
         Ok(a) => a,
@@ -320,7 +322,7 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
 async fn migrate(settings: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(settings, None)?;
     let db = config.store.url.as_str();
-    let store = store::open(db, None).await.with_context(|| format!("opening {}", store::describe(db)))?;
+    let store = store::open(db, None).await?;
     drop(store);
     say(format_args!("schema of {} is up to date", store::describe(db)));
     Ok(ExitCode::SUCCESS)
@@ -336,16 +338,21 @@ async fn prune(settings: &ConfigArgs, older_than: &str, batch: u32) -> anyhow::R
             "--older-than {older_than}: at least 5m (the queue deduplicates event ids for at least five minutes)"
         );
     }
-    let store = store::open(db, None).await.with_context(|| format!("opening {}", store::describe(db)))?;
+    let store = store::open(db, None).await?;
     let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
     let age_ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
     let cutoff = haul_core::time::from_ms(haul_core::time::to_ms(now).saturating_sub(age_ms));
     let mut batches = 0u64;
+    let mut progress = Progress::stderr("prune: batches", None);
+    let mut deleted = 0u64;
     let sum = haul_store::prune_all(store.as_ref(), cutoff, batch as usize, MAX_PRUNE_BATCHES, |b| {
         batches += 1;
+        deleted += b.outbox + b.timers + b.queue;
+        progress.update(batches, &format!("{deleted} rows deleted"));
         tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, "prune batch");
     })
     .await?;
+    progress.finish();
     say(format_args!(
         "pruned {} outbox rows, {} timers, {} queue messages finished before {cutoff} ({batches} batches of at most {batch} per table)",
         sum.outbox, sum.timers, sum.queue
@@ -368,7 +375,7 @@ async fn testkit(t: Testkit) -> anyhow::Result<ExitCode> {
             crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
         }
         Testkit::Check { db, services, accepted, timeout, min_events } => {
-            let store = store::open(&db, None).await?;
+            let store = store::open_read_only(&db).await?;
             crashtest::check(store, &services, &accepted, timeout, min_events).await?;
         }
     }
@@ -385,8 +392,20 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
         StoreKind::Postgres => bench::BenchStore::Postgres(haul_harness::database_url()),
     };
     let mut all = BTreeMap::new();
-    for w in &workloads {
-        let figures = bench::run_workload(w, &store, quick).await?;
+    let mut progress = Progress::stderr("bench: workloads done", Some(workloads.len() as u64));
+    for (i, w) in workloads.iter().enumerate() {
+        // A workload runs for minutes without a word: say which one is running, and
+        // keep the clock moving while it does.
+        let run = bench::run_workload(w, &store, quick);
+        tokio::pin!(run);
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let figures = loop {
+            tokio::select! {
+                r = &mut run => break r?,
+                _ = tick.tick() => progress.update(i as u64, &format!("running {w}")),
+            }
+        };
+        progress.finish();
         if !json {
             for (k, v) in &figures {
                 say(format_args!("{w}.{k} = {v:.3}"));
@@ -394,6 +413,7 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
         }
         all.insert(w.clone(), figures);
     }
+    progress.finish();
     let _ = std::fs::remove_dir_all(&dir);
     if json {
         say(serde_json::to_string_pretty(&all)?);
@@ -419,9 +439,12 @@ async fn simulate(
     let store = eval_store(store);
     let (mut passed, mut failed) = (0, 0);
     let mut coverage = BTreeMap::<String, u64>::new();
+    let mut progress = Progress::stderr("sim: seeds", Some(seeds));
     for s in seed..seed.saturating_add(seeds) {
+        progress.update(s - seed, &format!("seed {s}, {failed} failed"));
         let opts = sim::SimOptions { seed: s, loads, steps, faults, bugs };
         let report = sim::run(&opts, &store).await.with_context(|| format!("seed {s}"))?;
+        progress.finish(); // erased before the seed's line, so the report reads as it would piped
         for (k, v) in &report.coverage {
             *coverage.entry(k.clone()).or_default() += v;
         }
@@ -443,6 +466,7 @@ async fn simulate(
             }
         }
     }
+    progress.finish();
     let cov: Vec<String> = coverage.iter().map(|(k, v)| format!("{k}={v}")).collect();
     say(format_args!("coverage: {}", cov.join(" ")));
     say(format_args!("{passed} passed, {failed} failed"));
@@ -491,15 +515,24 @@ async fn evaluate(
         None => None,
     };
     let opts = EvalOptions { queue, decider, timelines: out.verbose, keep: kept.clone() };
+    let total = eval::collect(paths).len() as u64;
+    let mut progress = Progress::stderr("eval: scenarios", Some(total));
+    let (mut done, mut failed) = (0u64, 0u64);
     let report = eval::run_paths_with(paths, &store, &opts, |r| {
+        done += 1;
+        failed += u64::from(!r.passed);
+        // Erased before a line is printed, so the report reads as it would piped.
+        progress.finish();
         if !out.json {
             say(format_args!("{}", r.line()));
             for line in r.timeline.iter().flat_map(|t| t.lines()) {
                 say(format_args!("  | {line}"));
             }
         }
+        progress.update(done, &format!("{failed} failed"));
     })
     .await;
+    progress.finish();
     if let Some(file) = &out.junit {
         std::fs::write(file, eval::junit(&report)).with_context(|| format!("--junit {}", file.display()))?;
     }
@@ -570,14 +603,14 @@ impl Select {
 }
 
 /// Progress on stderr, at most a few times a second, only when it is a terminal.
-struct Progress {
+struct ReplayProgress {
     on: bool,
     last: std::time::Instant,
 }
 
-impl Progress {
+impl ReplayProgress {
     fn new() -> Self {
-        Progress { on: std::io::IsTerminal::is_terminal(&std::io::stderr()), last: std::time::Instant::now() }
+        ReplayProgress { on: std::io::IsTerminal::is_terminal(&std::io::stderr()), last: std::time::Instant::now() }
     }
 
     fn show(&mut self, s: &haul_core::replay::Summary) {
@@ -674,7 +707,7 @@ async fn replay(
     let reader =
         store::open_log_reader(db).await.with_context(|| format!("opening {} read-only", store::describe(db)))?;
     let opts = ReplayOptions { selection, limit: select.limit.unwrap_or(usize::MAX), show, ..ReplayOptions::default() };
-    let mut progress = Progress::new();
+    let mut progress = ReplayProgress::new();
     let report =
         haul_harness::replay::replay(reader, &store::describe(db), &candidate, &opts, |s| progress.show(s)).await?;
     progress.done();

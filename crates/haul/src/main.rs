@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod operator;
+mod progress;
 
 use std::process::ExitCode;
 
@@ -45,15 +46,40 @@ fn main() -> ExitCode {
     // Below info, dependencies log what passes through them: tokio-postgres every
     // statement's parameters (phone numbers, message texts), HTTP stacks their headers
     // (tokens). Whatever HAUL_LOG asks, only haul's own crates log at debug and trace.
-    let own_below_info = filter::filter_fn(|m| *m.level() <= tracing::Level::INFO || m.target().starts_with("haul"));
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_filter(wanted.and(own_below_info)),
-        )
-        .init();
+    // The PostgreSQL server's NOTICEs (tokio-postgres logs them at info: "schema
+    // already exists, skipping" on every start) are noise: off unless HAUL_LOG names
+    // tokio_postgres.
+    let notices = std::env::var("HAUL_LOG").is_ok_and(|v| v.contains("tokio_postgres"));
+    let own_below_info = filter::filter_fn(move |m| {
+        let ours = m.target().starts_with("haul");
+        if m.target().starts_with("tokio_postgres") && !notices {
+            return *m.level() <= tracing::Level::WARN;
+        }
+        *m.level() <= tracing::Level::INFO || ours
+    });
+    let filter = wanted.and(own_below_info);
+    let stderr_is_terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // HAUL_LOG_FORMAT=json: one JSON object per line, for log shippers.
+    let layer = match std::env::var("HAUL_LOG_FORMAT").as_deref().map(str::trim) {
+        Err(_) | Ok("" | "text") => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(stderr_is_terminal)
+            .with_filter(filter)
+            .boxed(),
+        Ok("json") => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
+        Ok(other) => {
+            eprintln!("error: HAUL_LOG_FORMAT={other:?} is not a log format; text (the default) or json");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing_subscriber::registry().with(layer).init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {

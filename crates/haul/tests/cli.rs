@@ -316,8 +316,61 @@ fn queries_open_only_a_store_that_exists_and_never_create_one() {
     for q in ["loads", "dead", "timers", "unmatched", "alerts"] {
         let (ok, _, err) = haul(&["query", q, "--db", &url], &[]);
         assert!(!ok, "{q}");
-        assert!(err.contains("no store at") && err.contains("haul migrate"), "{q}: {err}");
+        assert!(err.contains("no SQLite database at") && err.contains("haul migrate"), "{q}: {err}");
         assert!(!db.exists(), "haul query {q} created the database file");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The test database's URL with another database name and user.
+fn pg_url(user: &str, db: &str) -> String {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let (_, rest) = url.split_once("://").unwrap();
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host = host.split_once('/').map_or(host, |(h, _)| h);
+    format!("postgres://{user}@{host}/{db}")
+}
+
+/// A PostgreSQL store that cannot be opened says why in one line, as the server (or
+/// the OS) put it, with the URL's password redacted: not the pool's "Error occurred
+/// while creating a new object: db error".
+#[test]
+fn postgres_store_errors_say_the_servers_reason_in_one_line() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    for (url, want) in [
+        (pg_url("postgres", "haul_no_such_db"), "database \"haul_no_such_db\" does not exist"),
+        (pg_url("haul_no_such_role:s3cret-pw", "test"), "role \"haul_no_such_role\" does not exist"),
+        (format!("postgres://postgres:s3cret-pw@127.0.0.1:{closed}/test"), "Connection refused"),
+    ] {
+        for cmd in ["migrate", "inspect"] {
+            let mut args = vec![cmd, "--db", &url];
+            if cmd == "inspect" {
+                args.push("481207");
+            }
+            one_error_line(&args, &[], &[want, "cannot reach PostgreSQL at postgres://"]);
+            let (_, _, err) = haul(&args, &[]);
+            assert!(!err.contains("s3cret-pw") && !err.contains("db error"), "{err}");
+        }
+    }
+}
+
+/// A SQLite file that cannot be opened is named by absolute path, with the OS's
+/// reason (`/sys` refuses new files even to root).
+#[test]
+fn sqlite_store_errors_name_the_absolute_path_and_the_os_reason() {
+    let dir = scratch("sqlite-errors");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_haul")).args(args).current_dir(&dir).output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["migrate", "--db", "sqlite:///sys/haul.db"]);
+    assert!(err.contains("/sys/haul.db") && err.contains("Permission denied"), "{err}");
+    let err = run(&["migrate", "--db", "sqlite://no/such/folder/haul.db"]);
+    let abs = dir.join("no/such/folder/haul.db");
+    assert!(err.contains(&abs.display().to_string()) && err.contains("No such file or directory"), "{err}");
+    for err in [&err, &run(&["migrate", "--db", "sqlite:///sys/haul.db"])] {
+        assert!(!err.contains("Some(") && err.lines().count() == 1, "{err}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -346,5 +399,56 @@ fn queries_page_a_migrated_store_in_text_and_json() {
     assert!(!ok && err.contains("external, hero_channel or internal"), "{err}");
     let (ok, _, err) = haul(&["query", "timers", "--db", &url, "--overdue-over", "15"], &[]);
     assert!(!ok && err.contains("overdue_over"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `haul inspect` only reads: in a folder with no store it creates none and says
+/// where it looked, by absolute path; with a store, it says which one had no records.
+#[test]
+fn inspect_never_creates_a_store_and_names_the_one_it_read() {
+    let dir = scratch("inspect-ro");
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_haul"));
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+            cmd.env_remove(k);
+        }
+        let out = cmd.args(args).current_dir(&dir).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&["inspect", "481207"]);
+    assert_eq!(code, Some(1), "{err}");
+    let file = dir.join("haul.db");
+    assert!(err.contains(&format!("no SQLite database at {}", file.display())), "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "inspect created something");
+    // An empty file is not a store either, and stays as it was.
+    std::fs::write(&file, "").unwrap();
+    let (code, err) = run(&["inspect", "481207"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("holds no haul store"), "{err}");
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 0);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(run(&["migrate"]).0, Some(0));
+    let (code, err) = run(&["inspect", "481207"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.trim(), format!("load 481207 has no records in sqlite://{}", file.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Progress goes to a terminal only: piped (as here, and in CI), the long commands
+/// write nothing to stderr, and stdout is the report alone.
+#[test]
+fn long_commands_are_quiet_on_stderr_when_it_is_not_a_terminal() {
+    let dir = scratch("quiet");
+    let db = format!("sqlite://{}", dir.join("haul.db").display());
+    for args in [
+        vec!["sim", "--seed", "1", "--seeds", "2", "--loads", "2", "--steps", "20"],
+        vec!["eval", "../../evals/ask_again_after_an_answered_ask.toml"],
+        vec!["prune", "--db", &db],
+    ] {
+        let (ok, out, err) = haul(&args, &[]);
+        assert!(ok, "{args:?}: {err}");
+        assert_eq!(err, "", "{args:?}");
+        assert!(!out.contains('\r') && !out.contains('\x1b'), "{args:?}: {out:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -651,3 +651,61 @@ async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_o
     admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `HAUL_LOG_FORMAT=json` at the default level: every line is one JSON object; one
+/// line per run (load, event, outcome, duration), per dispatch and per API request
+/// (method, route template, status, duration; never the token); a delivery failure
+/// says its root cause ("Connection refused"); the server's NOTICEs stay out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_logs_json_lines_per_run_dispatch_and_request_with_root_causes_and_no_notices() {
+    let (client, schema, db) = pg_schema().await;
+    // Migrated once already: serve's own migration then draws "already exists" NOTICEs.
+    let out = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
+    let dir = temp_dir("json-log");
+    std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
+    let port = free_port();
+    let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));
+    let mut env: Vec<(String, String)> =
+        channel_env(&svc).into_iter().filter(|(k, _)| k != "HAUL_CHANNELS_SMS_URL").collect();
+    env.push(("HAUL_CHANNELS_SMS_URL".into(), format!("http://127.0.0.1:{}/sms", free_port())));
+    env.push(("HAUL_LOG_FORMAT".into(), "json".into()));
+    let mut serve = Serve::start(&dir, "serve", &["--config", "haul.toml", "--listen", &listen, "--db", &db], &env);
+    let http = reqwest::Client::new();
+    wait_healthy(&http, &base, &serve).await;
+    assert_eq!(post(&http, &base, init()).await, StatusCode::ACCEPTED);
+    assert_eq!(post(&http, &base, ping()).await, StatusCode::ACCEPTED);
+    let logs = || serve.log();
+    let failed_once = |v: &Value| {
+        v["outbox"].as_array().into_iter().flatten().any(|r| r["id"] == SMS1 && r["attempts"].as_u64() >= Some(1))
+    };
+    wait_for(&http, &base, "a failed SMS attempt", failed_once, &logs).await;
+    let status = serve.terminate();
+    assert!(status.success(), "exit {status:?}\n{}", serve.log());
+    let log = serve.log();
+    assert_no_secrets(&log);
+    let lines: Vec<Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))).collect();
+    let find = |what: &str, f: &dyn Fn(&Value) -> bool| {
+        lines.iter().find(|l| f(l)).cloned().unwrap_or_else(|| panic!("no {what} line in:\n{log}"))
+    };
+    let request = find("request", &|l| l["message"] == "request" && l["method"] == "POST");
+    assert_eq!(
+        (request["route"].as_str(), request["status"].as_u64()),
+        (Some("/v1/loads/{load_id}/events"), Some(202))
+    );
+    assert!(request["duration_ms"].is_u64(), "{request}");
+    let run = find("run", &|l| l["message"] == "run" && l["event_id"] == "ping_0700");
+    assert_eq!((run["load_id"].as_str(), run["outcome"].as_str()), (Some("481207"), Some("committed")), "{run}");
+    assert!(run["duration_ms"].is_u64() && run["level"] == "INFO", "{run}");
+    let timer_key = "481207/ask:eta_request:ping_0700/1/set_timer";
+    let dispatch = find("dispatch", &|l| l["message"] == "dispatch" && l["outbox_id"] == timer_key);
+    assert_eq!(dispatch["outcome"], "delivered", "{dispatch}");
+    find("root cause", &|l| l.to_string().contains("Connection refused"));
+    let notices: Vec<&Value> =
+        lines.iter().filter(|l| l["target"].as_str().is_some_and(|t| t.starts_with("tokio_postgres"))).collect();
+    assert!(notices.is_empty(), "{notices:#?}");
+    client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}
