@@ -77,7 +77,9 @@ impl PgStore {
             .parse()
             .map_err(|e| StoreError::new(format!("bad PostgreSQL url {}: {e}", redact(&config.url))))?;
         pg.connect_timeout(Duration::from_secs(5));
-        let mut options = Vec::new();
+        // Options the URL already carries (`options=-csearch_path%3D…`) are kept: the
+        // ones added here come after them.
+        let mut options: Vec<String> = pg.get_options().map(str::to_owned).into_iter().collect();
         if config.read_only {
             options.push("-c default_transaction_read_only=on".to_owned());
         }
