@@ -260,7 +260,11 @@ fn repo_files() -> Vec<PathBuf> {
 /// old names of the reference documents are given with their place in docs/.
 #[test]
 fn nothing_points_outside_the_repository() {
-    let outside = ["../shared", "shared/spec", "shared/adr", "adr/0003"];
+    // The folder that held the reference documents before docs/ (beside the repository,
+    // never in a clone), spelt in parts so this test does not name it itself.
+    let sibling = ["..", "shared"].join("/");
+    let name = &sibling[3..];
+    let outside = [sibling.clone(), format!("{name}/spec"), format!("{name}/adr"), "adr/0003".to_owned()];
     let bare = ["domain.md", "api.md", "config.md", "scenarios.md", "dependencies.md", "design.md", "operations.md"];
     let mut problems = Vec::new();
     for f in repo_files() {
@@ -270,8 +274,8 @@ fn nothing_points_outside_the_repository() {
             continue;
         }
         for (n, line) in text.lines().enumerate() {
-            for o in outside {
-                if line.contains(o) {
+            for o in &outside {
+                if line.contains(o.as_str()) {
                     problems.push(format!("{rel}:{}: {o}", n + 1));
                 }
             }
