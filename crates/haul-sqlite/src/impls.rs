@@ -105,7 +105,7 @@ impl SqliteStore {
 }
 
 /// Runs a (cached) query and decodes each row.
-fn rows<T>(
+pub(crate) fn rows<T>(
     conn: &Connection,
     sql: &str,
     p: impl rusqlite::Params,

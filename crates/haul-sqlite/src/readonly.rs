@@ -18,36 +18,17 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use haul_core::ids::LoadId;
 use haul_core::projection::Record;
-use haul_store::backend::{Columns, CorruptRowError, load_id_row, record_row};
+use haul_store::backend::{load_id_row, record_row};
 use haul_store::{LoadSelection, LogReader, StoreError, columns};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::db;
+use crate::impls::rows;
 
 /// The logs of a SQLite database, read-only.
 #[derive(Clone)]
 pub struct ReadOnlyLog {
     conn: Arc<Mutex<Connection>>,
-}
-
-struct Row<'a, 'b>(&'a rusqlite::Row<'b>);
-
-impl Columns for Row<'_, '_> {
-    fn string(&self, i: usize) -> Result<String, CorruptRowError> {
-        self.0.get(i).map_err(|e| CorruptRowError::column(i, e))
-    }
-    fn opt_string(&self, i: usize) -> Result<Option<String>, CorruptRowError> {
-        self.0.get(i).map_err(|e| CorruptRowError::column(i, e))
-    }
-    fn i64(&self, i: usize) -> Result<i64, CorruptRowError> {
-        self.0.get(i).map_err(|e| CorruptRowError::column(i, e))
-    }
-    fn opt_i64(&self, i: usize) -> Result<Option<i64>, CorruptRowError> {
-        self.0.get(i).map_err(|e| CorruptRowError::column(i, e))
-    }
-    fn u32(&self, i: usize) -> Result<u32, CorruptRowError> {
-        self.0.get(i).map_err(|e| CorruptRowError::column(i, e))
-    }
 }
 
 /// `file:` URI of a path, with `mode=ro` (and `immutable=1` when no process has it
@@ -102,21 +83,6 @@ impl ReadOnlyLog {
             .await
             .unwrap_or_else(|e| Err(StoreError::new(format!("a read did not finish: {e}"))))
     }
-}
-
-fn rows<T>(
-    conn: &Connection,
-    sql: &str,
-    p: impl rusqlite::Params,
-    decode: fn(&dyn Columns) -> Result<T, StoreError>,
-) -> Result<Vec<T>, StoreError> {
-    let mut stmt = conn.prepare_cached(sql).map_err(db)?;
-    let mut rows = stmt.query(p).map_err(db)?;
-    let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(db)? {
-        out.push(decode(&Row(r))?);
-    }
-    Ok(out)
 }
 
 #[async_trait]
