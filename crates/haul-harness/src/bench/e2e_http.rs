@@ -232,27 +232,7 @@ async fn bare_posts(posts: usize) -> anyhow::Result<f64> {
     let (url, _sink) = start_sink().await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let body = json!({"load_id": "H0", "title": "SMS from the driver", "body": "Gate code", "urgency": "normal"});
-    let sem = Arc::new(tokio::sync::Semaphore::new(32));
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..posts {
-        let (client, url, body, sem) = (client.clone(), url.clone(), body.clone(), sem.clone());
-        tasks.spawn(async move {
-            let _p = sem.acquire_owned().await?;
-            client
-                .post(format!("{url}/v1/tasks"))
-                .header("Idempotency-Key", format!("bare-{i}"))
-                .json(&body)
-                .send()
-                .await?
-                .error_for_status()?;
-            anyhow::Ok(())
-        });
-    }
-    while let Some(r) = tasks.join_next().await {
-        r??;
-    }
-    Ok(posts as f64 / started.elapsed().as_secs_f64())
+    super::bare_posts(&client, &format!("{url}/v1/tasks"), &body, posts).await
 }
 
 pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
