@@ -10,9 +10,9 @@ use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
-    parse_receipt, queue_message_row, record_row, sms_assignment, sms_route, sms_route_load, timer_row,
-    unmatched_sms_row, unsettled_row,
+    conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row,
+    ops_alert_row, outbox_row, parse_receipt, queue_message_row, record_row, sms_assignment, sms_route, sms_route_load,
+    timer_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, types_param};
 use haul_store::{
@@ -22,7 +22,7 @@ use haul_store::{
     RowCursor, SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms,
     Unsettled, columns, outbox_key_load,
 };
-use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::FromSql;
@@ -902,6 +902,26 @@ impl OpsQueries for PgStore {
     ) -> Result<Vec<UnmatchedSms>, StoreError> {
         let (at, id) = position(before, i64::MAX);
         self.query_rows(UNMATCHED_SMS_PAGE, &[&at, &id, &sql_limit(limit)], unmatched_sms_row).await
+    }
+
+    async fn ops_alerts_page(
+        &self,
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<OpsAlertRecord>, StoreError> {
+        let (at, id) = position(before, i64::MAX);
+        self.query_rows(OPS_ALERTS_NEWEST, &[&at, &id, &sql_limit(limit)], ops_alert_row).await
+    }
+
+    async fn record_conflict(&self, load_id: &LoadId, now: Timestamp) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(LOAD_CONFLICT_COUNT).await.map_err(pg)?;
+        client.execute(&stmt, &[&load_id.as_str(), &to_ms(now)]).await.map_err(pg)?;
+        Ok(())
+    }
+
+    async fn conflict_loads(&self, limit: usize) -> Result<Vec<ConflictLoad>, StoreError> {
+        self.query_rows(LOADS_MOST_CONFLICTS, &[&sql_limit(limit)], conflict_load_row).await
     }
 }
 

@@ -333,3 +333,18 @@ pub const UNMATCHED_SMS_PAGE: &str = concat!(
     " FROM unmatched_sms WHERE (received_at, message_sid) < ($1, $2)
      ORDER BY received_at DESC, message_sid DESC LIMIT $3"
 );
+/// OpsAlerts, newest first: `$1` before raised_at, `$2` before outbox id, `$3` limit.
+pub const OPS_ALERTS_NEWEST: &str = concat!(
+    "SELECT ",
+    columns!(ops_alert),
+    " FROM ops_alerts WHERE (raised_at, outbox_id) < ($1, $2) ORDER BY raised_at DESC, outbox_id DESC LIMIT $3"
+);
+/// Counts a refused append: `$1` load, `$2` now.
+pub const LOAD_CONFLICT_COUNT: &str =
+    "UPDATE loads SET conflicts = conflicts + 1, last_conflict_at = $2 WHERE load_id = $1";
+/// The loads with the most refused appends: `$1` limit.
+pub const LOADS_MOST_CONFLICTS: &str = concat!(
+    "SELECT ",
+    columns!(conflict_load),
+    " FROM loads WHERE conflicts > 0 ORDER BY conflicts DESC, load_id LIMIT $1"
+);

@@ -15,7 +15,7 @@ use haul_core::time::{Timestamp, add, to_ms};
 use haul_postgres::sql::*;
 use haul_postgres::testing::{FreshStore, client_in_schema, fresh_store};
 use haul_store::{
-    EventStore, LoadIndex, LoadQueue, NewEntry, NewOutboxRow, Outbox, SmsRoute, TimerStore, UnmatchedSms,
+    EventStore, LoadIndex, LoadQueue, NewEntry, NewOutboxRow, OpsQueries, Outbox, SmsRoute, TimerStore, UnmatchedSms,
 };
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -60,6 +60,9 @@ async fn fill(s: &haul_postgres::PgStore) {
         }
         s.publish(&l, "q1", "{}", at(1)).await.unwrap();
         s.publish(&l, "q2", "{}", at(1)).await.unwrap();
+        if i % 5 == 0 {
+            s.record_conflict(&l, at(2)).await.unwrap();
+        }
         let sid = format!("SM{i:032x}");
         let route = if i % 4 == 0 { SmsRoute::Unmatched } else { SmsRoute::Load(l.clone()) };
         s.claim_message_sid(&sid, &route, at(1)).await.unwrap();
@@ -208,6 +211,9 @@ async fn every_hot_query_is_served_by_an_index() {
         case("dead rows across loads", OUTBOX_DEAD_PAGE, vec![&types, &max, &empty, &limit]),
         case("overdue timers", TIMERS_OVERDUE_PAGE, vec![&later, &min, &empty, &limit]),
         case("unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit]),
+        case("ops alerts, newest first", OPS_ALERTS_NEWEST, vec![&max, &empty, &limit]),
+        case("worker: count a conflict", LOAD_CONFLICT_COUNT, vec![&l, &now]),
+        case("loads with the most conflicts", LOADS_MOST_CONFLICTS, vec![&limit]),
         case("operator: assign an unmatched SMS", UNMATCHED_SMS_ASSIGN, vec![&sid, &l, &key, &now]),
         case("operator: an unmatched SMS's assignment", UNMATCHED_SMS_ASSIGNED, vec![&sid]),
         case("prune outbox batch", PRUNE_OUTBOX, vec![&later, &limit]),

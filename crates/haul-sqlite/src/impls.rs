@@ -11,9 +11,9 @@ use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
-    parse_receipt, queue_message_row, receipt, record_row, sms_assignment, sms_route, sms_route_load, timer_row,
-    unmatched_sms_row, unsettled_row,
+    conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row,
+    ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row, sms_assignment, sms_route,
+    sms_route_load, timer_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, next_loads_cursor, types_param};
 use haul_store::{
@@ -23,7 +23,7 @@ use haul_store::{
     RowCursor, SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms,
     Unsettled, columns,
 };
-use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -1272,6 +1272,53 @@ impl OpsQueries for SqliteStore {
             ),
             (at, id, sql_limit(limit)),
             unmatched_sms_row,
+        )
+        .await
+    }
+
+    async fn ops_alerts_page(
+        &self,
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<OpsAlertRecord>, StoreError> {
+        let (at, id) = position(before, i64::MAX);
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(ops_alert),
+                " FROM ops_alerts WHERE (raised_at, outbox_id) < (?1, ?2)
+                 ORDER BY raised_at DESC, outbox_id DESC LIMIT CAST(?3 AS INTEGER)"
+            ),
+            (at, id, sql_limit(limit)),
+            ops_alert_row,
+        )
+        .await
+    }
+
+    async fn record_conflict(&self, load_id: &LoadId, now: Timestamp) -> Result<(), StoreError> {
+        let (load_id, now) = (load_id.to_string(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                exec(
+                    conn,
+                    "UPDATE loads SET conflicts = conflicts + 1, last_conflict_at = ?2 WHERE load_id = ?1",
+                    params![load_id, now],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn conflict_loads(&self, limit: usize) -> Result<Vec<ConflictLoad>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(conflict_load),
+                " FROM loads WHERE conflicts > 0 ORDER BY conflicts DESC, load_id LIMIT CAST(?1 AS INTEGER)"
+            ),
+            [sql_limit(limit)],
+            conflict_load_row,
         )
         .await
     }

@@ -27,6 +27,7 @@ use crate::{
     AlertState, AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary,
     NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery,
     SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load,
+    ops::ConflictLoad,
 };
 
 // ---------------------------------------------------------------------------------
@@ -161,6 +162,9 @@ macro_rules! columns {
     (ops_alert) => {
         "outbox_id, load_id, kind, action_type, failure, state, sends, last_error, raised_at, updated_at"
     };
+    (conflict_load) => {
+        "load_id, conflicts, last_conflict_at"
+    };
 }
 
 /// A row of `columns!(outbox)`.
@@ -289,6 +293,15 @@ pub fn load_summary_row(r: &dyn Columns) -> Result<LoadSummary, StoreError> {
         escalated_asks: r.u32(4)?,
         created_at: from_ms(r.i64(5)?),
         last_activity_at: from_ms(r.i64(6)?),
+    })
+}
+
+/// A row of `columns!(conflict_load)`.
+pub fn conflict_load_row(r: &dyn Columns) -> Result<ConflictLoad, StoreError> {
+    Ok(ConflictLoad {
+        load_id: parse_load_id(&r.string(0)?)?,
+        conflicts: r.i64(1)? as u64,
+        last_conflict_at: from_ms(r.opt_i64(2)?.unwrap_or(0)),
     })
 }
 

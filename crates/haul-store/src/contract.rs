@@ -82,6 +82,7 @@ macro_rules! contract_tests {
             dead_rows_page_newest_first_by_type,
             overdue_timers_page_most_overdue_first,
             unmatched_sms_page_newest_first,
+            conflicts_are_counted_per_load_most_first,
         );
         /// The store's own queue, driven by the suite's clock.
         async fn __queue_under_test() -> $crate::queue_contract::QueueUnderTest {
@@ -747,6 +748,14 @@ pub async fn ops_alerts_are_kept_with_their_state_and_read_in_pages(s: DynStore)
     }
     assert_eq!(paged, all);
     assert!(s.ops_alerts(&RowCursor::start(), 0).await.unwrap().is_empty());
+
+    // The operators' page: newest first, in pages of two, the same alerts reversed.
+    let newest = s.ops_alerts_page(None, 2).await.unwrap();
+    let ids: Vec<&str> = newest.iter().map(|r| r.outbox_id.as_str()).collect();
+    assert_eq!(ids, [c, b]);
+    let rest = s.ops_alerts_page(Some(&newest[1].cursor()), 2).await.unwrap();
+    assert_eq!(rest, all[..1]);
+    assert!(s.ops_alerts_page(Some(&rest[0].cursor()), 2).await.unwrap().is_empty());
 }
 
 // ---------------------------------------------------------------------------------
@@ -1470,4 +1479,26 @@ pub async fn log_reader_reads_what_was_appended(store: &dyn Store, reader: &dyn 
     let rest = reader.read_log_page(&a, 2, 2).await.unwrap();
     assert_eq!([first, rest].concat(), full);
     assert!(reader.read_log_page(&load("none"), 0, 10).await.unwrap().is_empty());
+}
+
+pub async fn conflicts_are_counted_per_load_most_first(s: DynStore) {
+    for l in ["L1", "L2", "L3"] {
+        s.append(&load(l), vec![entry("e1")], 0, vec![], at(1)).await.unwrap();
+    }
+    assert!(s.conflict_loads(10).await.unwrap().is_empty(), "no load has a conflict yet");
+    for (l, t) in [("L2", 5), ("L3", 6), ("L2", 7), ("L9", 8)] {
+        // A load the store does not have (its first append lost a race) counts nothing.
+        s.record_conflict(&load(l), at(t)).await.unwrap();
+    }
+    let got: Vec<_> = s
+        .conflict_loads(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.load_id.to_string(), c.conflicts, c.last_conflict_at))
+        .collect();
+    assert_eq!(got, [("L2".to_string(), 2, at(7)), ("L3".to_string(), 1, at(6))]);
+    assert_eq!(s.conflict_loads(1).await.unwrap().len(), 1);
+    // The count is beside the log, not in it: the version is unchanged.
+    assert_eq!(s.read(&load("L2")).await.unwrap().1, 1);
 }

@@ -22,7 +22,7 @@ pub mod contract;
 pub mod ops;
 pub mod queue_contract;
 
-pub use ops::{DeadRow, LoadFilter, LoadSummary, LoadsPage, OpsQueries};
+pub use ops::{ConflictLoad, DeadRow, LoadFilter, LoadSummary, LoadsPage, OpsQueries};
 
 // ---------------------------------------------------------------------------------
 // Errors. Callers branch on these, so each has its own type (the names are ADR 0003's).

@@ -17,7 +17,7 @@ use haul_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::{NewEntry, OutboxRow, RowCursor, StoreError, Timer, UnmatchedSms};
+use crate::{NewEntry, OpsAlertRecord, OutboxRow, RowCursor, StoreError, Timer, UnmatchedSms};
 
 /// Items per page when the caller names no limit.
 pub const DEFAULT_PAGE: usize = 50;
@@ -86,6 +86,14 @@ impl DeadRow {
     pub fn cursor(&self) -> RowCursor {
         RowCursor { created_at: self.dead_at, id: self.row.id.clone() }
     }
+}
+
+/// A load whose appends the version check refused: how often, and when last.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflictLoad {
+    pub load_id: LoadId,
+    pub conflicts: u64,
+    pub last_conflict_at: Timestamp,
 }
 
 /// `external`, `hero_channel` or `internal`.
@@ -157,6 +165,23 @@ pub trait OpsQueries: Send + Sync {
         before: Option<&RowCursor>,
         limit: usize,
     ) -> Result<Vec<UnmatchedSms>, StoreError>;
+
+    /// The OpsAlerts raised, newest first (`raised_at`, then outbox id, descending),
+    /// before the position `before`, at most `limit`.
+    async fn ops_alerts_page(
+        &self,
+        before: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<OpsAlertRecord>, StoreError>;
+
+    /// Counts one append of `load_id` the version check refused at `now`. Written
+    /// outside the refused append's transaction (which rolled back): a count for
+    /// operators, not part of the log.
+    async fn record_conflict(&self, load_id: &LoadId, now: Timestamp) -> Result<(), StoreError>;
+
+    /// The loads with the most refused appends (then load id), at most `limit`; loads
+    /// with none are left out.
+    async fn conflict_loads(&self, limit: usize) -> Result<Vec<ConflictLoad>, StoreError>;
 }
 
 /// The cursor after a page of loads: its last load when the page is full; else the
