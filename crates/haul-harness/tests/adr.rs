@@ -467,6 +467,10 @@ async fn two_runs_of_one_load_at_once_one_commits_the_other_redecides(store: Arc
     assert_eq!(versions, vec![2, 2, 4], "both read version 2; the loser re-decided on version 4");
     let seqs: Vec<u64> = h.log().await.iter().map(|r| r.seq).collect();
     assert_eq!(seqs, (1..=6).collect::<Vec<_>>(), "gapless");
+    // The refusal is counted for the operators' conflicts query, beside the log.
+    let conflicts = store.conflict_loads(10).await.unwrap();
+    let got: Vec<(String, u64)> = conflicts.iter().map(|c| (c.load_id.to_string(), c.conflicts)).collect();
+    assert_eq!(got, [(LOAD.to_owned(), 1)]);
 }
 
 async fn redelivered_inbound_event_is_already_processed(store: Arc<dyn Store>) {

@@ -15,7 +15,7 @@ use haul_core::action::ActionType;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, since, to_ms};
 use haul_store::ops::{DEFAULT_PAGE, MAX_PAGE, class_name, class_types};
-use haul_store::{DeadRow, LoadFilter, RowCursor, Store, StoreError};
+use haul_store::{DeadRow, LoadFilter, OpsAlertRecord, RowCursor, Store, StoreError};
 use serde_json::{Value, json};
 
 /// One of the queries.
@@ -29,12 +29,16 @@ pub enum Query {
     Timers,
     /// Inbound SMS that went to no load, newest first.
     Unmatched,
-    /// OpsAlerts raised (dead Hero-channel and internal rows), newest first.
+    /// OpsAlerts raised (dead Hero-channel and internal rows), newest first, with
+    /// where each is: pending, delivered or refused.
     Alerts,
+    /// The loads whose appends the version check refused most often.
+    Conflicts,
 }
 
 impl Query {
-    pub const ALL: [Query; 5] = [Query::Loads, Query::Dead, Query::Timers, Query::Unmatched, Query::Alerts];
+    pub const ALL: [Query; 6] =
+        [Query::Loads, Query::Dead, Query::Timers, Query::Unmatched, Query::Alerts, Query::Conflicts];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -43,6 +47,7 @@ impl Query {
             Query::Timers => "timers",
             Query::Unmatched => "unmatched",
             Query::Alerts => "alerts",
+            Query::Conflicts => "conflicts",
         }
     }
 
@@ -68,6 +73,7 @@ impl Query {
             Query::Dead => &["action_type", "class", "before", "limit"],
             Query::Timers => &["overdue_over", "after", "limit"],
             Query::Unmatched | Query::Alerts => &["before", "limit"],
+            Query::Conflicts => &["limit"],
         }
     }
 }
@@ -214,30 +220,43 @@ pub async fn run(
                 .collect();
             Ok(json!({"loads": loads, "next_after": page.next_after}))
         }
-        Query::Dead | Query::Alerts => {
-            let types: Vec<ActionType> = if query == Query::Alerts {
-                ActionType::ALL.into_iter().filter(|t| t.class() != haul_core::action::ChannelClass::External).collect()
-            } else {
-                match (p.get("action_type"), p.get("class")) {
-                    (Some(_), Some(_)) => return Err(bad("give action_type or class, not both".into()).into()),
-                    (Some(t), None) => {
-                        vec![ActionType::parse(t).ok_or_else(|| bad(format!("action_type {:?} is not one", clip(t))))?]
-                    }
-                    (None, Some(c)) => class_types(c)
-                        .ok_or_else(|| bad(format!("class {:?}: external, hero_channel or internal", clip(c))))?,
-                    (None, None) => vec![],
+        Query::Dead => {
+            let types: Vec<ActionType> = match (p.get("action_type"), p.get("class")) {
+                (Some(_), Some(_)) => return Err(bad("give action_type or class, not both".into()).into()),
+                (Some(t), None) => {
+                    vec![ActionType::parse(t).ok_or_else(|| bad(format!("action_type {:?} is not one", clip(t))))?]
                 }
+                (None, Some(c)) => class_types(c)
+                    .ok_or_else(|| bad(format!("class {:?}: external, hero_channel or internal", clip(c))))?,
+                (None, None) => vec![],
             };
             let before = p.cursor("before")?;
             let rows = store.dead_rows_page(&types, before.as_ref(), limit).await?;
             let next = (rows.len() == limit).then(|| rows.last().map(|r| r.cursor().to_string())).flatten();
-            if query == Query::Alerts {
-                let alerts: Vec<Value> = rows.iter().map(|d| alert_json(d, now)).collect();
-                Ok(json!({"alerts": alerts, "next_before": next}))
-            } else {
-                let rows: Vec<Value> = rows.iter().map(|d| dead_json(d, now)).collect();
-                Ok(json!({"rows": rows, "next_before": next}))
-            }
+            let rows: Vec<Value> = rows.iter().map(|d| dead_json(d, now)).collect();
+            Ok(json!({"rows": rows, "next_before": next}))
+        }
+        Query::Alerts => {
+            let before = p.cursor("before")?;
+            let alerts = store.ops_alerts_page(before.as_ref(), limit).await?;
+            let next = (alerts.len() == limit).then(|| alerts.last().map(|a| a.cursor().to_string())).flatten();
+            let alerts: Vec<Value> = alerts.iter().map(|a| alert_json(a, now)).collect();
+            Ok(json!({"alerts": alerts, "next_before": next}))
+        }
+        Query::Conflicts => {
+            let loads = store.conflict_loads(limit).await?;
+            let loads: Vec<Value> = loads
+                .iter()
+                .map(|c| {
+                    json!({
+                        "load_id": c.load_id,
+                        "conflicts": c.conflicts,
+                        "last_conflict_at": c.last_conflict_at,
+                        "since_last_s": seconds(now, c.last_conflict_at),
+                    })
+                })
+                .collect();
+            Ok(json!({"loads": loads}))
         }
         Query::Timers => {
             let over = p.duration("overdue_over")?.unwrap_or(Duration::ZERO);
@@ -303,23 +322,23 @@ fn dead_json(d: &DeadRow, now: Timestamp) -> Value {
     })
 }
 
-/// An OpsAlert as the store knows it: a dead Hero-channel or internal row. The
-/// dispatcher raises it after the row's failed outcome reached the log, and marks the
-/// row (`outcome_published_at`) only once the ops service took it; until then the
-/// alert is not delivered (refused, or not yet raised) and the sweep tries again.
-fn alert_json(d: &DeadRow, now: Timestamp) -> Value {
-    let r = &d.row;
-    let kind = haul_core::dispatch::AlertKind::for_class(r.action_type.class()).map(|k| k.as_str());
+/// An OpsAlert as the dispatcher recorded it: raised once per dead Hero-channel or
+/// internal row, then `pending` (the ops service is down; the sweep sends it again),
+/// `delivered` or `refused` (a 4xx; not sent again). `sends` counts the sends so far
+/// and `last_error` is what the last failed one got.
+fn alert_json(a: &OpsAlertRecord, now: Timestamp) -> Value {
     json!({
-        "kind": kind,
-        "outbox_id": r.id,
-        "load_id": r.load_id,
-        "action_type": r.action_type,
-        "failure": r.last_failure,
-        "raised_at": d.dead_at,
-        "age_s": seconds(now, d.dead_at),
-        "delivered": d.outcome_published_at.is_some(),
-        "delivered_at": d.outcome_published_at,
+        "kind": a.kind.as_str(),
+        "outbox_id": a.outbox_id,
+        "load_id": a.load_id,
+        "action_type": a.action_type,
+        "failure": a.failure,
+        "state": a.state.as_str(),
+        "sends": a.sends,
+        "last_error": a.last_error,
+        "raised_at": a.raised_at,
+        "updated_at": a.updated_at,
+        "age_s": seconds(now, a.raised_at),
     })
 }
 
@@ -370,5 +389,11 @@ mod tests {
         check(Query::Timers, &[("after", "L1")], Err("not a cursor"));
         check(Query::Dead, &[("before", "x.y")], Err("not a cursor"));
         check(Query::Unmatched, &[("stage", "x")], Err("one of before, limit"));
+        check(Query::Conflicts, &[("limit", "10")], Ok(()));
+        check(
+            Query::Conflicts,
+            &[("before", "1.x")],
+            Err("unknown query parameter \"before\" for conflicts (one of limit)"),
+        );
     }
 }

@@ -417,6 +417,11 @@ impl Worker {
             Err(AppendError::ConcurrencyConflict(c)) => {
                 metrics::counter!("haul_append_conflicts_total").increment(1);
                 debug!(%c, "conflict: re-read, re-project, re-decide");
+                // For the operators' query of the loads with the most conflicts; a
+                // count that fails to be kept changes nothing else.
+                if let Err(e) = self.store.record_conflict(&msg.load_id, p.now).await {
+                    debug!(error = %e, "the conflict could not be counted for the load");
+                }
                 Happened::Conflict
             }
             Err(AppendError::DuplicateEntry(_)) => Happened::DuplicateEntry,

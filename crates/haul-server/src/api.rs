@@ -323,6 +323,7 @@ pub const ROUTES: &[Route] = &[
     Route { method: "GET", path: "/v1/ops/timers", api_role: true, token: true, operator: false },
     Route { method: "GET", path: "/v1/ops/unmatched", api_role: true, token: true, operator: false },
     Route { method: "GET", path: "/v1/ops/alerts", api_role: true, token: true, operator: false },
+    Route { method: "GET", path: "/v1/ops/conflicts", api_role: true, token: true, operator: false },
 ];
 
 /// The OpenAPI 3.1 document of these routes, served as written.

@@ -6,9 +6,10 @@ mod common;
 use std::time::Duration;
 
 use haul_core::action::ActionType;
+use haul_core::dispatch::{Alert, AlertKind};
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
-use haul_store::{NewEntry, NewOutboxRow, UnmatchedSms};
+use haul_store::{AlertState, NewEntry, NewOutboxRow, UnmatchedSms};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -68,6 +69,20 @@ async fn fill(a: &Api) {
         s.mark_failed(&c.row.id, &c.token, "HTTP 400: no such number", None, t(30)).await.unwrap();
     }
     s.mark_outcome_published("L2/u1/create_hero_task", t(31)).await.unwrap();
+    // The Hero task's OpsAlert: the ops service was down once, then took it.
+    let alert = Alert {
+        kind: AlertKind::HeroChannelFailure,
+        outbox_id: "L2/u1/create_hero_task".into(),
+        load_id: l("L2"),
+        action_type: ActionType::CreateHeroTask,
+        failure: "HTTP 400: no such number".into(),
+    };
+    s.record_ops_alert(&alert, AlertState::Pending, Some("HTTP 503"), t(30)).await.unwrap();
+    s.record_ops_alert(&alert, AlertState::Delivered, None, t(31)).await.unwrap();
+    // L2 lost three races, L1 one.
+    for (load, at) in [("L2", 40), ("L1", 41), ("L2", 42), ("L2", 43)] {
+        s.record_conflict(&l(load), t(at)).await.unwrap();
+    }
     s.schedule(&TimerId::parse("tmr:L3:ask:eta_request:p1:1").unwrap(), t(1800), t(1200)).await.unwrap();
     for (sid, at) in [("SM1", 100), ("SM2", 200)] {
         let sms = UnmatchedSms {
@@ -149,7 +164,20 @@ async fn the_queries_filter_and_page(backend: Backend) {
     let alert = &alerts["alerts"][0];
     assert_eq!(alert["kind"], "hero_channel_failure");
     assert_eq!(alert["outbox_id"], "L2/u1/create_hero_task");
-    assert_eq!(alert["delivered"], true);
+    assert_eq!((alert["state"].clone(), alert["sends"].clone()), (json!("delivered"), json!(2)));
+    assert_eq!(alert["last_error"], "HTTP 503");
+    assert_eq!(alert["failure"], "HTTP 400: no such number");
+
+    let conflicts = ok(&a, "/v1/ops/conflicts").await;
+    let got: Vec<(String, u64)> = conflicts["loads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["load_id"].as_str().unwrap().to_owned(), c["conflicts"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, [("L2".to_owned(), 3), ("L1".to_owned(), 1)]);
+    assert_eq!(conflicts["loads"][0]["last_conflict_at"], "2026-03-02T06:00:43Z");
+    assert_eq!(ids(&ok(&a, "/v1/ops/conflicts?limit=1").await, "loads", "load_id"), ["L2"]);
 }
 
 fn urlencode(s: &str) -> String {
@@ -172,11 +200,13 @@ async fn bad_queries_are_400_and_the_token_comes_first(backend: Backend) {
         "/v1/ops/timers?after=x",
         "/v1/ops/unmatched?before=1.",
         "/v1/ops/alerts?limit=x",
+        "/v1/ops/conflicts?before=1.x",
+        "/v1/ops/conflicts?limit=501",
     ] {
         let (status, v, _) = a.get(q).await;
         assert_eq!((status, v["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("bad_query")), "{q}: {v}");
     }
-    for q in ["loads", "dead", "timers", "unmatched", "alerts"] {
+    for q in ["loads", "dead", "timers", "unmatched", "alerts", "conflicts"] {
         let resp = a.client.get(format!("{}/v1/ops/{q}?limit=0", a.base)).send().await.unwrap();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{q}");
     }

@@ -539,13 +539,20 @@ pub enum QueryCommand {
         before: Option<String>,
     },
     /// OpsAlerts raised (dead Hero-channel and internal rows), newest first: what
-    /// failed, when, and whether the ops service took the alert.
+    /// failed, when, and whether the ops service took the alert (pending, delivered,
+    /// refused).
     Alerts {
         #[command(flatten)]
         args: QueryArgs,
         /// The page after this cursor (the previous page's next).
         #[arg(long, value_name = "CURSOR")]
         before: Option<String>,
+    },
+    /// The loads whose appends the version check refused most often (workers racing
+    /// on one load), most first.
+    Conflicts {
+        #[command(flatten)]
+        args: QueryArgs,
     },
 }
 
@@ -603,6 +610,7 @@ impl QueryCommand {
                 opt("before", before);
                 (Query::Alerts, args)
             }
+            QueryCommand::Conflicts { args } => (Query::Conflicts, args),
         };
         opt("limit", args.limit.clone());
         (query, args, pairs)

@@ -258,6 +258,7 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
         Query::Timers => ("timers", "--after", "next_after", "no timer is overdue"),
         Query::Unmatched => ("unmatched", "--before", "next_before", "no unmatched SMS"),
         Query::Alerts => ("alerts", "--before", "next_before", "no OpsAlert raised (within retention)"),
+        Query::Conflicts => ("loads", "", "next", "no load has had a conflict"),
     };
     let list = answer[items].as_array().cloned().unwrap_or_default();
     for i in &list {
@@ -296,13 +297,25 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
                 text(&i["body"]).chars().take(80).collect::<String>()
             ),
             Query::Alerts => format!(
-                "{}  {}  {}  raised {} ago  {}: {}",
+                "{}  {}  {}  raised {} ago  {} after {} send(s){}: {}",
                 text(&i["kind"]),
                 text(&i["outbox_id"]),
                 text(&i["action_type"]),
                 ago(&i["age_s"]),
-                if i["delivered"] == true { "delivered" } else { "NOT delivered (the sweep retries)" },
+                match i["state"].as_str() {
+                    Some("pending") => "NOT delivered yet (the sweep sends it again)",
+                    Some("refused") => "REFUSED by the ops service",
+                    _ => "delivered",
+                },
+                i["sends"],
+                i["last_error"].as_str().map(|e| format!(" (last error: {e})")).unwrap_or_default(),
                 text(&i["failure"])
+            ),
+            Query::Conflicts => format!(
+                "{}  {} conflicts, the last {} ago",
+                text(&i["load_id"]),
+                i["conflicts"],
+                ago(&i["since_last_s"])
             ),
         };
         say(line);

@@ -313,7 +313,7 @@ fn queries_open_only_a_store_that_exists_and_never_create_one() {
     let dir = scratch("query-missing");
     let db = dir.join("nothing-here.db");
     let url = format!("sqlite://{}", db.display());
-    for q in ["loads", "dead", "timers", "unmatched", "alerts"] {
+    for q in ["loads", "dead", "timers", "unmatched", "alerts", "conflicts"] {
         let (ok, _, err) = haul(&["query", q, "--db", &url], &[]);
         assert!(!ok, "{q}");
         assert!(err.contains("no SQLite database at") && err.contains("haul migrate"), "{q}: {err}");
@@ -387,12 +387,15 @@ fn queries_page_a_migrated_store_in_text_and_json() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v, serde_json::json!({"rows": [], "next_before": null}));
-    for q in ["timers", "unmatched", "alerts"] {
+    for q in ["timers", "unmatched", "alerts", "conflicts"] {
         let (ok, out, err) = haul(&["query", q, "--db", &url, "--json", "--limit", "500"], &[]);
         assert!(ok, "{q}: {err}");
         assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok(), "{q}: {out}");
     }
     // Bounds and forms are the API's, said in one line.
+    let (ok, out, err) = haul(&["query", "conflicts", "--db", &url], &[]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "no load has had a conflict");
     let (ok, _, err) = haul(&["query", "loads", "--db", &url, "--limit", "501"], &[]);
     assert!(!ok && err.contains("from 1 to 500"), "{err}");
     let (ok, _, err) = haul(&["query", "dead", "--db", &url, "--class", "nope"], &[]);
