@@ -557,28 +557,54 @@ fn operator_cli(dir: &PathBuf, db: &str, args: &[&str]) -> (i32, Value) {
 /// escalated. Once the service is fixed, the operator requeues the dead row (over
 /// HTTP, retried; then a second requeue with `haul operator`, which the log refuses as
 /// done already): the task arrives once, and the log says who requeued it and why.
-async fn requeue_after_the_hero_service_recovers(db: &str, dir: &PathBuf) {
+///
+/// `roles` lists one process's roles per item: `["all"]` is one `haul serve`; the API
+/// is the first.
+async fn requeue_after_the_hero_service_recovers(db: &str, dir: &PathBuf, roles: &[&str]) {
     use haul_harness::testkit::{FaultKind, FaultRule};
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
     svc.add_fault(FaultRule { channel: "hero".into(), key: "*".into(), kind: FaultKind::Permanent, times: None });
     let policy = "[timers]\npoll = \"1s\"\n[clients.client_a.eta_request]\nretry_after = \"2s\"\nmax_attempts = 1\n";
     std::fs::write(dir.join("haul.toml"), policy).unwrap();
-    let port = free_port();
-    let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));
     let mut env = channel_env(&svc);
     env.push(("HAUL_OPERATOR_TOKEN".into(), OPERATOR.into()));
-    let mut serve = Serve::start(dir, "serve", &["--config", "haul.toml", "--listen", &listen, "--db", db], &env);
+    let mut procs = Vec::new();
+    let mut base = String::new();
+    for role in roles {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        if base.is_empty() {
+            base = format!("http://{listen}");
+        }
+        let mut args = vec!["--config", "haul.toml", "--listen", &listen, "--db", db];
+        if *role != "all" {
+            args.extend(["--roles", role]);
+        }
+        procs.push(Serve::start(dir, &format!("{role}-{port}"), &args, &env));
+    }
     let client = reqwest::Client::new();
-    wait_healthy(&client, &base, &serve).await;
+    wait_healthy(&client, &base, &procs[0]).await;
     assert_eq!(post(&client, &base, init()).await, StatusCode::ACCEPTED);
     assert_eq!(post(&client, &base, ping()).await, StatusCode::ACCEPTED);
-    let logs = || serve.log();
+    let logs = || procs.iter().map(|p| format!("== {}\n{}", p.log.display(), p.log())).collect::<Vec<_>>().join("\n");
     let dead = |v: &Value| outbox_status(v, ESCALATION).as_deref() == Some("dead");
     let view = wait_for(&client, &base, "the dead escalation", dead, &logs).await;
     assert_eq!(view["state"]["asks"]["ask:eta_request:ping_0700"]["status"], "escalated");
+    // The operator finds it as they would: in the dead-rows query across loads.
+    let found = client
+        .get(format!("{base}/v1/ops/dead?class=hero_channel"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(found["rows"][0]["id"], ESCALATION, "{found}");
+    assert_eq!(found["rows"].as_array().map(Vec::len), Some(1), "{found}");
     let alerted = Instant::now() + Duration::from_secs(10);
     while svc.deduped_effects("ops", &format!("alert:{ESCALATION}")) != 1 {
-        assert!(Instant::now() < alerted, "no OpsAlert for {ESCALATION}:\n{}", serve.log());
+        assert!(Instant::now() < alerted, "no OpsAlert for {ESCALATION}:\n{}", logs());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(svc.deduped_effects("hero", ESCALATION), 0);
@@ -631,15 +657,24 @@ async fn requeue_after_the_hero_service_recovers(db: &str, dir: &PathBuf) {
     let again = &entry("dec:op:inc-42-again")["payload"];
     assert_eq!(again["actions"], json!([]));
     assert!(again["rationale"].as_str().unwrap().contains("requeued already, as 481207/op:inc-42"), "{again}");
-    let status = serve.terminate();
-    assert!(status.success(), "exit {status:?}\n{}", serve.log());
-    assert_no_secrets(&serve.log());
+    let alerts = client.get(format!("{base}/v1/ops/alerts")).bearer_auth(TOKEN).send().await.unwrap();
+    let alerts = alerts.json::<Value>().await.unwrap();
+    assert_eq!(
+        (alerts["alerts"][0]["outbox_id"].as_str(), alerts["alerts"][0]["state"].as_str()),
+        (Some(ESCALATION), Some("delivered")),
+        "{alerts}"
+    );
+    for p in &mut procs {
+        let status = p.terminate();
+        assert!(status.success(), "exit {status:?}\n{}", p.log());
+        assert_no_secrets(&p.log());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_on_sqlite() {
     let dir = temp_dir("operator-sqlite");
-    requeue_after_the_hero_service_recovers("sqlite://haul.db", &dir).await;
+    requeue_after_the_hero_service_recovers("sqlite://haul.db", &dir, &["all"]).await;
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -647,7 +682,19 @@ async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_o
 async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_on_postgres() {
     let (admin, schema, db) = pg_schema().await;
     let dir = temp_dir("operator-postgres");
-    requeue_after_the_hero_service_recovers(&db, &dir).await;
+    requeue_after_the_hero_service_recovers(&db, &dir, &["all"]).await;
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The same with each role its own process on one PostgreSQL, as production runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_requeues_a_dead_escalation_with_roles_as_processes_on_postgres() {
+    let (admin, schema, db) = pg_schema().await;
+    let dir = temp_dir("operator-postgres-roles");
+    let out = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    requeue_after_the_hero_service_recovers(&db, &dir, &["api", "worker", "dispatcher", "pump"]).await;
     admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
 }
