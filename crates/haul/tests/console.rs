@@ -372,6 +372,20 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     b.go(&format!("{base}/console/timers")).await;
     shots.push(b.screenshot("timers").await);
 
+    // A bulk requeue counts first: a dry run lists the rows and requeues nothing.
+    b.go(&format!("{base}/console/dead")).await;
+    b.click("#bulk-type option[value='create_hero_task']").await;
+    b.type_into("#reason-bulk", "count only").await;
+    b.click("form[action='/console/dead/bulk-requeue'] button[type=submit]").await;
+    b.wait_url("/console/dead/bulk-requeue").await;
+    let text = b.text().await;
+    assert!(
+        text.contains("Would requeue 1 dead create_hero_task row(s)") && text.contains("Requeue these 1 rows"),
+        "{text}"
+    );
+    assert!(text.contains(ESCALATION) && text.contains("would_requeue"), "{text}");
+    shots.push(b.screenshot("bulk-dry-run").await);
+
     // The Hero service is fixed; requeue from the load's page, with a reason.
     svc.clear_faults();
     b.go(&format!("{base}/console/loads/481207")).await;
@@ -408,6 +422,15 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     assert_eq!(svc.sends("hero", &requeued), 1, "the task arrived once");
     assert_eq!(b.pwned().await, Value::Null, "no script of a stranger ran");
     shots.push(b.screenshot("load-after-requeue").await);
+    // At phone width the page still reads (no sideways scrolling of the page itself).
+    b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 390, "height": 844}))).await;
+    b.go(&format!("{base}/console/loads/481207")).await;
+    b.wait_url("/console/loads/481207").await;
+    let overflow = b.run("return document.documentElement.scrollWidth - document.documentElement.clientWidth").await;
+    assert!(overflow.as_i64().is_some_and(|o| o <= 0), "the page scrolls sideways by {overflow} px at phone width");
+    assert!(b.text().await.contains("Requeued as"), "the dead row says it was requeued");
+    shots.push(b.screenshot("load-phone").await);
+    b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 1280, "height": 900}))).await;
 
     // The unmatched SMS: its body shows as text; assign it to the load.
     b.go(&format!("{base}/console/unmatched")).await;
@@ -607,5 +630,13 @@ async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert!(r.headers()[SET_COOKIE].to_str().unwrap().contains("Max-Age=0"));
+
+    // Sign-in attempts are bounded: past the minute's allowance, 429 whatever the token.
+    let mut statuses = Vec::new();
+    for _ in 0..25 {
+        statuses.push(sign_in("not-a-token-at-all", false).await.unwrap().status());
+    }
+    assert!(statuses.contains(&StatusCode::TOO_MANY_REQUESTS), "{statuses:?}");
+    assert_eq!(sign_in(OPERATOR, false).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
     std::fs::remove_dir_all(dir).ok();
 }

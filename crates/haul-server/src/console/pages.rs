@@ -511,9 +511,14 @@ pub fn load(ctx: &Ctx, v: &LoadView, page_query: &str, new_request: &mut dyn FnM
             body.push_str("<th scope=\"col\">Requeue</th>");
         }
         body.push_str("</tr></thead><tbody>");
+        // A dead row requeued already (on this page of rows) says by which row.
+        let copies: HashMap<&str, &str> =
+            v.outbox.iter().filter_map(|r| Some((r.action.get("requeue_of")?.as_str()?, r.id.as_str()))).collect();
         for (i, row) in dead.iter().enumerate() {
             let _ = write!(body, "<tr><td>{}</td><td>{}</td>", id(&row.id), outbox_state(row));
-            if ctx.operator() {
+            if let Some(copy) = copies.get(row.id.as_str()) {
+                let _ = write!(body, "<td>Requeued as <a href=\"#{}\">{}</a></td>", anchor(copy), esc(copy));
+            } else if ctx.operator() {
                 let _ = write!(
                     body,
                     "<td><form method=\"post\" action=\"/console/dead/requeue\">{}{}\
