@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(query(&[]), "");
         assert_eq!(anchor("a/b"), "row-612f62");
         let payload = serde_json::json!({"from": "+15555550100", "body": "<b>hi</b>"});
-        assert_eq!(value_text("x", &payload), "from: ***0100, body: &lt;b&gt;hi&lt;/b&gt;");
+        assert_eq!(value_text("x", &payload), "body: &lt;b&gt;hi&lt;/b&gt;, from: ***0100");
         assert!(id("a\"b").contains("data-copy=\"a&quot;b\""));
         assert_eq!(
             (age(59.0), age(61.0), age(7200.0), age(90000.0)),

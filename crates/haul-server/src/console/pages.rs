@@ -846,3 +846,126 @@ pub fn classes() -> [&'static str; 3] {
         class_name(haul_core::action::ChannelClass::Internal),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use haul_core::ids::LoadId;
+    use haul_core::projection::{LoadState, Record};
+    use haul_runtime::inspect::StateView;
+    use serde_json::json;
+
+    use super::super::session::{self, Role};
+    use super::*;
+
+    const HOSTILE: &str = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>\"'&";
+
+    fn session(role: Role) -> (Session, [u8; 32]) {
+        let key = session::derive_key(&["api-token-1".into()], &["op-token-1".into()]).unwrap();
+        let cookie = session::issue(&key, role, "ana", 0, [3; 16]);
+        (session::verify(&key, &cookie, 1).unwrap(), key)
+    }
+
+    /// No tag or attribute from outside survives: each hostile string is there escaped.
+    fn assert_inert(html: &str) {
+        assert!(!html.contains("<script>window"), "{html}");
+        assert!(!html.contains("<img"), "{html}");
+        assert!(
+            html.contains(
+                "&lt;script&gt;window.__pwned=1&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&quot;&#39;&amp;"
+            ),
+            "{html}"
+        );
+        // Nothing inline for the Content-Security-Policy to refuse.
+        assert!(!html.contains(" style=") && !html.contains(" onclick=") && !html.contains("<script>"), "{html}");
+    }
+
+    #[test]
+    fn text_from_outside_is_shown_as_text_on_every_page() {
+        let (s, key) = session(Role::Operator);
+        let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
+        let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let load_id = LoadId::parse("481207").unwrap();
+        let record = |seq: u64, kind: &str, payload: Value| Record {
+            seq,
+            entry_id: format!("e{seq}"),
+            kind: kind.into(),
+            payload,
+            recorded_at: t,
+        };
+        let key_id = "481207/sms_1/create_hero_task";
+        let view = LoadView {
+            load_id: load_id.clone(),
+            version: 3,
+            state: StateView::of(LoadState::default()),
+            log: vec![
+                record(1, "inbound_sms", json!({"from": "+15555550100", "body": HOSTILE})),
+                record(
+                    2,
+                    DECISION_RECORDED,
+                    json!({"decider": "llm:m", "rationale": HOSTILE, "filtered": false,
+                    "actions": [{"type": "create_hero_task", "key": key_id}]}),
+                ),
+                record(
+                    3,
+                    "operator_action",
+                    json!({"actor": "ana", "reason": HOSTILE, "command": {"type": "requeue", "outbox_id": key_id}}),
+                ),
+            ],
+            next_after_seq: None,
+            outbox: vec![OutboxRow {
+                id: key_id.into(),
+                load_id: load_id.clone(),
+                action_type: ActionType::CreateHeroTask,
+                action: Value::Null,
+                status: OutboxStatus::Dead,
+                attempts: 1,
+                due_at: t,
+                first_attempt_at: Some(t),
+                claim_token: None,
+                lease_until: None,
+                last_failure: Some(HOSTILE.into()),
+                receipt: None,
+                created_at: t,
+                updated_at: t,
+            }],
+            next_outbox_after: None,
+            timers: vec![],
+            next_timers_after: None,
+            recorded: vec![],
+        };
+        let mut ids = || "console-1".to_string();
+        let page = load(&ctx, &view, "", &mut ids);
+        assert_inert(&page);
+        assert!(page.contains("***0100") && !page.contains("+15555550100"), "phones are masked");
+        assert!(page.contains("action=\"/console/dead/requeue\""), "an operator may requeue the dead row");
+
+        let unmatched_answer = json!({"unmatched": [{"message_sid": "SM1", "from": "+15555559999", "to": "+15555550000",
+            "body": HOSTILE, "received_at": "2026-03-02T07:00:00Z", "reason": HOSTILE}], "next_before": null});
+        let page = unmatched(&ctx, Ok(&unmatched_answer), &mut ids);
+        assert_inert(&page);
+        assert!(!page.contains("+15555559999"));
+        let dead_answer = json!({"rows": [{"id": key_id, "load_id": "481207", "action_type": "create_hero_task",
+            "class": "hero_channel", "attempts": 1, "last_failure": HOSTILE, "dead_at": "2026-03-02T07:00:00Z"}], "next_before": null});
+        assert_inert(&dead(&ctx, &[], Ok(&dead_answer), &mut ids, t));
+        let alerts_answer = json!({"alerts": [{"kind": "hero_channel_failure", "outbox_id": key_id, "load_id": "481207",
+            "failure": HOSTILE, "raised_at": "2026-03-02T07:00:00Z", "delivered": false}], "next_before": null});
+        assert_inert(&alerts(&ctx, Ok(&alerts_answer)));
+        // A filter value echoed back into its field.
+        assert_inert(&loads(&ctx, &[("stage", HOSTILE)], Err(HOSTILE.into())));
+    }
+
+    #[test]
+    fn a_read_only_session_sees_no_action() {
+        let (s, key) = session(Role::Read);
+        let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
+        let mut ids = || "console-1".to_string();
+        let dead_answer = json!({"rows": [{"id": "481207/a/send_sms", "load_id": "481207", "action_type": "send_sms",
+            "class": "external", "attempts": 3, "dead_at": "2026-03-02T07:00:00Z"}], "next_before": null});
+        let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let page = dead(&ctx, &[], Ok(&dead_answer), &mut ids, t);
+        assert!(!page.contains("/console/dead/requeue") && !page.contains("/console/dead/bulk-requeue"), "{page}");
+        let unmatched_answer = json!({"unmatched": [{"message_sid": "SM1", "from": "+1", "to": "+2", "body": "b",
+            "received_at": "2026-03-02T07:00:00Z", "reason": "r"}], "next_before": null});
+        assert!(!unmatched(&ctx, Ok(&unmatched_answer), &mut ids).contains("/console/unmatched/assign"));
+    }
+}
