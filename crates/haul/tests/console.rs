@@ -453,16 +453,22 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     };
     wait_for(&api, &base, "the assigned SMS", assigned, &serve).await;
 
-    // A driver's answer holding HTML reaches the timeline as text.
+    // With the load's page open, a driver's answer holding HTML arrives: the live refresh
+    // brings it into the timeline (the page is not reloaded: the marker set on it
+    // stays), as text.
+    b.go(&format!("{base}/console/loads/481207")).await;
+    b.wait_url("/console/loads/481207").await;
+    b.run("window.__same_page = true").await;
+    assert!(!b.text().await.contains(ANSWER_HTML));
     post_event(
         &api,
         &base,
         json!({"event_id": "sms_html", "kind": "inbound_sms", "from": "+15555550100", "body": ANSWER_HTML}),
     )
     .await;
-    b.go(&format!("{base}/console/loads/481207")).await;
     let text = b.wait_text(ANSWER_HTML, &serve).await;
     assert!(text.contains("assign_sms"), "{text}");
+    assert_eq!(b.run("return window.__same_page === true").await, json!(true), "refreshed in place, not reloaded");
     assert_eq!(b.pwned().await, Value::Null);
 
     // Sign out: every page sends to the sign-in again.
