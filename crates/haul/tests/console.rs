@@ -367,7 +367,8 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     assert!(b.text().await.contains(ESCALATION));
     shots.push(b.screenshot("dead").await);
     b.go(&format!("{base}/console/alerts")).await;
-    assert!(b.text().await.contains(ESCALATION));
+    let text = b.text().await;
+    assert!(text.contains(ESCALATION) && text.contains("delivered"), "the ops service took the alert:\n{text}");
     shots.push(b.screenshot("alerts").await);
     b.go(&format!("{base}/console/timers")).await;
     shots.push(b.screenshot("timers").await);

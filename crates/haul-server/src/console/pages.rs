@@ -10,7 +10,7 @@ use haul_core::action::ActionType;
 use haul_core::decision::DECISION_RECORDED;
 use haul_core::time::{Timestamp, since};
 use haul_core::tools::mask_phone;
-use haul_runtime::inspect::{LoadView, sends};
+use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
 use haul_store::ops::class_name;
 use haul_store::{OutboxRow, OutboxStatus};
 use serde_json::Value;
@@ -182,7 +182,8 @@ pub fn overview(f: &Figures) -> String {
          <p><a href=\"/console/timers\">Overdue timers</a></p></article>\
          <article><h2>Version conflicts</h2><p class=\"figure\">{}</p>\
          <p class=\"sub\">Appends refused by the version check in this process since it started \
-         (<code>haul_append_conflicts_total</code>; the other processes' are on their <code>/metrics</code>).</p></article>\
+         (<code>haul_append_conflicts_total</code>; the other processes' are on their <code>/metrics</code>).</p>\
+         <p><a href=\"/metrics\">This process's metrics</a></p></article>\
          <article><h2>Queue depth</h2><p class=\"figure\">{}</p>\
          <p class=\"sub\">Messages waiting in the load queue.</p>\
          <p><a href=\"/console/loads?active_within=1h\">Loads active in the last hour</a></p></article>\
@@ -405,12 +406,12 @@ pub fn timeline(v: &LoadView, page_query: &str) -> String {
     }
     out.push_str("</ol>");
     if let Some(next) = v.next_after_seq {
+        let path = format!("/console/loads/{}", seg(v.load_id.as_str()));
         let n = next.to_string();
-        out.push_str(&next_link(
-            &format!("/console/loads/{}", seg(v.load_id.as_str())),
-            &[("after_seq", &n)],
-            "Later records",
-        ));
+        out.push_str(&next_link(&path, &[("after_seq", &n)], "Later records"));
+        // The newest page, for a long log.
+        let latest = v.version.saturating_sub(PAGE_DEFAULT as u64).to_string();
+        out.push_str(&next_link(&path, &[("after_seq", &latest)], "The latest records"));
     }
     out.push_str("<h2 id=\"outbox-h\">Outbox</h2><div class=\"scroll\"><table aria-labelledby=\"outbox-h\"><thead><tr>\
         <th scope=\"col\">Action</th><th scope=\"col\">Id</th><th scope=\"col\">State</th><th scope=\"col\">Created</th></tr></thead><tbody>");
@@ -796,7 +797,55 @@ pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dy
     layout(ctx, "Unmatched SMS", Nav::Unmatched, &body)
 }
 
-pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>) -> String {
+/// The ops service's answers to the OpsAlerts (the store's record of each alert's
+/// sends), oldest first, and the cursor of the next page.
+pub struct AlertSends<'a> {
+    pub records: &'a [haul_store::OpsAlertRecord],
+    pub next_after: Option<String>,
+    pub pairs: &'a [(&'a str, &'a str)],
+}
+
+fn alert_sends(out: &mut String, sends: Result<&AlertSends, String>) {
+    out.push_str("<h2 id=\"sends-h\">What the ops service answered</h2>\
+        <p class=\"sub\">Each alert's sends, oldest first: <strong>delivered</strong> (taken), <strong>refused</strong> \
+        (a 4xx: kept, not sent again), or <strong>pending</strong> (not taken yet; the dispatcher tries again).</p>");
+    let sends = match sends {
+        Ok(s) => s,
+        Err(e) => {
+            out.push_str(&error_box(&e));
+            return;
+        }
+    };
+    out.push_str("<div class=\"scroll\"><table aria-labelledby=\"sends-h\"><thead><tr><th scope=\"col\">Row</th>\
+        <th scope=\"col\">Load</th><th scope=\"col\">Kind</th><th scope=\"col\">State</th><th scope=\"col\">Sends</th>\
+        <th scope=\"col\">Last error</th><th scope=\"col\">Raised</th><th scope=\"col\">Last send</th></tr></thead><tbody>");
+    if sends.records.is_empty() {
+        out.push_str("<tr><td colspan=\"8\">None.</td></tr>");
+    }
+    for a in sends.records {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><q>{}</q></td><td>{}</td><td>{}</td></tr>",
+            id(&a.outbox_id),
+            link_load(a.load_id.as_str()),
+            esc(a.kind.as_str()),
+            status_badge(a.state.as_str()),
+            a.sends,
+            esc(a.last_error.as_deref().unwrap_or("–")),
+            time(a.raised_at),
+            time(a.updated_at),
+        );
+    }
+    out.push_str("</tbody></table></div>");
+    if let Some(next) = &sends.next_after {
+        let mut next_pairs: Vec<(&str, &str)> =
+            sends.pairs.iter().filter(|(n, _)| *n != "sends_after").copied().collect();
+        next_pairs.push(("sends_after", next));
+        out.push_str(&next_link("/console/alerts", &next_pairs, "Later answers"));
+    }
+}
+
+pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>, sends: Result<&AlertSends, String>) -> String {
     let mut body = String::from(
         "<p class=\"sub\">An OpsAlert is raised when a Hero-channel or internal outbox row dies. Delivered: the ops \
          service took it. Not delivered: the ops service refused it (4xx, kept as refused) or has not taken it yet.</p>",
@@ -805,10 +854,11 @@ pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>) -> String {
         Ok(a) => a,
         Err(e) => {
             body.push_str(&error_box(&e));
+            alert_sends(&mut body, sends);
             return layout(ctx, "OpsAlerts", Nav::Alerts, &body);
         }
     };
-    body.push_str("<div class=\"scroll\"><table><caption>OpsAlerts, newest first</caption><thead><tr><th scope=\"col\">Kind</th>\
+    body.push_str("<h2 id=\"raised-h\">Raised</h2><div class=\"scroll\"><table><caption>OpsAlerts, newest first</caption><thead><tr><th scope=\"col\">Kind</th>\
         <th scope=\"col\">Row</th><th scope=\"col\">Load</th><th scope=\"col\">Failure</th><th scope=\"col\">Raised</th>\
         <th scope=\"col\">Delivered</th></tr></thead><tbody>");
     let list = answer["alerts"].as_array().cloned().unwrap_or_default();
@@ -819,7 +869,7 @@ pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>) -> String {
         let delivered = if a["delivered"] == true {
             format!("{} {}", status_badge("delivered"), time_json(&a["delivered_at"]))
         } else {
-            status_badge("not delivered")
+            format!("{} <span class=\"sub\">(refused, or not taken yet: below)</span>", status_badge("no"))
         };
         let _ = write!(
             body,
@@ -835,6 +885,7 @@ pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>) -> String {
     if let Some(next) = answer["next_before"].as_str() {
         body.push_str(&next_link("/console/alerts", &[("before", next)], "Older alerts"));
     }
+    alert_sends(&mut body, sends);
     layout(ctx, "OpsAlerts", Nav::Alerts, &body)
 }
 
@@ -949,7 +1000,24 @@ mod tests {
         assert_inert(&dead(&ctx, &[], Ok(&dead_answer), &mut ids, t));
         let alerts_answer = json!({"alerts": [{"kind": "hero_channel_failure", "outbox_id": key_id, "load_id": "481207",
             "failure": HOSTILE, "raised_at": "2026-03-02T07:00:00Z", "delivered": false}], "next_before": null});
-        assert_inert(&alerts(&ctx, Ok(&alerts_answer)));
+        let t2: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let record = haul_store::OpsAlertRecord {
+            outbox_id: key_id.into(),
+            load_id: load_id.clone(),
+            kind: haul_core::dispatch::AlertKind::HeroChannelFailure,
+            action_type: ActionType::CreateHeroTask,
+            failure: HOSTILE.into(),
+            state: haul_store::AlertState::Refused,
+            sends: 1,
+            last_error: Some(HOSTILE.into()),
+            raised_at: t2,
+            updated_at: t2,
+        };
+        let records = [record];
+        let sends = AlertSends { records: &records, next_after: None, pairs: &[] };
+        let page = alerts(&ctx, Ok(&alerts_answer), Ok(&sends));
+        assert_inert(&page);
+        assert!(page.contains(">refused<"), "{page}");
         // A filter value echoed back into its field.
         assert_inert(&loads(&ctx, &[("stage", HOSTILE)], Err(HOSTILE.into())));
     }
