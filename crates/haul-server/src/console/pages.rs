@@ -122,6 +122,11 @@ pub fn error_box(text: &str) -> String {
     format!("<p class=\"error\" role=\"alert\">{}</p>", esc(text))
 }
 
+/// Quoted text from outside, or a dash for none.
+fn quoted(text: Option<&str>) -> String {
+    text.map_or_else(|| "–".to_string(), |t| format!("<q>{}</q>", esc(t)))
+}
+
 fn link_load(load: &str) -> String {
     format!("<a href=\"/console/loads/{}\">{}</a>", esc(&seg(load)), esc(load))
 }
@@ -621,13 +626,13 @@ pub fn dead(
     for (i, r) in rows.iter().enumerate() {
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{} <span class=\"sub\">({})</span></td><td>{}</td><td><q>{}</q></td><td>{}</td>",
+            "<tr><td>{}</td><td>{}</td><td>{} <span class=\"sub\">({})</span></td><td>{}</td><td>{}</td><td>{}</td>",
             id(str_of(r, "id")),
             link_load(str_of(r, "load_id")),
             esc(str_of(r, "action_type")),
             esc(str_of(r, "class")),
             r["attempts"],
-            esc(r["last_failure"].as_str().unwrap_or("–")),
+            quoted(r["last_failure"].as_str()),
             time_json(&r["dead_at"]),
         );
         if ctx.operator() {
@@ -670,11 +675,11 @@ pub fn bulk(ctx: &Ctx, a: &haul_runtime::operator::BulkAnswer, reason: &str, new
     for r in &a.rows {
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td><q>{}</q></td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             id(&r.outbox_id),
             link_load(r.load_id.as_str()),
             time(r.dead_at),
-            esc(r.last_failure.as_deref().unwrap_or("–")),
+            quoted(r.last_failure.as_deref()),
             status_badge(&r.status),
         );
     }
@@ -825,13 +830,13 @@ fn alert_sends(out: &mut String, sends: Result<&AlertSends, String>) {
     for a in sends.records {
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><q>{}</q></td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             id(&a.outbox_id),
             link_load(a.load_id.as_str()),
             esc(a.kind.as_str()),
             status_badge(a.state.as_str()),
             a.sends,
-            esc(a.last_error.as_deref().unwrap_or("–")),
+            quoted(a.last_error.as_deref()),
             time(a.raised_at),
             time(a.updated_at),
         );
@@ -873,11 +878,11 @@ pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>, sends: Result<&AlertSen
         };
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td><q>{}</q></td><td>{}</td><td>{delivered}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{delivered}</td></tr>",
             esc(a["kind"].as_str().unwrap_or("–")),
             id(str_of(a, "outbox_id")),
             link_load(str_of(a, "load_id")),
-            esc(a["failure"].as_str().unwrap_or("–")),
+            quoted(a["failure"].as_str()),
             time_json(&a["raised_at"]),
         );
     }
