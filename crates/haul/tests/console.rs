@@ -619,6 +619,10 @@ async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
         "another session's token"
     );
 
+    // A page the console does not have: 404, with the same headers.
+    let r = http.get(format!("{base}/console/nope")).header("Cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(r.headers()["cache-control"], "no-store");
     // The assets are embedded and served with the same headers.
     for (path, kind) in [("/console/assets/console.css", "text/css"), ("/console/assets/console.js", "text/javascript")]
     {

@@ -100,6 +100,8 @@ pub(crate) fn routes() -> Router<Arc<ApiState>> {
         .route("/console/alerts", get(alerts))
         .route("/console/assets/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
         .route("/console/assets/console.js", get(|| async { asset("text/javascript; charset=utf-8", JS) }))
+        // Anything else under /console: an HTML 404 with the same headers.
+        .route("/console/{*rest}", get(not_found).post(not_found))
         .layer(axum::middleware::from_fn(security_headers))
 }
 
@@ -173,6 +175,13 @@ fn forbidden(why: &str) -> Response {
         html::esc(why)
     );
     html(StatusCode::FORBIDDEN, body)
+}
+
+async fn not_found() -> Response {
+    let body = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · haul console</title>\
+        <link rel=\"stylesheet\" href=\"/console/assets/console.css\"></head><body><main id=\"main\"><h1>Not found</h1>\
+        <p>The console has no such page.</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>";
+    html(StatusCode::NOT_FOUND, body.to_string())
 }
 
 /// A form's fields.
