@@ -69,7 +69,9 @@ pub struct ApiState {
     /// end then, instead of holding the shutdown up.
     pub stopping: Option<watch::Receiver<bool>>,
     /// [`LOAD_VIEWS_AT_ONCE`] permits: one per load view being built.
-    load_views: tokio::sync::Semaphore,
+    pub(crate) load_views: tokio::sync::Semaphore,
+    /// The console's sign-in attempts in the current minute (`console::SIGN_INS_PER_MINUTE`).
+    pub(crate) console_sign_ins: Mutex<(Instant, u32)>,
     /// Whether `/metrics` reads the figures kept in the store (processes with the `api`
     /// role do; see `metrics.rs`).
     pub store_figures: bool,
@@ -98,6 +100,7 @@ impl ApiState {
             body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
             stopping: None,
             load_views: tokio::sync::Semaphore::new(LOAD_VIEWS_AT_ONCE),
+            console_sign_ins: Mutex::new((Instant::now(), 0)),
             store_figures: true,
         }
     }
@@ -165,7 +168,7 @@ pub struct ApiCaller {
 pub struct OperatorCaller;
 
 /// True when `given` is one of `tokens`, compared with every token without stopping early.
-fn one_of(tokens: &[String], given: &str) -> bool {
+pub(crate) fn one_of(tokens: &[String], given: &str) -> bool {
     tokens.iter().fold(false, |ok, t| ok | bool::from(t.as_bytes().ct_eq(given.as_bytes())))
 }
 
@@ -356,6 +359,9 @@ pub fn router(state: Arc<ApiState>, api: bool) -> Router {
     let mut r = Router::new();
     for route in ROUTES.iter().filter(|route| api || !route.api_role) {
         r = r.route(route.path, handler(route));
+    }
+    if api {
+        r = r.merge(crate::console::routes());
     }
     r.fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

@@ -7,6 +7,7 @@
 //! ten seconds: nothing lost or half-done.
 
 pub mod api;
+pub mod console;
 pub mod http;
 pub mod metrics;
 mod operator;

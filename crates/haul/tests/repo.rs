@@ -296,9 +296,15 @@ fn nothing_points_outside_the_repository() {
 
 #[test]
 fn the_docs_exist() {
-    for doc in
-        ["docs/design.md", "docs/scenarios.md", "docs/api.md", "docs/config.md", "docs/operations.md", "docs/replay.md"]
-    {
+    for doc in [
+        "docs/design.md",
+        "docs/scenarios.md",
+        "docs/api.md",
+        "docs/config.md",
+        "docs/operations.md",
+        "docs/replay.md",
+        "docs/console.md",
+    ] {
         assert!(read(doc).len() > 2000, "{doc} is missing or nearly empty");
     }
 }

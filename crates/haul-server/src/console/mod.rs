@@ -1,0 +1,689 @@
+//! The operator console (`/console`, docs/console.md): server-rendered pages over the
+//! operators' queries and the load view, and forms for the operator actions, served
+//! by the `api` role from the binary itself (the CSS and the script are embedded).
+//!
+//! Nothing here queries the store in a way of its own or acts on it: the pages show
+//! what `haul_runtime::queries::run` and `haul_runtime::inspect::load_view` answer
+//! (as `GET /v1/ops/*` and `GET /v1/loads/{id}` do), and the forms call
+//! `haul_runtime::operator` (as `POST /v1/operator/*` do).
+//!
+//! Signed out, every page redirects (303) to the sign-in page and every POST is 403.
+//! A session is a signed cookie ([`session`]); every POST carries the session's CSRF
+//! token; every answer carries [`SECURITY_HEADERS`].
+
+mod html;
+mod pages;
+pub mod session;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use haul_core::action::ActionType;
+use haul_core::ids::LoadId;
+use haul_core::time::{Timestamp, from_ms, to_ms};
+use haul_runtime::inspect::{Page, load_view};
+use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Requester};
+use haul_runtime::queries::{Query, QueryError};
+use haul_store::{OutboxStatus, RowCursor};
+use serde_json::Value;
+use tracing::{error, info};
+
+use crate::api::{ApiState, one_of};
+use pages::{Ctx, Figures};
+use session::{COOKIE, Role, Session};
+
+/// OpsAlerts' sends shown per page.
+const ALERT_SENDS_PAGE: usize = 50;
+
+/// Sign-in attempts the console takes per minute (one fixed window per process, as
+/// the webhook's per-sender limit): more are answered 429 without checking the token.
+pub const SIGN_INS_PER_MINUTE: u32 = 20;
+
+/// What every console answer carries.
+pub const SECURITY_HEADERS: [(&str, &str); 5] = [
+    (
+        "content-security-policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; \
+         form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("cache-control", "no-store"),
+    ("x-frame-options", "DENY"),
+];
+
+/// Every console route: method and path (docs/console.md lists each).
+pub const CONSOLE_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/console"),
+    ("GET", "/console/sign-in"),
+    ("POST", "/console/sign-in"),
+    ("POST", "/console/sign-out"),
+    ("GET", "/console/loads"),
+    ("GET", "/console/loads/{load_id}"),
+    ("GET", "/console/loads/{load_id}/timeline"),
+    ("GET", "/console/dead"),
+    ("POST", "/console/dead/requeue"),
+    ("POST", "/console/dead/bulk-requeue"),
+    ("GET", "/console/timers"),
+    ("GET", "/console/unmatched"),
+    ("POST", "/console/unmatched/assign"),
+    ("GET", "/console/alerts"),
+    ("GET", "/console/assets/console.css"),
+    ("GET", "/console/assets/console.js"),
+];
+
+const CSS: &str = include_str!("assets/console.css");
+const JS: &str = include_str!("assets/console.js");
+
+/// The console's routes, for the `api` role's router.
+pub(crate) fn routes() -> Router<Arc<ApiState>> {
+    Router::new()
+        .route("/console", get(overview))
+        .route("/console/sign-in", get(sign_in_page).post(sign_in))
+        .route("/console/sign-out", post(sign_out))
+        .route("/console/loads", get(loads))
+        .route("/console/loads/{load_id}", get(load))
+        .route("/console/loads/{load_id}/timeline", get(load_timeline))
+        .route("/console/dead", get(dead))
+        .route("/console/dead/requeue", post(requeue))
+        .route("/console/dead/bulk-requeue", post(bulk_requeue))
+        .route("/console/timers", get(timers))
+        .route("/console/unmatched", get(unmatched))
+        .route("/console/unmatched/assign", post(assign_sms))
+        .route("/console/alerts", get(alerts))
+        .route("/console/assets/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
+        .route("/console/assets/console.js", get(|| async { asset("text/javascript; charset=utf-8", JS) }))
+        // Anything else under /console: an HTML 404 with the same headers.
+        .route("/console/{*rest}", get(not_found).post(not_found))
+        .layer(axum::middleware::from_fn(security_headers))
+}
+
+async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    for (name, value) in SECURITY_HEADERS {
+        h.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+fn asset(content_type: &'static str, text: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], text).into_response()
+}
+
+fn html(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
+}
+
+fn now_s(s: &ApiState) -> i64 {
+    to_ms(s.clock.now()).div_euclid(1000)
+}
+
+/// Whether the console is reached over https: `server.public_url` is https, or the
+/// proxy in front says so (`X-Forwarded-Proto: https`). Then the cookie is `Secure`.
+fn https(s: &ApiState, headers: &HeaderMap) -> bool {
+    s.public_url.starts_with("https://")
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+}
+
+/// The session the request's cookie names, if it checks out now.
+fn session_of(s: &ApiState, headers: &HeaderMap) -> Option<(Session, [u8; 32])> {
+    let key = session::derive_key(&s.tokens, &s.operator_tokens)?;
+    let cookies = headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok());
+    let value = session::cookie_value(cookies, COOKIE)?;
+    Some((session::verify(&key, value, now_s(s))?, key))
+}
+
+/// A signed-in viewer of a page; signed out, the page redirects to the sign-in.
+struct Viewer {
+    session: Session,
+    key: [u8; 32],
+}
+
+impl Viewer {
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx { session: &self.session, csrf: self.session.csrf(&self.key) }
+    }
+}
+
+impl FromRequestParts<Arc<ApiState>> for Viewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        match session_of(s, &parts.headers) {
+            Some((session, key)) => Ok(Viewer { session, key }),
+            None => Err(Redirect::to("/console/sign-in").into_response()),
+        }
+    }
+}
+
+fn forbidden(why: &str) -> Response {
+    let body = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Refused · haul console</title>\
+         <link rel=\"stylesheet\" href=\"/console/assets/console.css\"></head><body><main id=\"main\"><h1>Refused</h1>\
+         <p class=\"error\" role=\"alert\">{}</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>",
+        html::esc(why)
+    );
+    html(StatusCode::FORBIDDEN, body)
+}
+
+async fn not_found() -> Response {
+    let body = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · haul console</title>\
+        <link rel=\"stylesheet\" href=\"/console/assets/console.css\"></head><body><main id=\"main\"><h1>Not found</h1>\
+        <p>The console has no such page.</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>";
+    html(StatusCode::NOT_FOUND, body.to_string())
+}
+
+/// A form's fields.
+struct Form(Vec<(String, String)>);
+
+impl Form {
+    fn parse(body: &[u8]) -> Option<Form> {
+        serde_urlencoded::from_bytes(body).ok().map(Form)
+    }
+
+    fn get(&self, name: &str) -> &str {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.trim()).unwrap_or("")
+    }
+}
+
+/// A request from another site: `Sec-Fetch-Site` says so, or `Origin` names another
+/// host than `Host`. Refused before anything else (the CSRF token refuses it too).
+fn cross_site(headers: &HeaderMap) -> bool {
+    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    if fetch_site.is_some_and(|v| v != "same-origin" && v != "none") {
+        return true;
+    }
+    let (Some(origin), Some(host)) = (
+        headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()),
+        headers.get(header::HOST).and_then(|v| v.to_str().ok()),
+    ) else {
+        return false;
+    };
+    let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+    origin != "null" && origin_host != host
+}
+
+/// The session of a state-changing POST: signed in, its CSRF token, from this site.
+#[allow(clippy::result_large_err)]
+fn posting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [u8; 32]), Response> {
+    if cross_site(headers) {
+        return Err(forbidden("This request came from another site."));
+    }
+    let Some((session, key)) = session_of(s, headers) else {
+        return Err(forbidden("You are not signed in (or your session ended). Sign in again."));
+    };
+    if !session.csrf_ok(&key, form.get("csrf")) {
+        return Err(forbidden(
+            "This form's CSRF token is missing or not this session's. Reload the page and try again.",
+        ));
+    }
+    Ok((session, key))
+}
+
+/// As [`posting`], and the session must be an operator's.
+#[allow(clippy::result_large_err)]
+fn acting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [u8; 32]), Response> {
+    let (session, key) = posting(s, headers, form)?;
+    if session.role != Role::Operator {
+        return Err(forbidden("Read-only session: acting needs a sign-in with an operator token."));
+    }
+    Ok((session, key))
+}
+
+/// A request id for a form: rendered into it, so the same form sent twice is one
+/// request. Random; without randomness (a broken machine), a count in this process.
+fn new_request_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut bytes = [0u8; 12];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => format!("console-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        Err(_) => format!("console-n{}", COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+    }
+}
+
+// ---------------------------------------------------------------- sign-in
+
+async fn sign_in_page(State(s): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    if session_of(&s, &headers).is_some() {
+        return Redirect::to("/console").into_response();
+    }
+    html(StatusCode::OK, pages::sign_in(None))
+}
+
+impl ApiState {
+    /// One fixed one-minute window of sign-in attempts per process.
+    fn allow_sign_in(&self) -> bool {
+        let mut w = self.console_sign_ins.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if now.duration_since(w.0) >= Duration::from_secs(60) {
+            *w = (now, 0);
+        }
+        w.1 += 1;
+        w.1 <= SIGN_INS_PER_MINUTE
+    }
+}
+
+async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if cross_site(&headers) {
+        return forbidden("This request came from another site.");
+    }
+    if !s.allow_sign_in() {
+        return html(StatusCode::TOO_MANY_REQUESTS, pages::sign_in(Some("Too many sign-in attempts: wait a minute.")));
+    }
+    let Some(form) = Form::parse(&body) else {
+        return html(StatusCode::BAD_REQUEST, pages::sign_in(Some("The form did not arrive whole.")));
+    };
+    let (token, actor) = (form.get("token"), form.get("actor"));
+    if !session::actor_ok(actor) {
+        return html(
+            StatusCode::BAD_REQUEST,
+            pages::sign_in(Some("Your name: 1 to 64 of letters, digits and _ . @ + -")),
+        );
+    }
+    let (api, op) = (one_of(&s.tokens, token), one_of(&s.operator_tokens, token));
+    let role = match (api, op) {
+        (_, true) => Role::Operator,
+        (true, false) => Role::Read,
+        (false, false) => {
+            info!(target: "haul_server::console", "console sign-in refused: wrong token");
+            return html(StatusCode::UNAUTHORIZED, pages::sign_in(Some("That token is not one of this server's.")));
+        }
+    };
+    let Some(key) = session::derive_key(&s.tokens, &s.operator_tokens) else {
+        return html(StatusCode::UNAUTHORIZED, pages::sign_in(Some("No token is configured.")));
+    };
+    let mut nonce = [0u8; 16];
+    if getrandom::fill(&mut nonce).is_err() {
+        return html(StatusCode::SERVICE_UNAVAILABLE, pages::sign_in(Some("No randomness for a session; try again.")));
+    }
+    let cookie = session::issue(&key, role, actor, now_s(&s), nonce);
+    info!(target: "haul_server::console", actor, role = role.as_str(), "console sign-in");
+    let mut r = Redirect::to("/console").into_response();
+    if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&cookie, https(&s, &headers))) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+async fn sign_out(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let form = Form::parse(&body).unwrap_or(Form(vec![]));
+    if let Err(refused) = posting(&s, &headers, &form) {
+        return refused;
+    }
+    let mut r = Redirect::to("/console/sign-in").into_response();
+    if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(https(&s, &headers))) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+// ---------------------------------------------------------------- pages
+
+async fn overview(v: Viewer, State(s): State<Arc<ApiState>>) -> Response {
+    let now = s.clock.now();
+    let hour_ago = from_ms(to_ms(now) - 3600 * 1000);
+    let mut dead_last_hour = Vec::new();
+    for class in pages::classes() {
+        let types = haul_store::ops::class_types(class).unwrap_or_default();
+        let bound = haul_store::ops::MAX_PAGE;
+        let (n, more) = match s.store.dead_rows_page(&types, None, bound).await {
+            Ok(rows) => {
+                let n = rows.iter().filter(|r| r.dead_at >= hour_ago).count();
+                (n, n == bound)
+            }
+            Err(e) => {
+                error!(error = %e, "console: reading dead rows failed");
+                (0, false)
+            }
+        };
+        dead_last_hour.push((class, n, more));
+    }
+    let figures = Figures {
+        oldest_pending: s.store.oldest_pending_created_at().await.ok().flatten(),
+        dead_last_hour,
+        dead_in_store: s.store.count_by_status(OutboxStatus::Dead).await.ok(),
+        oldest_due_timer: s.store.oldest_due_timer(now).await.ok().flatten(),
+        conflicts: conflicts(&s),
+        queue_depth: s.queue.depth().await.ok(),
+        now,
+    };
+    html(StatusCode::OK, pages::layout(&v.ctx(), "Overview", pages::Nav::Overview, &pages::overview(&figures)))
+}
+
+/// `haul_append_conflicts_total` as this process's `/metrics` renders it.
+fn conflicts(s: &ApiState) -> Option<f64> {
+    let text = s.metrics.render();
+    text.lines()
+        .filter(|l| l.starts_with("haul_append_conflicts_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
+}
+
+fn pairs_of(raw: Option<&str>) -> Vec<(String, String)> {
+    serde_urlencoded::from_str(raw.unwrap_or("")).unwrap_or_default()
+}
+
+/// Runs one of the operators' queries (the same function as `GET /v1/ops/{query}`).
+async fn run_query(s: &ApiState, query: Query, pairs: &[(&str, &str)]) -> Result<Value, String> {
+    let owned: Vec<(String, String)> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    match haul_runtime::queries::run(s.store.as_ref(), query, &owned, s.clock.now()).await {
+        Ok(v) => Ok(v),
+        Err(QueryError::Bad(e)) => Err(e.message),
+        Err(QueryError::Store(e)) => {
+            error!(error = %e, query = query.name(), "console: an operators' query failed");
+            Err("The store does not answer; try again.".into())
+        }
+    }
+}
+
+fn status_of(answer: &Result<Value, String>) -> StatusCode {
+    if answer.is_ok() { StatusCode::OK } else { StatusCode::BAD_REQUEST }
+}
+
+async fn loads(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
+    let all = pairs_of(raw.as_deref());
+    if let Some((_, id)) = all.iter().find(|(n, _)| n == "load_id") {
+        return match LoadId::parse(id.trim()) {
+            Ok(id) => Redirect::to(&format!("/console/loads/{}", html::seg(id.as_str()))).into_response(),
+            Err(e) => html(StatusCode::BAD_REQUEST, pages::loads(&v.ctx(), &[], Err(e.message))),
+        };
+    }
+    let pairs = pages::given(&all, &pages::LOAD_FILTERS);
+    let answer = run_query(&s, Query::Loads, &pairs).await;
+    html(status_of(&answer), pages::loads(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone)))
+}
+
+/// A load's page from the query string (`after_seq`, `outbox_after`, `timers_after`).
+fn page_of(raw: Option<&str>) -> Result<(Page, String), String> {
+    let all = pairs_of(raw);
+    let pairs = pages::given(&all, &["after_seq", "outbox_after", "timers_after"]);
+    let get = |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+    let page = Page::parse(get("after_seq"), None, get("outbox_after"), get("timers_after")).map_err(|e| e.message)?;
+    Ok((page, html::query(&pairs)))
+}
+
+async fn view_of(
+    s: &ApiState,
+    load: &str,
+    raw: Option<&str>,
+) -> Result<haul_runtime::inspect::LoadView, (StatusCode, String)> {
+    let load = LoadId::parse(load).map_err(|e| (StatusCode::BAD_REQUEST, e.message))?;
+    let (page, _) = page_of(raw).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    let _permit = s.load_views.acquire().await.ok();
+    match load_view(s.store.as_ref(), &load, &page).await {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err((StatusCode::NOT_FOUND, format!("Load {load} has no records."))),
+        Err(e) => {
+            error!(error = %e, "console: reading a load failed");
+            Err((StatusCode::SERVICE_UNAVAILABLE, "The store does not answer; try again.".into()))
+        }
+    }
+}
+
+async fn load(v: Viewer, State(s): State<Arc<ApiState>>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Response {
+    match view_of(&s, &id, raw.as_deref()).await {
+        Ok(view) => {
+            let q = page_of(raw.as_deref()).map(|(_, q)| q).unwrap_or_default();
+            let mut ids = new_request_id;
+            html(StatusCode::OK, pages::load(&v.ctx(), &view, &q, &mut ids))
+        }
+        Err((status, why)) => html(status, pages::layout(&v.ctx(), "Load", pages::Nav::Loads, &pages::error_box(&why))),
+    }
+}
+
+/// The timeline section alone: what the page's script fetches to refresh it.
+async fn load_timeline(
+    _: Viewer,
+    State(s): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    match view_of(&s, &id, raw.as_deref()).await {
+        Ok(view) => {
+            let q = page_of(raw.as_deref()).map(|(_, q)| q).unwrap_or_default();
+            html(StatusCode::OK, pages::timeline(&view, &q))
+        }
+        Err((status, why)) => html(status, pages::error_box(&why)),
+    }
+}
+
+async fn dead(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
+    let all = pairs_of(raw.as_deref());
+    let pairs = pages::given(&all, &pages::DEAD_FILTERS);
+    let answer = run_query(&s, Query::Dead, &pairs).await;
+    let mut ids = new_request_id;
+    html(
+        status_of(&answer),
+        pages::dead(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone), &mut ids, s.clock.now()),
+    )
+}
+
+async fn timers(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
+    let all = pairs_of(raw.as_deref());
+    let pairs = pages::given(&all, &pages::TIMER_FILTERS);
+    let answer = run_query(&s, Query::Timers, &pairs).await;
+    html(status_of(&answer), pages::timers(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone)))
+}
+
+async fn unmatched(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
+    let all = pairs_of(raw.as_deref());
+    let pairs = pages::given(&all, &pages::LIST_FILTERS);
+    let answer = run_query(&s, Query::Unmatched, &pairs).await;
+    let mut ids = new_request_id;
+    html(status_of(&answer), pages::unmatched(&v.ctx(), answer.as_ref().map_err(Clone::clone), &mut ids))
+}
+
+async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
+    let all = pairs_of(raw.as_deref());
+    let pairs = pages::given(&all, &pages::LIST_FILTERS);
+    let answer = run_query(&s, Query::Alerts, &pairs).await;
+    // What the ops service answered: the store's record of each alert's sends.
+    let sends_pairs = pages::given(&all, &["sends_after"]);
+    let after = match sends_pairs.first().map(|(_, c)| RowCursor::parse(c)) {
+        None => Some(RowCursor::start()),
+        Some(parsed) => parsed,
+    };
+    let records = match after {
+        None => Err("sends_after is not a cursor this page gave.".to_string()),
+        Some(after) => s.store.ops_alerts(&after, ALERT_SENDS_PAGE).await.map_err(|e| {
+            error!(error = %e, "console: reading the OpsAlerts' sends failed");
+            "The store does not answer; try again.".to_string()
+        }),
+    };
+    let mut shown: Vec<(&str, &str)> = pairs.clone();
+    shown.extend(sends_pairs.iter().copied());
+    let sends = records.as_ref().map(|records| pages::AlertSends {
+        records,
+        next_after: (records.len() == ALERT_SENDS_PAGE)
+            .then(|| records.last().map(|r| r.cursor().to_string()))
+            .flatten(),
+        pairs: &shown,
+    });
+    let status = if answer.is_ok() && sends.is_ok() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
+    html(
+        status,
+        pages::alerts(&v.ctx(), answer.as_ref().map_err(Clone::clone), sends.as_ref().map_err(|e| (*e).clone())),
+    )
+}
+
+// ---------------------------------------------------------------- actions
+
+/// Who acts and why: the session's name, the form's request id and reason.
+fn requester(session: &Session, form: &Form) -> Requester {
+    Requester {
+        request_id: form.get("request_id").to_owned(),
+        actor: session.actor.clone(),
+        reason: form.get("reason").to_owned(),
+    }
+}
+
+fn refused_page(ctx: &Ctx, e: &OperatorError) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let text = match e {
+        OperatorError::Store(err) => {
+            error!(error = %err, "console: an operator action failed on the store");
+            "The store does not answer; try again.".to_string()
+        }
+        other => other.to_string(),
+    };
+    html(status, pages::message(ctx, "Refused", &text, &[("/console".into(), "Overview")]))
+}
+
+fn wake(s: &ApiState) {
+    if let Some(w) = &s.wake_worker {
+        w.notify_one();
+    }
+}
+
+async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let form = Form::parse(&body).unwrap_or(Form(vec![]));
+    let (session, key) = match acting(&s, &headers, &form) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+    let who = requester(&session, &form);
+    let outbox_id = form.get("outbox_id");
+    match operator::requeue(s.store.as_ref(), &s.queue, &who, outbox_id, s.clock.now()).await {
+        Ok(q) => {
+            info!(target: "haul_server::console", action = "requeue", actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, status = q.status, "operator action");
+            if q.is_new() {
+                wake(&s);
+            }
+            let load = format!("/console/loads/{}", html::seg(q.load_id.as_str()));
+            let text = format!(
+                "Requeue of {outbox_id} {} as event {} on load {}.",
+                if q.is_new() { "queued" } else { "was made already" },
+                q.event_id,
+                q.load_id
+            );
+            html(
+                StatusCode::OK,
+                pages::message(
+                    &ctx,
+                    "Requeued",
+                    &text,
+                    &[(load, "Open the load"), ("/console/dead".into(), "Dead rows")],
+                ),
+            )
+        }
+        Err(e) => refused_page(&ctx, &e),
+    }
+}
+
+async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let form = Form::parse(&body).unwrap_or(Form(vec![]));
+    let (session, key) = match acting(&s, &headers, &form) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+    let bad = |text: &str| {
+        html(StatusCode::BAD_REQUEST, pages::message(&ctx, "Refused", text, &[("/console/dead".into(), "Dead rows")]))
+    };
+    let Some(action_type) = ActionType::parse(form.get("action_type")) else {
+        return bad("Choose an action type.");
+    };
+    let Ok(since) = form.get("since").parse::<Timestamp>() else {
+        return bad("Buried since: a time such as 2026-03-02T07:00:00Z.");
+    };
+    let dry_run = form.get("dry_run") != "false";
+    let who = requester(&session, &form);
+    let filter = DeadFilter { action_type, since, limit: MAX_BULK_ROWS };
+    match operator::bulk_requeue(s.store.as_ref(), &s.queue, &who, &filter, dry_run, s.clock.now()).await {
+        Ok(a) => {
+            let queued = a.rows.iter().filter(|r| r.status == "queued").count();
+            info!(target: "haul_server::console", action = "bulk_requeue", actor = %who.actor, request_id = %who.request_id, rows = a.rows.len(), queued, dry_run, "operator bulk requeue");
+            if queued > 0 {
+                wake(&s);
+            }
+            html(StatusCode::OK, pages::bulk(&ctx, &a, &who.reason, new_request_id()))
+        }
+        Err(e) => refused_page(&ctx, &e),
+    }
+}
+
+async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let form = Form::parse(&body).unwrap_or(Form(vec![]));
+    let (session, key) = match acting(&s, &headers, &form) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+    let load = match LoadId::parse(form.get("load_id")) {
+        Ok(l) => l,
+        Err(e) => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                pages::message(&ctx, "Refused", &e.message, &[("/console/unmatched".into(), "Unmatched SMS")]),
+            );
+        }
+    };
+    let who = requester(&session, &form);
+    let sid = form.get("message_sid");
+    match operator::assign_sms(s.store.as_ref(), &s.queue, &who, sid, &load, s.clock.now()).await {
+        Ok(q) => {
+            info!(target: "haul_server::console", action = "assign_sms", actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, status = q.status, "operator action");
+            if q.is_new() {
+                wake(&s);
+            }
+            let link = format!("/console/loads/{}", html::seg(q.load_id.as_str()));
+            let text = format!(
+                "SMS {sid} {} to load {} as event {}.",
+                if q.is_new() { "assigned" } else { "was assigned already" },
+                q.load_id,
+                q.event_id
+            );
+            html(
+                StatusCode::OK,
+                pages::message(
+                    &ctx,
+                    "Assigned",
+                    &text,
+                    &[(link, "Open the load"), ("/console/unmatched".into(), "Unmatched SMS")],
+                ),
+            )
+        }
+        Err(e) => refused_page(&ctx, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cross_site_requests_are_told_apart() {
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_static(v));
+            }
+            m
+        };
+        assert!(!cross_site(&h(&[])));
+        assert!(!cross_site(&h(&[("host", "a:1"), ("origin", "http://a:1"), ("sec-fetch-site", "same-origin")])));
+        assert!(cross_site(&h(&[("host", "a:1"), ("origin", "http://evil")])));
+        assert!(cross_site(&h(&[("sec-fetch-site", "cross-site")])));
+        assert!(cross_site(&h(&[("sec-fetch-site", "same-site")])));
+    }
+
+    #[test]
+    fn docs_list_every_console_route() {
+        let doc = include_str!("../../../../docs/console.md");
+        for (method, path) in CONSOLE_ROUTES {
+            assert!(doc.contains(&format!("`{method} {path}`")), "docs/console.md does not list {method} {path}");
+        }
+    }
+}

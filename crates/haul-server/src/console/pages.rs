@@ -1,0 +1,1044 @@
+//! The console's pages, rendered on the server from what the operators' queries
+//! (`haul_runtime::queries`) and the load view (`haul_runtime::inspect`) answer: the
+//! same functions as `GET /v1/ops/*` and `GET /v1/loads/{id}`, never queries of
+//! their own. Every value is escaped ([`super::html`]); no inline script or style.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use haul_core::action::ActionType;
+use haul_core::decision::DECISION_RECORDED;
+use haul_core::time::{Timestamp, since};
+use haul_core::tools::mask_phone;
+use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
+use haul_store::ops::class_name;
+use haul_store::{OutboxRow, OutboxStatus};
+use serde_json::Value;
+
+use super::html::{age, anchor, esc, id, is_phone_key, query, seg, str_of, time, time_json, value_text};
+use super::session::{Role, Session};
+
+/// Which page the navigation marks as the current one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nav {
+    Overview,
+    Loads,
+    Dead,
+    Timers,
+    Unmatched,
+    Alerts,
+    None,
+}
+
+/// What every signed-in page needs: who looks, and the CSRF token of their forms.
+pub struct Ctx<'a> {
+    pub session: &'a Session,
+    pub csrf: String,
+}
+
+impl Ctx<'_> {
+    pub fn operator(&self) -> bool {
+        self.session.role == Role::Operator
+    }
+
+    /// The hidden fields every state-changing form carries.
+    pub fn hidden(&self) -> String {
+        format!("<input type=\"hidden\" name=\"csrf\" value=\"{}\">", esc(&self.csrf))
+    }
+}
+
+const NAV: [(Nav, &str, &str); 6] = [
+    (Nav::Overview, "/console", "Overview"),
+    (Nav::Loads, "/console/loads", "Loads"),
+    (Nav::Dead, "/console/dead", "Dead rows"),
+    (Nav::Timers, "/console/timers", "Overdue timers"),
+    (Nav::Unmatched, "/console/unmatched", "Unmatched SMS"),
+    (Nav::Alerts, "/console/alerts", "OpsAlerts"),
+];
+
+fn head(title: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{} · haul console</title>\
+         <link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
+         <script src=\"/console/assets/console.js\" defer></script></head>",
+        esc(title)
+    )
+}
+
+/// A signed-in page: navigation, who is signed in, sign-out, then `body`.
+pub fn layout(ctx: &Ctx, title: &str, nav: Nav, body: &str) -> String {
+    let mut links = String::new();
+    for (n, href, label) in NAV {
+        let current = if n == nav { " aria-current=\"page\"" } else { "" };
+        let _ = write!(links, "<li><a href=\"{href}\"{current}>{label}</a></li>");
+    }
+    let role = match ctx.session.role {
+        Role::Operator => "operator",
+        Role::Read => "read only",
+    };
+    format!(
+        "{}<body><header><nav aria-label=\"Console\"><a class=\"brand\" href=\"/console\">haul</a><ul>{links}</ul></nav>\
+         <form class=\"who\" method=\"post\" action=\"/console/sign-out\">{}<span>Signed in as <strong>{}</strong> \
+         (<span id=\"role\">{role}</span>)</span> <button type=\"submit\">Sign out</button></form></header>\
+         <main id=\"main\"><h1>{}</h1>{body}</main></body></html>",
+        head(title),
+        ctx.hidden(),
+        esc(&ctx.session.actor),
+        esc(title),
+    )
+}
+
+/// The sign-in page: a token and a name.
+pub fn sign_in(message: Option<&str>) -> String {
+    let message = message.map(|m| format!("<p class=\"error\" role=\"alert\">{}</p>", esc(m))).unwrap_or_default();
+    format!(
+        "{}<body class=\"signin\"><main id=\"main\"><h1>haul console</h1>{message}\
+         <form method=\"post\" action=\"/console/sign-in\">\
+         <p><label for=\"actor\">Your name (recorded with every action you take)</label>\
+         <input id=\"actor\" name=\"actor\" required maxlength=\"64\" pattern=\"[A-Za-z0-9_.@+\\-]{{1,64}}\" autocomplete=\"username\"></p>\
+         <p><label for=\"token\">Token: an operator token to act, an API token to read</label>\
+         <input id=\"token\" name=\"token\" type=\"password\" required autocomplete=\"current-password\"></p>\
+         <p><button type=\"submit\">Sign in</button></p></form>\
+         <p class=\"note\">The token is checked and forgotten: the session cookie holds a signature, never the token. \
+         Sessions last 8 hours and end when the tokens rotate.</p></main></body></html>",
+        head("Sign in")
+    )
+}
+
+/// A message page: what an action did, or why it was refused.
+pub fn message(ctx: &Ctx, title: &str, text: &str, links: &[(String, &str)]) -> String {
+    let mut body = format!("<p class=\"result\" role=\"status\">{}</p><ul>", esc(text));
+    for (href, label) in links {
+        let _ = write!(body, "<li><a href=\"{}\">{}</a></li>", esc(href), esc(label));
+    }
+    body.push_str("</ul>");
+    layout(ctx, title, Nav::None, &body)
+}
+
+/// A refused request (bad filter, store down), on the page that asked.
+pub fn error_box(text: &str) -> String {
+    format!("<p class=\"error\" role=\"alert\">{}</p>", esc(text))
+}
+
+/// Quoted text from outside, or a dash for none.
+fn quoted(text: Option<&str>) -> String {
+    text.map_or_else(|| "–".to_string(), |t| format!("<q>{}</q>", esc(t)))
+}
+
+fn link_load(load: &str) -> String {
+    format!("<a href=\"/console/loads/{}\">{}</a>", esc(&seg(load)), esc(load))
+}
+
+fn next_link(path: &str, pairs: &[(&str, &str)], label: &str) -> String {
+    format!("<p class=\"pager\"><a rel=\"next\" href=\"{}{}\">{}</a></p>", path, esc(&query(pairs)), esc(label))
+}
+
+/// The pairs of a filter form that hold a value: empty fields are not sent on.
+pub fn given<'a>(pairs: &'a [(String, String)], names: &[&str]) -> Vec<(&'a str, &'a str)> {
+    pairs
+        .iter()
+        .filter(|(n, v)| names.contains(&n.as_str()) && !v.is_empty())
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect()
+}
+
+fn value_of<'a>(pairs: &[(&'a str, &'a str)], name: &str) -> &'a str {
+    pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).unwrap_or("")
+}
+
+// ---------------------------------------------------------------- overview
+
+/// The overview's figures, read by the caller.
+pub struct Figures {
+    pub oldest_pending: Option<Timestamp>,
+    /// Per class: dead rows buried in the last hour, and whether the count stopped at
+    /// the page's bound.
+    pub dead_last_hour: Vec<(&'static str, usize, bool)>,
+    pub dead_in_store: Option<u64>,
+    pub oldest_due_timer: Option<Timestamp>,
+    /// `haul_append_conflicts_total` of this process.
+    pub conflicts: Option<f64>,
+    pub queue_depth: Option<u64>,
+    pub now: Timestamp,
+}
+
+pub fn overview(f: &Figures) -> String {
+    let ago = |t: Option<Timestamp>| match t {
+        Some(t) => format!("{} <span class=\"sub\">(since {})</span>", age(since(f.now, t).as_secs_f64()), time(t)),
+        None => "none".into(),
+    };
+    let mut dead = String::new();
+    for (class, n, more) in &f.dead_last_hour {
+        let more = if *more { "+" } else { "" };
+        let state = if *n > 0 { "warn" } else { "ok" };
+        let _ =
+            write!(dead, "<li class=\"{state}\"><a href=\"/console/dead?class={class}\">{class}: {n}{more}</a></li>");
+    }
+    let opt = |n: Option<u64>| n.map_or("unknown (the store did not answer)".to_string(), |n| n.to_string());
+    format!(
+        "<section class=\"figures\" aria-label=\"The four figures\">\
+         <article><h2>Oldest pending outbox row</h2><p class=\"figure\">{}</p>\
+         <p><a href=\"/console/loads?pending_over=1s\">Loads with a pending row</a></p></article>\
+         <article><h2>Dead rows in the last hour, by class</h2><ul class=\"figure\">{dead}</ul>\
+         <p><a href=\"/console/dead\">All dead rows</a> ({} in the store)</p></article>\
+         <article><h2>Oldest overdue timer</h2><p class=\"figure\">{}</p>\
+         <p><a href=\"/console/timers\">Overdue timers</a></p></article>\
+         <article><h2>Version conflicts</h2><p class=\"figure\">{}</p>\
+         <p class=\"sub\">Appends refused by the version check in this process since it started \
+         (<code>haul_append_conflicts_total</code>; the other processes' are on their <code>/metrics</code>).</p>\
+         <p><a href=\"/metrics\">This process's metrics</a></p></article>\
+         <article><h2>Queue depth</h2><p class=\"figure\">{}</p>\
+         <p class=\"sub\">Messages waiting in the load queue.</p>\
+         <p><a href=\"/console/loads?active_within=1h\">Loads active in the last hour</a></p></article>\
+         </section>\
+         <section><h2>Where to look</h2><ul>\
+         <li><a href=\"/console/loads?escalated=true\">Loads with an escalated ask</a></li>\
+         <li><a href=\"/console/loads?has_dead=true\">Loads with a dead outbox row</a></li>\
+         <li><a href=\"/console/unmatched\">Unmatched SMS</a></li>\
+         <li><a href=\"/console/alerts\">OpsAlerts</a></li></ul></section>",
+        ago(f.oldest_pending),
+        opt(f.dead_in_store),
+        ago(f.oldest_due_timer),
+        f.conflicts.map_or("unknown".to_string(), |c| format!("{c}")),
+        opt(f.queue_depth),
+    )
+}
+
+// ---------------------------------------------------------------- loads
+
+pub const LOAD_FILTERS: [&str; 10] = [
+    "stage",
+    "open_asks",
+    "escalated",
+    "has_dead",
+    "pending_over",
+    "overdue_over",
+    "idle_over",
+    "active_within",
+    "after",
+    "limit",
+];
+
+pub fn loads(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) -> String {
+    let v = |n| esc(value_of(pairs, n));
+    let checked = |n| if value_of(pairs, n) == "true" { " checked" } else { "" };
+    let mut body = format!(
+        "<form class=\"search\" method=\"get\" action=\"/console/loads\" role=\"search\">\
+         <label for=\"load_id\">Load id</label> <input id=\"load_id\" name=\"load_id\" required maxlength=\"64\">\
+         <button type=\"submit\">Open load</button></form>\
+         <form class=\"filters\" method=\"get\" action=\"/console/loads\"><fieldset><legend>Filter</legend>\
+         <p><label for=\"stage\">Stage</label> <input id=\"stage\" name=\"stage\" value=\"{}\"></p>\
+         <p><input type=\"checkbox\" id=\"open_asks\" name=\"open_asks\" value=\"true\"{}> <label for=\"open_asks\">Has an open ask</label></p>\
+         <p><input type=\"checkbox\" id=\"escalated\" name=\"escalated\" value=\"true\"{}> <label for=\"escalated\">Has an escalated ask</label></p>\
+         <p><input type=\"checkbox\" id=\"has_dead\" name=\"has_dead\" value=\"true\"{}> <label for=\"has_dead\">Has a dead outbox row</label></p>\
+         <p><label for=\"pending_over\">A row pending longer than</label> <input id=\"pending_over\" name=\"pending_over\" placeholder=\"5m\" value=\"{}\"></p>\
+         <p><label for=\"overdue_over\">A timer overdue by more than</label> <input id=\"overdue_over\" name=\"overdue_over\" placeholder=\"15m\" value=\"{}\"></p>\
+         <p><label for=\"idle_over\">Idle longer than</label> <input id=\"idle_over\" name=\"idle_over\" placeholder=\"1h\" value=\"{}\"></p>\
+         <p><label for=\"active_within\">Active within</label> <input id=\"active_within\" name=\"active_within\" placeholder=\"1h\" value=\"{}\"></p>\
+         <p><label for=\"limit\">Per page</label> <input id=\"limit\" name=\"limit\" type=\"number\" min=\"1\" max=\"500\" value=\"{}\"></p>\
+         <p><button type=\"submit\">Filter</button> <a href=\"/console/loads\">Clear</a></p></fieldset></form>",
+        v("stage"),
+        checked("open_asks"),
+        checked("escalated"),
+        checked("has_dead"),
+        v("pending_over"),
+        v("overdue_over"),
+        v("idle_over"),
+        v("active_within"),
+        v("limit"),
+    );
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            body.push_str(&error_box(&e));
+            return layout(ctx, "Loads", Nav::Loads, &body);
+        }
+    };
+    let rows = answer["loads"].as_array().cloned().unwrap_or_default();
+    body.push_str(
+        "<div class=\"scroll\"><table><caption>Loads, in id order</caption><thead><tr><th scope=\"col\">Load</th><th scope=\"col\">Stage</th>\
+         <th scope=\"col\">Open asks</th><th scope=\"col\">Escalated asks</th><th scope=\"col\">Version</th>\
+         <th scope=\"col\">Last activity</th></tr></thead><tbody>",
+    );
+    if rows.is_empty() {
+        body.push_str("<tr><td colspan=\"6\">No load on this page matches.</td></tr>");
+    }
+    for l in &rows {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} <span class=\"sub\">({} idle)</span></td></tr>",
+            link_load(str_of(l, "load_id")),
+            esc(l["stage"].as_str().unwrap_or("–")),
+            l["open_asks"],
+            l["escalated_asks"],
+            l["version"],
+            time_json(&l["last_activity_at"]),
+            age(l["idle_s"].as_f64().unwrap_or(0.0)),
+        );
+    }
+    body.push_str("</tbody></table></div>");
+    if let Some(next) = answer["next_after"].as_str() {
+        let mut next_pairs: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != "after").copied().collect();
+        next_pairs.push(("after", next));
+        body.push_str(&next_link("/console/loads", &next_pairs, "Next page"));
+    }
+    layout(ctx, "Loads", Nav::Loads, &body)
+}
+
+// ---------------------------------------------------------------- one load
+
+fn status_badge(status: &str) -> String {
+    // The status is the word itself; the colour only repeats it.
+    format!("<span class=\"status s-{}\">{}</span>", esc(status), esc(status))
+}
+
+fn outbox_state(row: &OutboxRow) -> String {
+    let mut s = format!("{} · sends {}", status_badge(row.status.as_str()), sends(row));
+    if row.status == OutboxStatus::Pending {
+        let _ = write!(s, " · next try {}", time(row.due_at));
+    }
+    if let Some(r) = &row.receipt {
+        let _ = write!(s, " · receipt <code>{}</code>", esc(r));
+    }
+    if let Some(f) = &row.last_failure {
+        let _ = write!(s, " · last failure: <q>{}</q>", esc(f));
+    }
+    s
+}
+
+fn payload_list(p: &Value) -> String {
+    let Some(obj) = p.as_object() else { return format!("<p>{}</p>", esc(&p.to_string())) };
+    let mut out = String::from("<dl>");
+    for (k, v) in obj {
+        let shown = match v {
+            Value::String(s) if is_phone_key(k) => esc(&mask_phone(s)),
+            Value::String(s) => esc(s),
+            other => value_text(k, other),
+        };
+        let _ = write!(out, "<dt>{}</dt><dd>{shown}</dd>", esc(k));
+    }
+    out.push_str("</dl>");
+    out
+}
+
+/// The timeline section of a load's page: also what the live refresh fetches.
+pub fn timeline(v: &LoadView, page_query: &str) -> String {
+    let rows: HashMap<&str, &OutboxRow> = v.outbox.iter().map(|r| (r.id.as_str(), r)).collect();
+    let mut out = format!(
+        "<section id=\"timeline\" data-version=\"{}\" data-live=\"/console/loads/{}/timeline{}\" aria-labelledby=\"timeline-h\">\
+         <h2 id=\"timeline-h\">Timeline <span class=\"sub\">(newest last; version {})</span></h2>\
+         <p class=\"live\" aria-live=\"polite\"></p><ol class=\"timeline\">",
+        v.version,
+        esc(&seg(v.load_id.as_str())),
+        esc(page_query),
+        v.version,
+    );
+    for r in &v.log {
+        let _ = write!(
+            out,
+            "<li class=\"k-{}\"><p class=\"rec\"><span class=\"seq\">#{}</span> {} <strong>{}</strong> {}</p>",
+            esc(&r.kind),
+            r.seq,
+            time(r.recorded_at),
+            esc(&r.kind),
+            id(&r.entry_id)
+        );
+        if r.kind == DECISION_RECORDED {
+            let p = &r.payload;
+            let filtered = if p["filtered"] == true { " (by the filter)" } else { "" };
+            let _ = write!(
+                out,
+                "<p>Decision by <strong>{}</strong>{filtered}: <q class=\"rationale\">{}</q></p>",
+                esc(str_of(p, "decider")),
+                esc(str_of(p, "rationale"))
+            );
+            let actions = p["actions"].as_array().cloned().unwrap_or_default();
+            if actions.is_empty() {
+                out.push_str("<p class=\"sub\">No action.</p>");
+            } else {
+                out.push_str("<ul class=\"actions\">");
+                for a in &actions {
+                    let key = str_of(a, "key");
+                    let state = match rows.get(key) {
+                        Some(row) => outbox_state(row),
+                        None => "<span class=\"sub\">(outbox row on another page)</span>".into(),
+                    };
+                    let _ = write!(
+                        out,
+                        "<li><a href=\"#{}\">{}</a> {} — {state}</li>",
+                        anchor(key),
+                        esc(str_of(a, "type")),
+                        id(key)
+                    );
+                }
+                out.push_str("</ul>");
+            }
+            for change in p["asks"].as_array().into_iter().flatten() {
+                let _ = write!(
+                    out,
+                    "<p class=\"sub\">Ask {} step {} → {}</p>",
+                    esc(str_of(change, "ask_id")),
+                    change["step"],
+                    esc(str_of(change, "status"))
+                );
+            }
+        } else if r.kind == "action_outcome" {
+            let key = str_of(&r.payload, "outbox_id");
+            let _ = write!(
+                out,
+                "<p>Outcome of <a href=\"#{}\">{}</a>: {}</p>{}",
+                anchor(key),
+                esc(key),
+                status_badge(str_of(&r.payload, "status")),
+                payload_list(&r.payload)
+            );
+        } else if r.kind == "operator_action" {
+            let p = &r.payload;
+            let _ = write!(
+                out,
+                "<p>Operator <strong>{}</strong>: {} — reason: <q>{}</q></p>{}",
+                esc(str_of(p, "actor")),
+                esc(p["command"]["type"].as_str().unwrap_or("?")),
+                esc(str_of(p, "reason")),
+                payload_list(&p["command"])
+            );
+        } else {
+            out.push_str(&payload_list(&r.payload));
+        }
+        out.push_str("</li>");
+    }
+    out.push_str("</ol>");
+    if let Some(next) = v.next_after_seq {
+        let path = format!("/console/loads/{}", seg(v.load_id.as_str()));
+        let n = next.to_string();
+        out.push_str(&next_link(&path, &[("after_seq", &n)], "Later records"));
+        // The newest page, for a long log.
+        let latest = v.version.saturating_sub(PAGE_DEFAULT as u64).to_string();
+        out.push_str(&next_link(&path, &[("after_seq", &latest)], "The latest records"));
+    }
+    out.push_str("<h2 id=\"outbox-h\">Outbox</h2><div class=\"scroll\"><table aria-labelledby=\"outbox-h\"><thead><tr>\
+        <th scope=\"col\">Action</th><th scope=\"col\">Id</th><th scope=\"col\">State</th><th scope=\"col\">Created</th></tr></thead><tbody>");
+    if v.outbox.is_empty() {
+        out.push_str("<tr><td colspan=\"4\">None.</td></tr>");
+    }
+    for row in &v.outbox {
+        let requeue_of = row
+            .action
+            .get("requeue_of")
+            .and_then(|d| d.as_str())
+            .map(|d| format!("<br><span class=\"sub\">requeues <a href=\"#{}\">{}</a></span>", anchor(d), esc(d)))
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            "<tr id=\"{}\"><td>{}</td><td>{}{requeue_of}</td><td>{}</td><td>{}</td></tr>",
+            anchor(&row.id),
+            esc(row.action_type.as_str()),
+            id(&row.id),
+            outbox_state(row),
+            time(row.created_at),
+        );
+    }
+    out.push_str("</tbody></table></div>");
+    if let Some(next) = &v.next_outbox_after {
+        out.push_str(&next_link(
+            &format!("/console/loads/{}", seg(v.load_id.as_str())),
+            &[("outbox_after", next)],
+            "More outbox rows",
+        ));
+    }
+    out.push_str(
+        "<h2 id=\"timers-h\">Timers</h2><div class=\"scroll\"><table aria-labelledby=\"timers-h\"><thead><tr>\
+        <th scope=\"col\">Timer</th><th scope=\"col\">State</th><th scope=\"col\">Fires at</th></tr></thead><tbody>",
+    );
+    if v.timers.is_empty() {
+        out.push_str("<tr><td colspan=\"3\">None.</td></tr>");
+    }
+    for t in &v.timers {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            id(t.timer_id.as_str()),
+            status_badge(t.status.as_str()),
+            time(t.fire_at)
+        );
+    }
+    out.push_str("</tbody></table></div>");
+    if let Some(next) = &v.next_timers_after {
+        out.push_str(&next_link(
+            &format!("/console/loads/{}", seg(v.load_id.as_str())),
+            &[("timers_after", next)],
+            "More timers",
+        ));
+    }
+    out.push_str("</section>");
+    out
+}
+
+pub fn load(ctx: &Ctx, v: &LoadView, page_query: &str, new_request: &mut dyn FnMut() -> String) -> String {
+    let s = &v.state;
+    let dash = |o: &Option<String>| esc(o.as_deref().unwrap_or("–"));
+    let mut body = format!(
+        "<p>Load {}</p><dl class=\"facts\"><dt>Client</dt><dd>{}</dd><dt>Stage</dt><dd>{}</dd>\
+         <dt>Driver</dt><dd>{}</dd><dt>Next stop</dt><dd>{}</dd><dt>Version</dt><dd>{}</dd></dl>",
+        id(v.load_id.as_str()),
+        dash(&s.client),
+        dash(&s.stage),
+        esc(&s.driver_phone.as_deref().map(mask_phone).unwrap_or_else(|| "–".into())),
+        dash(&s.next_stop),
+        v.version,
+    );
+    if s.unreadable > 0 {
+        body.push_str(&error_box(&format!("{} record(s) of this log could not be read", s.unreadable)));
+    }
+    body.push_str("<h2 id=\"asks-h\">Asks</h2><div class=\"scroll\"><table aria-labelledby=\"asks-h\"><thead><tr><th scope=\"col\">Ask</th>\
+        <th scope=\"col\">Status</th><th scope=\"col\">Step</th><th scope=\"col\">Opened</th><th scope=\"col\">Step since</th></tr></thead><tbody>");
+    if s.asks.is_empty() {
+        body.push_str("<tr><td colspan=\"5\">None.</td></tr>");
+    }
+    for a in s.asks.values() {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            id(a.ask_id.as_str()),
+            status_badge(a.status.as_str()),
+            a.step,
+            time(a.opened_at),
+            time(a.step_decided_at)
+        );
+    }
+    body.push_str("</tbody></table></div>");
+    let dead: Vec<&OutboxRow> = v.outbox.iter().filter(|r| r.status == OutboxStatus::Dead).collect();
+    if !dead.is_empty() {
+        body.push_str("<h2 id=\"dead-h\">Dead rows of this load</h2><div class=\"scroll\"><table aria-labelledby=\"dead-h\"><thead><tr>\
+            <th scope=\"col\">Row</th><th scope=\"col\">State</th>");
+        if ctx.operator() {
+            body.push_str("<th scope=\"col\">Requeue</th>");
+        }
+        body.push_str("</tr></thead><tbody>");
+        // A dead row requeued already (on this page of rows) says by which row.
+        let copies: HashMap<&str, &str> =
+            v.outbox.iter().filter_map(|r| Some((r.action.get("requeue_of")?.as_str()?, r.id.as_str()))).collect();
+        for (i, row) in dead.iter().enumerate() {
+            let _ = write!(body, "<tr><td>{}</td><td>{}</td>", id(&row.id), outbox_state(row));
+            if let Some(copy) = copies.get(row.id.as_str()) {
+                let _ = write!(body, "<td>Requeued as <a href=\"#{}\">{}</a></td>", anchor(copy), esc(copy));
+            } else if ctx.operator() {
+                let _ = write!(
+                    body,
+                    "<td><form method=\"post\" action=\"/console/dead/requeue\">{}{}\
+                     <input type=\"hidden\" name=\"outbox_id\" value=\"{}\">{} <button type=\"submit\">Requeue</button></form></td>",
+                    ctx.hidden(),
+                    request_field(&new_request()),
+                    esc(&row.id),
+                    reason_field(&format!("load-{i}")),
+                );
+            }
+            body.push_str("</tr>");
+        }
+        body.push_str("</tbody></table></div>");
+    }
+    body.push_str(&timeline(v, page_query));
+    layout(ctx, &format!("Load {}", v.load_id), Nav::Loads, &body)
+}
+
+// ---------------------------------------------------------------- dead rows
+
+pub const DEAD_FILTERS: [&str; 4] = ["action_type", "class", "before", "limit"];
+
+fn options(selected: &str, values: &[&str], any: &str) -> String {
+    let mut out = format!("<option value=\"\">{}</option>", esc(any));
+    for v in values {
+        let sel = if *v == selected { " selected" } else { "" };
+        let _ = write!(out, "<option value=\"{0}\"{sel}>{0}</option>", esc(v));
+    }
+    out
+}
+
+fn type_names() -> Vec<&'static str> {
+    ActionType::ALL.iter().map(|t| t.as_str()).collect()
+}
+
+/// A fresh request id for a form: the same form sent twice is the same request.
+pub fn request_field(request_id: &str) -> String {
+    format!("<input type=\"hidden\" name=\"request_id\" value=\"{}\">", esc(request_id))
+}
+
+fn reason_field(id_suffix: &str) -> String {
+    format!(
+        "<label for=\"reason-{0}\">Reason</label> <input id=\"reason-{0}\" name=\"reason\" required maxlength=\"500\">",
+        esc(id_suffix)
+    )
+}
+
+pub fn dead(
+    ctx: &Ctx,
+    pairs: &[(&str, &str)],
+    answer: Result<&Value, String>,
+    new_request: &mut dyn FnMut() -> String,
+    now: Timestamp,
+) -> String {
+    let classes = ["external", "hero_channel", "internal"];
+    let mut body = format!(
+        "<form class=\"filters\" method=\"get\" action=\"/console/dead\"><fieldset><legend>Filter</legend>\
+         <p><label for=\"class\">Channel class</label> <select id=\"class\" name=\"class\">{}</select></p>\
+         <p><label for=\"action_type\">Action type</label> <select id=\"action_type\" name=\"action_type\">{}</select></p>\
+         <p><button type=\"submit\">Filter</button> <a href=\"/console/dead\">Clear</a></p></fieldset></form>",
+        options(value_of(pairs, "class"), &classes, "any"),
+        options(value_of(pairs, "action_type"), &type_names(), "any"),
+    );
+    if ctx.operator() {
+        let since = haul_core::time::from_ms(haul_core::time::to_ms(now) - 24 * 3600 * 1000);
+        let since = since.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let _ = write!(
+            body,
+            "<form class=\"bulk\" method=\"post\" action=\"/console/dead/bulk-requeue\">{}{}\
+             <fieldset><legend>Requeue all dead rows of a type (a dry run counts them first)</legend>\
+             <p><label for=\"bulk-type\">Action type</label> <select id=\"bulk-type\" name=\"action_type\" required>{}</select></p>\
+             <p><label for=\"bulk-since\">Buried since (UTC)</label> <input id=\"bulk-since\" name=\"since\" required value=\"{}\"></p>\
+             <p>{}</p><input type=\"hidden\" name=\"dry_run\" value=\"true\">\
+             <p><button type=\"submit\">Count them (dry run)</button></p></fieldset></form>",
+            ctx.hidden(),
+            request_field(&new_request()),
+            options(value_of(pairs, "action_type"), &type_names(), "choose one"),
+            esc(&since),
+            reason_field("bulk"),
+        );
+    }
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            body.push_str(&error_box(&e));
+            return layout(ctx, "Dead rows", Nav::Dead, &body);
+        }
+    };
+    let rows = answer["rows"].as_array().cloned().unwrap_or_default();
+    body.push_str("<div class=\"scroll\"><table><caption>Dead outbox rows, newest first</caption><thead><tr><th scope=\"col\">Row</th><th scope=\"col\">Load</th>\
+        <th scope=\"col\">Type</th><th scope=\"col\">Sends failed</th><th scope=\"col\">Last failure</th><th scope=\"col\">Died</th>");
+    if ctx.operator() {
+        body.push_str("<th scope=\"col\">Requeue</th>");
+    }
+    body.push_str("</tr></thead><tbody>");
+    if rows.is_empty() {
+        body.push_str("<tr><td colspan=\"7\">No dead row matches.</td></tr>");
+    }
+    for (i, r) in rows.iter().enumerate() {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{} <span class=\"sub\">({})</span></td><td>{}</td><td>{}</td><td>{}</td>",
+            id(str_of(r, "id")),
+            link_load(str_of(r, "load_id")),
+            esc(str_of(r, "action_type")),
+            esc(str_of(r, "class")),
+            r["attempts"],
+            quoted(r["last_failure"].as_str()),
+            time_json(&r["dead_at"]),
+        );
+        if ctx.operator() {
+            let _ = write!(
+                body,
+                "<td><form method=\"post\" action=\"/console/dead/requeue\">{}{}\
+                 <input type=\"hidden\" name=\"outbox_id\" value=\"{}\">{} <button type=\"submit\">Requeue</button></form></td>",
+                ctx.hidden(),
+                request_field(&new_request()),
+                esc(str_of(r, "id")),
+                reason_field(&i.to_string()),
+            );
+        }
+        body.push_str("</tr>");
+    }
+    body.push_str("</tbody></table></div>");
+    if let Some(next) = answer["next_before"].as_str() {
+        let mut next_pairs: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != "before").copied().collect();
+        next_pairs.push(("before", next));
+        body.push_str(&next_link("/console/dead", &next_pairs, "Older rows"));
+    }
+    layout(ctx, "Dead rows", Nav::Dead, &body)
+}
+
+/// What a bulk requeue did, or with a dry run would do, and the form that does it.
+pub fn bulk(ctx: &Ctx, a: &haul_runtime::operator::BulkAnswer, reason: &str, new_request: String) -> String {
+    let mut body = String::new();
+    let title = if a.dry_run { "Bulk requeue: dry run" } else { "Bulk requeue: done" };
+    let n = a.rows.len();
+    let more = if a.truncated { " (more match: run it again for the next ones)" } else { "" };
+    let _ = write!(
+        body,
+        "<p class=\"result\" role=\"status\">{} {n} dead {} row(s) buried since {}{more}.</p>",
+        if a.dry_run { "Would requeue" } else { "Requeued" },
+        esc(a.filter.action_type.as_str()),
+        time(a.filter.since),
+    );
+    body.push_str("<div class=\"scroll\"><table><thead><tr><th scope=\"col\">Row</th><th scope=\"col\">Load</th><th scope=\"col\">Died</th>\
+        <th scope=\"col\">Last failure</th><th scope=\"col\">Result</th></tr></thead><tbody>");
+    for r in &a.rows {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            id(&r.outbox_id),
+            link_load(r.load_id.as_str()),
+            time(r.dead_at),
+            quoted(r.last_failure.as_deref()),
+            status_badge(&r.status),
+        );
+    }
+    body.push_str("</tbody></table></div>");
+    if a.dry_run && n > 0 && ctx.operator() {
+        let since = a.filter.since.strftime("%Y-%m-%dT%H:%M:%S%.fZ").to_string();
+        let _ = write!(
+            body,
+            "<form method=\"post\" action=\"/console/dead/bulk-requeue\">{}{}\
+             <input type=\"hidden\" name=\"action_type\" value=\"{}\"><input type=\"hidden\" name=\"since\" value=\"{}\">\
+             <input type=\"hidden\" name=\"dry_run\" value=\"false\">\
+             <p><label for=\"reason-confirm\">Reason</label> <input id=\"reason-confirm\" name=\"reason\" required maxlength=\"500\" value=\"{}\"></p>\
+             <p><button type=\"submit\">Requeue these {n} rows</button></p></form>",
+            ctx.hidden(),
+            request_field(&new_request),
+            esc(a.filter.action_type.as_str()),
+            esc(&since),
+            esc(reason),
+        );
+    }
+    body.push_str("<p><a href=\"/console/dead\">Back to the dead rows</a></p>");
+    layout(ctx, title, Nav::Dead, &body)
+}
+
+// ---------------------------------------------------------------- timers, unmatched, alerts
+
+pub const TIMER_FILTERS: [&str; 3] = ["overdue_over", "after", "limit"];
+
+pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) -> String {
+    let mut body = format!(
+        "<form class=\"filters\" method=\"get\" action=\"/console/timers\"><fieldset><legend>Filter</legend>\
+         <p><label for=\"overdue_over\">Overdue by more than</label> <input id=\"overdue_over\" name=\"overdue_over\" placeholder=\"15m\" value=\"{}\"></p>\
+         <p><button type=\"submit\">Filter</button></p></fieldset></form>",
+        esc(value_of(pairs, "overdue_over"))
+    );
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            body.push_str(&error_box(&e));
+            return layout(ctx, "Overdue timers", Nav::Timers, &body);
+        }
+    };
+    body.push_str("<div class=\"scroll\"><table><caption>Timers due and not fired, the most overdue first</caption><thead><tr>\
+        <th scope=\"col\">Timer</th><th scope=\"col\">Load</th><th scope=\"col\">Fire at</th><th scope=\"col\">Overdue by</th></tr></thead><tbody>");
+    let timers = answer["timers"].as_array().cloned().unwrap_or_default();
+    if timers.is_empty() {
+        body.push_str("<tr><td colspan=\"4\">No timer is overdue.</td></tr>");
+    }
+    for t in &timers {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            id(str_of(t, "timer_id")),
+            link_load(str_of(t, "load_id")),
+            time_json(&t["fire_at"]),
+            age(t["overdue_s"].as_f64().unwrap_or(0.0)),
+        );
+    }
+    body.push_str("</tbody></table></div>");
+    if let Some(next) = answer["next_after"].as_str() {
+        let mut next_pairs: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != "after").copied().collect();
+        next_pairs.push(("after", next));
+        body.push_str(&next_link("/console/timers", &next_pairs, "Next page"));
+    }
+    layout(ctx, "Overdue timers", Nav::Timers, &body)
+}
+
+pub const LIST_FILTERS: [&str; 2] = ["before", "limit"];
+
+pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dyn FnMut() -> String) -> String {
+    let mut body = String::new();
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            body.push_str(&error_box(&e));
+            return layout(ctx, "Unmatched SMS", Nav::Unmatched, &body);
+        }
+    };
+    body.push_str("<div class=\"scroll\"><table><caption>Inbound SMS that went to no load, newest first</caption><thead><tr>\
+        <th scope=\"col\">MessageSid</th><th scope=\"col\">From</th><th scope=\"col\">To</th><th scope=\"col\">Body</th>\
+        <th scope=\"col\">Received</th><th scope=\"col\">Why unmatched</th>");
+    if ctx.operator() {
+        body.push_str("<th scope=\"col\">Assign to a load</th>");
+    }
+    body.push_str("</tr></thead><tbody>");
+    let list = answer["unmatched"].as_array().cloned().unwrap_or_default();
+    if list.is_empty() {
+        body.push_str("<tr><td colspan=\"7\">None.</td></tr>");
+    }
+    for (i, u) in list.iter().enumerate() {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"body\">{}</td><td>{}</td><td>{}</td>",
+            id(str_of(u, "message_sid")),
+            esc(&mask_phone(str_of(u, "from"))),
+            esc(&mask_phone(str_of(u, "to"))),
+            esc(str_of(u, "body")),
+            time_json(&u["received_at"]),
+            esc(str_of(u, "reason")),
+        );
+        if ctx.operator() {
+            let _ = write!(
+                body,
+                "<td><form method=\"post\" action=\"/console/unmatched/assign\">{}{}\
+                 <input type=\"hidden\" name=\"message_sid\" value=\"{}\">\
+                 <label for=\"load-{i}\">Load id</label> <input id=\"load-{i}\" name=\"load_id\" required maxlength=\"64\"> \
+                 {} <button type=\"submit\">Assign</button></form></td>",
+                ctx.hidden(),
+                request_field(&new_request()),
+                esc(str_of(u, "message_sid")),
+                reason_field(&i.to_string()),
+            );
+        }
+        body.push_str("</tr>");
+    }
+    body.push_str("</tbody></table></div>");
+    if let Some(next) = answer["next_before"].as_str() {
+        body.push_str(&next_link("/console/unmatched", &[("before", next)], "Older messages"));
+    }
+    layout(ctx, "Unmatched SMS", Nav::Unmatched, &body)
+}
+
+/// The ops service's answers to the OpsAlerts (the store's record of each alert's
+/// sends), oldest first, and the cursor of the next page.
+pub struct AlertSends<'a> {
+    pub records: &'a [haul_store::OpsAlertRecord],
+    pub next_after: Option<String>,
+    pub pairs: &'a [(&'a str, &'a str)],
+}
+
+fn alert_sends(out: &mut String, sends: Result<&AlertSends, String>) {
+    out.push_str("<h2 id=\"sends-h\">What the ops service answered</h2>\
+        <p class=\"sub\">Each alert's sends, oldest first: <strong>delivered</strong> (taken), <strong>refused</strong> \
+        (a 4xx: kept, not sent again), or <strong>pending</strong> (not taken yet; the dispatcher tries again).</p>");
+    let sends = match sends {
+        Ok(s) => s,
+        Err(e) => {
+            out.push_str(&error_box(&e));
+            return;
+        }
+    };
+    out.push_str("<div class=\"scroll\"><table aria-labelledby=\"sends-h\"><thead><tr><th scope=\"col\">Row</th>\
+        <th scope=\"col\">Load</th><th scope=\"col\">Kind</th><th scope=\"col\">State</th><th scope=\"col\">Sends</th>\
+        <th scope=\"col\">Last error</th><th scope=\"col\">Raised</th><th scope=\"col\">Last send</th></tr></thead><tbody>");
+    if sends.records.is_empty() {
+        out.push_str("<tr><td colspan=\"8\">None.</td></tr>");
+    }
+    for a in sends.records {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            id(&a.outbox_id),
+            link_load(a.load_id.as_str()),
+            esc(a.kind.as_str()),
+            status_badge(a.state.as_str()),
+            a.sends,
+            quoted(a.last_error.as_deref()),
+            time(a.raised_at),
+            time(a.updated_at),
+        );
+    }
+    out.push_str("</tbody></table></div>");
+    if let Some(next) = &sends.next_after {
+        let mut next_pairs: Vec<(&str, &str)> =
+            sends.pairs.iter().filter(|(n, _)| *n != "sends_after").copied().collect();
+        next_pairs.push(("sends_after", next));
+        out.push_str(&next_link("/console/alerts", &next_pairs, "Later answers"));
+    }
+}
+
+pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>, sends: Result<&AlertSends, String>) -> String {
+    let mut body = String::from(
+        "<p class=\"sub\">An OpsAlert is raised when a Hero-channel or internal outbox row dies. Delivered: the ops \
+         service took it. Not delivered: the ops service refused it (4xx, kept as refused) or has not taken it yet.</p>",
+    );
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            body.push_str(&error_box(&e));
+            alert_sends(&mut body, sends);
+            return layout(ctx, "OpsAlerts", Nav::Alerts, &body);
+        }
+    };
+    body.push_str("<h2 id=\"raised-h\">Raised</h2><div class=\"scroll\"><table><caption>OpsAlerts, newest first</caption><thead><tr><th scope=\"col\">Kind</th>\
+        <th scope=\"col\">Row</th><th scope=\"col\">Load</th><th scope=\"col\">Failure</th><th scope=\"col\">Raised</th>\
+        <th scope=\"col\">Delivered</th></tr></thead><tbody>");
+    let list = answer["alerts"].as_array().cloned().unwrap_or_default();
+    if list.is_empty() {
+        body.push_str("<tr><td colspan=\"6\">None.</td></tr>");
+    }
+    for a in &list {
+        let delivered = if a["delivered"] == true {
+            format!("{} {}", status_badge("delivered"), time_json(&a["delivered_at"]))
+        } else {
+            format!("{} <span class=\"sub\">(refused, or not taken yet: below)</span>", status_badge("no"))
+        };
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{delivered}</td></tr>",
+            esc(a["kind"].as_str().unwrap_or("–")),
+            id(str_of(a, "outbox_id")),
+            link_load(str_of(a, "load_id")),
+            quoted(a["failure"].as_str()),
+            time_json(&a["raised_at"]),
+        );
+    }
+    body.push_str("</tbody></table></div>");
+    if let Some(next) = answer["next_before"].as_str() {
+        body.push_str(&next_link("/console/alerts", &[("before", next)], "Older alerts"));
+    }
+    alert_sends(&mut body, sends);
+    layout(ctx, "OpsAlerts", Nav::Alerts, &body)
+}
+
+/// Class names in the order the overview shows them.
+pub fn classes() -> [&'static str; 3] {
+    [
+        class_name(haul_core::action::ChannelClass::External),
+        class_name(haul_core::action::ChannelClass::HeroChannel),
+        class_name(haul_core::action::ChannelClass::Internal),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use haul_core::ids::LoadId;
+    use haul_core::projection::{LoadState, Record};
+    use haul_runtime::inspect::StateView;
+    use serde_json::json;
+
+    use super::super::session::{self, Role};
+    use super::*;
+
+    const HOSTILE: &str = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>\"'&";
+
+    fn session(role: Role) -> (Session, [u8; 32]) {
+        let key = session::derive_key(&["api-token-1".into()], &["op-token-1".into()]).unwrap();
+        let cookie = session::issue(&key, role, "ana", 0, [3; 16]);
+        (session::verify(&key, &cookie, 1).unwrap(), key)
+    }
+
+    /// No tag or attribute from outside survives: each hostile string is there escaped.
+    fn assert_inert(html: &str) {
+        assert!(!html.contains("<script>window"), "{html}");
+        assert!(!html.contains("<img"), "{html}");
+        assert!(
+            html.contains(
+                "&lt;script&gt;window.__pwned=1&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&quot;&#39;&amp;"
+            ),
+            "{html}"
+        );
+        // Nothing inline for the Content-Security-Policy to refuse.
+        assert!(!html.contains(" style=") && !html.contains(" onclick=") && !html.contains("<script>"), "{html}");
+    }
+
+    #[test]
+    fn text_from_outside_is_shown_as_text_on_every_page() {
+        let (s, key) = session(Role::Operator);
+        let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
+        let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let load_id = LoadId::parse("481207").unwrap();
+        let record = |seq: u64, kind: &str, payload: Value| Record {
+            seq,
+            entry_id: format!("e{seq}"),
+            kind: kind.into(),
+            payload,
+            recorded_at: t,
+        };
+        let key_id = "481207/sms_1/create_hero_task";
+        let view = LoadView {
+            load_id: load_id.clone(),
+            version: 3,
+            state: StateView::of(LoadState::default()),
+            log: vec![
+                record(1, "inbound_sms", json!({"from": "+15555550100", "body": HOSTILE})),
+                record(
+                    2,
+                    DECISION_RECORDED,
+                    json!({"decider": "llm:m", "rationale": HOSTILE, "filtered": false,
+                    "actions": [{"type": "create_hero_task", "key": key_id}]}),
+                ),
+                record(
+                    3,
+                    "operator_action",
+                    json!({"actor": "ana", "reason": HOSTILE, "command": {"type": "requeue", "outbox_id": key_id}}),
+                ),
+            ],
+            next_after_seq: None,
+            outbox: vec![OutboxRow {
+                id: key_id.into(),
+                load_id: load_id.clone(),
+                action_type: ActionType::CreateHeroTask,
+                action: Value::Null,
+                status: OutboxStatus::Dead,
+                attempts: 1,
+                due_at: t,
+                first_attempt_at: Some(t),
+                claim_token: None,
+                lease_until: None,
+                last_failure: Some(HOSTILE.into()),
+                receipt: None,
+                created_at: t,
+                updated_at: t,
+            }],
+            next_outbox_after: None,
+            timers: vec![],
+            next_timers_after: None,
+            recorded: vec![],
+        };
+        let mut ids = || "console-1".to_string();
+        let page = load(&ctx, &view, "", &mut ids);
+        assert_inert(&page);
+        assert!(page.contains("***0100") && !page.contains("+15555550100"), "phones are masked");
+        assert!(page.contains("action=\"/console/dead/requeue\""), "an operator may requeue the dead row");
+
+        let unmatched_answer = json!({"unmatched": [{"message_sid": "SM1", "from": "+15555559999", "to": "+15555550000",
+            "body": HOSTILE, "received_at": "2026-03-02T07:00:00Z", "reason": HOSTILE}], "next_before": null});
+        let page = unmatched(&ctx, Ok(&unmatched_answer), &mut ids);
+        assert_inert(&page);
+        assert!(!page.contains("+15555559999"));
+        let dead_answer = json!({"rows": [{"id": key_id, "load_id": "481207", "action_type": "create_hero_task",
+            "class": "hero_channel", "attempts": 1, "last_failure": HOSTILE, "dead_at": "2026-03-02T07:00:00Z"}], "next_before": null});
+        assert_inert(&dead(&ctx, &[], Ok(&dead_answer), &mut ids, t));
+        let alerts_answer = json!({"alerts": [{"kind": "hero_channel_failure", "outbox_id": key_id, "load_id": "481207",
+            "failure": HOSTILE, "raised_at": "2026-03-02T07:00:00Z", "delivered": false}], "next_before": null});
+        let t2: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let record = haul_store::OpsAlertRecord {
+            outbox_id: key_id.into(),
+            load_id: load_id.clone(),
+            kind: haul_core::dispatch::AlertKind::HeroChannelFailure,
+            action_type: ActionType::CreateHeroTask,
+            failure: HOSTILE.into(),
+            state: haul_store::AlertState::Refused,
+            sends: 1,
+            last_error: Some(HOSTILE.into()),
+            raised_at: t2,
+            updated_at: t2,
+        };
+        let records = [record];
+        let sends = AlertSends { records: &records, next_after: None, pairs: &[] };
+        let page = alerts(&ctx, Ok(&alerts_answer), Ok(&sends));
+        assert_inert(&page);
+        assert!(page.contains(">refused<"), "{page}");
+        // A filter value echoed back into its field.
+        assert_inert(&loads(&ctx, &[("stage", HOSTILE)], Err(HOSTILE.into())));
+    }
+
+    #[test]
+    fn a_read_only_session_sees_no_action() {
+        let (s, key) = session(Role::Read);
+        let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
+        let mut ids = || "console-1".to_string();
+        let dead_answer = json!({"rows": [{"id": "481207/a/send_sms", "load_id": "481207", "action_type": "send_sms",
+            "class": "external", "attempts": 3, "dead_at": "2026-03-02T07:00:00Z"}], "next_before": null});
+        let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let page = dead(&ctx, &[], Ok(&dead_answer), &mut ids, t);
+        assert!(!page.contains("/console/dead/requeue") && !page.contains("/console/dead/bulk-requeue"), "{page}");
+        let unmatched_answer = json!({"unmatched": [{"message_sid": "SM1", "from": "+1", "to": "+2", "body": "b",
+            "received_at": "2026-03-02T07:00:00Z", "reason": "r"}], "next_before": null});
+        assert!(!unmatched(&ctx, Ok(&unmatched_answer), &mut ids).contains("/console/unmatched/assign"));
+    }
+}
