@@ -31,16 +31,13 @@ use haul_core::time::{Timestamp, from_ms, to_ms};
 use haul_runtime::inspect::{Page, load_view};
 use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Requester};
 use haul_runtime::queries::{Query, QueryError};
-use haul_store::{OutboxStatus, RowCursor};
+use haul_store::OutboxStatus;
 use serde_json::Value;
 use tracing::{error, info};
 
 use crate::api::{ApiState, one_of};
 use pages::{Ctx, Figures};
 use session::{COOKIE, Role, Session};
-
-/// OpsAlerts' sends shown per page.
-const ALERT_SENDS_PAGE: usize = 50;
 
 /// Sign-in attempts the console takes per minute (one fixed window per process, as
 /// the webhook's per-sender limit): more are answered 429 without checking the token.
@@ -355,6 +352,7 @@ async fn overview(v: Viewer, State(s): State<Arc<ApiState>>) -> Response {
         dead_in_store: s.store.count_by_status(OutboxStatus::Dead).await.ok(),
         oldest_due_timer: s.store.oldest_due_timer(now).await.ok().flatten(),
         conflicts: conflicts(&s),
+        conflict_loads: s.store.conflict_loads(5).await.ok(),
         queue_depth: s.queue.depth().await.ok(),
         now,
     };
@@ -488,33 +486,7 @@ async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQue
     let all = pairs_of(raw.as_deref());
     let pairs = pages::given(&all, &pages::LIST_FILTERS);
     let answer = run_query(&s, Query::Alerts, &pairs).await;
-    // What the ops service answered: the store's record of each alert's sends.
-    let sends_pairs = pages::given(&all, &["sends_after"]);
-    let after = match sends_pairs.first().map(|(_, c)| RowCursor::parse(c)) {
-        None => Some(RowCursor::start()),
-        Some(parsed) => parsed,
-    };
-    let records = match after {
-        None => Err("sends_after is not a cursor this page gave.".to_string()),
-        Some(after) => s.store.ops_alerts(&after, ALERT_SENDS_PAGE).await.map_err(|e| {
-            error!(error = %e, "console: reading the OpsAlerts' sends failed");
-            "The store does not answer; try again.".to_string()
-        }),
-    };
-    let mut shown: Vec<(&str, &str)> = pairs.clone();
-    shown.extend(sends_pairs.iter().copied());
-    let sends = records.as_ref().map(|records| pages::AlertSends {
-        records,
-        next_after: (records.len() == ALERT_SENDS_PAGE)
-            .then(|| records.last().map(|r| r.cursor().to_string()))
-            .flatten(),
-        pairs: &shown,
-    });
-    let status = if answer.is_ok() && sends.is_ok() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
-    html(
-        status,
-        pages::alerts(&v.ctx(), answer.as_ref().map_err(Clone::clone), sends.as_ref().map_err(|e| (*e).clone())),
-    )
+    html(status_of(&answer), pages::alerts(&v.ctx(), answer.as_ref().map_err(Clone::clone)))
 }
 
 // ---------------------------------------------------------------- actions

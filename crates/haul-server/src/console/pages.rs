@@ -160,6 +160,8 @@ pub struct Figures {
     pub oldest_due_timer: Option<Timestamp>,
     /// `haul_append_conflicts_total` of this process.
     pub conflicts: Option<f64>,
+    /// The loads with the most refused appends in the store (a few).
+    pub conflict_loads: Option<Vec<haul_store::ConflictLoad>>,
     pub queue_depth: Option<u64>,
     pub now: Timestamp,
 }
@@ -177,6 +179,24 @@ pub fn overview(f: &Figures) -> String {
             write!(dead, "<li class=\"{state}\"><a href=\"/console/dead?class={class}\">{class}: {n}{more}</a></li>");
     }
     let opt = |n: Option<u64>| n.map_or("unknown (the store did not answer)".to_string(), |n| n.to_string());
+    let most_conflicts = match &f.conflict_loads {
+        None => "<p class=\"sub\">Loads: unknown (the store did not answer).</p>".to_string(),
+        Some(l) if l.is_empty() => "<p class=\"sub\">No load has had a conflict.</p>".to_string(),
+        Some(l) => {
+            let mut out = String::from("<p class=\"sub\">The loads with the most, in the store:</p><ul>");
+            for c in l {
+                let _ = write!(
+                    out,
+                    "<li>{} {} <span class=\"sub\">(last {})</span></li>",
+                    link_load(c.load_id.as_str()),
+                    c.conflicts,
+                    time(c.last_conflict_at)
+                );
+            }
+            out.push_str("</ul>");
+            out
+        }
+    };
     format!(
         "<section class=\"figures\" aria-label=\"The four figures\">\
          <article><h2>Oldest pending outbox row</h2><p class=\"figure\">{}</p>\
@@ -188,7 +208,7 @@ pub fn overview(f: &Figures) -> String {
          <article><h2>Version conflicts</h2><p class=\"figure\">{}</p>\
          <p class=\"sub\">Appends refused by the version check in this process since it started \
          (<code>haul_append_conflicts_total</code>; the other processes' are on their <code>/metrics</code>).</p>\
-         <p><a href=\"/metrics\">This process's metrics</a></p></article>\
+         {most_conflicts}<p><a href=\"/metrics\">This process's metrics</a></p></article>\
          <article><h2>Queue depth</h2><p class=\"figure\">{}</p>\
          <p class=\"sub\">Messages waiting in the load queue.</p>\
          <p><a href=\"/console/loads?active_within=1h\">Loads active in the last hour</a></p></article>\
@@ -802,95 +822,48 @@ pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dy
     layout(ctx, "Unmatched SMS", Nav::Unmatched, &body)
 }
 
-/// The ops service's answers to the OpsAlerts (the store's record of each alert's
-/// sends), oldest first, and the cursor of the next page.
-pub struct AlertSends<'a> {
-    pub records: &'a [haul_store::OpsAlertRecord],
-    pub next_after: Option<String>,
-    pub pairs: &'a [(&'a str, &'a str)],
-}
-
-fn alert_sends(out: &mut String, sends: Result<&AlertSends, String>) {
-    out.push_str("<h2 id=\"sends-h\">What the ops service answered</h2>\
-        <p class=\"sub\">Each alert's sends, oldest first: <strong>delivered</strong> (taken), <strong>refused</strong> \
-        (a 4xx: kept, not sent again), or <strong>pending</strong> (not taken yet; the dispatcher tries again).</p>");
-    let sends = match sends {
-        Ok(s) => s,
-        Err(e) => {
-            out.push_str(&error_box(&e));
-            return;
-        }
-    };
-    out.push_str("<div class=\"scroll\"><table aria-labelledby=\"sends-h\"><thead><tr><th scope=\"col\">Row</th>\
-        <th scope=\"col\">Load</th><th scope=\"col\">Kind</th><th scope=\"col\">State</th><th scope=\"col\">Sends</th>\
-        <th scope=\"col\">Last error</th><th scope=\"col\">Raised</th><th scope=\"col\">Last send</th></tr></thead><tbody>");
-    if sends.records.is_empty() {
-        out.push_str("<tr><td colspan=\"8\">None.</td></tr>");
-    }
-    for a in sends.records {
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            id(&a.outbox_id),
-            link_load(a.load_id.as_str()),
-            esc(a.kind.as_str()),
-            status_badge(a.state.as_str()),
-            a.sends,
-            quoted(a.last_error.as_deref()),
-            time(a.raised_at),
-            time(a.updated_at),
-        );
-    }
-    out.push_str("</tbody></table></div>");
-    if let Some(next) = &sends.next_after {
-        let mut next_pairs: Vec<(&str, &str)> =
-            sends.pairs.iter().filter(|(n, _)| *n != "sends_after").copied().collect();
-        next_pairs.push(("sends_after", next));
-        out.push_str(&next_link("/console/alerts", &next_pairs, "Later answers"));
-    }
-}
-
-pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>, sends: Result<&AlertSends, String>) -> String {
+pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>) -> String {
     let mut body = String::from(
-        "<p class=\"sub\">An OpsAlert is raised when a Hero-channel or internal outbox row dies. Delivered: the ops \
-         service took it. Not delivered: the ops service refused it (4xx, kept as refused) or has not taken it yet.</p>",
+        "<p class=\"sub\">An OpsAlert is raised when a Hero-channel or internal outbox row dies, and sent to the ops \
+         service: <strong>delivered</strong> (taken), <strong>refused</strong> (a 4xx: kept, not sent again), or \
+         <strong>pending</strong> (not taken yet; the dispatcher sends it again).</p>",
     );
     let answer = match answer {
         Ok(a) => a,
         Err(e) => {
             body.push_str(&error_box(&e));
-            alert_sends(&mut body, sends);
             return layout(ctx, "OpsAlerts", Nav::Alerts, &body);
         }
     };
-    body.push_str("<h2 id=\"raised-h\">Raised</h2><div class=\"scroll\"><table><caption>OpsAlerts, newest first</caption><thead><tr><th scope=\"col\">Kind</th>\
+    body.push_str(
+        "<div class=\"scroll\"><table><caption>OpsAlerts, newest first</caption><thead><tr><th scope=\"col\">Kind</th>\
         <th scope=\"col\">Row</th><th scope=\"col\">Load</th><th scope=\"col\">Failure</th><th scope=\"col\">Raised</th>\
-        <th scope=\"col\">Delivered</th></tr></thead><tbody>");
+        <th scope=\"col\">State</th><th scope=\"col\">Sends</th><th scope=\"col\">Last error</th>\
+        <th scope=\"col\">Last send</th></tr></thead><tbody>",
+    );
     let list = answer["alerts"].as_array().cloned().unwrap_or_default();
     if list.is_empty() {
-        body.push_str("<tr><td colspan=\"6\">None.</td></tr>");
+        body.push_str("<tr><td colspan=\"9\">None.</td></tr>");
     }
     for a in &list {
-        let delivered = if a["delivered"] == true {
-            format!("{} {}", status_badge("delivered"), time_json(&a["delivered_at"]))
-        } else {
-            format!("{} <span class=\"sub\">(refused, or not taken yet: below)</span>", status_badge("no"))
-        };
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{delivered}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(a["kind"].as_str().unwrap_or("–")),
             id(str_of(a, "outbox_id")),
             link_load(str_of(a, "load_id")),
             quoted(a["failure"].as_str()),
             time_json(&a["raised_at"]),
+            status_badge(a["state"].as_str().unwrap_or("–")),
+            a["sends"].as_u64().unwrap_or(0),
+            quoted(a["last_error"].as_str()),
+            time_json(&a["updated_at"]),
         );
     }
     body.push_str("</tbody></table></div>");
     if let Some(next) = answer["next_before"].as_str() {
         body.push_str(&next_link("/console/alerts", &[("before", next)], "Older alerts"));
     }
-    alert_sends(&mut body, sends);
     layout(ctx, "OpsAlerts", Nav::Alerts, &body)
 }
 
@@ -1004,23 +977,9 @@ mod tests {
             "class": "hero_channel", "attempts": 1, "last_failure": HOSTILE, "dead_at": "2026-03-02T07:00:00Z"}], "next_before": null});
         assert_inert(&dead(&ctx, &[], Ok(&dead_answer), &mut ids, t));
         let alerts_answer = json!({"alerts": [{"kind": "hero_channel_failure", "outbox_id": key_id, "load_id": "481207",
-            "failure": HOSTILE, "raised_at": "2026-03-02T07:00:00Z", "delivered": false}], "next_before": null});
-        let t2: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
-        let record = haul_store::OpsAlertRecord {
-            outbox_id: key_id.into(),
-            load_id: load_id.clone(),
-            kind: haul_core::dispatch::AlertKind::HeroChannelFailure,
-            action_type: ActionType::CreateHeroTask,
-            failure: HOSTILE.into(),
-            state: haul_store::AlertState::Refused,
-            sends: 1,
-            last_error: Some(HOSTILE.into()),
-            raised_at: t2,
-            updated_at: t2,
-        };
-        let records = [record];
-        let sends = AlertSends { records: &records, next_after: None, pairs: &[] };
-        let page = alerts(&ctx, Ok(&alerts_answer), Ok(&sends));
+            "failure": HOSTILE, "raised_at": "2026-03-02T07:00:00Z", "state": "refused", "sends": 1,
+            "last_error": HOSTILE, "updated_at": "2026-03-02T07:00:00Z"}], "next_before": null});
+        let page = alerts(&ctx, Ok(&alerts_answer));
         assert_inert(&page);
         assert!(page.contains(">refused<"), "{page}");
         // A filter value echoed back into its field.
