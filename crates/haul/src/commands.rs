@@ -115,6 +115,7 @@ pub(crate) fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::
 fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<ExitCode> {
     let loaded = load_settings(args, listen)?;
     loaded.validate()?;
+    let shadow = loaded.config.shadow_config()?;
     if loaded.config.queue.kind == haul_config::QueueKind::Sqs && !cfg!(feature = "sqs") {
         anyhow::bail!(
             "queue.kind \"sqs\" needs a build with --features sqs (haul --version lists the features built in)"
@@ -129,8 +130,12 @@ fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Exi
         eprintln!("warning: {name} names no setting; ignored");
     }
     let c = &loaded.config;
+    let shadow = match (&shadow, &c.decider.shadow) {
+        (Some(s), Some(file)) => format!(", shadow {} ({})", s.decider.kind, file.display()),
+        _ => String::new(),
+    };
     say(format_args!(
-        "ok: store {}, queue {}, decider {}, listening on {}",
+        "ok: store {}, queue {}, decider {}{shadow}, listening on {}",
         store::describe(&c.store.url),
         c.queue.kind,
         c.decider.kind,
