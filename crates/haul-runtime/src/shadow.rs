@@ -14,6 +14,7 @@
 //! counted; nothing of it reaches the run.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use haul_config::{Config, DeciderKind, policies};
@@ -56,6 +57,9 @@ pub struct Shadow {
     tx: mpsc::Sender<Offer>,
     /// Offers the task has finished with (stored or failed), for [`Shadow::settled`].
     done: watch::Receiver<u64>,
+    /// Offers taken by the channel, and offers dropped, by this `Shadow`.
+    offered: AtomicU64,
+    dropped: AtomicU64,
 }
 
 impl Shadow {
@@ -72,7 +76,7 @@ impl Shadow {
         let name = decider.name();
         let task = Task { decider, policies, store, clock, timeout: settings.timeout };
         tokio::spawn(task.run(rx, done_tx));
-        Shadow { name, tx, done }
+        Shadow { name, tx, done, offered: AtomicU64::new(0), dropped: AtomicU64::new(0) }
     }
 
     /// The shadow decider's name (what its stored decisions are keyed by).
@@ -102,8 +106,12 @@ impl Shadow {
             primary: primary.clone(),
         };
         match self.tx.try_send(offer) {
-            Ok(()) => true,
+            Ok(()) => {
+                self.offered.fetch_add(1, Ordering::SeqCst);
+                true
+            }
             Err(e) => {
+                self.dropped.fetch_add(1, Ordering::SeqCst);
                 let reason = match e {
                     mpsc::error::TrySendError::Full(_) => "queue_full",
                     mpsc::error::TrySendError::Closed(_) => "stopped",
@@ -114,11 +122,17 @@ impl Shadow {
         }
     }
 
-    /// Waits until the task has finished with `n` offers in all (stored, or failed to
-    /// decide or to store): for evals and tests, which then read what it stored.
-    pub async fn settled(&self, n: u64) {
+    /// Waits until the task has finished with every offer taken so far (stored, or
+    /// failed to decide or to store): for tests, which then read what it stored.
+    pub async fn settled(&self) {
+        let n = self.offered.load(Ordering::SeqCst);
         let mut done = self.done.clone();
         let _ = done.wait_for(|d| *d >= n).await;
+    }
+
+    /// Offers the channel took, and offers dropped (a full channel), so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.offered.load(Ordering::SeqCst), self.dropped.load(Ordering::SeqCst))
     }
 }
 
