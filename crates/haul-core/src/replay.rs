@@ -27,6 +27,12 @@ pub const ONE_STEP_NOTE: &str = "Each step is a one-step what-if on the recorded
     state the log had before the event, at the recorded time. After a first difference, the rest of that load's \
     history is what really happened, not what the candidate would have caused.";
 
+/// What a report of shadow decisions (`haul replay --shadow`) says first.
+pub const SHADOW_NOTE: &str = "Shadow decisions were made live, beside the primary's: the shadow decided on the \
+    state, event and time the primary decided on. Each is a one-step what-if: after a first difference, the rest of \
+    that load's history is what the primary caused, not what the shadow would have. Recorded = the primary's \
+    decision, candidate = the shadow's.";
+
 /// One recorded decision with what it was made on.
 #[derive(Clone, Debug)]
 pub struct Step {
