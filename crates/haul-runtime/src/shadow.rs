@@ -157,12 +157,15 @@ impl Task {
         let now = primary.decided_at;
         let name = self.decider.name();
         // In a task of its own: a panicking decider is one error, not the shadow's end.
-        let decide = {
+        let mut decide = {
             let (decider, load, before, event) = (self.decider.clone(), load.clone(), before.clone(), event.clone());
             tokio::spawn(async move { decider.decide(&load, &before, &event, now).await })
         };
-        let answer = match tokio::time::timeout(self.timeout, decide).await {
-            Err(_) => Err(format!("did not answer within {:?}", self.timeout)),
+        let answer = match tokio::time::timeout(self.timeout, &mut decide).await {
+            Err(_) => {
+                decide.abort(); // a late answer is not waited for
+                Err(format!("did not answer within {:?}", self.timeout))
+            }
             Ok(Err(join)) => Err(format!("panicked: {join}")),
             Ok(Ok(Err(e))) => Err(format!("{e:#}")),
             Ok(Ok(Ok(d))) => Ok(d),

@@ -356,15 +356,15 @@ async fn prune(settings: &ConfigArgs, older_than: &str, batch: u32) -> anyhow::R
     let mut deleted = 0u64;
     let sum = haul_store::prune_all(store.as_ref(), cutoff, batch as usize, MAX_PRUNE_BATCHES, |b| {
         batches += 1;
-        deleted += b.outbox + b.timers + b.queue;
+        deleted += b.total();
         progress.update(batches, &format!("{deleted} rows deleted"));
-        tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, "prune batch");
+        tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, shadow = b.shadow, "prune batch");
     })
     .await?;
     progress.finish();
     say(format_args!(
-        "pruned {} outbox rows, {} timers, {} queue messages finished before {cutoff} ({batches} batches of at most {batch} per table)",
-        sum.outbox, sum.timers, sum.queue
+        "pruned {} outbox rows, {} timers, {} queue messages, {} shadow decisions finished before {cutoff} ({batches} batches of at most {batch} per table)",
+        sum.outbox, sum.timers, sum.queue, sum.shadow
     ));
     if batches as usize >= MAX_PRUNE_BATCHES {
         say(format_args!("stopped after {MAX_PRUNE_BATCHES} batches; run it again for the rest"));
