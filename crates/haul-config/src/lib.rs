@@ -233,11 +233,15 @@ impl Default for WorkerConfig {
 pub struct DeciderConfig {
     pub kind: DeciderKind,
     pub llm: LlmConfig,
+    /// Shadow mode: a settings file (the format of this one) whose client policies and
+    /// `decider.*` make a second decider, asked after each committed decision and never
+    /// dispatched. Unset: off.
+    pub shadow: Option<PathBuf>,
 }
 
 impl Default for DeciderConfig {
     fn default() -> Self {
-        DeciderConfig { kind: DeciderKind::Sop, llm: LlmConfig::default() }
+        DeciderConfig { kind: DeciderKind::Sop, llm: LlmConfig::default(), shadow: None }
     }
 }
 
@@ -450,6 +454,7 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("decider.llm.model", Kind::Text),
     ("decider.llm.api_key_env", Kind::Text),
     ("decider.llm.timeout", Kind::Text),
+    ("decider.shadow", Kind::Text),
     ("dispatcher.batch", Kind::Int),
     ("dispatcher.lease", Kind::Text),
     ("dispatcher.retry.base", Kind::Text),
@@ -694,6 +699,22 @@ impl Config {
         Self::from_toml(&text).with_context(|| format!("in {}", path.display()))
     }
 
+    /// The shadow decider's settings (`decider.shadow`): the defaults and that file,
+    /// no `HAUL_*` variable (they are the primary's), validated. Only its client
+    /// policies and `decider.*` are used. `None` when shadow mode is off. An error
+    /// names the file.
+    pub fn shadow_config(&self) -> anyhow::Result<Option<Config>> {
+        let Some(path) = &self.decider.shadow else { return Ok(None) };
+        let shadow = Config::from_file(path).with_context(|| format!("decider.shadow = {:?}", path.display()))?;
+        if shadow.decider.shadow.is_some() {
+            bail!(
+                "decider.shadow = {:?}: the shadow's own settings name a shadow (decider.shadow must be unset there)",
+                path.display()
+            );
+        }
+        Ok(Some(shadow))
+    }
+
     /// Every setting's dotted path: those a variable can set, then the file-only ones
     /// (`<name>` stands for a client's name).
     pub fn setting_paths() -> Vec<String> {
@@ -737,6 +758,7 @@ impl Config {
             "queue.visibility" => Some(format!("worker.run_timeout + 1m = {}", format_duration(self.visibility()))),
             "server.public_url" => Some(format!("http://{}", self.server.listen)),
             "decider.llm.base_url" | "decider.llm.model" => Some("needed when decider.kind = \"llm\"".into()),
+            "decider.shadow" => Some("no shadow decider".into()),
             "queue.url" => Some("needed when queue.kind = \"sqs\"".into()),
             "queue.endpoint" => Some("AWS's own".into()),
             "queue.region" => Some("the AWS SDK's default chain".into()),
@@ -767,6 +789,12 @@ impl Config {
         }
         if self.decider.kind == DeciderKind::Llm {
             out.push((self.decider.llm.api_key_env.clone(), "decider.llm.api_key_env".into()));
+        }
+        // A shadow file that does not read is reported by `shadow_config`.
+        if let Ok(Some(shadow)) = self.shadow_config()
+            && shadow.decider.kind == DeciderKind::Llm
+        {
+            out.push((shadow.decider.llm.api_key_env.clone(), "decider.shadow's decider.llm.api_key_env".into()));
         }
         out
     }
@@ -976,6 +1004,32 @@ mod tests {
             assert!(!err.contains("line "), "{name}={value}: {err}");
             assert!(!err.contains("secret"), "{name}={value}: {err}");
         }
+    }
+
+    #[test]
+    fn the_shadow_file_makes_a_second_decider_and_a_bad_one_is_named() {
+        let dir = std::env::temp_dir().join(format!("haul-config-shadow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let shadow = dir.join("shadow.toml");
+        std::fs::write(&shadow, "[clients.acme.eta_request]\nmax_attempts = 2\n").unwrap();
+        let var = shadow.to_str().unwrap();
+        let (c, _) = Config::load(None, vars(&[("HAUL_DECIDER_SHADOW", var), ("HAUL_DECIDER_KIND", "sop")])).unwrap();
+        let s = c.shadow_config().unwrap().expect("shadow mode on");
+        assert_eq!(s.clients["acme"].eta_request.max_attempts, Some(2));
+        assert!(Config::default().shadow_config().unwrap().is_none(), "off by default");
+        let check = |text: &str, want: &str| {
+            std::fs::write(&shadow, text).unwrap();
+            let err = format!("{:#}", c.shadow_config().unwrap_err());
+            assert!(err.contains(&format!("decider.shadow = {:?}", shadow.display())), "{err}");
+            assert!(err.contains(want), "{err}");
+        };
+        check("[decider]\nkind = \"magic\"\n", "decider.kind");
+        check("[decider]\nkind = \"llm\"\n", "decider.llm.base_url");
+        check(&format!("[decider]\nshadow = {var:?}\n"), "must be unset there");
+        std::fs::remove_file(&shadow).unwrap();
+        let err = format!("{:#}", c.shadow_config().unwrap_err());
+        assert!(err.contains(&format!("decider.shadow = {:?}", shadow.display())) && err.contains("reading"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -27,6 +27,12 @@ pub const ONE_STEP_NOTE: &str = "Each step is a one-step what-if on the recorded
     state the log had before the event, at the recorded time. After a first difference, the rest of that load's \
     history is what really happened, not what the candidate would have caused.";
 
+/// What a report of shadow decisions (`haul replay --shadow`) says first.
+pub const SHADOW_NOTE: &str = "Shadow decisions were made live, beside the primary's: the shadow decided on the \
+    state, event and time the primary decided on. Each is a one-step what-if: after a first difference, the rest of \
+    that load's history is what the primary caused, not what the shadow would have. Recorded = the primary's \
+    decision, candidate = the shadow's.";
+
 /// One recorded decision with what it was made on.
 #[derive(Clone, Debug)]
 pub struct Step {
@@ -428,6 +434,76 @@ impl Summary {
     }
 }
 
+/// Shadow mode: how a shadow decider's decision stands beside the one the primary
+/// recorded for the same state, event and time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Agreement {
+    /// [`compare`] finds no difference.
+    Same,
+    Different,
+    /// The shadow gave no decision to compare: it failed, did not answer in time, or
+    /// its decision did not validate. Not the fallback: a failing shadow would
+    /// otherwise "disagree" with every decision.
+    Error,
+}
+
+impl Agreement {
+    pub const ALL: [Agreement; 3] = [Agreement::Same, Agreement::Different, Agreement::Error];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Agreement::Same => "same",
+            Agreement::Different => "different",
+            Agreement::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
+/// What a shadow's answer comes to beside the primary's recorded decision: the
+/// agreement, the shadow's decision (when it gave one that validates), and why not.
+pub fn shadow_outcome(
+    load: &LoadId,
+    state: &LoadState,
+    event: &InboundEvent,
+    primary: &Decision,
+    decider: &str,
+    answer: Result<Decision, String>,
+) -> (Agreement, Option<Decision>, Option<String>) {
+    match answer {
+        Err(e) => (Agreement::Error, None, Some(format!("the {decider} shadow failed: {e}"))),
+        Ok(d) => match validate_decision(load, state, event, &d) {
+            Err(why) => {
+                (Agreement::Error, None, Some(format!("the {decider} shadow decision did not validate: {why}")))
+            }
+            Ok(()) => {
+                let agreement = if compare(primary, &d).is_empty() { Agreement::Same } else { Agreement::Different };
+                (agreement, Some(d), None)
+            }
+        },
+    }
+}
+
+/// The action types a comparison concerns, for counting agreement by action type:
+/// the types of either side's actions, `none` when neither has one. Bounded by the
+/// action types.
+pub fn action_types_of(primary: &Decision, shadow: Option<&Decision>) -> BTreeSet<&'static str> {
+    let mut types: BTreeSet<&'static str> = primary
+        .actions
+        .iter()
+        .chain(shadow.map_or(&[][..], |d| &d.actions))
+        .map(|a| a.action_type().as_str())
+        .collect();
+    if types.is_empty() {
+        types.insert("none");
+    }
+    types
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -583,6 +659,53 @@ mod tests {
         other.rationale = "other".into();
         other.decider = "llm:m".into();
         assert!(compare(&d(vec![sms("a")]), &other).is_empty());
+    }
+
+    #[test]
+    fn a_shadow_agrees_differs_or_errs_and_a_failure_is_never_the_fallback() {
+        let records = log(&policies(3), &life());
+        let load = LoadId::parse("L1").unwrap();
+        let mut w = Walker::new(load.clone());
+        let mut seen = Vec::new();
+        for r in records {
+            let Some(step) = w.feed(r) else { continue };
+            let now = step.recorded.decided_at;
+            if crate::filter::filter(&load, w.state(), &step.event, now).is_none() {
+                let answer = |max| decide_with_rule(&policies(max), &load, w.state(), &step.event, now).0;
+                let outcome = |a| shadow_outcome(&load, w.state(), &step.event, &step.recorded, "sop", a);
+                let (same, d, why) = outcome(Ok(answer(3)));
+                assert_eq!((same, why), (Agreement::Same, None));
+                let types = action_types_of(&step.recorded, d.as_ref());
+                let (agreement, _, _) = outcome(Ok(answer(2)));
+                seen.push((
+                    step.event.event_id.to_string(),
+                    agreement,
+                    types.into_iter().collect::<Vec<_>>().join(","),
+                ));
+                let (failed, d, why) = outcome(Err("boom".into()));
+                assert_eq!((failed, d), (Agreement::Error, None));
+                assert_eq!(why.as_deref(), Some("the sop shadow failed: boom"));
+                // A decision that does not validate (an action key of another load) is an error too.
+                let mut bad = answer(3);
+                if let Some(a) = bad.actions.first_mut() {
+                    a.key = format!("L2/{}", a.key);
+                    assert_eq!(outcome(Ok(bad)).0, Agreement::Error);
+                }
+            }
+            w.finish(step);
+        }
+        let want = [
+            ("load:init", Agreement::Same, "none"),
+            ("p1", Agreement::Same, "send_sms,set_timer"),
+            ("evt:tmr:tmr:L1:ask:eta_request:p1:1", Agreement::Different, "send_sms,set_timer"),
+            ("evt:tmr:tmr:L1:ask:eta_request:p1:2", Agreement::Different, "send_sms,set_timer"),
+            ("evt:tmr:tmr:L1:ask:eta_request:p1:3", Agreement::Same, "create_hero_task"),
+        ];
+        let want: Vec<_> = want.iter().map(|(e, a, t)| (e.to_string(), *a, t.to_string())).collect();
+        assert_eq!(seen, want);
+        for a in Agreement::ALL {
+            assert_eq!(Agreement::parse(a.as_str()), Some(a));
+        }
     }
 
     #[test]

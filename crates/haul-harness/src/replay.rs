@@ -16,12 +16,12 @@ use haul_core::decision::Decision;
 use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
-use haul_core::replay::{self, Divergence, ONE_STEP_NOTE, Summary, Walker};
+use haul_core::replay::{self, Divergence, ONE_STEP_NOTE, SHADOW_NOTE, Summary, Walker};
 use haul_core::sop::{Policies, Rule, decide_with_rule, rule_for};
 use haul_core::{InboundEvent, Timestamp};
 use haul_runtime::decider::Decider;
 use haul_store::{LoadSelection, LogReader};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::testkit_llm::RecordedLlm;
 
@@ -260,6 +260,136 @@ pub async fn replay(
         affected_loads,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Shadow decisions read per request.
+const SHADOW_PAGE: usize = 1024;
+
+/// `haul replay --shadow`: the shadow decisions stored for the selected loads (shadow
+/// mode, `decider.shadow`) set beside the decisions the primary recorded, counted and
+/// shown as a replay's: the recorded side is the primary's, the candidate the
+/// shadow's. Nothing decides here: both decisions were made live, on the same state,
+/// event and time. A shadow that gave no decision (it failed, was late, or did not
+/// validate) is counted under *not compared*.
+pub async fn replay_shadow(
+    reader: Arc<dyn LogReader>,
+    store: &str,
+    opts: &ReplayOptions,
+    mut progress: impl FnMut(&Summary),
+) -> anyhow::Result<ReplayReport> {
+    let started = Instant::now();
+    let mut summary = Summary::default();
+    let mut differences = Vec::new();
+    let mut affected_loads = Vec::new();
+    let mut shadows = std::collections::BTreeSet::new();
+    let mut one_load = async |load: LoadId, summary: &mut Summary| -> anyhow::Result<()> {
+        let mut after = haul_store::ShadowCursor::default();
+        let mut affected = false;
+        loop {
+            let rows = reader.read_shadow_page(&load, &after, SHADOW_PAGE).await?;
+            summary.records += rows.len() as u64;
+            for row in &rows {
+                shadows.insert(row.shadow.clone());
+                match shadow_step(row) {
+                    Err(why) => summary.skip(why, 1),
+                    Ok((rule, primary, shadow)) => {
+                        let diff = replay::compare(&primary, &shadow);
+                        summary.add(rule, &diff);
+                        if !diff.is_empty() {
+                            affected = true;
+                            if differences.len() < opts.show {
+                                differences.push(shadow_divergence(row, rule, &primary, &shadow, diff));
+                            }
+                        }
+                    }
+                }
+            }
+            match rows.last() {
+                Some(last) if rows.len() == SHADOW_PAGE => after = haul_store::ShadowCursor::after(last),
+                _ => break,
+            }
+        }
+        summary.loads += 1;
+        if affected {
+            summary.loads_affected += 1;
+            if affected_loads.len() < AFFECTED_SHOWN {
+                affected_loads.push(load.to_string());
+            }
+        }
+        Ok(())
+    };
+    match &opts.selection {
+        Selection::Loads(loads) => {
+            for l in loads.iter().take(opts.limit) {
+                one_load(l.clone(), &mut summary).await?;
+                progress(&summary);
+            }
+        }
+        Selection::Filter(f) => {
+            let (mut after, mut count): (Option<LoadId>, usize) = (None, 0);
+            while count < opts.limit {
+                let ids = reader.select_loads(f, after.as_ref(), ID_PAGE.min(opts.limit - count)).await?;
+                let Some(last) = ids.last().cloned() else { break };
+                for l in ids {
+                    count += 1;
+                    one_load(l, &mut summary).await?;
+                    progress(&summary);
+                }
+                after = Some(last);
+            }
+        }
+    }
+    let candidate = if shadows.is_empty() {
+        "shadow (no shadow decisions stored)".to_owned()
+    } else {
+        format!("shadow {}", shadows.into_iter().collect::<Vec<_>>().join(", "))
+    };
+    Ok(ReplayReport {
+        note: SHADOW_NOTE,
+        store: store.to_owned(),
+        candidate,
+        summary,
+        differences,
+        affected_loads,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// One stored shadow decision as (rule, primary's decision, shadow's decision), or why
+/// it is not compared.
+fn shadow_step(row: &haul_store::ShadowDecision) -> Result<(Rule, Decision, Decision), &'static str> {
+    let shadow = match (&row.agreement, &row.decision) {
+        (replay::Agreement::Error, _) | (_, None) => {
+            return Err("the shadow gave no decision (it failed, was late, or did not validate)");
+        }
+        (_, Some(d)) => d,
+    };
+    const UNREADABLE: &str = "stored shadow decisions that do not read";
+    let rule: Rule = serde_json::from_value(serde_json::Value::String(row.rule.clone())).map_err(|_| UNREADABLE)?;
+    let primary = Decision::deserialize(&row.primary).map_err(|_| UNREADABLE)?;
+    let shadow = Decision::deserialize(shadow).map_err(|_| UNREADABLE)?;
+    Ok((rule, primary, shadow))
+}
+
+fn shadow_divergence(
+    row: &haul_store::ShadowDecision,
+    rule: Rule,
+    primary: &Decision,
+    shadow: &Decision,
+    difference: replay::Difference,
+) -> Divergence {
+    Divergence {
+        load_id: row.load_id.to_string(),
+        event_id: row.event_id.clone(),
+        event_kind: row.event.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned(),
+        event_seq: row.event_seq,
+        decided_at: row.decided_at,
+        rule,
+        event: row.event.clone(),
+        recorded: replay::DecisionView::of(primary),
+        candidate: replay::DecisionView::of(shadow),
+        difference,
+    }
 }
 
 /// Reads and folds the same logs, deciding nothing: the limit `haul bench replay` sets

@@ -11,16 +11,16 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row,
-    ops_alert_row, outbox_row, parse_receipt, queue_message_row, record_row, sms_assignment, sms_route, sms_route_load,
-    timer_row, unmatched_sms_row, unsettled_row,
+    ops_alert_row, outbox_row, parse_receipt, queue_message_row, record_row, shadow_params, shadow_row, sms_assignment,
+    sms_route, sms_route_load, timer_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, types_param};
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
     Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
-    RowCursor, SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms,
-    Unsettled, columns, outbox_key_load,
+    RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsRoute, StaleClaimError,
+    StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
 };
 use haul_store::{ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use tokio_postgres::Row;
@@ -926,6 +926,27 @@ impl OpsQueries for PgStore {
 }
 
 #[async_trait]
+impl ShadowStore for PgStore {
+    async fn record_shadow(&self, d: &ShadowDecision) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SHADOW_RECORD).await.map_err(pg)?;
+        let p = shadow_params(d);
+        let params: Params = &[&p.0, &p.1, &p.2, &p.3, &p.4, &p.5, &p.6, &p.7, &p.8, &p.9, &p.10, &p.11];
+        Ok(client.query_opt(&stmt, params).await.map_err(pg)?.is_some())
+    }
+
+    async fn shadow_page(
+        &self,
+        load_id: &LoadId,
+        after: &ShadowCursor,
+        limit: usize,
+    ) -> Result<Vec<ShadowDecision>, StoreError> {
+        let params: Params = &[&load_id.as_str(), &(after.event_seq as i64), &after.shadow, &sql_limit(limit)];
+        self.query_rows(SHADOW_PAGE, params, shadow_row).await
+    }
+}
+
+#[async_trait]
 impl Prune for PgStore {
     async fn prune(&self, older_than: Timestamp, batch_limit: usize) -> Result<PruneReport, StoreError> {
         let (cutoff, limit) = (to_ms(older_than), i64::try_from(batch_limit).unwrap_or(i64::MAX));
@@ -940,6 +961,7 @@ impl Prune for PgStore {
             outbox: run(PRUNE_OUTBOX).await?,
             timers: run(PRUNE_TIMERS).await?,
             queue: run(PRUNE_QUEUE).await?,
+            shadow: run(PRUNE_SHADOW).await?,
         })
     }
 }

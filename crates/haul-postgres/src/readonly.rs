@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use haul_core::ids::LoadId;
 use haul_core::projection::Record;
-use haul_store::backend::{Columns, load_id_row, record_row};
-use haul_store::{LoadSelection, LogReader, StoreError, columns};
+use haul_store::backend::{Columns, load_id_row, record_row, shadow_row};
+use haul_store::{LoadSelection, LogReader, ShadowCursor, ShadowDecision, StoreError, columns};
 use tokio::sync::Mutex;
 use tokio_postgres::NoTls;
 
@@ -100,5 +100,28 @@ impl LogReader for ReadOnlyLog {
     async fn read_log_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.query(&self.read_page, &[&load_id.as_str(), &(after_seq as i64), &limit], record_row).await
+    }
+
+    async fn read_shadow_page(
+        &self,
+        load_id: &LoadId,
+        after: &ShadowCursor,
+        limit: usize,
+    ) -> Result<Vec<ShadowDecision>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] =
+            &[&load_id.as_str(), &(after.event_seq as i64), &after.shadow, &limit];
+        // Prepared on first use: a store migrated before shadow mode still replays.
+        let stmt = {
+            let client = self.client.lock().await;
+            client.prepare(crate::sql::SHADOW_PAGE).await.map_err(|e| {
+                if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
+                    StoreError::new("this store has no shadow decisions table: run haul migrate on it (migration 10)")
+                } else {
+                    pg(e)
+                }
+            })?
+        };
+        self.query(&stmt, params, shadow_row).await
     }
 }

@@ -240,6 +240,30 @@ pub const PRUNE_QUEUE: &str = "DELETE FROM queue q USING (
        SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < $1
        ORDER BY acked_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
      WHERE q.id = d.id";
+/// `$1` cutoff, `$2` batch limit.
+pub const PRUNE_SHADOW: &str = "DELETE FROM shadow_decisions s USING (
+       SELECT load_id, event_id, shadow FROM shadow_decisions WHERE recorded_at < $1
+       ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
+     WHERE s.load_id = d.load_id AND s.event_id = d.event_id AND s.shadow = d.shadow";
+
+// ---------------------------------------------------------------------------------
+// Shadow mode.
+
+/// Stores a shadow decision unless its `(load_id, event_id, shadow)` is taken:
+/// `columns!(shadow)` as `$1`..`$12`.
+pub const SHADOW_RECORD: &str = concat!(
+    "INSERT INTO shadow_decisions (",
+    columns!(shadow),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+     ON CONFLICT (load_id, event_id, shadow) DO NOTHING RETURNING load_id"
+);
+/// One load's shadow decisions after `($2 seq, $3 shadow)`, `$4` at most.
+pub const SHADOW_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(shadow),
+    " FROM shadow_decisions WHERE load_id = $1 AND (event_seq, shadow) > ($2, $3)
+     ORDER BY event_seq, shadow LIMIT $4"
+);
 
 // ---------------------------------------------------------------------------------
 // The Twilio webhook.

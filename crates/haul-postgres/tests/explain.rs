@@ -219,6 +219,13 @@ async fn every_hot_query_is_served_by_an_index() {
         case("prune outbox batch", PRUNE_OUTBOX, vec![&later, &limit]),
         case("prune timers batch", PRUNE_TIMERS, vec![&later, &limit]),
         case("prune queue batch", PRUNE_QUEUE, vec![&later, &limit]),
+        case("prune shadow decisions batch", PRUNE_SHADOW, vec![&later, &limit]),
+        case(
+            "shadow decision record",
+            SHADOW_RECORD,
+            vec![&l, &key, &key, &zero, &empty, &empty, &empty, &empty, &empty, &empty, &now, &now],
+        ),
+        case("shadow decisions of one load", SHADOW_PAGE, vec![&l, &zero, &empty, &limit]),
     ];
 
     let mut failures = Vec::new();

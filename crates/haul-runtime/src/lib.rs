@@ -18,5 +18,6 @@ pub mod projector;
 pub mod pump;
 pub mod queries;
 pub mod queue;
+pub mod shadow;
 pub mod store;
 pub mod worker;

@@ -26,6 +26,7 @@ use crate::decider::Decider;
 use crate::faults::{Crash, FaultPoint, Faults};
 use crate::projector::Projector;
 use crate::queue::{EventQueue, Poison, Received};
+use crate::shadow::Shadow;
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -107,6 +108,8 @@ pub struct Worker {
     /// On the store's own queue a run's ack goes into its append's transaction
     /// (`EventStore::append_acking`); any other queue is acked after the append.
     queue_mode: QueueMode,
+    /// Shadow mode: offered each committed decision after the commit.
+    shadow: std::sync::OnceLock<Arc<Shadow>>,
 }
 
 /// Loads whose snapshot the worker keeps between runs.
@@ -140,6 +143,7 @@ impl Worker {
             stopping: std::sync::atomic::AtomicBool::new(false),
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
+            shadow: std::sync::OnceLock::new(),
             queue_mode,
             queue: EventQueue::new(queue),
             store,
@@ -149,6 +153,12 @@ impl Worker {
     /// Wakes `dispatcher` whenever a run commits outbox rows.
     pub fn wake_on_commit(&self, dispatcher: Arc<tokio::sync::Notify>) {
         let _ = self.wake_dispatcher.set(dispatcher);
+    }
+
+    /// Shadow mode: after each commit, offers the decision to `shadow` (which never
+    /// delays the run: `Shadow::offer` does not wait).
+    pub fn shadow_with(&self, shadow: Arc<Shadow>) {
+        let _ = self.shadow.set(shadow);
     }
 
     /// From now on, runs that have not appended abandon and give their message back
@@ -326,7 +336,7 @@ impl Worker {
             Message::AckedWithAppend => {}
         }
         match end {
-            End::Committed => self.committed(&msg.load_id, committed.expect("only an append commits")).await,
+            End::Committed => self.committed(msg, committed.expect("only an append commits")).await,
             End::AlreadyProcessed => RunOutcome::AlreadyProcessed,
             End::Duplicate => RunOutcome::Duplicate,
             End::Left(why) => RunOutcome::LeftForRedelivery(why),
@@ -469,11 +479,16 @@ impl Worker {
         }
     }
 
-    /// After a commit: the load index, the snapshot, the dispatcher's wake-up.
-    async fn committed(&self, load: &LoadId, c: Committed) -> RunOutcome {
+    /// After a commit: the load index, the shadow's offer, the snapshot, the
+    /// dispatcher's wake-up.
+    async fn committed(&self, msg: &Received, c: Committed) -> RunOutcome {
+        let load = &msg.load_id;
         let Committed { before, decision: d, records, load_update } = c;
         if let Some(u) = &load_update {
             self.index_facts(load, &before, u).await;
+        }
+        if let (Some(shadow), Ok(event), Some(first)) = (self.shadow.get(), &msg.event, records.first()) {
+            shadow.offer(load, &before, event, first.seq, &d);
         }
         let mut state = before;
         for r in &records {

@@ -114,6 +114,10 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         },
         decider,
     );
+    // Shadow mode: a file that does not read stops the start, naming it.
+    if let Some(shadow) = haul_runtime::shadow::from_config(&config, store.clone(), clock.clone())? {
+        pipeline.worker.shadow_with(shadow);
+    }
     let open_files_limit = crate::http::raise_open_files_limit();
     let limits = ConnectionLimits::new(&config.server, open_files_limit);
     if limits.max_connections < config.server.max_connections {

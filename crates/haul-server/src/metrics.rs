@@ -69,6 +69,12 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("haul_timer_pump_lag_seconds", Kind::Histogram, "How late each timer fired after its fire_at."),
     ("haul_timer_pump_last_lag_seconds", Kind::Gauge, "The lag of the last timer this process fired."),
     ("haul_llm_requests_total", Kind::Counter, "Model calls of the LLM decider, by outcome."),
+    (
+        "haul_shadow_decisions_total",
+        Kind::Counter,
+        "Shadow decisions (decider.shadow) beside the primary's, by action type and agreement.",
+    ),
+    ("haul_shadow_dropped_total", Kind::Counter, "Committed decisions the shadow did not decide or store, by reason."),
     ("haul_twilio_bad_signatures_total", Kind::Counter, "Webhook calls refused for their signature."),
     ("haul_unmatched_sms_total", Kind::Counter, "Distinct inbound SMS kept as unmatched."),
     ("haul_twilio_replays_total", Kind::Counter, "Webhook requests for a MessageSid already taken."),
@@ -182,6 +188,14 @@ pub fn zero_series() {
         "invalid",
     ] {
         metrics::counter!("haul_llm_requests_total", "outcome" => outcome).absolute(0);
+    }
+    for t in haul_core::ActionType::ALL.iter().map(|t| t.as_str()).chain(["none"]) {
+        for a in haul_core::replay::Agreement::ALL {
+            metrics::counter!("haul_shadow_decisions_total", "action_type" => t, "agreement" => a.as_str()).absolute(0);
+        }
+    }
+    for reason in ["queue_full", "stopped", "store_error"] {
+        metrics::counter!("haul_shadow_dropped_total", "reason" => reason).absolute(0);
     }
     metrics::counter!("haul_twilio_bad_signatures_total").absolute(0);
     metrics::counter!("haul_unmatched_sms_total").absolute(0);

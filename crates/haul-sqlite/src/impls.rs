@@ -12,16 +12,16 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row,
-    ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row, sms_assignment, sms_route,
-    sms_route_load, timer_row, unmatched_sms_row, unsettled_row,
+    ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row, shadow_params, shadow_row,
+    sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, next_loads_cursor, types_param};
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
     Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
-    RowCursor, SidClaim, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms,
-    Unsettled, columns,
+    RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsRoute, StaleClaimError,
+    StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
 };
 use haul_store::{ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use rusqlite::types::FromSql;
@@ -1334,6 +1334,47 @@ const PRUNE_TIMERS: &str = "DELETE FROM timers WHERE timer_id IN (
 const PRUNE_QUEUE: &str = "DELETE FROM queue WHERE id IN (
        SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < ?1 ORDER BY acked_at LIMIT CAST(?2 AS INTEGER))";
 
+const PRUNE_SHADOW: &str = "DELETE FROM shadow_decisions WHERE (load_id, event_id, shadow) IN (
+       SELECT load_id, event_id, shadow FROM shadow_decisions WHERE recorded_at < ?1
+       ORDER BY recorded_at LIMIT CAST(?2 AS INTEGER))";
+
+/// One load's shadow decisions after a cursor (`?1` load, `?2` seq, `?3` shadow, `?4` limit).
+pub(crate) const SHADOW_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(shadow),
+    " FROM shadow_decisions WHERE load_id = CAST(?1 AS TEXT) AND (event_seq, shadow) > (?2, ?3)
+     ORDER BY event_seq, shadow LIMIT CAST(?4 AS INTEGER)"
+);
+
+#[async_trait]
+impl ShadowStore for SqliteStore {
+    async fn record_shadow(&self, d: &ShadowDecision) -> Result<bool, StoreError> {
+        let recorded = self
+            .write_rows(
+                concat!(
+                    "INSERT INTO shadow_decisions (",
+                    columns!(shadow),
+                    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                     ON CONFLICT (load_id, event_id, shadow) DO NOTHING RETURNING load_id"
+                ),
+                shadow_params(d),
+                |r| r.string(0).map_err(StoreError::from),
+            )
+            .await?;
+        Ok(!recorded.is_empty())
+    }
+
+    async fn shadow_page(
+        &self,
+        load_id: &LoadId,
+        after: &ShadowCursor,
+        limit: usize,
+    ) -> Result<Vec<ShadowDecision>, StoreError> {
+        let params = (load_id.to_string(), after.event_seq as i64, after.shadow.clone(), sql_limit(limit));
+        self.query_rows(SHADOW_PAGE, params, shadow_row).await
+    }
+}
+
 #[async_trait]
 impl Prune for SqliteStore {
     async fn prune(&self, older_than: Timestamp, batch_limit: usize) -> Result<PruneReport, StoreError> {
@@ -1346,7 +1387,12 @@ impl Prune for SqliteStore {
                         .map_err(db)
                         .map(|n| n as u64)
                 };
-                Ok(PruneReport { outbox: run(PRUNE_OUTBOX)?, timers: run(PRUNE_TIMERS)?, queue: run(PRUNE_QUEUE)? })
+                Ok(PruneReport {
+                    outbox: run(PRUNE_OUTBOX)?,
+                    timers: run(PRUNE_TIMERS)?,
+                    queue: run(PRUNE_QUEUE)?,
+                    shadow: run(PRUNE_SHADOW)?,
+                })
             })
             .await
     }

@@ -40,6 +40,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(7, include_str!("../migrations/0007_ops_alerts.sql")),
     Migration::new(8, include_str!("../migrations/0008_operator_actions.sql")),
     Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
+    Migration::new(10, include_str!("../migrations/0010_shadow_decisions.sql")),
     Migration::new(11, include_str!("../migrations/0011_conflicts.sql")),
 ];
 

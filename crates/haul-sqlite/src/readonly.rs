@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use haul_core::ids::LoadId;
 use haul_core::projection::Record;
-use haul_store::backend::{load_id_row, record_row};
-use haul_store::{LoadSelection, LogReader, StoreError, columns};
+use haul_store::backend::{load_id_row, record_row, shadow_row};
+use haul_store::{LoadSelection, LogReader, ShadowCursor, ShadowDecision, StoreError, columns};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::db;
@@ -128,4 +128,27 @@ impl LogReader for ReadOnlyLog {
         })
         .await
     }
+
+    async fn read_shadow_page(
+        &self,
+        load_id: &LoadId,
+        after: &ShadowCursor,
+        limit: usize,
+    ) -> Result<Vec<ShadowDecision>, StoreError> {
+        let params = (load_id.to_string(), after.event_seq as i64, after.shadow.clone(), limit_i64(limit));
+        self.run(move |conn| {
+            rows(conn, crate::impls::SHADOW_PAGE, params, shadow_row).map_err(|e| {
+                if e.0.contains("no such table") {
+                    StoreError::new("this store has no shadow decisions table: run haul migrate on it (migration 10)")
+                } else {
+                    e
+                }
+            })
+        })
+        .await
+    }
+}
+
+fn limit_i64(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
 }

@@ -26,8 +26,8 @@ use serde_json::Value;
 use crate::{
     AlertState, AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary,
     NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery,
-    SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load,
-    ops::ConflictLoad,
+    ShadowDecision, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled,
+    is_key_of_load, ops::ConflictLoad,
 };
 
 // ---------------------------------------------------------------------------------
@@ -165,6 +165,10 @@ macro_rules! columns {
     (conflict_load) => {
         "load_id, conflicts, last_conflict_at"
     };
+    (shadow) => {
+        "load_id, event_id, shadow, event_seq, event, rule, primary_decision, shadow_decision, agreement, error, \
+         decided_at, recorded_at"
+    };
 }
 
 /// A row of `columns!(outbox)`.
@@ -251,6 +255,50 @@ pub fn unsettled_row(r: &dyn Columns) -> Result<Unsettled, StoreError> {
         settle_due_at: r.opt_i64(15)?.map(from_ms),
         settle_failure: r.opt_string(16)?,
     })
+}
+
+/// A row of `columns!(shadow)`.
+pub fn shadow_row(r: &dyn Columns) -> Result<ShadowDecision, StoreError> {
+    let (load_id, agreement) = (r.string(0)?, r.string(8)?);
+    let json = |what: &'static str, text: String| {
+        serde_json::from_str::<Value>(&text).map_err(|_| CorruptRowError::value(what, &text))
+    };
+    Ok(ShadowDecision {
+        load_id: parse_load_id(&load_id)?,
+        event_id: r.string(1)?,
+        shadow: r.string(2)?,
+        event_seq: r.i64(3)? as u64,
+        event: json("event", r.string(4)?)?,
+        rule: r.string(5)?,
+        primary: json("primary_decision", r.string(6)?)?,
+        decision: r.opt_string(7)?.map(|t| json("shadow_decision", t)).transpose()?,
+        agreement: haul_core::replay::Agreement::parse(&agreement)
+            .ok_or_else(|| CorruptRowError::value("agreement", &agreement))?,
+        error: r.opt_string(9)?,
+        decided_at: from_ms(r.i64(10)?),
+        recorded_at: from_ms(r.i64(11)?),
+    })
+}
+
+/// The columns of `columns!(shadow)` as written: JSON as text, times as milliseconds.
+#[allow(clippy::type_complexity)]
+pub fn shadow_params(
+    d: &ShadowDecision,
+) -> (String, String, String, i64, String, String, String, Option<String>, &'static str, Option<String>, i64, i64) {
+    (
+        d.load_id.to_string(),
+        d.event_id.clone(),
+        d.shadow.clone(),
+        d.event_seq as i64,
+        d.event.to_string(),
+        d.rule.clone(),
+        d.primary.to_string(),
+        d.decision.as_ref().map(Value::to_string),
+        d.agreement.as_str(),
+        d.error.clone(),
+        to_ms(d.decided_at),
+        to_ms(d.recorded_at),
+    )
 }
 
 /// A row of `columns!(ops_alert)`.

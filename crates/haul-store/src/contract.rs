@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::{
     AlertState, AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor,
-    SidClaim, SmsAssignment, SmsRoute, Store, TimerStatus, UnmatchedSms,
+    ShadowCursor, ShadowDecision, SidClaim, SmsAssignment, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -83,6 +83,7 @@ macro_rules! contract_tests {
             overdue_timers_page_most_overdue_first,
             unmatched_sms_page_newest_first,
             conflicts_are_counted_per_load_most_first,
+            shadow_decisions_are_kept_once_read_in_pages_and_pruned,
         );
         /// The store's own queue, driven by the suite's clock.
         async fn __queue_under_test() -> $crate::queue_contract::QueueUnderTest {
@@ -1085,7 +1086,7 @@ pub async fn prune_deletes_only_finished_rows_older_than_the_cutoff(s: DynStore)
     retention_fixture(&s).await;
     let log_before = (s.read(&load("L1")).await.unwrap(), s.read(&load("L2")).await.unwrap());
     let report = s.prune(at(100), 1000).await.unwrap();
-    assert_eq!(report, PruneReport { outbox: 2, timers: 3, queue: 1 });
+    assert_eq!(report, PruneReport { outbox: 2, timers: 3, queue: 1, shadow: 0 });
     for gone in ["L1/disp/send_sms", "L1/dead_pub/send_sms"] {
         assert_eq!(s.get(gone).await.unwrap(), None, "{gone} was finished before the cutoff");
     }
@@ -1114,7 +1115,7 @@ pub async fn prune_deletes_only_finished_rows_older_than_the_cutoff(s: DynStore)
     assert_eq!((s.read(&load("L1")).await.unwrap(), s.read(&load("L2")).await.unwrap()), log_before, "never the log");
     // Nothing is left to prune at that cutoff; a later cutoff takes the newer rows.
     assert_eq!(s.prune(at(100), 1000).await.unwrap(), PruneReport::default());
-    assert_eq!(s.prune(at(300), 1000).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1 });
+    assert_eq!(s.prune(at(300), 1000).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1, shadow: 0 });
     assert_eq!(s.count_by_status(OutboxStatus::Pending).await.unwrap(), 4);
 }
 
@@ -1133,11 +1134,11 @@ pub async fn prune_honours_the_batch_bound(s: DynStore) {
         let m = receive_one(&s, at(1)).await;
         s.ack(&m.receipt, at(1)).await.unwrap();
     }
-    let two = PruneReport { outbox: 2, timers: 2, queue: 2 };
+    let two = PruneReport { outbox: 2, timers: 2, queue: 2, shadow: 0 };
     assert_eq!(s.prune(at(10), 2).await.unwrap(), two);
     assert!(two.full(2));
     assert_eq!(s.prune(at(10), 2).await.unwrap(), two);
-    assert_eq!(s.prune(at(10), 2).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1 });
+    assert_eq!(s.prune(at(10), 2).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1, shadow: 0 });
     assert_eq!(s.prune(at(10), 2).await.unwrap(), PruneReport::default());
     assert_eq!(s.prune(at(10), 0).await.unwrap(), PruneReport::default(), "a zero batch deletes nothing");
 
@@ -1436,6 +1437,63 @@ pub async fn unmatched_sms_page_newest_first(s: DynStore) {
     assert_eq!(page(Some(RowCursor { created_at: at(3), id: "SM3".into() }), 10).await, vec!["SM2", "SM1"]);
 }
 
+/// A shadow decision of `shadow` for event `seq` of load `l`, stored at `recorded`.
+pub fn shadow_decision(l: &str, seq: u64, shadow: &str, recorded: Timestamp) -> ShadowDecision {
+    use haul_core::replay::Agreement;
+    let event_id = format!("e{seq}");
+    let agreement = [Agreement::Same, Agreement::Different, Agreement::Error][seq as usize % 3];
+    ShadowDecision {
+        load_id: load(l),
+        event_id: event_id.clone(),
+        shadow: shadow.into(),
+        event_seq: seq,
+        event: json!({"event_id": event_id, "kind": "location_ping", "risk": "high"}),
+        rule: "rule1".into(),
+        primary: json!({"decision_id": format!("dec:{event_id}"), "actions": []}),
+        decision: (agreement != Agreement::Error).then(|| json!({"decider": shadow, "seq": seq})),
+        agreement,
+        error: (agreement == Agreement::Error).then(|| "the sop shadow failed: it's \"quoted\"\nand long".into()),
+        decided_at: add(t0(), Duration::from_millis(seq * 1000 + 123)),
+        recorded_at: recorded,
+    }
+}
+
+pub async fn shadow_decisions_are_kept_once_read_in_pages_and_pruned(s: DynStore) {
+    let mut all = Vec::new();
+    for seq in [1, 3, 5] {
+        for shadow in ["llm:m", "sop"] {
+            let d = shadow_decision("L1", seq, shadow, at(seq));
+            assert!(s.record_shadow(&d).await.unwrap(), "new");
+            all.push(d);
+        }
+    }
+    let other = shadow_decision("L2", 1, "sop", at(1));
+    assert!(s.record_shadow(&other).await.unwrap());
+    // A redelivered event's shadow is not stored again: the first stays.
+    let mut again = shadow_decision("L1", 3, "sop", at(50));
+    again.error = Some("second".into());
+    assert!(!s.record_shadow(&again).await.unwrap(), "a second decision for one key is ignored");
+    let page = |after: ShadowCursor, limit: usize| {
+        let s = s.clone();
+        async move { s.shadow_page(&load("L1"), &after, limit).await.unwrap() }
+    };
+    assert_eq!(page(ShadowCursor::default(), 100).await, all, "every field round-trips, in (seq, shadow) order");
+    let first = page(ShadowCursor::default(), 4).await;
+    assert_eq!(first, all[..4]);
+    assert_eq!(page(ShadowCursor::after(&first[3]), 4).await, all[4..]);
+    assert_eq!(page(ShadowCursor::after(&all[5]), 4).await, vec![]);
+    assert_eq!(s.shadow_page(&load("L2"), &ShadowCursor::default(), 10).await.unwrap(), vec![other]);
+    assert!(s.shadow_page(&load("none"), &ShadowCursor::default(), 10).await.unwrap().is_empty());
+    // Retention: stored before the cutoff, in batches; the log is never touched.
+    let log_before = s.read(&load("L1")).await.unwrap();
+    let report = s.prune(at(4), 2).await.unwrap();
+    assert_eq!(report, PruneReport { shadow: 2, ..PruneReport::default() });
+    let report = s.prune(at(4), 1000).await.unwrap();
+    assert_eq!(report, PruneReport { shadow: 3, ..PruneReport::default() }, "L1's seq 1 and 3, L2's seq 1");
+    assert_eq!(page(ShadowCursor::default(), 100).await, all[4..]);
+    assert_eq!(s.read(&load("L1")).await.unwrap(), log_before);
+}
+
 /// The [`LogReader`](crate::LogReader) contract: `reader` reads the database `store`
 /// writes to. Each backend runs it with its read-only reader.
 pub async fn log_reader_reads_what_was_appended(store: &dyn Store, reader: &dyn crate::LogReader) {
@@ -1479,6 +1537,15 @@ pub async fn log_reader_reads_what_was_appended(store: &dyn Store, reader: &dyn 
     let rest = reader.read_log_page(&a, 2, 2).await.unwrap();
     assert_eq!([first, rest].concat(), full);
     assert!(reader.read_log_page(&load("none"), 0, 10).await.unwrap().is_empty());
+    // Shadow decisions, read-only, in the same pages as the store's.
+    let shadows: Vec<ShadowDecision> = [2, 4, 6].iter().map(|seq| shadow_decision("RA", *seq, "sop", t0)).collect();
+    for d in &shadows {
+        store.record_shadow(d).await.unwrap();
+    }
+    let first = reader.read_shadow_page(&a, &ShadowCursor::default(), 2).await.unwrap();
+    let rest = reader.read_shadow_page(&a, &ShadowCursor::after(&first[1]), 2).await.unwrap();
+    assert_eq!([first, rest].concat(), shadows);
+    assert!(reader.read_shadow_page(&b, &ShadowCursor::default(), 10).await.unwrap().is_empty());
 }
 
 pub async fn conflicts_are_counted_per_load_most_first(s: DynStore) {

@@ -203,6 +203,79 @@ pub trait LogReader: Send + Sync {
 
     /// At most `limit` records of the load after `after_seq`, in `seq` order.
     async fn read_log_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError>;
+
+    /// [`ShadowStore::shadow_page`], read-only. A store migrated before shadow mode
+    /// has no table for them: an error naming the migration.
+    async fn read_shadow_page(
+        &self,
+        load_id: &LoadId,
+        after: &ShadowCursor,
+        limit: usize,
+    ) -> Result<Vec<ShadowDecision>, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
+// Shadow mode: a second decider's decisions, kept apart from the log.
+
+/// One shadow decision: what a second decider decided on the state, event and time a
+/// committed decision was made on, beside that decision. Never part of the log, never
+/// dispatched. Keyed by `(load_id, event_id, shadow)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShadowDecision {
+    pub load_id: LoadId,
+    pub event_id: String,
+    /// The shadow decider's name (`sop`, `llm:{model}`).
+    pub shadow: String,
+    /// `seq` of the event in its load's log.
+    pub event_seq: u64,
+    /// The event as logged (`{event_id, kind, ...payload}`).
+    pub event: Value,
+    /// The SOP rule the event falls under for the shadow's policies (`haul_core::sop::Rule`, as serde names it).
+    pub rule: String,
+    /// The decision the primary recorded.
+    pub primary: Value,
+    /// The shadow's decision; `None` when it gave none (`agreement` is `error`).
+    pub decision: Option<Value>,
+    pub agreement: haul_core::replay::Agreement,
+    /// Why the shadow gave no decision.
+    pub error: Option<String>,
+    /// When the primary decided (the `now` both decided at).
+    pub decided_at: Timestamp,
+    /// When the shadow's decision was stored.
+    pub recorded_at: Timestamp,
+}
+
+/// Where a page of one load's shadow decisions starts: after this event `seq` and
+/// shadow name (the order pages come in). [`ShadowCursor::default`] is the start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShadowCursor {
+    pub event_seq: u64,
+    pub shadow: String,
+}
+
+impl ShadowCursor {
+    /// The position of `d`: the next page starts after it.
+    pub fn after(d: &ShadowDecision) -> Self {
+        ShadowCursor { event_seq: d.event_seq, shadow: d.shadow.clone() }
+    }
+}
+
+/// Shadow decisions as the runtime keeps them (`haul replay --shadow` reads them
+/// through [`LogReader::read_shadow_page`]).
+#[async_trait]
+pub trait ShadowStore: Send + Sync {
+    /// Stores `d` unless a decision of that shadow for that event is stored already
+    /// (idempotent on redelivery: the first stays). Returns whether this call stored it.
+    async fn record_shadow(&self, d: &ShadowDecision) -> Result<bool, StoreError>;
+
+    /// At most `limit` of the load's shadow decisions after `after`, by event `seq`
+    /// then shadow name.
+    async fn shadow_page(
+        &self,
+        load_id: &LoadId,
+        after: &ShadowCursor,
+        limit: usize,
+    ) -> Result<Vec<ShadowDecision>, StoreError>;
 }
 
 // ---------------------------------------------------------------------------------
@@ -765,23 +838,27 @@ pub struct PruneReport {
     pub outbox: u64,
     pub timers: u64,
     pub queue: u64,
+    /// Shadow decisions.
+    #[serde(default)]
+    pub shadow: u64,
 }
 
 impl PruneReport {
     pub fn total(&self) -> u64 {
-        self.outbox + self.timers + self.queue
+        self.outbox + self.timers + self.queue + self.shadow
     }
 
     /// True when some table gave a whole batch: another call may find more.
     pub fn full(&self, batch_limit: usize) -> bool {
         let limit = batch_limit as u64;
-        limit > 0 && (self.outbox >= limit || self.timers >= limit || self.queue >= limit)
+        limit > 0 && (self.outbox >= limit || self.timers >= limit || self.queue >= limit || self.shadow >= limit)
     }
 
     fn add(&mut self, other: PruneReport) {
         self.outbox += other.outbox;
         self.timers += other.timers;
         self.queue += other.queue;
+        self.shadow += other.shadow;
     }
 }
 
@@ -804,7 +881,8 @@ pub trait Prune: Send + Sync {
     /// - outbox rows `dispatched` or `dead` whose outcome reached the load queue
     ///   (`outcome_published_at` set), last updated and published before the cutoff;
     /// - timers `fired` or `canceled` before the cutoff;
-    /// - queue messages acked before the cutoff.
+    /// - queue messages acked before the cutoff;
+    /// - shadow decisions stored before the cutoff (derived data, never the log).
     ///
     /// Never a log entry, a pending or claimed outbox row, a dead row whose outcome
     /// is not published yet, a scheduled timer or an unacked message. A pruned
@@ -846,6 +924,7 @@ pub trait Store:
     + DeliveryLog
     + LoadIndex
     + OpsQueries
+    + ShadowStore
     + Prune
     + Send
     + Sync
@@ -862,6 +941,7 @@ impl<
         + DeliveryLog
         + LoadIndex
         + OpsQueries
+        + ShadowStore
         + Prune
         + Send
         + Sync

@@ -262,8 +262,9 @@ pub enum Command {
     /// before its event, at the recorded time, and the two are compared (filtered or
     /// not, the actions, the ask changes). Each step is a one-step what-if on the
     /// recorded history. The candidate is the SOP (or the LLM decider) with the
-    /// settings of --config (a candidate.toml with other client policies). Exit status
-    /// 0 when nothing differs, 2 when something does, 1 on an error. docs/replay.md.
+    /// settings of --config (a candidate.toml with other client policies); with
+    /// --shadow, the shadow decisions shadow mode stored. Exit status 0 when nothing
+    /// differs, 2 when something does, 1 on an error. docs/replay.md.
     Replay {
         #[command(flatten)]
         settings: ConfigArgs,
@@ -282,6 +283,10 @@ pub enum Command {
         /// At most this many loads.
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
+        /// Report the stored shadow decisions (shadow mode, decider.shadow) instead of
+        /// deciding: recorded = the primary's decision, candidate = the shadow's.
+        #[arg(long, conflicts_with_all = ["decider", "llm_answers", "live"])]
+        shadow: bool,
         /// The candidate decider (default: decider.kind of the settings).
         #[arg(long, value_enum)]
         decider: Option<DeciderKind>,

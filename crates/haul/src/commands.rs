@@ -62,6 +62,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             client,
             all,
             limit,
+            shadow,
             decider,
             llm_answers,
             live,
@@ -71,6 +72,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             show,
         } => {
             let select = Select { loads, since, client, all, limit };
+            if shadow {
+                return replay_shadow(&settings, select, json, html.as_deref(), show).await;
+            }
             let llm = Llm { answers: llm_answers, live: if live { max_calls } else { None } };
             replay(&settings, select, decider, llm, json, html.as_deref(), show).await
         }
@@ -115,6 +119,7 @@ pub(crate) fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::
 fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<ExitCode> {
     let loaded = load_settings(args, listen)?;
     loaded.validate()?;
+    let shadow = loaded.config.shadow_config()?;
     if loaded.config.queue.kind == haul_config::QueueKind::Sqs && !cfg!(feature = "sqs") {
         anyhow::bail!(
             "queue.kind \"sqs\" needs a build with --features sqs (haul --version lists the features built in)"
@@ -129,8 +134,12 @@ fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Exi
         eprintln!("warning: {name} names no setting; ignored");
     }
     let c = &loaded.config;
+    let shadow = match (&shadow, &c.decider.shadow) {
+        (Some(s), Some(file)) => format!(", shadow {} ({})", s.decider.kind, file.display()),
+        _ => String::new(),
+    };
     say(format_args!(
-        "ok: store {}, queue {}, decider {}, listening on {}",
+        "ok: store {}, queue {}, decider {}{shadow}, listening on {}",
         store::describe(&c.store.url),
         c.queue.kind,
         c.decider.kind,
@@ -360,15 +369,15 @@ async fn prune(settings: &ConfigArgs, older_than: &str, batch: u32) -> anyhow::R
     let mut deleted = 0u64;
     let sum = haul_store::prune_all(store.as_ref(), cutoff, batch as usize, MAX_PRUNE_BATCHES, |b| {
         batches += 1;
-        deleted += b.outbox + b.timers + b.queue;
+        deleted += b.total();
         progress.update(batches, &format!("{deleted} rows deleted"));
-        tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, "prune batch");
+        tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, shadow = b.shadow, "prune batch");
     })
     .await?;
     progress.finish();
     say(format_args!(
-        "pruned {} outbox rows, {} timers, {} queue messages finished before {cutoff} ({batches} batches of at most {batch} per table)",
-        sum.outbox, sum.timers, sum.queue
+        "pruned {} outbox rows, {} timers, {} queue messages, {} shadow decisions finished before {cutoff} ({batches} batches of at most {batch} per table)",
+        sum.outbox, sum.timers, sum.queue, sum.shadow
     ));
     if batches as usize >= MAX_PRUNE_BATCHES {
         say(format_args!("stopped after {MAX_PRUNE_BATCHES} batches; run it again for the rest"));
@@ -735,19 +744,50 @@ async fn replay(
             eprintln!("{n} live answers added to {}: the same replay now runs without the model", file.display());
         }
     }
+    replay_report(&report, json, html)
+}
+
+/// A replay's report as text or JSON on stdout, and as HTML in `html`; the exit status.
+fn replay_report(
+    report: &haul_harness::replay::ReplayReport,
+    json: bool,
+    html: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
     if let Some(file) = html {
-        std::fs::write(file, haul_harness::replay::html(&report))
+        std::fs::write(file, haul_harness::replay::html(report))
             .with_context(|| format!("--html {}", file.display()))?;
     }
     if json {
-        say(serde_json::to_string_pretty(&report)?);
+        say(serde_json::to_string_pretty(report)?);
     } else {
-        say(haul_harness::replay::text(&report).trim_end());
+        say(haul_harness::replay::text(report).trim_end());
         if let Some(file) = html {
             say(format_args!("\nreport: {}", file.display()));
         }
     }
     Ok(if report.summary.different == 0 { ExitCode::SUCCESS } else { ExitCode::from(2) })
+}
+
+/// `haul replay --shadow`: the stored shadow decisions of the selected loads, read-only.
+async fn replay_shadow(
+    settings: &ConfigArgs,
+    select: Select,
+    json: bool,
+    html: Option<&Path>,
+    show: usize,
+) -> anyhow::Result<ExitCode> {
+    use haul_harness::replay::ReplayOptions;
+    let config = load_config(settings, None)?;
+    let now = haul_core::Clock::now(&haul_runtime::clock::SystemClock);
+    let selection = select.selection(now)?;
+    let db = config.store.url.as_str();
+    let reader =
+        store::open_log_reader(db).await.with_context(|| format!("opening {} read-only", store::describe(db)))?;
+    let opts = ReplayOptions { selection, limit: select.limit.unwrap_or(usize::MAX), show, ..ReplayOptions::default() };
+    let mut progress = ReplayProgress::new();
+    let report = haul_harness::replay::replay_shadow(reader, &store::describe(db), &opts, |s| progress.show(s)).await?;
+    progress.done();
+    replay_report(&report, json, html)
 }
 
 /// Records one export reads at most: a scenario has at most 1000 steps anyway.

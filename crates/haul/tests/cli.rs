@@ -155,6 +155,31 @@ fn one_error_line(args: &[&str], env: &[(&str, &str)], want: &[&str]) {
     }
 }
 
+/// `decider.shadow`: `config check` reads the shadow's file and names it; a file that
+/// does not read stops `config check` and `serve` with one line naming it.
+#[test]
+fn config_check_and_serve_read_the_shadow_file() {
+    let dir = std::env::temp_dir().join(format!("haul-shadow-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("shadow.toml");
+    let path = file.to_str().unwrap();
+    std::fs::write(&file, "[clients.acme.eta_request]\nmax_attempts = 2\n").unwrap();
+    let env = [("HAUL_DECIDER_SHADOW", path)];
+    let (ok, out, err) = haul(&["config", "check", "--db", "sqlite::memory:"], &env);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("decider sop, shadow sop ({path})")), "{out}");
+    std::fs::write(&file, "[clients.acme.eta_request]\nmax_attempts = 0\n").unwrap();
+    for cmd in [
+        &["config", "check", "--db", "sqlite::memory:"][..],
+        &["serve", "--db", "sqlite::memory:", "--listen", "127.0.0.1:0"],
+    ] {
+        one_error_line(cmd, &env, &[&format!("decider.shadow = {path:?}"), "max_attempts"]);
+    }
+    std::fs::remove_file(&file).unwrap();
+    one_error_line(&["config", "check", "--db", "sqlite::memory:"], &env, &["decider.shadow", "reading"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn config_check_says_ok_or_one_line_naming_the_variable() {
     let (ok, out, err) = haul(&["config", "check", "--db", "sqlite::memory:"], &[]);

@@ -173,3 +173,94 @@ async fn live_answers_are_recorded_within_the_budget_and_replay_again_for_free()
     assert_eq!(again["summary"]["compared"], first["summary"]["compared"]);
     assert_eq!(upstream.requests().len(), 2, "the rerun called no model");
 }
+
+/// Shadow mode's stored decisions, reported by `haul replay --shadow`: a worker ran a
+/// load's life with a shadow SOP that asks client_a's drivers twice, on a SQLite file;
+/// the real binary then reads the file read-only and reports the two disagreements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_shadow_reports_the_stored_disagreements() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use haul_core::{Clock, FakeClock, QueueMode};
+    use haul_runtime::channels::Channels;
+    use haul_runtime::pipeline::{Parts, Pipeline};
+    use haul_runtime::shadow::{Shadow, ShadowSettings};
+
+    let dir = temp_dir();
+    let file = dir.join("shadowed.db");
+    let db = format!("sqlite://{}", file.display());
+    {
+        let config = haul_config::Config::default();
+        let store = haul_runtime::store::open(&db, Some(3)).await.unwrap();
+        let clock = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
+        let parts = Parts {
+            store: store.clone(),
+            queue: store.clone(),
+            queue_mode: QueueMode::StoreQueue,
+            channels: Channels::from_config(&config.channels, store.clone()).unwrap(),
+            clock: clock.clone(),
+            faults: Default::default(),
+            seed: Some(3),
+        };
+        let pipeline = Pipeline::new(&config, parts, None);
+        let mut policies = haul_core::sop::Policies::default();
+        let two = haul_core::sop::EtaPolicy { max_attempts: 2, ..Default::default() };
+        policies.clients.insert("client_a".into(), two);
+        let decider = Arc::new(haul_runtime::decider::SopDecider { policies: policies.clone() });
+        let settings = ShadowSettings { capacity: 256, timeout: Duration::from_secs(5) };
+        let shadow =
+            Arc::new(Shadow::start(decider, policies, store.clone(), clock.clone() as Arc<dyn Clock>, settings));
+        pipeline.worker.shadow_with(shadow.clone());
+        let load = haul_core::ids::LoadId::parse("481207").unwrap();
+        let events = [
+            r#"{"event_id":"load:init","kind":"load_update","client":"client_a","driver_phone":"+15555550100"}"#,
+            r#"{"event_id":"ping_0700","kind":"location_ping","lat":41.88,"lon":-87.63,"risk":"high"}"#,
+        ];
+        for e in events {
+            let id = serde_json::from_str::<serde_json::Value>(e).unwrap()["event_id"].as_str().unwrap().to_owned();
+            store.publish(&load, &id, e, clock.now()).await.unwrap();
+        }
+        pipeline.run_until_quiet().await.unwrap();
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(30 * 60));
+            pipeline.run_until_quiet().await.unwrap();
+        }
+        shadow.settled().await;
+    }
+
+    let html = dir.join("shadow.html");
+    let (code, out, err) = haul(&["replay", "--shadow", "--db", &db, "--all", "--html", html.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("against candidate shadow sop") && out.contains("Shadow decisions were made live"), "{out}");
+    let counts = |out: &str, name: &str| {
+        out.lines().find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 2 && w[0] == name).then(|| w[1].to_owned())
+        })
+    };
+    assert_eq!(counts(&out, "same").as_deref(), Some("3"), "{out}");
+    assert_eq!(counts(&out, "different").as_deref(), Some("2"), "{out}");
+    assert!(out.contains("attempt 2 of 3") && out.contains("attempt 2 of 2"), "{out}");
+    assert!(out.contains("+ create_hero_task"), "{out}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("Shadow decisions were made live"));
+    let (code, out, _) = haul(&["replay", "--shadow", "--db", &db, "--load", "481207", "--json"]);
+    assert_eq!(code, 2);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["summary"]["compared"], 5, "{report}");
+    assert_eq!(report["summary"]["different"], 2);
+    // Counted under the rule the event falls under for the shadow's policies.
+    assert_eq!(report["summary"]["by_rule"]["rule 2: no answer, ask again"]["different"], 1, "{report}");
+    assert_eq!(report["summary"]["by_rule"]["rule 3: no answer, escalate"]["different"], 1, "{report}");
+    let diffs: Vec<&str> =
+        report["differences"].as_array().unwrap().iter().map(|d| d["event_id"].as_str().unwrap()).collect();
+    assert_eq!(diffs, ["evt:tmr:481207:ask:eta_request:ping_0700:1", "evt:tmr:481207:ask:eta_request:ping_0700:2"]);
+    // A load with no shadow decisions: nothing differs.
+    let (code, out, err) = haul(&["replay", "--shadow", "--db", &db, "--load", "other"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // The shadow is not a candidate to run.
+    let (code, _, err) = haul(&["replay", "--shadow", "--decider", "llm", "--db", &db, "--all"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot be used with"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,24 @@
+-- Shadow mode (docs/replay.md, "Shadow mode"): what a second decider (decider.shadow)
+-- decided on the state, event and time of each committed decision, beside the decision
+-- the primary recorded. Kept apart from the log: never dispatched, never read by the
+-- primary, pruned with the other finished rows (by recorded_at). One row per event and
+-- shadow; a second one (a redelivery) is ignored.
+CREATE TABLE shadow_decisions (
+    load_id          TEXT NOT NULL,
+    event_id         TEXT NOT NULL,
+    shadow           TEXT NOT NULL,
+    event_seq        INTEGER NOT NULL,
+    event            TEXT NOT NULL,
+    rule             TEXT NOT NULL,
+    primary_decision TEXT NOT NULL,
+    shadow_decision  TEXT,
+    agreement        TEXT NOT NULL,
+    error            TEXT,
+    decided_at       INTEGER NOT NULL,
+    recorded_at      INTEGER NOT NULL,
+    PRIMARY KEY (load_id, event_id, shadow)
+) WITHOUT ROWID;
+-- One load's pages, in log order.
+CREATE INDEX shadow_decisions_page ON shadow_decisions (load_id, event_seq, shadow);
+-- Retention.
+CREATE INDEX shadow_decisions_recorded ON shadow_decisions (recorded_at);
