@@ -108,8 +108,16 @@ enum Step {
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
 
 enum Job {
-    Append { args: AppendArgs, out: Option<Result<(u64, bool), AppendError>>, reply: Reply<(u64, bool), AppendError> },
-    PublishMark { args: PublishMarkArgs, out: Option<Result<Published, ClaimError>>, reply: Reply<Published, ClaimError> },
+    Append {
+        args: AppendArgs,
+        out: Option<Result<(u64, bool), AppendError>>,
+        reply: Reply<(u64, bool), AppendError>,
+    },
+    PublishMark {
+        args: PublishMarkArgs,
+        out: Option<Result<Published, ClaimError>>,
+        reply: Reply<Published, ClaimError>,
+    },
 }
 
 /// How a unit ran: its savepoint's fate and its answer (unless it is put off).
@@ -276,4 +284,36 @@ async fn run_batch(
         tx.batch_execute("ROLLBACK TO u").await.map_err(pg)?;
     }
     tx.commit().await.map_err(pg)
+}
+
+#[cfg(feature = "testing")]
+impl crate::PgStore {
+    /// Runs `units` (load, entries, expected version, outbox rows) as ONE committer
+    /// batch, in this order, on a connection of its own: what a committer does with the
+    /// units it found waiting, without depending on how many were waiting. For tests.
+    pub async fn append_one_batch(
+        &self,
+        units: Vec<(LoadId, Vec<NewEntry>, u64, Vec<NewOutboxRow>)>,
+        now: haul_core::time::Timestamp,
+    ) -> Vec<Result<u64, AppendError>> {
+        let mut batch = Vec::new();
+        let mut answers = Vec::new();
+        for (load_id, entries, expected_version, outbox) in units {
+            let (reply, rx) = oneshot::channel();
+            let now = haul_core::time::to_ms(now);
+            let args = AppendArgs { load_id, entries, expected_version, outbox, receipt: None, now };
+            batch.push(Job::Append { args, out: None, reply });
+            answers.push(rx);
+        }
+        let (mut conn, mut steps) = (None, Vec::new());
+        let commit = run_batch(&self.pool, &mut conn, &mut batch, &mut steps).await;
+        for (job, step) in batch.into_iter().zip(steps.into_iter().map(Some).chain(std::iter::repeat(None))) {
+            job.finish(&commit, step == Some(Step::Defer), &self.pool);
+        }
+        let mut out = Vec::new();
+        for rx in answers {
+            out.push(rx.await.unwrap_or_else(|_| Err(StoreError::new("dropped").into())).map(|(v, _)| v));
+        }
+        out
+    }
 }

@@ -23,9 +23,9 @@ use haul_store::{
     Unsettled, columns, outbox_key_load,
 };
 use haul_store::{DeadRow, LoadFilter, LoadsPage, OpsQueries};
-use tokio_postgres::{Row, Statement};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::FromSql;
+use tokio_postgres::{Row, Statement};
 
 use crate::group::{AppendArgs, Fail, PublishMarkArgs, db};
 use crate::sql::*;
@@ -321,10 +321,9 @@ pub(crate) async fn publish_mark_body(
     let mark = tx.prepare_cached(OUTBOX_MARK_DISPATCHED).await.map_err(db)?;
     let lid = outbox_key_load(&a.id);
     // The mark is issued behind the publish's statements, in the same round trip.
-    let (published, n) = tokio::join!(
-        publish_in::<ClaimError>(tx, &a.load_id, &a.event_id, &a.body, a.now),
-        async { tx.execute(&mark, &[&lid, &a.id, &a.token, &a.receipt, &a.now]).await },
-    );
+    let (published, n) = tokio::join!(publish_in::<ClaimError>(tx, &a.load_id, &a.event_id, &a.body, a.now), async {
+        tx.execute(&mark, &[&lid, &a.id, &a.token, &a.receipt, &a.now]).await
+    },);
     let published = published?;
     if n.map_err(db)? == 1 { Ok(Ok(published)) } else { Ok(Err(StaleClaimError { outbox_id: a.id.clone() }.into())) }
 }
@@ -672,8 +671,9 @@ impl LoadQueue for PgStore {
     ) -> Result<Published, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let published =
-            publish_in::<StoreError>(&tx, load_id.as_str(), event_id, body, to_ms(now)).await.map_err(Fail::into_err)?;
+        let published = publish_in::<StoreError>(&tx, load_id.as_str(), event_id, body, to_ms(now))
+            .await
+            .map_err(Fail::into_err)?;
         if published == Published::New {
             tx.commit().await.map_err(pg)?;
         }

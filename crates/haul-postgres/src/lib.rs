@@ -117,7 +117,11 @@ impl PgStore {
         // Each committer keeps one of the pool's connections; the rest serve reads,
         // claims and the other writes.
         let committers = if config.pool_size >= 8 { 2 } else { 1 };
-        Ok(PgStore { group: Arc::new(group::Group::new(pool.clone(), committers)), pool, tokens: Tokens::new(config.seed) })
+        Ok(PgStore {
+            group: Arc::new(group::Group::new(pool.clone(), committers)),
+            pool,
+            tokens: Tokens::new(config.seed),
+        })
     }
 
     /// Applies the migrations not yet applied, under an advisory lock so several
