@@ -1,7 +1,7 @@
-//! Group commit: the committers, the only writers of appends and of the dispatcher's
-//! publish-and-mark.
+//! Group commit: the committers, the only writers of appends, of publishes to the
+//! store's load queue and of the dispatcher's publish-and-mark.
 //!
-//! Callers hand a unit (one append, one publish-and-mark) to a bounded channel and wait
+//! Callers hand a unit (one append, one publish, one publish-and-mark) to a bounded channel and wait
 //! for its answer. A committer owns one connection; it takes the units waiting, up to
 //! `MAX_BATCH`, into one transaction and runs each in its own savepoint: a unit that
 //! fails (a version conflict, a duplicate entry or action key, a stale claim) rolls back
@@ -94,6 +94,14 @@ pub(crate) struct PublishMarkArgs {
     pub now: i64,
 }
 
+/// `LoadQueue::publish`'s arguments.
+pub(crate) struct PublishArgs {
+    pub load_id: String,
+    pub event_id: String,
+    pub body: String,
+    pub now: i64,
+}
+
 /// What becomes of a unit's savepoint.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Step {
@@ -118,6 +126,7 @@ enum Job {
         out: Option<Result<Published, ClaimError>>,
         reply: Reply<Published, ClaimError>,
     },
+    Publish { args: PublishArgs, out: Option<Result<Published, StoreError>>, reply: Reply<Published, StoreError> },
 }
 
 /// How a unit ran: its savepoint's fate and its answer (unless it is put off).
@@ -149,6 +158,12 @@ impl Job {
                 *out = o;
                 step
             }
+            Job::Publish { args, out, .. } => {
+                let r = crate::impls::publish_in(tx, &args.load_id, &args.event_id, &args.body, args.now).await;
+                let (step, o) = settle(r.map(|p| (p, true)));
+                *out = o;
+                step
+            }
         }
     }
 
@@ -174,6 +189,15 @@ impl Job {
                 tokio::spawn(async move {
                     let _ = reply.send(crate::impls::publish_mark_solo(&pool, &args).await);
                 });
+            }
+            Job::Publish { args, reply, .. } if deferred => {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(crate::impls::publish_solo(&pool, &args).await);
+                });
+            }
+            Job::Publish { out, reply, .. } => {
+                let _ = reply.send(answer(out, commit));
             }
             Job::Append { out, reply, .. } => {
                 let _ = reply.send(answer(out, commit));
@@ -218,6 +242,11 @@ impl Group {
     pub(crate) async fn append(&self, args: AppendArgs) -> Result<(u64, bool), AppendError> {
         let (reply, rx) = oneshot::channel();
         self.submit(Job::Append { args, out: None, reply }, rx).await
+    }
+
+    pub(crate) async fn publish(&self, args: PublishArgs) -> Result<Published, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::Publish { args, out: None, reply }, rx).await
     }
 
     pub(crate) async fn publish_mark(&self, args: PublishMarkArgs) -> Result<Published, ClaimError> {

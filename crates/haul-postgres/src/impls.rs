@@ -27,7 +27,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::FromSql;
 use tokio_postgres::{Row, Statement};
 
-use crate::group::{AppendArgs, Fail, PublishMarkArgs, db};
+use crate::group::{AppendArgs, Fail, PublishArgs, PublishMarkArgs, db};
 use crate::sql::*;
 use crate::{PgStore, pg, pool_client};
 use deadpool_postgres::{Pool, Transaction};
@@ -328,6 +328,15 @@ pub(crate) async fn publish_mark_body(
     if n.map_err(db)? == 1 { Ok(Ok(published)) } else { Ok(Err(StaleClaimError { outbox_id: a.id.clone() }.into())) }
 }
 
+/// A publish alone in a transaction of its own (put off by a batch).
+pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Published, StoreError> {
+    let mut client = pool_client(pool).await?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let published = publish_in::<StoreError>(&tx, &a.load_id, &a.event_id, &a.body, a.now).await.map_err(Fail::into_err)?;
+    tx.commit().await.map_err(pg)?;
+    Ok(published)
+}
+
 /// `publish_and_mark_dispatched` alone in a transaction of its own (put off by a batch).
 pub(crate) async fn publish_mark_solo(pool: &Pool, args: &PublishMarkArgs) -> Result<Published, ClaimError> {
     let mut client = pool_client(pool).await?;
@@ -607,7 +616,7 @@ async fn lock_head<E: From<StoreError>>(tx: &Transaction<'_>, message_id: i64) -
 }
 
 /// Publishes inside `tx`: the message and, when its load's head is empty, the head.
-async fn publish_in<E: From<StoreError>>(
+pub(crate) async fn publish_in<E: From<StoreError>>(
     tx: &Transaction<'_>,
     lid: &str,
     event_id: &str,
@@ -669,15 +678,13 @@ impl LoadQueue for PgStore {
         body: &str,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        let published = publish_in::<StoreError>(&tx, load_id.as_str(), event_id, body, to_ms(now))
-            .await
-            .map_err(Fail::into_err)?;
-        if published == Published::New {
-            tx.commit().await.map_err(pg)?;
-        }
-        Ok(published)
+        let args = PublishArgs {
+            load_id: load_id.as_str().to_owned(),
+            event_id: event_id.to_owned(),
+            body: body.to_owned(),
+            now: to_ms(now),
+        };
+        self.group.publish(args).await
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
