@@ -126,7 +126,11 @@ enum Job {
         out: Option<Result<Published, ClaimError>>,
         reply: Reply<Published, ClaimError>,
     },
-    Publish { args: PublishArgs, out: Option<Result<Published, StoreError>>, reply: Reply<Published, StoreError> },
+    Publish {
+        args: PublishArgs,
+        out: Option<Result<Published, StoreError>>,
+        reply: Reply<Published, StoreError>,
+    },
 }
 
 /// How a unit ran: its savepoint's fate and its answer (unless it is put off).

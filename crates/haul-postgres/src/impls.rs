@@ -332,7 +332,8 @@ pub(crate) async fn publish_mark_body(
 pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Published, StoreError> {
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
-    let published = publish_in::<StoreError>(&tx, &a.load_id, &a.event_id, &a.body, a.now).await.map_err(Fail::into_err)?;
+    let published =
+        publish_in::<StoreError>(&tx, &a.load_id, &a.event_id, &a.body, a.now).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     Ok(published)
 }
