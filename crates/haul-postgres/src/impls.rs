@@ -23,12 +23,14 @@ use haul_store::{
     StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
 };
 use haul_store::{ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
-use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::FromSql;
+use tokio_postgres::{Row, Statement};
 
+use crate::group::{AppendArgs, Fail, PublishArgs, PublishMarkArgs, db};
 use crate::sql::*;
-use crate::{PgStore, pg};
+use crate::{PgStore, pg, pool_client};
+use deadpool_postgres::{Pool, Transaction};
 
 /// Column `index` of a row: a value of another type, or a NULL where `T` has none, is a
 /// corrupt row (`Row::get` would panic on either, taking the worker down with it).
@@ -143,7 +145,8 @@ impl EventStore for PgStore {
 }
 
 impl PgStore {
-    /// The append, and with `receipt` the ack of that message, in one transaction.
+    /// The append, and with `receipt` the ack of that message, in one transaction:
+    /// a unit of a committer's batch (`group.rs`).
     async fn append_in_tx(
         &self,
         load_id: &LoadId,
@@ -154,106 +157,194 @@ impl PgStore {
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
         check_keys_of_load(load_id, &outbox)?;
-        let lid = load_id.as_str();
-        let now = to_ms(now);
-        let expected = expected_version as i64;
-        let new_version = expected + entries.len() as i64;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-
-        // 1. The version. Taking the loads row (insert or guarded update) serializes
-        // appends to one load; a loser waits for the winner's commit, then fails here.
-        let won = if expected == 0 {
-            tx.execute(&tx.prepare_cached(LOAD_CREATE).await.map_err(pg)?, &[&lid, &new_version, &now]).await
-        } else {
-            tx.execute(&tx.prepare_cached(LOAD_ADVANCE).await.map_err(pg)?, &[&lid, &new_version, &expected, &now])
-                .await
-        }
-        .map_err(pg)?;
-        if won != 1 {
-            drop(tx);
-            let actual: Option<i64> = match client
-                .query_opt(&client.prepare_cached(LOAD_VERSION).await.map_err(pg)?, &[&lid])
-                .await
-                .map_err(pg)?
-            {
-                Some(row) => Some(col(&row, 0)?),
-                None => None,
-            };
-            return Err(ConcurrencyConflictError {
-                load_id: lid.to_owned(),
-                expected: expected_version,
-                actual: actual.unwrap_or(0) as u64,
-            }
-            .into());
-        }
-
-        // 2. The entry ids.
-        check_entry_ids_distinct(load_id, &entries)?;
-        let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
-        if let Some(row) =
-            tx.query_opt(&tx.prepare_cached(ENTRY_IDS_TAKEN).await.map_err(pg)?, &[&lid, &ids]).await.map_err(pg)?
-        {
-            return Err(DuplicateEntryError { load_id: lid.to_owned(), entry_id: col(&row, 0)? }.into());
-        }
-
-        // 3. The outbox keys.
-        check_keys_distinct(&outbox)?;
-        let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
-        if !keys.is_empty()
-            && let Some(row) = tx
-                .query_opt(&tx.prepare_cached(OUTBOX_KEYS_TAKEN).await.map_err(pg)?, &[&lid, &keys])
-                .await
-                .map_err(pg)?
-        {
-            return Err(DuplicateActionKeyError { key: col(&row, 0)? }.into());
-        }
-
-        let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
-        let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
-        let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
-        tx.execute(&tx.prepare_cached(EVENTS_INSERT).await.map_err(pg)?, &[&lid, &seqs, &ids, &kinds, &payloads, &now])
-            .await
-            .map_err(|e| match constraint(&e) {
-                Some(c) if c.ends_with("entry_id_key") => {
-                    AppendError::DuplicateEntry(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
-                }
-                _ => AppendError::Store(pg(e)),
-            })?;
-        if !outbox.is_empty() {
-            let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
-            let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
-            tx.execute(&tx.prepare_cached(OUTBOX_INSERT).await.map_err(pg)?, &[&lid, &keys, &types, &actions, &now])
-                .await
-                .map_err(|e| {
-                    match constraint(&e) {
-                        // Another transaction took the key between our check and insert.
-                        Some(c) if c.ends_with("pkey") => {
-                            AppendError::DuplicateActionKey(DuplicateActionKeyError { key: "?".into() })
-                        }
-                        _ => AppendError::Store(pg(e)),
-                    }
-                })?;
-        }
-        // 4. The load's summary (stage, asks), on the row step 1 holds.
-        let delta = SummaryDelta::of(&entries);
-        if delta.stage.is_some() || !delta.asks_unchanged() {
-            let (mut asks, mut open, mut escalated) = (None, None, None);
-            if !delta.asks_unchanged() {
-                let before: String = col(&tx.query_one(LOAD_SUMMARY_ASKS, &[&lid]).await.map_err(pg)?, 0)?;
-                let (after, o, e) = delta.fold_asks(&before);
-                (asks, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
-            }
-            tx.execute(LOAD_SUMMARY_SET, &[&lid, &delta.stage, &asks, &open, &escalated]).await.map_err(pg)?;
-        }
-        // Last, so the queue head's row lock is held for the shortest time.
-        let acked = match receipt {
-            Some(r) => ack_in(&tx, r, Some(lid), now).await?,
-            None => false,
+        let args = AppendArgs {
+            load_id: load_id.clone(),
+            entries,
+            expected_version,
+            outbox,
+            receipt: receipt.map(str::to_owned),
+            now: to_ms(now),
         };
-        tx.commit().await.map_err(pg)?;
-        Ok((new_version as u64, acked))
+        self.group.append(args).await
     }
+}
+
+/// An append alone in a transaction of its own: a unit a batch put off because it
+/// waited for a lock.
+pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, bool), AppendError> {
+    let mut client = pool_client(pool).await?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let out = append_body(&tx, args).await.map_err(Fail::into_err)?;
+    tx.commit().await.map_err(pg)?;
+    Ok(out)
+}
+
+/// The statements of an append (and its ack), inside the caller's transaction or
+/// savepoint. Statements whose order allows it are issued together (pipelined): the
+/// server still runs them in the order written, so the version is checked first.
+pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<(u64, bool), Fail<AppendError>> {
+    let (lid, now, entries, outbox) = (a.load_id.as_str(), a.now, &a.entries, &a.outbox);
+    let expected = a.expected_version as i64;
+    let new_version = expected + entries.len() as i64;
+    let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
+    let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
+    let delta = SummaryDelta::of(entries);
+    let version_sql = if expected == 0 { LOAD_CREATE } else { LOAD_ADVANCE };
+    let version_stmt = tx.prepare_cached(version_sql).await.map_err(db)?;
+    let entries_stmt = tx.prepare_cached(ENTRY_IDS_TAKEN).await.map_err(db)?;
+    // Only what this append runs is prepared: a store on an older schema (upgrade
+    // tests) has no summary columns until migration 9.
+    let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, Fail<AppendError>> {
+        if needed { Ok(Some(tx.prepare_cached(sql).await.map_err(db)?)) } else { Ok(None) }
+    };
+    let keys_stmt = prepare(!keys.is_empty(), OUTBOX_KEYS_TAKEN).await?;
+    let asks_stmt = prepare(!delta.asks_unchanged(), LOAD_SUMMARY_ASKS).await?;
+
+    // 1. The version (taking the loads row, insert or guarded update, serializes
+    // appends to one load; a loser waits for the winner's commit, then fails here), the
+    // entry ids, the outbox keys, and the asks the summary folds: one round trip.
+    let (won, entry_taken, key_taken, asks) = tokio::join!(
+        async {
+            if expected == 0 {
+                tx.execute(&version_stmt, &[&lid, &new_version, &now]).await
+            } else {
+                tx.execute(&version_stmt, &[&lid, &new_version, &expected, &now]).await
+            }
+        },
+        async { tx.query_opt(&entries_stmt, &[&lid, &ids]).await },
+        async {
+            match &keys_stmt {
+                Some(stmt) => tx.query_opt(stmt, &[&lid, &keys]).await,
+                None => Ok(None),
+            }
+        },
+        async {
+            match &asks_stmt {
+                Some(stmt) => tx.query_opt(stmt, &[&lid]).await,
+                None => Ok(None),
+            }
+        },
+    );
+    if won.map_err(db)? != 1 {
+        let stmt = tx.prepare_cached(LOAD_VERSION).await.map_err(db)?;
+        let actual: Option<i64> = match tx.query_opt(&stmt, &[&lid]).await.map_err(db)? {
+            Some(row) => Some(col(&row, 0).map_err(Fail::store)?),
+            None => None,
+        };
+        return Err(Fail::typed(ConcurrencyConflictError {
+            load_id: lid.to_owned(),
+            expected: a.expected_version,
+            actual: actual.unwrap_or(0) as u64,
+        }));
+    }
+
+    // 2. The entry ids.
+    check_entry_ids_distinct(&a.load_id, entries).map_err(Fail::typed)?;
+    if let Some(row) = entry_taken.map_err(db)? {
+        let entry_id = col(&row, 0).map_err(Fail::store)?;
+        return Err(Fail::typed(DuplicateEntryError { load_id: lid.to_owned(), entry_id }));
+    }
+
+    // 3. The outbox keys.
+    check_keys_distinct(outbox).map_err(Fail::typed)?;
+    if let Some(row) = key_taken.map_err(db)? {
+        return Err(Fail::typed(DuplicateActionKeyError { key: col(&row, 0).map_err(Fail::store)? }));
+    }
+
+    // 4. The rows, the load's summary (stage, asks) on the row step 1 holds, and the
+    // queue head's lock for the ack: one round trip.
+    let (mut asks_after, mut open, mut escalated) = (None, None, None);
+    if let Some(row) = asks.map_err(db)? {
+        let before: String = col(&row, 0).map_err(Fail::store)?;
+        let (after, o, e) = delta.fold_asks(&before);
+        (asks_after, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
+    }
+    let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
+    let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
+    let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
+    let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
+    let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
+    let events_stmt = tx.prepare_cached(EVENTS_INSERT).await.map_err(db)?;
+    let message = a.receipt.as_deref().and_then(parse_receipt);
+    let outbox_stmt = prepare(!outbox.is_empty(), OUTBOX_INSERT).await?;
+    let summary_stmt = prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?;
+    let head_stmt = prepare(message.is_some(), QUEUE_LOCK_HEAD).await?;
+    let (inserted, outboxed, summarized, head) = tokio::join!(
+        async { tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await },
+        async {
+            match &outbox_stmt {
+                Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now]).await,
+                None => Ok(0),
+            }
+        },
+        async {
+            match &summary_stmt {
+                Some(stmt) => tx.execute(stmt, &[&lid, &delta.stage, &asks_after, &open, &escalated]).await,
+                None => Ok(0),
+            }
+        },
+        // Last, so the queue head's row lock is held for the shortest time.
+        async {
+            match (&head_stmt, message) {
+                (Some(stmt), Some(id)) => tx.query_opt(stmt, &[&id]).await,
+                _ => Ok(None),
+            }
+        },
+    );
+    inserted.map_err(|e| match constraint(&e) {
+        Some(c) if c.ends_with("entry_id_key") => {
+            Fail::typed(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
+        }
+        _ => db(e),
+    })?;
+    outboxed.map_err(|e| match constraint(&e) {
+        // Another transaction took the key between our check and insert.
+        Some(c) if c.ends_with("pkey") => Fail::typed(DuplicateActionKeyError { key: "?".into() }),
+        _ => db(e),
+    })?;
+    summarized.map_err(db)?;
+    let acked = match (message, head.map_err(db)?) {
+        (Some(id), Some(row)) if col::<String>(&row, 0).map_err(Fail::store)? == lid => {
+            ack_locked(tx, id, a.receipt.as_deref().unwrap_or_default(), lid, now).await?
+        }
+        _ => false,
+    };
+    Ok((new_version as u64, acked))
+}
+
+/// Publishes an outcome and marks its row, in the caller's transaction or savepoint:
+/// the answer is the publish, or the mark's stale claim (the publish stands either way).
+pub(crate) async fn publish_mark_body(
+    tx: &Transaction<'_>,
+    a: &PublishMarkArgs,
+) -> Result<Result<Published, ClaimError>, Fail<ClaimError>> {
+    let mark = tx.prepare_cached(OUTBOX_MARK_DISPATCHED).await.map_err(db)?;
+    let lid = outbox_key_load(&a.id);
+    // The mark is issued behind the publish's statements, in the same round trip.
+    let (published, n) = tokio::join!(publish_in::<ClaimError>(tx, &a.load_id, &a.event_id, &a.body, a.now), async {
+        tx.execute(&mark, &[&lid, &a.id, &a.token, &a.receipt, &a.now]).await
+    },);
+    let published = published?;
+    if n.map_err(db)? == 1 { Ok(Ok(published)) } else { Ok(Err(StaleClaimError { outbox_id: a.id.clone() }.into())) }
+}
+
+/// A publish alone in a transaction of its own (put off by a batch).
+pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Published, StoreError> {
+    let mut client = pool_client(pool).await?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let published =
+        publish_in::<StoreError>(&tx, &a.load_id, &a.event_id, &a.body, a.now).await.map_err(Fail::into_err)?;
+    tx.commit().await.map_err(pg)?;
+    Ok(published)
+}
+
+/// `publish_and_mark_dispatched` alone in a transaction of its own (put off by a batch).
+pub(crate) async fn publish_mark_solo(pool: &Pool, args: &PublishMarkArgs) -> Result<Published, ClaimError> {
+    let mut client = pool_client(pool).await?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let out = publish_mark_body(&tx, args).await.map_err(Fail::into_err)?;
+    tx.commit().await.map_err(pg)?;
+    out
 }
 
 /// The row's lease when `token` is its claim on a pending row.
@@ -304,20 +395,16 @@ impl Outbox for PgStore {
         body: &str,
         now: Timestamp,
     ) -> Result<Published, ClaimError> {
-        let now = to_ms(now);
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        let published = publish_in(&tx, load_id.as_str(), event_id, body, now).await?;
-        let n = tx
-            .execute(
-                &tx.prepare_cached(OUTBOX_MARK_DISPATCHED).await.map_err(pg)?,
-                &[&outbox_key_load(id), &id, &token, &receipt, &now],
-            )
-            .await
-            .map_err(pg)?;
-        // The publish stands either way, as it would have as a step of its own.
-        tx.commit().await.map_err(pg)?;
-        if n == 1 { Ok(published) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
+        let args = PublishMarkArgs {
+            id: id.to_owned(),
+            token: token.to_owned(),
+            receipt: receipt.to_owned(),
+            load_id: load_id.as_str().to_owned(),
+            event_id: event_id.to_owned(),
+            body: body.to_owned(),
+            now: to_ms(now),
+        };
+        self.group.publish_mark(args).await
     }
 
     async fn mark_failed(
@@ -522,53 +609,64 @@ impl TimerStore for PgStore {
 
 /// Locks the head row of the message's load and names the load. Lock order
 /// everywhere: head row, then message row.
-async fn lock_head(tx: &deadpool_postgres::Transaction<'_>, message_id: i64) -> Result<Option<String>, StoreError> {
-    match tx.query_opt(&tx.prepare_cached(QUEUE_LOCK_HEAD).await.map_err(pg)?, &[&message_id]).await.map_err(pg)? {
-        Some(row) => Ok(Some(col(&row, 0)?)),
+async fn lock_head<E: From<StoreError>>(tx: &Transaction<'_>, message_id: i64) -> Result<Option<String>, Fail<E>> {
+    match tx.query_opt(&tx.prepare_cached(QUEUE_LOCK_HEAD).await.map_err(db)?, &[&message_id]).await.map_err(db)? {
+        Some(row) => Ok(Some(col(&row, 0).map_err(Fail::store)?)),
         None => Ok(None),
     }
 }
 
 /// Publishes inside `tx`: the message and, when its load's head is empty, the head.
-async fn publish_in(
-    tx: &deadpool_postgres::Transaction<'_>,
+pub(crate) async fn publish_in<E: From<StoreError>>(
+    tx: &Transaction<'_>,
     lid: &str,
     event_id: &str,
     body: &str,
     now: i64,
-) -> Result<Published, StoreError> {
-    let Some(row) = tx
-        .query_opt(&tx.prepare_cached(QUEUE_PUBLISH).await.map_err(pg)?, &[&lid, &event_id, &body, &now])
-        .await
-        .map_err(pg)?
-    else {
+) -> Result<Published, Fail<E>> {
+    let publish = tx.prepare_cached(QUEUE_PUBLISH).await.map_err(db)?;
+    let take = tx.prepare_cached(QUEUE_HEAD_TAKE).await.map_err(db)?;
+    let Some(row) = tx.query_opt(&publish, &[&lid, &event_id, &body, &now]).await.map_err(db)? else {
         return Ok(Published::Duplicate);
     };
-    let id: i64 = col(&row, 0)?;
+    let id: i64 = col(&row, 0).map_err(Fail::store)?;
     // An empty head takes this message; a busy head keeps its own. The upsert locks
     // the head row, so it serializes with an ack moving the head.
-    tx.execute(&tx.prepare_cached(QUEUE_HEAD_TAKE).await.map_err(pg)?, &[&lid, &id, &now]).await.map_err(pg)?;
+    tx.execute(&take, &[&lid, &id, &now]).await.map_err(db)?;
     Ok(Published::New)
 }
 
 /// Acks the message of `receipt` inside `tx` and moves its load's head on; false (and
 /// nothing changed) when the receipt is not the message's current one, or the message
 /// is not of `load` when one is given.
-async fn ack_in(
-    tx: &deadpool_postgres::Transaction<'_>,
+async fn ack_in<E: From<StoreError>>(
+    tx: &Transaction<'_>,
     receipt: &str,
     load: Option<&str>,
     now: i64,
-) -> Result<bool, StoreError> {
+) -> Result<bool, Fail<E>> {
     let Some(id) = parse_receipt(receipt) else { return Ok(false) };
     let Some(load_id) = lock_head(tx, id).await? else { return Ok(false) };
     if load.is_some_and(|l| l != load_id) {
         return Ok(false);
     }
-    if tx.execute(&tx.prepare_cached(QUEUE_ACK).await.map_err(pg)?, &[&id, &receipt, &now]).await.map_err(pg)? != 1 {
+    ack_locked(tx, id, receipt, &load_id, now).await
+}
+
+/// The ack once the head row of `load_id` (the message's load) is locked.
+async fn ack_locked<E: From<StoreError>>(
+    tx: &Transaction<'_>,
+    id: i64,
+    receipt: &str,
+    load_id: &str,
+    now: i64,
+) -> Result<bool, Fail<E>> {
+    let ack = tx.prepare_cached(QUEUE_ACK).await.map_err(db)?;
+    let advance = tx.prepare_cached(QUEUE_HEAD_ADVANCE).await.map_err(db)?;
+    if tx.execute(&ack, &[&id, &receipt, &now]).await.map_err(db)? != 1 {
         return Ok(false);
     }
-    tx.execute(&tx.prepare_cached(QUEUE_HEAD_ADVANCE).await.map_err(pg)?, &[&load_id, &now]).await.map_err(pg)?;
+    tx.execute(&advance, &[&load_id, &now]).await.map_err(db)?;
     Ok(true)
 }
 
@@ -581,13 +679,13 @@ impl LoadQueue for PgStore {
         body: &str,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        let published = publish_in(&tx, load_id.as_str(), event_id, body, to_ms(now)).await?;
-        if published == Published::New {
-            tx.commit().await.map_err(pg)?;
-        }
-        Ok(published)
+        let args = PublishArgs {
+            load_id: load_id.as_str().to_owned(),
+            event_id: event_id.to_owned(),
+            body: body.to_owned(),
+            now: to_ms(now),
+        };
+        self.group.publish(args).await
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
@@ -606,7 +704,7 @@ impl LoadQueue for PgStore {
     async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        if !ack_in(&tx, receipt, None, to_ms(now)).await? {
+        if !ack_in::<QueueError>(&tx, receipt, None, to_ms(now)).await.map_err(Fail::into_err)? {
             return Err(QueueError::StaleReceipt(receipt.to_owned()));
         }
         tx.commit().await.map_err(pg)?;
@@ -619,7 +717,7 @@ impl LoadQueue for PgStore {
         let visible_at = deadline_ms(now, delay);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let load_id = lock_head(&tx, id).await?.ok_or_else(stale)?;
+        let load_id = lock_head::<QueueError>(&tx, id).await.map_err(Fail::into_err)?.ok_or_else(stale)?;
         let n = tx.execute(&tx.prepare_cached(QUEUE_NACK).await.map_err(pg)?, &[&id, &receipt]).await.map_err(pg)?;
         if n != 1 {
             return Err(stale());

@@ -6,6 +6,7 @@
 //! `loads` row (an `UPDATE … WHERE version = expected`), so the version is always the
 //! first check and racing writers cannot interleave.
 
+mod group;
 mod impls;
 mod readonly;
 pub mod sql;
@@ -13,6 +14,7 @@ pub mod sql;
 pub mod testing;
 pub mod wake;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -65,6 +67,8 @@ impl PgConfig {
 pub struct PgStore {
     pool: Pool,
     tokens: Tokens,
+    /// The committers of appends and publish-and-marks (group commit, `group.rs`).
+    group: Arc<group::Group>,
 }
 
 fn is_schema_name(s: &str) -> bool {
@@ -112,7 +116,14 @@ impl PgStore {
             .map_err(|e| StoreError::new(format!("cannot build the PostgreSQL pool: {e}")))?;
         // Fail here, with the address and the server's reason, rather than on first use.
         drop(pool.get().await.map_err(|e| unreachable_db(&config.url, &pool_reason(&e)))?);
-        Ok(PgStore { pool, tokens: Tokens::new(config.seed) })
+        // Each committer keeps one of the pool's connections; the rest serve reads,
+        // claims and the other writes.
+        let committers = if config.pool_size >= 8 { 2 } else { 1 };
+        Ok(PgStore {
+            group: Arc::new(group::Group::new(pool.clone(), committers)),
+            pool,
+            tokens: Tokens::new(config.seed),
+        })
     }
 
     /// Applies the migrations not yet applied, under an advisory lock so several
@@ -159,8 +170,12 @@ impl PgStore {
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {}", pool_reason(&e))))
+        pool_client(&self.pool).await
     }
+}
+
+pub(crate) async fn pool_client(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {
+    pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {}", pool_reason(&e))))
 }
 
 fn unreachable_db(url: &str, reason: &str) -> StoreError {

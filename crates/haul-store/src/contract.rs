@@ -41,6 +41,7 @@ macro_rules! contract_tests {
             append_checks_version_before_entries_before_keys,
             append_keeps_loads_apart,
             racing_writers_on_one_version_exactly_one_wins,
+            concurrent_appends_to_many_loads_commit_beside_the_failing_ones,
             pending_claims_only_due_rows,
             pending_honours_limit_and_due_order,
             pending_sets_first_attempt_at_on_first_claim_only,
@@ -399,6 +400,58 @@ pub async fn racing_writers_on_one_version_exactly_one_wins(s: DynStore) {
     assert_eq!(log_ids(&s, "L1").await, vec!["e0".to_string(), "dec:e0".into(), format!("w{w}"), format!("dec:w{w}")]);
     let keys: Vec<String> = s.rows_for_load(&load("L1")).await.unwrap().into_iter().map(|r| r.id).collect();
     assert_eq!(keys, vec![format!("L1/w{w}/send_sms")], "the losers wrote no outbox rows");
+}
+
+/// Appends to many loads at once, with two racing writers on one load and one
+/// duplicate entry among them: exactly one racer wins, the duplicate fails alone, and
+/// every other load's append commits (a backend that groups appends into one
+/// transaction must not let one unit's failure take its neighbours with it).
+pub async fn concurrent_appends_to_many_loads_commit_beside_the_failing_ones(s: DynStore) {
+    commit(&s, "HOT", "e0", 0, &[]).await;
+    commit(&s, "DUP", "e0", 0, &[]).await;
+    let loads = 16;
+    // (load, event, expected version)
+    let mut writers: Vec<(String, String, u64)> = (0..loads).map(|i| (format!("M{i}"), "e1".into(), 0)).collect();
+    writers.push(("HOT".into(), "racer_a".into(), 2));
+    writers.push(("HOT".into(), "racer_b".into(), 2));
+    writers.push(("DUP".into(), "e0".into(), 2));
+    let barrier = Arc::new(tokio::sync::Barrier::new(writers.len()));
+    let mut tasks = Vec::new();
+    for (l, event, expected) in writers.clone() {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let key = format!("{l}/{event}/send_sms");
+            let entries = vec![entry(&event), entry(&format!("dec:{event}:{l}"))];
+            s.append(&load(&l), entries, expected, vec![row(&key)], t0()).await
+        }));
+    }
+    let mut hot_winners = Vec::new();
+    for ((l, event, _), t) in writers.into_iter().zip(tasks) {
+        let result = t.await.unwrap();
+        match (l.as_str(), result) {
+            ("HOT", Ok(v)) => {
+                assert_eq!(v, 4);
+                hot_winners.push(event);
+            }
+            ("HOT", Err(AppendError::ConcurrencyConflict(c))) => assert_eq!((c.expected, c.actual), (2, 4)),
+            ("DUP", Err(AppendError::DuplicateEntry(d))) => assert_eq!(d.entry_id, "e0"),
+            (m, Ok(v)) if m.starts_with('M') => assert_eq!(v, 2, "{m}"),
+            (l, other) => panic!("{l}/{event}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(hot_winners.len(), 1, "exactly one racer on HOT commits");
+    let w = &hot_winners[0];
+    assert_eq!(log_ids(&s, "HOT").await, vec!["e0".to_string(), "dec:e0".into(), w.clone(), format!("dec:{w}:HOT")]);
+    let hot_keys: Vec<String> = s.rows_for_load(&load("HOT")).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(hot_keys, vec![format!("HOT/{w}/send_sms")], "the loser wrote no outbox row");
+    assert_eq!(log_ids(&s, "DUP").await, vec!["e0", "dec:e0"], "the duplicate changed nothing");
+    assert_eq!(s.rows_for_load(&load("DUP")).await.unwrap(), vec![]);
+    for i in 0..loads {
+        let l = format!("M{i}");
+        assert_eq!(log_ids(&s, &l).await, vec!["e1".to_string(), format!("dec:e1:{l}")], "{l}");
+        assert!(s.get(&format!("{l}/e1/send_sms")).await.unwrap().is_some(), "{l}'s outbox row");
+    }
 }
 
 // ---------------------------------------------------------------------------------

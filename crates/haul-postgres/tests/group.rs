@@ -1,0 +1,113 @@
+//! Group commit on PostgreSQL: one unit's failure stays inside its savepoint, and a
+//! unit that would wait for another transaction's lock does not hold up its batch.
+
+use haul_core::action::ActionType;
+use haul_core::ids::LoadId;
+use haul_core::time::Timestamp;
+use haul_postgres::testing::{FreshStore, client_in_schema, database_url, fresh_store};
+use haul_store::{AppendError, EventStore, NewEntry, NewOutboxRow, Outbox};
+use serde_json::json;
+
+fn t0() -> Timestamp {
+    "2026-03-02T07:00:00Z".parse().unwrap()
+}
+
+fn load(s: &str) -> LoadId {
+    LoadId::parse(s).unwrap()
+}
+
+fn entry(id: &str) -> NewEntry {
+    NewEntry { entry_id: id.into(), kind: "inbound_sms".into(), payload: json!({"body": id}) }
+}
+
+fn row(id: &str) -> NewOutboxRow {
+    NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({"key": id}) }
+}
+
+fn unit(l: &str, entries: &[&str], expected: u64, keys: &[&str]) -> (LoadId, Vec<NewEntry>, u64, Vec<NewOutboxRow>) {
+    (load(l), entries.iter().map(|e| entry(e)).collect(), expected, keys.iter().map(|k| row(k)).collect())
+}
+
+async fn log(s: &impl EventStore, l: &str) -> (Vec<String>, u64) {
+    let (records, version) = s.read(&load(l)).await.unwrap();
+    (records.into_iter().map(|r| r.entry_id).collect(), version)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_failing_in_its_savepoint_leaves_its_batch_neighbours_committed() {
+    let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
+    s.append(&load("OLD"), vec![entry("o1")], 0, vec![row("OLD/o1/send_sms")], t0()).await.unwrap();
+    let answers = s
+        .append_one_batch(
+            vec![
+                unit("A", &["a1", "a2"], 0, &["A/a1/send_sms"]),
+                unit("OLD", &["o2"], 5, &[]), // stale version
+                unit("B", &["b1"], 0, &[]),
+                unit("B", &["b2"], 0, &[]),   // B taken by the unit above, same batch
+                unit("OLD", &["o1"], 1, &[]), // duplicate entry
+                unit("OLD", &["o3"], 1, &["OLD/o1/send_sms"]), // duplicate action key
+                unit("C", &["c1", "c1"], 0, &[]), // duplicate within the call
+                unit("OLD", &["o4"], 1, &["OLD/o4/send_sms"]), // fine, after all those failures
+            ],
+            t0(),
+        )
+        .await;
+    let kinds: Vec<String> = answers
+        .iter()
+        .map(|a| match a {
+            Ok(v) => format!("ok {v}"),
+            Err(AppendError::ConcurrencyConflict(c)) => format!("conflict {}/{}", c.expected, c.actual),
+            Err(AppendError::DuplicateEntry(d)) => format!("duplicate entry {}", d.entry_id),
+            Err(AppendError::DuplicateActionKey(d)) => format!("duplicate key {}", d.key),
+            Err(AppendError::Store(e)) => format!("store {e}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "ok 2",
+            "conflict 5/1",
+            "ok 1",
+            "conflict 0/1",
+            "duplicate entry o1",
+            "duplicate key OLD/o1/send_sms",
+            "duplicate entry c1",
+            "ok 2",
+        ]
+    );
+    assert_eq!(log(&s, "A").await, (vec!["a1".into(), "a2".into()], 2));
+    assert_eq!(log(&s, "B").await, (vec!["b1".into()], 1));
+    assert_eq!(log(&s, "C").await, (vec![], 0));
+    assert_eq!(log(&s, "OLD").await, (vec!["o1".into(), "o4".into()], 2));
+    let keys = |l: &'static str| {
+        let s = &s;
+        async move { s.rows_for_load(&load(l)).await.unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>() }
+    };
+    assert_eq!(keys("A").await, vec!["A/a1/send_sms"]);
+    assert_eq!(keys("OLD").await, vec!["OLD/o1/send_sms", "OLD/o4/send_sms"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_waiting_for_a_lock_runs_alone_and_the_others_commit_meanwhile() {
+    let (s, schema) = fresh_store(&FreshStore::default()).await.unwrap();
+    s.append(&load("HELD"), vec![entry("h1")], 0, vec![], t0()).await.unwrap();
+    // Another session holds HELD's version row, as a slow writer elsewhere would.
+    let mut other = client_in_schema(&database_url(), &schema).await;
+    let tx = other.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM loads WHERE load_id = 'HELD' FOR UPDATE", &[]).await.unwrap();
+
+    let held = {
+        let s = s.clone();
+        tokio::spawn(async move { s.append(&load("HELD"), vec![entry("h2")], 1, vec![], t0()).await })
+    };
+    // Appends to other loads commit while HELD's row stays locked.
+    for i in 0..4 {
+        let l = format!("FREE{i}");
+        assert_eq!(s.append(&load(&l), vec![entry("f1")], 0, vec![], t0()).await.unwrap(), 1);
+        assert_eq!(log(&s, &l).await.1, 1);
+    }
+    assert!(!held.is_finished(), "HELD's append waits for the lock");
+    tx.commit().await.unwrap();
+    assert_eq!(held.await.unwrap().unwrap(), 2);
+    assert_eq!(log(&s, "HELD").await, (vec!["h1".into(), "h2".into()], 2));
+}
