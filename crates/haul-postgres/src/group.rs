@@ -230,7 +230,18 @@ impl Group {
             let (tx, rx) = mpsc::channel(QUEUE_LEN);
             let rx = Arc::new(Mutex::new(rx));
             for _ in 0..self.committers {
-                tokio::spawn(committer(self.pool.clone(), rx.clone()));
+                let (pool, rx) = (self.pool.clone(), rx.clone());
+                // A committer that panics loses its batch (those callers get an error,
+                // their reply dropped); another takes its place, so the store keeps
+                // writing, as the SQLite writer survives a panicking unit.
+                tokio::spawn(async move {
+                    while let Err(e) = tokio::spawn(committer(pool.clone(), rx.clone())).await {
+                        if !e.is_panic() {
+                            return;
+                        }
+                        tracing::error!("a PostgreSQL committer panicked; its batch failed and a new one takes over");
+                    }
+                });
             }
             tx
         })
