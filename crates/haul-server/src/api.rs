@@ -72,6 +72,8 @@ pub struct ApiState {
     pub(crate) load_views: tokio::sync::Semaphore,
     /// The console's sign-in attempts in the current minute (`console::SIGN_INS_PER_MINUTE`).
     pub(crate) console_sign_ins: Mutex<(Instant, u32)>,
+    /// The console's signing key, derived from the tokens on first use (slowly, once).
+    pub(crate) console_key: std::sync::OnceLock<Option<[u8; 32]>>,
     /// Whether `/metrics` reads the figures kept in the store (processes with the `api`
     /// role do; see `metrics.rs`).
     pub store_figures: bool,
@@ -101,6 +103,7 @@ impl ApiState {
             stopping: None,
             load_views: tokio::sync::Semaphore::new(LOAD_VIEWS_AT_ONCE),
             console_sign_ins: Mutex::new((Instant::now(), 0)),
+            console_key: std::sync::OnceLock::new(),
             store_figures: true,
         }
     }
@@ -167,9 +170,13 @@ pub struct ApiCaller {
 #[derive(Clone, Copy, Debug)]
 pub struct OperatorCaller;
 
-/// True when `given` is one of `tokens`, compared with every token without stopping early.
+/// True when `given` is one of `tokens`, compared with every token without stopping
+/// early. The SHA-256 digests are compared, not the texts: a comparison of texts of
+/// different lengths ends at once, which would tell a caller a token's length.
 pub(crate) fn one_of(tokens: &[String], given: &str) -> bool {
-    tokens.iter().fold(false, |ok, t| ok | bool::from(t.as_bytes().ct_eq(given.as_bytes())))
+    use sha2::Digest;
+    let given = sha2::Sha256::digest(given.as_bytes());
+    tokens.iter().fold(false, |ok, t| ok | bool::from(sha2::Sha256::digest(t.as_bytes()).ct_eq(&given)))
 }
 
 impl FromRequestParts<Arc<ApiState>> for OperatorCaller {

@@ -651,3 +651,41 @@ async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
     assert_eq!(sign_in(OPERATOR, false).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Without an operator token the signing key comes from the API tokens alone, which
+/// every reader holds: a cookie forged with it may read, as signing in would allow, but
+/// an operator's cookie forged with it is no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_operator_token_no_operator_session_can_be_forged() {
+    use haul_server::console::session::{Role, derive_key, issue};
+    let dir = temp_dir("forge");
+    std::fs::write(dir.join("haul.toml"), "").unwrap();
+    let port = free_port();
+    let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));
+    let child = Command::new(env!("CARGO_BIN_EXE_haul"))
+        .args(["serve", "--config", "haul.toml", "--listen", &listen, "--db", "sqlite://haul.db"])
+        .current_dir(&dir)
+        .env("HAUL_API_TOKEN", TOKEN)
+        .env_remove("HAUL_OPERATOR_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let serve = Proc { child, log: dir.join("serve.log") };
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    wait_healthy(&http, &base, &serve).await;
+    // The server's clock, from the expiry of a session signed in with the API token.
+    let r = http.post(format!("{base}/console/sign-in")).form_of(&[("actor", "bo"), ("token", TOKEN)]).send().await;
+    let set = r.unwrap().headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    let expiry: i64 = set.split('.').nth(1).unwrap().parse().unwrap();
+    let issued = expiry - haul_server::console::session::SESSION_LIFETIME.as_secs() as i64;
+    let key = derive_key(&[TOKEN.to_string()], &[]).unwrap();
+    let forge = |role: Role| format!("haul_console={}", issue(&key, role, "mallory", issued, [9; 16]));
+    let get = |cookie: String| http.get(format!("{base}/console/dead")).header("Cookie", cookie).send();
+    assert_eq!(get(forge(Role::Read)).await.unwrap().status(), StatusCode::OK, "the key is the server's");
+    let r = get(forge(Role::Operator)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER, "an operator's cookie needs an operator token configured");
+    assert_eq!(r.headers()[LOCATION], "/console/sign-in");
+    drop(serve);
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -35,7 +34,7 @@ use haul_store::OutboxStatus;
 use serde_json::Value;
 use tracing::{error, info};
 
-use crate::api::{ApiState, one_of};
+use crate::api::{ApiBody, ApiState, one_of};
 use pages::{Ctx, Figures};
 use session::{COOKIE, Role, Session};
 
@@ -133,12 +132,23 @@ fn https(s: &ApiState, headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
-/// The session the request's cookie names, if it checks out now.
+/// The console's signing key (derived once per process).
+fn console_key(s: &ApiState) -> Option<[u8; 32]> {
+    *s.console_key.get_or_init(|| session::derive_key(&s.tokens, &s.operator_tokens))
+}
+
+/// The session the request's cookie names, if it checks out now. An operator's
+/// session needs an operator token configured: without one the key is derived from
+/// the API tokens alone, which every reader holds.
 fn session_of(s: &ApiState, headers: &HeaderMap) -> Option<(Session, [u8; 32])> {
-    let key = session::derive_key(&s.tokens, &s.operator_tokens)?;
+    let key = console_key(s)?;
     let cookies = headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok());
     let value = session::cookie_value(cookies, COOKIE)?;
-    Some((session::verify(&key, value, now_s(s))?, key))
+    let session = session::verify(&key, value, now_s(s))?;
+    if session.role == Role::Operator && s.operator_tokens.is_empty() {
+        return None;
+    }
+    Some((session, key))
 }
 
 /// A signed-in viewer of a page; signed out, the page redirects to the sign-in.
@@ -194,27 +204,30 @@ impl Form {
     }
 }
 
-/// A request from another site: `Sec-Fetch-Site` says so, or `Origin` names another
-/// host than `Host`. Refused before anything else (the CSRF token refuses it too).
-fn cross_site(headers: &HeaderMap) -> bool {
-    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
-    if fetch_site.is_some_and(|v| v != "same-origin" && v != "none") {
-        return true;
+/// A request from another site, refused before anything else (the CSRF token refuses
+/// it too). A browser that sends `Sec-Fetch-Site` is believed; otherwise `Origin`
+/// must name this host (as `Host` has it, or `server.public_url`, since a proxy in
+/// front may pass its own `Host`); `Origin: null` (a sandboxed frame) is another site.
+fn cross_site(headers: &HeaderMap, public_url: &str) -> bool {
+    if let Some(fetch_site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        return fetch_site != "same-origin" && fetch_site != "none";
     }
-    let (Some(origin), Some(host)) = (
-        headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()),
-        headers.get(header::HOST).and_then(|v| v.to_str().ok()),
-    ) else {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return false;
     };
+    if origin == "null" {
+        return true;
+    }
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
     let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
-    origin != "null" && origin_host != host
+    let public = public_url.trim_end_matches('/');
+    Some(origin_host) != host && origin != public
 }
 
 /// The session of a state-changing POST: signed in, its CSRF token, from this site.
 #[allow(clippy::result_large_err)]
 fn posting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [u8; 32]), Response> {
-    if cross_site(headers) {
+    if cross_site(headers, &s.public_url) {
         return Err(forbidden("This request came from another site."));
     }
     let Some((session, key)) = session_of(s, headers) else {
@@ -271,8 +284,8 @@ impl ApiState {
     }
 }
 
-async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
-    if cross_site(&headers) {
+async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+    if cross_site(&headers, &s.public_url) {
         return forbidden("This request came from another site.");
     }
     if !s.allow_sign_in() {
@@ -297,7 +310,7 @@ async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes
             return html(StatusCode::UNAUTHORIZED, pages::sign_in(Some("That token is not one of this server's.")));
         }
     };
-    let Some(key) = session::derive_key(&s.tokens, &s.operator_tokens) else {
+    let Some(key) = console_key(&s) else {
         return html(StatusCode::UNAUTHORIZED, pages::sign_in(Some("No token is configured.")));
     };
     let mut nonce = [0u8; 16];
@@ -313,7 +326,7 @@ async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes
     r
 }
 
-async fn sign_out(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn sign_out(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     if let Err(refused) = posting(&s, &headers, &form) {
         return refused;
@@ -518,7 +531,7 @@ fn wake(s: &ApiState) {
     }
 }
 
-async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form) {
         Ok(x) => x,
@@ -554,7 +567,7 @@ async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes
     }
 }
 
-async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form) {
         Ok(x) => x,
@@ -586,7 +599,7 @@ async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: 
     }
 }
 
-async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form) {
         Ok(x) => x,
@@ -644,11 +657,25 @@ mod tests {
             }
             m
         };
-        assert!(!cross_site(&h(&[])));
-        assert!(!cross_site(&h(&[("host", "a:1"), ("origin", "http://a:1"), ("sec-fetch-site", "same-origin")])));
-        assert!(cross_site(&h(&[("host", "a:1"), ("origin", "http://evil")])));
-        assert!(cross_site(&h(&[("sec-fetch-site", "cross-site")])));
-        assert!(cross_site(&h(&[("sec-fetch-site", "same-site")])));
+        let public = "https://haul.example.com";
+        let check = |headers: &[(&'static str, &'static str)], want: bool| {
+            assert_eq!(cross_site(&h(headers), public), want, "{headers:?}");
+        };
+        check(&[], false);
+        check(&[("host", "a:1"), ("origin", "http://a:1"), ("sec-fetch-site", "same-origin")], false);
+        check(&[("host", "a:1"), ("origin", "http://evil")], true);
+        check(&[("sec-fetch-site", "cross-site")], true);
+        check(&[("sec-fetch-site", "same-site")], true);
+        // Behind a proxy that passes its own Host: the browser's word decides, or the
+        // public URL.
+        check(
+            &[("host", "127.0.0.1:8080"), ("origin", "https://haul.example.com"), ("sec-fetch-site", "same-origin")],
+            false,
+        );
+        check(&[("host", "127.0.0.1:8080"), ("origin", "https://haul.example.com")], false);
+        check(&[("host", "127.0.0.1:8080"), ("origin", "https://evil.example.com")], true);
+        // A sandboxed frame.
+        check(&[("host", "a:1"), ("origin", "null")], true);
     }
 
     #[test]

@@ -63,10 +63,20 @@ pub struct Session {
     cookie: String,
 }
 
+/// Rounds of PBKDF2-HMAC-SHA-256 in [`derive_key`]: a cookie is signed under a key
+/// derived from the tokens, so a read-only user holding a cookie and the API token
+/// could test guesses of the operator token offline; each guess costs this many HMACs.
+pub const KEY_ROUNDS: u32 = 100_000;
+
 /// The key every cookie and CSRF token is signed with, derived from the tokens (both
-/// lists, sorted, so the order they are configured in does not matter). `None` with no
-/// token at all: then nobody can sign in.
+/// lists, sorted, so the order they are configured in does not matter) by PBKDF2 with
+/// [`KEY_ROUNDS`] rounds. Derive it once per process (it is slow on purpose). `None`
+/// with no token at all: then nobody can sign in.
 pub fn derive_key(api_tokens: &[String], operator_tokens: &[String]) -> Option<[u8; 32]> {
+    derive_key_rounds(api_tokens, operator_tokens, KEY_ROUNDS)
+}
+
+fn derive_key_rounds(api_tokens: &[String], operator_tokens: &[String], rounds: u32) -> Option<[u8; 32]> {
     let mut all: Vec<(u8, &str)> = api_tokens
         .iter()
         .map(|t| (b'a', t.as_str()))
@@ -76,13 +86,34 @@ pub fn derive_key(api_tokens: &[String], operator_tokens: &[String]) -> Option<[
         return None;
     }
     all.sort_unstable();
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(b"haul console session key v1").ok()?;
+    let mut password = Vec::new();
     for (kind, token) in all {
-        mac.update(&[kind]);
-        mac.update(&(token.len() as u64).to_be_bytes());
-        mac.update(token.as_bytes());
+        password.push(kind);
+        password.extend_from_slice(&(token.len() as u64).to_be_bytes());
+        password.extend_from_slice(token.as_bytes());
     }
-    Some(mac.finalize().into_bytes().into())
+    pbkdf2_sha256(&password, b"haul console session key v2", rounds)
+}
+
+/// PBKDF2-HMAC-SHA-256 (RFC 8018) with a 32-byte output: its first and only block.
+fn pbkdf2_sha256(password: &[u8], salt: &[u8], rounds: u32) -> Option<[u8; 32]> {
+    let prf = <Hmac<Sha256> as KeyInit>::new_from_slice(password).ok()?;
+    let mut u: [u8; 32] = {
+        let mut m = prf.clone();
+        m.update(salt);
+        m.update(&1u32.to_be_bytes());
+        m.finalize().into_bytes().into()
+    };
+    let mut key = u;
+    for _ in 1..rounds {
+        let mut m = prf.clone();
+        m.update(&u);
+        u = m.finalize().into_bytes().into();
+        for (k, b) in key.iter_mut().zip(u) {
+            *k ^= b;
+        }
+    }
+    Some(key)
 }
 
 fn mac(key: &[u8; 32], label: &str, text: &str) -> String {
@@ -125,7 +156,10 @@ pub fn verify(key: &[u8; 32], value: &str, now_s: i64) -> Option<Session> {
     let role = Role::parse(role)?;
     let expires_at: i64 = expiry.parse().ok()?;
     let actor = String::from_utf8(URL_SAFE_NO_PAD.decode(actor).ok()?).ok()?;
-    if now_s >= expires_at || !actor_ok(&actor) {
+    // A session never ends later than a new one would (give or take a minute between
+    // the clocks of several api processes): no cookie outlives its lifetime.
+    let latest = now_s.saturating_add(SESSION_LIFETIME.as_secs() as i64 + 60);
+    if now_s >= expires_at || expires_at > latest || !actor_ok(&actor) {
         return None;
     }
     Some(Session { role, actor, expires_at, cookie: value.to_owned() })
@@ -183,6 +217,8 @@ mod tests {
         let s = verify(&k, &c, 1_001).expect("valid");
         assert_eq!((s.role, s.actor.as_str()), (Role::Operator, "ana.b@x"));
         assert!(verify(&k, &c, 1_000 + SESSION_LIFETIME.as_secs() as i64).is_none(), "expired");
+        assert!(verify(&k, &c, 999).is_some(), "issued a second ahead of this clock");
+        assert!(verify(&k, &issue(&k, Role::Read, "a", 1_100, [7; 16]), 1_000).is_none(), "ends past its lifetime");
         assert!(verify(&key(&["api-token-2"], &["op-token-1"]), &c, 1_001).is_none(), "rotated tokens");
         assert_eq!(k, key(&["api-token-1"], &["op-token-1"]), "the same tokens give the same key");
         // Raising the role or changing any part breaks the MAC.
@@ -202,6 +238,21 @@ mod tests {
         assert!(a.csrf_ok(&k, &a.csrf(&k)));
         assert!(!a.csrf_ok(&k, &b.csrf(&k)));
         assert!(!a.csrf_ok(&k, ""));
+    }
+
+    #[test]
+    fn the_key_derivation_is_pbkdf2_hmac_sha256() {
+        // Published vectors for PBKDF2-HMAC-SHA-256 ("password", "salt", 32 bytes).
+        let hex = |k: [u8; 32]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let check =
+            |rounds: u32, want: &str| assert_eq!(hex(pbkdf2_sha256(b"password", b"salt", rounds).unwrap()), want);
+        check(1, "120fb6cffcf8b32c43e7225256c4f837a86548c92ccc35480805987cb70be17b");
+        check(2, "ae4d0c95af6b46d32d0adff928f06dd02a303f8ef3c251dfd6e2d85a95474c43");
+        check(4096, "c5e478d59288c841aa530db6845c4c8d962893a001ce4e11a4963873aa98134a");
+        assert_ne!(
+            derive_key_rounds(&["api-token-1".into()], &[], 2),
+            derive_key_rounds(&["api-token-1".into()], &[], 1)
+        );
     }
 
     #[test]
