@@ -155,7 +155,7 @@ pub enum Command {
         plant: Option<String>,
     },
     /// Benchmark workloads; each throughput is reported with the limit measured in the
-    /// same run (append, projection, contention, e2e, dispatch, timers, replay).
+    /// same run (append, projection, contention, e2e, e2e-http, dispatch, timers, replay).
     Bench {
         /// Workloads to run (default: all).
         workloads: Vec<String>,
