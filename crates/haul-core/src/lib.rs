@@ -13,6 +13,7 @@ pub mod disposition;
 pub mod error;
 pub mod event;
 pub mod filter;
+pub mod html;
 pub mod ids;
 pub mod mask;
 pub mod operator;

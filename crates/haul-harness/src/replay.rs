@@ -524,20 +524,7 @@ pub fn text(r: &ReplayReport) -> String {
 }
 
 /// HTML-escapes text (`&`, `<`, `>`, quotes): everything shown may come from strangers.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use haul_core::html::escape;
 
 /// One self-contained HTML page (no script, no outside resource), every value escaped
 /// and phone numbers masked.

@@ -7,20 +7,7 @@ use std::fmt::Write;
 use haul_core::time::Timestamp;
 
 /// `s` as HTML text or a quoted attribute value: `& < > " '` escaped.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use haul_core::html::escape as esc;
 
 /// `s` as one path segment: everything but `[A-Za-z0-9_.~-]` percent-encoded.
 pub fn seg(s: &str) -> String {
