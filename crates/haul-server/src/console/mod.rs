@@ -410,7 +410,7 @@ async fn loads(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuer
             Err(e) => html(StatusCode::BAD_REQUEST, pages::loads(&v.ctx(), &[], Err(e.message))),
         };
     }
-    let pairs = pages::given(&all, &pages::LOAD_FILTERS);
+    let pairs = pages::given(&all, Query::Loads.params());
     let answer = run_query(&s, Query::Loads, &pairs).await;
     html(status_of(&answer), pages::loads(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone)))
 }
@@ -471,7 +471,7 @@ async fn load_timeline(
 
 async fn dead(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
-    let pairs = pages::given(&all, &pages::DEAD_FILTERS);
+    let pairs = pages::given(&all, Query::Dead.params());
     let answer = run_query(&s, Query::Dead, &pairs).await;
     let mut ids = new_request_id;
     html(
@@ -482,14 +482,14 @@ async fn dead(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery
 
 async fn timers(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
-    let pairs = pages::given(&all, &pages::TIMER_FILTERS);
+    let pairs = pages::given(&all, Query::Timers.params());
     let answer = run_query(&s, Query::Timers, &pairs).await;
     html(status_of(&answer), pages::timers(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone)))
 }
 
 async fn unmatched(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
-    let pairs = pages::given(&all, &pages::LIST_FILTERS);
+    let pairs = pages::given(&all, Query::Unmatched.params());
     let answer = run_query(&s, Query::Unmatched, &pairs).await;
     let mut ids = new_request_id;
     html(status_of(&answer), pages::unmatched(&v.ctx(), answer.as_ref().map_err(Clone::clone), &mut ids))
@@ -497,7 +497,7 @@ async fn unmatched(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): Raw
 
 async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
-    let pairs = pages::given(&all, &pages::LIST_FILTERS);
+    let pairs = pages::given(&all, Query::Alerts.params());
     let answer = run_query(&s, Query::Alerts, &pairs).await;
     html(status_of(&answer), pages::alerts(&v.ctx(), answer.as_ref().map_err(Clone::clone)))
 }

@@ -228,19 +228,6 @@ pub fn overview(f: &Figures) -> String {
 
 // ---------------------------------------------------------------- loads
 
-pub const LOAD_FILTERS: [&str; 10] = [
-    "stage",
-    "open_asks",
-    "escalated",
-    "has_dead",
-    "pending_over",
-    "overdue_over",
-    "idle_over",
-    "active_within",
-    "after",
-    "limit",
-];
-
 pub fn loads(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) -> String {
     let v = |n| esc(value_of(pairs, n));
     let checked = |n| if value_of(pairs, n) == "true" { " checked" } else { "" };
@@ -565,8 +552,6 @@ pub fn load(ctx: &Ctx, v: &LoadView, page_query: &str, new_request: &mut dyn FnM
 
 // ---------------------------------------------------------------- dead rows
 
-pub const DEAD_FILTERS: [&str; 4] = ["action_type", "class", "before", "limit"];
-
 fn options(selected: &str, values: &[&str], any: &str) -> String {
     let mut out = format!("<option value=\"\">{}</option>", esc(any));
     for v in values {
@@ -726,8 +711,6 @@ pub fn bulk(ctx: &Ctx, a: &haul_runtime::operator::BulkAnswer, reason: &str, new
 
 // ---------------------------------------------------------------- timers, unmatched, alerts
 
-pub const TIMER_FILTERS: [&str; 3] = ["overdue_over", "after", "limit"];
-
 pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) -> String {
     let mut body = format!(
         "<form class=\"filters\" method=\"get\" action=\"/console/timers\"><fieldset><legend>Filter</legend>\
@@ -766,8 +749,6 @@ pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>)
     }
     layout(ctx, "Overdue timers", Nav::Timers, &body)
 }
-
-pub const LIST_FILTERS: [&str; 2] = ["before", "limit"];
 
 pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dyn FnMut() -> String) -> String {
     let mut body = String::new();
