@@ -8,10 +8,13 @@
 //! (with a line saying so) elsewhere.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use base64::Engine;
+use common::{Proc, channel_env, free_port, temp_dir, wait_healthy};
 use haul_harness::testkit::{FakeServices, FaultKind, FaultRule};
 use reqwest::StatusCode;
 use reqwest::header::{LOCATION, SET_COOKIE};
@@ -25,35 +28,6 @@ const ESCALATION: &str = "481207/ask:eta_request:ping_0700/2/create_hero_task";
 const SMS_HTML: &str = "<script>window.__pwned = 1</script><b>bold?</b>";
 const REASON_HTML: &str = "Hero fixed <img src=x onerror=\"window.__pwned=2\">";
 const ANSWER_HTML: &str = "<img src=y onerror=\"window.__pwned=3\"> running late";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("haul-console-{tag}-{}-{}", std::process::id(), fastrand::u32(..)));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A child process killed when the test ends.
-struct Proc {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Proc {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
 
 fn serve(dir: &Path, listen: &str, env: &[(String, String)]) -> Proc {
     let log = dir.join("serve.log");
@@ -70,28 +44,6 @@ fn serve(dir: &Path, listen: &str, env: &[(String, String)]) -> Proc {
         .spawn()
         .unwrap();
     Proc { child, log }
-}
-
-fn channel_env(svc: &FakeServices) -> Vec<(String, String)> {
-    let mut env = vec![("HAUL_SVC_TOKEN".to_string(), "svc-token-123".to_string())];
-    for (name, path) in [("SMS", "sms"), ("HERO", "hero"), ("SLACK", "slack"), ("TMS", "tms"), ("OPS", "ops")] {
-        env.push((format!("HAUL_CHANNELS_{name}_URL"), format!("http://{}/{path}", svc.addr)));
-        env.push((format!("HAUL_CHANNELS_{name}_TOKEN_ENV"), "HAUL_SVC_TOKEN".into()));
-    }
-    env
-}
-
-async fn wait_healthy(client: &reqwest::Client, base: &str, p: &Proc) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Ok(r) = client.get(format!("{base}/healthz")).send().await
-            && r.status() == StatusCode::OK
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("haul serve at {base} never became healthy:\n{}", p.log());
 }
 
 async fn post_event(client: &reqwest::Client, base: &str, event: Value) {
@@ -315,7 +267,7 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
     // The Hero service refuses the escalation (422) until it is fixed.
     svc.add_fault(FaultRule { channel: "hero".into(), key: "*".into(), kind: FaultKind::Permanent, times: None });
-    let dir = temp_dir("browser");
+    let dir = temp_dir("console", "browser");
     let policy = "[timers]\npoll = \"1s\"\n[clients.client_a.eta_request]\nretry_after = \"2s\"\nmax_attempts = 1\n";
     std::fs::write(dir.join("haul.toml"), policy).unwrap();
     let port = free_port();
@@ -499,7 +451,7 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
 /// read-only session (403); a wrong token; and the headers of every answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
-    let dir = temp_dir("http");
+    let dir = temp_dir("console", "http");
     std::fs::write(dir.join("haul.toml"), "").unwrap();
     let port = free_port();
     let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));
@@ -658,7 +610,7 @@ async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_operator_token_no_operator_session_can_be_forged() {
     use haul_server::console::session::{Role, derive_key, issue};
-    let dir = temp_dir("forge");
+    let dir = temp_dir("console", "forge");
     std::fs::write(dir.join("haul.toml"), "").unwrap();
     let port = free_port();
     let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));

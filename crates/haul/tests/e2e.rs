@@ -3,9 +3,12 @@
 //! the api, worker, dispatcher and pump roles as four processes.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Proc as Serve, channel_env, free_port, temp_dir, wait_healthy};
 use haul_harness::testkit::FakeServices;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -13,29 +16,6 @@ use serde_json::{Value, json};
 const TOKEN: &str = "e2e-token-0123456789";
 const SMS1: &str = "481207/ask:eta_request:ping_0700/1/send_sms";
 const SMS2: &str = "481207/ask:eta_request:ping_0700/2/send_sms";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("haul-e2e-{tag}-{}-{}", std::process::id(), fastrand::u32(..)));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A `haul serve` child; killed (SIGKILL) if the test ends without stopping it.
-struct Serve {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 impl Serve {
     fn start(dir: &PathBuf, name: &str, args: &[&str], env: &[(String, String)]) -> Serve {
@@ -67,10 +47,6 @@ impl Serve {
         Serve { child, log }
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
     /// SIGTERM, then the exit status within ten seconds.
     fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
@@ -84,28 +60,6 @@ impl Serve {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-}
-
-fn channel_env(svc: &FakeServices) -> Vec<(String, String)> {
-    let mut env = vec![("HAUL_SVC_TOKEN".to_string(), "svc-token-123".to_string())];
-    for (name, path) in [("SMS", "sms"), ("HERO", "hero"), ("SLACK", "slack"), ("TMS", "tms"), ("OPS", "ops")] {
-        env.push((format!("HAUL_CHANNELS_{name}_URL"), format!("http://{}/{path}", svc.addr)));
-        env.push((format!("HAUL_CHANNELS_{name}_TOKEN_ENV"), "HAUL_SVC_TOKEN".into()));
-    }
-    env
-}
-
-async fn wait_healthy(client: &reqwest::Client, base: &str, serve: &Serve) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Ok(r) = client.get(format!("{base}/healthz")).send().await
-            && r.status() == StatusCode::OK
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("haul serve at {base} never became healthy:\n{}", serve.log());
 }
 
 async fn post(client: &reqwest::Client, base: &str, event: Value) -> StatusCode {
@@ -162,7 +116,7 @@ const FAST_POLICY: &str =
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_sqlite_sends_the_eta_request_and_follows_up() {
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
-    let dir = temp_dir("sqlite");
+    let dir = temp_dir("e2e", "sqlite");
     std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -212,7 +166,7 @@ fn assert_no_secrets(log: &str) {
 async fn serve_at_debug_level_on_postgres_logs_no_phone_number_or_token() {
     let (client, schema, db) = pg_schema().await;
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
-    let dir = temp_dir("pg-debug");
+    let dir = temp_dir("e2e", "pg-debug");
     std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -248,7 +202,7 @@ async fn serve_at_debug_level_on_postgres_logs_no_phone_number_or_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_roles_as_separate_processes_on_postgres() {
     let (client, schema, db) = pg_schema().await;
-    let dir = temp_dir("pg");
+    let dir = temp_dir("e2e", "pg");
     std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
     let migrate = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).output().unwrap();
     assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
@@ -330,7 +284,7 @@ async fn serve_on_postgres_with_the_sqs_fifo_queue() {
     ] {
         env.push((k.into(), v.into()));
     }
-    let dir = temp_dir("sqs");
+    let dir = temp_dir("e2e", "sqs");
     std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -372,7 +326,7 @@ async fn serve_on_postgres_with_the_sqs_fifo_queue() {
 async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     use haul_core::ids::{LoadId, TimerId};
     use haul_store::{NewEntry, NewOutboxRow};
-    let dir = temp_dir("prune");
+    let dir = temp_dir("e2e", "prune");
     let db = format!("sqlite://{}", dir.join("haul.db").display());
     let long_ago = |s: u64| haul_core::time::add("2020-01-01T00:00:00Z".parse().unwrap(), Duration::from_secs(s));
     {
@@ -419,7 +373,7 @@ async fn the_database_password_never_reaches_a_log_or_an_error_line() {
     // PostgreSQL here trusts local connections, so the password is carried, not checked.
     let db = format!("{}&password={SECRET}", db.replacen("://postgres@", &format!("://postgres:{SECRET}@"), 1));
     let unreachable = format!("postgres://u:{SECRET}@127.0.0.1:1/db?sslpassword={SECRET}&password={SECRET}");
-    let dir = temp_dir("secret");
+    let dir = temp_dir("e2e", "secret");
     let haul = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_haul")).args(args).current_dir(&dir).env("HAUL_LOG", "debug").output().unwrap()
     };
@@ -463,7 +417,7 @@ async fn stalled(addr: &str, head: &str) -> tokio::net::TcpStream {
 /// stopped coming): serve exits at once instead of waiting out its shutdown grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_does_not_wait_for_idle_or_stalled_connections() {
-    let dir = temp_dir("stalled");
+    let dir = temp_dir("e2e", "stalled");
     let listen = format!("127.0.0.1:{}", free_port());
     let mut serve = Serve::start(&dir, "serve", &["--listen", &listen, "--db", "sqlite://haul.db"], &[]);
     wait_healthy(&reqwest::Client::new(), &format!("http://{listen}"), &serve).await;
@@ -505,7 +459,7 @@ async fn serve_raises_its_descriptor_limit_and_answers_beside_300_stalled_reques
         eprintln!("skipped: the hard limit of open files here is {hard_limit}, too low to show the difference");
         return;
     }
-    let dir = temp_dir("nofile");
+    let dir = temp_dir("e2e", "nofile");
     let listen = format!("127.0.0.1:{}", free_port());
     let mut serve = Serve::start_with_nofile(&dir, 256, &["--listen", &listen, "--db", "sqlite://haul.db"]);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
@@ -673,7 +627,7 @@ async fn requeue_after_the_hero_service_recovers(db: &str, dir: &PathBuf, roles:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_on_sqlite() {
-    let dir = temp_dir("operator-sqlite");
+    let dir = temp_dir("e2e", "operator-sqlite");
     requeue_after_the_hero_service_recovers("sqlite://haul.db", &dir, &["all"]).await;
     std::fs::remove_dir_all(dir).ok();
 }
@@ -681,7 +635,7 @@ async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_on_postgres() {
     let (admin, schema, db) = pg_schema().await;
-    let dir = temp_dir("operator-postgres");
+    let dir = temp_dir("e2e", "operator-postgres");
     requeue_after_the_hero_service_recovers(&db, &dir, &["all"]).await;
     admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
@@ -691,7 +645,7 @@ async fn an_operator_requeues_a_dead_escalation_once_the_hero_service_recovers_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_requeues_a_dead_escalation_with_roles_as_processes_on_postgres() {
     let (admin, schema, db) = pg_schema().await;
-    let dir = temp_dir("operator-postgres-roles");
+    let dir = temp_dir("e2e", "operator-postgres-roles");
     let out = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     requeue_after_the_hero_service_recovers(&db, &dir, &["api", "worker", "dispatcher", "pump"]).await;
@@ -710,7 +664,7 @@ async fn serve_logs_json_lines_per_run_dispatch_and_request_with_root_causes_and
     let out = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
-    let dir = temp_dir("json-log");
+    let dir = temp_dir("e2e", "json-log");
     std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
     let port = free_port();
     let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));

@@ -1,0 +1,65 @@
+//! What the tests that run the real `haul serve` binary share: ports, folders, the
+//! child process guard, the wait for health, and the channel services' settings.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use haul_harness::testkit::FakeServices;
+use reqwest::StatusCode;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A fresh folder `haul-{area}-{tag}-…` in the temporary directory.
+pub fn temp_dir(area: &str, tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("haul-{area}-{tag}-{}-{}", std::process::id(), fastrand::u32(..)));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A child process, killed (SIGKILL) if the test ends without stopping it; its
+/// stderr goes to `log`.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Waits (at most 20 s) until `haul serve` at `base` answers `/healthz`.
+pub async fn wait_healthy(client: &reqwest::Client, base: &str, p: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(r) = client.get(format!("{base}/healthz")).send().await
+            && r.status() == StatusCode::OK
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("haul serve at {base} never became healthy:\n{}", p.log());
+}
+
+/// The settings that send every channel to `svc`, with its token.
+pub fn channel_env(svc: &FakeServices) -> Vec<(String, String)> {
+    let mut env = vec![("HAUL_SVC_TOKEN".to_string(), "svc-token-123".to_string())];
+    for (name, path) in [("SMS", "sms"), ("HERO", "hero"), ("SLACK", "slack"), ("TMS", "tms"), ("OPS", "ops")] {
+        env.push((format!("HAUL_CHANNELS_{name}_URL"), format!("http://{}/{path}", svc.addr)));
+        env.push((format!("HAUL_CHANNELS_{name}_TOKEN_ENV"), "HAUL_SVC_TOKEN".into()));
+    }
+    env
+}
