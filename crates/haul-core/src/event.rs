@@ -463,18 +463,27 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn check(input: Value, expected: Result<&str, &str>) {
+    /// `input` read by `read` (the public path or the operators'): its kind, or the
+    /// error's code; a read event's wire form round-trips.
+    fn check_read(
+        read: fn(LoadId, Value) -> Result<InboundEvent, BadInput>,
+        input: Value,
+        expected: Result<&str, &str>,
+    ) {
         let load = LoadId::parse("481207").unwrap();
-        match (InboundEvent::from_outside(load, input.clone()), expected) {
+        match (read(load, input.clone()), expected) {
             (Ok(ev), Ok(kind)) => {
                 assert_eq!(ev.kind(), kind);
-                // the wire form round-trips
                 let again = InboundEvent::from_json(ev.load_id.clone(), ev.to_json()).unwrap();
                 assert_eq!(again, ev);
             }
             (Err(e), Err(code)) => assert_eq!(e.code, code, "{input}: {e}"),
             (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
         }
+    }
+
+    fn check(input: Value, expected: Result<&str, &str>) {
+        check_read(InboundEvent::from_outside, input, expected);
     }
 
     #[test]
@@ -523,16 +532,7 @@ mod tests {
     }
 
     fn check_operator(input: Value, expected: Result<&str, &str>) {
-        let load = LoadId::parse("481207").unwrap();
-        match (InboundEvent::from_operator(load, input.clone()), expected) {
-            (Ok(ev), Ok(kind)) => {
-                assert_eq!(ev.kind(), kind);
-                let again = InboundEvent::from_json(ev.load_id.clone(), ev.to_json()).unwrap();
-                assert_eq!(again, ev);
-            }
-            (Err(e), Err(code)) => assert_eq!(e.code, code, "{input}: {e}"),
-            (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
-        }
+        check_read(InboundEvent::from_operator, input, expected);
     }
 
     #[test]

@@ -135,6 +135,14 @@ fn next_link(path: &str, pairs: &[(&str, &str)], label: &str) -> String {
     format!("<p class=\"pager\"><a rel=\"next\" href=\"{}{}\">{}</a></p>", path, esc(&query(pairs)), esc(label))
 }
 
+/// The link to a list's next page: the filters `pairs` kept, the cursor `name` set to
+/// `cursor`.
+fn next_page(path: &str, pairs: &[(&str, &str)], name: &str, cursor: &str, label: &str) -> String {
+    let mut next: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != name).copied().collect();
+    next.push((name, cursor));
+    next_link(path, &next, label)
+}
+
 /// The pairs of a filter form that hold a value: empty fields are not sent on.
 pub fn given<'a>(pairs: &'a [(String, String)], names: &[&str]) -> Vec<(&'a str, &'a str)> {
     pairs
@@ -287,9 +295,7 @@ pub fn loads(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) 
     }
     body.push_str("</tbody></table></div>");
     if let Some(next) = answer["next_after"].as_str() {
-        let mut next_pairs: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != "after").copied().collect();
-        next_pairs.push(("after", next));
-        body.push_str(&next_link("/console/loads", &next_pairs, "Next page"));
+        body.push_str(&next_page("/console/loads", pairs, "after", next, "Next page"));
     }
     layout(ctx, "Loads", Nav::Loads, &body)
 }
@@ -655,9 +661,7 @@ pub fn dead(
     }
     body.push_str("</tbody></table></div>");
     if let Some(next) = answer["next_before"].as_str() {
-        let mut next_pairs: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != "before").copied().collect();
-        next_pairs.push(("before", next));
-        body.push_str(&next_link("/console/dead", &next_pairs, "Older rows"));
+        body.push_str(&next_page("/console/dead", pairs, "before", next, "Older rows"));
     }
     layout(ctx, "Dead rows", Nav::Dead, &body)
 }
@@ -743,9 +747,7 @@ pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>)
     }
     body.push_str("</tbody></table></div>");
     if let Some(next) = answer["next_after"].as_str() {
-        let mut next_pairs: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != "after").copied().collect();
-        next_pairs.push(("after", next));
-        body.push_str(&next_link("/console/timers", &next_pairs, "Next page"));
+        body.push_str(&next_page("/console/timers", pairs, "after", next, "Next page"));
     }
     layout(ctx, "Overdue timers", Nav::Timers, &body)
 }
