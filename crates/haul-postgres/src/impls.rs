@@ -364,7 +364,10 @@ impl Outbox for PgStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
         let token = self.tokens.next();
         let (now, until) = (to_ms(now), to_ms(add(now, lease)));
-        let rows = self.query_rows(OUTBOX_CLAIM, &[&token, &until, &now, &(limit as i64)], outbox_row).await?;
+        let client = self.lease_client().await?;
+        let stmt = client.prepare_cached(OUTBOX_CLAIM).await.map_err(pg)?;
+        let rows = client.query(&stmt, &[&token, &until, &now, &(limit as i64)]).await.map_err(pg)?;
+        let rows = rows.iter().map(|r| outbox_row(&PgRow(r))).collect::<Result<Vec<_>, StoreError>>()?;
         Ok(claims(rows, &token))
     }
 
@@ -535,11 +538,13 @@ impl Outbox for PgStore {
     }
 
     async fn count_by_status(&self, status: OutboxStatus) -> Result<u64, StoreError> {
+        let sql = match status {
+            OutboxStatus::Pending => OUTBOX_COUNT_PENDING,
+            OutboxStatus::Dispatched => OUTBOX_COUNT_DISPATCHED,
+            OutboxStatus::Dead => OUTBOX_COUNT_DEAD,
+        };
         let client = self.client().await?;
-        let row = client
-            .query_one(&client.prepare_cached(OUTBOX_COUNT_BY_STATUS).await.map_err(pg)?, &[&status.as_str()])
-            .await
-            .map_err(pg)?;
+        let row = client.query_one(&client.prepare_cached(sql).await.map_err(pg)?, &[]).await.map_err(pg)?;
         Ok(col::<i64>(&row, 0)? as u64)
     }
 }
@@ -625,15 +630,11 @@ pub(crate) async fn publish_in<E: From<StoreError>>(
     now: i64,
 ) -> Result<Published, Fail<E>> {
     let publish = tx.prepare_cached(QUEUE_PUBLISH).await.map_err(db)?;
-    let take = tx.prepare_cached(QUEUE_HEAD_TAKE).await.map_err(db)?;
-    let Some(row) = tx.query_opt(&publish, &[&lid, &event_id, &body, &now]).await.map_err(db)? else {
-        return Ok(Published::Duplicate);
-    };
-    let id: i64 = col(&row, 0).map_err(Fail::store)?;
-    // An empty head takes this message; a busy head keeps its own. The upsert locks
-    // the head row, so it serializes with an ack moving the head.
-    tx.execute(&take, &[&lid, &id, &now]).await.map_err(db)?;
-    Ok(Published::New)
+    // The head's upsert locks its row, so a publish serializes with an ack moving it.
+    match tx.query_opt(&publish, &[&lid, &event_id, &body, &now]).await.map_err(db)? {
+        Some(_) => Ok(Published::New),
+        None => Ok(Published::Duplicate),
+    }
 }
 
 /// Acks the message of `receipt` inside `tx` and moves its load's head on; false (and
@@ -662,12 +663,7 @@ async fn ack_locked<E: From<StoreError>>(
     now: i64,
 ) -> Result<bool, Fail<E>> {
     let ack = tx.prepare_cached(QUEUE_ACK).await.map_err(db)?;
-    let advance = tx.prepare_cached(QUEUE_HEAD_ADVANCE).await.map_err(db)?;
-    if tx.execute(&ack, &[&id, &receipt, &now]).await.map_err(db)? != 1 {
-        return Ok(false);
-    }
-    tx.execute(&advance, &[&load_id, &now]).await.map_err(db)?;
-    Ok(true)
+    Ok(tx.execute(&ack, &[&id, &receipt, &now, &load_id]).await.map_err(db)? == 1)
 }
 
 #[async_trait]
@@ -691,7 +687,7 @@ impl LoadQueue for PgStore {
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
         let token = self.tokens.next();
         let (now, until) = (to_ms(now), deadline_ms(now, visibility));
-        let client = self.client().await?;
+        let client = self.lease_client().await?;
         let rows = client
             .query(&client.prepare_cached(QUEUE_RECEIVE).await.map_err(pg)?, &[&now, &(max as i64), &until, &token])
             .await

@@ -66,6 +66,13 @@ impl PgConfig {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
+    /// Sessions with `synchronous_commit = off`, for the writes nobody is told about:
+    /// a receive's and a claim's lease, a nack's delay. A server crash that loses one
+    /// only makes the message or the row visible again sooner, as a lapsed lease does;
+    /// every write anyone is acknowledged (a publish, an append, an ack, a mark) goes
+    /// through `pool` and waits for its WAL flush. A later flush of any session's
+    /// commit makes these durable too (the WAL is one sequence).
+    lease_pool: Pool,
     tokens: Tokens,
     /// The committers of appends and publish-and-marks (group commit, `group.rs`).
     group: Arc<group::Group>,
@@ -103,17 +110,22 @@ impl PgStore {
             let _ = task.await;
             options.push(format!("-c search_path={schema}"));
         }
+        // Every statement is a cached prepared one. On the partitioned log and outbox
+        // the planner otherwise keeps choosing a custom plan (a generic one lists all
+        // partitions, so it looks dearer), planning again on every run: half the
+        // server's time per statement on the hot path. A generic plan prunes to the
+        // load's partition when it runs; the EXPLAIN test holds every statement to an
+        // index under it.
+        options.push("-c plan_cache_mode=force_generic_plan".to_owned());
+        let mut lease = pg.clone();
         if !options.is_empty() {
             pg.options(options.join(" "));
         }
-        let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(manager)
-            .max_size(config.pool_size.max(2))
-            .wait_timeout(Some(Duration::from_secs(30)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::new(format!("cannot build the PostgreSQL pool: {e}")))?;
+        options.push("-c synchronous_commit=off".to_owned());
+        lease.options(options.join(" "));
+        let pool = build_pool(pg, config.pool_size.max(2))?;
+        // Receives and claims are one statement each and brief: a quarter of the pool.
+        let lease_pool = build_pool(lease, (config.pool_size / 4).max(2))?;
         // Fail here, with the address and the server's reason, rather than on first use.
         drop(pool.get().await.map_err(|e| unreachable_db(&config.url, &pool_reason(&e)))?);
         // Each committer keeps one of the pool's connections; the rest serve reads,
@@ -122,6 +134,7 @@ impl PgStore {
         Ok(PgStore {
             group: Arc::new(group::Group::new(pool.clone(), committers)),
             pool,
+            lease_pool,
             tokens: Tokens::new(config.seed),
         })
     }
@@ -172,6 +185,32 @@ impl PgStore {
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         pool_client(&self.pool).await
     }
+
+    /// `synchronous_commit` as the store's two kinds of session see it: the one every
+    /// acknowledged write uses, then the one of receives and claims.
+    #[cfg(feature = "testing")]
+    pub async fn synchronous_commit(&self) -> Result<(String, String), StoreError> {
+        let show = async |c: deadpool_postgres::Object| -> Result<String, StoreError> {
+            c.query_one("SHOW synchronous_commit", &[]).await.map_err(pg)?.try_get(0).map_err(pg)
+        };
+        Ok((show(self.client().await?).await?, show(self.lease_client().await?).await?))
+    }
+
+    /// A session whose commits do not wait for the WAL flush (see `lease_pool`).
+    pub(crate) async fn lease_client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        pool_client(&self.lease_pool).await
+    }
+}
+
+fn build_pool(pg: tokio_postgres::Config, size: usize) -> Result<Pool, StoreError> {
+    let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager)
+        .max_size(size)
+        .wait_timeout(Some(Duration::from_secs(30)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| StoreError::new(format!("cannot build the PostgreSQL pool: {e}")))
 }
 
 pub(crate) async fn pool_client(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {

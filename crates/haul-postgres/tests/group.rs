@@ -111,3 +111,25 @@ async fn an_append_waiting_for_a_lock_runs_alone_and_the_others_commit_meanwhile
     assert_eq!(held.await.unwrap().unwrap(), 2);
     assert_eq!(log(&s, "HELD").await, (vec!["h1".into(), "h2".into()], 2));
 }
+
+/// Acknowledged writes wait for their WAL flush as the server is configured; only the
+/// leases (receives, claims) skip it, and they still work as the contract says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_receives_and_claims_skip_the_wal_flush() {
+    use haul_store::LoadQueue;
+    let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
+    let server: String = {
+        let (client, conn) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0)
+    };
+    assert_eq!(s.synchronous_commit().await.unwrap(), (server, "off".to_owned()));
+    s.append(&load("L1"), vec![entry("e1")], 0, vec![row("L1/e1/send_sms")], t0()).await.unwrap();
+    let claims = s.pending(10, t0(), std::time::Duration::from_secs(90)).await.unwrap();
+    assert_eq!(claims.len(), 1);
+    assert!(s.pending(10, t0(), std::time::Duration::from_secs(90)).await.unwrap().is_empty(), "leased");
+    s.publish(&load("L1"), "m1", "{}", t0()).await.unwrap();
+    let got = s.receive(10, std::time::Duration::from_secs(60), t0()).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(s.receive(10, std::time::Duration::from_secs(60), t0()).await.unwrap().is_empty(), "invisible");
+}
