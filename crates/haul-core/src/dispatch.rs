@@ -184,6 +184,18 @@ fn step(effect: Effect, if_failed: IfFailed) -> Step {
     Step { effect, if_failed }
 }
 
+/// Whether a claim must be checked with the store before its send. A claim's token
+/// can only be taken over once its lease lapses, so a claim whose lease has at least a
+/// third of `lease` left (a margin for clocks that disagree between processes) cannot
+/// be stale yet and skips the round trip; an older one (a batch that waited, a fake
+/// clock moved on) is checked. The marks check the token again whatever this says.
+pub fn claim_needs_check(lease_until: Option<Timestamp>, now: Timestamp, lease: Duration) -> bool {
+    match lease_until {
+        Some(until) => crate::time::add(now, lease / 3) >= until,
+        None => true,
+    }
+}
+
 /// After a send: a delivery is published and marked, a permanent failure buried, a
 /// retryable one is a failed attempt.
 pub fn after_send(row: &Row, sent: Sent, mode: QueueMode) -> Next {
@@ -329,6 +341,19 @@ fn clean(s: &str, max_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fresh_claim_skips_its_check_and_an_old_or_unknown_one_does_not() {
+        let lease = Duration::from_secs(90);
+        let check = |until: Option<&str>, now: &str, expected: bool| {
+            assert_eq!(claim_needs_check(until.map(t), t(now), lease), expected, "lease until {until:?} at {now}");
+        };
+        check(Some("07:01:30"), "07:00:00", false);
+        check(Some("07:01:30"), "07:00:59", false);
+        check(Some("07:01:30"), "07:01:00", true);
+        check(Some("07:01:30"), "07:02:00", true);
+        check(None, "07:00:00", true);
+    }
 
     fn t(s: &str) -> Timestamp {
         format!("2026-03-02T{s}Z").parse().unwrap()

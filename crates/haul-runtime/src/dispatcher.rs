@@ -126,15 +126,10 @@ impl Dispatcher {
     /// the failed outcomes that an earlier burial could not.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = self.sweep_dead().await?;
-        let claims = self.store.pending(self.settings.batch, self.clock.now(), self.settings.lease).await?;
-        if let Some(first) = claims.first()
-            && let Err(crash) = self.faults.check(FaultPoint::AfterClaim, &first.row.id)
-        {
-            return Ok(vec![Dispatched::Crashed(crash)]);
-        }
-        for c in &claims {
-            self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
-        }
+        let claims = match self.claim(self.settings.batch).await? {
+            Ok(claims) => claims,
+            Err(crash) => return Ok(vec![Dispatched::Crashed(crash)]),
+        };
         if self.settings.sequential {
             for claim in claims {
                 out.push(self.dispatch(claim).await);
@@ -156,13 +151,31 @@ impl Dispatcher {
         Ok(out)
     }
 
+    pub fn settings(&self) -> &DispatcherSettings {
+        &self.settings
+    }
+
+    /// Claims up to `max` due rows (the inner error: a fault point stopped it there).
+    pub async fn claim(&self, max: usize) -> Result<Result<Vec<Claim>, Crash>, StoreError> {
+        let claims = self.store.pending(max, self.clock.now(), self.settings.lease).await?;
+        if let Some(first) = claims.first()
+            && let Err(crash) = self.faults.check(FaultPoint::AfterClaim, &first.row.id)
+        {
+            return Ok(Err(crash));
+        }
+        for c in &claims {
+            self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
+        }
+        Ok(Ok(claims))
+    }
+
     /// Dead rows whose failed outcome never reached the queue (it was down when they
     /// were buried), or whose OpsAlert did not reach the ops service: publish the
     /// outcome now, then raise the alert their class calls for. Each row on its own: one
     /// that still cannot be settled is put off in the store with its own backoff
     /// (`haul_core::dispatch::settle_retry_at`) and the next row is tried, so a row the
     /// queue or the ops service keeps failing never holds up the others.
-    async fn sweep_dead(&self) -> Result<Vec<Dispatched>, StoreError> {
+    pub async fn sweep_dead(&self) -> Result<Vec<Dispatched>, StoreError> {
         let now = self.clock.now();
         let mut out = Vec::new();
         for u in self.store.unsettled_due(now, self.settings.batch).await? {
@@ -188,7 +201,8 @@ impl Dispatcher {
         Ok(out)
     }
 
-    async fn dispatch(&self, claim: Claim) -> Dispatched {
+    /// Sends one claimed row and settles it.
+    pub async fn dispatch(&self, claim: Claim) -> Dispatched {
         let started = std::time::Instant::now();
         let result = self.dispatch_inner(&claim).await.unwrap_or_else(Dispatched::Crashed);
         // One line per dispatch, its fields at the top level (what a log shipper indexes).
@@ -232,10 +246,14 @@ impl Dispatcher {
         let mut next = match serde_json::from_value::<Action>(row.action.clone()) {
             Err(e) => Next::Plan(dispatch::bury(&facts, format!("unreadable action: {e}"))),
             Ok(action) => {
-                match self.store.check_claim(&row.id, token, self.clock.now()).await {
-                    Ok(()) => {}
-                    Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
-                    Err(ClaimError::Store(e)) => return Ok(Dispatched::Unsettled(format!("claim check failed: {e}"))),
+                if dispatch::claim_needs_check(row.lease_until, self.clock.now(), self.settings.lease) {
+                    match self.store.check_claim(&row.id, token, self.clock.now()).await {
+                        Ok(()) => {}
+                        Err(ClaimError::Stale(_)) => return Ok(Dispatched::Stale),
+                        Err(ClaimError::Store(e)) => {
+                            return Ok(Dispatched::Unsettled(format!("claim check failed: {e}")));
+                        }
+                    }
                 }
                 let sent = self.apply(row, &action).await;
                 self.faults.check(FaultPoint::AfterSend, &row.id)?;

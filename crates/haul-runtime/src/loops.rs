@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
-use tracing::warn;
+use tracing::{Instrument, info_span, warn};
 
 use crate::dispatcher::Dispatcher;
 use crate::pump::TimerPump;
@@ -74,25 +74,67 @@ pub async fn worker_loop(
     let _ = permits.acquire_many(concurrency as u32).await;
 }
 
+/// How often the long-running dispatcher looks for dead rows left unsettled (a queue or
+/// ops service that was down): they are rare, and the sweep is a read of its own.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps up to `dispatcher.batch` sends going: claims as many rows as sends are free,
+/// so a row committed while others are at their services is claimed at once instead
+/// of after the slowest send of a batch. Each send holds a permit.
 pub async fn dispatcher_loop(
     dispatcher: Arc<Dispatcher>,
     wake: Arc<tokio::sync::Notify>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let batch = dispatcher.settings().batch.max(1);
+    let permits = Arc::new(Semaphore::new(batch));
     let mut idle_for = Duration::from_millis(10);
+    let mut swept_at: Option<std::time::Instant> = None;
     while !*stop.borrow() {
-        match dispatcher.run_once().await {
-            Ok(done) if !done.is_empty() => idle_for = Duration::from_millis(10),
-            Ok(_) => {
+        if swept_at.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
+            swept_at = Some(std::time::Instant::now());
+            if let Err(e) = dispatcher.sweep_dead().await {
+                warn!(error = %e, "settling dead rows failed");
+            }
+        }
+        let free = permits.available_permits();
+        if free == 0 {
+            tokio::select! {
+                p = permits.clone().acquire_owned() => drop(p),
+                _ = stop.changed() => {}
+            }
+            continue;
+        }
+        match dispatcher.claim(free).await {
+            Ok(Ok(claims)) if !claims.is_empty() => {
+                idle_for = Duration::from_millis(10);
+                for claim in claims {
+                    let Ok(permit) = permits.clone().acquire_owned().await else { break };
+                    let d = dispatcher.clone();
+                    let span = info_span!("dispatch", outbox_id = %claim.row.id, load_id = %claim.row.load_id, attempts = claim.row.attempts);
+                    tokio::spawn(
+                        async move {
+                            d.dispatch(claim).await;
+                            drop(permit);
+                        }
+                        .instrument(span),
+                    );
+                }
+            }
+            Ok(Ok(_)) => {
                 idle(idle_for, &wake, &mut stop).await;
                 idle_for = (idle_for * 2).min(Duration::from_millis(500));
             }
+            // A fault point (tests only) stopped the claim: its rows' leases lapse.
+            Ok(Err(_crash)) => idle(idle_for, &wake, &mut stop).await,
             Err(e) => {
                 warn!(error = %e, "claiming outbox rows failed");
                 sleep_or_stop(Duration::from_secs(1), &mut stop).await;
             }
         }
     }
+    // Let sends in flight settle their rows.
+    let _ = permits.acquire_many(batch as u32).await;
 }
 
 /// Polls at least every `poll` (at most 30 s); a full batch polls again at once.
