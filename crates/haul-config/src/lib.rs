@@ -224,7 +224,7 @@ pub struct WorkerConfig {
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        WorkerConfig { concurrency: 8, conflict_retries: 5, run_timeout: Duration::from_secs(300) }
+        WorkerConfig { concurrency: 32, conflict_retries: 5, run_timeout: Duration::from_secs(300) }
     }
 }
 

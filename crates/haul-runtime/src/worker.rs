@@ -47,7 +47,7 @@ pub struct WorkerSettings {
 impl Default for WorkerSettings {
     fn default() -> Self {
         WorkerSettings {
-            concurrency: 8,
+            concurrency: 32,
             conflict_retries: 5,
             run_timeout: Duration::from_secs(300),
             decider_timeout: Duration::from_secs(120),
