@@ -268,8 +268,9 @@ pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<
     let message = a.receipt.as_deref().and_then(parse_receipt);
     let outbox_stmt = prepare(!outbox.is_empty(), OUTBOX_INSERT).await?;
     let summary_stmt = prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?;
-    let head_stmt = prepare(message.is_some(), QUEUE_LOCK_HEAD).await?;
-    let (inserted, outboxed, summarized, head) = tokio::join!(
+    let ack_stmt = prepare(message.is_some(), QUEUE_ACK_OF_LOAD).await?;
+    let receipt = a.receipt.as_deref().unwrap_or_default();
+    let (inserted, outboxed, summarized, acked) = tokio::join!(
         async { tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await },
         async {
             match &outbox_stmt {
@@ -285,9 +286,9 @@ pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<
         },
         // Last, so the queue head's row lock is held for the shortest time.
         async {
-            match (&head_stmt, message) {
-                (Some(stmt), Some(id)) => tx.query_opt(stmt, &[&id]).await,
-                _ => Ok(None),
+            match (&ack_stmt, message) {
+                (Some(stmt), Some(id)) => tx.execute(stmt, &[&id, &receipt, &now, &lid]).await,
+                _ => Ok(0),
             }
         },
     );
@@ -303,13 +304,7 @@ pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<
         _ => db(e),
     })?;
     summarized.map_err(db)?;
-    let acked = match (message, head.map_err(db)?) {
-        (Some(id), Some(row)) if col::<String>(&row, 0).map_err(Fail::store)? == lid => {
-            ack_locked(tx, id, a.receipt.as_deref().unwrap_or_default(), lid, now).await?
-        }
-        _ => false,
-    };
-    Ok((new_version as u64, acked))
+    Ok((new_version as u64, acked.map_err(db)? == 1))
 }
 
 /// Publishes an outcome and marks its row, in the caller's transaction or savepoint:
@@ -638,30 +633,11 @@ pub(crate) async fn publish_in<E: From<StoreError>>(
 }
 
 /// Acks the message of `receipt` inside `tx` and moves its load's head on; false (and
-/// nothing changed) when the receipt is not the message's current one, or the message
-/// is not of `load` when one is given.
-async fn ack_in<E: From<StoreError>>(
-    tx: &Transaction<'_>,
-    receipt: &str,
-    load: Option<&str>,
-    now: i64,
-) -> Result<bool, Fail<E>> {
+/// nothing changed) when the receipt is not the message's current one. (An append's
+/// ack, whose load is known, is one statement: `QUEUE_ACK_OF_LOAD`.)
+async fn ack_in<E: From<StoreError>>(tx: &Transaction<'_>, receipt: &str, now: i64) -> Result<bool, Fail<E>> {
     let Some(id) = parse_receipt(receipt) else { return Ok(false) };
     let Some(load_id) = lock_head(tx, id).await? else { return Ok(false) };
-    if load.is_some_and(|l| l != load_id) {
-        return Ok(false);
-    }
-    ack_locked(tx, id, receipt, &load_id, now).await
-}
-
-/// The ack once the head row of `load_id` (the message's load) is locked.
-async fn ack_locked<E: From<StoreError>>(
-    tx: &Transaction<'_>,
-    id: i64,
-    receipt: &str,
-    load_id: &str,
-    now: i64,
-) -> Result<bool, Fail<E>> {
     let ack = tx.prepare_cached(QUEUE_ACK).await.map_err(db)?;
     Ok(tx.execute(&ack, &[&id, &receipt, &now, &load_id]).await.map_err(db)? == 1)
 }
@@ -700,7 +676,7 @@ impl LoadQueue for PgStore {
     async fn ack(&self, receipt: &str, now: Timestamp) -> Result<(), QueueError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        if !ack_in::<QueueError>(&tx, receipt, None, to_ms(now)).await.map_err(Fail::into_err)? {
+        if !ack_in::<QueueError>(&tx, receipt, to_ms(now)).await.map_err(Fail::into_err)? {
             return Err(QueueError::StaleReceipt(receipt.to_owned()));
         }
         tx.commit().await.map_err(pg)?;

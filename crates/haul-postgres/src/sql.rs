@@ -222,6 +222,19 @@ pub const QUEUE_ACK: &str = "WITH a AS (
      UPDATE queue_heads SET visible_at = $3,
        message_id = (SELECT id FROM queue WHERE load_id = $4 AND acked_at IS NULL AND id <> $1 ORDER BY id LIMIT 1)
      FROM a WHERE queue_heads.load_id = $4";
+/// An append's ack in one statement, the load known: locks the head row of load `$4`
+/// (only when message `$1` is of that load), then acks and advances as `QUEUE_ACK`
+/// does; the same lock order (head row, then message row). One head row updated means
+/// acked. `$1` message, `$2` receipt, `$3` now, `$4` load.
+pub const QUEUE_ACK_OF_LOAD: &str = "WITH h AS (
+       SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id
+       WHERE q.id = $1 AND h.load_id = $4 FOR UPDATE OF h),
+     a AS (
+       UPDATE queue SET acked_at = $3
+       WHERE id = $1 AND receipt = $2 AND acked_at IS NULL AND load_id IN (SELECT load_id FROM h) RETURNING id)
+     UPDATE queue_heads SET visible_at = $3,
+       message_id = (SELECT id FROM queue WHERE load_id = $4 AND acked_at IS NULL AND id <> $1 ORDER BY id LIMIT 1)
+     FROM a WHERE queue_heads.load_id = $4";
 /// `$1` message, `$2` receipt.
 pub const QUEUE_NACK: &str = "UPDATE queue SET receipt = NULL WHERE id = $1 AND receipt = $2 AND acked_at IS NULL";
 /// `$1` load, `$2` visible at.
