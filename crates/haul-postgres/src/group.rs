@@ -12,7 +12,10 @@
 //!
 //! A unit's statements are pipelined (issued together on the connection, the
 //! savepoint's too) where their order allows, so a unit costs a few round trips
-//! instead of one per statement.
+//! instead of one per statement. An append sends all of its statements at once (one
+//! round trip) and is only kept when every check passed; any other answer rolls it back
+//! to its savepoint and it runs again alone after the batch, step by step, so its
+//! answer (a conflict, a duplicate) is exact, as of after the batch.
 //!
 //! A batch never waits on a lock another transaction holds: it runs with a short
 //! `lock_timeout`, and a unit that hits it (or a deadlock) rolls back to its savepoint
@@ -45,6 +48,9 @@ pub(crate) enum Fail<E> {
     Typed(E),
     /// A lock wait timed out or deadlocked: run the unit again on its own.
     Busy(tokio_postgres::Error),
+    /// An append's one-round-trip form met anything but success: run the unit again on
+    /// its own, step by step, for its exact answer (`append_body`).
+    Again,
 }
 
 impl<E: From<StoreError>> Fail<E> {
@@ -53,6 +59,7 @@ impl<E: From<StoreError>> Fail<E> {
         match self {
             Fail::Typed(e) => e,
             Fail::Busy(e) => E::from(pg(e)),
+            Fail::Again => E::from(StoreError::new("an append's one-round-trip form ran outside a batch")),
         }
     }
 
@@ -139,7 +146,7 @@ fn settle<T, E>(r: Result<(T, bool), Fail<E>>) -> (Step, Option<Result<T, E>>) {
         Ok((v, true)) => (Step::Keep, Some(Ok(v))),
         Ok((v, false)) => (Step::Undo, Some(Ok(v))),
         Err(Fail::Typed(e)) => (Step::Undo, Some(Err(e))),
-        Err(Fail::Busy(_)) => (Step::Defer, None),
+        Err(Fail::Busy(_) | Fail::Again) => (Step::Defer, None),
     }
 }
 
@@ -147,7 +154,7 @@ impl Job {
     async fn run(&mut self, tx: &Transaction<'_>) -> Step {
         match self {
             Job::Append { args, out, .. } => {
-                let (step, o) = settle(crate::impls::append_body(tx, args).await.map(|v| (v, true)));
+                let (step, o) = settle(crate::impls::append_body(tx, args, true).await.map(|v| (v, true)));
                 *out = o;
                 step
             }

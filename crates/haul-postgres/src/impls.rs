@@ -174,7 +174,7 @@ impl PgStore {
 pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, bool), AppendError> {
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
-    let out = append_body(&tx, args).await.map_err(Fail::into_err)?;
+    let out = append_body(&tx, args, false).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     Ok(out)
 }
@@ -182,7 +182,18 @@ pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, 
 /// The statements of an append (and its ack), inside the caller's transaction or
 /// savepoint. Statements whose order allows it are issued together (pipelined): the
 /// server still runs them in the order written, so the version is checked first.
-pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<(u64, bool), Fail<AppendError>> {
+///
+/// With `one_trip` (a unit of a committer's batch, inside its savepoint) an append
+/// whose summary needs no read of the load's asks sends every statement at once: one
+/// round trip. Its writes are only right when its checks pass; when anything else came
+/// back (a conflict, a duplicate, an error), the unit answers `Fail::Again`, its
+/// savepoint is rolled back, and it runs again alone, step by step, for the exact
+/// answer. Conflicts are rare, so the common append costs one round trip, not two.
+pub(crate) async fn append_body(
+    tx: &Transaction<'_>,
+    a: &AppendArgs,
+    one_trip: bool,
+) -> Result<(u64, bool), Fail<AppendError>> {
     let (lid, now, entries, outbox) = (a.load_id.as_str(), a.now, &a.entries, &a.outbox);
     let expected = a.expected_version as i64;
     let new_version = expected + entries.len() as i64;
@@ -200,17 +211,79 @@ pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<
     let keys_stmt = prepare(!keys.is_empty(), OUTBOX_KEYS_TAKEN).await?;
     let asks_stmt = prepare(!delta.asks_unchanged(), LOAD_SUMMARY_ASKS).await?;
 
+    let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
+    let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
+    let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
+    let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
+    let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
+    let events_stmt = tx.prepare_cached(EVENTS_INSERT).await.map_err(db)?;
+    let message = a.receipt.as_deref().and_then(parse_receipt);
+    let receipt = a.receipt.as_deref().unwrap_or_default();
+    let outbox_stmt = prepare(!outbox.is_empty(), OUTBOX_INSERT).await?;
+    let summary_stmt = prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?;
+    let lock_stmt = prepare(message.is_some(), QUEUE_LOCK_HEAD_OF_LOAD).await?;
+    let ack_stmt = prepare(message.is_some(), QUEUE_ACK).await?;
+    let version_params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        if expected == 0 { vec![&lid, &new_version, &now] } else { vec![&lid, &new_version, &expected, &now] };
+    let no_asks: (Option<String>, Option<i32>, Option<i32>) = (None, None, None);
+
+    if one_trip && asks_stmt.is_none() {
+        if check_entry_ids_distinct(&a.load_id, entries).is_err() || check_keys_distinct(outbox).is_err() {
+            return Err(Fail::Again);
+        }
+        let (won, entry_taken, key_taken, inserted, outboxed, summarized, acked) = tokio::join!(
+            tx.execute(&version_stmt, &version_params),
+            async { tx.query_opt(&entries_stmt, &[&lid, &ids]).await },
+            async {
+                match &keys_stmt {
+                    Some(stmt) => tx.query_opt(stmt, &[&lid, &keys]).await,
+                    None => Ok(None),
+                }
+            },
+            async { tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await },
+            async {
+                match &outbox_stmt {
+                    Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now]).await,
+                    None => Ok(0),
+                }
+            },
+            async {
+                match &summary_stmt {
+                    Some(stmt) => tx.execute(stmt, &[&lid, &delta.stage, &no_asks.0, &no_asks.1, &no_asks.2]).await,
+                    None => Ok(0),
+                }
+            },
+            async {
+                match (&lock_stmt, &ack_stmt, message) {
+                    (Some(lock), Some(ack), Some(id)) => {
+                        // Two statements, one round trip: the ack's snapshot must come
+                        // after the lock's wait (see `QUEUE_ACK`).
+                        let (lock_params, ack_params): (Params, Params) = (&[&id, &lid], &[&id, &receipt, &now, &lid]);
+                        let (locked, acked) =
+                            tokio::join!(tx.query_opt(lock, lock_params), tx.execute(ack, ack_params));
+                        locked.and(acked)
+                    }
+                    _ => Ok(0),
+                }
+            },
+        );
+        let clean = matches!(won, Ok(1))
+            && matches!(entry_taken, Ok(None))
+            && matches!(key_taken, Ok(None))
+            && inserted.is_ok()
+            && outboxed.is_ok()
+            && summarized.is_ok();
+        return match acked {
+            Ok(n) if clean => Ok((new_version as u64, n == 1)),
+            _ => Err(Fail::Again),
+        };
+    }
+
     // 1. The version (taking the loads row, insert or guarded update, serializes
     // appends to one load; a loser waits for the winner's commit, then fails here), the
     // entry ids, the outbox keys, and the asks the summary folds: one round trip.
     let (won, entry_taken, key_taken, asks) = tokio::join!(
-        async {
-            if expected == 0 {
-                tx.execute(&version_stmt, &[&lid, &new_version, &now]).await
-            } else {
-                tx.execute(&version_stmt, &[&lid, &new_version, &expected, &now]).await
-            }
-        },
+        tx.execute(&version_stmt, &version_params),
         async { tx.query_opt(&entries_stmt, &[&lid, &ids]).await },
         async {
             match &keys_stmt {
@@ -259,17 +332,6 @@ pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<
         let (after, o, e) = delta.fold_asks(&before);
         (asks_after, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
     }
-    let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
-    let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
-    let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
-    let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
-    let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
-    let events_stmt = tx.prepare_cached(EVENTS_INSERT).await.map_err(db)?;
-    let message = a.receipt.as_deref().and_then(parse_receipt);
-    let outbox_stmt = prepare(!outbox.is_empty(), OUTBOX_INSERT).await?;
-    let summary_stmt = prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?;
-    let ack_stmt = prepare(message.is_some(), QUEUE_ACK_OF_LOAD).await?;
-    let receipt = a.receipt.as_deref().unwrap_or_default();
     let (inserted, outboxed, summarized, acked) = tokio::join!(
         async { tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await },
         async {
@@ -286,8 +348,14 @@ pub(crate) async fn append_body(tx: &Transaction<'_>, a: &AppendArgs) -> Result<
         },
         // Last, so the queue head's row lock is held for the shortest time.
         async {
-            match (&ack_stmt, message) {
-                (Some(stmt), Some(id)) => tx.execute(stmt, &[&id, &receipt, &now, &lid]).await,
+            match (&lock_stmt, &ack_stmt, message) {
+                (Some(lock), Some(ack), Some(id)) => {
+                    // Two statements, one round trip: the ack's snapshot must come after
+                    // the lock's wait (see `QUEUE_ACK`).
+                    let (lock_params, ack_params): (Params, Params) = (&[&id, &lid], &[&id, &receipt, &now, &lid]);
+                    let (locked, acked) = tokio::join!(tx.query_opt(lock, lock_params), tx.execute(ack, ack_params));
+                    locked.and(acked)
+                }
                 _ => Ok(0),
             }
         },
@@ -634,7 +702,7 @@ pub(crate) async fn publish_in<E: From<StoreError>>(
 
 /// Acks the message of `receipt` inside `tx` and moves its load's head on; false (and
 /// nothing changed) when the receipt is not the message's current one. (An append's
-/// ack, whose load is known, is one statement: `QUEUE_ACK_OF_LOAD`.)
+/// ack, whose load is known, goes in the append's round trip: `QUEUE_LOCK_HEAD_OF_LOAD`.)
 async fn ack_in<E: From<StoreError>>(tx: &Transaction<'_>, receipt: &str, now: i64) -> Result<bool, Fail<E>> {
     let Some(id) = parse_receipt(receipt) else { return Ok(false) };
     let Some(load_id) = lock_head(tx, id).await? else { return Ok(false) };

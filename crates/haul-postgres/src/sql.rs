@@ -213,28 +213,27 @@ pub const QUEUE_RECEIVE: &str = concat!(
 /// Locks the head row of a message's load: `$1` message.
 pub const QUEUE_LOCK_HEAD: &str =
     "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id WHERE q.id = $1 FOR UPDATE OF h";
-/// The ack in one statement, once the head row is locked: the message is acked when
-/// `$2` is its current receipt, and then the head moves to the load's next unacked
-/// message (the statement's snapshot still shows `$1` unacked, hence `id <> $1`).
-/// One head row updated means acked. `$1` message, `$2` receipt, `$3` now, `$4` load.
+/// The ack in one statement, once an earlier statement holds the head row: the
+/// message is acked when `$2` is its current receipt and it is of load `$4`, and then
+/// the head moves to the load's next unacked message (the statement's snapshot still
+/// shows `$1` unacked, hence `id <> $1`). One head row updated means acked. `$1`
+/// message, `$2` receipt, `$3` now, `$4` load.
+///
+/// The lock must be taken by a statement of its own before this one: this statement's
+/// snapshot is then taken after the wait for the lock, so it sees a message another
+/// transaction published (and committed) meanwhile. Taken inside this statement, the
+/// lock would come after the snapshot, and such a message would be left behind the
+/// head for good.
 pub const QUEUE_ACK: &str = "WITH a AS (
-       UPDATE queue SET acked_at = $3 WHERE id = $1 AND receipt = $2 AND acked_at IS NULL RETURNING id)
+       UPDATE queue SET acked_at = $3 WHERE id = $1 AND receipt = $2 AND acked_at IS NULL AND load_id = $4
+       RETURNING id)
      UPDATE queue_heads SET visible_at = $3,
        message_id = (SELECT id FROM queue WHERE load_id = $4 AND acked_at IS NULL AND id <> $1 ORDER BY id LIMIT 1)
      FROM a WHERE queue_heads.load_id = $4";
-/// An append's ack in one statement, the load known: locks the head row of load `$4`
-/// (only when message `$1` is of that load), then acks and advances as `QUEUE_ACK`
-/// does; the same lock order (head row, then message row). One head row updated means
-/// acked. `$1` message, `$2` receipt, `$3` now, `$4` load.
-pub const QUEUE_ACK_OF_LOAD: &str = "WITH h AS (
-       SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id
-       WHERE q.id = $1 AND h.load_id = $4 FOR UPDATE OF h),
-     a AS (
-       UPDATE queue SET acked_at = $3
-       WHERE id = $1 AND receipt = $2 AND acked_at IS NULL AND load_id IN (SELECT load_id FROM h) RETURNING id)
-     UPDATE queue_heads SET visible_at = $3,
-       message_id = (SELECT id FROM queue WHERE load_id = $4 AND acked_at IS NULL AND id <> $1 ORDER BY id LIMIT 1)
-     FROM a WHERE queue_heads.load_id = $4";
+/// Locks the head row of load `$2` when message `$1` is of that load: an append's
+/// ack (its load known), sent in the same round trip just before `QUEUE_ACK`.
+pub const QUEUE_LOCK_HEAD_OF_LOAD: &str = "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id
+     WHERE q.id = $1 AND h.load_id = $2 FOR UPDATE OF h";
 /// `$1` message, `$2` receipt.
 pub const QUEUE_NACK: &str = "UPDATE queue SET receipt = NULL WHERE id = $1 AND receipt = $2 AND acked_at IS NULL";
 /// `$1` load, `$2` visible at.

@@ -183,7 +183,7 @@ async fn every_hot_query_is_served_by_an_index() {
         case("queue receive (heads)", QUEUE_RECEIVE, vec![&now, &limit, &later, &token]),
         case("queue lock head", QUEUE_LOCK_HEAD, vec![&one]),
         case("queue ack (and the head's advance)", QUEUE_ACK, vec![&one, &receipt, &now, &l]),
-        case("append: the ack (head lock, ack, advance)", QUEUE_ACK_OF_LOAD, vec![&one, &receipt, &now, &l]),
+        case("append: the ack's head lock", QUEUE_LOCK_HEAD_OF_LOAD, vec![&one, &l]),
         case("queue nack", QUEUE_NACK, vec![&one, &receipt]),
         case("queue head delay", QUEUE_HEAD_DELAY, vec![&l, &later]),
         case("queue depth", QUEUE_DEPTH, vec![]),

@@ -74,6 +74,7 @@ macro_rules! contract_tests {
             racing_assignments_of_one_sms_have_one_winner,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
+            a_publish_racing_the_acking_append_is_never_stranded,
             prune_deletes_only_finished_rows_older_than_the_cutoff,
             prune_honours_the_batch_bound,
             store_keeps_working_after_prune,
@@ -1076,6 +1077,28 @@ pub async fn append_acking_acks_if_and_only_if_the_append_commits(s: DynStore) {
     s.ack(&f.receipt, later).await.unwrap();
     s.ack(&m3.receipt, later).await.unwrap();
     assert_eq!(s.depth().await.unwrap(), 0);
+}
+
+/// The next message of a load published while the append that acks its head commits:
+/// whichever goes first, the head moves to it, so it is received. (An ack that reads
+/// the load's next message before it holds the head could miss one published just
+/// then, and strand it forever.)
+pub async fn a_publish_racing_the_acking_append_is_never_stranded(s: DynStore) {
+    const ROUNDS: u64 = 60;
+    publish(&s, "L1", "m0").await;
+    for i in 0..ROUNDS {
+        let m = receive_one(&s, t0()).await;
+        assert_eq!(m.event_id, format!("m{i}"), "round {i}");
+        let (appender, publisher) = (s.clone(), s.clone());
+        let next = format!("m{}", i + 1);
+        let appending = tokio::spawn(async move {
+            appender.append_acking(&load("L1"), vec![entry(&format!("e{i}"))], i, vec![], &m.receipt, t0()).await
+        });
+        let publishing = tokio::spawn(async move { publisher.publish(&load("L1"), &next, "{}", t0()).await });
+        assert_eq!(appending.await.unwrap().unwrap(), (i + 1, true), "round {i}");
+        assert_eq!(publishing.await.unwrap().unwrap(), Published::New, "round {i}");
+    }
+    assert_eq!(receive_one(&s, t0()).await.event_id, format!("m{ROUNDS}"));
 }
 
 pub async fn append_refuses_an_outbox_key_of_another_load(s: DynStore) {
