@@ -524,7 +524,8 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
 }
 
 /// Outbox rows delivered to an HTTP sink on 127.0.0.1 that dedupes, with 1 and 4
-/// dispatchers, against bare HTTP posts of the same bodies to the same sink.
+/// dispatchers running `haul serve`'s dispatcher loop, against bare HTTP posts of the
+/// same bodies to the same sink.
 async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
     let mut f = Figures::new();
     let sink = crate::testkit::FakeServices::start(None).await?;
@@ -551,6 +552,7 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
         };
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         for d in 0..dispatchers {
             let disp = Arc::new(haul_runtime::dispatcher::Dispatcher::new(
                 s.clone(),
@@ -561,18 +563,21 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
                 settings(d),
                 Faults::default(),
             ));
-            tasks.spawn(async move {
-                loop {
-                    if disp.run_once().await?.is_empty() {
-                        return anyhow::Ok(());
-                    }
-                }
-            });
+            // The loop `haul serve` runs (sends kept going, rows claimed as they free).
+            let (wake, stop) = (Arc::new(tokio::sync::Notify::new()), stop_rx.clone());
+            tasks.spawn(haul_runtime::loops::dispatcher_loop(disp, wake, stop));
         }
-        while let Some(r) = tasks.join_next().await {
-            r??;
+        // Done when every row is dispatched; the loops then stop and settle.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while (s.count_by_status(OutboxStatus::Dispatched).await? as usize) < rows {
+            anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not finish the rows");
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let secs = started.elapsed().as_secs_f64();
+        let _ = stop_tx.send(true);
+        while let Some(r) = tasks.join_next().await {
+            r?;
+        }
         anyhow::ensure!(
             s.count_by_status(OutboxStatus::Dispatched).await? as usize == rows,
             "not every row was dispatched"
