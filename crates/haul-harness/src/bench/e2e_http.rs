@@ -11,7 +11,8 @@
 //!
 //! The servers are child processes of this binary (`haul serve`), so what is measured is
 //! what an operator runs: all roles in one process, and on PostgreSQL also the roles
-//! split across processes (api / worker / dispatcher+pump). Beside each figure: the
+//! split across processes (api / worker / dispatcher+pump) and, in a full run, scaled
+//! out (1, 2 or 4 worker processes; 1 or 2 dispatcher processes). Beside each figure: the
 //! bare limits measured in the same run (the bare driver's append rate and bare POSTs/s
 //! to the same sink).
 
@@ -256,6 +257,20 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
             f.insert(format!("{tag}units_per_s_{callers}_callers"), rate);
             f.insert(format!("{tag}p50_ms_{callers}_callers"), percentile(&lat, 0.5));
             f.insert(format!("{tag}p99_ms_{callers}_callers"), percentile(&lat, 0.99));
+        }
+    }
+    // Scale-out on PostgreSQL (full runs only): roles as processes, with 1, 2 and 4
+    // worker processes and 1 and 2 dispatcher processes, at 16 callers.
+    if !quick && matches!(store, BenchStore::Postgres(_)) {
+        for (workers, dispatchers) in [(1usize, 1usize), (2, 1), (4, 1), (1, 2), (2, 2)] {
+            let mut roles = vec!["api"];
+            roles.extend(std::iter::repeat_n("worker", workers));
+            roles.push("dispatcher,pump");
+            roles.extend(std::iter::repeat_n("dispatcher", dispatchers - 1));
+            let (rate, lat) = round(store, &roles, loads, 16, 4_000).await?;
+            let tag = format!("scale_{workers}w_{dispatchers}d_");
+            f.insert(format!("{tag}units_per_s_16_callers"), rate);
+            f.insert(format!("{tag}p99_ms_16_callers"), percentile(&lat, 0.99));
         }
     }
     // The limits, in the same run.
