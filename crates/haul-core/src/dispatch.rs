@@ -184,11 +184,14 @@ fn step(effect: Effect, if_failed: IfFailed) -> Step {
     Step { effect, if_failed }
 }
 
-/// Whether a claim must be checked with the store before its send. A claim's token
-/// can only be taken over once its lease lapses, so a claim whose lease has at least a
-/// third of `lease` left (a margin for clocks that disagree between processes) cannot
-/// be stale yet and skips the round trip; an older one (a batch that waited, a fake
-/// clock moved on) is checked. The marks check the token again whatever this says.
+/// Whether a claim must be checked with the store before its send. Another dispatcher
+/// takes a row over only once its lease lapses, so a claim whose lease has at least a
+/// third of `lease` left (a margin for clocks that disagree between processes) is
+/// almost surely still ours and skips the round trip; an older one (a batch that
+/// waited, a fake clock moved on) is checked. Almost: a store that lost the claim in a
+/// crash (PostgreSQL commits claims without waiting for the WAL flush) may hand the row
+/// to another dispatcher at once, and both send; the service deduplicates on the
+/// idempotency key, and the marks check the token again whatever this says.
 pub fn claim_needs_check(lease_until: Option<Timestamp>, now: Timestamp, lease: Duration) -> bool {
     match lease_until {
         Some(until) => crate::time::add(now, lease / 3) >= until,

@@ -67,8 +67,8 @@ impl PgConfig {
 pub struct PgStore {
     pool: Pool,
     /// Sessions with `synchronous_commit = off`, for the writes nobody is told about:
-    /// a receive's and a claim's lease, a nack's delay. A server crash that loses one
-    /// only makes the message or the row visible again sooner, as a lapsed lease does;
+    /// a receive's and a claim's lease. A server crash that loses one only makes the
+    /// message or the row visible again sooner, as a lapsed lease does;
     /// every write anyone is acknowledged (a publish, an append, an ack, a mark) goes
     /// through `pool` and waits for its WAL flush. A later flush of any session's
     /// commit makes these durable too (the WAL is one sequence).
