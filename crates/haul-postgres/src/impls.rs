@@ -745,6 +745,9 @@ impl LoadQueue for PgStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         if !ack_in::<QueueError>(&tx, receipt, to_ms(now)).await.map_err(Fail::into_err)? {
+            // Rolled back here, not on drop: the head's lock is then gone before the
+            // caller goes on (a receive on another session would skip the load).
+            tx.rollback().await.map_err(pg)?;
             return Err(QueueError::StaleReceipt(receipt.to_owned()));
         }
         tx.commit().await.map_err(pg)?;
@@ -760,6 +763,8 @@ impl LoadQueue for PgStore {
         let load_id = lock_head::<QueueError>(&tx, id).await.map_err(Fail::into_err)?.ok_or_else(stale)?;
         let n = tx.execute(&tx.prepare_cached(QUEUE_NACK).await.map_err(pg)?, &[&id, &receipt]).await.map_err(pg)?;
         if n != 1 {
+            // As in `ack`: the head's lock released before the answer.
+            tx.rollback().await.map_err(pg)?;
             return Err(stale());
         }
         tx.execute(&tx.prepare_cached(QUEUE_HEAD_DELAY).await.map_err(pg)?, &[&load_id, &visible_at])
