@@ -188,24 +188,27 @@ impl Job {
                 (None, Ok(())) => Err(E::from(StoreError::new("store operation did not run"))),
             }
         }
+        /// Runs a unit put off alone, off the committer, and answers with that.
+        fn alone<T: Send + 'static, E: Send + 'static>(
+            reply: Reply<T, E>,
+            run: impl Future<Output = Result<T, E>> + Send + 'static,
+        ) {
+            tokio::spawn(async move {
+                let _ = reply.send(run.await);
+            });
+        }
         match self {
             Job::Append { args, reply, .. } if deferred => {
                 let pool = pool.clone();
-                tokio::spawn(async move {
-                    let _ = reply.send(crate::impls::append_solo(&pool, &args).await);
-                });
+                alone(reply, async move { crate::impls::append_solo(&pool, &args).await })
             }
             Job::PublishMark { args, reply, .. } if deferred => {
                 let pool = pool.clone();
-                tokio::spawn(async move {
-                    let _ = reply.send(crate::impls::publish_mark_solo(&pool, &args).await);
-                });
+                alone(reply, async move { crate::impls::publish_mark_solo(&pool, &args).await })
             }
             Job::Publish { args, reply, .. } if deferred => {
                 let pool = pool.clone();
-                tokio::spawn(async move {
-                    let _ = reply.send(crate::impls::publish_solo(&pool, &args).await);
-                });
+                alone(reply, async move { crate::impls::publish_solo(&pool, &args).await })
             }
             Job::Publish { out, reply, .. } => {
                 let _ = reply.send(answer(out, commit));

@@ -85,17 +85,26 @@ fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
+/// Runs a (cached) query on `client` and decodes each row.
+async fn rows_on<T>(
+    client: &deadpool_postgres::Object,
+    sql: &str,
+    params: Params<'_>,
+    decode: fn(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let stmt = client.prepare_cached(sql).await.map_err(pg)?;
+    client.query(&stmt, params).await.map_err(pg)?.iter().map(|r| decode(&PgRow(r))).collect()
+}
+
 impl PgStore {
-    /// Runs a (cached) query and decodes each row.
+    /// Runs a (cached) query on a session of the main pool and decodes each row.
     async fn query_rows<T>(
         &self,
         sql: &str,
         params: Params<'_>,
         decode: fn(&dyn Columns) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await.map_err(pg)?;
-        client.query(&stmt, params).await.map_err(pg)?.iter().map(|r| decode(&PgRow(r))).collect()
+        rows_on(&self.client().await?, sql, params, decode).await
     }
 }
 
@@ -225,47 +234,51 @@ pub(crate) async fn append_body(
     let ack_stmt = prepare(message.is_some(), QUEUE_ACK).await?;
     let version_params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
         if expected == 0 { vec![&lid, &new_version, &now] } else { vec![&lid, &new_version, &expected, &now] };
-    let no_asks: (Option<String>, Option<i32>, Option<i32>) = (None, None, None);
+
+    // The statements, each a future that sends it when first polled: joined in the
+    // order written, they go out in that order, in one round trip.
+    let take_version = async || tx.execute(&version_stmt, &version_params).await;
+    let find_taken_entry = async || tx.query_opt(&entries_stmt, &[&lid, &ids]).await;
+    let find_taken_key = async || match &keys_stmt {
+        Some(stmt) => tx.query_opt(stmt, &[&lid, &keys]).await,
+        None => Ok(None),
+    };
+    let read_asks = async || match &asks_stmt {
+        Some(stmt) => tx.query_opt(stmt, &[&lid]).await,
+        None => Ok(None),
+    };
+    let insert_events = async || tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await;
+    let insert_outbox = async || match &outbox_stmt {
+        Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now]).await,
+        None => Ok(0),
+    };
+    let set_summary = async |asks: &Option<String>, open: &Option<i32>, escalated: &Option<i32>| match &summary_stmt {
+        Some(stmt) => tx.execute(stmt, &[&lid, &delta.stage, asks, open, escalated]).await,
+        None => Ok(0),
+    };
+    let ack = async || match (&lock_stmt, &ack_stmt, message) {
+        (Some(lock), Some(ack), Some(id)) => {
+            // Two statements, one round trip: the ack's snapshot must come after the
+            // lock's wait (see `QUEUE_ACK`).
+            let (lock_params, ack_params): (Params, Params) = (&[&id, &lid], &[&id, &receipt, &now, &lid]);
+            let (locked, acked) = tokio::join!(tx.query_opt(lock, lock_params), tx.execute(ack, ack_params));
+            locked.and(acked)
+        }
+        _ => Ok(0),
+    };
 
     if one_trip && asks_stmt.is_none() {
         if check_entry_ids_distinct(&a.load_id, entries).is_err() || check_keys_distinct(outbox).is_err() {
             return Err(Fail::Again);
         }
         let (won, entry_taken, key_taken, inserted, outboxed, summarized, acked) = tokio::join!(
-            tx.execute(&version_stmt, &version_params),
-            async { tx.query_opt(&entries_stmt, &[&lid, &ids]).await },
-            async {
-                match &keys_stmt {
-                    Some(stmt) => tx.query_opt(stmt, &[&lid, &keys]).await,
-                    None => Ok(None),
-                }
-            },
-            async { tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await },
-            async {
-                match &outbox_stmt {
-                    Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now]).await,
-                    None => Ok(0),
-                }
-            },
-            async {
-                match &summary_stmt {
-                    Some(stmt) => tx.execute(stmt, &[&lid, &delta.stage, &no_asks.0, &no_asks.1, &no_asks.2]).await,
-                    None => Ok(0),
-                }
-            },
-            async {
-                match (&lock_stmt, &ack_stmt, message) {
-                    (Some(lock), Some(ack), Some(id)) => {
-                        // Two statements, one round trip: the ack's snapshot must come
-                        // after the lock's wait (see `QUEUE_ACK`).
-                        let (lock_params, ack_params): (Params, Params) = (&[&id, &lid], &[&id, &receipt, &now, &lid]);
-                        let (locked, acked) =
-                            tokio::join!(tx.query_opt(lock, lock_params), tx.execute(ack, ack_params));
-                        locked.and(acked)
-                    }
-                    _ => Ok(0),
-                }
-            },
+            take_version(),
+            find_taken_entry(),
+            find_taken_key(),
+            insert_events(),
+            insert_outbox(),
+            set_summary(&None, &None, &None),
+            ack(),
         );
         let clean = matches!(won, Ok(1))
             && matches!(entry_taken, Ok(None))
@@ -282,22 +295,8 @@ pub(crate) async fn append_body(
     // 1. The version (taking the loads row, insert or guarded update, serializes
     // appends to one load; a loser waits for the winner's commit, then fails here), the
     // entry ids, the outbox keys, and the asks the summary folds: one round trip.
-    let (won, entry_taken, key_taken, asks) = tokio::join!(
-        tx.execute(&version_stmt, &version_params),
-        async { tx.query_opt(&entries_stmt, &[&lid, &ids]).await },
-        async {
-            match &keys_stmt {
-                Some(stmt) => tx.query_opt(stmt, &[&lid, &keys]).await,
-                None => Ok(None),
-            }
-        },
-        async {
-            match &asks_stmt {
-                Some(stmt) => tx.query_opt(stmt, &[&lid]).await,
-                None => Ok(None),
-            }
-        },
-    );
+    let (won, entry_taken, key_taken, asks) =
+        tokio::join!(take_version(), find_taken_entry(), find_taken_key(), read_asks());
     if won.map_err(db)? != 1 {
         let stmt = tx.prepare_cached(LOAD_VERSION).await.map_err(db)?;
         let actual: Option<i64> = match tx.query_opt(&stmt, &[&lid]).await.map_err(db)? {
@@ -325,41 +324,16 @@ pub(crate) async fn append_body(
     }
 
     // 4. The rows, the load's summary (stage, asks) on the row step 1 holds, and the
-    // queue head's lock for the ack: one round trip.
+    // ack, last, so the queue head's row lock is held for the shortest time: one round
+    // trip.
     let (mut asks_after, mut open, mut escalated) = (None, None, None);
     if let Some(row) = asks.map_err(db)? {
         let before: String = col(&row, 0).map_err(Fail::store)?;
         let (after, o, e) = delta.fold_asks(&before);
         (asks_after, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
     }
-    let (inserted, outboxed, summarized, acked) = tokio::join!(
-        async { tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await },
-        async {
-            match &outbox_stmt {
-                Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now]).await,
-                None => Ok(0),
-            }
-        },
-        async {
-            match &summary_stmt {
-                Some(stmt) => tx.execute(stmt, &[&lid, &delta.stage, &asks_after, &open, &escalated]).await,
-                None => Ok(0),
-            }
-        },
-        // Last, so the queue head's row lock is held for the shortest time.
-        async {
-            match (&lock_stmt, &ack_stmt, message) {
-                (Some(lock), Some(ack), Some(id)) => {
-                    // Two statements, one round trip: the ack's snapshot must come after
-                    // the lock's wait (see `QUEUE_ACK`).
-                    let (lock_params, ack_params): (Params, Params) = (&[&id, &lid], &[&id, &receipt, &now, &lid]);
-                    let (locked, acked) = tokio::join!(tx.query_opt(lock, lock_params), tx.execute(ack, ack_params));
-                    locked.and(acked)
-                }
-                _ => Ok(0),
-            }
-        },
-    );
+    let (inserted, outboxed, summarized, acked) =
+        tokio::join!(insert_events(), insert_outbox(), set_summary(&asks_after, &open, &escalated), ack());
     inserted.map_err(|e| match constraint(&e) {
         Some(c) if c.ends_with("entry_id_key") => {
             Fail::typed(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
@@ -427,10 +401,8 @@ impl Outbox for PgStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
         let token = self.tokens.next();
         let (now, until) = (to_ms(now), to_ms(add(now, lease)));
-        let client = self.lease_client().await?;
-        let stmt = client.prepare_cached(OUTBOX_CLAIM).await.map_err(pg)?;
-        let rows = client.query(&stmt, &[&token, &until, &now, &(limit as i64)]).await.map_err(pg)?;
-        let rows = rows.iter().map(|r| outbox_row(&PgRow(r))).collect::<Result<Vec<_>, StoreError>>()?;
+        let params: Params = &[&token, &until, &now, &(limit as i64)];
+        let rows = rows_on(&self.lease_client().await?, OUTBOX_CLAIM, params, outbox_row).await?;
         Ok(claims(rows, &token))
     }
 
@@ -731,12 +703,8 @@ impl LoadQueue for PgStore {
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
         let token = self.tokens.next();
         let (now, until) = (to_ms(now), deadline_ms(now, visibility));
-        let client = self.lease_client().await?;
-        let rows = client
-            .query(&client.prepare_cached(QUEUE_RECEIVE).await.map_err(pg)?, &[&now, &(max as i64), &until, &token])
-            .await
-            .map_err(pg)?;
-        let mut out = rows.iter().map(|r| queue_message_row(&PgRow(r))).collect::<Result<Vec<_>, StoreError>>()?;
+        let params: Params = &[&now, &(max as i64), &until, &token];
+        let mut out = rows_on(&self.lease_client().await?, QUEUE_RECEIVE, params, queue_message_row).await?;
         out.sort_by_key(|(id, _)| *id);
         Ok(out.into_iter().map(|(_, m)| m).collect())
     }
