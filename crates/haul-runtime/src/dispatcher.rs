@@ -38,9 +38,11 @@ pub struct DispatcherSettings {
 
 impl Default for DispatcherSettings {
     fn default() -> Self {
+        // The settings' defaults (`haul_config::DispatcherConfig`) are the one source.
+        let config = haul_config::DispatcherConfig::default();
         DispatcherSettings {
-            batch: 32,
-            lease: Duration::from_secs(90),
+            batch: config.batch,
+            lease: config.lease,
             retry: RetryPolicy::default(),
             sequential: false,
             jitter_seed: None,
@@ -139,7 +141,7 @@ impl Dispatcher {
         let mut sends = JoinSet::new();
         for claim in claims {
             let d = self.clone();
-            let span = info_span!("dispatch", outbox_id = %claim.row.id, load_id = %claim.row.load_id, attempts = claim.row.attempts);
+            let span = Self::span(&claim);
             sends.spawn(async move { d.dispatch(claim).await }.instrument(span));
         }
         while let Some(r) = sends.join_next().await {
@@ -199,6 +201,11 @@ impl Dispatcher {
             out.push(Dispatched::Retrying { retry_at });
         }
         Ok(out)
+    }
+
+    /// The span a claimed row's dispatch runs in, wherever it is spawned.
+    pub fn span(claim: &Claim) -> tracing::Span {
+        info_span!("dispatch", outbox_id = %claim.row.id, load_id = %claim.row.load_id, attempts = claim.row.attempts)
     }
 
     /// Sends one claimed row and settles it.

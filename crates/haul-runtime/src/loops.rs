@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, warn};
 
 use crate::dispatcher::Dispatcher;
 use crate::pump::TimerPump;
@@ -30,6 +30,14 @@ async fn idle(d: Duration, wake: &tokio::sync::Notify, stop: &mut watch::Receive
     }
 }
 
+/// Waits until one of `permits` is free again (or until stopped).
+async fn until_a_permit_frees(permits: &Arc<Semaphore>, stop: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        p = permits.clone().acquire_owned() => drop(p),
+        _ = stop.changed() => {}
+    }
+}
+
 /// Keeps up to `concurrency` runs going, one per load; each run holds a permit.
 pub async fn worker_loop(
     worker: Arc<Worker>,
@@ -42,10 +50,7 @@ pub async fn worker_loop(
     while !*stop.borrow() {
         let free = permits.available_permits();
         if free == 0 {
-            tokio::select! {
-                p = permits.clone().acquire_owned() => drop(p),
-                _ = stop.changed() => {}
-            }
+            until_a_permit_frees(&permits, &mut stop).await;
             continue;
         }
         match worker.receive(free).await {
@@ -99,10 +104,7 @@ pub async fn dispatcher_loop(
         }
         let free = permits.available_permits();
         if free == 0 {
-            tokio::select! {
-                p = permits.clone().acquire_owned() => drop(p),
-                _ = stop.changed() => {}
-            }
+            until_a_permit_frees(&permits, &mut stop).await;
             continue;
         }
         match dispatcher.claim(free).await {
@@ -111,7 +113,7 @@ pub async fn dispatcher_loop(
                 for claim in claims {
                     let Ok(permit) = permits.clone().acquire_owned().await else { break };
                     let d = dispatcher.clone();
-                    let span = info_span!("dispatch", outbox_id = %claim.row.id, load_id = %claim.row.load_id, attempts = claim.row.attempts);
+                    let span = Dispatcher::span(&claim);
                     tokio::spawn(
                         async move {
                             d.dispatch(claim).await;

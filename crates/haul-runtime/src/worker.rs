@@ -46,10 +46,12 @@ pub struct WorkerSettings {
 
 impl Default for WorkerSettings {
     fn default() -> Self {
+        // The settings' defaults (`haul_config::WorkerConfig`) are the one source.
+        let config = haul_config::WorkerConfig::default();
         WorkerSettings {
-            concurrency: 32,
-            conflict_retries: 5,
-            run_timeout: Duration::from_secs(300),
+            concurrency: config.concurrency,
+            conflict_retries: config.conflict_retries,
+            run_timeout: config.run_timeout,
             decider_timeout: Duration::from_secs(120),
             visibility: Duration::from_secs(360),
             load_lock: false,
