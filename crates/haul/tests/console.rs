@@ -30,19 +30,26 @@ const REASON_HTML: &str = "Hero fixed <img src=x onerror=\"window.__pwned=2\">";
 const ANSWER_HTML: &str = "<img src=y onerror=\"window.__pwned=3\"> running late";
 
 fn serve(dir: &Path, listen: &str, env: &[(String, String)]) -> Proc {
-    let log = dir.join("serve.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_haul"))
+    start(serve_command(dir, listen).envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))), dir)
+}
+
+/// `haul serve` on the SQLite file in `dir`, with the tokens set, not yet started.
+fn serve_command(dir: &Path, listen: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_haul"));
+    command
         .args(["serve", "--config", "haul.toml", "--listen", listen, "--db", "sqlite://haul.db"])
         .current_dir(dir)
         .env("HAUL_API_TOKEN", TOKEN)
         .env("HAUL_OPERATOR_TOKEN", OPERATOR)
         .env("HAUL_TWILIO_AUTH_TOKEN", TWILIO)
-        .env("HAUL_LOG", "info")
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+        .env("HAUL_LOG", "info");
+    command
+}
+
+/// Starts `command`, its log in `dir`.
+fn start(command: &mut Command, dir: &Path) -> Proc {
+    let log = dir.join("serve.log");
+    let child = command.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
     Proc { child, log }
 }
 
@@ -614,16 +621,7 @@ async fn without_an_operator_token_no_operator_session_can_be_forged() {
     std::fs::write(dir.join("haul.toml"), "").unwrap();
     let port = free_port();
     let (base, listen) = (format!("http://127.0.0.1:{port}"), format!("127.0.0.1:{port}"));
-    let child = Command::new(env!("CARGO_BIN_EXE_haul"))
-        .args(["serve", "--config", "haul.toml", "--listen", &listen, "--db", "sqlite://haul.db"])
-        .current_dir(&dir)
-        .env("HAUL_API_TOKEN", TOKEN)
-        .env_remove("HAUL_OPERATOR_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let serve = Proc { child, log: dir.join("serve.log") };
+    let serve = start(serve_command(&dir, &listen).env_remove("HAUL_OPERATOR_TOKEN"), &dir);
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     wait_healthy(&http, &base, &serve).await;
     // The server's clock, from the expiry of a session signed in with the API token.
