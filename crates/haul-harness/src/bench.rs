@@ -73,9 +73,42 @@ async fn fresh_store(store: &BenchStore, tag: &str) -> anyhow::Result<(Arc<dyn S
         BenchStore::Postgres(url) => {
             let options = FreshStore { url: url.clone(), pool_size: 16, ..FreshStore::default() };
             let (s, schema) = haul_postgres::testing::fresh_store(&options).await?;
+            made_schema(&schema);
             Ok((Arc::new(s), schema))
         }
     }
+}
+
+/// The PostgreSQL schemas the running workload made, dropped when it ends: a full run
+/// makes a dozen, and left behind they grow the server's catalogs, which slows the
+/// runs and tests after it (the test helpers only drop schemas an hour old).
+static SCHEMAS_MADE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn made_schema(schema: &str) {
+    if let Ok(mut made) = SCHEMAS_MADE.lock() {
+        made.push(schema.to_owned());
+    }
+}
+
+/// Drops the schemas the workload made. A schema that cannot be dropped is reported and
+/// left (the test helpers drop it once it is an hour old).
+async fn drop_schemas_made(url: &str) {
+    let made = SCHEMAS_MADE.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
+    if made.is_empty() {
+        return;
+    }
+    let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
+        eprintln!("bench: could not connect to drop its schemas {}", made.join(", "));
+        return;
+    };
+    let task = tokio::spawn(conn);
+    for schema in made {
+        if let Err(e) = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await {
+            eprintln!("bench: could not drop its schema {schema}: {e}");
+        }
+    }
+    drop(client);
+    let _ = task.await;
 }
 
 fn load(i: usize) -> LoadId {
@@ -389,7 +422,7 @@ async fn contention(store: &BenchStore) -> anyhow::Result<Figures> {
 /// Runs one workload; adds its peak memory.
 pub async fn run_workload(name: &str, store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
     reset_peak_rss();
-    let mut f = match name {
+    let f = match name {
         "append" => append(store, if quick { 1_000 } else { 10_000 }).await,
         "projection" => projection(store).await,
         "contention" => contention(store).await,
@@ -400,7 +433,11 @@ pub async fn run_workload(name: &str, store: &BenchStore, quick: bool) -> anyhow
         "replay" => replay(store, if quick { 1_000 } else { 10_000 }).await,
         other => anyhow::bail!("unknown workload {other:?} (one of {})", WORKLOADS.join(", ")),
     }
-    .with_context(|| format!("workload {name}"))?;
+    .with_context(|| format!("workload {name}"));
+    if let BenchStore::Postgres(url) = store {
+        drop_schemas_made(url).await;
+    }
+    let mut f = f?;
     f.insert("peak_rss_mib".into(), peak_rss_mib());
     Ok(f)
 }

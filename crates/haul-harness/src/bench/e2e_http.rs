@@ -168,7 +168,11 @@ async fn round(
 ) -> anyhow::Result<(f64, Vec<f64>)> {
     let store_url = match store {
         BenchStore::Sqlite(_) => super::fresh_store(store, "e2e-http").await?.1,
-        BenchStore::Postgres(url) => haul_postgres::testing::fresh_schema_url(url).await.1,
+        BenchStore::Postgres(url) => {
+            let (schema, store_url) = haul_postgres::testing::fresh_schema_url(url).await;
+            super::made_schema(&schema);
+            store_url
+        }
     };
     // The schema is made here, not by several servers starting at once.
     drop(haul_runtime::store::open(&store_url, None).await?);
