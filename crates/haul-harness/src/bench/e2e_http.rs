@@ -7,7 +7,8 @@
 //! on 127.0.0.1; the delivered outcome is logged. Latency is the POST's start until the
 //! sink holds the task; throughput counts units whose outcome is logged. Callers are
 //! closed-loop (1, 16, 32), each owning a share of 1,000 loads so that no two callers
-//! wait on one load's FIFO.
+//! wait on one load's FIFO. Each round runs a tenth of its units untimed first, so the
+//! clock measures servers whose sessions have prepared (and planned) their statements.
 //!
 //! The servers are child processes of this binary (`haul serve`), so what is measured is
 //! what an operator runs: all roles in one process, and on PostgreSQL also the roles
