@@ -94,21 +94,9 @@ fn made_schema(schema: &str) {
 /// left (the test helpers drop it once it is an hour old).
 async fn drop_schemas_made(url: &str) {
     let made = SCHEMAS_MADE.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
-    if made.is_empty() {
-        return;
+    for failure in haul_postgres::testing::drop_schemas(url, &made).await {
+        eprintln!("bench: could not drop its schema {failure}");
     }
-    let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
-        eprintln!("bench: could not connect to drop its schemas {}", made.join(", "));
-        return;
-    };
-    let task = tokio::spawn(conn);
-    for schema in made {
-        if let Err(e) = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await {
-            eprintln!("bench: could not drop its schema {schema}: {e}");
-        }
-    }
-    drop(client);
-    let _ = task.await;
 }
 
 fn load(i: usize) -> LoadId {

@@ -33,17 +33,50 @@ pub async fn fresh_schema(url: &str) -> String {
     };
     let task = tokio::spawn(conn);
     if let Ok(rows) = client.query("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'haul\\_t%'", &[]).await {
-        for old in rows.iter().filter_map(|row| row.try_get::<_, String>(0).ok()) {
-            let born_s =
-                old.strip_prefix("haul_t").and_then(|s| s.split('_').next()).and_then(|s| s.parse::<u64>().ok());
-            if born_s.is_some_and(|b| b + 3600 < now_s) {
-                let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {old} CASCADE")).await;
-            }
-        }
+        let old: Vec<String> = rows
+            .iter()
+            .filter_map(|row| row.try_get::<_, String>(0).ok())
+            .filter(|old| {
+                let born_s =
+                    old.strip_prefix("haul_t").and_then(|s| s.split('_').next()).and_then(|s| s.parse::<u64>().ok());
+                born_s.is_some_and(|b| b + 3600 < now_s)
+            })
+            .collect();
+        drop_each(&client, &old).await;
     }
     drop(client);
     let _ = task.await;
     name
+}
+
+/// Drops each of `schemas` with everything in it; the ones that could not be dropped,
+/// each with why.
+async fn drop_each(client: &tokio_postgres::Client, schemas: &[String]) -> Vec<String> {
+    let mut failed = Vec::new();
+    for schema in schemas {
+        if let Err(e) = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await {
+            failed.push(format!("{schema}: {e}"));
+        }
+    }
+    failed
+}
+
+/// Drops `schemas` (made by [`fresh_schema`], [`fresh_store`] or [`fresh_schema_url`])
+/// with everything in them, once their user is done: the ones that could not be
+/// dropped, each with why (the hourly sweep of [`fresh_schema`] takes them later).
+pub async fn drop_schemas(url: &str, schemas: &[String]) -> Vec<String> {
+    if schemas.is_empty() {
+        return Vec::new();
+    }
+    let (client, conn) = match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        Ok(c) => c,
+        Err(e) => return schemas.iter().map(|s| format!("{s}: {e}")).collect(),
+    };
+    let task = tokio::spawn(conn);
+    let failed = drop_each(&client, schemas).await;
+    drop(client);
+    let _ = task.await;
+    failed
 }
 
 /// How [`fresh_store`] sets its store up. `FreshStore::default()` suits most tests.
