@@ -10,12 +10,16 @@
 //! the batch with a `StoreError`, so nobody sees a success that did not commit. One WAL
 //! flush serves the batch, with the server's `synchronous_commit` as configured.
 //!
-//! A unit's statements are pipelined (issued together on the connection, the
-//! savepoint's too) where their order allows, so a unit costs a few round trips
-//! instead of one per statement. An append sends all of its statements at once (one
-//! round trip) and is only kept when every check passed; any other answer rolls it back
-//! to its savepoint and it runs again alone after the batch, step by step, so its
-//! answer (a conflict, a duplicate) is exact, as of after the batch.
+//! Statements are pipelined (issued together on the connection) where their order
+//! allows. An append sends all of its statements at once (one round trip) and is only
+//! kept when every check passed; any other answer rolls it back to its savepoint and
+//! it runs again alone after the batch, step by step, so its answer (a conflict, a
+//! duplicate) is exact, as of after the batch. A batch goes out in waves
+//! (`run_batch`): the units that take one round trip each are sent together, each
+//! behind a savepoint nested in the one before, so a wave of 64 units costs one round
+//! trip, not 64. When a unit of a wave is not kept, the wave rolls back to its
+//! savepoint, and the units sent after it (which ran on its effects) run again in the
+//! next wave.
 //!
 //! A batch never waits on a lock another transaction holds: it runs with a short
 //! `lock_timeout`, and a unit that hits it (or a deadlock) rolls back to its savepoint
@@ -151,6 +155,34 @@ fn settle<T, E>(r: Result<(T, bool), Fail<E>>) -> (Step, Option<Result<T, E>>) {
 }
 
 impl Job {
+    /// Whether the unit's statements all go out in one round trip (its `run`, first
+    /// polled after `prepare`, sends every one of them before it waits): such units
+    /// share a wave.
+    fn one_trip(&self) -> bool {
+        match self {
+            Job::Append { args, .. } => crate::impls::append_is_one_trip(args),
+            Job::PublishMark { .. } | Job::Publish { .. } => true,
+        }
+    }
+
+    /// Prepares the statements `run` uses, so that its prepares are cache hits that do
+    /// not wait (after a connection's first batch this prepares nothing). Outside the
+    /// batch's transaction: a statement that fails to prepare (a store on an older
+    /// schema) aborts no transaction, and its unit runs alone in its savepoint, where it
+    /// meets the error again and answers with it.
+    async fn prepare(&self, client: &Object) -> bool {
+        match self {
+            Job::Append { args, .. } => {
+                crate::impls::AppendStatements::prepare::<AppendError>(client, args).await.is_ok()
+            }
+            Job::PublishMark { .. } => {
+                client.prepare_cached(crate::sql::OUTBOX_MARK_DISPATCHED).await.is_ok()
+                    && client.prepare_cached(crate::sql::QUEUE_PUBLISH).await.is_ok()
+            }
+            Job::Publish { .. } => client.prepare_cached(crate::sql::QUEUE_PUBLISH).await.is_ok(),
+        }
+    }
+
     async fn run(&mut self, tx: &Transaction<'_>) -> Step {
         match self {
             Job::Append { args, out, .. } => {
@@ -311,6 +343,14 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
     }
 }
 
+/// Runs `batch` in one transaction, in waves: a wave is the longest run of one-trip
+/// units from where the last one stopped (or one unit that needs more round trips),
+/// each unit behind a savepoint of its own, nested in the one before, and every
+/// statement of the wave sent together, so a wave costs one round trip, not one per
+/// unit. The first unit of a wave that is not kept ends it: the wave rolls back to that
+/// unit's savepoint, which undoes it and every unit after it (which ran on its
+/// effects), and the next wave starts after it. So each unit's answer is the one it
+/// would have had run one after another, as before the waves.
 async fn run_batch(
     pool: &Pool,
     conn: &mut Option<Object>,
@@ -321,23 +361,59 @@ async fn run_batch(
         *conn = Some(pool_client(pool).await?);
     }
     let Some(client) = conn.as_mut() else { return Err(StoreError::new("no PostgreSQL connection")) };
-    let tx = client.transaction().await.map_err(pg)?;
-    // Issued together with the unit's own statements: the end of the previous unit's
-    // savepoint and the start of this one's.
-    let mut pending = format!("{LOCK_TIMEOUT}; SAVEPOINT u");
-    for job in batch.iter_mut() {
-        let (pre, step) = tokio::join!(tx.batch_execute(&pending), job.run(&tx));
-        pre.map_err(pg)?;
-        steps.push(step);
-        pending = match step {
-            Step::Keep => "RELEASE u; SAVEPOINT u".to_owned(),
-            Step::Undo | Step::Defer => "ROLLBACK TO u; RELEASE u; SAVEPOINT u".to_owned(),
-        };
+    let mut shares_a_wave = Vec::with_capacity(batch.len());
+    for job in batch.iter() {
+        shares_a_wave.push(job.one_trip() && job.prepare(client).await);
     }
-    if steps.last().is_some_and(|s| *s != Step::Keep) {
-        tx.batch_execute("ROLLBACK TO u").await.map_err(pg)?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let mut prefix = format!("{LOCK_TIMEOUT}; ");
+    let mut start = 0;
+    while start < batch.len() {
+        let end = start + shares_a_wave[start..].iter().take_while(|s| **s).count().max(1);
+        let units = batch[start..end].iter_mut().enumerate().map(|(k, job)| {
+            let savepoint = format!("{}SAVEPOINT u{}", if k == 0 { prefix.as_str() } else { "" }, start + k);
+            let tx = &tx;
+            async move {
+                let (made, step) = tokio::join!(tx.batch_execute(&savepoint), job.run(tx));
+                (made, step)
+            }
+        });
+        let ran = in_order(units.collect()).await;
+        prefix.clear();
+        let mut next = end;
+        for (k, (made, step)) in ran.into_iter().enumerate() {
+            made.map_err(pg)?;
+            steps.push(step);
+            if step != Step::Keep {
+                tx.batch_execute(&format!("ROLLBACK TO u{}", start + k)).await.map_err(pg)?;
+                next = start + k + 1;
+                break;
+            }
+        }
+        start = next;
     }
     tx.commit().await.map_err(pg)
+}
+
+/// Runs `futures` to the end, polling them in their order each time: the first poll of
+/// each sends its statements, so they go out on the connection in this order.
+async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (f, out) in futures.iter_mut().zip(outs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => waiting = true,
+                }
+            }
+        }
+        if waiting { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    outs.into_iter().flatten().collect()
 }
 
 #[cfg(feature = "testing")]

@@ -188,16 +188,65 @@ pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, 
     Ok(out)
 }
 
+/// The statements an append runs, prepared (on a connection's statement cache: a hit
+/// after its first use). Only what this append runs is prepared: a store on an older
+/// schema (upgrade tests) has no summary columns until migration 9.
+pub(crate) struct AppendStatements {
+    version: Statement,
+    entries: Statement,
+    keys: Option<Statement>,
+    asks: Option<Statement>,
+    events: Statement,
+    outbox: Option<Statement>,
+    summary: Option<Statement>,
+    lock: Option<Statement>,
+    ack: Option<Statement>,
+}
+
+impl AppendStatements {
+    pub(crate) async fn prepare<E: From<StoreError>>(
+        tx: &impl deadpool_postgres::GenericClient,
+        a: &AppendArgs,
+    ) -> Result<Self, Fail<E>> {
+        let delta = SummaryDelta::of(&a.entries);
+        let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, Fail<E>> {
+            if needed { Ok(Some(tx.prepare_cached(sql).await.map_err(db)?)) } else { Ok(None) }
+        };
+        let message = a.receipt.as_deref().and_then(parse_receipt).is_some();
+        let version_sql = if a.expected_version == 0 { LOAD_CREATE } else { LOAD_ADVANCE };
+        Ok(AppendStatements {
+            version: tx.prepare_cached(version_sql).await.map_err(db)?,
+            entries: tx.prepare_cached(ENTRY_IDS_TAKEN).await.map_err(db)?,
+            keys: prepare(!a.outbox.is_empty(), OUTBOX_KEYS_TAKEN).await?,
+            asks: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_ASKS).await?,
+            events: tx.prepare_cached(EVENTS_INSERT).await.map_err(db)?,
+            outbox: prepare(!a.outbox.is_empty(), OUTBOX_INSERT).await?,
+            summary: prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?,
+            lock: prepare(message, QUEUE_LOCK_HEAD_OF_LOAD).await?,
+            ack: prepare(message, QUEUE_ACK).await?,
+        })
+    }
+}
+
+/// Whether `append_body` with `one_trip` sends all of this append's statements in one
+/// round trip: it does unless its summary needs a read of the load's asks first.
+pub(crate) fn append_is_one_trip(a: &AppendArgs) -> bool {
+    SummaryDelta::of(&a.entries).asks_unchanged()
+}
+
 /// The statements of an append (and its ack), inside the caller's transaction or
 /// savepoint. Statements whose order allows it are issued together (pipelined): the
 /// server still runs them in the order written, so the version is checked first.
 ///
 /// With `one_trip` (a unit of a committer's batch, inside its savepoint) an append
-/// whose summary needs no read of the load's asks sends every statement at once: one
-/// round trip. Its writes are only right when its checks pass; when anything else came
-/// back (a conflict, a duplicate, an error), the unit answers `Fail::Again`, its
-/// savepoint is rolled back, and it runs again alone, step by step, for the exact
-/// answer. Conflicts are rare, so the common append costs one round trip, not two.
+/// whose summary needs no read of the load's asks (`append_is_one_trip`) sends every
+/// statement at once: one round trip. Its writes are only right when its checks pass;
+/// when anything else came back (a conflict, a duplicate, an error), the unit answers
+/// `Fail::Again`, its savepoint is rolled back, and it runs again alone, step by step,
+/// for the exact answer. Conflicts are rare, so the common append costs one round trip,
+/// not two. When its statements were prepared already (`AppendStatements::prepare`),
+/// that one round trip goes out on the future's first poll, before it waits for
+/// anything: what lets a committer send several units' statements together.
 pub(crate) async fn append_body(
     tx: &Transaction<'_>,
     a: &AppendArgs,
@@ -209,29 +258,25 @@ pub(crate) async fn append_body(
     let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
     let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
     let delta = SummaryDelta::of(entries);
-    let version_sql = if expected == 0 { LOAD_CREATE } else { LOAD_ADVANCE };
-    let version_stmt = tx.prepare_cached(version_sql).await.map_err(db)?;
-    let entries_stmt = tx.prepare_cached(ENTRY_IDS_TAKEN).await.map_err(db)?;
-    // Only what this append runs is prepared: a store on an older schema (upgrade
-    // tests) has no summary columns until migration 9.
-    let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, Fail<AppendError>> {
-        if needed { Ok(Some(tx.prepare_cached(sql).await.map_err(db)?)) } else { Ok(None) }
-    };
-    let keys_stmt = prepare(!keys.is_empty(), OUTBOX_KEYS_TAKEN).await?;
-    let asks_stmt = prepare(!delta.asks_unchanged(), LOAD_SUMMARY_ASKS).await?;
+    let AppendStatements {
+        version: version_stmt,
+        entries: entries_stmt,
+        keys: keys_stmt,
+        asks: asks_stmt,
+        events: events_stmt,
+        outbox: outbox_stmt,
+        summary: summary_stmt,
+        lock: lock_stmt,
+        ack: ack_stmt,
+    } = AppendStatements::prepare(tx, a).await?;
 
     let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
     let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
     let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
     let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
     let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
-    let events_stmt = tx.prepare_cached(EVENTS_INSERT).await.map_err(db)?;
     let message = a.receipt.as_deref().and_then(parse_receipt);
     let receipt = a.receipt.as_deref().unwrap_or_default();
-    let outbox_stmt = prepare(!outbox.is_empty(), OUTBOX_INSERT).await?;
-    let summary_stmt = prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?;
-    let lock_stmt = prepare(message.is_some(), QUEUE_LOCK_HEAD_OF_LOAD).await?;
-    let ack_stmt = prepare(message.is_some(), QUEUE_ACK).await?;
     let version_params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
         if expected == 0 { vec![&lid, &new_version, &now] } else { vec![&lid, &new_version, &expected, &now] };
 

@@ -90,6 +90,43 @@ async fn a_unit_failing_in_its_savepoint_leaves_its_batch_neighbours_committed()
     assert_eq!(keys("OLD").await, vec!["OLD/o1/send_sms", "OLD/o4/send_sms"]);
 }
 
+/// A batch's units go out together, each behind its own savepoint; one that is not
+/// kept is rolled back with every unit sent after it, and those run again without its
+/// effects. (The refused one runs again alone after the batch, for its exact answer as
+/// of then.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
+    let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
+    s.append(&load("E"), vec![entry("e0")], 0, vec![], t0()).await.unwrap();
+    let answers = s
+        .append_one_batch(
+            vec![
+                // A stale version raises no error: its events (seq 6) are written
+                // beside the refused version check, and the next unit meets them.
+                unit("E", &["e1"], 5, &[]),
+                // Meets e1 as taken while the wave runs; after the rollback it is free.
+                unit("E", &["e1"], 1, &["E/e1/send_sms"]),
+                unit("E", &["e2"], 2, &[]),
+                unit("F", &["f1"], 0, &["F/f1/send_sms"]),
+            ],
+            t0(),
+        )
+        .await;
+    let answers: Vec<String> = answers
+        .into_iter()
+        .map(|a| match a {
+            Ok(v) => format!("ok {v}"),
+            Err(AppendError::ConcurrencyConflict(c)) => format!("conflict {}/{}", c.expected, c.actual),
+            Err(e) => format!("{e}"),
+        })
+        .collect();
+    assert_eq!(answers, vec!["conflict 5/3", "ok 2", "ok 3", "ok 1"]);
+    assert_eq!(log(&s, "E").await, (vec!["e0".into(), "e1".into(), "e2".into()], 3));
+    assert_eq!(log(&s, "F").await, (vec!["f1".into()], 1));
+    let ids: Vec<String> = s.rows_for_load(&load("E")).await.unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec!["E/e1/send_sms"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_waiting_for_a_lock_runs_alone_and_the_others_commit_meanwhile() {
     let (s, schema) = fresh_store(&FreshStore::default()).await.unwrap();
