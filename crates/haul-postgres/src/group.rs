@@ -21,30 +21,36 @@
 //! savepoint, and the units sent after it (which ran on its effects) run again in the
 //! next wave.
 //!
-//! A batch never waits on a lock another transaction holds: it runs with a short
-//! `lock_timeout`, and a unit that hits it (or a deadlock) rolls back to its savepoint
+//! A batch never waits on a lock another transaction holds: the committer's session
+//! runs with a short `lock_timeout` (`Session`), and a unit that hits it (or a deadlock) rolls back to its savepoint
 //! and runs again after the batch, alone in a transaction of its own, exactly as it
 //! would without grouping (waiting for the other writer's commit). So a batch is never
 //! held up by another process's writes, and two batches cannot deadlock each other.
 
 use std::sync::{Arc, OnceLock};
 
-use deadpool_postgres::{Object, Pool, Transaction};
+use deadpool_postgres::{GenericClient, Object, Pool, Transaction};
 use haul_core::ids::LoadId;
 use haul_store::{AppendError, ClaimError, NewEntry, NewOutboxRow, Published, StoreError};
 use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
 
+use crate::impls::{AppendStatements, PublishMarkStatements};
 use crate::{pg, pool_client};
 
 /// Units per transaction at most: bounds what one failed commit takes down and how
 /// long the batch's first unit waits.
 pub const MAX_BATCH: usize = 64;
+// Each unit's savepoint that writes takes a subtransaction id, and a session keeps 64
+// of them in shared memory; beyond that every snapshot in the server gets slower.
+const _: () = assert!(MAX_BATCH <= 64, "more units than a session's cached subtransaction ids");
 /// Units waiting for a committer at most; callers wait beyond it.
 const QUEUE_LEN: usize = 4096;
-/// How long a batch's statement may wait for a row lock before its unit is put off to
-/// run alone.
-const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '20ms'";
+/// How long a batch's statement (or a committer's prepare) may wait for a lock before
+/// its unit is put off to run alone: set on the committer's session, which therefore
+/// never goes back to the pool (`Session`).
+const LOCK_TIMEOUT: &str = "SET lock_timeout = '20ms'";
 
 /// Why a unit's statements stopped.
 pub(crate) enum Fail<E> {
@@ -154,10 +160,17 @@ fn settle<T, E>(r: Result<(T, bool), Fail<E>>) -> (Step, Option<Result<T, E>>) {
     }
 }
 
+/// A unit's statements, prepared before its batch's transaction began.
+enum Prepared {
+    Append(AppendStatements),
+    PublishMark(PublishMarkStatements),
+    Publish(Statement),
+}
+
 impl Job {
-    /// Whether the unit's statements all go out in one round trip (its `run`, first
-    /// polled after `prepare`, sends every one of them before it waits): such units
-    /// share a wave.
+    /// Whether the unit's statements all go out in one round trip: such units share a
+    /// wave. Its `run`, given them prepared, sends every one of them on its first poll,
+    /// before it waits for anything.
     fn one_trip(&self) -> bool {
         match self {
             Job::Append { args, .. } => crate::impls::append_is_one_trip(args),
@@ -165,35 +178,45 @@ impl Job {
         }
     }
 
-    /// Prepares the statements `run` uses, so that its prepares are cache hits that do
-    /// not wait (after a connection's first batch this prepares nothing). Outside the
-    /// batch's transaction: a statement that fails to prepare (a store on an older
-    /// schema) aborts no transaction, and its unit runs alone in its savepoint, where it
-    /// meets the error again and answers with it.
-    async fn prepare(&self, client: &Object) -> bool {
-        match self {
-            Job::Append { args, .. } => {
-                crate::impls::AppendStatements::prepare::<AppendError>(client, args).await.is_ok()
-            }
-            Job::PublishMark { .. } => {
-                client.prepare_cached(crate::sql::OUTBOX_MARK_DISPATCHED).await.is_ok()
-                    && client.prepare_cached(crate::sql::QUEUE_PUBLISH).await.is_ok()
-            }
-            Job::Publish { .. } => client.prepare_cached(crate::sql::QUEUE_PUBLISH).await.is_ok(),
-        }
+    /// Prepares the statements `run` sends (a cache hit on a connection that ran the
+    /// unit's kind before: no round trip).
+    async fn prepare(&self, client: &impl GenericClient) -> Result<Prepared, tokio_postgres::Error> {
+        Ok(match self {
+            Job::Append { args, .. } => Prepared::Append(AppendStatements::prepare(client, args).await?),
+            Job::PublishMark { .. } => Prepared::PublishMark(PublishMarkStatements::prepare(client).await?),
+            Job::Publish { .. } => Prepared::Publish(client.prepare_cached(crate::sql::QUEUE_PUBLISH).await?),
+        })
     }
 
-    async fn run(&mut self, tx: &Transaction<'_>) -> Step {
+    /// Runs the unit in `tx` (inside its savepoint), with its statements as prepared
+    /// before the transaction; when that failed (`None`), it prepares them now: such a
+    /// unit is alone in its wave, and meets the error again as its own answer.
+    async fn run(&mut self, tx: &Transaction<'_>, prepared: Option<Prepared>) -> Step {
         match self {
             Job::Append { args, out, .. } => {
-                let (step, o) = settle(crate::impls::append_body(tx, args, true).await.map(|v| (v, true)));
+                let r = match prepared {
+                    Some(Prepared::Append(statements)) => Ok(statements),
+                    _ => AppendStatements::prepare(tx, args).await.map_err(db),
+                };
+                let r = match r {
+                    Ok(statements) => crate::impls::append_body(tx, args, statements, true).await,
+                    Err(f) => Err(f),
+                };
+                let (step, o) = settle(r.map(|v| (v, true)));
                 *out = o;
                 step
             }
             Job::PublishMark { args, out, .. } => {
+                let r = match prepared {
+                    Some(Prepared::PublishMark(statements)) => Ok(statements),
+                    _ => PublishMarkStatements::prepare(tx).await.map_err(db),
+                };
+                let r = match r {
+                    Ok(statements) => crate::impls::publish_mark_body(tx, &statements, args).await,
+                    Err(f) => Err(f),
+                };
                 // The publish stands even when the mark finds its claim stale, as it
                 // would have as a step of its own: the savepoint is kept either way.
-                let r = crate::impls::publish_mark_body(tx, args).await;
                 let (step, o) = match r {
                     Ok(answer) => (Step::Keep, Some(answer)),
                     Err(f) => settle::<Published, ClaimError>(Err(f)),
@@ -202,11 +225,30 @@ impl Job {
                 step
             }
             Job::Publish { args, out, .. } => {
-                let r = crate::impls::publish_in(tx, &args.load_id, &args.event_id, &args.body, args.now).await;
+                let r = match prepared {
+                    Some(Prepared::Publish(statement)) => Ok(statement),
+                    _ => tx.prepare_cached(crate::sql::QUEUE_PUBLISH).await.map_err(db),
+                };
+                let r = match r {
+                    Ok(publish) => {
+                        crate::impls::publish_in(tx, &publish, &args.load_id, &args.event_id, &args.body, args.now)
+                            .await
+                    }
+                    Err(f) => Err(f),
+                };
                 let (step, o) = settle(r.map(|p| (p, true)));
                 *out = o;
                 step
             }
+        }
+    }
+
+    /// Drops the answer of a run whose wave rolled it back: it runs again.
+    fn forget(&mut self) {
+        match self {
+            Job::Append { out, .. } => *out = None,
+            Job::PublishMark { out, .. } => *out = None,
+            Job::Publish { out, .. } => *out = None,
         }
     }
 
@@ -312,8 +354,39 @@ impl Group {
     }
 }
 
+/// A committer's connection. Its session has `LOCK_TIMEOUT`, so it is closed, never
+/// handed back to the pool, when the committer drops it (after an error, at the end, in
+/// a panic's unwinding).
+#[derive(Default)]
+pub(crate) struct Session(Option<Object>);
+
+impl Session {
+    async fn client(&mut self, pool: &Pool) -> Result<&mut Object, StoreError> {
+        if self.0.is_none() {
+            let client = pool_client(pool).await?;
+            let set = client.batch_execute(LOCK_TIMEOUT).await;
+            // Closed, not pooled, whatever the answer.
+            self.0 = Some(client);
+            set.map_err(pg)?;
+        }
+        self.0.as_mut().ok_or_else(|| StoreError::new("no PostgreSQL connection"))
+    }
+
+    fn close(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(Object::take(c));
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
-    let mut conn: Option<Object> = None;
+    let mut conn = Session::default();
     loop {
         let mut batch = {
             let mut rx = rx.lock().await;
@@ -331,9 +404,7 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
         let commit = run_batch(&pool, &mut conn, &mut batch, &mut steps).await;
         if commit.is_err() {
             // A lost or confused session: close it; the next batch connects afresh.
-            if let Some(c) = conn.take() {
-                drop(Object::take(c));
-            }
+            conn.close();
         }
         let mut steps = steps.into_iter();
         for job in batch {
@@ -348,49 +419,59 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
 /// each unit behind a savepoint of its own, nested in the one before, and every
 /// statement of the wave sent together, so a wave costs one round trip, not one per
 /// unit. The first unit of a wave that is not kept ends it: the wave rolls back to that
-/// unit's savepoint, which undoes it and every unit after it (which ran on its
-/// effects), and the next wave starts after it. So each unit's answer is the one it
-/// would have had run one after another, as before the waves.
+/// unit's savepoint (sent with the next wave, or with the `COMMIT`), which undoes it and
+/// every unit after it (they ran on its effects), and the next wave starts after it.
+/// So each unit's answer is the one it would have had run one after another.
+///
+/// The statements are prepared before `BEGIN`: each unit's future then sends all of its
+/// statements on its first poll, and `in_order` polls them in the batch's order. A unit
+/// whose statements fail to prepare (a store on an older schema) aborts no transaction:
+/// it runs alone in its wave, and meets the error again as its answer.
 async fn run_batch(
     pool: &Pool,
-    conn: &mut Option<Object>,
+    conn: &mut Session,
     batch: &mut [Job],
     steps: &mut Vec<Step>,
 ) -> Result<(), StoreError> {
-    if conn.is_none() {
-        *conn = Some(pool_client(pool).await?);
-    }
-    let Some(client) = conn.as_mut() else { return Err(StoreError::new("no PostgreSQL connection")) };
-    let mut shares_a_wave = Vec::with_capacity(batch.len());
+    let client = conn.client(pool).await?;
+    let mut prepared = Vec::with_capacity(batch.len());
     for job in batch.iter() {
-        shares_a_wave.push(job.one_trip() && job.prepare(client).await);
+        prepared.push(job.prepare(&*client).await.ok());
     }
     let tx = client.transaction().await.map_err(pg)?;
-    let mut prefix = format!("{LOCK_TIMEOUT}; ");
+    // Sent in front of the next wave's first statement: the last wave's rollback.
+    let mut prefix = String::new();
     let mut start = 0;
     while start < batch.len() {
-        let end = start + shares_a_wave[start..].iter().take_while(|s| **s).count().max(1);
-        let units = batch[start..end].iter_mut().enumerate().map(|(k, job)| {
-            let savepoint = format!("{}SAVEPOINT u{}", if k == 0 { prefix.as_str() } else { "" }, start + k);
-            let tx = &tx;
-            async move {
-                let (made, step) = tokio::join!(tx.batch_execute(&savepoint), job.run(tx));
-                (made, step)
-            }
-        });
+        let shares = |k: usize| batch[k].one_trip() && prepared[k].is_some();
+        let end = start + (start..batch.len()).take_while(|&k| shares(k)).count().max(1);
+        let units = batch[start..end].iter_mut().zip(prepared[start..end].iter_mut()).enumerate().map(
+            |(k, (job, statements))| {
+                let savepoint = format!("{}SAVEPOINT u{}", if k == 0 { prefix.as_str() } else { "" }, start + k);
+                let (tx, statements) = (&tx, statements.take());
+                async move { tokio::join!(tx.batch_execute(&savepoint), job.run(tx, statements)) }
+            },
+        );
         let ran = in_order(units.collect()).await;
         prefix.clear();
         let mut next = end;
         for (k, (made, step)) in ran.into_iter().enumerate() {
+            if next != end {
+                // Sent after the unit not kept: rolled back, it runs again.
+                batch[start + k].forget();
+                continue;
+            }
             made.map_err(pg)?;
             steps.push(step);
             if step != Step::Keep {
-                tx.batch_execute(&format!("ROLLBACK TO u{}", start + k)).await.map_err(pg)?;
+                prefix = format!("ROLLBACK TO u{}; ", start + k);
                 next = start + k + 1;
-                break;
             }
         }
         start = next;
+    }
+    if !prefix.is_empty() {
+        tx.batch_execute(&prefix).await.map_err(pg)?;
     }
     tx.commit().await.map_err(pg)
 }
@@ -435,7 +516,7 @@ impl crate::PgStore {
             batch.push(Job::Append { args, out: None, reply });
             answers.push(rx);
         }
-        let (mut conn, mut steps) = (None, Vec::new());
+        let (mut conn, mut steps) = (Session::default(), Vec::new());
         let commit = run_batch(&self.pool, &mut conn, &mut batch, &mut steps).await;
         for (job, step) in batch.into_iter().zip(steps.into_iter().map(Some).chain(std::iter::repeat(None))) {
             job.finish(&commit, step == Some(Step::Defer), &self.pool);

@@ -183,7 +183,8 @@ impl PgStore {
 pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, bool), AppendError> {
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
-    let out = append_body(&tx, args, false).await.map_err(Fail::into_err)?;
+    let statements = AppendStatements::prepare(&tx, args).await.map_err(pg)?;
+    let out = append_body(&tx, args, statements, false).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     Ok(out)
 }
@@ -204,22 +205,22 @@ pub(crate) struct AppendStatements {
 }
 
 impl AppendStatements {
-    pub(crate) async fn prepare<E: From<StoreError>>(
+    pub(crate) async fn prepare(
         tx: &impl deadpool_postgres::GenericClient,
         a: &AppendArgs,
-    ) -> Result<Self, Fail<E>> {
+    ) -> Result<Self, tokio_postgres::Error> {
         let delta = SummaryDelta::of(&a.entries);
-        let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, Fail<E>> {
-            if needed { Ok(Some(tx.prepare_cached(sql).await.map_err(db)?)) } else { Ok(None) }
+        let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, tokio_postgres::Error> {
+            if needed { Ok(Some(tx.prepare_cached(sql).await?)) } else { Ok(None) }
         };
         let message = a.receipt.as_deref().and_then(parse_receipt).is_some();
         let version_sql = if a.expected_version == 0 { LOAD_CREATE } else { LOAD_ADVANCE };
         Ok(AppendStatements {
-            version: tx.prepare_cached(version_sql).await.map_err(db)?,
-            entries: tx.prepare_cached(ENTRY_IDS_TAKEN).await.map_err(db)?,
+            version: tx.prepare_cached(version_sql).await?,
+            entries: tx.prepare_cached(ENTRY_IDS_TAKEN).await?,
             keys: prepare(!a.outbox.is_empty(), OUTBOX_KEYS_TAKEN).await?,
             asks: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_ASKS).await?,
-            events: tx.prepare_cached(EVENTS_INSERT).await.map_err(db)?,
+            events: tx.prepare_cached(EVENTS_INSERT).await?,
             outbox: prepare(!a.outbox.is_empty(), OUTBOX_INSERT).await?,
             summary: prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?,
             lock: prepare(message, QUEUE_LOCK_HEAD_OF_LOAD).await?,
@@ -229,27 +230,31 @@ impl AppendStatements {
 }
 
 /// Whether `append_body` with `one_trip` sends all of this append's statements in one
-/// round trip: it does unless its summary needs a read of the load's asks first.
+/// round trip (the one predicate both it and the committer's waves go by): unless its
+/// summary needs a read of the load's asks first, or the call repeats an entry id or an
+/// action key (answered step by step, with the exact error).
 pub(crate) fn append_is_one_trip(a: &AppendArgs) -> bool {
     SummaryDelta::of(&a.entries).asks_unchanged()
+        && check_entry_ids_distinct(&a.load_id, &a.entries).is_ok()
+        && check_keys_distinct(&a.outbox).is_ok()
 }
 
 /// The statements of an append (and its ack), inside the caller's transaction or
 /// savepoint. Statements whose order allows it are issued together (pipelined): the
 /// server still runs them in the order written, so the version is checked first.
 ///
-/// With `one_trip` (a unit of a committer's batch, inside its savepoint) an append
-/// whose summary needs no read of the load's asks (`append_is_one_trip`) sends every
-/// statement at once: one round trip. Its writes are only right when its checks pass;
-/// when anything else came back (a conflict, a duplicate, an error), the unit answers
-/// `Fail::Again`, its savepoint is rolled back, and it runs again alone, step by step,
-/// for the exact answer. Conflicts are rare, so the common append costs one round trip,
-/// not two. When its statements were prepared already (`AppendStatements::prepare`),
-/// that one round trip goes out on the future's first poll, before it waits for
-/// anything: what lets a committer send several units' statements together.
+/// With `one_trip` (a unit of a committer's batch, inside its savepoint) an append for
+/// which `append_is_one_trip` holds sends every statement at once: one round trip. Its
+/// writes are only right when its checks pass; when anything else came back (a
+/// conflict, a duplicate, an error), the unit answers `Fail::Again`, its savepoint is
+/// rolled back, and it runs again alone, step by step, for the exact answer. Conflicts
+/// are rare, so the common append costs one round trip, not two. The statements come
+/// prepared, so that round trip goes out on the future's first poll, before it waits
+/// for anything: what lets a committer send several units' statements together.
 pub(crate) async fn append_body(
     tx: &Transaction<'_>,
     a: &AppendArgs,
+    statements: AppendStatements,
     one_trip: bool,
 ) -> Result<(u64, bool), Fail<AppendError>> {
     let (lid, now, entries, outbox) = (a.load_id.as_str(), a.now, &a.entries, &a.outbox);
@@ -268,7 +273,7 @@ pub(crate) async fn append_body(
         summary: summary_stmt,
         lock: lock_stmt,
         ack: ack_stmt,
-    } = AppendStatements::prepare(tx, a).await?;
+    } = statements;
 
     let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
     let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
@@ -312,10 +317,7 @@ pub(crate) async fn append_body(
         _ => Ok(0),
     };
 
-    if one_trip && asks_stmt.is_none() {
-        if check_entry_ids_distinct(&a.load_id, entries).is_err() || check_keys_distinct(outbox).is_err() {
-            return Err(Fail::Again);
-        }
+    if one_trip && append_is_one_trip(a) {
         let (won, entry_taken, key_taken, inserted, outboxed, summarized, acked) = tokio::join!(
             take_version(),
             find_taken_entry(),
@@ -394,18 +396,35 @@ pub(crate) async fn append_body(
     Ok((new_version as u64, acked.map_err(db)? == 1))
 }
 
+/// The statements of a publish-and-mark, prepared.
+pub(crate) struct PublishMarkStatements {
+    publish: Statement,
+    mark: Statement,
+}
+
+impl PublishMarkStatements {
+    pub(crate) async fn prepare(c: &impl deadpool_postgres::GenericClient) -> Result<Self, tokio_postgres::Error> {
+        Ok(PublishMarkStatements {
+            publish: c.prepare_cached(QUEUE_PUBLISH).await?,
+            mark: c.prepare_cached(OUTBOX_MARK_DISPATCHED).await?,
+        })
+    }
+}
+
 /// Publishes an outcome and marks its row, in the caller's transaction or savepoint:
 /// the answer is the publish, or the mark's stale claim (the publish stands either way).
 pub(crate) async fn publish_mark_body(
     tx: &Transaction<'_>,
+    statements: &PublishMarkStatements,
     a: &PublishMarkArgs,
 ) -> Result<Result<Published, ClaimError>, Fail<ClaimError>> {
-    let mark = tx.prepare_cached(OUTBOX_MARK_DISPATCHED).await.map_err(db)?;
     let lid = outbox_key_load(&a.id);
-    // The mark is issued behind the publish's statements, in the same round trip.
-    let (published, n) = tokio::join!(publish_in::<ClaimError>(tx, &a.load_id, &a.event_id, &a.body, a.now), async {
-        tx.execute(&mark, &[&lid, &a.id, &a.token, &a.receipt, &a.now]).await
-    },);
+    // The mark is issued behind the publish, in the same round trip.
+    let mark: Params = &[&lid, &a.id, &a.token, &a.receipt, &a.now];
+    let (published, n) = tokio::join!(
+        publish_in::<ClaimError>(tx, &statements.publish, &a.load_id, &a.event_id, &a.body, a.now),
+        tx.execute(&statements.mark, mark),
+    );
     let published = published?;
     if n.map_err(db)? == 1 { Ok(Ok(published)) } else { Ok(Err(StaleClaimError { outbox_id: a.id.clone() }.into())) }
 }
@@ -414,8 +433,10 @@ pub(crate) async fn publish_mark_body(
 pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Published, StoreError> {
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
-    let published =
-        publish_in::<StoreError>(&tx, &a.load_id, &a.event_id, &a.body, a.now).await.map_err(Fail::into_err)?;
+    let publish = tx.prepare_cached(QUEUE_PUBLISH).await.map_err(pg)?;
+    let published = publish_in::<StoreError>(&tx, &publish, &a.load_id, &a.event_id, &a.body, a.now)
+        .await
+        .map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     Ok(published)
 }
@@ -424,7 +445,8 @@ pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Publish
 pub(crate) async fn publish_mark_solo(pool: &Pool, args: &PublishMarkArgs) -> Result<Published, ClaimError> {
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
-    let out = publish_mark_body(&tx, args).await.map_err(Fail::into_err)?;
+    let statements = PublishMarkStatements::prepare(&tx).await.map_err(pg)?;
+    let out = publish_mark_body(&tx, &statements, args).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     out
 }
@@ -704,14 +726,14 @@ async fn lock_head<E: From<StoreError>>(tx: &Transaction<'_>, message_id: i64) -
 /// Publishes inside `tx`: the message and, when its load's head is empty, the head.
 pub(crate) async fn publish_in<E: From<StoreError>>(
     tx: &Transaction<'_>,
+    publish: &Statement,
     lid: &str,
     event_id: &str,
     body: &str,
     now: i64,
 ) -> Result<Published, Fail<E>> {
-    let publish = tx.prepare_cached(QUEUE_PUBLISH).await.map_err(db)?;
     // The head's upsert locks its row, so a publish serializes with an ack moving it.
-    match tx.query_opt(&publish, &[&lid, &event_id, &body, &now]).await.map_err(db)? {
+    match tx.query_opt(publish, &[&lid, &event_id, &body, &now]).await.map_err(db)? {
         Some(_) => Ok(Published::New),
         None => Ok(Published::Duplicate),
     }
