@@ -22,9 +22,10 @@
 //! next wave.
 //!
 //! A batch never waits on a lock another transaction holds: the committer's session
-//! runs with a short `lock_timeout` (`Session`), and a unit that hits it (or a deadlock) rolls back to its savepoint
-//! and runs again after the batch, alone in a transaction of its own, exactly as it
-//! would without grouping (waiting for the other writer's commit). So a batch is never
+//! runs with a short `lock_timeout` (`Session`), and a unit that hits it (or a
+//! deadlock) rolls back to its savepoint and runs again after the batch, alone in a
+//! transaction of its own, exactly as it would without grouping (waiting for the other
+//! writer's commit). So a batch is never
 //! held up by another process's writes, and two batches cannot deadlock each other.
 
 use std::sync::{Arc, OnceLock};
@@ -161,6 +162,7 @@ fn settle<T, E>(r: Result<(T, bool), Fail<E>>) -> (Step, Option<Result<T, E>>) {
 }
 
 /// A unit's statements, prepared before its batch's transaction began.
+#[derive(Clone)]
 enum Prepared {
     Append(AppendStatements),
     PublishMark(PublishMarkStatements),
@@ -438,20 +440,21 @@ async fn run_batch(
     for job in batch.iter() {
         prepared.push(job.prepare(&*client).await.ok());
     }
+    // A unit that failed to prepare runs alone: its statements would go out late.
+    let shares: Vec<bool> = batch.iter().zip(&prepared).map(|(job, p)| job.one_trip() && p.is_some()).collect();
     let tx = client.transaction().await.map_err(pg)?;
     // Sent in front of the next wave's first statement: the last wave's rollback.
     let mut prefix = String::new();
     let mut start = 0;
     while start < batch.len() {
-        let shares = |k: usize| batch[k].one_trip() && prepared[k].is_some();
-        let end = start + (start..batch.len()).take_while(|&k| shares(k)).count().max(1);
-        let units = batch[start..end].iter_mut().zip(prepared[start..end].iter_mut()).enumerate().map(
-            |(k, (job, statements))| {
+        let end = start + shares[start..].iter().take_while(|s| **s).count().max(1);
+        // Cloned, not taken: a unit rolled back with its wave runs again, with them.
+        let units =
+            batch[start..end].iter_mut().zip(&prepared[start..end]).enumerate().map(|(k, (job, statements))| {
                 let savepoint = format!("{}SAVEPOINT u{}", if k == 0 { prefix.as_str() } else { "" }, start + k);
-                let (tx, statements) = (&tx, statements.take());
+                let (tx, statements) = (&tx, statements.clone());
                 async move { tokio::join!(tx.batch_execute(&savepoint), job.run(tx, statements)) }
-            },
-        );
+            });
         let ran = in_order(units.collect()).await;
         prefix.clear();
         let mut next = end;

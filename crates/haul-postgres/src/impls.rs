@@ -192,6 +192,7 @@ pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, 
 /// The statements an append runs, prepared (on a connection's statement cache: a hit
 /// after its first use). Only what this append runs is prepared: a store on an older
 /// schema (upgrade tests) has no summary columns until migration 9.
+#[derive(Clone)]
 pub(crate) struct AppendStatements {
     version: Statement,
     entries: Statement,
@@ -397,6 +398,7 @@ pub(crate) async fn append_body(
 }
 
 /// The statements of a publish-and-mark, prepared.
+#[derive(Clone)]
 pub(crate) struct PublishMarkStatements {
     publish: Statement,
     mark: Statement,
