@@ -33,11 +33,30 @@ async fn log(s: &impl EventStore, l: &str) -> (Vec<String>, u64) {
     (records.into_iter().map(|r| r.entry_id).collect(), version)
 }
 
+/// The ids of a load's outbox rows.
+async fn keys(s: &impl Outbox, l: &str) -> Vec<String> {
+    s.rows_for_load(&load(l)).await.unwrap().into_iter().map(|r| r.id).collect()
+}
+
+/// A batch's answers, one line each.
+fn answers(answers: &[Result<u64, AppendError>]) -> Vec<String> {
+    answers
+        .iter()
+        .map(|a| match a {
+            Ok(v) => format!("ok {v}"),
+            Err(AppendError::ConcurrencyConflict(c)) => format!("conflict {}/{}", c.expected, c.actual),
+            Err(AppendError::DuplicateEntry(d)) => format!("duplicate entry {}", d.entry_id),
+            Err(AppendError::DuplicateActionKey(d)) => format!("duplicate key {}", d.key),
+            Err(AppendError::Store(e)) => format!("store {e}"),
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unit_failing_in_its_savepoint_leaves_its_batch_neighbours_committed() {
     let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
     s.append(&load("OLD"), vec![entry("o1")], 0, vec![row("OLD/o1/send_sms")], t0()).await.unwrap();
-    let answers = s
+    let batch = s
         .append_one_batch(
             vec![
                 unit("A", &["a1", "a2"], 0, &["A/a1/send_sms"]),
@@ -52,18 +71,8 @@ async fn a_unit_failing_in_its_savepoint_leaves_its_batch_neighbours_committed()
             t0(),
         )
         .await;
-    let kinds: Vec<String> = answers
-        .iter()
-        .map(|a| match a {
-            Ok(v) => format!("ok {v}"),
-            Err(AppendError::ConcurrencyConflict(c)) => format!("conflict {}/{}", c.expected, c.actual),
-            Err(AppendError::DuplicateEntry(d)) => format!("duplicate entry {}", d.entry_id),
-            Err(AppendError::DuplicateActionKey(d)) => format!("duplicate key {}", d.key),
-            Err(AppendError::Store(e)) => format!("store {e}"),
-        })
-        .collect();
     assert_eq!(
-        kinds,
+        answers(&batch),
         vec![
             "ok 2",
             "conflict 5/1",
@@ -81,13 +90,9 @@ async fn a_unit_failing_in_its_savepoint_leaves_its_batch_neighbours_committed()
     assert_eq!(log(&s, "B").await, (vec!["b1".into()], 1));
     assert_eq!(log(&s, "C").await, (vec![], 0));
     assert_eq!(log(&s, "OLD").await, (vec!["o1".into(), "o4".into()], 2));
-    let keys = |l: &'static str| {
-        let s = &s;
-        async move { s.rows_for_load(&load(l)).await.unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>() }
-    };
-    assert_eq!(keys("A").await, vec!["A/a1/send_sms"]);
-    assert_eq!(keys("D").await, vec!["D/d1/send_sms"]);
-    assert_eq!(keys("OLD").await, vec!["OLD/o1/send_sms", "OLD/o4/send_sms"]);
+    assert_eq!(keys(&s, "A").await, vec!["A/a1/send_sms"]);
+    assert_eq!(keys(&s, "D").await, vec!["D/d1/send_sms"]);
+    assert_eq!(keys(&s, "OLD").await, vec!["OLD/o1/send_sms", "OLD/o4/send_sms"]);
 }
 
 /// A batch's units go out together, each behind its own savepoint; one that is not
@@ -98,7 +103,7 @@ async fn a_unit_failing_in_its_savepoint_leaves_its_batch_neighbours_committed()
 async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
     let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
     s.append(&load("E"), vec![entry("e0")], 0, vec![], t0()).await.unwrap();
-    let answers = s
+    let batch = s
         .append_one_batch(
             vec![
                 // A stale version raises no error: its events (seq 6) are written
@@ -112,19 +117,10 @@ async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
             t0(),
         )
         .await;
-    let answers: Vec<String> = answers
-        .into_iter()
-        .map(|a| match a {
-            Ok(v) => format!("ok {v}"),
-            Err(AppendError::ConcurrencyConflict(c)) => format!("conflict {}/{}", c.expected, c.actual),
-            Err(e) => format!("{e}"),
-        })
-        .collect();
-    assert_eq!(answers, vec!["conflict 5/3", "ok 2", "ok 3", "ok 1"]);
+    assert_eq!(answers(&batch), vec!["conflict 5/3", "ok 2", "ok 3", "ok 1"]);
     assert_eq!(log(&s, "E").await, (vec!["e0".into(), "e1".into(), "e2".into()], 3));
     assert_eq!(log(&s, "F").await, (vec!["f1".into()], 1));
-    let ids: Vec<String> = s.rows_for_load(&load("E")).await.unwrap().into_iter().map(|r| r.id).collect();
-    assert_eq!(ids, vec!["E/e1/send_sms"]);
+    assert_eq!(keys(&s, "E").await, vec!["E/e1/send_sms"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
