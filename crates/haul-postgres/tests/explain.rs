@@ -282,3 +282,49 @@ async fn every_hot_query_is_served_by_an_index() {
     }
     assert!(failures.is_empty(), "{} plan(s) without an index:\n{}", failures.len(), failures.join("\n\n"));
 }
+
+/// The claim and the receive take a few rows by `LIMIT` and join them back to their
+/// table by key. Under a generic plan that `LIMIT` is a parameter the planner guesses
+/// at a tenth of the candidates, and on an outbox of some thousands of rows it chose to
+/// hash the whole table (a `Seq Scan` of every partition per claim). Here the tables are
+/// large enough for that, analyzed, with sequential scans allowed, and the plans are
+/// the generic ones of the sessions the store runs these statements on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_and_the_receive_join_by_key_on_large_tables() {
+    let options = FreshStore { pool_size: 4, ..FreshStore::default() };
+    let (s, schema) = fresh_store(&options).await.unwrap();
+    let client = client_in_schema(&options.url, &schema).await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at)
+               SELECT 'L' || i || '/a', 'L' || i, 'send_sms', '{}', 'pending', 1000 + i, 1000, 1000
+               FROM generate_series(1, 20000) i;
+             INSERT INTO queue (load_id, event_id, body, enqueued_at, acked_at)
+               SELECT 'L' || i, 'e' || i, '{}', 1000, CASE WHEN i > 200 THEN 1001 END
+               FROM generate_series(1, 20000) i;
+             INSERT INTO queue_heads (load_id, message_id, visible_at)
+               SELECT load_id, CASE WHEN acked_at IS NULL THEN id END, 1000 FROM queue;
+             ANALYZE outbox, queue, queue_heads;",
+        )
+        .await
+        .unwrap();
+    let session = s.lease_session().await.unwrap();
+    let mut failures = Vec::new();
+    for (name, sql, args) in [
+        ("claim", OUTBOX_CLAIM, "'t', 2000000::bigint, 1000000::bigint, 8::bigint"),
+        ("receive", QUEUE_RECEIVE, "1000000::bigint, 8::bigint, 2000000::bigint, 't'"),
+    ] {
+        session.batch_execute(&format!("PREPARE haul_lease_{name} AS {sql}")).await.unwrap();
+        let explain =
+            session.query_one(&format!("EXPLAIN (FORMAT JSON) EXECUTE haul_lease_{name}({args})"), &[]).await.unwrap();
+        session.batch_execute(&format!("DEALLOCATE haul_lease_{name}")).await.unwrap();
+        let Json(text) = explain.get(0);
+        let plan: Value = serde_json::from_str(&text).unwrap();
+        let mut all = Vec::new();
+        nodes(&plan[0]["Plan"], &mut all);
+        if all.iter().any(|(node, _)| matches!(node.as_str(), "Seq Scan" | "Hash Join" | "Merge Join")) {
+            failures.push(format!("{name}: {all:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "joined by scanning a table:\n{}", failures.join("\n"));
+}
