@@ -30,7 +30,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use deadpool_postgres::{GenericClient, Object, Pool, Transaction};
+use deadpool_postgres::{GenericClient, Object, Pool};
 use haul_core::ids::LoadId;
 use haul_store::{AppendError, ClaimError, NewEntry, NewOutboxRow, Published, StoreError};
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -193,7 +193,7 @@ impl Job {
     /// Runs the unit in `tx` (inside its savepoint), with its statements as prepared
     /// before the transaction; when that failed (`None`), it prepares them now: such a
     /// unit is alone in its wave, and meets the error again as its own answer.
-    async fn run(&mut self, tx: &Transaction<'_>, prepared: Option<Prepared>) -> Step {
+    async fn run(&mut self, tx: &impl GenericClient, prepared: Option<Prepared>) -> Step {
         match self {
             Job::Append { args, out, .. } => {
                 let r = match prepared {
@@ -425,6 +425,9 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
 /// every unit after it (they ran on its effects), and the next wave starts after it.
 /// So each unit's answer is the one it would have had run one after another.
 ///
+/// The `BEGIN` goes out with the first wave and the `COMMIT` with the last rollback, so
+/// a batch of one wave takes two round trips: its statements, then the commit.
+///
 /// The statements are prepared before `BEGIN`: each unit's future then sends all of its
 /// statements on its first poll, and `in_order` polls them in the batch's order. A unit
 /// whose statements fail to prepare (a store on an older schema) aborts no transaction:
@@ -442,9 +445,11 @@ async fn run_batch(
     }
     // A unit that failed to prepare runs alone: its statements would go out late.
     let shares: Vec<bool> = batch.iter().zip(&prepared).map(|(job, p)| job.one_trip() && p.is_some()).collect();
-    let tx = client.transaction().await.map_err(pg)?;
-    // Sent in front of the next wave's first statement: the last wave's rollback.
-    let mut prefix = String::new();
+    // Sent in front of the next wave's first statement: the `BEGIN`, then the last
+    // wave's rollback. Every error below ends the batch and closes the session, which
+    // rolls back what it began.
+    let tx: &Object = client;
+    let mut prefix = String::from("BEGIN; ");
     let mut start = 0;
     while start < batch.len() {
         let end = start + shares[start..].iter().take_while(|s| **s).count().max(1);
@@ -452,7 +457,7 @@ async fn run_batch(
         let units =
             batch[start..end].iter_mut().zip(&prepared[start..end]).enumerate().map(|(k, (job, statements))| {
                 let savepoint = format!("{}SAVEPOINT u{}", if k == 0 { prefix.as_str() } else { "" }, start + k);
-                let (tx, statements) = (&tx, statements.clone());
+                let statements = statements.clone();
                 async move { tokio::join!(tx.batch_execute(&savepoint), job.run(tx, statements)) }
             });
         let ran = in_order(units.collect()).await;
@@ -473,10 +478,8 @@ async fn run_batch(
         }
         start = next;
     }
-    if !prefix.is_empty() {
-        tx.batch_execute(&prefix).await.map_err(pg)?;
-    }
-    tx.commit().await.map_err(pg)
+    prefix.push_str("COMMIT");
+    tx.batch_execute(&prefix).await.map_err(pg)
 }
 
 /// Runs `futures` to the end, polling them in their order each time: the first poll of

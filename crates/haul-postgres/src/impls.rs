@@ -30,7 +30,7 @@ use tokio_postgres::{Row, Statement};
 use crate::group::{AppendArgs, Fail, PublishArgs, PublishMarkArgs, db};
 use crate::sql::*;
 use crate::{PgStore, pg, pool_client};
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::{GenericClient, Pool, Transaction};
 
 /// Column `index` of a row: a value of another type, or a NULL where `T` has none, is a
 /// corrupt row (`Row::get` would panic on either, taking the worker down with it).
@@ -206,10 +206,7 @@ pub(crate) struct AppendStatements {
 }
 
 impl AppendStatements {
-    pub(crate) async fn prepare(
-        tx: &impl deadpool_postgres::GenericClient,
-        a: &AppendArgs,
-    ) -> Result<Self, tokio_postgres::Error> {
+    pub(crate) async fn prepare(tx: &impl GenericClient, a: &AppendArgs) -> Result<Self, tokio_postgres::Error> {
         let delta = SummaryDelta::of(&a.entries);
         let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, tokio_postgres::Error> {
             if needed { Ok(Some(tx.prepare_cached(sql).await?)) } else { Ok(None) }
@@ -253,7 +250,7 @@ pub(crate) fn append_is_one_trip(a: &AppendArgs) -> bool {
 /// prepared, so that round trip goes out on the future's first poll, before it waits
 /// for anything: what lets a committer send several units' statements together.
 pub(crate) async fn append_body(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     a: &AppendArgs,
     statements: AppendStatements,
     one_trip: bool,
@@ -405,7 +402,7 @@ pub(crate) struct PublishMarkStatements {
 }
 
 impl PublishMarkStatements {
-    pub(crate) async fn prepare(c: &impl deadpool_postgres::GenericClient) -> Result<Self, tokio_postgres::Error> {
+    pub(crate) async fn prepare(c: &impl GenericClient) -> Result<Self, tokio_postgres::Error> {
         Ok(PublishMarkStatements {
             publish: c.prepare_cached(QUEUE_PUBLISH).await?,
             mark: c.prepare_cached(OUTBOX_MARK_DISPATCHED).await?,
@@ -416,7 +413,7 @@ impl PublishMarkStatements {
 /// Publishes an outcome and marks its row, in the caller's transaction or savepoint:
 /// the answer is the publish, or the mark's stale claim (the publish stands either way).
 pub(crate) async fn publish_mark_body(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     statements: &PublishMarkStatements,
     a: &PublishMarkArgs,
 ) -> Result<Result<Published, ClaimError>, Fail<ClaimError>> {
@@ -727,7 +724,7 @@ async fn lock_head<E: From<StoreError>>(tx: &Transaction<'_>, message_id: i64) -
 
 /// Publishes inside `tx`: the message and, when its load's head is empty, the head.
 pub(crate) async fn publish_in<E: From<StoreError>>(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     publish: &Statement,
     lid: &str,
     event_id: &str,
