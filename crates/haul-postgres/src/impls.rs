@@ -201,6 +201,7 @@ pub(crate) struct AppendStatements {
     events: Statement,
     outbox: Option<Statement>,
     summary: Option<Statement>,
+    fold: Option<Statement>,
     lock: Option<Statement>,
     ack: Option<Statement>,
 }
@@ -221,6 +222,7 @@ impl AppendStatements {
             events: tx.prepare_cached(EVENTS_INSERT).await?,
             outbox: prepare(!a.outbox.is_empty(), OUTBOX_INSERT).await?,
             summary: prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?,
+            fold: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_FOLD).await?,
             lock: prepare(message, QUEUE_LOCK_HEAD_OF_LOAD).await?,
             ack: prepare(message, QUEUE_ACK).await?,
         })
@@ -228,13 +230,12 @@ impl AppendStatements {
 }
 
 /// Whether `append_body` with `one_trip` sends all of this append's statements in one
-/// round trip (the one predicate both it and the committer's waves go by): unless its
-/// summary needs a read of the load's asks first, or the call repeats an entry id or an
-/// action key (answered step by step, with the exact error).
+/// round trip (the one predicate both it and the committer's waves go by): unless the
+/// call repeats an entry id or an action key (answered step by step, with the exact
+/// error). Its summary's asks are folded in SQL (`LOAD_SUMMARY_FOLD`), so they need no
+/// read first.
 pub(crate) fn append_is_one_trip(a: &AppendArgs) -> bool {
-    SummaryDelta::of(&a.entries).asks_unchanged()
-        && check_entry_ids_distinct(&a.load_id, &a.entries).is_ok()
-        && check_keys_distinct(&a.outbox).is_ok()
+    check_entry_ids_distinct(&a.load_id, &a.entries).is_ok() && check_keys_distinct(&a.outbox).is_ok()
 }
 
 /// The statements of an append (and its ack), inside the caller's transaction or
@@ -269,6 +270,7 @@ pub(crate) async fn append_body(
         events: events_stmt,
         outbox: outbox_stmt,
         summary: summary_stmt,
+        fold: fold_stmt,
         lock: lock_stmt,
         ack: ack_stmt,
     } = statements;
@@ -316,13 +318,23 @@ pub(crate) async fn append_body(
     };
 
     if one_trip && append_is_one_trip(a) {
+        // The asks' new statuses, each ask's last one, folded over the stored ones in SQL.
+        let statuses = (!delta.asks_unchanged()).then(|| {
+            let m: serde_json::Map<String, serde_json::Value> =
+                delta.asks.iter().map(|(id, status)| (id.clone(), serde_json::Value::String(status.clone()))).collect();
+            serde_json::Value::Object(m).to_string()
+        });
+        let summarize = async || match (&fold_stmt, &statuses) {
+            (Some(stmt), Some(statuses)) => tx.execute(stmt, &[&lid, &delta.stage, statuses]).await,
+            _ => set_summary(&None, &None, &None).await,
+        };
         let (won, entry_taken, key_taken, inserted, outboxed, summarized, acked) = tokio::join!(
             take_version(),
             find_taken_entry(),
             find_taken_key(),
             insert_events(),
             insert_outbox(),
-            set_summary(&None, &None, &None),
+            summarize(),
             ack(),
         );
         let clean = matches!(won, Ok(1))

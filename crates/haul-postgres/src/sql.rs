@@ -329,6 +329,20 @@ pub const LOAD_SUMMARY_ASKS: &str = "SELECT asks FROM loads WHERE load_id = $1";
 pub const LOAD_SUMMARY_SET: &str = "UPDATE loads SET stage = COALESCE($2, stage), asks = COALESCE($3, asks),
        open_asks = COALESCE($4, open_asks), escalated_asks = COALESCE($5, escalated_asks)
      WHERE load_id = $1";
+/// The summary with the asks folded in SQL, so an append whose decision changes asks
+/// needs no read first (one round trip): `$1` load, `$2` stage (NULL: unchanged), `$3`
+/// the asks' new statuses (`{ask_id: status}`, JSON). The same fold as
+/// `SummaryDelta::fold_asks`: the statuses merged over the stored ones (a stored value
+/// that is not an object counts as none), then the open and escalated ones counted.
+/// Stored text that is not JSON fails the statement, and the append then runs step by
+/// step with the fold in Rust, which reads it as no asks.
+pub const LOAD_SUMMARY_FOLD: &str = "UPDATE loads l SET (stage, asks, open_asks, escalated_asks) = (
+       SELECT COALESCE($2, l.stage), m.a::text,
+         (SELECT count(*) FROM jsonb_each_text(m.a) e WHERE e.value = 'open'),
+         (SELECT count(*) FROM jsonb_each_text(m.a) e WHERE e.value = 'escalated')
+       FROM (SELECT CASE WHEN jsonb_typeof(l.asks::jsonb) = 'object' THEN l.asks::jsonb ELSE '{}' END
+                    || $3::text::jsonb AS a) m)
+     WHERE l.load_id = $1";
 /// The oldest due timer not yet fired (`/metrics`): `$1` now.
 pub const TIMERS_OLDEST_DUE: &str = "SELECT min(fire_at) FROM timers WHERE status = 'scheduled' AND fire_at <= $1";
 /// Where one page of the loads query stops looking: `$1` after (load id), `$2` loads

@@ -56,3 +56,38 @@ async fn wrong_typed_and_null_columns_are_corrupt_row_errors() {
     assert_corrupt("log", s.read(&l1).await);
     assert_eq!(s.read(&l2).await.unwrap().1, 1, "a load nobody touched still reads");
 }
+
+/// The summary's asks are folded in SQL when an append changes them; stored asks that
+/// are not JSON fail that fold, and the append then runs step by step and reads them as
+/// no asks (as on SQLite): the load is not poisoned, and its summary is whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_asks_that_are_not_json_do_not_stop_an_append() {
+    let options = FreshStore { pool_size: 4, ..FreshStore::default() };
+    let (s, schema) = fresh_store(&options).await.unwrap();
+    let l = LoadId::parse("L1").unwrap();
+    let decision = |event: &str, asks: serde_json::Value| NewEntry {
+        entry_id: format!("dec:{event}"),
+        kind: "decision_recorded".into(),
+        payload: json!({"asks": asks}),
+    };
+    let ask = |id: &str, status: &str| json!({"ask_id": id, "step": 1, "status": status});
+    s.append(&l, vec![decision("e1", json!([ask("a1", "open"), ask("a2", "escalated")]))], 0, vec![], at(1))
+        .await
+        .unwrap();
+    let client = client_in_schema(&options.url, &schema).await;
+    let summary = async || -> (String, i32, i32) {
+        let r = client.query_one("SELECT asks, open_asks, escalated_asks FROM loads WHERE load_id = 'L1'", &[]).await;
+        let r = r.unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    let (asks, open, escalated) = summary().await;
+    let asks: serde_json::Value = serde_json::from_str(&asks).unwrap();
+    assert_eq!((asks, open, escalated), (json!({"a1": "open", "a2": "escalated"}), 1, 1));
+
+    client.batch_execute("UPDATE loads SET asks = 'not json' WHERE load_id = 'L1'").await.unwrap();
+    s.append(&l, vec![decision("e2", json!([ask("a3", "open")]))], 1, vec![], at(2)).await.unwrap();
+    let (asks, open, escalated) = summary().await;
+    let asks: serde_json::Value = serde_json::from_str(&asks).unwrap();
+    assert_eq!((asks, open, escalated), (json!({"a3": "open"}), 1, 0));
+    assert_eq!(s.read(&l).await.unwrap().1, 2, "both appends are in the log");
+}

@@ -194,6 +194,7 @@ async fn every_hot_query_is_served_by_an_index() {
         case("unmatched SMS, newest first", UNMATCHED_SMS_LIST, vec![&limit]),
         per_load("append: the summary's asks", LOAD_SUMMARY_ASKS, vec![&l]),
         case("append: the summary", LOAD_SUMMARY_SET, vec![&l, &stage, &asks, &count, &count]),
+        case("append: the summary, asks folded", LOAD_SUMMARY_FOLD, vec![&l, &stage, &asks]),
         case("oldest due timer (/metrics)", TIMERS_OLDEST_DUE, vec![&now]),
         case("loads query: the window", LOADS_SCAN_END, vec![&empty, &window]),
         case(
