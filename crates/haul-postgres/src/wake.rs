@@ -133,9 +133,18 @@ async fn run(url: &str, links: &[Link]) -> Result<std::convert::Infallible, Stri
     for (ch, local) in forwards {
         let (client, fail_tx) = (client.clone(), fail_tx.clone());
         tasks.push(AbortOnDrop(tokio::spawn(async move {
+            // Prepared on the first wake-up, not parsed again for every one after it.
+            let mut notify = None;
             loop {
                 local.notified().await;
-                if let Err(e) = client.execute("SELECT pg_notify($1, '')", &[&ch]).await {
+                let sent = async {
+                    let stmt = match &notify {
+                        Some(stmt) => stmt,
+                        None => notify.insert(client.prepare("SELECT pg_notify($1, '')").await?),
+                    };
+                    client.execute(stmt, &[&ch]).await
+                };
+                if let Err(e) = sent.await {
                     let _ = fail_tx.send(e.to_string()).await;
                     return;
                 }
