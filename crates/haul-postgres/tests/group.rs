@@ -123,6 +123,44 @@ async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
     assert_eq!(keys(&s, "E").await, vec!["E/e1/send_sms"]);
 }
 
+/// An append that changes asks folds them into the load's summary in SQL, in its
+/// wave. Rolled back with a failed unit before it, the fold is undone and runs again on
+/// the summary as it really is: nothing is folded twice or on a refused unit's asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asks_folded_in_a_wave_that_rolls_back_are_folded_once() {
+    let (s, schema) = fresh_store(&FreshStore::default()).await.unwrap();
+    let decision = |event: &str, asks: &[(&str, &str)]| NewEntry {
+        entry_id: format!("dec:{event}"),
+        kind: "decision_recorded".into(),
+        payload: json!({"asks": asks.iter().map(|(id, status)| json!({"ask_id": id, "step": 1, "status": status}))
+            .collect::<Vec<_>>()}),
+    };
+    s.append(&load("G"), vec![decision("g1", &[("a1", "open")])], 0, vec![], t0()).await.unwrap();
+    let batch = s
+        .append_one_batch(
+            vec![
+                // Stale: its fold runs in the wave, then is rolled back (z9 would stay).
+                (load("G"), vec![decision("g2", &[("a1", "escalated"), ("z9", "open")])], 5, vec![]),
+                (load("G"), vec![decision("g3", &[("a1", "answered"), ("a2", "open")])], 1, vec![]),
+                (load("H"), vec![decision("h1", &[("b1", "escalated")])], 0, vec![]),
+            ],
+            t0(),
+        )
+        .await;
+    assert_eq!(answers(&batch), vec!["conflict 5/2", "ok 2", "ok 1"]);
+    let client = client_in_schema(&database_url(), &schema).await;
+    let summary = async |l: &str| -> (serde_json::Value, i32, i32) {
+        let r = client
+            .query_one("SELECT asks, open_asks, escalated_asks FROM loads WHERE load_id = $1", &[&l])
+            .await
+            .unwrap();
+        (serde_json::from_str(r.get::<_, &str>(0)).unwrap(), r.get(1), r.get(2))
+    };
+    assert_eq!(summary("G").await, (json!({"a1": "answered", "a2": "open"}), 1, 0));
+    assert_eq!(summary("H").await, (json!({"b1": "escalated"}), 0, 1));
+    assert_eq!(log(&s, "G").await, (vec!["dec:g1".into(), "dec:g3".into()], 2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_waiting_for_a_lock_runs_alone_and_the_others_commit_meanwhile() {
     let (s, schema) = fresh_store(&FreshStore::default()).await.unwrap();
