@@ -318,12 +318,9 @@ pub(crate) async fn append_body(
     };
 
     if one_trip && append_is_one_trip(a) {
-        // The asks' new statuses, each ask's last one, folded over the stored ones in SQL.
-        let statuses = (!delta.asks_unchanged()).then(|| {
-            let m: serde_json::Map<String, serde_json::Value> =
-                delta.asks.iter().map(|(id, status)| (id.clone(), serde_json::Value::String(status.clone()))).collect();
-            serde_json::Value::Object(m).to_string()
-        });
+        // The asks' new statuses (each ask's last one: the delta folded over no asks),
+        // folded over the stored ones in SQL.
+        let statuses = (!delta.asks_unchanged()).then(|| delta.fold_asks("{}").0);
         let summarize = async || match (&fold_stmt, &statuses) {
             (Some(stmt), Some(statuses)) => tx.execute(stmt, &[&lid, &delta.stage, statuses]).await,
             _ => set_summary(&None, &None, &None).await,
