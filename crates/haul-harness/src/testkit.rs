@@ -223,6 +223,11 @@ impl FakeServices {
         self.lock().effects.clone()
     }
 
+    /// How many new effects the services have applied so far (a cheap progress count).
+    pub fn effect_count(&self) -> usize {
+        self.lock().effects.len()
+    }
+
     /// The effects `key` had at a service that dedupes: 0 or 1, however often it was
     /// sent. Says "one message reached the driver", never "it was sent once" (that
     /// is [`FakeServices::sends`]).
