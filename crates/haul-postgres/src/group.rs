@@ -3,9 +3,9 @@
 //!
 //! Callers hand a unit (one append, one publish, one publish-and-mark) to a bounded channel and wait
 //! for its answer. A committer owns one connection; it takes the units waiting, up to
-//! `MAX_BATCH`, into one transaction and runs each in its own savepoint: a unit that
-//! fails (a version conflict, a duplicate entry or action key, a stale claim) rolls back
-//! to its savepoint alone, and its neighbours commit. Every unit is answered only after
+//! `MAX_BATCH`, into one transaction and runs each behind a savepoint: a unit that
+//! fails (a version conflict, a duplicate entry or action key, a stale claim) is rolled
+//! back without its neighbours, and they commit. Every unit is answered only after
 //! the `COMMIT`; a failed `COMMIT` (or a connection lost mid-batch) fails every unit of
 //! the batch with a `StoreError`, so nobody sees a success that did not commit. One WAL
 //! flush serves the batch, with the server's `synchronous_commit` as configured.
@@ -15,11 +15,12 @@
 //! kept when every check passed; any other answer rolls it back to its savepoint and
 //! it runs again alone after the batch, step by step, so its answer (a conflict, a
 //! duplicate) is exact, as of after the batch. A batch goes out in waves
-//! (`run_batch`): the units that take one round trip each are sent together, each
-//! behind a savepoint nested in the one before, so a wave of 64 units costs one round
-//! trip, not 64. When a unit of a wave is not kept, the wave rolls back to its
-//! savepoint, and the units sent after it (which ran on its effects) run again in the
-//! next wave.
+//! (`run_batch`): the units that take one round trip each are sent together behind one
+//! savepoint, so a wave of 64 units costs one round trip, not 64 (and one
+//! subtransaction, not 64). When a unit of a wave is not kept, the wave rolls back to
+//! that savepoint, the units sent before it run again each behind a savepoint of its
+//! own (so its answer is its own), and those sent after it (which ran on its effects)
+//! run again in the next wave.
 //!
 //! A batch never waits on a lock another transaction holds: the committer's session
 //! runs with a short `lock_timeout` (`Session`), and a unit that hits it (or a
@@ -418,12 +419,16 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
 
 /// Runs `batch` in one transaction, in waves: a wave is the longest run of one-trip
 /// units from where the last one stopped (or one unit that needs more round trips),
-/// each unit behind a savepoint of its own, nested in the one before, and every
-/// statement of the wave sent together, so a wave costs one round trip, not one per
-/// unit. The first unit of a wave that is not kept ends it: the wave rolls back to that
-/// unit's savepoint (sent with the next wave, or with the `COMMIT`), which undoes it and
+/// behind one savepoint, and every statement of the wave sent together, so a wave
+/// costs one round trip, not one per unit. The first unit of a wave that is not kept
+/// ends it: the wave rolls back to the savepoint it ran under (sent with the next wave,
+/// or with the `COMMIT`). When that savepoint was its own, the rollback undoes it and
 /// every unit after it (they ran on its effects), and the next wave starts after it.
-/// So each unit's answer is the one it would have had run one after another.
+/// When it shared the savepoint with units before it, they are undone too: the next wave
+/// starts at the first of them, each of them (and it) now behind a savepoint of its own,
+/// nested in the one before. So each unit's answer is the one it would have had run one
+/// after another, and a savepoint (a subtransaction in the server, with its own work at
+/// every commit) is paid per unit only around a unit that was not kept.
 ///
 /// The `BEGIN` goes out with the first wave and the `COMMIT` with the last rollback, so
 /// a batch of one wave takes two round trips: its statements, then the commit.
@@ -450,30 +455,63 @@ async fn run_batch(
     // rolls back what it began.
     let tx: &Object = client;
     let mut prefix = String::from("BEGIN; ");
+    // Units that take a savepoint of their own wherever they stand in a wave: a unit
+    // not kept under a savepoint it shared sends the whole run back, and on its next
+    // try each unit of that run has its own, so its answer is its own.
+    let mut own = vec![false; batch.len()];
     let mut start = 0;
     while start < batch.len() {
         let end = start + shares[start..].iter().take_while(|s| **s).count().max(1);
         // Cloned, not taken: a unit rolled back with its wave runs again, with them.
         let units =
             batch[start..end].iter_mut().zip(&prepared[start..end]).enumerate().map(|(k, (job, statements))| {
-                let savepoint = format!("{}SAVEPOINT u{}", if k == 0 { prefix.as_str() } else { "" }, start + k);
+                let i = start + k;
+                let savepoint =
+                    (k == 0 || own[i]).then(|| format!("{}SAVEPOINT u{i}", if k == 0 { prefix.as_str() } else { "" }));
                 let statements = statements.clone();
-                async move { tokio::join!(tx.batch_execute(&savepoint), job.run(tx, statements)) }
+                async move {
+                    let made = async {
+                        match &savepoint {
+                            Some(savepoint) => tx.batch_execute(savepoint).await,
+                            None => Ok(()),
+                        }
+                    };
+                    tokio::join!(made, job.run(tx, statements))
+                }
             });
         let ran = in_order(units.collect()).await;
         prefix.clear();
         let mut next = end;
+        // The unit whose savepoint the current one runs under.
+        let mut covering = start;
         for (k, (made, step)) in ran.into_iter().enumerate() {
+            let i = start + k;
             if next != end {
                 // Sent after the unit not kept: rolled back, it runs again.
-                batch[start + k].forget();
+                batch[i].forget();
                 continue;
             }
             made.map_err(pg)?;
-            steps.push(step);
-            if step != Step::Keep {
-                prefix = format!("ROLLBACK TO u{}; ", start + k);
-                next = start + k + 1;
+            if k == 0 || own[i] {
+                covering = i;
+            }
+            if step == Step::Keep {
+                steps.push(step);
+                continue;
+            }
+            prefix = format!("ROLLBACK TO u{covering}; ");
+            if covering == i {
+                steps.push(step);
+                next = i + 1;
+            } else {
+                // The kept units before it in its savepoint are undone with it: the run
+                // goes again from there, each unit behind a savepoint of its own.
+                steps.truncate(steps.len() - (i - covering));
+                for j in covering..=i {
+                    batch[j].forget();
+                    own[j] = true;
+                }
+                next = covering;
             }
         }
         start = next;

@@ -95,9 +95,9 @@ async fn a_unit_failing_in_its_savepoint_leaves_its_batch_neighbours_committed()
     assert_eq!(keys(&s, "OLD").await, vec!["OLD/o1/send_sms", "OLD/o4/send_sms"]);
 }
 
-/// A batch's units go out together, each behind its own savepoint; one that is not
-/// kept is rolled back with every unit sent after it, and those run again without its
-/// effects. (The refused one runs again alone after the batch, for its exact answer as
+/// A batch's units go out together behind one savepoint; one that is not kept is
+/// rolled back with every unit sent after it, and those run again without its effects
+/// (the units before it in its savepoint run again first, each behind its own). (The refused one runs again alone after the batch, for its exact answer as
 /// of then.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
