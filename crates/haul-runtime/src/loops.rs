@@ -83,7 +83,7 @@ pub async fn worker_loop(
 /// ops service that was down): they are rare, and the sweep is a read of its own.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// How long a busy dispatcher's claim waits for a quarter of its batch to be free.
+/// How long a busy dispatcher's claim waits for half of its batch to be free.
 const CLAIM_GATHER: Duration = Duration::from_millis(2);
 
 /// Keeps up to `dispatcher.batch` sends going: claims as many rows as sends are free,
@@ -115,7 +115,7 @@ pub async fn dispatcher_loop(
         // next claim waits a moment for more sends to finish and takes their places in
         // one go. Bounded: a row waits at most `CLAIM_GATHER` longer, and only then.
         let gather = (batch / 2).max(1);
-        if free < gather && batch - free > 0 {
+        if free < gather {
             let more = permits.clone().acquire_many_owned(gather as u32);
             let _ = tokio::time::timeout(CLAIM_GATHER, more).await;
         }
