@@ -22,7 +22,7 @@ use haul_store::{
     RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsRoute, StaleClaimError,
     StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
 };
-use haul_store::{ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::FromSql;
 use tokio_postgres::{Row, Statement};
@@ -478,6 +478,20 @@ impl Outbox for PgStore {
         let (now, until) = (to_ms(now), to_ms(add(now, lease)));
         let params: Params = &[&token, &until, &now, &(limit as i64)];
         let rows = rows_on(&self.lease_client().await?, OUTBOX_CLAIM, params, outbox_row).await?;
+        Ok(claims(rows, &token))
+    }
+
+    async fn pending_after(
+        &self,
+        limit: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: &ClaimCursor,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let token = self.tokens.next();
+        let (now, until, after_due) = (to_ms(now), to_ms(add(now, lease)), to_ms(after.due_at));
+        let params: Params = &[&token, &until, &now, &(limit as i64), &after_due, &after.id];
+        let rows = rows_on(&self.lease_client().await?, OUTBOX_CLAIM_AFTER, params, outbox_row).await?;
         Ok(claims(rows, &token))
     }
 

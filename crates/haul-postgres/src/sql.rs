@@ -60,6 +60,16 @@ pub const OUTBOX_CLAIM: &str = concat!(
      RETURNING ",
     columns!(outbox)
 );
+/// `OUTBOX_CLAIM` after a cursor: `$5` due_at, `$6` id of the last row claimed before.
+pub const OUTBOX_CLAIM_AFTER: &str = concat!(
+    "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
+     FROM (SELECT load_id, id FROM outbox WHERE status = 'pending' AND due_at <= $3
+           AND (lease_until IS NULL OR lease_until <= $3) AND (due_at, id) > ($5, $6)
+           ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) AS c (c_load_id, c_id)
+     WHERE o.load_id = c.c_load_id AND o.id = c.c_id
+     RETURNING ",
+    columns!(outbox)
+);
 /// `check_claim` and the stale-claim test: `$1` load, `$2` id, `$3` token.
 pub const OUTBOX_OWNS: &str =
     "SELECT lease_until FROM outbox WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";

@@ -155,6 +155,7 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("append: outbox rows", OUTBOX_INSERT, vec![&l, &keys, &texts, &texts, &now]),
         case("load_ids", LOAD_IDS, vec![&empty, &limit]),
         case("outbox claim of due rows", OUTBOX_CLAIM, vec![&token, &later, &now, &limit]),
+        case("outbox claim after a cursor", OUTBOX_CLAIM_AFTER, vec![&token, &later, &now, &limit, &now, &key]),
         per_load("check_claim", OUTBOX_OWNS, vec![&l, &key, &token]),
         per_load("mark_dispatched", OUTBOX_MARK_DISPATCHED, vec![&l, &key, &token, &token, &now]),
         per_load("mark_failed (retry)", OUTBOX_MARK_RETRY, vec![&l, &key, &token, &token, &later, &now]),
@@ -313,6 +314,7 @@ async fn the_claim_and_the_receive_join_by_key_on_large_tables() {
     let mut failures = Vec::new();
     for (name, sql, args) in [
         ("claim", OUTBOX_CLAIM, "'t', 2000000::bigint, 1000000::bigint, 8::bigint"),
+        ("claim_after", OUTBOX_CLAIM_AFTER, "'t', 2000000::bigint, 1000000::bigint, 8::bigint, 1005::bigint, 'L5/a'"),
         ("receive", QUEUE_RECEIVE, "1000000::bigint, 8::bigint, 2000000::bigint, 't'"),
     ] {
         session.batch_execute(&format!("PREPARE haul_lease_{name} AS {sql}")).await.unwrap();

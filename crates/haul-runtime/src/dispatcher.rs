@@ -14,7 +14,7 @@ use haul_core::action::{Action, Request};
 use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, Settled};
 use haul_core::time::Timestamp;
 use haul_core::{Clock, QueueMode, RetryPolicy, retry};
-use haul_store::{AlertState, Claim, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
+use haul_store::{AlertState, Claim, ClaimCursor, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
 
@@ -128,7 +128,7 @@ impl Dispatcher {
     /// the failed outcomes that an earlier burial could not.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = self.sweep_dead().await?;
-        let claims = match self.claim(self.settings.batch).await? {
+        let claims = match self.claim(self.settings.batch, None).await? {
             Ok(claims) => claims,
             Err(crash) => return Ok(vec![Dispatched::Crashed(crash)]),
         };
@@ -157,9 +157,18 @@ impl Dispatcher {
         &self.settings
     }
 
-    /// Claims up to `max` due rows (the inner error: a fault point stopped it there).
-    pub async fn claim(&self, max: usize) -> Result<Result<Vec<Claim>, Crash>, StoreError> {
-        let claims = self.store.pending(max, self.clock.now(), self.settings.lease).await?;
+    /// Claims up to `max` due rows, only those past `after` when given (the inner
+    /// error: a fault point stopped it there).
+    pub async fn claim(
+        &self,
+        max: usize,
+        after: Option<&ClaimCursor>,
+    ) -> Result<Result<Vec<Claim>, Crash>, StoreError> {
+        let (now, lease) = (self.clock.now(), self.settings.lease);
+        let claims = match after {
+            Some(after) => self.store.pending_after(max, now, lease, after).await?,
+            None => self.store.pending(max, now, lease).await?,
+        };
         if let Some(first) = claims.first()
             && let Err(crash) = self.faults.check(FaultPoint::AfterClaim, &first.row.id)
         {

@@ -83,6 +83,11 @@ pub async fn worker_loop(
 /// ops service that was down): they are rare, and the sweep is a read of its own.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a busy dispatcher claims from the start instead of after its cursor: the
+/// longest a row behind the cursor (a lapsed lease, a row committed late with an
+/// earlier `due_at`) waits for the claims to come back to it.
+const CLAIM_FROM_START_EVERY: Duration = Duration::from_millis(100);
+
 /// How long a busy dispatcher's claim waits for half of its batch to be free.
 const CLAIM_GATHER: Duration = Duration::from_millis(2);
 
@@ -98,6 +103,12 @@ pub async fn dispatcher_loop(
     let permits = Arc::new(Semaphore::new(batch));
     let mut idle_for = Duration::from_millis(10);
     let mut swept_at: Option<std::time::Instant> = None;
+    // Where the last claim that filled every free place ended, and when the last claim
+    // from the start ran. The rows this dispatcher holds sort before the cursor: a claim
+    // after it does not pass them again (on a backlog, each claim from the start walks
+    // every row in flight).
+    let mut cursor: Option<haul_store::ClaimCursor> = None;
+    let mut from_start_at = std::time::Instant::now();
     while !*stop.borrow() {
         if swept_at.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
             swept_at = Some(std::time::Instant::now());
@@ -123,9 +134,22 @@ pub async fn dispatcher_loop(
         if free == 0 {
             continue;
         }
-        match dispatcher.claim(free).await {
+        if from_start_at.elapsed() >= CLAIM_FROM_START_EVERY {
+            cursor = None;
+        }
+        if cursor.is_none() {
+            from_start_at = std::time::Instant::now();
+        }
+        let after = cursor.take();
+        match dispatcher.claim(free, after.as_ref()).await {
+            // Nothing past the cursor: claim from the start at once.
+            Ok(Ok(claims)) if claims.is_empty() && after.is_some() => continue,
             Ok(Ok(claims)) if !claims.is_empty() => {
                 idle_for = Duration::from_millis(10);
+                // A claim that came back short reached the end of the due rows.
+                if claims.len() == free {
+                    cursor = haul_store::ClaimCursor::after(&claims);
+                }
                 for claim in claims {
                     let Ok(permit) = permits.clone().acquire_owned().await else { break };
                     let d = dispatcher.clone();

@@ -23,7 +23,7 @@ use haul_store::{
     RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsRoute, StaleClaimError,
     StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
 };
-use haul_store::{ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -354,6 +354,28 @@ impl Outbox for SqliteStore {
             columns!(outbox)
         );
         let rows = self.write_rows(sql, (token.clone(), lease_until, now, limit as i64), outbox_row).await?;
+        Ok(claims(rows, &token))
+    }
+
+    async fn pending_after(
+        &self,
+        limit: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: &ClaimCursor,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let token = self.tokens.next();
+        let (now, lease_until) = (to_ms(now), to_ms(add(now, lease)));
+        let sql = concat!(
+            "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
+             WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
+                          AND (lease_until IS NULL OR lease_until <= ?3) AND (due_at, id) > (?5, ?6)
+                          ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
+             RETURNING ",
+            columns!(outbox)
+        );
+        let params = (token.clone(), lease_until, now, limit as i64, to_ms(after.due_at), after.id.clone());
+        let rows = self.write_rows(sql, params, outbox_row).await?;
         Ok(claims(rows, &token))
     }
 

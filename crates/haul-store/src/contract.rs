@@ -16,8 +16,9 @@ use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
 use crate::{
-    AlertState, AppendError, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor,
-    ShadowCursor, ShadowDecision, SidClaim, SmsAssignment, SmsRoute, Store, TimerStatus, UnmatchedSms,
+    AlertState, AppendError, Claim, ClaimCursor, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport,
+    Published, RowCursor, ShadowCursor, ShadowDecision, SidClaim, SmsAssignment, SmsRoute, Store, TimerStatus,
+    UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -44,6 +45,7 @@ macro_rules! contract_tests {
             concurrent_appends_to_many_loads_commit_beside_the_failing_ones,
             pending_claims_only_due_rows,
             pending_honours_limit_and_due_order,
+            pending_after_a_cursor_skips_the_rows_before_it,
             pending_sets_first_attempt_at_on_first_claim_only,
             live_lease_is_not_claimed_again,
             concurrent_claimers_get_disjoint_rows,
@@ -483,6 +485,35 @@ pub async fn pending_honours_limit_and_due_order(s: DynStore) {
     assert_eq!(pending_ids(&s, 2, at(100)).await, vec!["L1/r0/send_sms", "L1/r1/send_sms"]);
     assert_eq!(pending_ids(&s, 10, at(100)).await, vec!["L1/r2/send_sms", "L1/r3/send_sms", "L1/r4/send_sms"]);
     assert!(pending_ids(&s, 10, at(100)).await.is_empty());
+}
+
+/// A claim after a cursor takes the due rows past it in claim order, `(due_at, id)`,
+/// and leaves the rows before it (free or not) to a claim from the start.
+pub async fn pending_after_a_cursor_skips_the_rows_before_it(s: DynStore) {
+    // Two rows per due time: r0 and r1 at 0, r2 and r3 at 1, r4 at 2.
+    for i in 0..5u64 {
+        s.append(&load("L1"), vec![entry(&format!("e{i}"))], i, vec![row(&format!("L1/r{i}/send_sms"))], at(i / 2))
+            .await
+            .unwrap();
+    }
+    let ids = |claims: Vec<Claim>| claims.into_iter().map(|c| c.row.id).collect::<Vec<_>>();
+    let first = s.pending(1, at(100), LEASE).await.unwrap();
+    let cursor = ClaimCursor::after(&first).unwrap();
+    assert_eq!(cursor, ClaimCursor { due_at: at(0), id: "L1/r0/send_sms".into() });
+    // After (0, r0): r1 (same due time, later id), then the later times; the limit holds.
+    let after = s.pending_after(2, at(100), LEASE, &cursor).await.unwrap();
+    assert_eq!(ids(after.clone()), vec!["L1/r1/send_sms", "L1/r2/send_sms"]);
+    let cursor = ClaimCursor::after(&after).unwrap();
+    assert_eq!(cursor, ClaimCursor { due_at: at(1), id: "L1/r2/send_sms".into() });
+    // Only due rows, as `pending`: r4 is due at 2.
+    assert_eq!(ids(s.pending_after(10, at(1), LEASE, &cursor).await.unwrap()), vec!["L1/r3/send_sms"]);
+    let end = ClaimCursor { due_at: at(2), id: "L1/r4/send_sms".into() };
+    assert!(s.pending_after(10, at(100), LEASE, &end).await.unwrap().is_empty());
+    // The row the cursor passed while it was held is left to a claim from the start
+    // once its lease lapses.
+    let lapsed = add(at(100), LEASE);
+    assert!(s.pending_after(10, lapsed, LEASE, &end).await.unwrap().is_empty());
+    assert_eq!(ids(s.pending(1, lapsed, LEASE).await.unwrap()), vec!["L1/r0/send_sms"]);
 }
 
 pub async fn pending_sets_first_attempt_at_on_first_claim_only(s: DynStore) {

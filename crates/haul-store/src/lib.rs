@@ -380,12 +380,43 @@ pub struct Claim {
     pub token: String,
 }
 
+/// Where a claim ended: its last row in claim order, `(due_at, id)`. A busy dispatcher
+/// claims after it next, past the rows it holds (they sort before it, and a claim from
+/// the start passes every one of them each time).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimCursor {
+    pub due_at: Timestamp,
+    pub id: String,
+}
+
+impl ClaimCursor {
+    /// The last of `claims` in claim order; `None` when there are none.
+    pub fn after(claims: &[Claim]) -> Option<ClaimCursor> {
+        claims
+            .iter()
+            .map(|c| (c.row.due_at, &c.row.id))
+            .max()
+            .map(|(due_at, id)| ClaimCursor { due_at, id: id.clone() })
+    }
+}
+
 #[async_trait]
 pub trait Outbox: Send + Sync {
     /// Claims up to `limit` due rows (pending, `due_at <= now`, no live lease), each
     /// with a fresh claim token and a lease until `now + lease`; sets
     /// `first_attempt_at` on a row's first claim. No row is held by two live claims.
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError>;
+
+    /// As `pending`, taking only rows after `after` in claim order (`(due_at, id)`):
+    /// what a dispatcher with many rows in flight claims next. Rows before it wait for
+    /// a claim from the start (`pending`).
+    async fn pending_after(
+        &self,
+        limit: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: &ClaimCursor,
+    ) -> Result<Vec<Claim>, StoreError>;
 
     /// Ok while `token` is the row's claim and its lease is live at `now`: the check a
     /// dispatcher makes right before a send.
