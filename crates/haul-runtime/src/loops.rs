@@ -121,7 +121,7 @@ pub async fn dispatcher_loop(
             until_a_permit_frees(&permits, &mut stop).await;
             continue;
         }
-        // A claim costs about as much for one row as for a batch (on PostgreSQL it starts
+        // Much of a claim's cost is paid per claim, not per row (on PostgreSQL it starts
         // a scan of every partition), so while most of the batch is out sending, the
         // next claim waits a moment for more sends to finish and takes their places in
         // one go. Bounded: a row waits at most `CLAIM_GATHER` longer, and only then.

@@ -390,7 +390,10 @@ pub struct ClaimCursor {
 }
 
 impl ClaimCursor {
-    /// The last of `claims` in claim order; `None` when there are none.
+    /// The last of `claims` in claim order; `None` when there are none. Ids compare by
+    /// their bytes here. Where a store's collation orders them otherwise, the cursor is
+    /// still one of the claimed rows, so it never sits past the claim's last row in the
+    /// store's order: at worst the next claim passes a few of this claim's rows again.
     pub fn after(claims: &[Claim]) -> Option<ClaimCursor> {
         claims
             .iter()
