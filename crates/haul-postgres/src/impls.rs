@@ -325,10 +325,17 @@ pub(crate) async fn append_body(
             (Some(stmt), Some(statuses)) => tx.execute(stmt, &[&lid, &delta.stage, statuses]).await,
             _ => set_summary(&None, &None, &None).await,
         };
+        // A load's first append creates its version row, and the log and the outbox hold
+        // rows only of loads that have one: none of its entry ids or keys can be taken,
+        // so it does not look. Were one taken, its insert would fail on the table's
+        // unique key and the unit run again step by step, checks and all.
+        let first = expected == 0;
+        let find_entry = async || if first { Ok(None) } else { find_taken_entry().await };
+        let find_key = async || if first { Ok(None) } else { find_taken_key().await };
         let (won, entry_taken, key_taken, inserted, outboxed, summarized, acked) = tokio::join!(
             take_version(),
-            find_taken_entry(),
-            find_taken_key(),
+            find_entry(),
+            find_key(),
             insert_events(),
             insert_outbox(),
             summarize(),

@@ -91,3 +91,27 @@ async fn stored_asks_that_are_not_json_do_not_stop_an_append() {
     assert_eq!((asks, open, escalated), (json!({"a3": "open"}), 1, 0));
     assert_eq!(s.read(&l).await.unwrap().1, 2, "both appends are in the log");
 }
+
+/// A load's first append in a batch does not look for taken entry ids or keys (a load
+/// without a version row has none). Should the log hold rows of a load whose version
+/// row is gone, the append is still refused as a duplicate, and nothing of it is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_append_meeting_rows_without_a_version_row_is_refused_as_before() {
+    let options = FreshStore { pool_size: 4, ..FreshStore::default() };
+    let (s, schema) = fresh_store(&options).await.unwrap();
+    let l = LoadId::parse("L1").unwrap();
+    let entry = |id: &str| NewEntry { entry_id: id.into(), kind: "inbound_sms".into(), payload: json!({}) };
+    let row = |id: &str| NewOutboxRow { action: json!({"key": id}), id: id.into(), action_type: ActionType::SendSms };
+    s.append(&l, vec![entry("e1")], 0, vec![row("L1/e1/send_sms")], at(1)).await.unwrap();
+    let client = client_in_schema(&options.url, &schema).await;
+    client.batch_execute("DELETE FROM loads WHERE load_id = 'L1'").await.unwrap();
+    let got = s.append(&l, vec![entry("e1")], 0, vec![], at(2)).await;
+    assert!(
+        matches!(&got, Err(haul_store::AppendError::DuplicateEntry(d)) if d.entry_id == "e1"),
+        "a duplicate entry, not {got:?}"
+    );
+    let got = s.append(&l, vec![entry("e2")], 0, vec![row("L1/e1/send_sms")], at(2)).await;
+    assert!(matches!(&got, Err(haul_store::AppendError::DuplicateActionKey(_))), "a duplicate key, not {got:?}");
+    let kept: i64 = client.query_one("SELECT count(*) FROM loads", &[]).await.unwrap().get(0);
+    assert_eq!(kept, 0, "the refused appends left no version row");
+}
