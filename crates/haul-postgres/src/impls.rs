@@ -478,14 +478,33 @@ async fn owns(client: &deadpool_postgres::Object, id: &str, token: &str) -> Resu
     }
 }
 
+impl PgStore {
+    /// `pending`, or `pending_after` when `after` is given.
+    async fn claim_due(
+        &self,
+        limit: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: Option<&ClaimCursor>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let token = self.tokens.next();
+        let (now, until, limit) = (to_ms(now), to_ms(add(now, lease)), limit as i64);
+        let client = self.lease_client().await?;
+        let rows = match after {
+            None => rows_on(&client, OUTBOX_CLAIM, &[&token, &until, &now, &limit], outbox_row).await?,
+            Some(after) => {
+                let params: Params = &[&token, &until, &now, &limit, &to_ms(after.due_at), &after.id];
+                rows_on(&client, OUTBOX_CLAIM_AFTER, params, outbox_row).await?
+            }
+        };
+        Ok(claims(rows, &token))
+    }
+}
+
 #[async_trait]
 impl Outbox for PgStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
-        let token = self.tokens.next();
-        let (now, until) = (to_ms(now), to_ms(add(now, lease)));
-        let params: Params = &[&token, &until, &now, &(limit as i64)];
-        let rows = rows_on(&self.lease_client().await?, OUTBOX_CLAIM, params, outbox_row).await?;
-        Ok(claims(rows, &token))
+        self.claim_due(limit, now, lease, None).await
     }
 
     async fn pending_after(
@@ -495,11 +514,7 @@ impl Outbox for PgStore {
         lease: Duration,
         after: &ClaimCursor,
     ) -> Result<Vec<Claim>, StoreError> {
-        let token = self.tokens.next();
-        let (now, until, after_due) = (to_ms(now), to_ms(add(now, lease)), to_ms(after.due_at));
-        let params: Params = &[&token, &until, &now, &(limit as i64), &after_due, &after.id];
-        let rows = rows_on(&self.lease_client().await?, OUTBOX_CLAIM_AFTER, params, outbox_row).await?;
-        Ok(claims(rows, &token))
+        self.claim_due(limit, now, lease, Some(after)).await
     }
 
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {

@@ -48,28 +48,30 @@ pub const LOAD_IDS: &str = "SELECT load_id FROM loads WHERE load_id > $1 ORDER B
 // ---------------------------------------------------------------------------------
 // The outbox.
 
-/// The dispatcher's claim of due rows across loads: `$1` token, `$2` lease until,
-/// `$3` now, `$4` limit. The claimed keys are renamed (`c_load_id`, `c_id`) so the
-/// outbox's own column names are unambiguous in `RETURNING`.
-pub const OUTBOX_CLAIM: &str = concat!(
-    "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
-     FROM (SELECT load_id, id FROM outbox WHERE status = 'pending' AND due_at <= $3
-           AND (lease_until IS NULL OR lease_until <= $3)
-           ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) AS c (c_load_id, c_id)
-     WHERE o.load_id = c.c_load_id AND o.id = c.c_id
-     RETURNING ",
-    columns!(outbox)
-);
-/// `OUTBOX_CLAIM` after a cursor: `$5` due_at, `$6` id of the last row claimed before.
-pub const OUTBOX_CLAIM_AFTER: &str = concat!(
-    "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
-     FROM (SELECT load_id, id FROM outbox WHERE status = 'pending' AND due_at <= $3
-           AND (lease_until IS NULL OR lease_until <= $3) AND (due_at, id) > ($5, $6)
-           ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) AS c (c_load_id, c_id)
-     WHERE o.load_id = c.c_load_id AND o.id = c.c_id
-     RETURNING ",
-    columns!(outbox)
-);
+/// The dispatcher's claim of due rows across loads, `$past` narrowing the rows it
+/// takes: `$1` token, `$2` lease until, `$3` now, `$4` limit. The claimed keys are
+/// renamed (`c_load_id`, `c_id`) so the outbox's own column names are unambiguous in
+/// `RETURNING`.
+macro_rules! outbox_claim {
+    ($past:literal) => {
+        concat!(
+            "UPDATE outbox o SET claim_token = $1, lease_until = $2, first_attempt_at = COALESCE(o.first_attempt_at, $3)
+             FROM (SELECT load_id, id FROM outbox WHERE status = 'pending' AND due_at <= $3
+                   AND (lease_until IS NULL OR lease_until <= $3)",
+            $past,
+            "
+                   ORDER BY due_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) AS c (c_load_id, c_id)
+             WHERE o.load_id = c.c_load_id AND o.id = c.c_id
+             RETURNING ",
+            columns!(outbox)
+        )
+    };
+}
+/// The claim from the start of the due rows (`pending`).
+pub const OUTBOX_CLAIM: &str = outbox_claim!("");
+/// The claim past a cursor (`pending_after`): `$5` due_at, `$6` id of the last row a
+/// claim before took.
+pub const OUTBOX_CLAIM_AFTER: &str = outbox_claim!(" AND (due_at, id) > ($5, $6)");
 /// `check_claim` and the stale-claim test: `$1` load, `$2` id, `$3` token.
 pub const OUTBOX_OWNS: &str =
     "SELECT lease_until FROM outbox WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";

@@ -341,20 +341,50 @@ fn mark_dispatched_in(conn: &Connection, id: &str, token: &str, receipt: &str, n
     Ok(())
 }
 
+/// The dispatcher's claim of due rows, in due order, `$past` narrowing the rows it
+/// takes: `?1` token, `?2` lease until, `?3` now, `?4` limit.
+macro_rules! outbox_claim {
+    ($past:literal) => {
+        concat!(
+            "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
+             WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
+                          AND (lease_until IS NULL OR lease_until <= ?3)",
+            $past,
+            " ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
+             RETURNING ",
+            columns!(outbox)
+        )
+    };
+}
+
+impl SqliteStore {
+    /// `pending`, or `pending_after` (`?5` due_at, `?6` id of the cursor) when `after`
+    /// is given.
+    async fn claim_due(
+        &self,
+        limit: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: Option<&ClaimCursor>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let token = self.tokens.next();
+        let (now, lease_until, limit) = (to_ms(now), to_ms(add(now, lease)), limit as i64);
+        let rows = match after {
+            None => self.write_rows(outbox_claim!(""), (token.clone(), lease_until, now, limit), outbox_row).await?,
+            Some(after) => {
+                let sql = outbox_claim!(" AND (due_at, id) > (?5, ?6)");
+                let params = (token.clone(), lease_until, now, limit, to_ms(after.due_at), after.id.clone());
+                self.write_rows(sql, params, outbox_row).await?
+            }
+        };
+        Ok(claims(rows, &token))
+    }
+}
+
 #[async_trait]
 impl Outbox for SqliteStore {
     async fn pending(&self, limit: usize, now: Timestamp, lease: Duration) -> Result<Vec<Claim>, StoreError> {
-        let token = self.tokens.next();
-        let (now, lease_until) = (to_ms(now), to_ms(add(now, lease)));
-        let sql = concat!(
-            "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
-             WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
-                          AND (lease_until IS NULL OR lease_until <= ?3) ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
-             RETURNING ",
-            columns!(outbox)
-        );
-        let rows = self.write_rows(sql, (token.clone(), lease_until, now, limit as i64), outbox_row).await?;
-        Ok(claims(rows, &token))
+        self.claim_due(limit, now, lease, None).await
     }
 
     async fn pending_after(
@@ -364,19 +394,7 @@ impl Outbox for SqliteStore {
         lease: Duration,
         after: &ClaimCursor,
     ) -> Result<Vec<Claim>, StoreError> {
-        let token = self.tokens.next();
-        let (now, lease_until) = (to_ms(now), to_ms(add(now, lease)));
-        let sql = concat!(
-            "UPDATE outbox SET claim_token = ?1, lease_until = ?2, first_attempt_at = COALESCE(first_attempt_at, ?3)
-             WHERE id IN (SELECT id FROM outbox WHERE status = 'pending' AND due_at <= ?3
-                          AND (lease_until IS NULL OR lease_until <= ?3) AND (due_at, id) > (?5, ?6)
-                          ORDER BY due_at, id LIMIT CAST(?4 AS INTEGER))
-             RETURNING ",
-            columns!(outbox)
-        );
-        let params = (token.clone(), lease_until, now, limit as i64, to_ms(after.due_at), after.id.clone());
-        let rows = self.write_rows(sql, params, outbox_row).await?;
-        Ok(claims(rows, &token))
+        self.claim_due(limit, now, lease, Some(after)).await
     }
 
     async fn check_claim(&self, id: &str, token: &str, now: Timestamp) -> Result<(), ClaimError> {
