@@ -134,13 +134,10 @@ pub async fn dispatcher_loop(
         if free == 0 {
             continue;
         }
-        if from_start_at.elapsed() >= CLAIM_FROM_START_EVERY {
-            cursor = None;
-        }
-        if cursor.is_none() {
+        let after = cursor.take().filter(|_| from_start_at.elapsed() < CLAIM_FROM_START_EVERY);
+        if after.is_none() {
             from_start_at = std::time::Instant::now();
         }
-        let after = cursor.take();
         match dispatcher.claim(free, after.as_ref()).await {
             // Nothing past the cursor: claim from the start at once.
             Ok(Ok(claims)) if claims.is_empty() && after.is_some() => continue,
