@@ -7,6 +7,7 @@
 
 use haul_store::StoreError;
 
+pub use crate::group::TestPublish;
 use crate::{PgConfig, PgStore, SCHEMA_VERSION};
 
 /// The variable that names the test database.

@@ -4,7 +4,7 @@
 use haul_core::action::ActionType;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
-use haul_postgres::testing::{FreshStore, client_in_schema, database_url, fresh_store};
+use haul_postgres::testing::{FreshStore, TestPublish, client_in_schema, database_url, fresh_store};
 use haul_store::{AppendError, EventStore, NewEntry, NewOutboxRow, Outbox};
 use serde_json::json;
 
@@ -206,4 +206,133 @@ async fn only_receives_and_claims_skip_the_wal_flush() {
     let got = s.receive(10, std::time::Duration::from_secs(60), t0()).await.unwrap();
     assert_eq!(got.len(), 1);
     assert!(s.receive(10, std::time::Duration::from_secs(60), t0()).await.unwrap().is_empty(), "invisible");
+}
+
+/// A publish of `event_id` to load `l`, marking `mark` (outbox id, claim token) with it.
+fn publish(l: &str, event_id: &str, body: &str, mark: Option<(&str, &str)>) -> TestPublish {
+    TestPublish {
+        load_id: l.into(),
+        event_id: event_id.into(),
+        body: body.into(),
+        mark: mark.map(|(id, token)| (id.into(), token.into())),
+    }
+}
+
+/// Claims every due row; the token of each, by outbox id.
+async fn claim_all(s: &haul_postgres::PgStore) -> std::collections::BTreeMap<String, String> {
+    let claims = s.pending(100, t0(), std::time::Duration::from_secs(90)).await.unwrap();
+    claims.into_iter().map(|c| (c.row.id, c.token)).collect()
+}
+
+/// Each row's status, by outbox id.
+async fn statuses(s: &haul_postgres::PgStore, loads: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in loads {
+        for r in s.rows_for_load(&load(l)).await.unwrap() {
+            out.push(format!("{} {}", r.id, r.status.as_str()));
+        }
+    }
+    out
+}
+
+/// A wave of publishes and publish-and-marks goes to the server as one query, its values
+/// written as literals: every answer is still the unit's own, and a body holding
+/// quotes, backslashes, semicolons and dollar signs arrives byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_sent_as_one_query_answer_each_unit_and_keep_every_byte() {
+    use haul_store::LoadQueue;
+    let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
+    for l in ["A", "B", "C"] {
+        s.append(&load(l), vec![entry("e1")], 0, vec![row(&format!("{l}/e1/send_sms"))], t0()).await.unwrap();
+    }
+    let tokens = claim_all(&s).await;
+    let odd = "it's \\'; DROP TABLE queue; -- $$ $1 \\x00 ☃ \"quoted\"\nline 2";
+    let answers = s
+        .publish_one_batch(
+            vec![
+                publish("A", "out:A", odd, Some(("A/e1/send_sms", &tokens["A/e1/send_sms"]))),
+                publish("B", "out:B", "{}", Some(("B/e1/send_sms", "not-the-token"))),
+                publish("A", "out:A", "{}", None),
+                publish("C", "in:C", "{}", None),
+                publish("C", "out:C", "{}", Some(("C/e1/send_sms", &tokens["C/e1/send_sms"]))),
+            ],
+            t0(),
+        )
+        .await;
+    assert_eq!(answers, ["new", "stale", "duplicate", "new", "new"]);
+    assert_eq!(
+        statuses(&s, &["A", "B", "C"]).await,
+        ["A/e1/send_sms dispatched", "B/e1/send_sms pending", "C/e1/send_sms dispatched"]
+    );
+    // B's publish stands though its mark found the claim stale.
+    let got = s.receive(10, std::time::Duration::from_secs(60), t0()).await.unwrap();
+    let mut bodies: Vec<(String, String)> = got.into_iter().map(|m| (m.event_id, m.body)).collect();
+    bodies.sort();
+    assert_eq!(
+        bodies,
+        [
+            ("in:C".to_owned(), "{}".to_owned()),
+            ("out:A".to_owned(), odd.to_owned()),
+            ("out:B".to_owned(), "{}".to_owned())
+        ]
+    );
+}
+
+/// A unit of a wave sent as one query that waits for a lock ends the query there: the
+/// units before it commit, it runs alone once the lock is free, and the units after it
+/// (which the server never ran) run in the next wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_waiting_for_a_lock_in_a_wave_sent_as_one_query_runs_alone() {
+    let (s, schema) = fresh_store(&FreshStore::default()).await.unwrap();
+    let loads = ["P0", "P1", "HELD", "P3", "P4"];
+    for l in loads {
+        s.append(&load(l), vec![entry("e1")], 0, vec![row(&format!("{l}/e1/send_sms"))], t0()).await.unwrap();
+    }
+    let tokens = claim_all(&s).await;
+    let mut other = client_in_schema(&database_url(), &schema).await;
+    let tx = other.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM outbox WHERE load_id = 'HELD' FOR UPDATE", &[]).await.unwrap();
+    let units: Vec<TestPublish> = loads
+        .iter()
+        .map(|l| {
+            let id = format!("{l}/e1/send_sms");
+            publish(l, &format!("out:{l}"), "{}", Some((&id, &tokens[&id])))
+        })
+        .collect();
+    let batch = {
+        let s = s.clone();
+        tokio::spawn(async move { s.publish_one_batch(units, t0()).await })
+    };
+    // The batch commits without HELD's row; HELD's unit waits for the lock.
+    let marked = async || statuses(&s, &loads).await.iter().filter(|l| l.ends_with("dispatched")).count();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while marked().await < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the other units did not commit: {:?}",
+            statuses(&s, &loads).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(!batch.is_finished(), "HELD's unit waits for the lock");
+    assert_eq!(statuses(&s, &["HELD"]).await, ["HELD/e1/send_sms pending"]);
+    tx.commit().await.unwrap();
+    assert_eq!(batch.await.unwrap(), ["new"; 5]);
+    assert_eq!(marked().await, 5);
+}
+
+/// A value a literal cannot hold (a NUL) keeps its unit out of the text wave: the
+/// server refuses it as it would any statement, and its neighbours commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_holding_a_nul_is_refused_and_its_neighbours_commit() {
+    let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
+    let answers = s
+        .publish_one_batch(
+            vec![publish("N1", "m1", "{}", None), publish("N2", "m1", "a\0b", None), publish("N3", "m1", "{}", None)],
+            t0(),
+        )
+        .await;
+    assert_eq!(answers[0], "new");
+    assert!(answers[1].starts_with("store: ") && answers[1].contains("0x00"), "{answers:?}");
+    assert_eq!(answers[2], "new");
 }
