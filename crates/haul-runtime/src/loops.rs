@@ -4,7 +4,9 @@
 //!
 //! `haul serve` runs them per role; the benchmarks run the very same loops.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
@@ -13,6 +15,7 @@ use tracing::{Instrument, warn};
 use crate::dispatcher::Dispatcher;
 use crate::pump::TimerPump;
 use crate::worker::Worker;
+use haul_store::Claim;
 
 async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) {
     tokio::select! {
@@ -88,12 +91,27 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// earlier `due_at`) waits for the claims to come back to it.
 const CLAIM_FROM_START_EVERY: Duration = Duration::from_millis(100);
 
-/// How long a busy dispatcher's claim waits for half of its batch to be free.
-const CLAIM_GATHER: Duration = Duration::from_millis(2);
+/// How long, by the rate its sends have been finishing, a row a busy dispatcher claims
+/// ahead of a free send should wait for one. Much of a claim's cost is paid per claim,
+/// not per row (on PostgreSQL it starts a scan of every partition), so a dispatcher
+/// whose sends all are out claims the rows it will start within this horizon in one go,
+/// instead of one claim per send that frees.
+const CLAIM_AHEAD: Duration = Duration::from_millis(10);
 
-/// Keeps up to `dispatcher.batch` sends going: claims as many rows as sends are free,
-/// so a row committed while others are at their services is claimed at once instead
-/// of after the slowest send of a batch. Each send holds a permit.
+/// The rows to claim ahead of free sends: as many as finished, at the rate of the
+/// `finished` sends in `elapsed`, within `CLAIM_AHEAD`. Slow sends claim none ahead, so a
+/// row is not held behind them while another dispatcher could send it.
+fn claim_ahead(finished: usize, elapsed: Duration) -> usize {
+    if elapsed.is_zero() {
+        return 0;
+    }
+    (finished as f64 * CLAIM_AHEAD.as_secs_f64() / elapsed.as_secs_f64()) as usize
+}
+
+/// Keeps up to `dispatcher.batch` sends going: claims as many rows as sends are free
+/// (and, while they all are out, the rows it will start within `CLAIM_AHEAD`), so a row
+/// committed while others are at their services is claimed at once instead of after
+/// the slowest send of a batch. Each send holds a permit.
 pub async fn dispatcher_loop(
     dispatcher: Arc<Dispatcher>,
     wake: Arc<tokio::sync::Notify>,
@@ -103,12 +121,29 @@ pub async fn dispatcher_loop(
     let permits = Arc::new(Semaphore::new(batch));
     let mut idle_for = Duration::from_millis(10);
     let mut swept_at: Option<std::time::Instant> = None;
-    // Where the last claim that filled every free place ended, and when the last claim
-    // from the start ran. The rows this dispatcher holds sort before the cursor: a claim
-    // after it does not pass them again (on a backlog, each claim from the start walks
-    // every row in flight).
+    // Where the last claim that took every row it asked for ended, and when the last
+    // claim from the start ran. The rows this dispatcher holds sort before the cursor: a
+    // claim after it does not pass them again (on a backlog, each claim from the start
+    // walks every row in flight).
     let mut cursor: Option<haul_store::ClaimCursor> = None;
     let mut from_start_at = std::time::Instant::now();
+    // Rows claimed ahead of a free send, in claim order; sends finished so far, and
+    // the count and time at the last claim (the rate `claim_ahead` goes by).
+    let mut ahead: VecDeque<Claim> = VecDeque::new();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let mut last_claim = (std::time::Instant::now(), 0usize);
+    let send = |claim: Claim, permit| {
+        let (d, finished) = (dispatcher.clone(), finished.clone());
+        let span = Dispatcher::span(&claim);
+        tokio::spawn(
+            async move {
+                d.dispatch(claim).await;
+                finished.fetch_add(1, Ordering::Relaxed);
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    };
     while !*stop.borrow() {
         if swept_at.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
             swept_at = Some(std::time::Instant::now());
@@ -116,49 +151,38 @@ pub async fn dispatcher_loop(
                 warn!(error = %e, "settling dead rows failed");
             }
         }
+        // A row claimed ahead goes out as soon as a send frees.
+        if !ahead.is_empty() {
+            let permit = tokio::select! {
+                p = permits.clone().acquire_owned() => p,
+                _ = stop.changed() => continue,
+            };
+            let (Ok(permit), Some(claim)) = (permit, ahead.pop_front()) else { break };
+            send(claim, permit);
+            continue;
+        }
         let free = permits.available_permits();
-        if free == 0 {
+        let done = finished.load(Ordering::Relaxed);
+        let want = (free + claim_ahead(done - last_claim.1, last_claim.0.elapsed())).min(batch);
+        if want == 0 {
             until_a_permit_frees(&permits, &mut stop).await;
             continue;
         }
-        // Much of a claim's cost is paid per claim, not per row (on PostgreSQL it starts
-        // a scan of every partition), so while most of the batch is out sending, the
-        // next claim waits a moment for more sends to finish and takes their places in
-        // one go. Bounded: a row waits at most `CLAIM_GATHER` longer, and only then.
-        let gather = (batch / 2).max(1);
-        if free < gather {
-            let more = permits.clone().acquire_many_owned(gather as u32);
-            let _ = tokio::time::timeout(CLAIM_GATHER, more).await;
-        }
-        let free = permits.available_permits();
-        if free == 0 {
-            continue;
-        }
+        last_claim = (std::time::Instant::now(), done);
         let after = cursor.take().filter(|_| from_start_at.elapsed() < CLAIM_FROM_START_EVERY);
         if after.is_none() {
             from_start_at = std::time::Instant::now();
         }
-        match dispatcher.claim(free, after.as_ref()).await {
+        match dispatcher.claim(want, after.as_ref()).await {
             // Nothing past the cursor: claim from the start at once.
             Ok(Ok(claims)) if claims.is_empty() && after.is_some() => continue,
             Ok(Ok(claims)) if !claims.is_empty() => {
                 idle_for = Duration::from_millis(10);
                 // A claim that came back short reached the end of the due rows.
-                if claims.len() == free {
+                if claims.len() == want {
                     cursor = haul_store::ClaimCursor::after(&claims);
                 }
-                for claim in claims {
-                    let Ok(permit) = permits.clone().acquire_owned().await else { break };
-                    let d = dispatcher.clone();
-                    let span = Dispatcher::span(&claim);
-                    tokio::spawn(
-                        async move {
-                            d.dispatch(claim).await;
-                            drop(permit);
-                        }
-                        .instrument(span),
-                    );
-                }
+                ahead.extend(claims);
             }
             Ok(Ok(_)) => {
                 idle(idle_for, &wake, &mut stop).await;
@@ -172,7 +196,12 @@ pub async fn dispatcher_loop(
             }
         }
     }
-    // Let sends in flight settle their rows.
+    // Rows claimed ahead are this dispatcher's until their leases lapse: send them, and
+    // let every send in flight settle its row.
+    while let Some(claim) = ahead.pop_front() {
+        let Ok(permit) = permits.clone().acquire_owned().await else { break };
+        send(claim, permit);
+    }
     let _ = permits.acquire_many(batch as u32).await;
 }
 
@@ -186,5 +215,24 @@ pub async fn pump_loop(pump: Arc<TimerPump>, poll: Duration, batch: usize, mut s
             Err(e) => warn!(error = %e, "reading due timers failed"),
         }
         sleep_or_stop(poll, &mut stop).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(sends finished, since the last claim in ms)` → rows claimed ahead.
+    fn check(finished: usize, elapsed_ms: u64, expected: usize) {
+        assert_eq!(claim_ahead(finished, Duration::from_millis(elapsed_ms)), expected, "{finished} in {elapsed_ms} ms");
+    }
+
+    #[test]
+    fn rows_are_claimed_ahead_by_the_rate_sends_finish() {
+        check(32, 10, 32); // fast sends: what will start within the horizon
+        check(32, 40, 8);
+        check(3, 1_000, 0); // slow sends: none held behind them
+        check(0, 10, 0);
+        check(5, 0, 0); // no time has passed: no rate yet
     }
 }
