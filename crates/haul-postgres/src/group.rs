@@ -59,15 +59,24 @@ pub const MAX_BATCH: usize = 64;
 const _: () = assert!(MAX_BATCH <= 64, "more units than a session's cached subtransaction ids");
 /// Units waiting for a committer at most; callers wait beyond it.
 const QUEUE_LEN: usize = 4096;
-/// How long a batch's statement (or a committer's prepare) may wait for a lock before
-/// its unit is put off to run alone: set on the committer's session, which therefore
-/// never goes back to the pool (`Session`).
-const LOCK_TIMEOUT: &str = "SET lock_timeout = '20ms'";
+/// The committer's session settings. `lock_timeout`: how long a batch's statement (or a
+/// committer's prepare) may wait for a lock before its unit is put off to run alone;
+/// the session therefore never goes back to the pool (`Session`). And the one setting
+/// the literals of a wave sent as text rely on: with standard conforming strings, a
+/// backslash in a literal is itself, and only a quote needs doubling (`literal`).
+const SESSION_SETTINGS: &str = "SET lock_timeout = '20ms'; SET standard_conforming_strings = on";
 
-/// The session's own prepared statements, which a wave sent as text runs
-/// (`text_wave`), and the one setting its literals rely on: with standard conforming
-/// strings, a backslash in a literal is itself, and only a quote needs doubling.
-/// Writes `v` as a literal: quoted, its quotes doubled (`session_setup`).
+/// The session's own prepared statements, which a wave sent as text runs (`text_wave`).
+fn text_statements() -> String {
+    format!(
+        "PREPARE haul_publish (text, text, text, bigint) AS {};
+         PREPARE haul_mark_dispatched (text, text, text, text, bigint) AS {}",
+        crate::sql::QUEUE_PUBLISH,
+        crate::sql::OUTBOX_MARK_DISPATCHED
+    )
+}
+
+/// Writes `v` as a literal: quoted, its quotes doubled (`SESSION_SETTINGS`).
 fn literal(sql: &mut String, v: &str) {
     sql.push('\'');
     for c in v.chars() {
@@ -77,16 +86,6 @@ fn literal(sql: &mut String, v: &str) {
         sql.push(c);
     }
     sql.push('\'');
-}
-
-fn session_setup() -> String {
-    format!(
-        "{LOCK_TIMEOUT}; SET standard_conforming_strings = on;
-         PREPARE haul_publish (text, text, text, bigint) AS {};
-         PREPARE haul_mark_dispatched (text, text, text, text, bigint) AS {}",
-        crate::sql::QUEUE_PUBLISH,
-        crate::sql::OUTBOX_MARK_DISPATCHED
-    )
 }
 
 /// Why a unit's statements stopped.
@@ -294,7 +293,7 @@ impl Job {
     }
 
     /// Writes the unit's statements as `EXECUTE`s of the session's prepared statements
-    /// (`session_setup`), each ended by `;`; returns how many it wrote.
+    /// (`text_statements`), each ended by `;`; returns how many it wrote.
     fn write_text(&self, sql: &mut String) -> usize {
         fn publish(sql: &mut String, load_id: &str, event_id: &str, body: &str, now: i64) {
             sql.push_str("EXECUTE haul_publish(");
@@ -468,26 +467,41 @@ impl Group {
     }
 }
 
-/// A committer's connection. Its session has `LOCK_TIMEOUT`, so it is closed, never
+/// A committer's connection. Its session has a `lock_timeout` (`SESSION_SETTINGS`), so it is closed, never
 /// handed back to the pool, when the committer drops it (after an error, at the end, in
 /// a panic's unwinding).
 #[derive(Default)]
-pub(crate) struct Session(Option<Object>);
+pub(crate) struct Session {
+    client: Option<Object>,
+    /// Whether its `text_statements` are prepared: waves go out as text only then.
+    text: bool,
+}
 
 impl Session {
     async fn client(&mut self, pool: &Pool) -> Result<&mut Object, StoreError> {
-        if self.0.is_none() {
+        if self.client.is_none() {
             let client = pool_client(pool).await?;
-            let set = client.batch_execute(&session_setup()).await;
+            let set = client.batch_execute(SESSION_SETTINGS).await;
             // Closed, not pooled, whatever the answer.
-            self.0 = Some(client);
+            self.client = Some(client);
             set.map_err(pg)?;
+            // Without them (a schema this haul cannot prepare them on), every wave goes
+            // out in the extended protocol, where each unit meets its own error.
+            let prepared = match &self.client {
+                Some(c) => c.batch_execute(&text_statements()).await,
+                None => Ok(()),
+            };
+            if let Err(e) = &prepared {
+                tracing::warn!(error = %e, "a committer could not prepare its statements; its waves go statement by statement");
+            }
+            self.text = prepared.is_ok();
         }
-        self.0.as_mut().ok_or_else(|| StoreError::new("no PostgreSQL connection"))
+        self.client.as_mut().ok_or_else(|| StoreError::new("no PostgreSQL connection"))
     }
 
     fn close(&mut self) {
-        if let Some(c) = self.0.take() {
+        self.text = false;
+        if let Some(c) = self.client.take() {
             drop(Object::take(c));
         }
     }
@@ -554,6 +568,8 @@ async fn run_batch(
     batch: &mut [Job],
     steps: &mut Vec<Step>,
 ) -> Result<(), StoreError> {
+    conn.client(pool).await?;
+    let text = conn.text;
     let client = conn.client(pool).await?;
     let mut prepared = Vec::with_capacity(batch.len());
     for job in batch.iter() {
@@ -575,7 +591,7 @@ async fn run_batch(
         let end = start + shares[start..].iter().take_while(|s| **s).count().max(1);
         // The batch's last wave, sent as text, carries the `COMMIT` too.
         let mut committed = None;
-        let ran = if batch[start..end].iter().all(Job::as_text) {
+        let ran = if text && batch[start..end].iter().all(Job::as_text) {
             let commit = end == batch.len();
             let (ran, c) = text_wave(tx, &prefix, start, &mut batch[start..end], &own[start..end], commit).await;
             committed = c;
