@@ -516,7 +516,7 @@ impl Drop for Session {
 async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
     let mut conn = Session::default();
     loop {
-        let mut batch = {
+        let batch = {
             let mut rx = rx.lock().await;
             let Some(first) = rx.recv().await else { return };
             let mut batch = vec![first];
@@ -528,17 +528,23 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
             }
             batch
         };
-        let mut steps = Vec::with_capacity(batch.len());
-        let commit = run_batch(&pool, &mut conn, &mut batch, &mut steps).await;
-        if commit.is_err() {
-            // A lost or confused session: close it; the next batch connects afresh.
-            conn.close();
-        }
-        let mut steps = steps.into_iter();
-        for job in batch {
-            let deferred = steps.next() == Some(Step::Defer);
-            job.finish(&commit, deferred, &pool);
-        }
+        commit_batch(&pool, &mut conn, batch).await;
+    }
+}
+
+/// Runs `batch` on `conn` (`run_batch`) and answers each of its units; a unit put off
+/// runs alone.
+async fn commit_batch(pool: &Pool, conn: &mut Session, mut batch: Vec<Job>) {
+    let mut steps = Vec::with_capacity(batch.len());
+    let commit = run_batch(pool, conn, &mut batch, &mut steps).await;
+    if commit.is_err() {
+        // A lost or confused session: close it; the next batch connects afresh.
+        conn.close();
+    }
+    let mut steps = steps.into_iter();
+    for job in batch {
+        let deferred = steps.next() == Some(Step::Defer);
+        job.finish(&commit, deferred, pool);
     }
 }
 
@@ -796,11 +802,7 @@ impl crate::PgStore {
             batch.push(Job::Append { args, out: None, reply });
             answers.push(rx);
         }
-        let (mut conn, mut steps) = (Session::default(), Vec::new());
-        let commit = run_batch(&self.pool, &mut conn, &mut batch, &mut steps).await;
-        for (job, step) in batch.into_iter().zip(steps.into_iter().map(Some).chain(std::iter::repeat(None))) {
-            job.finish(&commit, step == Some(Step::Defer), &self.pool);
-        }
+        commit_batch(&self.pool, &mut Session::default(), batch).await;
         let mut out = Vec::new();
         for rx in answers {
             out.push(rx.await.unwrap_or_else(|_| Err(StoreError::new("dropped").into())).map(|(v, _)| v));
@@ -839,11 +841,7 @@ impl crate::PgStore {
                 }
             }
         }
-        let (mut conn, mut steps) = (Session::default(), Vec::new());
-        let commit = run_batch(&self.pool, &mut conn, &mut batch, &mut steps).await;
-        for (job, step) in batch.into_iter().zip(steps.into_iter().map(Some).chain(std::iter::repeat(None))) {
-            job.finish(&commit, step == Some(Step::Defer), &self.pool);
-        }
+        commit_batch(&self.pool, &mut Session::default(), batch).await;
         let mut out = Vec::new();
         for a in answers {
             out.push(match a.await {
