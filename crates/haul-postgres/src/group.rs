@@ -467,9 +467,9 @@ impl Group {
     }
 }
 
-/// A committer's connection. Its session has a `lock_timeout` (`SESSION_SETTINGS`), so it is closed, never
-/// handed back to the pool, when the committer drops it (after an error, at the end, in
-/// a panic's unwinding).
+/// A committer's connection. Its session has a `lock_timeout` (`SESSION_SETTINGS`), so
+/// it is closed, never handed back to the pool, when the committer drops it (after an
+/// error, at the end, in a panic's unwinding).
 #[derive(Default)]
 pub(crate) struct Session {
     client: Option<Object>,
@@ -478,25 +478,24 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    async fn client(&mut self, pool: &Pool) -> Result<&mut Object, StoreError> {
+    /// The connection, set up on first use, and whether waves may go out as text.
+    async fn client(&mut self, pool: &Pool) -> Result<(&Object, bool), StoreError> {
         if self.client.is_none() {
             let client = pool_client(pool).await?;
             let set = client.batch_execute(SESSION_SETTINGS).await;
-            // Closed, not pooled, whatever the answer.
+            let prepared = if set.is_ok() { client.batch_execute(&text_statements()).await } else { Ok(()) };
+            // Closed, not pooled, whatever the answers.
             self.client = Some(client);
             set.map_err(pg)?;
             // Without them (a schema this haul cannot prepare them on), every wave goes
             // out in the extended protocol, where each unit meets its own error.
-            let prepared = match &self.client {
-                Some(c) => c.batch_execute(&text_statements()).await,
-                None => Ok(()),
-            };
             if let Err(e) = &prepared {
                 tracing::warn!(error = %e, "a committer could not prepare its statements; its waves go statement by statement");
             }
             self.text = prepared.is_ok();
         }
-        self.client.as_mut().ok_or_else(|| StoreError::new("no PostgreSQL connection"))
+        let client = self.client.as_ref().ok_or_else(|| StoreError::new("no PostgreSQL connection"))?;
+        Ok((client, self.text))
     }
 
     fn close(&mut self) {
@@ -574,12 +573,10 @@ async fn run_batch(
     batch: &mut [Job],
     steps: &mut Vec<Step>,
 ) -> Result<(), StoreError> {
-    conn.client(pool).await?;
-    let text = conn.text;
-    let client = conn.client(pool).await?;
+    let (client, text) = conn.client(pool).await?;
     let mut prepared = Vec::with_capacity(batch.len());
     for job in batch.iter() {
-        prepared.push(job.prepare(&*client).await.ok());
+        prepared.push(job.prepare(client).await.ok());
     }
     // A unit that failed to prepare runs alone: its statements would go out late.
     let shares: Vec<bool> = batch.iter().zip(&prepared).map(|(job, p)| job.one_trip() && p.is_some()).collect();
