@@ -325,28 +325,15 @@ pub(crate) async fn append_body(
             (Some(stmt), Some(statuses)) => tx.execute(stmt, &[&lid, &delta.stage, statuses]).await,
             _ => set_summary(&None, &None, &None).await,
         };
-        // A load's first append creates its version row, and the log and the outbox hold
-        // rows only of loads that have one: none of its entry ids or keys can be taken,
-        // so it does not look. Were one taken, its insert would fail on the table's
-        // unique key and the unit run again step by step, checks and all.
-        let first = expected == 0;
-        let find_entry = async || if first { Ok(None) } else { find_taken_entry().await };
-        let find_key = async || if first { Ok(None) } else { find_taken_key().await };
-        let (won, entry_taken, key_taken, inserted, outboxed, summarized, acked) = tokio::join!(
-            take_version(),
-            find_entry(),
-            find_key(),
-            insert_events(),
-            insert_outbox(),
-            summarize(),
-            ack(),
-        );
-        let clean = matches!(won, Ok(1))
-            && matches!(entry_taken, Ok(None))
-            && matches!(key_taken, Ok(None))
-            && inserted.is_ok()
-            && outboxed.is_ok()
-            && summarized.is_ok();
+        // The entry ids and action keys are not looked up first: a taken one fails its
+        // insert on the table's unique key (`(load_id, entry_id)` of the log, `(load_id,
+        // id)` of the outbox, the lookups' own scopes), and the unit runs again step by
+        // step, checks and all, for the exact error. Taken ones are rare (a redelivery
+        // the worker did not already see in the log), the two lookups are not: two
+        // statements fewer per append.
+        let (won, inserted, outboxed, summarized, acked) =
+            tokio::join!(take_version(), insert_events(), insert_outbox(), summarize(), ack());
+        let clean = matches!(won, Ok(1)) && inserted.is_ok() && outboxed.is_ok() && summarized.is_ok();
         return match acked {
             Ok(n) if clean => Ok((new_version as u64, n == 1)),
             _ => Err(Fail::Again),
