@@ -132,6 +132,11 @@ pub async fn dispatcher_loop(
     let mut ahead: VecDeque<Claim> = VecDeque::new();
     let finished = Arc::new(AtomicUsize::new(0));
     let mut last_claim = (std::time::Instant::now(), 0usize);
+    // A claim from the start that came back short took every row due: the next one is
+    // committed later, and its commit wakes this loop (or the poll finds it). Claiming
+    // again at once would only come back empty (on PostgreSQL, a walk of every
+    // partition's index for nothing).
+    let mut caught_up = false;
     let send = |claim: Claim, permit| {
         let (d, finished) = (dispatcher.clone(), finished.clone());
         let span = Dispatcher::span(&claim);
@@ -161,6 +166,10 @@ pub async fn dispatcher_loop(
             send(claim, permit);
             continue;
         }
+        if std::mem::take(&mut caught_up) {
+            idle(idle_for, &wake, &mut stop).await;
+            continue;
+        }
         let free = permits.available_permits();
         let done = finished.load(Ordering::Relaxed);
         let want = (free + claim_ahead(done - last_claim.1, last_claim.0.elapsed())).min(batch);
@@ -181,6 +190,8 @@ pub async fn dispatcher_loop(
                 // A claim that came back short reached the end of the due rows.
                 if claims.len() == want {
                     cursor = haul_store::ClaimCursor::after(&claims);
+                } else {
+                    caught_up = after.is_none();
                 }
                 ahead.extend(claims);
             }
