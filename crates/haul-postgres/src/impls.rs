@@ -329,7 +329,7 @@ pub(crate) async fn append_body(
         // insert on the table's unique key (`(load_id, entry_id)` of the log, `(load_id,
         // id)` of the outbox, the lookups' own scopes), and the unit runs again step by
         // step, checks and all, for the exact error. Taken ones are rare (a redelivery
-        // the worker did not already see in the log), the two lookups are not: two
+        // the worker did not already see in the log), the lookups are not: one or two
         // statements fewer per append.
         let (won, inserted, outboxed, summarized, acked) =
             tokio::join!(take_version(), insert_events(), insert_outbox(), summarize(), ack());
