@@ -296,7 +296,10 @@ impl LlmConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DispatcherConfig {
+    /// Rows one claim takes at most.
     pub batch: usize,
+    /// Sends a running dispatcher keeps in flight at once.
+    pub in_flight: usize,
     #[serde(with = "duration")]
     pub lease: Duration,
     pub retry: RetryConfig,
@@ -304,7 +307,7 @@ pub struct DispatcherConfig {
 
 impl Default for DispatcherConfig {
     fn default() -> Self {
-        DispatcherConfig { batch: 32, lease: Duration::from_secs(90), retry: RetryConfig::default() }
+        DispatcherConfig { batch: 32, in_flight: 64, lease: Duration::from_secs(90), retry: RetryConfig::default() }
     }
 }
 
@@ -456,6 +459,7 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("decider.llm.timeout", Kind::Text),
     ("decider.shadow", Kind::Text),
     ("dispatcher.batch", Kind::Int),
+    ("dispatcher.in_flight", Kind::Int),
     ("dispatcher.lease", Kind::Text),
     ("dispatcher.retry.base", Kind::Text),
     ("dispatcher.retry.cap", Kind::Text),
@@ -847,6 +851,9 @@ impl Config {
         if !(1..=1000).contains(&self.dispatcher.batch) {
             bail!("dispatcher.batch must be 1 to 1000, not {}", self.dispatcher.batch);
         }
+        if !(1..=1000).contains(&self.dispatcher.in_flight) {
+            bail!("dispatcher.in_flight must be 1 to 1000, not {}", self.dispatcher.in_flight);
+        }
         if self.dispatcher.lease < Duration::from_secs(10) {
             bail!("dispatcher.lease must be at least 10s (sends time out after 5s)");
         }
@@ -916,6 +923,9 @@ mod tests {
         check("[timers]\npoll = \"45s\"", Some("timers.poll"));
         check("[timers]\npoll = \"soon\"", Some("bad duration"));
         check("[dispatcher.retry]\nmax_attempts = 1", Some("max_attempts"));
+        check("[dispatcher]\nbatch = 16\nin_flight = 256", None);
+        check("[dispatcher]\nin_flight = 0", Some("dispatcher.in_flight must be 1 to 1000, not 0"));
+        check("[dispatcher]\nin_flight = 1001", Some("dispatcher.in_flight must be 1 to 1000, not 1001"));
         check("[store]\nurl = \"mysql://x\"", Some("store.url"));
         check("[channels.sms]\nurl = \"ftp://x\"", Some("channels.sms.url"));
         check("[clients.client_a.eta_request]\ntrigger_risk = \"extreme\"", Some("extreme"));

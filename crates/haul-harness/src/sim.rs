@@ -309,6 +309,7 @@ impl World {
         let worker_settings = WorkerSettings { concurrency: 1, visibility: VISIBILITY, ..WorkerSettings::default() };
         let dispatcher_settings = |i: u64| DispatcherSettings {
             batch: 4,
+            in_flight: 4,
             lease: LEASE,
             retry: config.dispatcher.retry.policy(),
             sequential: true,

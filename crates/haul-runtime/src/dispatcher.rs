@@ -24,7 +24,10 @@ use crate::queue::{EventQueue, body_of};
 
 #[derive(Clone, Debug)]
 pub struct DispatcherSettings {
+    /// Rows one claim takes at most.
     pub batch: usize,
+    /// Sends `dispatcher_loop` keeps in flight at once (`run_once` sends one claim's rows).
+    pub in_flight: usize,
     pub lease: Duration,
     pub retry: RetryPolicy,
     /// Send a batch's rows one after another instead of at once (the simulator, whose
@@ -42,6 +45,7 @@ impl Default for DispatcherSettings {
         let config = haul_config::DispatcherConfig::default();
         DispatcherSettings {
             batch: config.batch,
+            in_flight: config.in_flight,
             lease: config.lease,
             retry: RetryPolicy::default(),
             sequential: false,

@@ -108,17 +108,19 @@ fn claim_ahead(finished: usize, elapsed: Duration) -> usize {
     (finished as f64 * CLAIM_AHEAD.as_secs_f64() / elapsed.as_secs_f64()) as usize
 }
 
-/// Keeps up to `dispatcher.batch` sends going: claims as many rows as sends are free
-/// (and, while they all are out, the rows it will start within `CLAIM_AHEAD`), so a row
-/// committed while others are at their services is claimed at once instead of after
-/// the slowest send of a batch. Each send holds a permit.
+/// Keeps up to `dispatcher.in_flight` sends going: claims as many rows as sends are
+/// free (and, while they all are out, the rows it will start within `CLAIM_AHEAD`), at
+/// most `dispatcher.batch` per claim, so a row committed while others are at their
+/// services is claimed at once instead of after the slowest send of a batch. Each send
+/// holds a permit.
 pub async fn dispatcher_loop(
     dispatcher: Arc<Dispatcher>,
     wake: Arc<tokio::sync::Notify>,
     mut stop: watch::Receiver<bool>,
 ) {
     let batch = dispatcher.settings().batch.max(1);
-    let permits = Arc::new(Semaphore::new(batch));
+    let in_flight = dispatcher.settings().in_flight.max(1);
+    let permits = Arc::new(Semaphore::new(in_flight));
     let mut idle_for = Duration::from_millis(10);
     let mut swept_at: Option<std::time::Instant> = None;
     // Where the last claim that took every row it asked for ended, and when the last
@@ -213,7 +215,7 @@ pub async fn dispatcher_loop(
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
         send(claim, permit);
     }
-    let _ = permits.acquire_many(batch as u32).await;
+    let _ = permits.acquire_many(in_flight as u32).await;
 }
 
 /// Polls at least every `poll` (at most 30 s); a full batch polls again at once.

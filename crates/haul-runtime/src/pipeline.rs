@@ -70,6 +70,7 @@ impl Pipeline {
         };
         let dispatcher = DispatcherSettings {
             batch: config.dispatcher.batch,
+            in_flight: config.dispatcher.in_flight,
             lease: config.dispatcher.lease,
             retry: config.dispatcher.retry.policy(),
             sequential: false,

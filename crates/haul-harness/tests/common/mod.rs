@@ -173,6 +173,7 @@ impl H {
             self.clock.clone(),
             DispatcherSettings {
                 batch: self.config.dispatcher.batch,
+                in_flight: self.config.dispatcher.in_flight,
                 lease: self.config.dispatcher.lease,
                 retry: self.config.dispatcher.retry.policy(),
                 sequential: false,
