@@ -39,18 +39,24 @@ pub struct DispatcherSettings {
     pub jitter_seed: Option<u64>,
 }
 
-impl Default for DispatcherSettings {
-    fn default() -> Self {
-        // The settings' defaults (`haul_config::DispatcherConfig`) are the one source.
-        let config = haul_config::DispatcherConfig::default();
+impl DispatcherSettings {
+    /// The settings `dispatcher.*` give: sends at once, jitter drawn from the OS.
+    pub fn from_config(config: &haul_config::DispatcherConfig) -> Self {
         DispatcherSettings {
             batch: config.batch,
             in_flight: config.in_flight,
             lease: config.lease,
-            retry: RetryPolicy::default(),
+            retry: config.retry.policy(),
             sequential: false,
             jitter_seed: None,
         }
+    }
+}
+
+impl Default for DispatcherSettings {
+    fn default() -> Self {
+        // The settings' defaults (`haul_config::DispatcherConfig`) are the one source.
+        DispatcherSettings::from_config(&haul_config::DispatcherConfig::default())
     }
 }
 

@@ -68,14 +68,8 @@ impl Pipeline {
             load_lock: config.load_lock.enabled,
             ..WorkerSettings::default()
         };
-        let dispatcher = DispatcherSettings {
-            batch: config.dispatcher.batch,
-            in_flight: config.dispatcher.in_flight,
-            lease: config.dispatcher.lease,
-            retry: config.dispatcher.retry.policy(),
-            sequential: false,
-            jitter_seed: seed,
-        };
+        let dispatcher =
+            DispatcherSettings { jitter_seed: seed, ..DispatcherSettings::from_config(&config.dispatcher) };
         Pipeline {
             worker: Arc::new(Worker::new(
                 store.clone(),

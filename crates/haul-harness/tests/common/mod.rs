@@ -171,14 +171,7 @@ impl H {
             QueueMode::Separate,
             self.channels.clone(),
             self.clock.clone(),
-            DispatcherSettings {
-                batch: self.config.dispatcher.batch,
-                in_flight: self.config.dispatcher.in_flight,
-                lease: self.config.dispatcher.lease,
-                retry: self.config.dispatcher.retry.policy(),
-                sequential: false,
-                jitter_seed: Some(seed),
-            },
+            DispatcherSettings { jitter_seed: Some(seed), ..DispatcherSettings::from_config(&self.config.dispatcher) },
             Faults::default(),
         ))
     }
