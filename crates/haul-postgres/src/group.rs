@@ -39,6 +39,7 @@
 //! writer's commit). So a batch is never
 //! held up by another process's writes, and two batches cannot deadlock each other.
 
+use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
@@ -70,9 +71,11 @@ const SESSION_SETTINGS: &str = "SET lock_timeout = '20ms'; SET standard_conformi
 fn text_statements() -> String {
     format!(
         "PREPARE haul_publish (text, text, text, bigint) AS {};
-         PREPARE haul_mark_dispatched (text, text, text, text, bigint) AS {}",
+         PREPARE haul_mark_dispatched (text, text, text, text, bigint) AS {};
+         PREPARE haul_publish_set (text[], text[], text[], bigint[]) AS {}",
         crate::sql::QUEUE_PUBLISH,
-        crate::sql::OUTBOX_MARK_DISPATCHED
+        crate::sql::OUTBOX_MARK_DISPATCHED,
+        crate::sql::QUEUE_PUBLISH_SET
     )
 }
 
@@ -167,6 +170,10 @@ enum Step {
 }
 
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
+/// A publish as a set wave sends it: load, event id, body, now.
+type Publish<'a> = (&'a str, &'a str, &'a str, i64);
+/// A mark as a set wave sends it: load, outbox id, token, receipt, now.
+type Mark<'a> = (&'a str, &'a str, &'a str, &'a str, i64);
 
 enum Job {
     Append {
@@ -319,6 +326,20 @@ impl Job {
                 sql.push_str(&format!("{});", a.now));
                 2
             }
+        }
+    }
+
+    /// What a wave of set statements (`set_wave`) sends of the unit: its publish (load,
+    /// event id, body, now) and, for a publish-and-mark, its mark (load, outbox id,
+    /// token, receipt, now). None for an append.
+    fn parts(&self) -> Option<(Publish<'_>, Option<Mark<'_>>)> {
+        match self {
+            Job::Append { .. } => None,
+            Job::Publish { args: a, .. } => Some(((&a.load_id, &a.event_id, &a.body, a.now), None)),
+            Job::PublishMark { args: a, .. } => Some((
+                (&a.load_id, &a.event_id, &a.body, a.now),
+                Some((haul_store::outbox_key_load(&a.id), &a.id, &a.token, &a.receipt, a.now)),
+            )),
         }
     }
 
@@ -534,6 +555,7 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
 /// Runs `batch` on `conn` (`run_batch`) and answers each of its units; a unit put off
 /// runs alone.
 async fn commit_batch(pool: &Pool, conn: &mut Session, mut batch: Vec<Job>) {
+    publishes_first(&mut batch);
     let mut steps = Vec::with_capacity(batch.len());
     let commit = run_batch(pool, conn, &mut batch, &mut steps).await;
     if commit.is_err() {
@@ -545,6 +567,50 @@ async fn commit_batch(pool: &Pool, conn: &mut Session, mut batch: Vec<Job>) {
         let deferred = steps.next() == Some(Step::Defer);
         job.finish(&commit, deferred, pool);
     }
+}
+
+/// Moves to the front of `batch` the publishes and publish-and-marks that can go out as
+/// text (`Job::as_text`) and touch loads no other unit of the batch touches, so that
+/// they make one set wave (`set_wave`) wherever the appends put them. A unit alone on
+/// its loads commutes with every other unit of the batch: the batch's outcome is the
+/// one it would have had in the order the units came, and they came concurrently.
+/// Units that share a load keep their order.
+fn publishes_first(batch: &mut Vec<Job>) {
+    fn loads(job: &Job) -> [Option<&str>; 2] {
+        match job {
+            Job::Append { args, .. } => [Some(args.load_id.as_str()), None],
+            Job::Publish { args, .. } => [Some(&args.load_id), None],
+            Job::PublishMark { args, .. } => {
+                let marked = haul_store::outbox_key_load(&args.id);
+                [Some(&args.load_id), (marked != args.load_id).then_some(marked)]
+            }
+        }
+    }
+    let mut seen = std::collections::HashMap::<&str, usize>::new();
+    for job in batch.iter() {
+        for load in loads(job).into_iter().flatten() {
+            *seen.entry(load).or_default() += 1;
+        }
+    }
+    let alone: Vec<bool> = batch
+        .iter()
+        .map(|job| {
+            !matches!(job, Job::Append { .. })
+                && job.as_text()
+                && loads(job).into_iter().flatten().all(|l| seen[l] == 1)
+        })
+        .collect();
+    let moved = alone.iter().filter(|a| **a).count();
+    if moved < 2 || alone[..moved].iter().all(|a| *a) {
+        return;
+    }
+    let mut rest = Vec::with_capacity(batch.len() - moved);
+    let mut front = Vec::with_capacity(batch.len());
+    for (job, alone) in batch.drain(..).zip(alone) {
+        if alone { front.push(job) } else { rest.push(job) }
+    }
+    front.append(&mut rest);
+    *batch = front;
 }
 
 /// Runs `batch` in one transaction, in waves: a wave is the longest run of one-trip
@@ -591,12 +657,24 @@ async fn run_batch(
     let mut own = vec![false; batch.len()];
     let mut start = 0;
     while start < batch.len() {
-        let end = start + shares[start..].iter().take_while(|s| **s).count().max(1);
+        let mut end = start + shares[start..].iter().take_while(|s| **s).count().max(1);
         // The batch's last wave, sent as text, carries the `COMMIT` too.
         let mut committed = None;
         let ran = if text && batch[start..end].iter().all(Job::as_text) {
+            // Its first units as set statements when there are two or more of them on
+            // distinct loads, and none has been sent back to run behind a savepoint of
+            // its own.
+            let set = set_run(&batch[start..end]);
+            let as_set = set >= 2 && !own[start..start + set].contains(&true);
+            if as_set {
+                end = start + set;
+            }
             let commit = end == batch.len();
-            let (ran, c) = text_wave(tx, &prefix, start, &mut batch[start..end], &own[start..end], commit).await;
+            let (ran, c) = if as_set {
+                set_wave(tx, &prefix, start, &mut batch[start..end], commit).await
+            } else {
+                text_wave(tx, &prefix, start, &mut batch[start..end], &own[start..end], commit).await
+            };
             committed = c;
             ran
         } else {
@@ -759,6 +837,159 @@ async fn text_wave(
     (out, committed)
 }
 
+/// How many of `units`, from the first, a set wave can carry: text units (`as_text`)
+/// whose publishes name distinct loads and whose marks distinct rows, so that each
+/// element of the publish is one unit's and no two statements touch one row.
+fn set_run(units: &[Job]) -> usize {
+    let mut loads = HashSet::with_capacity(units.len());
+    let mut rows = HashSet::new();
+    units
+        .iter()
+        .take_while(|job| {
+            let Some(((load, ..), mark)) = job.parts().filter(|_| job.as_text()) else { return false };
+            loads.insert(load) && mark.is_none_or(|(_, id, ..)| rows.insert(id))
+        })
+        .count()
+}
+
+/// Runs a wave of publishes and publish-and-marks (`set_run`) as ONE simple query:
+/// every unit's publish in one statement (`QUEUE_PUBLISH_SET`, its values as array
+/// literals), then each unit's mark as a statement of its own. The server starts the
+/// publish once for the wave, not once per unit. The marks stay one per row: the same
+/// join of an array of keys to the outbox is planned, under the generic plans the
+/// sessions use, as a scan of every partition whenever the planner thinks the outbox
+/// small (under some 30,000 rows, or never analyzed), and the plan, made once, stays
+/// as the table grows; a publish inserts and joins no table. The units touch distinct
+/// loads and rows, so the answers are the ones they would have had one after another: a
+/// unit's publish is new when its load comes back from the publish. The elements go in
+/// load order, so two waves lock the heads and rows they share in one order.
+///
+/// Answers as `text_wave` does. When a statement after the savepoint fails (a lock
+/// wait that timed out, say), no unit's answer can be told from it: every unit but the
+/// last is answered `Keep` and the last `Undo`, so the caller rolls the whole wave back
+/// and runs its units again, each behind a savepoint of its own (`text_wave`), for
+/// answers of their own.
+async fn set_wave(
+    tx: &Object,
+    prefix: &str,
+    start: usize,
+    units: &mut [Job],
+    commit: bool,
+) -> (Vec<(Result<(), tokio_postgres::Error>, Step)>, Option<Result<(), tokio_postgres::Error>>) {
+    use futures_util::StreamExt;
+    fn array<T>(sql: &mut String, items: &[T], mut write: impl FnMut(&mut String, &T)) {
+        sql.push_str("ARRAY[");
+        for (k, item) in items.iter().enumerate() {
+            if k > 0 {
+                sql.push(',');
+            }
+            write(sql, item);
+        }
+        sql.push(']');
+    }
+    let mut parts: Vec<(Publish<'_>, Option<Mark<'_>>)> = units.iter().filter_map(Job::parts).collect();
+    parts.sort_by_key(|((load, ..), _)| *load);
+    let publishes: Vec<Publish<'_>> = parts.iter().map(|(p, _)| *p).collect();
+    let mut marks: Vec<Mark<'_>> = parts.iter().filter_map(|(_, m)| *m).collect();
+    marks.sort_by_key(|(load, id, ..)| (*load, *id));
+
+    let mut sql = String::from(prefix);
+    let savepoint = prefix.matches(';').count();
+    sql.push_str(&format!("SAVEPOINT u{start};EXECUTE haul_publish_set("));
+    array(&mut sql, &publishes, |sql, p| literal(sql, p.0));
+    sql.push(',');
+    array(&mut sql, &publishes, |sql, p| literal(sql, p.1));
+    sql.push(',');
+    array(&mut sql, &publishes, |sql, p| literal(sql, p.2));
+    sql.push(',');
+    array(&mut sql, &publishes, |sql, p| sql.push_str(&p.3.to_string()));
+    sql.push_str(");");
+    for (load, id, token, receipt, now) in &marks {
+        sql.push_str("EXECUTE haul_mark_dispatched(");
+        for v in [load, id, token, receipt] {
+            literal(&mut sql, v);
+            sql.push(',');
+        }
+        sql.push_str(&format!("{now});"));
+    }
+    let last = savepoint + 1 + marks.len();
+    if commit {
+        sql.push_str("COMMIT;");
+    }
+
+    // The loads published and the rows marked, and how many statements completed.
+    let (mut published, mut marked) = (HashSet::<String>::new(), HashSet::<String>::new());
+    let mut done: usize = 0;
+    let mut failed = None;
+    match tx.simple_query_raw(&sql).await {
+        Err(e) => failed = Some(e),
+        Ok(stream) => {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(m) = stream.next().await {
+                match m {
+                    Ok(tokio_postgres::SimpleQueryMessage::CommandComplete(n)) => {
+                        // The marks' statements follow the publishes', in `marks`' order.
+                        if let Some(mark) = done.checked_sub(savepoint + 2).and_then(|k| marks.get(k))
+                            && n == 1
+                        {
+                            marked.insert(mark.1.to_owned());
+                        }
+                        done += 1;
+                    }
+                    Ok(tokio_postgres::SimpleQueryMessage::Row(row)) => {
+                        if done == savepoint + 1 {
+                            published.insert(row.get(0).unwrap_or_default().to_owned());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(units.len());
+    if done <= savepoint {
+        // The prefix or the savepoint did not complete: the batch's transaction is lost.
+        match failed {
+            Some(e) => out.push((Err(e), Step::Undo)),
+            None => out.push((Ok(()), units[0].take_text(TextRan::Unanswered))),
+        }
+        out.resize_with(units.len(), || (Ok(()), Step::Defer));
+        return (out, None);
+    }
+    if done <= last {
+        if let Some(e) = &failed {
+            tracing::debug!("a wave's set statements failed, its units run again one by one: {e}");
+        }
+        out.resize_with(units.len() - 1, || (Ok(()), Step::Keep));
+        out.push((Ok(()), Step::Undo));
+        return (out, None);
+    }
+    for job in units.iter_mut() {
+        let (load, id) = match &*job {
+            Job::Publish { args, .. } => (args.load_id.as_str(), None),
+            Job::PublishMark { args, .. } => (args.load_id.as_str(), Some(args.id.as_str())),
+            Job::Append { .. } => ("", None),
+        };
+        let new = u64::from(published.contains(load));
+        let step = match id {
+            None => job.take_text(TextRan::Counts(&[new])),
+            Some(id) => job.take_text(TextRan::Counts(&[new, u64::from(marked.contains(id))])),
+        };
+        out.push((Ok(()), step));
+    }
+    let committed = match failed {
+        _ if !commit => None,
+        Some(e) => Some(Err(e)),
+        None if done > last + 1 => Some(Ok(())),
+        None => None,
+    };
+    (out, committed)
+}
+
 /// Runs `futures` to the end, polling them in their order each time: the first poll of
 /// each sends its statements, so they go out on the connection in this order.
 async fn in_order<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
@@ -861,4 +1092,76 @@ pub struct TestPublish {
     pub event_id: String,
     pub body: String,
     pub mark: Option<(String, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch written as units `kind:load` (`a` append, `p` publish, `n` publish of a
+    /// body holding a NUL, `m` publish-and-mark of a row of that load), and its order
+    /// after `publishes_first`.
+    fn check(units: &str, expected: &str) {
+        let batch: Vec<Job> = units
+            .split_whitespace()
+            .map(|unit| {
+                let (kind, load) = unit.split_once(':').unwrap();
+                let (load_id, event_id, body, now) = (load.to_owned(), "e".to_owned(), "{}".to_owned(), 0);
+                match kind {
+                    "a" => {
+                        let load_id = LoadId::parse(load).unwrap();
+                        let args = AppendArgs {
+                            load_id,
+                            entries: vec![],
+                            expected_version: 0,
+                            outbox: vec![],
+                            receipt: None,
+                            now,
+                        };
+                        Job::Append { args, out: None, reply: oneshot::channel().0 }
+                    }
+                    "p" | "n" => Job::Publish {
+                        // `n`: a body no literal can hold.
+                        args: PublishArgs {
+                            load_id,
+                            event_id,
+                            body: if kind == "n" { "a\0b".into() } else { body },
+                            now,
+                        },
+                        out: None,
+                        reply: oneshot::channel().0,
+                    },
+                    _ => {
+                        let (id, token, receipt) = (format!("{load}/e1/send_sms"), "t".into(), "r".into());
+                        let args = PublishMarkArgs { id, token, receipt, load_id, event_id, body, now };
+                        Job::PublishMark { args, out: None, reply: oneshot::channel().0 }
+                    }
+                }
+            })
+            .collect();
+        let mut batch = batch;
+        publishes_first(&mut batch);
+        let got: Vec<String> = batch
+            .iter()
+            .map(|job| match job {
+                Job::Append { args, .. } => format!("a:{}", args.load_id.as_str()),
+                Job::Publish { args, .. } if args.body.contains('\0') => format!("n:{}", args.load_id),
+                Job::Publish { args, .. } => format!("p:{}", args.load_id),
+                Job::PublishMark { args, .. } => format!("m:{}", args.load_id),
+            })
+            .collect();
+        assert_eq!(got.join(" "), expected, "{units}");
+    }
+
+    #[test]
+    fn publishes_alone_on_their_loads_go_first_and_units_sharing_a_load_keep_their_order() {
+        check("a:L1 p:L2 a:L3 p:L1 m:L4 p:L5", "p:L2 m:L4 p:L5 a:L1 a:L3 p:L1");
+        // Already in front, or fewer than two to move: as they came.
+        check("p:L2 m:L4 a:L1 p:L1", "p:L2 m:L4 a:L1 p:L1");
+        check("a:L1 p:L2 a:L3", "a:L1 p:L2 a:L3");
+        // Two publishes to one load keep their order, behind the appends before them.
+        check("a:L1 p:L2 p:L2 p:L3 m:L4", "p:L3 m:L4 a:L1 p:L2 p:L2");
+        // A value no literal can hold keeps the unit where it was.
+        check("a:L1 n:L2 m:L3 p:L4", "m:L3 p:L4 a:L1 n:L2");
+    }
 }

@@ -209,6 +209,19 @@ pub const QUEUE_PUBLISH: &str = "WITH m AS (
        visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
        message_id = COALESCE(queue_heads.message_id, excluded.message_id)
      RETURNING load_id";
+/// `QUEUE_PUBLISH` for many loads in one statement (a committer's wave of publishes,
+/// `group::set_wave`): `$1` loads, `$2` event ids, `$3` bodies, `$4` nows, one element
+/// per message, no load twice (a head takes the first message its load is sent). A row
+/// back (its load) per message published; a duplicate returns none.
+pub const QUEUE_PUBLISH_SET: &str = "WITH m AS (
+       INSERT INTO queue (load_id, event_id, body, enqueued_at)
+       SELECT l, e, b, n FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS v (l, e, b, n)
+       ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id, load_id, enqueued_at)
+     INSERT INTO queue_heads (load_id, message_id, visible_at) SELECT load_id, id, enqueued_at FROM m
+     ON CONFLICT (load_id) DO UPDATE SET
+       visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
+       message_id = COALESCE(queue_heads.message_id, excluded.message_id)
+     RETURNING load_id";
 /// The workers' receive of visible heads: `$1` now, `$2` max, `$3` invisible until, `$4` token.
 pub const QUEUE_RECEIVE: &str = concat!(
     "WITH h AS (

@@ -136,6 +136,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let (now, later, zero, limit, one, version) = (to_ms(at(50)), to_ms(at(140)), 0i64, 32i64, 1i64, 2i64);
     let entry_ids = vec!["e1", "dec:e1"];
     let keys = vec![key];
+    let (loads, nows) = (vec![l], vec![now]);
     let seqs = vec![3i64, 4];
     let texts = vec!["x", "y"];
     let (pending, empty, hero) = ("pending", "", "create_hero_task");
@@ -182,6 +183,7 @@ async fn every_hot_query_is_served_by_an_index() {
         case("timers_for_load_page", TIMERS_PAGE, vec![&l, &zero, &timer, &limit]),
         case("get_timer", TIMER_GET, vec![&timer]),
         case("queue publish", QUEUE_PUBLISH, vec![&l, &key, &token, &now]),
+        case("queue publish of a wave", QUEUE_PUBLISH_SET, vec![&loads, &keys, &keys, &nows]),
         case("queue receive (heads)", QUEUE_RECEIVE, vec![&now, &limit, &later, &token]),
         case("queue lock head", QUEUE_LOCK_HEAD, vec![&one]),
         case("queue ack (and the head's advance)", QUEUE_ACK, vec![&one, &receipt, &now, &l]),
@@ -286,9 +288,10 @@ async fn every_hot_query_is_served_by_an_index() {
 }
 
 /// The claim and the receive take a few rows by `LIMIT` and join them back to their
-/// table by key. Under a generic plan that `LIMIT` is a parameter the planner guesses
-/// at a tenth of the candidates, and on an outbox of some thousands of rows it chose to
-/// hash the whole table (a `Seq Scan` of every partition per claim). Here the tables are
+/// table by key, as a wave's publishes join their heads to their arrays' elements.
+/// Under a generic plan that `LIMIT` is a parameter the planner guesses at a tenth of
+/// the candidates, and on an outbox of some thousands of rows it chose to hash the
+/// whole table (a `Seq Scan` of every partition per claim). Here the tables are
 /// large enough for that, analyzed, with sequential scans allowed, and the plans are
 /// the generic ones of the sessions the store runs these statements on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,6 +319,11 @@ async fn the_claim_and_the_receive_join_by_key_on_large_tables() {
         ("claim", OUTBOX_CLAIM, "'t', 2000000::bigint, 1000000::bigint, 8::bigint"),
         ("claim_after", OUTBOX_CLAIM_AFTER, "'t', 2000000::bigint, 1000000::bigint, 8::bigint, 1005::bigint, 'L5/a'"),
         ("receive", QUEUE_RECEIVE, "1000000::bigint, 8::bigint, 2000000::bigint, 't'"),
+        (
+            "publish_set",
+            QUEUE_PUBLISH_SET,
+            "ARRAY['L5','L6'], ARRAY['x','y'], ARRAY['{}','{}'], ARRAY[1000,1000]::bigint[]",
+        ),
     ] {
         session.batch_execute(&format!("PREPARE haul_lease_{name} AS {sql}")).await.unwrap();
         let explain =
