@@ -296,7 +296,7 @@ async fn projection(store: &BenchStore) -> anyhow::Result<Figures> {
         // A run as the worker makes it: the cached snapshot caught up with what was
         // appended since (here one more run's two entries), then put back.
         let projector = haul_runtime::projector::Projector::new(s.clone(), 16);
-        let mut state = projector.take(&l).await?;
+        let mut state = projector.take(&l, None).await?;
         let mut took = Duration::ZERO;
         let runs = 200;
         for i in 0..runs {
@@ -304,7 +304,7 @@ async fn projection(store: &BenchStore) -> anyhow::Result<Figures> {
             s.append(&l, entries, state.version, vec![], now).await?;
             projector.put(&l, state);
             let t = Instant::now();
-            state = projector.take(&l).await?;
+            state = projector.take(&l, None).await?;
             took += t.elapsed();
         }
         let full = project(&s.read(&l).await?.0);

@@ -36,7 +36,53 @@ on_both_backends!(
     load_lock_makes_a_second_worker_skip_a_held_load,
     record_mode_records_each_delivery_once,
     snapshot_caught_up_is_the_full_fold,
+    a_snapshot_at_the_queues_version_is_not_read_again,
+    a_run_on_a_snapshot_behind_the_queues_word_conflicts_and_reads,
 );
+
+/// A snapshot at the version the queue gave is taken as it is: nothing is read, so a
+/// log that moved on behind the queue's back is not seen (the append's version check
+/// is what catches that, below). Any other version, or none, reads the tail.
+async fn a_snapshot_at_the_queues_version_is_not_read_again(store: Arc<dyn Store>) {
+    let h = harness(store.clone(), Config::default(), Faults::default(), None).await;
+    let w = h.second_worker();
+    assert!(matches!(w.process(h.message(init())).await, RunOutcome::Committed { .. }));
+    let projector = haul_runtime::projector::Projector::new(store.clone(), 4);
+    let at = projector.take(&h.load, None).await.unwrap();
+    let version = at.version;
+    projector.put(&h.load, at.clone());
+    // The log moves on without this projector.
+    assert!(matches!(w.process(h.message(ping("ping_0700"))).await, RunOutcome::Committed { .. }));
+    let unread = projector.take(&h.load, Some(version)).await.unwrap();
+    assert_eq!(unread, at, "a snapshot at the given version is not read");
+    projector.put(&h.load, unread);
+    let read = projector.take(&h.load, Some(version + 1)).await.unwrap();
+    assert_eq!(read, h.state().await, "any other version reads the tail");
+    projector.put(&h.load, read.clone());
+    assert_eq!(projector.take(&h.load, None).await.unwrap(), read);
+}
+
+/// A run told a version its snapshot is at, while another process appended since (the
+/// word came before that append): it decides on the stale snapshot, the append's version
+/// check refuses it, and the run reads the log, decides again and commits once.
+async fn a_run_on_a_snapshot_behind_the_queues_word_conflicts_and_reads(store: Arc<dyn Store>) {
+    let h = harness(store.clone(), Config::default(), Faults::default(), None).await;
+    let (a, b) = (h.second_worker(), h.second_worker());
+    assert!(matches!(a.process(h.message(init())).await, RunOutcome::Committed { .. }));
+    let stale = h.state().await.version;
+    assert!(matches!(b.process(h.message(ping("ping_0700"))).await, RunOutcome::Committed { .. }));
+    let mut msg = h.message(sms("s1", DRIVER, "ETA 9"));
+    msg.log_version = Some(stale);
+    assert!(matches!(a.process(msg).await, RunOutcome::Committed { .. }));
+    let ids: Vec<String> = h.log().await.into_iter().map(|r| r.entry_id).collect();
+    assert_eq!(ids.iter().filter(|id| id.as_str() == "s1").count(), 1, "{ids:?}");
+    assert_eq!(store.conflict_loads(10).await.unwrap().len(), 1, "the stale decision was refused once");
+    // Its snapshot is caught up again: the next message at the true version commits.
+    let mut msg = h.message(ping("ping_0800"));
+    msg.log_version = Some(h.state().await.version);
+    assert!(matches!(a.process(msg).await, RunOutcome::Committed { .. }));
+    assert_eq!(store.conflict_loads(10).await.unwrap()[0].conflicts, 1);
+}
 
 /// A decider that misbehaves in a chosen way.
 enum Bad {
@@ -233,7 +279,7 @@ async fn snapshot_caught_up_is_the_full_fold(store: Arc<dyn Store>) {
     for (i, e) in events.into_iter().enumerate() {
         let w = if i % 3 == 1 { &b } else { &a };
         assert!(matches!(w.process(h.message(e)).await, RunOutcome::Committed { .. }));
-        let caught_up = projector.take(&h.load).await.unwrap();
+        let caught_up = projector.take(&h.load, None).await.unwrap();
         assert_eq!(caught_up, h.state().await, "after event {i}");
         projector.put(&h.load, caught_up);
     }

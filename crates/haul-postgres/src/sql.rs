@@ -223,6 +223,7 @@ pub const QUEUE_PUBLISH_SET: &str = "WITH m AS (
        message_id = COALESCE(queue_heads.message_id, excluded.message_id)
      RETURNING load_id";
 /// The workers' receive of visible heads: `$1` now, `$2` max, `$3` invisible until, `$4` token.
+/// Each message comes with its load's log version (`QueueMessage::log_version`).
 pub const QUEUE_RECEIVE: &str = concat!(
     "WITH h AS (
        SELECT load_id FROM queue_heads WHERE message_id IS NOT NULL AND visible_at <= $1
@@ -233,7 +234,8 @@ pub const QUEUE_RECEIVE: &str = concat!(
      UPDATE queue q SET receipt = q.id::text || '.' || $4, receive_count = q.receive_count + 1
      FROM u WHERE q.id = u.message_id
      RETURNING ",
-    columns!(queue_message)
+    columns!(queue_message),
+    ", (SELECT l.version FROM loads l WHERE l.load_id = q.load_id)"
 );
 /// Locks the head row of a message's load: `$1` message.
 pub const QUEUE_LOCK_HEAD: &str =

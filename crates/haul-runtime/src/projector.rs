@@ -6,6 +6,12 @@
 //! takes its load's snapshot out of the cache and puts the state after its append
 //! back, so a run reads only what others appended since. A miss (or a cache that was
 //! dropped after a failure) is a full read. The cache holds at most `capacity` loads.
+//!
+//! When the caller knows the log's version (the store's queue hands it out with each
+//! message) and the snapshot is at it, there is nothing to read: the run decides on
+//! the snapshot, with no statement sent. A version that moved on after the queue saw it
+//! (another process appended meanwhile) makes the append conflict, and the run reads
+//! again, as after any conflict.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,10 +38,16 @@ impl Projector {
         Projector { store, capacity: capacity.max(1), cache: Mutex::new(Cache::default()) }
     }
 
-    /// The load's current state; the snapshot leaves the cache until `put` back.
-    pub async fn take(&self, load: &LoadId) -> Result<LoadState, StoreError> {
+    /// The load's current state; the snapshot leaves the cache until `put` back. With
+    /// `log_version`, the version the caller knows the log to be at: a snapshot at it is
+    /// the state, unread.
+    pub async fn take(&self, load: &LoadId, log_version: Option<u64>) -> Result<LoadState, StoreError> {
         let cached = self.cache.lock().unwrap_or_else(|p| p.into_inner()).snapshots.remove(load).map(|(s, _)| s);
         match cached {
+            Some(state) if Some(state.version) == log_version => {
+                metrics::counter!("haul_snapshot_reads_skipped_total").increment(1);
+                Ok(state)
+            }
             Some(mut state) => {
                 let (tail, _) = self.store.read_after(load, state.version).await?;
                 for r in &tail {

@@ -35,6 +35,8 @@ pub struct Received {
     /// 1 on the first delivery.
     pub receive_count: u32,
     pub enqueued_at: Timestamp,
+    /// The load's log version as the queue saw it (`QueueMessage::log_version`).
+    pub log_version: Option<u64>,
     pub event: Result<InboundEvent, Poison>,
 }
 
@@ -54,6 +56,7 @@ impl Received {
             receipt: m.receipt,
             receive_count: m.receive_count,
             enqueued_at: m.enqueued_at,
+            log_version: m.log_version,
             event,
         }
     }
@@ -67,6 +70,7 @@ impl Received {
             receipt: receipt.to_owned(),
             receive_count: 1,
             enqueued_at: now,
+            log_version: None,
             event: Ok(event),
         }
     }
@@ -137,6 +141,7 @@ mod tests {
             enqueued_at: "2026-03-02T07:00:00Z".parse().unwrap(),
             receipt: "1.a".into(),
             receive_count: 1,
+            log_version: None,
         }
     }
 

@@ -363,7 +363,7 @@ impl Worker {
         started: Instant,
     ) -> Result<Prepare, Crash> {
         let load = &msg.load_id;
-        let state = match self.projector.take(load).await {
+        let state = match self.projector.take(load, msg.log_version).await {
             Ok(s) => s,
             Err(e) => return Ok(Prepare::Done(Happened::ReadFailed(e.to_string()))),
         };

@@ -35,6 +35,11 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("haul_run_duration_seconds", Kind::Histogram, "Time of one worker run, read to append."),
     ("haul_decisions_total", Kind::Counter, "Decisions appended, by decider and whether the filter decided."),
     ("haul_append_conflicts_total", Kind::Counter, "Appends refused by the version check (a re-decision follows)."),
+    (
+        "haul_snapshot_reads_skipped_total",
+        Kind::Counter,
+        "Runs that decided on their cached snapshot unread: the queue gave the log's version.",
+    ),
     ("haul_load_lock_busy_total", Kind::Counter, "Runs put back because another process held the load's LoadLock."),
     ("haul_queue_poison_total", Kind::Counter, "Queue messages that were not events (dropped)."),
     ("haul_dispatches_total", Kind::Counter, "Outbox rows handled by the dispatcher, by result."),
@@ -149,6 +154,7 @@ pub fn zero_series() {
         }
     }
     metrics::counter!("haul_append_conflicts_total").absolute(0);
+    metrics::counter!("haul_snapshot_reads_skipped_total").absolute(0);
     metrics::counter!("haul_load_lock_busy_total").absolute(0);
     metrics::counter!("haul_queue_poison_total").absolute(0);
     for result in ["delivered", "retrying", "buried", "stale", "unsettled", "crashed"] {

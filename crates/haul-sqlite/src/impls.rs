@@ -885,7 +885,8 @@ impl LoadQueue for SqliteStore {
                         .map_err(db)?;
                     let sql = concat!(
                         "UPDATE queue SET receipt = ?2, receive_count = receive_count + 1 WHERE id = ?1 RETURNING ",
-                        columns!(queue_message)
+                        columns!(queue_message),
+                        ", (SELECT l.version FROM loads l WHERE l.load_id = queue.load_id)"
                     );
                     let (_, message) = rows(conn, sql, params![id, receipt(id, &token)], queue_message_row)?
                         .pop()

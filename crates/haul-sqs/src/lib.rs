@@ -151,6 +151,7 @@ impl SqsQueue {
             enqueued_at,
             receipt,
             receive_count,
+            log_version: None,
         }))
     }
 }

@@ -207,8 +207,9 @@ pub fn timer_row(r: &dyn Columns) -> Result<Timer, StoreError> {
     })
 }
 
-/// A row of `columns!(queue_message)` as received (its receipt set): the message id,
-/// which orders messages, and the message.
+/// A row of `columns!(queue_message)` as received (its receipt set), then the load's
+/// log version (NULL without a log): the message id, which orders messages, and the
+/// message.
 pub fn queue_message_row(r: &dyn Columns) -> Result<(i64, QueueMessage), StoreError> {
     let load_id = r.string(1)?;
     let message = QueueMessage {
@@ -218,6 +219,7 @@ pub fn queue_message_row(r: &dyn Columns) -> Result<(i64, QueueMessage), StoreEr
         enqueued_at: from_ms(r.i64(4)?),
         receipt: r.string(5)?,
         receive_count: r.u32(6)?,
+        log_version: r.opt_i64(7)?.map(|v| v as u64),
     };
     Ok((r.i64(0)?, message))
 }
@@ -663,7 +665,7 @@ mod tests {
         );
 
         let (id, m) = queue_message_row(&FakeRow::new(
-            columns!(queue_message),
+            concat!(columns!(queue_message), ", log_version"),
             &[
                 ("id", Int(9)),
                 ("load_id", Text("L1")),
@@ -672,11 +674,13 @@ mod tests {
                 ("enqueued_at", Int(4)),
                 ("receipt", Text("9.tok")),
                 ("receive_count", Int(1)),
+                ("log_version", Int(3)),
             ],
         ))
         .unwrap();
         assert_eq!((id, m.load_id.as_str(), m.event_id.as_str(), m.body.as_str()), (9, "L1", "e1", "{}"));
         assert_eq!((to_ms(m.enqueued_at), m.receipt.as_str(), m.receive_count), (4, "9.tok", 1));
+        assert_eq!(m.log_version, Some(3));
 
         let r = record_row(&FakeRow::new(
             columns!(record),

@@ -76,6 +76,7 @@ macro_rules! contract_tests {
             racing_assignments_of_one_sms_have_one_winner,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
+            a_received_message_carries_its_loads_log_version,
             a_publish_racing_the_acking_append_is_never_stranded,
             prune_deletes_only_finished_rows_older_than_the_cutoff,
             prune_honours_the_batch_bound,
@@ -1108,6 +1109,27 @@ pub async fn append_acking_acks_if_and_only_if_the_append_commits(s: DynStore) {
     s.ack(&f.receipt, later).await.unwrap();
     s.ack(&m3.receipt, later).await.unwrap();
     assert_eq!(s.depth().await.unwrap(), 0);
+}
+
+/// The store's queue hands out each message with its load's log version as of the
+/// receive: none before the load's first append, and the version the acking append
+/// made once it committed (the worker decides on a snapshot at that version unread).
+pub async fn a_received_message_carries_its_loads_log_version(s: DynStore) {
+    publish(&s, "L1", "e1").await;
+    publish(&s, "L1", "e2").await;
+    let m = receive_one(&s, t0()).await;
+    assert_eq!((m.event_id.as_str(), m.log_version), ("e1", None), "no log yet");
+    let entries = vec![entry("e1"), entry("dec:e1")];
+    let (v, acked) = s.append_acking(&load("L1"), entries, 0, vec![], &m.receipt, t0()).await.unwrap();
+    assert_eq!((v, acked), (2, true));
+    let m = receive_one(&s, t0()).await;
+    assert_eq!((m.event_id.as_str(), m.log_version), ("e2", Some(2)));
+    // A load's version is its own.
+    commit(&s, "L2", "f0", 0, &[]).await;
+    commit(&s, "L2", "f1", 2, &[]).await;
+    publish(&s, "L2", "f2").await;
+    let f = receive_one(&s, t0()).await;
+    assert_eq!((f.event_id.as_str(), f.log_version), ("f2", Some(4)));
 }
 
 /// The next message of a load published while the append that acks its head commits:

@@ -682,6 +682,11 @@ pub struct QueueMessage {
     pub receipt: String,
     /// 1 on the first delivery.
     pub receive_count: u32,
+    /// The version of the load's log when the message was received, from a queue kept
+    /// in the log's own store (`None` from SQS, or for a load with no log yet). A worker
+    /// whose snapshot of the load is at this version has nothing to read before it
+    /// decides; the append's version check still guards the decision.
+    pub log_version: Option<u64>,
 }
 
 #[async_trait]

@@ -163,6 +163,20 @@ impl H {
         self.store.get(id).await.unwrap().unwrap_or_else(|| panic!("no outbox row {id}"))
     }
 
+    /// Another worker on the same store and queue, with the SOP decider and a snapshot
+    /// cache of its own (another process).
+    pub fn second_worker(&self) -> haul_runtime::worker::Worker {
+        haul_runtime::worker::Worker::new(
+            self.store.clone(),
+            self.queue.clone(),
+            QueueMode::Separate,
+            Arc::new(haul_runtime::decider::SopDecider { policies: haul_core::sop::Policies::default() }),
+            self.clock.clone(),
+            haul_runtime::worker::WorkerSettings::default(),
+            Faults::default(),
+        )
+    }
+
     /// Another dispatcher on the same store and services (another process).
     pub fn second_dispatcher(&self, seed: u64) -> Arc<Dispatcher> {
         Arc::new(Dispatcher::new(
