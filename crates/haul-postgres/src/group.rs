@@ -571,7 +571,7 @@ async fn commit_batch(pool: &Pool, conn: &mut Session, mut batch: Vec<Job>) {
 
 /// Moves to the front of `batch` the publishes and publish-and-marks that can go out as
 /// text (`Job::as_text`) and touch loads no other unit of the batch touches, so that
-/// they make one set wave (`set_wave`) wherever the appends put them. A unit alone on
+/// they make one set wave (`set_wave`) ahead of the appends, wherever those put them. A unit alone on
 /// its loads commutes with every other unit of the batch: the batch's outcome is the
 /// one it would have had in the order the units came, and they came concurrently.
 /// Units that share a load keep their order.
@@ -658,17 +658,17 @@ async fn run_batch(
     let mut start = 0;
     while start < batch.len() {
         let mut end = start + shares[start..].iter().take_while(|s| **s).count().max(1);
+        // The wave's first units as a set wave when there are two or more of them on
+        // distinct loads (appends after them go in the next wave), and none has been
+        // sent back to run behind a savepoint of its own.
+        let set = if text { set_run(&batch[start..end]) } else { 0 };
+        let as_set = set >= 2 && !own[start..start + set].contains(&true);
+        if as_set {
+            end = start + set;
+        }
         // The batch's last wave, sent as text, carries the `COMMIT` too.
         let mut committed = None;
-        let ran = if text && batch[start..end].iter().all(Job::as_text) {
-            // Its first units as set statements when there are two or more of them on
-            // distinct loads, and none has been sent back to run behind a savepoint of
-            // its own.
-            let set = set_run(&batch[start..end]);
-            let as_set = set >= 2 && !own[start..start + set].contains(&true);
-            if as_set {
-                end = start + set;
-            }
+        let ran = if as_set || (text && batch[start..end].iter().all(Job::as_text)) {
             let commit = end == batch.len();
             let (ran, c) = if as_set {
                 set_wave(tx, &prefix, start, &mut batch[start..end], commit).await
