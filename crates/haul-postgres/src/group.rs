@@ -91,6 +91,19 @@ fn literal(sql: &mut String, v: &str) {
     sql.push('\'');
 }
 
+/// Writes `EXECUTE statement('v1','v2',…,now);`: a statement the session prepared
+/// (`text_statements`), its text values as literals and `now` last.
+fn execute(sql: &mut String, statement: &str, values: &[&str], now: i64) {
+    sql.push_str("EXECUTE ");
+    sql.push_str(statement);
+    sql.push('(');
+    for v in values {
+        literal(sql, v);
+        sql.push(',');
+    }
+    sql.push_str(&format!("{now});"));
+}
+
 /// Why a unit's statements stopped.
 pub(crate) enum Fail<E> {
     /// The unit's answer: a typed error, or a `StoreError`.
@@ -302,28 +315,16 @@ impl Job {
     /// Writes the unit's statements as `EXECUTE`s of the session's prepared statements
     /// (`text_statements`), each ended by `;`; returns how many it wrote.
     fn write_text(&self, sql: &mut String) -> usize {
-        fn publish(sql: &mut String, load_id: &str, event_id: &str, body: &str, now: i64) {
-            sql.push_str("EXECUTE haul_publish(");
-            for v in [load_id, event_id, body] {
-                literal(sql, v);
-                sql.push(',');
-            }
-            sql.push_str(&format!("{now});"));
-        }
         match self {
             Job::Append { .. } => 0,
             Job::Publish { args: a, .. } => {
-                publish(sql, &a.load_id, &a.event_id, &a.body, a.now);
+                execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body], a.now);
                 1
             }
             Job::PublishMark { args: a, .. } => {
-                publish(sql, &a.load_id, &a.event_id, &a.body, a.now);
-                sql.push_str("EXECUTE haul_mark_dispatched(");
-                for v in [haul_store::outbox_key_load(&a.id), &a.id, &a.token, &a.receipt] {
-                    literal(sql, v);
-                    sql.push(',');
-                }
-                sql.push_str(&format!("{});", a.now));
+                execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body], a.now);
+                let load = haul_store::outbox_key_load(&a.id);
+                execute(sql, "haul_mark_dispatched", &[load, &a.id, &a.token, &a.receipt], a.now);
                 2
             }
         }
@@ -770,7 +771,6 @@ async fn text_wave(
     own: &[bool],
     commit: bool,
 ) -> (Vec<(Result<(), tokio_postgres::Error>, Step)>, Option<Result<(), tokio_postgres::Error>>) {
-    use futures_util::StreamExt;
     // Each unit's statements, by their place in the query: its savepoint (for the
     // first unit with the prefix before it: `BEGIN; ` or `ROLLBACK TO uN; `), then its
     // own statements.
@@ -790,25 +790,7 @@ async fn text_wave(
     if commit {
         sql.push_str("COMMIT;");
     }
-    // The row count of each statement that completed, in order, up to the first error.
-    let mut counts: Vec<u64> = Vec::with_capacity(at);
-    let mut failed = None;
-    match tx.simple_query_raw(&sql).await {
-        Err(e) => failed = Some(e),
-        Ok(stream) => {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(m) = stream.next().await {
-                match m {
-                    Ok(tokio_postgres::SimpleQueryMessage::CommandComplete(n)) => counts.push(n),
-                    Ok(_) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-        }
-    }
+    let Answered { counts, mut failed, .. } = simple_query(tx, &sql, None).await;
     let mut out = Vec::with_capacity(units.len());
     for (job, (control, statements)) in units.iter_mut().zip(sent) {
         if let Some(counts) = counts.get(statements.clone()) {
@@ -876,7 +858,6 @@ async fn set_wave(
     units: &mut [Job],
     commit: bool,
 ) -> (Vec<(Result<(), tokio_postgres::Error>, Step)>, Option<Result<(), tokio_postgres::Error>>) {
-    use futures_util::StreamExt;
     fn array<T>(sql: &mut String, items: &[T], mut write: impl FnMut(&mut String, &T)) {
         sql.push_str("ARRAY[");
         for (k, item) in items.iter().enumerate() {
@@ -905,51 +886,24 @@ async fn set_wave(
     array(&mut sql, &publishes, |sql, p| sql.push_str(&p.3.to_string()));
     sql.push_str(");");
     for (load, id, token, receipt, now) in &marks {
-        sql.push_str("EXECUTE haul_mark_dispatched(");
-        for v in [load, id, token, receipt] {
-            literal(&mut sql, v);
-            sql.push(',');
-        }
-        sql.push_str(&format!("{now});"));
+        execute(&mut sql, "haul_mark_dispatched", &[load, id, token, receipt], *now);
     }
     let last = savepoint + 1 + marks.len();
     if commit {
         sql.push_str("COMMIT;");
     }
 
-    // The loads published and the rows marked, and how many statements completed.
-    let (mut published, mut marked) = (HashSet::<String>::new(), HashSet::<String>::new());
-    let mut done: usize = 0;
-    let mut failed = None;
-    match tx.simple_query_raw(&sql).await {
-        Err(e) => failed = Some(e),
-        Ok(stream) => {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(m) = stream.next().await {
-                match m {
-                    Ok(tokio_postgres::SimpleQueryMessage::CommandComplete(n)) => {
-                        // The marks' statements follow the publishes', in `marks`' order.
-                        if let Some(mark) = done.checked_sub(savepoint + 2).and_then(|k| marks.get(k))
-                            && n == 1
-                        {
-                            marked.insert(mark.1.to_owned());
-                        }
-                        done += 1;
-                    }
-                    Ok(tokio_postgres::SimpleQueryMessage::Row(row)) => {
-                        if done == savepoint + 1 {
-                            published.insert(row.get(0).unwrap_or_default().to_owned());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-        }
-    }
+    let Answered { counts, rows, failed } = simple_query(tx, &sql, Some(savepoint + 1)).await;
+    let done = counts.len();
+    // The loads published (the publish's rows), and the rows marked: the marks'
+    // statements follow the publish's, in `marks`' order.
+    let published: HashSet<&str> = rows.iter().map(String::as_str).collect();
+    let marked: HashSet<String> = marks
+        .iter()
+        .zip(counts.iter().skip(savepoint + 2))
+        .filter(|(_, n)| **n == 1)
+        .map(|(m, _)| m.1.to_owned())
+        .collect();
     let mut out = Vec::with_capacity(units.len());
     if done <= savepoint {
         // The prefix or the savepoint did not complete: the batch's transaction is lost.
@@ -969,17 +923,17 @@ async fn set_wave(
         return (out, None);
     }
     for job in units.iter_mut() {
-        let (load, id) = match &*job {
-            Job::Publish { args, .. } => (args.load_id.as_str(), None),
-            Job::PublishMark { args, .. } => (args.load_id.as_str(), Some(args.id.as_str())),
-            Job::Append { .. } => ("", None),
-        };
-        let new = u64::from(published.contains(load));
-        let step = match id {
-            None => job.take_text(TextRan::Counts(&[new])),
-            Some(id) => job.take_text(TextRan::Counts(&[new, u64::from(marked.contains(id))])),
-        };
-        out.push((Ok(()), step));
+        // Each unit's statements' counts as if it had sent them itself.
+        let (mut ran, mut sent) = ([0u64; 2], 0);
+        if let Some(((load, ..), mark)) = job.parts() {
+            ran[0] = u64::from(published.contains(load));
+            sent = 1;
+            if let Some((_, id, ..)) = mark {
+                ran[1] = u64::from(marked.contains(id));
+                sent = 2;
+            }
+        }
+        out.push((Ok(()), job.take_text(TextRan::Counts(&ran[..sent]))));
     }
     let committed = match failed {
         _ if !commit => None,
@@ -988,6 +942,43 @@ async fn set_wave(
         None => None,
     };
     (out, committed)
+}
+
+/// What the server answered to a simple query, up to its first error.
+struct Answered {
+    /// The row count of each statement that completed, in order.
+    counts: Vec<u64>,
+    /// The first column of each row of the statement asked for.
+    rows: Vec<String>,
+    /// The error that ended the query (the statements after it did not run).
+    failed: Option<tokio_postgres::Error>,
+}
+
+/// Sends `sql` as one simple query and reads the whole answer (`text_wave`, `set_wave`),
+/// keeping the rows of the statement at place `rows_of` in the query, if any.
+async fn simple_query(tx: &Object, sql: &str, rows_of: Option<usize>) -> Answered {
+    use futures_util::StreamExt;
+    let mut answered = Answered { counts: Vec::new(), rows: Vec::new(), failed: None };
+    match tx.simple_query_raw(sql).await {
+        Err(e) => answered.failed = Some(e),
+        Ok(stream) => {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(m) = stream.next().await {
+                match m {
+                    Ok(tokio_postgres::SimpleQueryMessage::CommandComplete(n)) => answered.counts.push(n),
+                    Ok(tokio_postgres::SimpleQueryMessage::Row(row)) if rows_of == Some(answered.counts.len()) => {
+                        answered.rows.push(row.get(0).unwrap_or_default().to_owned());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        answered.failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    answered
 }
 
 /// Runs `futures` to the end, polling them in their order each time: the first poll of
