@@ -113,8 +113,6 @@ impl ChannelClient for HttpChannel {
                 Err(_) => break,
             }
         }
-        // Masked before it is clipped: services echo requests, which carry the token and phone numbers.
-        let snippet: String = mask_secrets(&String::from_utf8_lossy(&answer)).chars().take(200).collect();
         if status.is_success() {
             let id = serde_json::from_slice::<Value>(&answer).ok().and_then(|v| match v.get("id") {
                 Some(Value::String(s)) => Some(s.clone()),
@@ -123,6 +121,8 @@ impl ChannelClient for HttpChannel {
             });
             return Ok(id.unwrap_or_else(|| format!("http-{}", status.as_u16())));
         }
+        // Masked before it is clipped: services echo requests, which carry the token and phone numbers.
+        let snippet: String = mask_secrets(&String::from_utf8_lossy(&answer)).chars().take(200).collect();
         let failure = format!("HTTP {status}: {snippet}");
         match status.as_u16() {
             408 | 425 | 429 | 500..=599 => Err(RetryableDeliveryError(failure).into()),
