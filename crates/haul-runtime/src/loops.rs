@@ -93,8 +93,8 @@ const CLAIM_FROM_START_EVERY: Duration = Duration::from_millis(100);
 
 /// How long, by the rate its sends have been finishing, a row a busy dispatcher claims
 /// ahead of a free send should wait for one. Much of a claim's cost is paid per claim,
-/// not per row (on PostgreSQL it starts a scan of every partition), so a dispatcher
-/// whose sends all are out claims the rows it will start within this horizon in one go,
+/// not per row (on PostgreSQL it starts a scan of every partition), so each claim of a
+/// busy dispatcher also takes the rows it will start within this horizon, in one go,
 /// instead of one claim per send that frees. At 30 ms a busy dispatcher's claims come
 /// back full (`dispatcher.batch`). With 4 dispatchers on one PostgreSQL, claims of a
 /// 10 ms horizon took 21 rows each on average; at 30 ms the server spent a sixth less
@@ -112,8 +112,8 @@ fn claim_ahead(finished: usize, elapsed: Duration) -> usize {
 }
 
 /// Keeps up to `dispatcher.in_flight` sends going: claims as many rows as sends are
-/// free (and, while they all are out, the rows it will start within `CLAIM_AHEAD`), at
-/// most `dispatcher.batch` per claim, so a row committed while others are at their
+/// free and, on top of them, the rows it will start within `CLAIM_AHEAD` (they wait
+/// for a permit in claim order), at most `dispatcher.batch` per claim, so a row committed while others are at their
 /// services is claimed at once instead of after the slowest send of a batch. Each send
 /// holds a permit.
 pub async fn dispatcher_loop(
