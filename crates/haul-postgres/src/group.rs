@@ -40,6 +40,7 @@
 //! held up by another process's writes, and two batches cannot deadlock each other.
 
 use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
@@ -101,7 +102,7 @@ fn execute(sql: &mut String, statement: &str, values: &[&str], now: i64) {
         literal(sql, v);
         sql.push(',');
     }
-    sql.push_str(&format!("{now});"));
+    let _ = write!(sql, "{now});");
 }
 
 /// Why a unit's statements stopped.
@@ -572,10 +573,10 @@ async fn commit_batch(pool: &Pool, conn: &mut Session, mut batch: Vec<Job>) {
 
 /// Moves to the front of `batch` the publishes and publish-and-marks that can go out as
 /// text (`Job::as_text`) and touch loads no other unit of the batch touches, so that
-/// they make one set wave (`set_wave`) ahead of the appends, wherever those put them. A unit alone on
-/// its loads commutes with every other unit of the batch: the batch's outcome is the
-/// one it would have had in the order the units came, and they came concurrently.
-/// Units that share a load keep their order.
+/// they make one set wave (`set_wave`) ahead of the appends, wherever those put them. A
+/// unit alone on its loads commutes with every other unit of the batch: the batch's
+/// outcome is the one it would have had in the order the units came, and they came
+/// concurrently. Units that share a load keep their order.
 fn publishes_first(batch: &mut Vec<Job>) {
     fn loads(job: &Job) -> [Option<&str>; 2] {
         match job {
@@ -780,7 +781,7 @@ async fn text_wave(
     for (k, job) in units.iter().enumerate() {
         let control = if k == 0 { 0 } else { at };
         if k == 0 || own[k] {
-            sql.push_str(&format!("SAVEPOINT u{};", start + k));
+            let _ = write!(sql, "SAVEPOINT u{};", start + k);
             at += 1;
         }
         let statements = at..at + job.write_text(&mut sql);
@@ -876,14 +877,16 @@ async fn set_wave(
 
     let mut sql = String::from(prefix);
     let savepoint = prefix.matches(';').count();
-    sql.push_str(&format!("SAVEPOINT u{start};EXECUTE haul_publish_set("));
+    let _ = write!(sql, "SAVEPOINT u{start};EXECUTE haul_publish_set(");
     array(&mut sql, &publishes, |sql, p| literal(sql, p.0));
     sql.push(',');
     array(&mut sql, &publishes, |sql, p| literal(sql, p.1));
     sql.push(',');
     array(&mut sql, &publishes, |sql, p| literal(sql, p.2));
     sql.push(',');
-    array(&mut sql, &publishes, |sql, p| sql.push_str(&p.3.to_string()));
+    array(&mut sql, &publishes, |sql, p| {
+        let _ = write!(sql, "{}", p.3);
+    });
     sql.push_str(");");
     for (load, id, token, receipt, now) in &marks {
         execute(&mut sql, "haul_mark_dispatched", &[load, id, token, receipt], *now);
@@ -895,15 +898,6 @@ async fn set_wave(
 
     let Answered { counts, rows, failed } = simple_query(tx, &sql, Some(savepoint + 1)).await;
     let done = counts.len();
-    // The loads published (the publish's rows), and the rows marked: the marks'
-    // statements follow the publish's, in `marks`' order.
-    let published: HashSet<&str> = rows.iter().map(String::as_str).collect();
-    let marked: HashSet<String> = marks
-        .iter()
-        .zip(counts.iter().skip(savepoint + 2))
-        .filter(|(_, n)| **n == 1)
-        .map(|(m, _)| m.1.to_owned())
-        .collect();
     let mut out = Vec::with_capacity(units.len());
     if done <= savepoint {
         // The prefix or the savepoint did not complete: the batch's transaction is lost.
@@ -922,17 +916,24 @@ async fn set_wave(
         out.push((Ok(()), Step::Undo));
         return (out, None);
     }
-    for job in units.iter_mut() {
-        // Each unit's statements' counts as if it had sent them itself.
-        let (mut ran, mut sent) = ([0u64; 2], 0);
-        if let Some(((load, ..), mark)) = job.parts() {
-            ran[0] = u64::from(published.contains(load));
-            sent = 1;
-            if let Some((_, id, ..)) = mark {
-                ran[1] = u64::from(marked.contains(id));
-                sent = 2;
+    // The loads published (the publish's rows), and the rows marked: the marks'
+    // statements follow the publish's, in `marks`' order.
+    let published: HashSet<&str> = rows.iter().map(String::as_str).collect();
+    let marked: HashSet<&str> =
+        marks.iter().zip(counts.iter().skip(savepoint + 2)).filter(|(_, n)| **n == 1).map(|(m, _)| m.1).collect();
+    // Each unit's statements' counts as if it had sent them itself, read while the
+    // units are only borrowed (the marks point into them).
+    let ran: Vec<([u64; 2], usize)> = units
+        .iter()
+        .map(|job| match job.parts() {
+            None => ([0, 0], 0),
+            Some(((load, ..), None)) => ([u64::from(published.contains(load)), 0], 1),
+            Some(((load, ..), Some((_, id, ..)))) => {
+                ([u64::from(published.contains(load)), u64::from(marked.contains(id))], 2)
             }
-        }
+        })
+        .collect();
+    for (job, (ran, sent)) in units.iter_mut().zip(ran) {
         out.push((Ok(()), job.take_text(TextRan::Counts(&ran[..sent]))));
     }
     let committed = match failed {

@@ -113,9 +113,9 @@ fn claim_ahead(finished: usize, elapsed: Duration) -> usize {
 
 /// Keeps up to `dispatcher.in_flight` sends going: claims as many rows as sends are
 /// free and, on top of them, the rows it will start within `CLAIM_AHEAD` (they wait
-/// for a permit in claim order), at most `dispatcher.batch` per claim, so a row committed while others are at their
-/// services is claimed at once instead of after the slowest send of a batch. Each send
-/// holds a permit.
+/// for a permit in claim order), at most `dispatcher.batch` per claim, so a row
+/// committed while others are at their services is claimed at once instead of after the
+/// slowest send of a batch. Each send holds a permit.
 pub async fn dispatcher_loop(
     dispatcher: Arc<Dispatcher>,
     wake: Arc<tokio::sync::Notify>,

@@ -140,7 +140,7 @@ fn requeue_event(row: &OutboxRow, event_id: &EventId, who: &Requester) -> Result
     if row.status != OutboxStatus::Dead {
         return Err(OperatorError::NotDead { id: row.id.clone(), status: row.status.as_str() });
     }
-    let action: Action = serde_json::from_value(row.action.clone())
+    let action = <Action as serde::Deserialize>::deserialize(&row.action)
         .map_err(|e| StoreError::new(format!("outbox row {} holds an action that does not read: {e}", row.id)))?;
     event(&row.load_id, event_id, who, OperatorCommand::Requeue { outbox_id: row.id.clone(), action })
 }
