@@ -292,7 +292,18 @@ impl InboundEvent {
     /// outside source may send (`timer_fired` and `action_outcome` are haul's own,
     /// `operator_action` needs an operator: [`InboundEvent::from_operator`]).
     pub fn from_outside(load_id: LoadId, v: Value) -> Result<Self, BadInput> {
-        let ev = Self::parse(load_id, v, EventId::parse_inbound)?;
+        Self::outside_kind(Self::parse(load_id, v, EventId::parse_inbound)?)
+    }
+
+    /// Parses an outside source's event as a scenario file gives it: what
+    /// [`InboundEvent::from_outside`] takes, and the webhook's own `sms:` ids too
+    /// ([`EventId::parse_scenario`]).
+    pub fn from_scenario(load_id: LoadId, v: Value) -> Result<Self, BadInput> {
+        Self::outside_kind(Self::parse(load_id, v, EventId::parse_scenario)?)
+    }
+
+    /// `ev` when its kind is one an outside source may send.
+    fn outside_kind(ev: Self) -> Result<Self, BadInput> {
         if let EventBody::OperatorAction(_) = ev.body {
             return Err(BadInput::new(
                 "kind_not_accepted",

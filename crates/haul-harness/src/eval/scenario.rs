@@ -549,9 +549,10 @@ fn inbound_event(
         v["at"] = Value::String(at.to_string());
     }
     // haul's own kinds carry haul's derived ids (`evt:…`); the kinds an outside
-    // source sends are held to what the API takes, reserved prefixes refused.
+    // source sends take the ids the API takes and the webhook's `sms:` ids, the other
+    // reserved prefixes refused.
     let own = matches!(v["kind"].as_str(), Some("timer_fired" | "action_outcome" | "operator_action"));
-    let event = if own { InboundEvent::from_json(target, v) } else { InboundEvent::from_outside(target, v) }
+    let event = if own { InboundEvent::from_json(target, v) } else { InboundEvent::from_scenario(target, v) }
         .map_err(|e| err(span, key, e.message))?;
     Ok((event, repeat))
 }
@@ -902,15 +903,18 @@ mod tests {
         );
     }
 
-    /// The kinds an outside source sends take the event ids the API takes: haul's
-    /// reserved prefixes are refused; haul's own kinds keep their derived ids.
+    /// The kinds an outside source sends take the event ids the API takes and the
+    /// webhook's own `sms:` ids (a scenario plays an SMS as the webhook routed it);
+    /// haul's other reserved prefixes are refused; haul's own kinds keep their derived ids.
     #[test]
-    fn reserved_event_ids_are_refused_as_the_api_refuses_them() {
+    fn reserved_event_ids_are_refused_as_the_api_refuses_them_but_sms_ids_play_the_webhook() {
         let head = "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[load]\nid = \"L1\"\n[[step]]\nat = \"07:00\"\nexpect.sent = []\n";
         for (event, want) in [
             ("{ kind = \"inbound_sms\", event_id = \"s1\", from = \"+15555550100\", body = \"x\" }", Ok(1)),
+            ("{ kind = \"inbound_sms\", event_id = \"sms:SM1\", from = \"+15555550100\", body = \"x\" }", Ok(1)),
+            ("{ kind = \"inbound_sms\", event_id = \"sms:older_form.1\", from = \"+1555\", body = \"x\" }", Ok(1)),
             (
-                "{ kind = \"inbound_sms\", event_id = \"sms:SM1\", from = \"+15555550100\", body = \"x\" }",
+                "{ kind = \"inbound_sms\", event_id = \"op:r1\", from = \"+15555550100\", body = \"x\" }",
                 Err(("step 1.inbound", Some(8))),
             ),
             (
@@ -925,7 +929,7 @@ mod tests {
         ] {
             check(&format!("{head}inbound = [{event}]\n"), want);
         }
-        let e = parse(&format!("{head}inbound = [{{ kind = \"inbound_sms\", event_id = \"sms:SM1\", from = \"+15555550100\", body = \"x\" }}]\n")).unwrap_err();
+        let e = parse(&format!("{head}inbound = [{{ kind = \"location_ping\", event_id = \"dec:p\", risk = \"high\", lat = 1.0, lon = 2.0 }}]\n")).unwrap_err();
         assert!(e.message.contains("reserved"), "{e}");
     }
 }
