@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use haul_harness::eval::scenario::parse;
-use haul_harness::eval::{EvalOptions, EvalStore, run_paths, run_scenario, run_scenario_with};
+use haul_harness::eval::{EvalOptions, EvalStore, run_paths, run_paths_with, run_scenario, run_scenario_with};
 use haul_runtime::faults::{FaultPoint, Faults, Observed};
 
 const GOOD: &str = r#"
@@ -224,4 +224,65 @@ async fn sms_failing_at_one_instant_retry_in_one_order_over_20_runs() {
     let mut first = first.to_vec();
     first.sort();
     assert_eq!((first.as_slice(), retries), (&claimed_first[..4], &claimed_first[4..]));
+}
+
+/// Every log a run of the whole library keeps, load by load, record by record.
+async fn library_logs(store: &EvalStore, files: &[PathBuf]) -> Vec<(String, Vec<haul_core::projection::Record>)> {
+    let dir = std::env::temp_dir().join(format!("haul-repeat-{}-{}", std::process::id(), fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keep =
+        haul_harness::eval::keep::Keep::open(&format!("sqlite://{}", dir.join("kept.db").display())).await.unwrap();
+    let keep = Arc::new(keep);
+    let opts = EvalOptions { keep: Some(keep.clone()), ..EvalOptions::default() };
+    let report = run_paths_with(files, store, &opts, |_| {}).await;
+    assert_eq!(report.failed, 0, "{:#?}", report.scenarios.iter().filter(|s| !s.passed).collect::<Vec<_>>());
+    let kept = keep.store();
+    let mut logs = Vec::new();
+    let mut after = None;
+    loop {
+        let ids = kept.load_ids(after.as_ref(), 100).await.unwrap();
+        let Some(last) = ids.last().cloned() else { break };
+        for id in ids {
+            let (records, _) = kept.read(&id).await.unwrap();
+            logs.push((id.to_string(), records));
+        }
+        after = Some(last);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    logs
+}
+
+/// A seeded run repeats record for record, the log's order included: the library run
+/// twice keeps the same logs. One decision's outcomes (`send_sms`, `set_timer`) once
+/// reached the log in the order their concurrent sends happened to end in.
+async fn the_library_run_twice_keeps_the_same_logs_record_for_record(store: EvalStore, files: &[&str], loads: usize) {
+    let evals = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../evals");
+    let files: Vec<PathBuf> = files.iter().map(|f| evals.join(f)).collect();
+    let first = library_logs(&store, &files).await;
+    assert!(first.len() >= loads, "{} loads kept", first.len());
+    let second = library_logs(&store, &files).await;
+    assert_eq!(first.len(), second.len());
+    for ((load, a), (_, b)) in first.iter().zip(&second) {
+        let ids = |r: &[haul_core::projection::Record]| r.iter().map(|r| r.entry_id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(a), ids(b), "load {load}: the log's order moved between two runs");
+        assert_eq!(a, b, "load {load}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_library_run_twice_keeps_the_same_logs_record_for_record_on_sqlite() {
+    the_library_run_twice_keeps_the_same_logs_record_for_record(EvalStore::SqliteMemory, &[""], 40).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_library_run_twice_keeps_the_same_logs_record_for_record_on_postgres() {
+    // A few scenarios whose decisions send an SMS and set a timer at once (the whole
+    // library on PostgreSQL runs in `scripts/test`).
+    let files = [
+        "sop_eta_request_answered_after_second_attempt.toml",
+        "two_clients_two_loads_follow_their_own_policies.toml",
+        "multi_day_load_escalates_overnight.toml",
+    ];
+    let url = haul_postgres::testing::database_url();
+    the_library_run_twice_keeps_the_same_logs_record_for_record(EvalStore::Postgres(url), &files, 3).await;
 }

@@ -30,8 +30,8 @@ pub struct DispatcherSettings {
     pub in_flight: usize,
     pub lease: Duration,
     pub retry: RetryPolicy,
-    /// Send a batch's rows one after another instead of at once (the simulator, whose
-    /// runs must repeat exactly).
+    /// Send a batch's rows one after another instead of at once (seeded runs: evals
+    /// and the simulator, whose runs must repeat exactly, log order included).
     pub sequential: bool,
     /// Seeds the retry jitter (evals, the simulator); `None` draws a seed from the OS.
     /// Each row's jitter is a function of the seed, its id and its attempt

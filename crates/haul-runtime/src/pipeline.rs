@@ -50,7 +50,8 @@ pub struct Parts {
     pub channels: Channels,
     pub clock: Arc<dyn Clock>,
     pub faults: Faults,
-    /// Seeds the dispatcher's jitter; `None` draws from the OS.
+    /// Seeds the dispatcher's jitter and makes its batches sequential (a seeded run
+    /// repeats exactly); `None` draws from the OS and sends a batch at once.
     pub seed: Option<u64>,
 }
 
@@ -68,8 +69,14 @@ impl Pipeline {
             load_lock: config.load_lock.enabled,
             ..WorkerSettings::default()
         };
-        let dispatcher =
-            DispatcherSettings { jitter_seed: seed, ..DispatcherSettings::from_config(&config.dispatcher) };
+        // A seeded run repeats exactly, the log's order included: its batches' rows are
+        // sent one after another, so their outcomes reach the queue in claim order
+        // rather than in the order concurrent sends happen to end.
+        let dispatcher = DispatcherSettings {
+            jitter_seed: seed,
+            sequential: seed.is_some(),
+            ..DispatcherSettings::from_config(&config.dispatcher)
+        };
         Pipeline {
             worker: Arc::new(Worker::new(
                 store.clone(),
