@@ -77,6 +77,9 @@ pub struct ApiState {
     /// Whether `/metrics` reads the figures kept in the store (processes with the `api`
     /// role do; see `metrics.rs`).
     pub store_figures: bool,
+    /// The store figures' last values (`metrics::STORE_FIGURES` order), kept for a
+    /// scrape the store cannot answer.
+    pub(crate) store_figures_last: Mutex<[f64; 4]>,
 }
 
 impl ApiState {
@@ -105,6 +108,7 @@ impl ApiState {
             console_sign_ins: Mutex::new((Instant::now(), 0)),
             console_key: std::sync::OnceLock::new(),
             store_figures: true,
+            store_figures_last: Mutex::new([0.0; 4]),
         }
     }
 

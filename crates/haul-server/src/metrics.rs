@@ -8,6 +8,7 @@
 //! roles does not report them once per process (docs/operations.md, "Metrics").
 //! Several api processes each report the same value: alert on `max`, never `sum`.
 
+use std::fmt::Write;
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
@@ -87,7 +88,8 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("haul_http_connections_refused_total", Kind::Counter, "Connections turned away over server.max_connections."),
 ];
 
-/// The figures read from the store at scrape time (exported by api processes only).
+/// The figures read from the store at scrape time (exported by api processes only,
+/// and rendered by the scrape itself, never kept in the process-wide recorder).
 pub const STORE_FIGURES: [&str; 4] = [
     "haul_outbox_dead_rows_in_store",
     "haul_outbox_oldest_pending_age_seconds",
@@ -120,7 +122,7 @@ pub fn metrics_handle() -> PrometheusHandle {
                 // Another recorder is installed (tests in one process): render an empty one.
                 Err(_) => PrometheusBuilder::new().build_recorder().handle(),
             };
-            for (name, kind, help) in FAMILIES {
+            for (name, kind, help) in FAMILIES.iter().filter(|(n, _, _)| !STORE_FIGURES.contains(n)) {
                 match kind {
                     Kind::Counter => metrics::describe_counter!(*name, *help),
                     Kind::Gauge => metrics::describe_gauge!(*name, *help),
@@ -210,28 +212,41 @@ pub fn zero_series() {
     metrics::counter!("haul_http_connections_refused_total").absolute(0);
 }
 
-/// Reads the figures that live in the store and sets their gauges. A figure the store
-/// cannot give now keeps its last value (the scrape still answers).
-async fn read_store_figures(s: &ApiState) {
+/// The figures that live in the store, rendered as gauges after the recorder's text.
+/// They are never set in the process-wide recorder: a process (or a test) that does not
+/// read the store must not export a figure another `ApiState` of the same process read.
+/// A figure the store cannot give now keeps this state's last value (the scrape still
+/// answers).
+async fn store_figures_text(s: &ApiState) -> String {
     let now = s.clock.now();
     let age = |t: Option<haul_core::time::Timestamp>| t.map_or(0.0, |t| haul_core::time::since(now, t).as_secs_f64());
-    if let Ok(oldest) = s.store.oldest_pending_created_at().await {
-        metrics::gauge!("haul_outbox_oldest_pending_age_seconds").set(age(oldest));
+    let read: [Option<f64>; 4] = [
+        s.store.count_by_status(OutboxStatus::Dead).await.ok().map(|n| n as f64),
+        s.store.oldest_pending_created_at().await.ok().map(age),
+        s.store.oldest_due_timer(now).await.ok().map(age),
+        s.queue.depth().await.ok().map(|n| n as f64),
+    ];
+    let values = {
+        let mut last = s.store_figures_last.lock().unwrap_or_else(|p| p.into_inner());
+        for (kept, new) in last.iter_mut().zip(read) {
+            if let Some(v) = new {
+                *kept = v;
+            }
+        }
+        *last
+    };
+    let mut text = String::new();
+    for (name, value) in STORE_FIGURES.iter().zip(values) {
+        let help = FAMILIES.iter().find(|(n, _, _)| n == name).map_or("", |(_, _, h)| *h);
+        let _ = write!(text, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n\n");
     }
-    if let Ok(oldest) = s.store.oldest_due_timer(now).await {
-        metrics::gauge!("haul_timers_oldest_due_age_seconds").set(age(oldest));
-    }
-    if let Ok(n) = s.store.count_by_status(OutboxStatus::Dead).await {
-        metrics::gauge!("haul_outbox_dead_rows_in_store").set(n as f64);
-    }
-    if let Ok(n) = s.queue.depth().await {
-        metrics::gauge!("haul_queue_depth").set(n as f64);
-    }
+    text
 }
 
 pub(crate) async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
+    let mut text = s.metrics.render();
     if s.store_figures {
-        read_store_figures(&s).await;
+        text.push_str(&store_figures_text(&s).await);
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

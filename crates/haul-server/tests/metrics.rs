@@ -98,6 +98,11 @@ async fn every_family_has_its_help_from_the_first_scrape_and_no_name_is_two_type
 #[tokio::test]
 async fn a_process_that_does_not_read_the_store_exports_no_store_figures() {
     let (s, _) = store(Backend::SqliteFile).await;
+    // Another API of this process that reads the store scrapes first (tests in one
+    // binary share the process-wide recorder, as `cargo test` runs them): its figures
+    // are its own, never the recorder's.
+    let reader = scrape(s.clone(), t0(), true).await;
+    assert!(reader.contains("haul_queue_depth 0"), "{reader}");
     let text = scrape(s, t0(), false).await;
     for name in STORE_FIGURES {
         assert!(!text.lines().any(|l| l.starts_with(name)), "{name} in\n{text}");
