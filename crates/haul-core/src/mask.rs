@@ -4,13 +4,17 @@
 //!
 //! Services echo requests back in their errors, and haul quotes the start of an error
 //! answer in the log, the failed outcome and the OpsAlert. The request carried the
-//! driver's phone and a bearer token, so every such snippet goes through
-//! [`mask_secrets`] first, and is clipped only after: a clip could cut a number short
-//! of what the masking recognises and leave most of it readable.
+//! driver's phone and a bearer token, so every such snippet goes through a [`Masker`]
+//! (the literal values of the secrets this process was given, then [`mask_secrets`]'s
+//! shapes) before it is stored, logged or forwarded, and is clipped only after: a clip
+//! could cut a number short of what the masking recognises and leave most of it
+//! readable.
 //!
 //! Error messages that quote a caller's input (an unknown field name, a value of the
 //! wrong type, as the JSON parser words them) go through [`clip_quotes`], so a 60 KB
 //! name costs its sender a 400 and the log a line, not 60 KB of each.
+
+use std::sync::Arc;
 
 use crate::tools::mask_phone;
 
@@ -18,20 +22,30 @@ use crate::tools::mask_phone;
 /// a longer run is masked too, a shorter one is left, as times and offsets are).
 const MIN_PHONE_DIGITS: usize = 8;
 
+/// Fewest digits of a run without `+` taken for a phone number: a national number
+/// with its country code (`15555550100`) or without (`5555550100`). Shorter runs
+/// (times, counts, HTTP statuses) are left.
+const MIN_BARE_PHONE_DIGITS: usize = 10;
+
 /// Authorization schemes whose credentials are masked, lower case.
 const AUTH_SCHEMES: [&str; 2] = ["bearer", "basic"];
 
-/// `text` with every E.164-looking number (`+` or its form encoding `%2B`, then at
-/// least eight digits) as `***` and its last four digits, and every `Bearer x` or
-/// `Basic x` credential as `Bearer ***`.
+/// `text` with every phone number as `***` and its last four digits, and every
+/// `Bearer x` or `Basic x` credential as `Bearer ***`. A phone number is:
+/// - `+` (or its form encoding `%2B`) and at least eight digits, in groups parted by
+///   single spaces, `-`, `.` or an area code's parentheses (`+1 (555) 555-0100`);
+/// - a run of ten or more digits standing alone (`15555550100`);
+/// - a North American number written with separators (`(555) 555-0100`,
+///   `1-555-555-0100`, `555.555.0100`).
 pub fn mask_secrets(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(c) = rest.chars().next() {
-        if let Some(n) = phone_len(rest) {
-            out.push_str(&mask_phone(&rest[..n]));
+        let before = out.chars().next_back();
+        if let Some(n) = phone_len(rest, before) {
+            out.push_str(&mask_phone(&digits(&rest[..n])));
             rest = &rest[n..];
-        } else if let Some((scheme, n)) = credential_len(rest, out.chars().next_back()) {
+        } else if let Some((scheme, n)) = credential_len(rest, before) {
             out.push_str(scheme);
             out.push_str(" ***");
             rest = &rest[n..];
@@ -43,17 +57,97 @@ pub fn mask_secrets(text: &str) -> String {
     out
 }
 
-/// The length of the phone number `s` starts with, if it does.
-fn phone_len(s: &str) -> Option<usize> {
-    let prefix = if s.starts_with('+') {
+fn digits(s: &str) -> String {
+    s.chars().filter(char::is_ascii_digit).collect()
+}
+
+/// The length of the phone number `s` starts with, if it does (`before`: the character
+/// before it, which must not be a letter or digit of the same word).
+fn phone_len(s: &str, before: Option<char>) -> Option<usize> {
+    let plus = if s.starts_with('+') {
         1
     } else if s.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("%2b")) {
         3
     } else {
-        return None;
+        0
     };
-    let digits = s[prefix..].bytes().take_while(u8::is_ascii_digit).count();
-    (digits >= MIN_PHONE_DIGITS).then_some(prefix + digits)
+    if plus > 0 {
+        let (len, digits) = grouped_digits(&s[plus..]);
+        return (digits >= MIN_PHONE_DIGITS).then_some(plus + len);
+    }
+    if before.is_some_and(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    let run = s.bytes().take_while(u8::is_ascii_digit).count();
+    if run >= MIN_BARE_PHONE_DIGITS {
+        return alone(s, run).then_some(run);
+    }
+    north_american_len(s).filter(|&n| alone(s, n))
+}
+
+/// Whether the `n` bytes `s` starts with end a word (no letter or digit follows).
+fn alone(s: &str, n: usize) -> bool {
+    !s[n..].chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+}
+
+/// The length and digit count of digit groups parted by one separator each (a space,
+/// `-`, `.`, or parentheses around a group), from the start of `s`.
+fn grouped_digits(s: &str) -> (usize, usize) {
+    let b = s.as_bytes();
+    let (mut i, mut end, mut count) = (0, 0, 0);
+    loop {
+        // An optional separator before a group (none before the first but `(`).
+        let mut j = i;
+        if j > 0 && j < b.len() && matches!(b[j], b' ' | b'-' | b'.') {
+            j += 1;
+        }
+        let open = j < b.len() && b[j] == b'(';
+        if open {
+            j += 1;
+        }
+        let group = b[j..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if group == 0 {
+            return (end, count);
+        }
+        j += group;
+        if open {
+            if j >= b.len() || b[j] != b')' {
+                return (end, count);
+            }
+            j += 1;
+        }
+        count += group;
+        end = j;
+        i = j;
+    }
+}
+
+/// The length of a North American number with separators that `s` starts with:
+/// `[1 sep] (ddd) ddd-dddd` or `[1 sep] ddd sep ddd sep dddd`, sep one of ` -.`.
+fn north_american_len(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    let sep = |i: usize| i < b.len() && matches!(b[i], b' ' | b'-' | b'.');
+    let digits_at = |i: usize, n: usize| b.len() >= i + n && b[i..i + n].iter().all(u8::is_ascii_digit);
+    let mut i = 0;
+    if b.first() == Some(&b'1') && sep(1) {
+        i = 2;
+    }
+    if b.get(i) == Some(&b'(') && digits_at(i + 1, 3) && b.get(i + 4) == Some(&b')') {
+        i += 5;
+        if b.get(i) == Some(&b' ') || sep(i) {
+            i += 1;
+        }
+    } else if digits_at(i, 3) && sep(i + 3) {
+        i += 4;
+    } else {
+        return None;
+    }
+    if !(digits_at(i, 3) && sep(i + 3) && digits_at(i + 4, 4)) {
+        return None;
+    }
+    let end = i + 8;
+    // Not the start of a longer run of digits.
+    (!b.get(end).is_some_and(u8::is_ascii_digit)).then_some(end)
 }
 
 /// The scheme as written and the length of `Scheme credential` that `s` starts with,
@@ -68,6 +162,76 @@ fn credential_len(s: &str, before: Option<char>) -> Option<(&str, usize)> {
     // token68 (RFC 7235): letters, digits and -._~+/ then any '='.
     let token = after[spaces..].bytes().take_while(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(b)).count();
     (spaces > 0 && token > 0).then_some((scheme, scheme.len() + spaces + token))
+}
+
+/// Fewest characters of a configured secret masked by its value: a shorter one would
+/// mask ordinary words (the tokens haul takes are longer; a channel's may be anything).
+pub const MIN_SECRET_CHARS: usize = 6;
+
+/// The literal values of the secrets a process was configured with (channel tokens,
+/// the model's key, the Twilio auth token, the API and operator tokens), each masked
+/// as `***` wherever it stands, as written and percent-encoded, before
+/// [`mask_secrets`]'s shapes: a service that echoes `tok=…` with no `Bearer` before it
+/// shows `tok=***`. Cheap to clone; its `Debug` names how many secrets it holds, never
+/// one of them.
+#[derive(Clone, Default)]
+pub struct Masker {
+    /// Every form to mask, longest first (a secret inside another is masked after it).
+    forms: Arc<[String]>,
+}
+
+impl std::fmt::Debug for Masker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Masker({} forms)", self.forms.len())
+    }
+}
+
+impl Masker {
+    /// A masker of `secrets` (those shorter than [`MIN_SECRET_CHARS`] are left out).
+    pub fn new<S: AsRef<str>>(secrets: impl IntoIterator<Item = S>) -> Self {
+        Masker::default().with(secrets)
+    }
+
+    /// This masker with `more` secrets too.
+    pub fn with<S: AsRef<str>>(&self, more: impl IntoIterator<Item = S>) -> Self {
+        let mut forms: Vec<String> = self.forms.to_vec();
+        for secret in more {
+            let secret = secret.as_ref();
+            if secret.chars().count() < MIN_SECRET_CHARS {
+                continue;
+            }
+            forms.push(secret.to_owned());
+            forms.push(percent_encoded(secret));
+        }
+        forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        forms.dedup();
+        Masker { forms: forms.into() }
+    }
+
+    /// `text` with every configured secret as `***`, then [`mask_secrets`].
+    pub fn mask(&self, text: &str) -> String {
+        let mut text = std::borrow::Cow::Borrowed(text);
+        for form in self.forms.iter() {
+            if text.contains(form.as_str()) {
+                text = std::borrow::Cow::Owned(text.replace(form.as_str(), "***"));
+            }
+        }
+        mask_secrets(&text)
+    }
+}
+
+/// `s` as a form or a query string carries it: every byte but the unreserved ones
+/// (RFC 3986) as `%XX`.
+fn percent_encoded(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Most characters of one piece of input an error message quotes.
@@ -138,7 +302,24 @@ mod tests {
         check("+1234567890123456789", "***6789");
         check("+1234567 is short", "+1234567 is short");
         check("at 12:00+0100 and +1", "at 12:00+0100 and +1");
-        check("15555550100 without a plus", "15555550100 without a plus");
+        // Without a plus: ten or more digits alone, or a North American number with separators.
+        check("15555550100 without a plus", "***0100 without a plus");
+        check("to=5555550100&x", "to=***0100&x");
+        check("tel:15555550100.", "tel:***0100.");
+        check("(555) 555-0100, 555-555-0100, 555.555.0100", "***0100, ***0100, ***0100");
+        check("1-555-555-0100 and 1 555 555 0100", "***0100 and ***0100");
+        // With a plus, in groups.
+        check("+1 555-555-0100", "***0100");
+        check("call +1 (555) 555-0100 now", "call ***0100 now");
+        check("+44 7700 900123.", "***0123.");
+        check("%2B1 555 555 0100", "***0100");
+        // Not phone numbers: ids with digits inside, dates, times, short runs, prices.
+        check("SM12345678901234567890ab", "SM12345678901234567890ab");
+        check("id 123456789 and 555-0100", "id 123456789 and 555-0100");
+        check("2026-12-05 07:00:00 UTC", "2026-12-05 07:00:00 UTC");
+        check("HTTP 503, 1.555.555", "HTTP 503, 1.555.555");
+        check("555-555-01000", "555-555-01000");
+        check("+1 555-555", "+1 555-555");
     }
 
     #[test]
@@ -159,5 +340,26 @@ mod tests {
         check("", "");
         check("HTTP 503: try again later", "HTTP 503: try again later");
         check("ünïcødé 🚚 +", "ünïcødé 🚚 +");
+    }
+}
+
+#[cfg(test)]
+mod masker_tests {
+    use super::Masker;
+
+    #[test]
+    fn configured_secrets_are_masked_by_their_value_whatever_stands_around_them() {
+        let m = Masker::new(["chan-sms-secret-1", "sk-live/Key+1=", "short"]);
+        let check = |input: &str, expected: &str| assert_eq!(m.mask(input), expected, "{input:?}");
+        check("400: tok=chan-sms-secret-1 is not valid", "400: tok=*** is not valid");
+        check("{\"key\":\"sk-live/Key+1=\"}", "{\"key\":\"***\"}");
+        check("key=sk-live%2FKey%2B1%3D&to=%2B15555550100", "key=***&to=***0100");
+        check("chan-sms-secret-1chan-sms-secret-1", "******");
+        // Too short to mask by value: an ordinary word would go with it.
+        check("a short answer", "a short answer");
+        assert_eq!(format!("{m:?}"), "Masker(3 forms)", "Debug never shows a secret");
+        assert_eq!(Masker::default().mask("+15555550100"), "***0100");
+        let more = m.with(["op-token-0123456789"]);
+        assert_eq!(more.mask("op-token-0123456789 chan-sms-secret-1"), "*** ***");
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use haul_core::ids::LoadId;
-use haul_core::mask::mask_secrets;
+use haul_core::mask::Masker;
 use haul_core::time::Timestamp;
 use haul_core::{Channel, PerChannel};
 use haul_store::DeliveryLog;
@@ -62,6 +62,9 @@ pub struct HttpChannel {
     base_url: String,
     token: Option<String>,
     timeout: Duration,
+    /// Masks what a failure quotes of the service's answer: this channel's token and
+    /// every other secret the process was given ([`HttpChannel::masking`]).
+    masker: Masker,
 }
 
 /// One HTTP client for every channel: building one loads the TLS roots, which is
@@ -79,7 +82,15 @@ impl HttpChannel {
     }
 
     pub fn with_client(client: reqwest::Client, base_url: &str, token: Option<String>, timeout: Duration) -> Self {
-        HttpChannel { client, base_url: base_url.trim_end_matches('/').to_owned(), token, timeout }
+        let masker = Masker::new(token.as_deref());
+        HttpChannel { client, base_url: base_url.trim_end_matches('/').to_owned(), token, timeout, masker }
+    }
+
+    /// This channel masking `secrets` too (the process's other secrets) in what its
+    /// failures quote, before they are stored, logged or forwarded.
+    pub fn masking(mut self, secrets: &Masker) -> Self {
+        self.masker = secrets.with(self.token.as_deref());
+        self
     }
 }
 
@@ -102,14 +113,14 @@ impl ChannelClient for HttpChannel {
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
-        let mut resp = req.send().await.map_err(|e| RetryableDeliveryError(describe(&e)))?;
+        let mut resp = req.send().await.map_err(|e| RetryableDeliveryError(describe(&e, &self.masker)))?;
         let status = resp.status();
         let mut answer = Vec::new();
         loop {
             match resp.chunk().await {
                 Ok(Some(chunk)) if answer.len() + chunk.len() <= MAX_ANSWER_BYTES => answer.extend_from_slice(&chunk),
                 Ok(Some(_)) | Ok(None) => break,
-                Err(e) if status.is_success() => return Err(RetryableDeliveryError(describe(&e)).into()),
+                Err(e) if status.is_success() => return Err(RetryableDeliveryError(describe(&e, &self.masker)).into()),
                 Err(_) => break,
             }
         }
@@ -121,8 +132,9 @@ impl ChannelClient for HttpChannel {
             });
             return Ok(id.unwrap_or_else(|| format!("http-{}", status.as_u16())));
         }
-        // Masked before it is clipped: services echo requests, which carry the token and phone numbers.
-        let snippet: String = mask_secrets(&String::from_utf8_lossy(&answer)).chars().take(200).collect();
+        // Masked before it is clipped: services echo requests, which carry the token and
+        // phone numbers, and may quote a credential in any form.
+        let snippet: String = self.masker.mask(&String::from_utf8_lossy(&answer)).chars().take(200).collect();
         let failure = format!("HTTP {status}: {snippet}");
         match status.as_u16() {
             408 | 425 | 429 | 500..=599 => Err(RetryableDeliveryError(failure).into()),
@@ -138,7 +150,7 @@ impl ChannelClient for HttpChannel {
 /// A failed request in one line, down to its root cause: reqwest's own Display stops
 /// at "error sending request", which hides "Connection refused" or a DNS failure.
 /// Secrets are masked.
-pub fn describe(e: &reqwest::Error) -> String {
+pub fn describe(e: &reqwest::Error, masker: &Masker) -> String {
     if e.is_timeout() {
         return "timed out".into();
     }
@@ -152,7 +164,7 @@ pub fn describe(e: &reqwest::Error) -> String {
         source = s.source();
     }
     let chain = parts.join(": ");
-    mask_secrets(&if e.is_connect() { format!("cannot connect: {chain}") } else { chain })
+    masker.mask(&if e.is_connect() { format!("cannot connect: {chain}") } else { chain })
 }
 
 /// Record mode: the store keeps the delivery, deduped by key.
@@ -248,7 +260,9 @@ impl Channels {
     /// HTTP clients for the channels with a URL, record mode for the others. Tokens are
     /// read from the environment variables the config names; a named variable that is
     /// unset is an error (a token that silently goes missing would fail every send).
-    pub fn from_config(config: &ChannelsConfig, log: Arc<dyn DeliveryLog>) -> anyhow::Result<Self> {
+    /// Each client masks `secrets` (the process's, [`crate::secrets::configured`]) and
+    /// its own token in what its failures quote.
+    pub fn from_config(config: &ChannelsConfig, log: Arc<dyn DeliveryLog>, secrets: &Masker) -> anyhow::Result<Self> {
         let client = http_client()?;
         let make = |channel: Channel| -> anyhow::Result<Arc<dyn ChannelClient>> {
             let c: &ChannelConfig = config.get(channel);
@@ -260,12 +274,10 @@ impl Channels {
                 ),
                 None => None,
             };
-            Ok(Arc::new(HttpChannel::with_client(
-                client.clone(),
-                url,
-                token,
-                c.timeout.unwrap_or(Duration::from_secs(5)),
-            )))
+            Ok(Arc::new(
+                HttpChannel::with_client(client.clone(), url, token, c.timeout.unwrap_or(Duration::from_secs(5)))
+                    .masking(secrets),
+            ))
         };
         Self::build(make)
     }

@@ -18,6 +18,7 @@ pub mod projector;
 pub mod pump;
 pub mod queries;
 pub mod queue;
+pub mod secrets;
 pub mod shadow;
 pub mod store;
 pub mod worker;

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use haul_core::InboundEvent;
 use haul_core::decision::Decision;
 use haul_core::ids::LoadId;
-use haul_core::mask::mask_secrets;
+use haul_core::mask::Masker;
 use haul_core::projection::LoadState;
 use haul_core::sop::Policies;
 use haul_core::time::Timestamp;
@@ -105,6 +105,9 @@ pub struct LlmDecider {
     settings: LlmSettings,
     endpoint: String,
     policies: Policies,
+    /// Masks what an error quotes of the endpoint's answer: its own key and every other
+    /// secret the process was given ([`LlmDecider::masking`]).
+    masker: Masker,
 }
 
 impl LlmDecider {
@@ -114,7 +117,15 @@ impl LlmDecider {
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
         let endpoint = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
-        Ok(LlmDecider { client, settings, endpoint, policies })
+        let masker = Masker::new([settings.api_key.as_str()]);
+        Ok(LlmDecider { client, settings, endpoint, policies, masker })
+    }
+
+    /// This decider masking `secrets` too (the process's other secrets) in what its
+    /// errors quote.
+    pub fn masking(mut self, secrets: &Masker) -> Self {
+        self.masker = secrets.with([self.settings.api_key.as_str()]);
+        self
     }
 
     /// From `decider.llm.*`, the key from the variable `api_key_env` names. Errors name
@@ -167,13 +178,13 @@ impl LlmDecider {
             .await
             .map_err(|_| LlmError::Timeout(self.settings.timeout))??;
         let completion: Completion =
-            serde_json::from_slice(&answer).map_err(|e| LlmError::Malformed(clip(&e.to_string())))?;
+            serde_json::from_slice(&answer).map_err(|e| LlmError::Malformed(self.clip(&e.to_string())))?;
         let Some(choice) = completion.choices.into_iter().next() else {
             return Err(LlmError::Malformed("no choices".into()));
         };
         let message = choice.message;
         if let Some(r) = message.refusal.as_deref().filter(|r| !r.trim().is_empty()) {
-            return Err(LlmError::Refusal(clip(r)));
+            return Err(LlmError::Refusal(self.clip(r)));
         }
         let calls: Vec<ToolCall> = message
             .tool_calls
@@ -192,7 +203,7 @@ impl LlmDecider {
         if calls.is_empty() {
             return Err(LlmError::NoToolCalls {
                 finish_reason: choice.finish_reason.unwrap_or_default(),
-                text: clip(message.content.as_deref().unwrap_or("")),
+                text: self.clip(message.content.as_deref().unwrap_or("")),
             });
         }
         debug!(calls = calls.len(), model = %self.settings.model, "model answered");
@@ -226,13 +237,24 @@ impl LlmDecider {
             return Err(LlmError::RateLimited);
         }
         if !status.is_success() {
-            return Err(LlmError::Status { status: status.as_u16(), snippet: clip(&String::from_utf8_lossy(&buf)) });
+            return Err(LlmError::Status {
+                status: status.as_u16(),
+                snippet: self.clip(&String::from_utf8_lossy(&buf)),
+            });
         }
         Ok(buf)
     }
 
+    fn clip(&self, s: &str) -> String {
+        clip(&self.masker, s)
+    }
+
     fn transport(&self, e: &reqwest::Error) -> LlmError {
-        if e.is_timeout() { LlmError::Timeout(self.settings.timeout) } else { LlmError::Transport(transport(e)) }
+        if e.is_timeout() {
+            LlmError::Timeout(self.settings.timeout)
+        } else {
+            LlmError::Transport(self.clip(&transport(e)))
+        }
     }
 }
 
@@ -245,13 +267,13 @@ fn transport(e: &reqwest::Error) -> String {
         s.push_str(&inner.to_string());
         src = inner.source();
     }
-    clip(&s)
+    s
 }
 
-/// One line of at most [`ERROR_SNIPPET_CHARS`] characters, phone numbers and
-/// credentials masked first (an endpoint may echo the request and its key).
-fn clip(s: &str) -> String {
-    let one: String = mask_secrets(s).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+/// One line of at most [`ERROR_SNIPPET_CHARS`] characters, the secrets, phone numbers
+/// and credentials masked first (an endpoint may echo the request and its key).
+fn clip(masker: &Masker, s: &str) -> String {
+    let one: String = masker.mask(s).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     let one = one.trim();
     if one.chars().count() <= ERROR_SNIPPET_CHARS {
         return one.to_owned();

@@ -215,7 +215,7 @@ pub fn from_config(
         DeciderKind::Llm => {
             let d = crate::llm::LlmDecider::from_config(&shadow.decider.llm, policies.clone())
                 .map_err(|e| anyhow::anyhow!("decider.shadow: {e:#}"))?;
-            Arc::new(d)
+            Arc::new(d.masking(&crate::secrets::configured(config, std::iter::empty::<&str>())))
         }
     };
     let timeout = shadow.decider.llm.timeout.min(config.worker.run_timeout.mul_f64(0.8));

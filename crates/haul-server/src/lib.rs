@@ -85,11 +85,13 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     let operator_tokens = if roles.api { tokens::operator_tokens_from_env()? } else { vec![] };
     let store = haul_runtime::store::open(&config.store.url, None).await.context("store.url")?;
     crate::metrics::zero_series();
+    // Every secret this process was given, masked by its value in what a service echoes.
+    let secrets = haul_runtime::secrets::configured(&config, tokens::file_token());
     let decider: Option<Arc<dyn haul_runtime::decider::Decider>> = match config.decider.kind {
         DeciderKind::Sop => None,
         DeciderKind::Llm => {
             let policies = haul_config::policies(&config.clients);
-            let d = haul_runtime::llm::LlmDecider::from_config(&config.decider.llm, policies)?;
+            let d = haul_runtime::llm::LlmDecider::from_config(&config.decider.llm, policies)?.masking(&secrets);
             info!(base_url = %d.settings().base_url, model = %d.settings().model, "decider: llm");
             Some(Arc::new(d))
         }
@@ -99,7 +101,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         QueueKind::Sqs => (haul_runtime::store::open_sqs(&config.queue).await?, QueueMode::Separate),
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let channels = Channels::from_config(&config.channels, store.clone())?;
+    let channels = Channels::from_config(&config.channels, store.clone(), &secrets)?;
     let modes: Vec<String> = channels.iter().map(|(n, c)| format!("{n}={}", c.mode())).collect();
     let pipeline = Pipeline::new(
         &config,

@@ -37,13 +37,20 @@ fn list_from_env(name: &str) -> anyhow::Result<Option<Vec<String>>> {
     Ok(Some(tokens))
 }
 
+/// The token `./haul-api-token` holds now, if any (read only: nothing is made).
+pub(crate) fn file_token() -> Option<String> {
+    let t = std::fs::read_to_string(TOKEN_FILE).ok()?;
+    let t = t.trim();
+    (t.len() >= 8).then(|| t.to_owned())
+}
+
 /// The token in `./haul-api-token`, made there (mode 600) from the OS's random source
 /// when the file is missing or holds no usable token.
 pub(crate) fn token_from_file() -> anyhow::Result<Vec<String>> {
     let path = std::path::Path::new(TOKEN_FILE);
-    let token = match std::fs::read_to_string(path) {
-        Ok(t) if t.trim().len() >= 8 => t.trim().to_owned(),
-        _ => {
+    let token = match file_token() {
+        Some(t) => t,
+        None => {
             let mut bytes = [0u8; TOKEN_BYTES];
             getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness for the API token: {e}"))?;
             let t: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
