@@ -199,6 +199,15 @@ pub struct ServerConfig {
     /// How long a request may take to send its body (at most 64 KiB).
     #[serde(with = "duration")]
     pub body_read_timeout: Duration,
+    /// How long a write of an answer may make no progress (the client reads nothing)
+    /// before the connection is closed.
+    #[serde(with = "duration")]
+    pub write_timeout: Duration,
+    /// The addresses (or `address/prefix` networks) of the proxies in front of haul
+    /// whose `X-Forwarded-For` names the client: per-client limits (the console's
+    /// sign-in) count the address it gives. Empty: the peer's address counts.
+    #[serde(deserialize_with = "address_list")]
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -209,7 +218,72 @@ impl Default for ServerConfig {
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
+            trusted_proxies: Vec::new(),
         }
+    }
+}
+
+/// A list of addresses as a TOML array, or as one comma-separated string (what a
+/// `HAUL_*` variable gives).
+fn address_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum List {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match List::deserialize(d)? {
+        List::One(s) => s.split(',').map(str::to_owned).collect(),
+        List::Many(v) => v,
+    };
+    Ok(items.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+}
+
+/// An address (`10.0.0.1`, `::1`) or a network (`10.0.0.0/8`, `fd00::/8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddressRange {
+    pub network: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl AddressRange {
+    pub fn parse(s: &str) -> Option<AddressRange> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let network: std::net::IpAddr = addr.trim().parse().ok()?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p.trim().parse::<u8>().ok().filter(|p| *p <= max)?,
+        };
+        Some(AddressRange { network, prefix })
+    }
+
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr::{V4, V6};
+        let p = u32::from(self.prefix);
+        match (self.network, ip) {
+            (V4(n), V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - p).unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (V6(n), V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - p).unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// `trusted_proxies` parsed (checked by [`Config::validate`]; an entry that does not
+    /// parse is left out).
+    pub fn trusted_proxy_ranges(&self) -> Vec<AddressRange> {
+        self.trusted_proxies.iter().filter_map(|s| AddressRange::parse(s)).collect()
     }
 }
 
@@ -449,6 +523,8 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("server.max_connections", Kind::Int),
     ("server.header_read_timeout", Kind::Text),
     ("server.body_read_timeout", Kind::Text),
+    ("server.write_timeout", Kind::Text),
+    ("server.trusted_proxies", Kind::Text),
     ("worker.concurrency", Kind::Int),
     ("worker.conflict_retries", Kind::Int),
     ("worker.run_timeout", Kind::Text),
@@ -821,6 +897,13 @@ impl Config {
         if !(seconds(1)..=seconds(300)).contains(&self.server.body_read_timeout) {
             bail!("server.body_read_timeout must be 1s to 5m");
         }
+        if !(seconds(1)..=seconds(300)).contains(&self.server.write_timeout) {
+            bail!("server.write_timeout must be 1s to 5m");
+        }
+        if let Some(bad) = self.server.trusted_proxies.iter().find(|p| AddressRange::parse(p).is_none()) {
+            let bad: String = bad.chars().take(60).collect();
+            bail!("server.trusted_proxies: {bad:?} is not an address or a network (10.0.0.1, 10.0.0.0/8, fd00::/8)");
+        }
         if !(1..=1024).contains(&self.worker.concurrency) {
             bail!("worker.concurrency must be 1 to 1024, not {}", self.worker.concurrency);
         }
@@ -894,6 +977,33 @@ impl Config {
 }
 
 #[cfg(test)]
+mod address_tests {
+    use super::AddressRange;
+
+    #[test]
+    fn address_ranges_contain_what_their_prefix_says() {
+        let check = |range: &str, ip: &str, want: bool| {
+            let r = AddressRange::parse(range).unwrap();
+            assert_eq!(r.contains(ip.parse().unwrap()), want, "{range} ∋ {ip}");
+        };
+        check("10.0.0.1", "10.0.0.1", true);
+        check("10.0.0.1", "10.0.0.2", false);
+        check("10.0.0.0/8", "10.255.1.2", true);
+        check("10.0.0.0/8", "11.0.0.1", false);
+        check("0.0.0.0/0", "8.8.8.8", true);
+        check("192.168.1.0/24", "192.168.2.1", false);
+        check("fd00::/8", "fd12::1", true);
+        check("fd00::/8", "fe80::1", false);
+        check("::1", "::1", true);
+        check("10.0.0.0/8", "::1", false);
+        check("::/0", "10.0.0.1", false);
+        for bad in ["", "x", "10.0.0.0/33", "::/129", "10.0.0.0/x", "10.0.0"] {
+            assert_eq!(AddressRange::parse(bad), None, "{bad:?}");
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -936,6 +1046,10 @@ mod tests {
         check("[server]\nheader_read_timeout = \"0s\"", Some("server.header_read_timeout"));
         check("[server]\nheader_read_timeout = \"2m\"", Some("server.header_read_timeout"));
         check("[server]\nbody_read_timeout = \"1h\"", Some("server.body_read_timeout"));
+        check("[server]\nwrite_timeout = \"30s\"\ntrusted_proxies = [\"10.0.0.1\", \"fd00::/8\"]", None);
+        check("[server]\nwrite_timeout = \"0s\"", Some("server.write_timeout"));
+        check("[server]\ntrusted_proxies = [\"10.0.0.0/33\"]", Some("server.trusted_proxies"));
+        check("[server]\ntrusted_proxies = [\"proxy.local\"]", Some("server.trusted_proxies"));
         check("[decider]\nkind = \"llm\"", Some("decider.llm.base_url"));
         check("[decider]\nkind = \"llm\"\nllm.base_url = \"http://127.0.0.1:9/v1\"", Some("decider.llm.model"));
     }
@@ -954,6 +1068,7 @@ mod tests {
                 ("HAUL_LOAD_LOCK_ENABLED", "true"),
                 ("HAUL_SERVER_MAX_CONNECTIONS", "256"),
                 ("HAUL_SERVER_HEADER_READ_TIMEOUT", "5s"),
+                ("HAUL_SERVER_TRUSTED_PROXIES", "10.0.0.1, 192.168.0.0/16"),
                 ("HAUL_API_TOKEN", "secret"),
                 ("HAUL_NOPE", "1"),
                 ("PATH", "/bin"),
@@ -966,6 +1081,7 @@ mod tests {
         assert!(c.load_lock.enabled);
         assert_eq!((c.server.max_connections, c.server.header_read_timeout), (256, Duration::from_secs(5)));
         assert_eq!(unknown, vec!["HAUL_NOPE".to_string()]);
+        assert_eq!(c.server.trusted_proxies, ["10.0.0.1", "192.168.0.0/16"]);
         let err = Config::load(None, env(&[("HAUL_WORKER_CONCURRENCY", "lots")])).unwrap_err();
         assert!(format!("{err:#}").contains("HAUL_WORKER_CONCURRENCY"), "{err:#}");
         let err = Config::load(None, env(&[("HAUL_SERVER_MAX_CONNECTIONS", "0")])).unwrap_err();

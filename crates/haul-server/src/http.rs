@@ -1,17 +1,27 @@
 //! The HTTP listener: haul's own accept loop rather than `axum::serve`, because the API
 //! faces the internet and every connection a stranger opens must cost a bounded amount
-//! for a bounded time. `axum::serve` has no header, body or idle timeout, no cap on
-//! connections, and its graceful shutdown waits for every connection to finish.
+//! for a bounded time. `axum::serve` has no header, body, write or idle timeout, no cap
+//! on connections, and its graceful shutdown waits for every connection to finish.
 //!
 //! What a connection that sends nothing useful costs: one descriptor, one small task and
 //! a read buffer of at most [`MAX_HEAD_BYTES`], for at most `server.header_read_timeout`
 //! (hyper runs that clock whenever a connection waits for a request head, so it also
 //! ends idle keep-alive connections). A body that stops coming costs the same for at
 //! most `server.body_read_timeout` (the body extractor's clock, `ApiBody`, which answers
-//! 408). At most `server.max_connections` are open at once: a connection past the cap is
-//! answered 503 without waiting and closed at once, before a task or a buffer is spent on
-//! it. At start the soft limit of open files is raised to the hard one, and the cap
-//! lowered to what that limit leaves after [`RESERVED_FDS`] for everything else.
+//! 408). A client that stops reading its answers costs the same for at most
+//! `server.write_timeout`: a write that makes no progress that long closes the
+//! connection ([`Guarded`]), and while an answer is unsent nothing more is read from
+//! it, so pipelined requests wait in the socket, not in haul (read ahead at most the
+//! [`MAX_HEAD_BYTES`] buffer).
+//!
+//! At most `server.max_connections` are open at once. A stranger holds no slot: when
+//! every slot is taken, a new connection takes the one of the connection that has had
+//! no request in the service for longest (idle, sending a head, or not reading its
+//! answer), once that is at least [`EVICTABLE_AFTER`]; only when every connection is
+//! serving a request (or became idle just now) is the new one answered 503 at once and
+//! closed, before a task or a buffer is spent on it. At start the soft limit of open
+//! files is raised to the hard one, and the cap lowered to what that limit leaves after
+//! [`RESERVED_FDS`] for everything else.
 //!
 //! Shutdown stops accepting at once. A connection with no request in the service (idle,
 //! or a head still arriving) is closed within [`IDLE_CLOSE_GRACE`], time to finish
@@ -19,11 +29,14 @@
 //! and a body read still waiting on its client ends at once with 503 (`ApiBody`). A
 //! request cut short is safe to send again: events are deduplicated by their id.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::Write;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -32,8 +45,9 @@ use axum::http::Request;
 use haul_config::ServerConfig;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tower_service::Service;
 use tracing::{info, warn};
@@ -54,6 +68,15 @@ pub const IDLE_CLOSE_GRACE: Duration = Duration::from_millis(250);
 /// closed; well inside the process's own ten seconds.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
+/// How long a connection must have had no request in the service before a new
+/// connection may take its slot when every slot is taken: long enough that a client
+/// between two requests of a burst keeps its connection.
+pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a connection that took an evicted one's slot waits for the slot to come
+/// free before it is refused after all.
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
 /// How long the accept loop waits after a failed accept (out of descriptors): long
 /// enough not to spin, short enough to take connections again soon after.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -68,6 +91,8 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// How long a request head may take to arrive, and an idle connection may wait for one.
     pub header_read_timeout: Duration,
+    /// How long a write of an answer may make no progress before the connection is closed.
+    pub write_timeout: Duration,
 }
 
 impl ConnectionLimits {
@@ -82,7 +107,11 @@ impl ConnectionLimits {
                 server.max_connections.min(usize::try_from(room).unwrap_or(usize::MAX))
             }
         };
-        ConnectionLimits { max_connections, header_read_timeout: server.header_read_timeout }
+        ConnectionLimits {
+            max_connections,
+            header_read_timeout: server.header_read_timeout,
+            write_timeout: server.write_timeout,
+        }
     }
 }
 
@@ -107,6 +136,7 @@ pub fn raise_open_files_limit() -> Option<u64> {
 /// connection within [`SHUTDOWN_DRAIN`] (a second more for the stragglers).
 pub async fn serve_http(listener: TcpListener, app: Router, limits: ConnectionLimits, stop: impl Future<Output = ()>) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let open = Arc::new(Open::default());
     let (closing_tx, closing) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut warned_at: Option<Instant> = None;
@@ -115,9 +145,20 @@ pub async fn serve_http(listener: TcpListener, app: Router, limits: ConnectionLi
         tokio::select! {
             () = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+                Ok((stream, peer)) => match slots.clone().try_acquire_owned() {
                     Ok(slot) => {
-                        connections.spawn(serve_connection(stream, app.clone(), limits, closing.clone(), slot));
+                        connections.spawn(serve_connection(stream, peer, app.clone(), limits, closing.clone(), slot, open.clone()));
+                    }
+                    // Every slot is taken: the longest-idle connection makes room, if one
+                    // has been idle long enough; the new one waits for its slot.
+                    Err(_) if open.evict_one() => {
+                        let (slots, app, closing, open) = (slots.clone(), app.clone(), closing.clone(), open.clone());
+                        connections.spawn(async move {
+                            match tokio::time::timeout(EVICTION_WAIT, slots.acquire_owned()).await {
+                                Ok(Ok(slot)) => serve_connection(stream, peer, app, limits, closing, slot, open).await,
+                                _ => refuse(stream),
+                            }
+                        });
                     }
                     Err(_) => refuse(stream),
                 },
@@ -144,24 +185,103 @@ pub async fn serve_http(listener: TcpListener, app: Router, limits: ConnectionLi
     }
 }
 
-/// One connection: HTTP/1.1 with the head timeout, until the client leaves, a timeout
-/// ends it, or shutdown does.
+/// The open connections as the accept loop sees them when the cap is reached.
+struct Open {
+    /// The clock of `Conn::idle_since_ms`.
+    started: Instant,
+    next_id: AtomicU64,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+}
+
+impl Default for Open {
+    fn default() -> Self {
+        Open { started: Instant::now(), next_id: AtomicU64::new(0), conns: Mutex::new(HashMap::new()) }
+    }
+}
+
+/// One open connection's state.
+#[derive(Default)]
+struct Conn {
+    /// Requests in the service now.
+    in_service: AtomicUsize,
+    /// Since when (ms on `Open::started`'s clock) no request has been in the service:
+    /// from the open, then from each request's end.
+    idle_since_ms: AtomicU64,
+    /// Chosen to make room; its task closes it.
+    evicted: AtomicBool,
+    evict: Notify,
+}
+
+impl Open {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a new connection; it leaves when the guard drops.
+    fn register(self: &Arc<Self>) -> (Arc<Conn>, Registered) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn::default());
+        conn.idle_since_ms.store(self.now_ms(), Ordering::Release);
+        self.lock().insert(id, conn.clone());
+        (conn, Registered { open: self.clone(), id })
+    }
+
+    /// Tells the connection with no request in the service for longest (at least
+    /// [`EVICTABLE_AFTER`]) to close; false when there is none.
+    fn evict_one(&self) -> bool {
+        let now = self.now_ms();
+        let conns = self.lock();
+        let oldest = conns
+            .values()
+            .filter(|c| c.in_service.load(Ordering::Acquire) == 0 && !c.evicted.load(Ordering::Acquire))
+            .map(|c| (c.idle_since_ms.load(Ordering::Acquire), c))
+            .filter(|(since, _)| now.saturating_sub(*since) >= EVICTABLE_AFTER.as_millis() as u64)
+            .min_by_key(|(since, _)| *since);
+        let Some((_, conn)) = oldest else { return false };
+        conn.evicted.store(true, Ordering::Release);
+        conn.evict.notify_one();
+        metrics::counter!("haul_http_connections_evicted_total").increment(1);
+        true
+    }
+}
+
+/// A connection's place in [`Open`], given up when it closes.
+struct Registered {
+    open: Arc<Open>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.lock().remove(&self.id);
+    }
+}
+
+/// One connection: HTTP/1.1 with the head and write timeouts, until the client leaves,
+/// a timeout ends it, a new connection takes its slot, or shutdown does.
 async fn serve_connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     app: Router,
     limits: ConnectionLimits,
     mut closing: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
+    open: Arc<Open>,
 ) {
     let _open = Gauge::open();
+    let (conn_state, _registered) = open.register();
     let _ = stream.set_nodelay(true);
-    // Requests in the service right now: what shutdown waits for, and only that.
-    let in_service = Arc::new(AtomicUsize::new(0));
     let service = {
-        let in_service = in_service.clone();
+        let (conn_state, open) = (conn_state.clone(), open.clone());
         hyper::service::service_fn(move |req: Request<Incoming>| {
-            let serving = InService::enter(&in_service);
-            let answer = app.clone().call(req.map(Body::new));
+            let serving = InService::enter(&conn_state, &open);
+            let mut req = req.map(Body::new);
+            req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            let answer = app.clone().call(req);
             async move {
                 let answer: Result<_, Infallible> = answer.await;
                 drop(serving);
@@ -171,31 +291,127 @@ async fn serve_connection(
     };
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).max_buf_size(MAX_HEAD_BYTES);
-    let conn = http.serve_connection(TokioIo::new(stream), service);
+    let io = Guarded::new(stream, limits.write_timeout);
+    let conn = http.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {
         // Done, the client gone, or a timeout: nothing more to do either way.
         _ = conn.as_mut() => return,
+        // Its slot went to a new connection: closed at once (dropping it closes the socket).
+        () = conn_state.evict.notified() => return,
         _ = closing.wait_for(|c| *c) => {}
     }
-    let grace = if in_service.load(Ordering::Acquire) == 0 { IDLE_CLOSE_GRACE } else { SHUTDOWN_DRAIN };
+    let grace = if conn_state.in_service.load(Ordering::Acquire) == 0 { IDLE_CLOSE_GRACE } else { SHUTDOWN_DRAIN };
     conn.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(grace, conn).await;
 }
 
-/// Counts a request into the service and out of it (also when its future is dropped).
-struct InService(Arc<AtomicUsize>);
+/// Counts a request into the service and out of it (also when its future is dropped);
+/// the connection's idle clock starts again when its last request leaves.
+struct InService {
+    conn: Arc<Conn>,
+    open: Arc<Open>,
+}
 
 impl InService {
-    fn enter(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        InService(count.clone())
+    fn enter(conn: &Arc<Conn>, open: &Arc<Open>) -> Self {
+        conn.in_service.fetch_add(1, Ordering::AcqRel);
+        InService { conn: conn.clone(), open: open.clone() }
     }
 }
 
 impl Drop for InService {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.conn.idle_since_ms.store(self.open.now_ms(), Ordering::Release);
+        self.conn.in_service.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's socket with a write timeout: a write (or flush) that makes no
+/// progress for `write_timeout` fails, which closes the connection; and while a write
+/// waits, nothing is read, so a client that sends requests without reading the
+/// answers leaves them in the socket.
+struct Guarded<T> {
+    inner: T,
+    write_timeout: Duration,
+    /// Running while a write waits; reset by every write that goes through.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The read that waits for the write to go through.
+    parked_read: Option<Waker>,
+}
+
+impl<T> Guarded<T> {
+    fn new(inner: T, write_timeout: Duration) -> Self {
+        Guarded { inner, write_timeout, stall: None, parked_read: None }
+    }
+
+    fn written<R>(&mut self, cx: &mut Context<'_>, r: Poll<std::io::Result<R>>) -> Poll<std::io::Result<R>> {
+        match r {
+            Poll::Ready(r) => {
+                self.stall = None;
+                if let Some(read) = self.parked_read.take() {
+                    read.wake();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let timeout = self.write_timeout;
+                let stall = self.stall.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if stall.as_mut().poll(cx).is_ready() {
+                    metrics::counter!("haul_http_write_timeouts_total").increment(1);
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client read nothing of the answer within server.write_timeout",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.stall.is_some() {
+            this.parked_read = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.written(cx, r)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.written(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_flush(cx);
+        this.written(cx, r)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.written(cx, r)
     }
 }
 
@@ -220,7 +436,7 @@ fn refusal() -> String {
     let body = r#"{"error":{"code":"too_many_connections","message":"too many open connections; try again shortly"}}"#;
     format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         retry-after: 1\r\nconnection: close\r\n\r\n{body}",
+         x-content-type-options: nosniff\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
         body.len()
     )
 }

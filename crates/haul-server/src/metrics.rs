@@ -86,6 +86,16 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("haul_twilio_replays_total", Kind::Counter, "Webhook requests for a MessageSid already taken."),
     ("haul_http_connections_open", Kind::Gauge, "HTTP connections open now."),
     ("haul_http_connections_refused_total", Kind::Counter, "Connections turned away over server.max_connections."),
+    (
+        "haul_http_connections_evicted_total",
+        Kind::Counter,
+        "Connections closed to make room for a new one when every slot was taken (the longest idle first).",
+    ),
+    (
+        "haul_http_write_timeouts_total",
+        Kind::Counter,
+        "Connections closed because the client read nothing of an answer for server.write_timeout.",
+    ),
 ];
 
 /// The figures read from the store at scrape time (exported by api processes only,
@@ -210,6 +220,8 @@ pub fn zero_series() {
     metrics::counter!("haul_twilio_replays_total").absolute(0);
     metrics::gauge!("haul_http_connections_open").increment(0.0);
     metrics::counter!("haul_http_connections_refused_total").absolute(0);
+    metrics::counter!("haul_http_connections_evicted_total").absolute(0);
+    metrics::counter!("haul_http_write_timeouts_total").absolute(0);
 }
 
 /// The figures that live in the store, rendered as gauges after the recorder's text.

@@ -27,12 +27,14 @@ struct Api {
 struct Limits {
     header_read_timeout: Duration,
     body_read_timeout: Duration,
+    write_timeout: Duration,
     max_connections: usize,
 }
 
 const LIMITS: Limits = Limits {
     header_read_timeout: Duration::from_secs(1),
     body_read_timeout: Duration::from_secs(1),
+    write_timeout: Duration::from_secs(1),
     max_connections: 1000,
 };
 
@@ -60,8 +62,11 @@ async fn api_configured(limits: Limits, twilio_auth_token: Option<&str>) -> Api 
     );
     state.body_read_timeout = limits.body_read_timeout;
     let app = router(Arc::new(state), true);
-    let connections =
-        ConnectionLimits { max_connections: limits.max_connections, header_read_timeout: limits.header_read_timeout };
+    let connections = ConnectionLimits {
+        max_connections: limits.max_connections,
+        header_read_timeout: limits.header_read_timeout,
+        write_timeout: limits.write_timeout,
+    };
     tokio::spawn(serve_http(listener, app, connections, std::future::pending()));
     Api { base, store, client: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap() }
 }
@@ -76,6 +81,15 @@ impl Api {
         let resp = req.send().await.unwrap();
         let status = resp.status();
         (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A counter from `/metrics` (0 when absent).
+    async fn metric(&self, name: &str) -> f64 {
+        let text = self.client.get(format!("{}/metrics", self.base)).send().await.unwrap().text().await.unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     async fn post(&self, load: &str, body: Value) -> (StatusCode, Value) {
@@ -598,4 +612,122 @@ async fn a_request_head_over_16_kib_is_431() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     let fine = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n", "p".repeat(8 * 1024));
     assert!(a.raw(&fine).await.starts_with("HTTP/1.1 200"));
+}
+
+/// A connection that pipelines requests for a large answer and never reads a byte.
+async fn never_reading(a: &Api, requests: usize) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(a.base.trim_start_matches("http://")).await.unwrap();
+    let one = "GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n";
+    // Written from a task: the server stops reading once its answers back up, and a
+    // write of every request at once would then wait forever.
+    let (_, mut write) = tcp.split();
+    let _ = tokio::time::timeout(Duration::from_millis(300), write.write_all(one.repeat(requests).as_bytes())).await;
+    tcp
+}
+
+/// The attack of the edge review: clients that pipeline requests and never read the
+/// answers held every slot (`/healthz` answered 503 for as long as they stayed). Now
+/// the one with no request in the service for longest makes room for a new client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_hold_no_slot() {
+    let cap = 8;
+    let a = api_with(Limits {
+        max_connections: cap,
+        header_read_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(60),
+        ..LIMITS
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..cap + 4 {
+        held.push(never_reading(&a, 150).await);
+    }
+    // Past the eviction age: every held connection is one a new client may displace.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 0..5 {
+        let fresh =
+            reqwest::Client::builder().timeout(Duration::from_secs(5)).pool_max_idle_per_host(0).build().unwrap();
+        let started = std::time::Instant::now();
+        let r = fresh.get(format!("{}/healthz", a.base)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "fresh client {i} beside {} clients that never read", held.len());
+        assert!(started.elapsed() < Duration::from_secs(2), "fresh client {i} waited {:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        held.push(never_reading(&a, 150).await);
+    }
+    assert!(a.metric("haul_http_connections_evicted_total").await >= 5.0);
+}
+
+/// A client that stops reading its answers is closed once a write has made no
+/// progress for `server.write_timeout`, and the requests it pipelined behind are never
+/// read: it got far fewer answers than it asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_is_closed_after_the_write_timeout() {
+    use tokio::io::AsyncReadExt;
+    let a = api_with(Limits {
+        write_timeout: Duration::from_secs(1),
+        header_read_timeout: Duration::from_secs(30),
+        ..LIMITS
+    })
+    .await;
+    let mut tcp = never_reading(&a, 150).await;
+    tokio::time::sleep(LIMITS.write_timeout + Duration::from_secs(2)).await;
+    let mut seen = Vec::new();
+    let read_all = tcp.read_to_end(&mut seen);
+    let closed = tokio::time::timeout(Duration::from_secs(5), read_all).await;
+    assert!(closed.is_ok(), "the connection was still open after the write timeout");
+    let answers = String::from_utf8_lossy(&seen).matches("HTTP/1.1 200").count();
+    assert!(answers < 150, "all {answers} answers were written: the connection was never closed");
+    assert!(a.metric("haul_http_write_timeouts_total").await >= 1.0);
+}
+
+/// Every answer says `nosniff`, whatever made it; under `/console` the router's own 404
+/// and 405 carry the console's headers too; HSTS only when the world reaches haul
+/// over https.
+#[tokio::test]
+async fn every_answer_carries_the_edge_headers_and_console_answers_their_own() {
+    for public_url in ["http://127.0.0.1", "https://haul.example.com"] {
+        let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
+        let state = ApiState::new(
+            store.clone(),
+            store as Arc<dyn LoadQueue>,
+            clock,
+            vec![TOKENS[0].to_string()],
+            None,
+            public_url.to_string(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router(Arc::new(state), true)).await.unwrap() });
+        let client = reqwest::Client::new();
+        let https = public_url.starts_with("https");
+        for (method, path, status) in [
+            ("GET", "/healthz", 200),
+            ("GET", "/metrics", 200),
+            ("GET", "/v1/openapi.json", 200),
+            ("GET", "/v1/loads/481207", 401),
+            ("PUT", "/healthz", 405),
+            ("GET", "/nope", 404),
+            ("GET", "/console/sign-in", 200),
+            ("GET", "/console/sign-out", 405),
+            ("DELETE", "/console/dead/requeue", 405),
+            ("GET", "/console/nope", 404),
+        ] {
+            let r = client.request(method.parse().unwrap(), format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), status, "{method} {path}");
+            let h = r.headers();
+            assert_eq!(
+                h.get("x-content-type-options").map(|v| v.to_str().unwrap()),
+                Some("nosniff"),
+                "{method} {path}"
+            );
+            assert_eq!(h.contains_key("strict-transport-security"), https, "{public_url}: {method} {path}");
+            if path.starts_with("/console") {
+                for (name, value) in haul_server::console::SECURITY_HEADERS {
+                    assert_eq!(h.get(name).map(|v| v.to_str().unwrap()), Some(value), "{method} {path}: {name}");
+                }
+            }
+        }
+    }
 }

@@ -187,6 +187,10 @@ fn emitted_metrics() -> Vec<String> {
             }
         }
     }
+    // The figures read from the store are rendered by the scrape itself, not by a macro.
+    let metrics = read("crates/haul-server/src/metrics.rs");
+    let figures = metrics.split("pub const STORE_FIGURES").nth(1).and_then(|rest| rest.split("];").next()).unwrap();
+    names.extend(figures.split('"').skip(1).step_by(2).filter(|n| n.starts_with("haul_")).map(str::to_owned));
     names.sort();
     names.dedup();
     names
