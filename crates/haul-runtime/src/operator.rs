@@ -155,7 +155,9 @@ pub async fn requeue(
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
     let event_id = EventId::operator(&who.request_id)?;
-    let row = store.get(outbox_id).await?.ok_or_else(|| OperatorError::NoSuchRow(outbox_id.to_owned()))?;
+    // The id is the caller's: an answer quotes no more than a glimpse of it.
+    let no_such_row = || OperatorError::NoSuchRow(haul_core::mask::clip(outbox_id, haul_core::mask::MAX_ECHO_CHARS));
+    let row = store.get(outbox_id).await?.ok_or_else(no_such_row)?;
     let event = requeue_event(&row, &event_id, who)?;
     publish(queue, &event, &who.request_id, now).await
 }

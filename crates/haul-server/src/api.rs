@@ -377,8 +377,38 @@ pub fn router(state: Arc<ApiState>, api: bool) -> Router {
     r.fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), edge_headers))
         .layer(axum::middleware::from_fn(access_log))
         .with_state(state)
+}
+
+/// `Strict-Transport-Security` when the world reaches haul over https: a year, as
+/// browsers and scanners expect (no `includeSubDomains`: haul does not own its
+/// neighbours' names).
+pub const HSTS: &str = "max-age=31536000";
+
+/// The headers every answer carries, whatever made it (a handler, an extractor's
+/// rejection, the router's own 404 or 405): `nosniff` everywhere, HSTS when
+/// `server.public_url` is https, and under `/console` the console's own
+/// ([`crate::console::SECURITY_HEADERS`]).
+async fn edge_headers(
+    State(s): State<Arc<ApiState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let console = req.uri().path() == "/console" || req.uri().path().starts_with("/console/");
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    if s.public_url.starts_with("https://") {
+        h.insert(header::STRICT_TRANSPORT_SECURITY, header::HeaderValue::from_static(HSTS));
+    }
+    if console {
+        for (name, value) in crate::console::SECURITY_HEADERS {
+            h.insert(name, header::HeaderValue::from_static(value));
+        }
+    }
+    response
 }
 
 /// The access log: one line per request with the method, the route's template (never

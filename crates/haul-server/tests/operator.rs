@@ -244,7 +244,27 @@ async fn an_unmatched_sms_is_assigned_to_one_load_once(backend: Backend) {
     assert_eq!(api.store.depth().await.unwrap(), 1);
 }
 
+/// A caller's 60 KB id is not quoted back whole: the 404 names a glimpse of it.
+async fn a_requeue_of_a_huge_unknown_id_answers_a_short_404(backend: Backend) {
+    let a = api(backend).await;
+    let huge = "x".repeat(60_000);
+    let body = json!({"request_id": "r-huge", "actor": "ana", "reason": "typo", "outbox_id": huge});
+    let resp = a
+        .client
+        .post(format!("{}/v1/operator/requeue", a.base))
+        .bearer_auth(OPERATOR)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let text = resp.text().await.unwrap();
+    assert!(text.len() < 1_000, "a {}-byte answer", text.len());
+    assert!(text.contains("no_such_row") && text.contains("xxxx"), "{text}");
+}
+
 on_both_backends!(
+    a_requeue_of_a_huge_unknown_id_answers_a_short_404,
     requeue_takes_an_operator_token_and_publishes_once,
     operator_actions_on_the_ingestion_route_need_an_operator_token,
     bulk_requeue_is_bounded_and_its_dry_run_publishes_nothing,

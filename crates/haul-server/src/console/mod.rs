@@ -42,7 +42,8 @@ use session::{COOKIE, Role, Session};
 /// the webhook's per-sender limit): more are answered 429 without checking the token.
 pub const SIGN_INS_PER_MINUTE: u32 = 20;
 
-/// What every console answer carries.
+/// What every answer under `/console` carries (set by `api::edge_headers` on every
+/// answer there, the router's own 404 and 405 included).
 pub const SECURITY_HEADERS: [(&str, &str); 5] = [
     (
         "content-security-policy",
@@ -96,18 +97,9 @@ pub(crate) fn routes() -> Router<Arc<ApiState>> {
         .route("/console/alerts", get(alerts))
         .route("/console/assets/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
         .route("/console/assets/console.js", get(|| async { asset("text/javascript; charset=utf-8", JS) }))
-        // Anything else under /console: an HTML 404 with the same headers.
+        // Anything else under /console: an HTML 404 (with the same headers as every
+        // answer under /console, `api::edge_headers`).
         .route("/console/{*rest}", get(not_found).post(not_found))
-        .layer(axum::middleware::from_fn(security_headers))
-}
-
-async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let mut response = next.run(req).await;
-    let h = response.headers_mut();
-    for (name, value) in SECURITY_HEADERS {
-        h.insert(name, HeaderValue::from_static(value));
-    }
-    response
 }
 
 fn asset(content_type: &'static str, text: &'static str) -> Response {
