@@ -1,16 +1,23 @@
 //! One load's view: its projected state and pages of its log, outbox rows and timers.
-//! Serves `GET /v1/loads/{id}` and `haul inspect`.
+//! Serves `GET /v1/loads/{id}`, the console's load pages and `haul inspect`.
 //!
 //! A view is bounded whatever the load's length. The log, the outbox rows and the
 //! timers come in pages of at most [`PAGE_MAX`] with a cursor for the next page, and
 //! the state shows the load's facts with its most recent asks and outcomes (at most
-//! [`STATE_ENTRIES_MAX`] of each, and the totals). The state is still the fold of the
-//! whole log, read [`FOLD_PAGE`] records at a time, each page folded and dropped: a
-//! long log is never in memory whole, only the state and the page being shown.
+//! [`STATE_ENTRIES_MAX`] of each, and the totals). The state is the fold of the whole
+//! log, read [`FOLD_PAGE`] records at a time, each page folded and dropped: a long log
+//! is never in memory whole, only the state and the page being shown.
+//!
+//! A server serves its views through [`LoadViews`]: the fold of each load recently
+//! viewed is kept and caught up with the log's tail (the log is append-only), so a view
+//! costs what its page shows; views of one load take turns (a second finds the fold
+//! caught up by the first) and hold one of the [`LOAD_VIEWS_AT_ONCE`] permits only
+//! while they read, so pollers of one hot load cannot starve the views of the others.
 
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
+use std::sync::{Arc, Mutex};
 
 use haul_core::AskStatus;
 use haul_core::BadInput;
@@ -29,6 +36,11 @@ pub const PAGE_MAX: usize = 1000;
 pub const FOLD_PAGE: usize = 256;
 /// Asks and outcomes a view's state shows at most (the most recent; `totals` counts all).
 pub const STATE_ENTRIES_MAX: usize = 100;
+/// Views being read at once by one server; more wait (each for its own load's turn
+/// first, so the waiters of one load hold none of these).
+pub const LOAD_VIEWS_AT_ONCE: usize = 4;
+/// Loads whose fold a server keeps (the least recently viewed tenth goes past it).
+pub const VIEWED_LOADS_KEPT: usize = 256;
 
 /// Which page of each list a view shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,31 +157,125 @@ pub struct StateTotals {
 }
 
 impl StateView {
-    pub fn of(state: LoadState) -> Self {
+    /// What a view shows of `state`: only the shown entries are copied.
+    pub fn of(state: &LoadState) -> Self {
         let totals = StateTotals {
             asks: state.asks.len(),
             outcomes: state.outcomes.len(),
             processed: state.processed.len(),
             decided: state.decided.len(),
         };
-        let mut asks: Vec<(AskId, OpenAsk)> = state.asks.into_iter().collect();
+        let mut asks: Vec<(&AskId, &OpenAsk)> = state.asks.iter().collect();
         asks.sort_by_key(|(_, a)| (a.status != AskStatus::Open, Reverse(a.step_decided_at)));
         asks.truncate(STATE_ENTRIES_MAX);
-        let mut outcomes: Vec<(String, OutcomeSeen)> = state.outcomes.into_iter().collect();
+        let mut outcomes: Vec<(&String, &OutcomeSeen)> = state.outcomes.iter().collect();
         outcomes.sort_by_key(|(_, o)| Reverse(o.at));
         outcomes.truncate(STATE_ENTRIES_MAX);
         StateView {
             version: state.version,
-            client: state.client,
-            driver_phone: state.driver_phone,
-            stage: state.stage,
-            next_stop: state.next_stop,
-            asks: asks.into_iter().collect(),
-            outcomes: outcomes.into_iter().collect(),
+            client: state.client.clone(),
+            driver_phone: state.driver_phone.clone(),
+            stage: state.stage.clone(),
+            next_stop: state.next_stop.clone(),
+            asks: asks.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            outcomes: outcomes.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             unreadable: state.unreadable,
             last_recorded_at: state.last_recorded_at,
             totals,
         }
+    }
+}
+
+/// A server's views of loads: the folds kept, the turns per load, the permits.
+pub struct LoadViews {
+    permits: tokio::sync::Semaphore,
+    folds: Mutex<Folds>,
+    /// Log records read for views so far (folds caught up and pages), for tests and
+    /// measurements.
+    records_read: std::sync::atomic::AtomicU64,
+}
+
+/// Each kept load's fold (behind its turn) with the tick of its last view.
+#[derive(Default)]
+struct Folds {
+    loads: HashMap<LoadId, (Arc<tokio::sync::Mutex<LoadState>>, u64)>,
+    tick: u64,
+}
+
+impl Default for LoadViews {
+    fn default() -> Self {
+        LoadViews {
+            permits: tokio::sync::Semaphore::new(LOAD_VIEWS_AT_ONCE),
+            folds: Mutex::new(Folds::default()),
+            records_read: Default::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for LoadViews {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoadViews")
+    }
+}
+
+impl LoadViews {
+    /// Log records read for views so far.
+    pub fn records_read(&self) -> u64 {
+        self.records_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The fold of `load` kept, made (empty) when missing; the least recently viewed
+    /// tenth is dropped past [`VIEWED_LOADS_KEPT`].
+    fn fold_of(&self, load: &LoadId) -> Arc<tokio::sync::Mutex<LoadState>> {
+        let mut guard = self.folds.lock().unwrap_or_else(|p| p.into_inner());
+        let Folds { loads, tick } = &mut *guard;
+        *tick += 1;
+        let now = *tick;
+        let fold = {
+            let entry = loads.entry(load.clone()).or_insert_with(|| (Default::default(), now));
+            entry.1 = now;
+            entry.0.clone()
+        };
+        if loads.len() > VIEWED_LOADS_KEPT {
+            let mut ticks: Vec<u64> = loads.values().map(|(_, t)| *t).collect();
+            ticks.sort_unstable();
+            let cut = ticks[ticks.len() / 10];
+            loads.retain(|_, (_, t)| *t > cut);
+        }
+        fold
+    }
+
+    /// The view of `load` (`None` for a load with no records): its kept fold caught up
+    /// with the log's tail, and the page read.
+    pub async fn view(&self, store: &dyn Store, load: &LoadId, page: &Page) -> Result<Option<LoadView>, StoreError> {
+        let fold = self.fold_of(load);
+        // This load's turn first: its other views wait here, holding no permit.
+        let mut state = fold.lock().await;
+        let _permit = self.permits.acquire().await.ok();
+        let mut read = 0;
+        loop {
+            let records = store.read_page(load, state.version, FOLD_PAGE).await?;
+            read += records.len();
+            let more = records.len() == FOLD_PAGE;
+            for r in &records {
+                state.apply(r);
+            }
+            if !more {
+                break;
+            }
+        }
+        let limit = page.limit.clamp(1, PAGE_MAX);
+        let version = state.version;
+        let log: Vec<Record> = if page.after_seq < version {
+            store.read_page(load, page.after_seq, limit).await?.into_iter().filter(|r| r.seq <= version).collect()
+        } else {
+            Vec::new()
+        };
+        read += log.len();
+        self.records_read.fetch_add(read as u64, std::sync::atomic::Ordering::Relaxed);
+        let shown = StateView::of(&state);
+        drop(state);
+        view_from(store, load, page, shown, log).await
     }
 }
 
@@ -196,6 +302,19 @@ pub async fn load_view(store: &dyn Store, load_id: &LoadId, page: &Page) -> Resu
             break;
         }
     }
+    view_from(store, load_id, page, StateView::of(&state), log).await
+}
+
+/// The view of a load whose state shows as `state` with `log` its page of records:
+/// the outbox rows, timers and recorded deliveries read for the page.
+async fn view_from(
+    store: &dyn Store,
+    load_id: &LoadId,
+    page: &Page,
+    state: StateView,
+    log: Vec<Record>,
+) -> Result<Option<LoadView>, StoreError> {
+    let limit = page.limit.clamp(1, PAGE_MAX);
     let version = state.version;
     if version == 0 {
         return Ok(None);
@@ -223,7 +342,7 @@ pub async fn load_view(store: &dyn Store, load_id: &LoadId, page: &Page) -> Resu
     Ok(Some(LoadView {
         load_id: load_id.clone(),
         version,
-        state: StateView::of(state),
+        state,
         log,
         next_after_seq,
         outbox,
@@ -445,7 +564,7 @@ mod tests {
             state.outcomes.insert(format!("L1/p{n}/send_sms"), seen);
             state.processed.insert(EventId::parse(&format!("p{n}")).unwrap());
         }
-        let view = StateView::of(state);
+        let view = StateView::of(&state);
         assert_eq!((view.totals.asks, view.totals.outcomes, view.totals.processed), (150, 150, 150));
         assert_eq!((view.asks.len(), view.outcomes.len()), (STATE_ENTRIES_MAX, STATE_ENTRIES_MAX));
         assert_eq!(view.asks.values().filter(|a| a.status == AskStatus::Open).count(), 3, "every open ask");
@@ -481,7 +600,7 @@ mod tests {
         let view = LoadView {
             load_id: load.clone(),
             version: 1,
-            state: StateView::of(LoadState::default()),
+            state: StateView::of(&LoadState::default()),
             log: vec![Record {
                 seq: 1,
                 entry_id: "evt:out".into(),

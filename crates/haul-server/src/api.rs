@@ -25,7 +25,7 @@ use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
 use haul_core::mask::clip_quotes;
 use haul_core::{BadInput, Clock, InboundEvent};
-use haul_runtime::inspect::{Page, load_view};
+use haul_runtime::inspect::{LoadViews, Page};
 use haul_runtime::queries::{Query as OpsQuery, QueryError};
 use haul_runtime::queue::EventQueue;
 use haul_store::{LoadQueue, Published, Store};
@@ -43,9 +43,8 @@ use crate::twilio::{twilio_sms, unmatched};
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Inbound SMS per sender per minute before 429.
 pub const SMS_PER_MINUTE: u32 = 30;
-/// `GET /v1/loads/{id}` answers being built at once; more wait. Each folds its load's
-/// whole log, so this bounds the memory and the CPU a burst of views can take.
-pub const LOAD_VIEWS_AT_ONCE: usize = 4;
+/// Load views (`GET /v1/loads/{id}`, the console's load pages) being read at once.
+pub use haul_runtime::inspect::LOAD_VIEWS_AT_ONCE;
 
 pub struct ApiState {
     pub store: Arc<dyn Store>,
@@ -68,8 +67,9 @@ pub struct ApiState {
     /// Turns true when the server shuts down: body reads still waiting on their client
     /// end then, instead of holding the shutdown up.
     pub stopping: Option<watch::Receiver<bool>>,
-    /// [`LOAD_VIEWS_AT_ONCE`] permits: one per load view being built.
-    pub(crate) load_views: tokio::sync::Semaphore,
+    /// The views of loads: folds kept and caught up, a turn per load, and
+    /// [`LOAD_VIEWS_AT_ONCE`] permits.
+    pub load_views: LoadViews,
     /// The console's sign-in attempts in the current minute (`console::SIGN_INS_PER_MINUTE`).
     pub(crate) console_sign_ins: Mutex<(Instant, u32)>,
     /// The console's signing key, derived from the tokens on first use (slowly, once).
@@ -104,7 +104,7 @@ impl ApiState {
             wake_worker: None,
             body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
             stopping: None,
-            load_views: tokio::sync::Semaphore::new(LOAD_VIEWS_AT_ONCE),
+            load_views: LoadViews::default(),
             console_sign_ins: Mutex::new((Instant::now(), 0)),
             console_key: std::sync::OnceLock::new(),
             store_figures: true,
@@ -554,9 +554,7 @@ async fn get_load(
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.code, e.message),
     };
-    // Never closed, so acquiring only ever waits.
-    let _view = s.load_views.acquire().await.ok();
-    match load_view(s.store.as_ref(), &load, &page).await {
+    match s.load_views.view(s.store.as_ref(), &load, &page).await {
         Ok(Some(v)) => axum::Json(v).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, "no_such_load", format!("load {load} has no records")),
         Err(e) => {

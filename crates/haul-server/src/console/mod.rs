@@ -3,7 +3,7 @@
 //! by the `api` role from the binary itself (the CSS and the script are embedded).
 //!
 //! Nothing here queries the store in a way of its own or acts on it: the pages show
-//! what `haul_runtime::queries::run` and `haul_runtime::inspect::load_view` answer
+//! what `haul_runtime::queries::run` and `haul_runtime::inspect::LoadViews` answer
 //! (as `GET /v1/ops/*` and `GET /v1/loads/{id}` do), and the forms call
 //! `haul_runtime::operator` (as `POST /v1/operator/*` do).
 //!
@@ -27,7 +27,7 @@ use axum::routing::{get, post};
 use haul_core::action::ActionType;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, to_ms};
-use haul_runtime::inspect::{Page, load_view};
+use haul_runtime::inspect::Page;
 use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Requester};
 use haul_runtime::queries::{Query, QueryError};
 use haul_store::OutboxStatus;
@@ -423,8 +423,7 @@ async fn view_of(
 ) -> Result<haul_runtime::inspect::LoadView, (StatusCode, String)> {
     let load = LoadId::parse(load).map_err(|e| (StatusCode::BAD_REQUEST, e.message))?;
     let (page, _) = page_of(raw).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
-    let _permit = s.load_views.acquire().await.ok();
-    match load_view(s.store.as_ref(), &load, &page).await {
+    match s.load_views.view(s.store.as_ref(), &load, &page).await {
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err((StatusCode::NOT_FOUND, format!("Load {load} has no records."))),
         Err(e) => {

@@ -908,7 +908,7 @@ mod tests {
         let view = LoadView {
             load_id: load_id.clone(),
             version: 3,
-            state: StateView::of(LoadState::default()),
+            state: StateView::of(&LoadState::default()),
             log: vec![
                 record(1, "inbound_sms", json!({"from": "+15555550100", "body": HOSTILE})),
                 record(

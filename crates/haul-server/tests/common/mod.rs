@@ -27,6 +27,8 @@ pub enum Backend {
 pub struct Api {
     pub base: String,
     pub store: Arc<dyn Store>,
+    /// The server's state (its load views' counts, for tests of what a view costs).
+    pub state: Arc<ApiState>,
     pub client: reqwest::Client,
     /// The database file on SQLite.
     pub sqlite_path: Option<PathBuf>,
@@ -71,10 +73,10 @@ pub async fn api_with_queue(backend: Backend, queue: impl FnOnce(Arc<dyn Store>)
     );
     state.operator_tokens = vec![OPERATOR.to_string()];
     let state = Arc::new(state);
-    let app = router(state, true);
+    let app = router(state.clone(), true);
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
-    Api { base, store, client, sqlite_path }
+    Api { base, store, state, client, sqlite_path }
 }
 
 impl Api {
