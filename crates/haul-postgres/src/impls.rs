@@ -23,6 +23,7 @@ use haul_store::{
     StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::FromSql;
 use tokio_postgres::{Row, Statement};
@@ -1156,6 +1157,47 @@ impl ShadowStore for PgStore {
 }
 
 #[async_trait]
+impl EdgeStore for PgStore {
+    async fn console_secret(&self, candidate: &[u8; 32], now: Timestamp) -> Result<[u8; 32], StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(CONSOLE_SECRET).await.map_err(pg)?;
+        let row = client.query_one(&stmt, &[&console_secret_hex(candidate), &to_ms(now)]).await.map_err(pg)?;
+        console_secret_from_hex(&col::<String>(&row, 0)?)
+    }
+
+    async fn revoke_session(&self, nonce: &str, expires_at: Timestamp, now: Timestamp) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let expire = client.prepare_cached(CONSOLE_REVOKED_EXPIRE).await.map_err(pg)?;
+        client.execute(&expire, &[&to_ms(now)]).await.map_err(pg)?;
+        let revoke = client.prepare_cached(CONSOLE_REVOKE).await.map_err(pg)?;
+        client.execute(&revoke, &[&nonce, &to_ms(expires_at)]).await.map_err(pg)?;
+        Ok(())
+    }
+
+    async fn session_revoked(&self, nonce: &str) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(CONSOLE_REVOKED).await.map_err(pg)?;
+        Ok(col(&client.query_one(&stmt, &[&nonce]).await.map_err(pg)?, 0)?)
+    }
+
+    async fn claim_operator_request(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<RequestClaim, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(OPERATOR_REQUEST_CLAIM).await.map_err(pg)?;
+        let row = client.query_one(&stmt, &[&load_id.as_str(), &event_id, &body, &to_ms(now)]).await.map_err(pg)?;
+        if col::<bool>(&row, 1)? {
+            return Ok(RequestClaim::New);
+        }
+        Ok(if col::<String>(&row, 0)? == body { RequestClaim::Same } else { RequestClaim::Other })
+    }
+}
+
+#[async_trait]
 impl Prune for PgStore {
     async fn prune(&self, older_than: Timestamp, batch_limit: usize) -> Result<PruneReport, StoreError> {
         let (cutoff, limit) = (to_ms(older_than), i64::try_from(batch_limit).unwrap_or(i64::MAX));
@@ -1169,7 +1211,7 @@ impl Prune for PgStore {
         Ok(PruneReport {
             outbox: run(PRUNE_OUTBOX).await?,
             timers: run(PRUNE_TIMERS).await?,
-            queue: run(PRUNE_QUEUE).await?,
+            queue: run(PRUNE_QUEUE).await? + run(PRUNE_OPERATOR_REQUESTS).await?,
             shadow: run(PRUNE_SHADOW).await?,
         })
     }

@@ -295,6 +295,33 @@ pub const PRUNE_SHADOW: &str = "DELETE FROM shadow_decisions s USING (
        ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
      WHERE s.load_id = d.load_id AND s.event_id = d.event_id AND s.shadow = d.shadow";
 
+/// `$1` cutoff, `$2` batch limit.
+pub const PRUNE_OPERATOR_REQUESTS: &str = "DELETE FROM operator_requests r USING (
+       SELECT load_id, event_id FROM operator_requests WHERE requested_at < $1
+       ORDER BY requested_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
+     WHERE r.load_id = d.load_id AND r.event_id = d.event_id";
+
+// ---------------------------------------------------------------------------------
+// The edge's own state.
+
+/// `$1` the candidate secret (hex), `$2` now: the kept secret, made from the candidate
+/// by the first call.
+pub const CONSOLE_SECRET: &str = "INSERT INTO console_secret (id, secret, created_at) VALUES (1, $1, $2)
+     ON CONFLICT (id) DO UPDATE SET id = console_secret.id RETURNING secret";
+/// `$1` now: the ended sessions past their expiry.
+pub const CONSOLE_REVOKED_EXPIRE: &str = "DELETE FROM console_revoked_sessions WHERE expires_at <= $1";
+/// `$1` nonce, `$2` expiry.
+pub const CONSOLE_REVOKE: &str = "INSERT INTO console_revoked_sessions (nonce, expires_at) VALUES ($1, $2)
+     ON CONFLICT (nonce) DO NOTHING";
+/// `$1` nonce.
+pub const CONSOLE_REVOKED: &str = "SELECT EXISTS (SELECT 1 FROM console_revoked_sessions WHERE nonce = $1)";
+/// `$1` load, `$2` event id, `$3` body, `$4` now: the body the request was first taken
+/// with, and whether that was now.
+pub const OPERATOR_REQUEST_CLAIM: &str =
+    "INSERT INTO operator_requests (load_id, event_id, body, requested_at) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (load_id, event_id) DO UPDATE SET load_id = operator_requests.load_id
+     RETURNING body, (xmax = 0) AS inserted";
+
 // ---------------------------------------------------------------------------------
 // Shadow mode.
 

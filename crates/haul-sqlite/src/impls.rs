@@ -24,6 +24,7 @@ use haul_store::{
     StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -1375,6 +1376,9 @@ const PRUNE_TIMERS: &str = "DELETE FROM timers WHERE timer_id IN (
 const PRUNE_QUEUE: &str = "DELETE FROM queue WHERE id IN (
        SELECT id FROM queue WHERE acked_at IS NOT NULL AND acked_at < ?1 ORDER BY acked_at LIMIT CAST(?2 AS INTEGER))";
 
+const PRUNE_OPERATOR_REQUESTS: &str = "DELETE FROM operator_requests WHERE (load_id, event_id) IN (
+       SELECT load_id, event_id FROM operator_requests WHERE requested_at < ?1
+       ORDER BY requested_at LIMIT CAST(?2 AS INTEGER))";
 const PRUNE_SHADOW: &str = "DELETE FROM shadow_decisions WHERE (load_id, event_id, shadow) IN (
        SELECT load_id, event_id, shadow FROM shadow_decisions WHERE recorded_at < ?1
        ORDER BY recorded_at LIMIT CAST(?2 AS INTEGER))";
@@ -1417,6 +1421,84 @@ impl ShadowStore for SqliteStore {
 }
 
 #[async_trait]
+impl EdgeStore for SqliteStore {
+    async fn console_secret(&self, candidate: &[u8; 32], now: Timestamp) -> Result<[u8; 32], StoreError> {
+        let (candidate, now) = (console_secret_hex(candidate), to_ms(now));
+        let kept: String = self
+            .writer
+            .run(move |conn: &Connection| {
+                exec(
+                    conn,
+                    "INSERT INTO console_secret (id, secret, created_at) VALUES (1, ?1, ?2) ON CONFLICT (id) DO NOTHING",
+                    params![candidate, now],
+                )
+                .map_err(db)?;
+                conn.prepare_cached("SELECT secret FROM console_secret WHERE id = 1")
+                    .and_then(|mut s| s.query_row([], |r| r.get(0)))
+                    .map_err(db)
+            })
+            .await?;
+        console_secret_from_hex(&kept)
+    }
+
+    async fn revoke_session(&self, nonce: &str, expires_at: Timestamp, now: Timestamp) -> Result<(), StoreError> {
+        let (nonce, expires_at, now) = (nonce.to_owned(), to_ms(expires_at), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                exec(conn, "DELETE FROM console_revoked_sessions WHERE expires_at <= ?1", params![now]).map_err(db)?;
+                exec(
+                    conn,
+                    "INSERT INTO console_revoked_sessions (nonce, expires_at) VALUES (?1, ?2)
+                     ON CONFLICT (nonce) DO NOTHING",
+                    params![nonce, expires_at],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn session_revoked(&self, nonce: &str) -> Result<bool, StoreError> {
+        let nonce = nonce.to_owned();
+        self.read(move |conn: &Connection| {
+            conn.prepare_cached("SELECT count(*) > 0 FROM console_revoked_sessions WHERE nonce = ?1")
+                .and_then(|mut s| s.query_row([&nonce], |r| r.get(0)))
+                .map_err(db)
+        })
+        .await
+    }
+
+    async fn claim_operator_request(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<RequestClaim, StoreError> {
+        let (load, event, body, now) = (load_id.to_string(), event_id.to_owned(), body.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let n = exec(
+                    conn,
+                    "INSERT INTO operator_requests (load_id, event_id, body, requested_at) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (load_id, event_id) DO NOTHING",
+                    params![load, event, body, now],
+                )
+                .map_err(db)?;
+                if n == 1 {
+                    return Ok(RequestClaim::New);
+                }
+                let first: String = conn
+                    .prepare_cached("SELECT body FROM operator_requests WHERE load_id = ?1 AND event_id = ?2")
+                    .and_then(|mut s| s.query_row([&load, &event], |r| r.get(0)))
+                    .map_err(db)?;
+                Ok(if first == body { RequestClaim::Same } else { RequestClaim::Other })
+            })
+            .await
+    }
+}
+
+#[async_trait]
 impl Prune for SqliteStore {
     async fn prune(&self, older_than: Timestamp, batch_limit: usize) -> Result<PruneReport, StoreError> {
         let (cutoff, limit) = (to_ms(older_than), i64::try_from(batch_limit).unwrap_or(i64::MAX));
@@ -1431,7 +1513,7 @@ impl Prune for SqliteStore {
                 Ok(PruneReport {
                     outbox: run(PRUNE_OUTBOX)?,
                     timers: run(PRUNE_TIMERS)?,
-                    queue: run(PRUNE_QUEUE)?,
+                    queue: run(PRUNE_QUEUE)? + run(PRUNE_OPERATOR_REQUESTS)?,
                     shadow: run(PRUNE_SHADOW)?,
                 })
             })

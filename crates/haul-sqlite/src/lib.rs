@@ -42,6 +42,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
     Migration::new(10, include_str!("../migrations/0010_shadow_decisions.sql")),
     Migration::new(11, include_str!("../migrations/0011_conflicts.sql")),
+    Migration::new(12, include_str!("../migrations/0012_edge.sql")),
 ];
 
 /// The newest schema version this build knows.

@@ -105,7 +105,7 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
         .unwrap();
     }
     let store = SqliteStore::open(&SqliteConfig::from_url(&format!("sqlite://{}", path.display())).unwrap()).unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![7, 8, 9, 10, 11]);
+    assert_eq!(store.migrate().await.unwrap(), (7..=haul_sqlite::SCHEMA_VERSION).collect::<Vec<_>>());
     let page = store.loads_page(&LoadFilter::default(), None, 10).await.unwrap();
     let got: Vec<(String, Option<String>, u32, u32, i64)> = page
         .loads

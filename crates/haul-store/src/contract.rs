@@ -89,6 +89,10 @@ macro_rules! contract_tests {
             unmatched_sms_page_newest_first,
             conflicts_are_counted_per_load_most_first,
             shadow_decisions_are_kept_once_read_in_pages_and_pruned,
+            the_console_secret_is_made_once_and_shared,
+            racing_first_console_secrets_agree,
+            ended_sessions_are_kept_until_they_expire,
+            operator_requests_are_taken_once_per_load_and_event,
         );
         /// The store's own queue, driven by the suite's clock.
         async fn __queue_under_test() -> $crate::queue_contract::QueueUnderTest {
@@ -1697,4 +1701,58 @@ pub async fn conflicts_are_counted_per_load_most_first(s: DynStore) {
     assert_eq!(s.conflict_loads(1).await.unwrap().len(), 1);
     // The count is beside the log, not in it: the version is unchanged.
     assert_eq!(s.read(&load("L2")).await.unwrap().1, 1);
+}
+
+pub async fn the_console_secret_is_made_once_and_shared(s: DynStore) {
+    let first = s.console_secret(&[7; 32], at(1)).await.unwrap();
+    assert_eq!(first, [7; 32], "the first call keeps its candidate");
+    // Every later call, with any candidate (another process's), answers the kept one.
+    assert_eq!(s.console_secret(&[9; 32], at(2)).await.unwrap(), [7; 32]);
+    assert_eq!(s.console_secret(&[0; 32], at(3)).await.unwrap(), [7; 32]);
+}
+
+pub async fn racing_first_console_secrets_agree(s: DynStore) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8u8 {
+        let s = s.clone();
+        tasks.spawn(async move { s.console_secret(&[i + 1; 32], at(1)).await.unwrap() });
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(secret) = tasks.join_next().await {
+        seen.insert(secret.unwrap());
+    }
+    assert_eq!(seen.len(), 1, "eight processes starting at once share one secret: {seen:?}");
+}
+
+pub async fn ended_sessions_are_kept_until_they_expire(s: DynStore) {
+    assert!(!s.session_revoked("n1").await.unwrap());
+    s.revoke_session("n1", at(100), at(1)).await.unwrap();
+    s.revoke_session("n1", at(100), at(2)).await.unwrap();
+    s.revoke_session("n2", at(50), at(2)).await.unwrap();
+    assert!(s.session_revoked("n1").await.unwrap());
+    assert!(s.session_revoked("n2").await.unwrap());
+    assert!(!s.session_revoked("n3").await.unwrap());
+    // A later sign-out drops the nonces whose cookies have expired anyway.
+    s.revoke_session("n3", at(200), at(60)).await.unwrap();
+    assert!(!s.session_revoked("n2").await.unwrap(), "expired at 50, dropped at 60");
+    assert!(s.session_revoked("n1").await.unwrap());
+    assert!(s.session_revoked("n3").await.unwrap());
+}
+
+pub async fn operator_requests_are_taken_once_per_load_and_event(s: DynStore) {
+    use crate::RequestClaim::{New, Other, Same};
+    let claim = |l: &str, e: &str, body: &str, t: u64| {
+        let (s, l, e, body) = (s.clone(), load(l), e.to_owned(), body.to_owned());
+        async move { s.claim_operator_request(&l, &e, &body, at(t)).await.unwrap() }
+    };
+    assert_eq!(claim("L1", "op:r1", "{\"a\":1}", 1).await, New);
+    assert_eq!(claim("L1", "op:r1", "{\"a\":1}", 2).await, Same, "a retry");
+    assert_eq!(claim("L1", "op:r1", "{\"a\":2}", 3).await, Other, "the id reused for another action");
+    assert_eq!(claim("L2", "op:r1", "{\"a\":2}", 4).await, New, "on another load the id is its own");
+    assert_eq!(claim("L1", "op:r2", "{\"a\":2}", 5).await, New);
+    // Pruned with the acked queue messages, counted with them.
+    let report = s.prune(at(3), 1000).await.unwrap();
+    assert_eq!(report, PruneReport { queue: 1, ..PruneReport::default() });
+    assert_eq!(claim("L1", "op:r1", "{\"a\":2}", 6).await, New, "forgotten past retention");
+    assert_eq!(claim("L2", "op:r1", "{\"a\":3}", 7).await, Other);
 }

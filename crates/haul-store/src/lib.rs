@@ -869,6 +869,72 @@ pub trait LoadIndex: Send + Sync {
 }
 
 // ---------------------------------------------------------------------------------
+// The edge's own state.
+
+/// What taking an operator request found ([`EdgeStore::claim_operator_request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestClaim {
+    /// The first time: taken now.
+    New,
+    /// Taken before with the same event: a retry.
+    Same,
+    /// Taken before with another event: the request id was reused.
+    Other,
+}
+
+/// What the API's edge keeps besides the loads: the console's signing secret, the
+/// sessions ended by signing out, and the operator requests taken. Shared by every api
+/// process of a deployment through the store.
+#[async_trait]
+pub trait EdgeStore: Send + Sync {
+    /// The console's signing secret: the first call on a store keeps `candidate`, and
+    /// every call from then on, from any process, answers the kept one.
+    async fn console_secret(&self, candidate: &[u8; 32], now: Timestamp) -> Result<[u8; 32], StoreError>;
+
+    /// Ends the session whose nonce is `nonce` for good: it is kept until `expires_at`,
+    /// when its cookie ends anyway. Nonces past their expiry at `now` are dropped.
+    async fn revoke_session(&self, nonce: &str, expires_at: Timestamp, now: Timestamp) -> Result<(), StoreError>;
+
+    /// Whether the session whose nonce is `nonce` was ended.
+    async fn session_revoked(&self, nonce: &str) -> Result<bool, StoreError>;
+
+    /// Takes the operator request whose event `event_id` (with the JSON `body`) goes to
+    /// `load_id`: `New` the first time, `Same` when it was taken with this body,
+    /// `Other` when with another. What makes a reused request id refused on every
+    /// load queue, SQS FIFO included.
+    async fn claim_operator_request(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<RequestClaim, StoreError>;
+}
+
+/// A console secret as the store keeps it (64 hex digits), read back; anything else is
+/// a corrupt row.
+pub fn console_secret_from_hex(hex: &str) -> Result<[u8; 32], StoreError> {
+    let bytes = hex.as_bytes();
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; 32];
+    if bytes.len() != 64 {
+        return Err(StoreError::new("the console secret is not 64 hex digits"));
+    }
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        match (digit(pair[0]), digit(pair[1])) {
+            (Some(h), Some(l)) => out[i] = h << 4 | l,
+            _ => return Err(StoreError::new("the console secret is not 64 hex digits")),
+        }
+    }
+    Ok(out)
+}
+
+/// A console secret in the form the store keeps.
+pub fn console_secret_hex(secret: &[u8; 32]) -> String {
+    secret.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------------
 // Retention.
 
 /// Rows one `prune` call deleted, per table.
@@ -920,7 +986,8 @@ pub trait Prune: Send + Sync {
     /// - outbox rows `dispatched` or `dead` whose outcome reached the load queue
     ///   (`outcome_published_at` set), last updated and published before the cutoff;
     /// - timers `fired` or `canceled` before the cutoff;
-    /// - queue messages acked before the cutoff;
+    /// - queue messages acked before the cutoff, and operator requests taken before it
+    ///   (counted with them: they are the queue's memory of those requests);
     /// - shadow decisions stored before the cutoff (derived data, never the log).
     ///
     /// Never a log entry, a pending or claimed outbox row, a dead row whose outcome
@@ -964,6 +1031,7 @@ pub trait Store:
     + LoadIndex
     + OpsQueries
     + ShadowStore
+    + EdgeStore
     + Prune
     + Send
     + Sync
@@ -981,6 +1049,7 @@ impl<
         + LoadIndex
         + OpsQueries
         + ShadowStore
+        + EdgeStore
         + Prune
         + Send
         + Sync
