@@ -625,7 +625,7 @@ impl World {
                 }
                 let ask = asks[self.rng.usize(0..asks.len())].clone();
                 self.count("operator:resolve_ask");
-                match ops::resolve_ask(&events, &who, &load, &ask, now).await {
+                match ops::resolve_ask(store.as_ref(), &events, &who, &load, &ask, now).await {
                     Ok(q) => queued.push((q.load_id, q.event_id.to_string())),
                     Err(e) => self.trace(format!("operator resolve {ask} refused: {e}")),
                 }

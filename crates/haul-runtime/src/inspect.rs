@@ -273,6 +273,7 @@ impl LoadViews {
         };
         read += log.len();
         self.records_read.fetch_add(read as u64, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!("haul_load_view_records_read_total").increment(read as u64);
         let shown = StateView::of(&state);
         drop(state);
         view_from(store, load, page, shown, log).await

@@ -13,7 +13,7 @@ use haul_core::event::{OperatorAction, OperatorCommand};
 use haul_core::ids::{AskId, EventId, LoadId, check_request_id};
 use haul_core::time::Timestamp;
 use haul_core::{BadInput, EventBody, InboundEvent};
-use haul_store::{OutboxRow, OutboxStatus, Published, SmsAssignment, Store, StoreError};
+use haul_store::{EdgeStore, OutboxRow, OutboxStatus, Published, RequestClaim, SmsAssignment, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::queue::EventQueue;
@@ -112,23 +112,37 @@ fn event(
     Ok(InboundEvent::from_operator(load_id.clone(), draft.to_json())?)
 }
 
-/// Publishes `event`; a repeat of its id answers `duplicate` when it is the same
-/// event, and is refused when the request id was used for another.
+/// Takes the operator request `event` stands for in the store (its load, event id and
+/// body): whatever the load queue, a request id reused for another action is found
+/// here (SQS FIFO answers a reused id as new and then drops it).
+pub async fn claim(store: &dyn EdgeStore, event: &InboundEvent, now: Timestamp) -> Result<RequestClaim, StoreError> {
+    let body = event.to_json().to_string();
+    store.claim_operator_request(&event.load_id, event.event_id.as_str(), &body, now).await
+}
+
+/// Publishes `event`: `queued` the first time, `duplicate` for a retry of the same
+/// request, and refused when the request id was used for another action on the load.
+/// The same answers on every load queue: the store takes each request first
+/// ([`claim`]), and a retry is published again (its first publish may have failed).
 async fn publish(
+    store: &dyn EdgeStore,
     queue: &EventQueue,
     event: &InboundEvent,
     request_id: &str,
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
+    let reused =
+        || OperatorError::RequestIdReused { request_id: request_id.to_owned(), load_id: event.load_id.clone() };
+    let claimed = claim(store, event, now).await?;
+    if claimed == RequestClaim::Other {
+        return Err(reused());
+    }
     let status = match queue.publish(event, now).await? {
-        Published::New => "queued",
+        Published::New if claimed == RequestClaim::New => "queued",
+        // A queue that cannot tell (SQS FIFO): the store could.
+        Published::New => "duplicate",
         Published::Duplicate => match queue.published_event(&event.load_id, &event.event_id).await? {
-            Some(first) if first != *event => {
-                return Err(OperatorError::RequestIdReused {
-                    request_id: request_id.to_owned(),
-                    load_id: event.load_id.clone(),
-                });
-            }
+            Some(first) if first != *event => return Err(reused()),
             _ => "duplicate",
         },
     };
@@ -159,7 +173,7 @@ pub async fn requeue(
     let no_such_row = || OperatorError::NoSuchRow(haul_core::mask::clip(outbox_id, haul_core::mask::MAX_ECHO_CHARS));
     let row = store.get(outbox_id).await?.ok_or_else(no_such_row)?;
     let event = requeue_event(&row, &event_id, who)?;
-    publish(queue, &event, &who.request_id, now).await
+    publish(store, queue, &event, &who.request_id, now).await
 }
 
 /// Hands the unmatched SMS `message_sid` to `load_id`, which takes it as its
@@ -193,12 +207,13 @@ pub async fn assign_sms(
     };
     let command = OperatorCommand::AssignSms { message_sid: sms.message_sid, from: sms.from, body: sms.body };
     let event = event(load_id, &event_id, who, command)?;
-    publish(queue, &event, &who.request_id, now).await
+    publish(store, queue, &event, &who.request_id, now).await
 }
 
 /// Closes the ask `ask_id` of `load_id` by hand and cancels its timer (the driver
 /// called in). Whether there is such an ask to close is the load's decision.
 pub async fn resolve_ask(
+    store: &dyn EdgeStore,
     queue: &EventQueue,
     who: &Requester,
     load_id: &LoadId,
@@ -207,7 +222,7 @@ pub async fn resolve_ask(
 ) -> Result<Queued, OperatorError> {
     let event_id = EventId::operator(&who.request_id)?;
     let event = event(load_id, &event_id, who, OperatorCommand::ResolveAsk { ask_id: ask_id.clone() })?;
-    publish(queue, &event, &who.request_id, now).await
+    publish(store, queue, &event, &who.request_id, now).await
 }
 
 /// Which dead rows a bulk requeue takes: one action type, dead since a time, at most
@@ -269,7 +284,7 @@ pub async fn bulk_requeue(
             Err(e @ (OperatorError::Store(_) | OperatorError::BadInput(_))) => return Err(e),
             Err(e) => e.code().to_owned(),
             Ok(_) if dry_run => "would_requeue".to_owned(),
-            Ok(event) => match publish(queue, &event, &who.request_id, now).await {
+            Ok(event) => match publish(store, queue, &event, &who.request_id, now).await {
                 Ok(q) => q.status.to_owned(),
                 Err(e @ OperatorError::Store(_)) => return Err(e),
                 Err(e) => e.code().to_owned(),

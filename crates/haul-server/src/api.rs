@@ -28,7 +28,7 @@ use haul_core::{BadInput, Clock, InboundEvent};
 use haul_runtime::inspect::{LoadViews, Page};
 use haul_runtime::queries::{Query as OpsQuery, QueryError};
 use haul_runtime::queue::EventQueue;
-use haul_store::{LoadQueue, Published, Store};
+use haul_store::{LoadQueue, Published, RequestClaim, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -59,7 +59,8 @@ pub struct ApiState {
     /// The URL the outside world uses; Twilio signs it plus the route.
     pub public_url: String,
     pub metrics: PrometheusHandle,
-    rate: Mutex<HashMap<String, (Instant, u32)>>,
+    /// Inbound SMS per sender ([`SMS_PER_MINUTE`]).
+    sms_per_sender: PerMinute,
     /// Woken after an event is queued (an in-process worker takes it at once).
     pub wake_worker: Option<Arc<tokio::sync::Notify>>,
     /// How long a request may take to send its body (`server.body_read_timeout`).
@@ -70,10 +71,12 @@ pub struct ApiState {
     /// The views of loads: folds kept and caught up, a turn per load, and
     /// [`LOAD_VIEWS_AT_ONCE`] permits.
     pub load_views: LoadViews,
-    /// The console's sign-in attempts in the current minute (`console::SIGN_INS_PER_MINUTE`).
-    pub(crate) console_sign_ins: Mutex<(Instant, u32)>,
-    /// The console's signing key, derived from the tokens on first use (slowly, once).
-    pub(crate) console_key: std::sync::OnceLock<Option<[u8; 32]>>,
+    /// The console's sign-in attempts per client address (`console::SIGN_INS_PER_MINUTE`).
+    pub(crate) console_sign_ins: PerMinute,
+    /// The console's signing key: the tokens under the store's secret, read on first use.
+    pub(crate) console_key: tokio::sync::OnceCell<Option<[u8; 32]>>,
+    /// `server.trusted_proxies`: whose `X-Forwarded-For` names the client ([`ClientAddress`]).
+    pub trusted_proxies: Vec<haul_config::AddressRange>,
     /// Whether `/metrics` reads the figures kept in the store (processes with the `api`
     /// role do; see `metrics.rs`).
     pub store_figures: bool,
@@ -100,31 +103,122 @@ impl ApiState {
             twilio_auth_token,
             public_url,
             metrics: metrics_handle(),
-            rate: Mutex::new(HashMap::new()),
+            sms_per_sender: PerMinute::default(),
             wake_worker: None,
             body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
             stopping: None,
             load_views: LoadViews::default(),
-            console_sign_ins: Mutex::new((Instant::now(), 0)),
-            console_key: std::sync::OnceLock::new(),
+            console_sign_ins: PerMinute::default(),
+            console_key: tokio::sync::OnceCell::new(),
+            trusted_proxies: Vec::new(),
             store_figures: true,
             store_figures_last: Mutex::new([0.0; 4]),
         }
     }
 
-    /// A fixed one-minute window per sender; the table is bounded by pruning old windows.
+    /// A fixed one-minute window per sender.
     pub(crate) fn allow_sms_from(&self, from: &str) -> bool {
-        let mut rate = self.rate.lock().unwrap_or_else(|p| p.into_inner());
+        self.sms_per_sender.allow(from, SMS_PER_MINUTE)
+    }
+}
+
+/// Keys a [`PerMinute`] keeps at most; past it, the windows that ended are dropped, and
+/// while it is still full, new keys share one window.
+pub const MAX_RATE_KEYS: usize = 10_000;
+
+/// Fixed one-minute windows of attempts per key (a sender, a client address), the table
+/// bounded by [`MAX_RATE_KEYS`].
+#[derive(Debug, Default)]
+pub(crate) struct PerMinute {
+    windows: Mutex<HashMap<String, (Instant, u32)>>,
+}
+
+impl PerMinute {
+    /// Counts an attempt of `key`; true while its window has had at most `limit`.
+    pub(crate) fn allow(&self, key: &str, limit: u32) -> bool {
+        const WINDOW: Duration = Duration::from_secs(60);
+        const OVERFLOW: &str = "(every other key)";
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        if rate.len() > 10_000 {
-            rate.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
+        if windows.len() >= MAX_RATE_KEYS && !windows.contains_key(key) {
+            windows.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
         }
-        let entry = rate.entry(from.to_owned()).or_insert((now, 0));
-        if now.duration_since(entry.0) >= Duration::from_secs(60) {
+        let key = if windows.len() >= MAX_RATE_KEYS && !windows.contains_key(key) { OVERFLOW } else { key };
+        let entry = windows.entry(key.to_owned()).or_insert((now, 0));
+        if now.duration_since(entry.0) >= WINDOW {
             *entry = (now, 0);
         }
-        entry.1 += 1;
-        entry.1 <= SMS_PER_MINUTE
+        entry.1 = entry.1.saturating_add(1);
+        entry.1 <= limit
+    }
+}
+
+/// The address of the client a request comes from: the peer's, or, when the peer is
+/// one of `server.trusted_proxies`, the right-most address of `X-Forwarded-For` that is
+/// not one of them (a client can prepend anything; only what the trusted proxies
+/// appended is believed). Unknown without a peer address (a server not run by
+/// `http::serve_http`, as in some tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientAddress(pub Option<std::net::IpAddr>);
+
+impl ClientAddress {
+    pub fn of(
+        peer: Option<std::net::IpAddr>,
+        headers: &axum::http::HeaderMap,
+        trusted: &[haul_config::AddressRange],
+    ) -> Self {
+        let Some(peer) = peer else { return ClientAddress(None) };
+        let is_trusted = |ip: std::net::IpAddr| trusted.iter().any(|r| r.contains(ip));
+        if !is_trusted(peer) {
+            return ClientAddress(Some(peer));
+        }
+        let forwarded: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect();
+        for hop in forwarded.iter().rev() {
+            match hop.parse::<std::net::IpAddr>() {
+                Ok(ip) if is_trusted(ip) => continue,
+                Ok(ip) => return ClientAddress(Some(ip)),
+                // A hop that is not an address: the proxy's own word ends there.
+                Err(_) => return ClientAddress(Some(peer)),
+            }
+        }
+        ClientAddress(Some(peer))
+    }
+
+    /// The key per-client limits count under: the address, an IPv6 one by its /64 (one
+    /// host has a whole /64 to choose from).
+    pub fn limit_key(&self) -> String {
+        match self.0 {
+            None => "(unknown)".into(),
+            Some(std::net::IpAddr::V4(a)) => a.to_string(),
+            Some(std::net::IpAddr::V6(a)) => {
+                let s = a.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ClientAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(ip) => write!(f, "{ip}"),
+            None => f.write_str("unknown"),
+        }
+    }
+}
+
+impl FromRequestParts<Arc<ApiState>> for ClientAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Self::Rejection> {
+        let peer = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+        Ok(ClientAddress::of(peer, &parts.headers, &s.trusted_proxies))
     }
 }
 
@@ -501,8 +595,37 @@ async fn post_event(
 }
 
 /// Queues an event; a repeat of an id answers `duplicate`, or 422 when its payload differs.
+/// An operator's event is taken in the store first, so its reuse is refused on every
+/// load queue (`haul_runtime::operator::claim`).
 pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: bool) -> Response {
+    let reused = || {
+        error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "event_id_reused",
+            format!("event id {} was already used for this load with another payload", event.event_id),
+        )
+    };
+    let mut retried = false;
+    if let EventBody::OperatorAction(_) = event.body {
+        match haul_runtime::operator::claim(s.store.as_ref(), event, s.clock.now()).await {
+            Ok(RequestClaim::New) => {}
+            Ok(RequestClaim::Same) => retried = true,
+            Ok(RequestClaim::Other) => return reused(),
+            Err(e) => {
+                error!(error = %e, "taking an operator request failed");
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the event was not queued; try again",
+                );
+            }
+        }
+    }
     match s.queue.publish(event, s.clock.now()).await {
+        // A queue that cannot tell a duplicate (SQS FIFO): the store could.
+        Ok(Published::New) if retried => {
+            (StatusCode::OK, axum::Json(json!({"event_id": event.event_id, "status": "duplicate"}))).into_response()
+        }
         Ok(Published::New) => {
             metrics::counter!("haul_events_accepted_total", "kind" => event.kind()).increment(1);
             if let Some(w) = &s.wake_worker {
@@ -530,11 +653,7 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
             if same {
                 (StatusCode::OK, axum::Json(json!({"event_id": event.event_id, "status": "duplicate"}))).into_response()
             } else {
-                error(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "event_id_reused",
-                    format!("event id {} was already used for this load with another payload", event.event_id),
-                )
+                reused()
             }
         }
         Err(e) => {

@@ -158,6 +158,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     state.operator_tokens = operator_tokens;
     let (stop_tx, stop_rx) = watch::channel(false);
     state.body_read_timeout = config.server.body_read_timeout;
+    state.trusted_proxies = config.server.trusted_proxy_ranges();
     state.stopping = Some(stop_rx.clone());
     state.store_figures = roles.api;
     let state = Arc::new(state);

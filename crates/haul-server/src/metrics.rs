@@ -92,6 +92,11 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         "Connections closed to make room for a new one when every slot was taken (the longest idle first).",
     ),
     (
+        "haul_load_view_records_read_total",
+        Kind::Counter,
+        "Log records read to show loads (their folds caught up, and their pages): what views cost.",
+    ),
+    (
         "haul_http_write_timeouts_total",
         Kind::Counter,
         "Connections closed because the client read nothing of an answer for server.write_timeout.",
@@ -222,6 +227,7 @@ pub fn zero_series() {
     metrics::counter!("haul_http_connections_refused_total").absolute(0);
     metrics::counter!("haul_http_connections_evicted_total").absolute(0);
     metrics::counter!("haul_http_write_timeouts_total").absolute(0);
+    metrics::counter!("haul_load_view_records_read_total").absolute(0);
 }
 
 /// The figures that live in the store, rendered as gauges after the recorder's text.

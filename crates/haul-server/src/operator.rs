@@ -99,7 +99,7 @@ pub(crate) async fn resolve_ask(_: OperatorCaller, State(s): State<Arc<ApiState>
         Err(r) => return r,
     };
     let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
-    let q = operator::resolve_ask(&s.queue, &who, &b.load_id, &b.ask_id, s.clock.now()).await;
+    let q = operator::resolve_ask(s.store.as_ref(), &s.queue, &who, &b.load_id, &b.ask_id, s.clock.now()).await;
     answer(&s, &who, "resolve_ask", q)
 }
 

@@ -20,9 +20,45 @@ pub(crate) fn tokens_from_env() -> anyhow::Result<Option<Vec<String>>> {
 
 /// The operator tokens `HAUL_OPERATOR_TOKEN` names (comma-separated); none when it is
 /// unset, and then the operator routes answer 403. Never made up: an operator token
-/// is given on purpose.
+/// is given on purpose, and refused unless it looks random enough to withstand
+/// guessing ([`random_enough`]).
 pub(crate) fn operator_tokens_from_env() -> anyhow::Result<Vec<String>> {
-    Ok(list_from_env("HAUL_OPERATOR_TOKEN")?.unwrap_or_default())
+    let tokens = list_from_env("HAUL_OPERATOR_TOKEN")?.unwrap_or_default();
+    if let Some((i, weak)) = tokens.iter().enumerate().find(|(_, t)| !random_enough(t)) {
+        bail!(
+            "HAUL_OPERATOR_TOKEN: token {} of {} is {} characters with {} distinct ones; an operator token \
+             must be at least {MIN_OPERATOR_TOKEN_CHARS} characters of random text with at least \
+             {MIN_DISTINCT_CHARS} distinct ones, not a piece repeated (make one with `openssl rand -hex 32`)",
+            i + 1,
+            tokens.len(),
+            weak.chars().count(),
+            distinct(weak),
+        );
+    }
+    Ok(tokens)
+}
+
+/// Fewest characters of an operator token.
+pub const MIN_OPERATOR_TOKEN_CHARS: usize = 32;
+
+/// Fewest distinct characters of an operator token: 32 random hex digits have about 14,
+/// a word repeated to length far fewer.
+pub const MIN_DISTINCT_CHARS: usize = 10;
+
+fn distinct(token: &str) -> usize {
+    token.chars().collect::<std::collections::BTreeSet<_>>().len()
+}
+
+/// Whether `token` is long and varied enough to be taken for random: it acts on loads,
+/// so it must not fall to guessing.
+pub fn random_enough(token: &str) -> bool {
+    token.chars().count() >= MIN_OPERATOR_TOKEN_CHARS && distinct(token) >= MIN_DISTINCT_CHARS && !repeats(token)
+}
+
+/// Whether `token` is a shorter piece said again and again (`abcabcab…`).
+fn repeats(token: &str) -> bool {
+    let b = token.as_bytes();
+    (1..=b.len() / 2).any(|period| b.iter().skip(period).zip(b).all(|(x, y)| x == y))
 }
 
 fn list_from_env(name: &str) -> anyhow::Result<Option<Vec<String>>> {
@@ -73,4 +109,25 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 #[cfg(not(unix))]
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     std::fs::write(path, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::random_enough;
+
+    #[test]
+    fn operator_tokens_must_look_random() {
+        for (token, ok) in [
+            ("dispatch2024", false),
+            ("dispatch2024dispatch2024dispatch2024", false),
+            ("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", false),
+            ("0123456789abcdef0123456789abcde", false),
+            ("0123456789abcdef0123456789abcdef", false),
+            ("3f9a0c7e1b5d2846ae0f9c3b7d1e5a28", true),
+            ("5f0e3a9b7c1d2e4f6a8b0c9d7e5f3a1b8c2d4e6f0a1b3c5d7e9f", true),
+            ("Xk2-p9Qz_vL4mN8rT6wY1bC3dF5gH7jK", true),
+        ] {
+            assert_eq!(random_enough(token), ok, "{token}");
+        }
+    }
 }

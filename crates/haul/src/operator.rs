@@ -39,9 +39,9 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
         OperatorCommand::ResolveAsk { load_id, ask_id, who, settings, json } => {
             let load = LoadId::parse(&load_id).map_err(|e| anyhow::anyhow!("LOAD_ID: {}", e.message))?;
             let ask = AskId::parse(&ask_id).map_err(|e| anyhow::anyhow!("ASK_ID: {}", e.message))?;
-            let (_, queue) = open(&settings).await?;
+            let (store, queue) = open(&settings).await?;
             let who = requester(who);
-            let q = operator::resolve_ask(&queue, &who, &load, &ask, SystemClock.now()).await;
+            let q = operator::resolve_ask(store.as_ref(), &queue, &who, &load, &ask, SystemClock.now()).await;
             queued(q, json, &format!("{ask} resolved"))
         }
         OperatorCommand::BulkRequeue { action_type, since, limit, dry_run, who, settings, json } => {

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 mod common;
 
 use base64::Engine;
-use common::{Proc, channel_env, free_port, temp_dir, wait_healthy};
+use common::{FormOf, Proc, channel_env, free_port, temp_dir, wait_healthy};
 use haul_harness::testkit::{FakeServices, FaultKind, FaultRule};
 use reqwest::StatusCode;
 use reqwest::header::{LOCATION, SET_COOKIE};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "console-api-token-0123";
-const OPERATOR: &str = "console-operator-token-4567";
+const OPERATOR: &str = "console-op-5f0e3a9b7c1d2e4f6a8b0c9d7e5f3a1b";
 const TWILIO: &str = "console-twilio-auth-token";
 const ESCALATION: &str = "481207/ask:eta_request:ping_0700/2/create_hero_task";
 /// What a stranger or the model wrote: shown as text, never run.
@@ -95,18 +95,6 @@ async fn twilio_sms(client: &reqwest::Client, base: &str, sid: &str, from: &str,
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-}
-
-/// A form body (reqwest is built without its `form` feature).
-trait FormOf {
-    fn form_of(self, pairs: &[(&str, &str)]) -> Self;
-}
-
-impl FormOf for reqwest::RequestBuilder {
-    fn form_of(self, pairs: &[(&str, &str)]) -> Self {
-        self.header("content-type", "application/x-www-form-urlencoded")
-            .body(serde_urlencoded::to_string(pairs).unwrap())
-    }
 }
 
 // ------------------------------------------------------------------ WebDriver
@@ -611,12 +599,13 @@ async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// Without an operator token the signing key comes from the API tokens alone, which
-/// every reader holds: a cookie forged with it may read, as signing in would allow, but
-/// an operator's cookie forged with it is no session.
+/// The signing key is the tokens under a random secret the store keeps: a reader who
+/// holds the API token (and, to be sure, every other token) cannot make a cookie, so a
+/// cookie is no oracle for guesses of the operator token. And without an operator
+/// token configured, no operator session exists at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_an_operator_token_no_operator_session_can_be_forged() {
-    use haul_server::console::session::{Role, derive_key, issue};
+async fn no_session_can_be_forged_from_the_tokens() {
+    use haul_server::console::session::{Role, issue, session_key};
     let dir = temp_dir("console", "forge");
     std::fs::write(dir.join("haul.toml"), "").unwrap();
     let port = free_port();
@@ -627,15 +616,21 @@ async fn without_an_operator_token_no_operator_session_can_be_forged() {
     // The server's clock, from the expiry of a session signed in with the API token.
     let r = http.post(format!("{base}/console/sign-in")).form_of(&[("actor", "bo"), ("token", TOKEN)]).send().await;
     let set = r.unwrap().headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    let real = set.split(';').next().unwrap().to_owned();
     let expiry: i64 = set.split('.').nth(1).unwrap().parse().unwrap();
     let issued = expiry - haul_server::console::session::SESSION_LIFETIME.as_secs() as i64;
-    let key = derive_key(&[TOKEN.to_string()], &[]).unwrap();
-    let forge = |role: Role| format!("haul_console={}", issue(&key, role, "mallory", issued, [9; 16]));
+    // What someone holding every token could compute, without the store's secret.
+    let guesses = [[0u8; 32], [1u8; 32]].map(|secret| session_key(&secret, &[TOKEN.to_string()], &[]).unwrap());
+    let forge = |key: &[u8; 32], role: Role| format!("haul_console={}", issue(key, role, "mallory", issued, [9; 16]));
     let get = |cookie: String| http.get(format!("{base}/console/dead")).header("Cookie", cookie).send();
-    assert_eq!(get(forge(Role::Read)).await.unwrap().status(), StatusCode::OK, "the key is the server's");
-    let r = get(forge(Role::Operator)).await.unwrap();
-    assert_eq!(r.status(), StatusCode::SEE_OTHER, "an operator's cookie needs an operator token configured");
-    assert_eq!(r.headers()[LOCATION], "/console/sign-in");
+    assert_eq!(get(real).await.unwrap().status(), StatusCode::OK, "a real session reads");
+    for key in &guesses {
+        for role in [Role::Read, Role::Operator] {
+            let r = get(forge(key, role)).await.unwrap();
+            assert_eq!(r.status(), StatusCode::SEE_OTHER, "a {role:?} cookie made from the tokens alone");
+            assert_eq!(r.headers()[LOCATION], "/console/sign-in");
+        }
+    }
     drop(serve);
     std::fs::remove_dir_all(dir).ok();
 }

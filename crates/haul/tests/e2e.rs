@@ -486,7 +486,7 @@ async fn serve_raises_its_descriptor_limit_and_answers_beside_300_stalled_reques
     std::fs::remove_dir_all(dir).ok();
 }
 
-const OPERATOR: &str = "e2e-operator-9876543210";
+const OPERATOR: &str = "e2e-op-8c2f4a6e0b9d1c3e5f7a2b4c6d8e0f1a";
 const ESCALATION: &str = "481207/ask:eta_request:ping_0700/2/create_hero_task";
 const REQUEUED: &str = "481207/op:inc-42/create_hero_task";
 

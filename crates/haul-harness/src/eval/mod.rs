@@ -466,7 +466,7 @@ impl Run {
                     q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
                 }
                 OperatorAsk::ResolveAsk { load, ask_id } => {
-                    let q = ops::resolve_ask(&self.queue, &op.who, load, ask_id, now).await;
+                    let q = ops::resolve_ask(store, &self.queue, &op.who, load, ask_id, now).await;
                     q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
                 }
                 OperatorAsk::BulkRequeue { filter, dry_run } => {

@@ -16,7 +16,6 @@ mod pages;
 pub mod session;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
@@ -34,12 +33,14 @@ use haul_store::OutboxStatus;
 use serde_json::Value;
 use tracing::{error, info};
 
-use crate::api::{ApiBody, ApiState, one_of};
+use crate::api::{ApiBody, ApiState, ClientAddress, one_of};
 use pages::{Ctx, Figures};
 use session::{COOKIE, Role, Session};
 
-/// Sign-in attempts the console takes per minute (one fixed window per process, as
-/// the webhook's per-sender limit): more are answered 429 without checking the token.
+/// Sign-in attempts the console takes per minute from one client address (a fixed
+/// window per address and process, as the webhook's per-sender limit): more are
+/// answered 429 without checking the token. Per address, never for everyone: a
+/// stranger's flood cannot lock the operators out.
 pub const SIGN_INS_PER_MINUTE: u32 = 20;
 
 /// What every answer under `/console` carries (set by `api::edge_headers` on every
@@ -124,23 +125,48 @@ fn https(s: &ApiState, headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
-/// The console's signing key (derived once per process).
-fn console_key(s: &ApiState) -> Option<[u8; 32]> {
-    *s.console_key.get_or_init(|| session::derive_key(&s.tokens, &s.operator_tokens))
+/// The console's signing key: the tokens under the store's secret, made (or read) once
+/// per process. `Ok(None)` with no token configured; an error when the store does not
+/// answer (tried again on the next request).
+async fn console_key(s: &ApiState) -> Result<Option<[u8; 32]>, haul_store::StoreError> {
+    let key = s
+        .console_key
+        .get_or_try_init(|| async {
+            let mut candidate = [0u8; 32];
+            getrandom::fill(&mut candidate)
+                .map_err(|e| haul_store::StoreError::new(format!("no randomness for the console secret: {e}")))?;
+            let secret = s.store.console_secret(&candidate, s.clock.now()).await?;
+            Ok::<_, haul_store::StoreError>(session::session_key(&secret, &s.tokens, &s.operator_tokens))
+        })
+        .await?;
+    Ok(*key)
 }
 
-/// The session the request's cookie names, if it checks out now. An operator's
-/// session needs an operator token configured: without one the key is derived from
-/// the API tokens alone, which every reader holds.
-fn session_of(s: &ApiState, headers: &HeaderMap) -> Option<(Session, [u8; 32])> {
-    let key = console_key(s)?;
+/// The session the request's cookie names, if it checks out now and was not ended by
+/// signing out. An operator's session needs an operator token configured. A store
+/// that does not answer signs nobody in (logged).
+async fn session_of(s: &ApiState, headers: &HeaderMap) -> Option<(Session, [u8; 32])> {
     let cookies = headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok());
     let value = session::cookie_value(cookies, COOKIE)?;
+    let key = match console_key(s).await {
+        Ok(key) => key?,
+        Err(e) => {
+            error!(error = %e, "console: the signing key could not be read from the store");
+            return None;
+        }
+    };
     let session = session::verify(&key, value, now_s(s))?;
     if session.role == Role::Operator && s.operator_tokens.is_empty() {
         return None;
     }
-    Some((session, key))
+    match s.store.session_revoked(&session.nonce).await {
+        Ok(false) => Some((session, key)),
+        Ok(true) => None,
+        Err(e) => {
+            error!(error = %e, "console: whether a session was ended could not be read from the store");
+            None
+        }
+    }
 }
 
 /// A signed-in viewer of a page; signed out, the page redirects to the sign-in.
@@ -159,7 +185,7 @@ impl FromRequestParts<Arc<ApiState>> for Viewer {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
-        match session_of(s, &parts.headers) {
+        match session_of(s, &parts.headers).await {
             Some((session, key)) => Ok(Viewer { session, key }),
             None => Err(Redirect::to("/console/sign-in").into_response()),
         }
@@ -218,11 +244,11 @@ fn cross_site(headers: &HeaderMap, public_url: &str) -> bool {
 
 /// The session of a state-changing POST: signed in, its CSRF token, from this site.
 #[allow(clippy::result_large_err)]
-fn posting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [u8; 32]), Response> {
+async fn posting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [u8; 32]), Response> {
     if cross_site(headers, &s.public_url) {
         return Err(forbidden("This request came from another site."));
     }
-    let Some((session, key)) = session_of(s, headers) else {
+    let Some((session, key)) = session_of(s, headers).await else {
         return Err(forbidden("You are not signed in (or your session ended). Sign in again."));
     };
     if !session.csrf_ok(&key, form.get("csrf")) {
@@ -235,8 +261,8 @@ fn posting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [
 
 /// As [`posting`], and the session must be an operator's.
 #[allow(clippy::result_large_err)]
-fn acting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [u8; 32]), Response> {
-    let (session, key) = posting(s, headers, form)?;
+async fn acting(s: &ApiState, headers: &HeaderMap, form: &Form) -> Result<(Session, [u8; 32]), Response> {
+    let (session, key) = posting(s, headers, form).await?;
     if session.role != Role::Operator {
         return Err(forbidden("Read-only session: acting needs a sign-in with an operator token."));
     }
@@ -257,30 +283,23 @@ fn new_request_id() -> String {
 // ---------------------------------------------------------------- sign-in
 
 async fn sign_in_page(State(s): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
-    if session_of(&s, &headers).is_some() {
+    if session_of(&s, &headers).await.is_some() {
         return Redirect::to("/console").into_response();
     }
     html(StatusCode::OK, pages::sign_in(None))
 }
 
-impl ApiState {
-    /// One fixed one-minute window of sign-in attempts per process.
-    fn allow_sign_in(&self) -> bool {
-        let mut w = self.console_sign_ins.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if now.duration_since(w.0) >= Duration::from_secs(60) {
-            *w = (now, 0);
-        }
-        w.1 += 1;
-        w.1 <= SIGN_INS_PER_MINUTE
-    }
-}
-
-async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+async fn sign_in(
+    State(s): State<Arc<ApiState>>,
+    client: ClientAddress,
+    headers: HeaderMap,
+    ApiBody(body): ApiBody,
+) -> Response {
     if cross_site(&headers, &s.public_url) {
         return forbidden("This request came from another site.");
     }
-    if !s.allow_sign_in() {
+    if !s.console_sign_ins.allow(&client.limit_key(), SIGN_INS_PER_MINUTE) {
+        info!(target: "haul_server::console", client = %client, "console sign-in refused: too many from this address");
         return html(StatusCode::TOO_MANY_REQUESTS, pages::sign_in(Some("Too many sign-in attempts: wait a minute.")));
     }
     let Some(form) = Form::parse(&body) else {
@@ -302,8 +321,16 @@ async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
             return html(StatusCode::UNAUTHORIZED, pages::sign_in(Some("That token is not one of this server's.")));
         }
     };
-    let Some(key) = console_key(&s) else {
-        return html(StatusCode::UNAUTHORIZED, pages::sign_in(Some("No token is configured.")));
+    let key = match console_key(&s).await {
+        Ok(Some(key)) => key,
+        Ok(None) => return html(StatusCode::UNAUTHORIZED, pages::sign_in(Some("No token is configured."))),
+        Err(e) => {
+            error!(error = %e, "console: the signing key could not be read from the store");
+            return html(
+                StatusCode::SERVICE_UNAVAILABLE,
+                pages::sign_in(Some("The store does not answer; try again.")),
+            );
+        }
     };
     let mut nonce = [0u8; 16];
     if getrandom::fill(&mut nonce).is_err() {
@@ -318,11 +345,22 @@ async fn sign_in(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
     r
 }
 
+/// Ends the session for good, on every api process: its nonce is kept as ended until
+/// the cookie would expire, so a copy of the cookie taken before signs nobody in.
 async fn sign_out(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
-    if let Err(refused) = posting(&s, &headers, &form) {
-        return refused;
+    let (session, key) = match posting(&s, &headers, &form).await {
+        Ok(x) => x,
+        Err(refused) => return refused,
+    };
+    let expires_at = haul_core::time::from_ms(session.expires_at.saturating_mul(1000));
+    if let Err(e) = s.store.revoke_session(&session.nonce, expires_at, s.clock.now()).await {
+        error!(error = %e, "console: a sign-out could not be kept in the store");
+        let text = "The store does not answer, so the session was not ended; try again.";
+        let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+        return html(StatusCode::SERVICE_UNAVAILABLE, pages::message(&ctx, "Not signed out", text, &[]));
     }
+    info!(target: "haul_server::console", actor = %session.actor, "console sign-out");
     let mut r = Redirect::to("/console/sign-in").into_response();
     if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(https(&s, &headers))) {
         r.headers_mut().insert(header::SET_COOKIE, v);
@@ -524,7 +562,7 @@ fn wake(s: &ApiState) {
 
 async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
-    let (session, key) = match acting(&s, &headers, &form) {
+    let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -560,7 +598,7 @@ async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
 
 async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
-    let (session, key) = match acting(&s, &headers, &form) {
+    let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -592,7 +630,7 @@ async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBod
 
 async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
-    let (session, key) = match acting(&s, &headers, &form) {
+    let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
         Err(r) => return r,
     };

@@ -872,7 +872,7 @@ mod tests {
     const HOSTILE: &str = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>\"'&";
 
     fn session(role: Role) -> (Session, [u8; 32]) {
-        let key = session::derive_key(&["api-token-1".into()], &["op-token-1".into()]).unwrap();
+        let key = session::session_key(&[5; 32], &["api-token-1".into()], &["op-token-1".into()]).unwrap();
         let cookie = session::issue(&key, role, "ana", 0, [3; 16]);
         (session::verify(&key, &cookie, 1).unwrap(), key)
     }

@@ -2,12 +2,17 @@
 //!
 //! The cookie is `{role}.{expiry}.{nonce}.{actor}.{mac}`: `operator` or `read`, the
 //! expiry in Unix seconds, 16 random bytes (hex), the name the person signed in with
-//! (base64url), and the HMAC-SHA-256 of the rest under a key derived from every
-//! configured token (API and operator). So a session
-//! - works on every api process of a deployment (they share the tokens),
+//! (base64url), and the HMAC-SHA-256 of the rest under the session key: the HMAC of
+//! every configured token (API and operator) under a random secret the store keeps
+//! (`EdgeStore::console_secret`, made by the first api process that needs it). So a
+//! session
+//! - works on every api process of a deployment (they share the store and the tokens),
 //! - dies when the tokens rotate (the key changes with them),
+//! - dies when its person signs out (its nonce is kept as ended until it would expire),
 //! - lasts at most [`SESSION_LIFETIME`],
-//! - cannot be forged or have its role raised without a token.
+//! - cannot be forged or have its role raised without the secret, and a cookie tells
+//!   nothing of the tokens: nobody holding one (and the API token) can test guesses of
+//!   the operator token against it offline.
 //!
 //! A state-changing form carries the CSRF token: the HMAC of the cookie under the same
 //! key (with its own label), compared in constant time.
@@ -59,24 +64,16 @@ pub struct Session {
     pub actor: String,
     /// Unix seconds.
     pub expires_at: i64,
+    /// The session's random nonce (hex): what signing out ends.
+    pub nonce: String,
     /// The cookie's value, for the CSRF token.
     cookie: String,
 }
 
-/// Rounds of PBKDF2-HMAC-SHA-256 in [`derive_key`]: a cookie is signed under a key
-/// derived from the tokens, so a read-only user holding a cookie and the API token
-/// could test guesses of the operator token offline; each guess costs this many HMACs.
-pub const KEY_ROUNDS: u32 = 100_000;
-
-/// The key every cookie and CSRF token is signed with, derived from the tokens (both
-/// lists, sorted, so the order they are configured in does not matter) by PBKDF2 with
-/// [`KEY_ROUNDS`] rounds. Derive it once per process (it is slow on purpose). `None`
-/// with no token at all: then nobody can sign in.
-pub fn derive_key(api_tokens: &[String], operator_tokens: &[String]) -> Option<[u8; 32]> {
-    derive_key_rounds(api_tokens, operator_tokens, KEY_ROUNDS)
-}
-
-fn derive_key_rounds(api_tokens: &[String], operator_tokens: &[String], rounds: u32) -> Option<[u8; 32]> {
+/// The key every cookie and CSRF token is signed with: the HMAC-SHA-256 of the tokens
+/// (both lists, sorted, so the order they are configured in does not matter) under the
+/// store's random `secret`. `None` with no token at all: then nobody can sign in.
+pub fn session_key(secret: &[u8; 32], api_tokens: &[String], operator_tokens: &[String]) -> Option<[u8; 32]> {
     let mut all: Vec<(u8, &str)> = api_tokens
         .iter()
         .map(|t| (b'a', t.as_str()))
@@ -86,34 +83,14 @@ fn derive_key_rounds(api_tokens: &[String], operator_tokens: &[String], rounds: 
         return None;
     }
     all.sort_unstable();
-    let mut password = Vec::new();
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes a key of any size");
+    m.update(b"haul console session key v3");
     for (kind, token) in all {
-        password.push(kind);
-        password.extend_from_slice(&(token.len() as u64).to_be_bytes());
-        password.extend_from_slice(token.as_bytes());
+        m.update(&[kind]);
+        m.update(&(token.len() as u64).to_be_bytes());
+        m.update(token.as_bytes());
     }
-    pbkdf2_sha256(&password, b"haul console session key v2", rounds)
-}
-
-/// PBKDF2-HMAC-SHA-256 (RFC 8018) with a 32-byte output: its first and only block.
-fn pbkdf2_sha256(password: &[u8], salt: &[u8], rounds: u32) -> Option<[u8; 32]> {
-    let prf = <Hmac<Sha256> as KeyInit>::new_from_slice(password).ok()?;
-    let mut u: [u8; 32] = {
-        let mut m = prf.clone();
-        m.update(salt);
-        m.update(&1u32.to_be_bytes());
-        m.finalize().into_bytes().into()
-    };
-    let mut key = u;
-    for _ in 1..rounds {
-        let mut m = prf.clone();
-        m.update(&u);
-        u = m.finalize().into_bytes().into();
-        for (k, b) in key.iter_mut().zip(u) {
-            *k ^= b;
-        }
-    }
-    Some(key)
+    Some(m.finalize().into_bytes().into())
 }
 
 fn mac(key: &[u8; 32], label: &str, text: &str) -> String {
@@ -162,7 +139,7 @@ pub fn verify(key: &[u8; 32], value: &str, now_s: i64) -> Option<Session> {
     if now_s >= expires_at || expires_at > latest || !actor_ok(&actor) {
         return None;
     }
-    Some(Session { role, actor, expires_at, cookie: value.to_owned() })
+    Some(Session { role, actor, expires_at, nonce: nonce.to_owned(), cookie: value.to_owned() })
 }
 
 impl Session {
@@ -206,8 +183,12 @@ mod tests {
     use super::*;
 
     fn key(tokens: &[&str], ops: &[&str]) -> [u8; 32] {
+        key_under(&[42; 32], tokens, ops)
+    }
+
+    fn key_under(secret: &[u8; 32], tokens: &[&str], ops: &[&str]) -> [u8; 32] {
         let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        derive_key(&v(tokens), &v(ops)).unwrap()
+        session_key(secret, &v(tokens), &v(ops)).unwrap()
     }
 
     #[test]
@@ -241,23 +222,22 @@ mod tests {
     }
 
     #[test]
-    fn the_key_derivation_is_pbkdf2_hmac_sha256() {
-        // Published vectors for PBKDF2-HMAC-SHA-256 ("password", "salt", 32 bytes).
-        let hex = |k: [u8; 32]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
-        let check =
-            |rounds: u32, want: &str| assert_eq!(hex(pbkdf2_sha256(b"password", b"salt", rounds).unwrap()), want);
-        check(1, "120fb6cffcf8b32c43e7225256c4f837a86548c92ccc35480805987cb70be17b");
-        check(2, "ae4d0c95af6b46d32d0adff928f06dd02a303f8ef3c251dfd6e2d85a95474c43");
-        check(4096, "c5e478d59288c841aa530db6845c4c8d962893a001ce4e11a4963873aa98134a");
-        assert_ne!(
-            derive_key_rounds(&["api-token-1".into()], &[], 2),
-            derive_key_rounds(&["api-token-1".into()], &[], 1)
-        );
+    fn the_key_is_the_tokens_under_the_stores_secret() {
+        let k = key(&["api-token-1"], &["op-token-1"]);
+        assert_eq!(k, key(&["api-token-1"], &["op-token-1"]), "the same secret and tokens give the same key");
+        let two = key(&["api-token-1", "api-token-2"], &["op-token-1"]);
+        assert_eq!(two, key(&["api-token-2", "api-token-1"], &["op-token-1"]), "configured in another order");
+        assert_ne!(k, key_under(&[43; 32], &["api-token-1"], &["op-token-1"]), "another store's secret");
+        assert_ne!(k, key(&["api-token-1"], &["op-token-2"]), "a rotated operator token");
+        assert_ne!(k, key(&["op-token-1"], &["api-token-1"]), "the lists are told apart");
+        // A cookie names its nonce, which signing out ends.
+        let c = issue(&k, Role::Read, "a", 0, [0xab; 16]);
+        assert_eq!(verify(&k, &c, 1).unwrap().nonce, "ab".repeat(16));
     }
 
     #[test]
     fn no_token_no_key() {
-        assert_eq!(derive_key(&[], &[]), None);
+        assert_eq!(session_key(&[1; 32], &[], &[]), None);
     }
 
     #[test]

@@ -63,3 +63,15 @@ pub fn channel_env(svc: &FakeServices) -> Vec<(String, String)> {
     }
     env
 }
+
+/// A form body (reqwest is built without its `form` feature).
+pub trait FormOf {
+    fn form_of(self, pairs: &[(&str, &str)]) -> Self;
+}
+
+impl FormOf for reqwest::RequestBuilder {
+    fn form_of(self, pairs: &[(&str, &str)]) -> Self {
+        self.header("content-type", "application/x-www-form-urlencoded")
+            .body(serde_urlencoded::to_string(pairs).unwrap())
+    }
+}
