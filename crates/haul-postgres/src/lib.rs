@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use haul_store::StoreError;
-use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, pending_migrations};
+use haul_store::backend::{
+    Migration, Tokens, check_schema, latest_version, migration_failed, pending_migrations, readable_by,
+};
 use tokio_postgres::NoTls;
 
 /// A store URL without its credentials, for logs and errors.
@@ -38,7 +40,8 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
     Migration::new(10, include_str!("../migrations/0010_shadow_decisions.sql")),
     Migration::new(11, include_str!("../migrations/0011_conflicts.sql")),
-    Migration::new(12, include_str!("../migrations/0012_edge.sql")),
+    // New tables only: a haul of schema 11 runs beside (it leaves them alone).
+    Migration::new(12, include_str!("../migrations/0012_edge.sql")).readable_by(11),
 ];
 
 /// The newest schema version this build knows.
@@ -162,12 +165,21 @@ impl PgStore {
         let tx = client.transaction().await.map_err(pg)?;
         tx.batch_execute(
             "SELECT pg_advisory_xact_lock(7423001);
-             CREATE TABLE IF NOT EXISTS schema_migrations (version bigint PRIMARY KEY, applied_at bigint NOT NULL);",
+             CREATE TABLE IF NOT EXISTS schema_migrations (version bigint PRIMARY KEY, applied_at bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS schema_compat (id integer PRIMARY KEY CHECK (id = 1), readable_by bigint NOT NULL);",
         )
         .await
         .map_err(pg)?;
         let done = tx.query("SELECT version FROM schema_migrations", &[]).await.map_err(pg)?;
-        let done = done.iter().map(|r| r.try_get(0)).collect::<Result<Vec<i64>, _>>().map_err(pg)?;
+        let mut done = done.iter().map(|r| r.try_get(0)).collect::<Result<Vec<i64>, _>>().map_err(pg)?;
+        let kept: Option<i64> = tx
+            .query_one("SELECT max(readable_by) FROM schema_compat", &[])
+            .await
+            .map_err(pg)?
+            .try_get(0)
+            .map_err(pg)?;
+        let version = done.iter().copied().max().unwrap_or(0);
+        check_schema(SCHEMA_VERSION, version, kept.unwrap_or(version))?;
         let mut applied = Vec::new();
         for m in pending_migrations(MIGRATIONS, &done, target) {
             tx.batch_execute(m.sql).await.map_err(|e| migration_failed(m.version, e))?;
@@ -176,8 +188,28 @@ impl PgStore {
                 .map_err(pg)?;
             applied.push(m.version);
         }
+        done.extend(&applied);
+        tx.execute(
+            "INSERT INTO schema_compat (id, readable_by) VALUES (1, $1)
+             ON CONFLICT (id) DO UPDATE SET readable_by = excluded.readable_by",
+            &[&readable_by(MIGRATIONS, &done, kept)],
+        )
+        .await
+        .map_err(pg)?;
         tx.commit().await.map_err(pg)?;
         Ok(applied)
+    }
+
+    /// The oldest schema version a haul may write and still run on this database
+    /// (`haul_store::backend::check_schema`); `None` before any haul kept one.
+    pub async fn readable_by(&self) -> Result<Option<i64>, StoreError> {
+        let client = self.client().await?;
+        let exists = client.query_one("SELECT to_regclass('schema_compat') IS NOT NULL", &[]).await.map_err(pg)?;
+        if !exists.try_get::<_, bool>(0).map_err(pg)? {
+            return Ok(None);
+        }
+        let row = client.query_one("SELECT max(readable_by) FROM schema_compat", &[]).await.map_err(pg)?;
+        row.try_get(0).map_err(pg)
     }
 
     /// The newest migration applied, `None` when the schema has no haul tables.

@@ -24,14 +24,28 @@ pub async fn open(url: &str, seed: Option<u64>) -> anyhow::Result<Arc<dyn Store>
             config.seed = seed;
             let store = SqliteStore::open(&config).map_err(plain)?;
             store.migrate().await.map_err(plain).with_context(|| format!("migrating {}", describe(url)))?;
+            newer_but_readable(url, store.schema_version().await.map_err(plain)?);
             Arc::new(store)
         }
         StoreKind::Postgres => {
             let store = PgStore::connect(&PgConfig { seed, ..PgConfig::new(url) }).await.map_err(plain)?;
             store.migrate().await.map_err(plain).with_context(|| format!("migrating {}", describe(url)))?;
+            newer_but_readable(url, store.schema_version().await.map_err(plain)?);
             Arc::new(store)
         }
     })
+}
+
+/// Says so when a newer haul migrated the database past this one's schema and declared
+/// its migrations readable by this one (a deploy with old and new side by side).
+fn newer_but_readable(url: &str, version: Option<i64>) {
+    if let Some(v) = version.filter(|v| *v > SCHEMA_VERSION) {
+        tracing::warn!(
+            store = %describe(url),
+            "the database's schema is at version {v}, newer than this haul's {SCHEMA_VERSION}; its newer \
+             migrations are declared readable by this haul, which runs on it: upgrade it soon"
+        );
+    }
 }
 
 /// Wake-ups across processes (PostgreSQL `LISTEN`/`NOTIFY`, see `haul_postgres::wake`)
@@ -62,28 +76,41 @@ pub fn spawn_wake_bridge(
 /// `default_transaction_read_only`. A store that is missing, empty, or at an older
 /// schema is an error naming it (by absolute path for SQLite).
 pub async fn open_read_only(url: &str) -> anyhow::Result<Arc<dyn Store>> {
-    let (store, version, latest): (Arc<dyn Store>, Option<i64>, i64) = match StoreKind::of_url(url)? {
-        StoreKind::Sqlite => {
-            let config = SqliteConfig::from_url(url).map_err(plain)?;
-            let store = SqliteStore::open_read_only(&config).map_err(plain)?;
-            let version = store.schema_version().await.map_err(plain)?;
-            (Arc::new(store), version, haul_sqlite::SCHEMA_VERSION)
-        }
-        StoreKind::Postgres => {
-            let store = PgStore::connect(&PgConfig { read_only: true, ..PgConfig::new(url) }).await.map_err(plain)?;
-            let version = store.schema_version().await.map_err(plain)?;
-            (Arc::new(store), version, haul_postgres::SCHEMA_VERSION)
-        }
-    };
+    let (store, version, readable_by, latest): (Arc<dyn Store>, Option<i64>, Option<i64>, i64) =
+        match StoreKind::of_url(url)? {
+            StoreKind::Sqlite => {
+                let config = SqliteConfig::from_url(url).map_err(plain)?;
+                let store = SqliteStore::open_read_only(&config).map_err(plain)?;
+                let version = store.schema_version().await.map_err(plain)?;
+                let readable_by = store.readable_by().await.map_err(plain)?;
+                (Arc::new(store), version, readable_by, haul_sqlite::SCHEMA_VERSION)
+            }
+            StoreKind::Postgres => {
+                let store =
+                    PgStore::connect(&PgConfig { read_only: true, ..PgConfig::new(url) }).await.map_err(plain)?;
+                let version = store.schema_version().await.map_err(plain)?;
+                let readable_by = store.readable_by().await.map_err(plain)?;
+                (Arc::new(store), version, readable_by, haul_postgres::SCHEMA_VERSION)
+            }
+        };
     match version {
         None => anyhow::bail!("{} holds no haul store (no schema); haul migrate creates one", describe(url)),
         Some(v) if v < latest => anyhow::bail!(
             "the schema of {} is at version {v}, this haul reads version {latest}: run haul migrate",
             describe(url)
         ),
-        Some(_) => Ok(store),
+        Some(v) => {
+            haul_store::backend::check_schema(latest, v, readable_by.unwrap_or(v))
+                .map_err(plain)
+                .with_context(|| describe(url))?;
+            Ok(store)
+        }
     }
 }
+
+/// The schema version this build writes (both backends number their migrations alike).
+pub const SCHEMA_VERSION: i64 = haul_sqlite::SCHEMA_VERSION;
+const _: () = assert!(haul_sqlite::SCHEMA_VERSION == haul_postgres::SCHEMA_VERSION, "one schema numbering");
 
 /// The store's address for people and logs: PostgreSQL without its password, SQLite
 /// by absolute path (`sqlite:///srv/haul/haul.db`), so a message says which file.

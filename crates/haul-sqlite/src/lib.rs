@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use haul_store::StoreError;
-use haul_store::backend::{Migration, Tokens, latest_version, migration_failed, pending_migrations};
+use haul_store::backend::{
+    Migration, Tokens, check_schema, latest_version, migration_failed, pending_migrations, readable_by,
+};
 use rusqlite::Connection;
 
 pub use readers::READERS;
@@ -42,7 +44,8 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(9, include_str!("../migrations/0009_ops_queries.sql")),
     Migration::new(10, include_str!("../migrations/0010_shadow_decisions.sql")),
     Migration::new(11, include_str!("../migrations/0011_conflicts.sql")),
-    Migration::new(12, include_str!("../migrations/0012_edge.sql")),
+    // New tables only: a haul of schema 11 runs beside (it leaves them alone).
+    Migration::new(12, include_str!("../migrations/0012_edge.sql")).readable_by(11),
 ];
 
 /// The newest schema version this build knows.
@@ -172,18 +175,45 @@ impl SqliteStore {
             .await
     }
 
-    /// Applies the migrations not yet applied; returns their versions.
+    /// The oldest schema version a haul may write and still run on this database
+    /// (`haul_store::backend::check_schema`); `None` before any haul kept one.
+    pub async fn readable_by(&self) -> Result<Option<i64>, StoreError> {
+        self.writer
+            .run(|conn: &Connection| -> Result<Option<i64>, StoreError> {
+                let exists: bool = conn
+                    .query_row(
+                        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'schema_compat'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(db)?;
+                if !exists {
+                    return Ok(None);
+                }
+                conn.query_row("SELECT max(readable_by) FROM schema_compat", [], |r| r.get(0)).map_err(db)
+            })
+            .await
+    }
+
+    /// Applies the migrations not yet applied; returns their versions. A database a
+    /// newer haul migrated is refused, naming both versions, unless its migrations
+    /// were declared readable by this one (then nothing is applied).
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         self.writer
             .run(|conn: &Connection| -> Result<Vec<i64>, StoreError> {
                 conn.execute_batch(
-                    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+                    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);
+                     CREATE TABLE IF NOT EXISTS schema_compat (id INTEGER PRIMARY KEY CHECK (id = 1), readable_by INTEGER NOT NULL);",
                 )
                 .map_err(db)?;
-                let done: Vec<i64> = conn
+                let mut done: Vec<i64> = conn
                     .prepare("SELECT version FROM schema_migrations")
                     .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
                     .map_err(db)?;
+                let kept: Option<i64> =
+                    conn.query_row("SELECT max(readable_by) FROM schema_compat", [], |r| r.get(0)).map_err(db)?;
+                let version = done.iter().copied().max().unwrap_or(0);
+                check_schema(SCHEMA_VERSION, version, kept.unwrap_or(version))?;
                 let mut applied = Vec::new();
                 for m in pending_migrations(MIGRATIONS, &done, latest_version(MIGRATIONS)) {
                     conn.execute_batch(m.sql).map_err(|e| migration_failed(m.version, e))?;
@@ -191,6 +221,13 @@ impl SqliteStore {
                         .map_err(db)?;
                     applied.push(m.version);
                 }
+                done.extend(&applied);
+                conn.execute(
+                    "INSERT INTO schema_compat (id, readable_by) VALUES (1, ?1)
+                     ON CONFLICT (id) DO UPDATE SET readable_by = excluded.readable_by",
+                    [readable_by(MIGRATIONS, &done, kept)],
+                )
+                .map_err(db)?;
                 Ok(applied)
             })
             .await

@@ -467,12 +467,48 @@ pub fn check_lease(id: &str, lease_until_ms: Option<i64>, now_ms: i64) -> Result
 pub struct Migration {
     pub version: i64,
     pub sql: &'static str,
+    /// The oldest schema version a haul may write and still run on a database with this
+    /// migration applied: its own version, unless declared older
+    /// ([`Migration::readable_by`]) because older builds do not mind it (new tables or
+    /// columns they never touch).
+    pub readable_by: i64,
 }
 
 impl Migration {
     pub const fn new(version: i64, sql: &'static str) -> Self {
-        Migration { version, sql }
+        Migration { version, sql, readable_by: version }
     }
+
+    /// Declares that a haul writing schema `version` (older than this migration's) can
+    /// still run on a database with this migration applied.
+    pub const fn readable_by(self, version: i64) -> Self {
+        Migration { readable_by: version, ..self }
+    }
+}
+
+/// What a database with `applied` migrations (of those `all` knows) asks of the haul
+/// that runs on it, with what it asked before (`kept`, set by any build): the largest
+/// `readable_by` of them all.
+pub fn readable_by(all: &[Migration], applied: &[i64], kept: Option<i64>) -> i64 {
+    all.iter().filter(|m| applied.contains(&m.version)).map(|m| m.readable_by).chain(kept).max().unwrap_or(0)
+}
+
+/// Whether a haul that writes schema `latest` may run on a database at `version` whose
+/// migrations ask for a haul writing `readable_by` or later. A newer database than
+/// this haul knows is refused, naming both versions, unless every migration past
+/// `latest` was declared readable by it; then `Ok(true)` (run, and say so).
+pub fn check_schema(latest: i64, version: i64, readable_by: i64) -> Result<bool, StoreError> {
+    if version <= latest {
+        return Ok(false);
+    }
+    if readable_by <= latest {
+        return Ok(true);
+    }
+    Err(StoreError::new(format!(
+        "the database's schema is at version {version}, newer than this haul, which writes version {latest}; \
+         it needs a haul that writes version {readable_by} or later: upgrade haul (haul --version shows the \
+         schema a build writes)"
+    )))
 }
 
 /// The newest version of a migration list (in version order, as every list is).
@@ -485,6 +521,25 @@ pub const fn latest_version(all: &[Migration]) -> i64 {
 /// `applied` in.
 pub fn pending_migrations<'a>(all: &'a [Migration], applied: &[i64], target: i64) -> Vec<&'a Migration> {
     all.iter().filter(|m| m.version <= target && !applied.contains(&m.version)).collect()
+}
+
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_schema_runs_only_where_its_migrations_allow() {
+        assert_eq!(check_schema(12, 11, 11).unwrap(), false, "older: migrate");
+        assert_eq!(check_schema(12, 12, 11).unwrap(), false, "the same");
+        assert_eq!(check_schema(12, 13, 12).unwrap(), true, "newer, declared readable by 12");
+        assert_eq!(check_schema(12, 14, 11).unwrap(), true);
+        let e = check_schema(12, 13, 13).unwrap_err().to_string();
+        assert!(e.contains("version 13") && e.contains("writes version 12"), "{e}");
+        let all = [Migration::new(1, ""), Migration::new(2, "").readable_by(1), Migration::new(3, "")];
+        assert_eq!(readable_by(&all, &[1, 2], None), 1);
+        assert_eq!(readable_by(&all, &[1, 2, 3], None), 3);
+        assert_eq!(readable_by(&all, &[1, 2], Some(5)), 5, "what a newer build asked stays");
+    }
 }
 
 /// A migration that failed; its version is in the message.

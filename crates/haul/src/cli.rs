@@ -10,22 +10,25 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// `haul --version`: the version, the git commit and the optional features built in.
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("BUILD_HAUL_COMMIT"),
-    ", features: ",
-    env!("BUILD_HAUL_FEATURES"),
-    ")"
-);
+/// `haul --version`: the version, the git commit, the optional features built in and
+/// the schema version this build writes (a database a newer haul migrated past it is
+/// refused unless declared readable by it: docs/operations.md, "Upgrades").
+pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{} (commit {}, features: {}, schema {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("BUILD_HAUL_COMMIT"),
+        env!("BUILD_HAUL_FEATURES"),
+        haul_runtime::store::SCHEMA_VERSION
+    )
+});
 
 /// haul: a durable runtime for an AI dispatch agent running freight loads.
 ///
 /// Settings come from defaults, a TOML file (--config), HAUL_* variables, then flags;
 /// `haul config show` prints them with where each came from. docs/ has the reference.
 #[derive(Parser, Debug)]
-#[command(name = "haul", version = VERSION, about, long_about)]
+#[command(name = "haul", version = VERSION.as_str(), about, long_about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

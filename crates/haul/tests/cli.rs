@@ -120,8 +120,9 @@ fn version_names_the_commit_and_the_features() {
     let line = out.trim();
     assert!(line.starts_with(&format!("haul {} (commit ", env!("CARGO_PKG_VERSION"))), "{line}");
     assert!(!line.contains("commit )"), "{line}");
-    let features = if cfg!(feature = "sqs") { "features: sqs)" } else { "features: none)" };
-    assert!(line.ends_with(features), "{line}");
+    let features = if cfg!(feature = "sqs") { "features: sqs, " } else { "features: none, " };
+    assert!(line.contains(features), "{line}");
+    assert!(line.ends_with(&format!("schema {})", haul_runtime::store::SCHEMA_VERSION)), "{line}");
 }
 
 #[test]
@@ -479,4 +480,64 @@ fn long_commands_are_quiet_on_stderr_when_it_is_not_a_terminal() {
         assert!(!out.contains('\r') && !out.contains('\x1b'), "{args:?}: {out:?}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `sql` on the database at `url` (a SQLite file or a PostgreSQL schema): a newer
+/// haul's work, done by hand.
+async fn execute(url: &str, sql: &str) {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        rusqlite::Connection::open(path).unwrap().execute_batch(sql).unwrap();
+    } else {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        let task = tokio::spawn(conn);
+        client.batch_execute(sql).await.unwrap();
+        drop(client);
+        let _ = task.await;
+    }
+}
+
+/// A haul started on a database a newer haul migrated past its schema refuses it,
+/// naming both versions, in every command that opens the store; unless the newer
+/// migrations were declared readable by it, and then it runs and says so.
+async fn a_newer_schema_is_refused_unless_declared_readable_by_this_haul(url: &str) {
+    let latest = haul_runtime::store::SCHEMA_VERSION;
+    let (ok, _, err) = haul(&["migrate", "--db", url], &[]);
+    assert!(ok, "{err}");
+    let newer = latest + 1;
+    execute(
+        url,
+        &format!(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES ({newer}, 0);
+                           UPDATE schema_compat SET readable_by = {newer};"
+        ),
+    )
+    .await;
+    for args in
+        [vec!["migrate", "--db", url], vec!["inspect", "481207", "--db", url], vec!["query", "loads", "--db", url]]
+    {
+        one_error_line(&args, &[], &[&format!("version {newer}"), &format!("writes version {latest}"), "upgrade haul"]);
+    }
+    // Declared readable by this haul: it runs, and warns.
+    execute(url, &format!("UPDATE schema_compat SET readable_by = {latest};")).await;
+    let (ok, _, err) = haul(&["migrate", "--db", url], &[("HAUL_LOG", "warn")]);
+    assert!(ok, "{err}");
+    assert!(err.contains(&format!("schema is at version {newer}, newer than this haul's {latest}")), "{err}");
+    let (ok, _, err) = haul(&["query", "loads", "--db", url], &[]);
+    assert!(ok, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_unless_declared_readable_on_sqlite() {
+    let dir = scratch("newer-schema");
+    let url = format!("sqlite://{}", dir.join("haul.db").display());
+    a_newer_schema_is_refused_unless_declared_readable_by_this_haul(&url).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_unless_declared_readable_on_postgres() {
+    let base = haul_postgres::testing::database_url();
+    let (schema, url) = haul_postgres::testing::fresh_schema_url(&base).await;
+    a_newer_schema_is_refused_unless_declared_readable_by_this_haul(&url).await;
+    haul_postgres::testing::drop_schemas(&base, &[schema]).await;
 }
