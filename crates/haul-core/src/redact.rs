@@ -121,7 +121,7 @@ fn key_value(s: &str) -> Option<(&str, &str, String, &str)> {
 }
 
 /// `%XX` decoded (what the driver does to query keys and values); anything else as it is.
-fn percent_decode(s: &str) -> String {
+pub fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

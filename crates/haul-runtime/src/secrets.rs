@@ -32,7 +32,7 @@ pub fn configured<S: AsRef<str>>(config: &Config, more: impl IntoIterator<Item =
         }
     }
     if let Some(password) = password_of(&config.store.url) {
-        secrets.push(percent_decoded(&password));
+        secrets.push(haul_core::redact::percent_decode(&password));
         secrets.push(password);
     }
     Masker::new(secrets).with(more)
@@ -47,35 +47,9 @@ fn password_of(url: &str) -> Option<String> {
     (!password.is_empty()).then(|| password.to_owned())
 }
 
-/// `%XX` escapes decoded (a malformed one kept as written).
-fn percent_decoded(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{password_of, percent_decoded};
-
-    #[test]
-    fn percent_escapes_decode() {
-        assert_eq!(percent_decoded("p%40ss%2F%zz%4"), "p@ss/%zz%4");
-    }
+    use super::password_of;
 
     #[test]
     fn a_store_urls_password_is_found() {

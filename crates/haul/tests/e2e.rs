@@ -273,17 +273,7 @@ async fn serve_on_postgres_with_the_sqs_fifo_queue() {
 
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
     let mut env = channel_env(&svc);
-    for (k, v) in [
-        ("HAUL_QUEUE_KIND", "sqs"),
-        ("HAUL_QUEUE_URL", queue.queue_url()),
-        ("HAUL_QUEUE_ENDPOINT", &endpoint),
-        ("HAUL_QUEUE_REGION", "us-east-1"),
-        ("AWS_ACCESS_KEY_ID", "haul-test"),
-        ("AWS_SECRET_ACCESS_KEY", "haul-test"),
-        ("AWS_EC2_METADATA_DISABLED", "true"),
-    ] {
-        env.push((k.into(), v.into()));
-    }
+    env.extend(common::sqs_env(queue.queue_url(), &endpoint));
     let dir = temp_dir("e2e", "sqs");
     std::fs::write(dir.join("haul.toml"), FAST_POLICY).unwrap();
     let port = free_port();

@@ -569,18 +569,7 @@ async fn a_reused_operator_request_id_is_refused_on_sqs(backend: Backend) {
     assert!(migrated.unwrap().status.success());
     let queue = haul_sqs::testing::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
     let endpoint = haul_sqs::testing::endpoint().await.unwrap();
-    let env: Vec<(String, String)> = [
-        ("HAUL_QUEUE_KIND", "sqs"),
-        ("HAUL_QUEUE_URL", queue.queue_url()),
-        ("HAUL_QUEUE_ENDPOINT", &endpoint),
-        ("HAUL_QUEUE_REGION", "us-east-1"),
-        ("AWS_ACCESS_KEY_ID", "haul-test"),
-        ("AWS_SECRET_ACCESS_KEY", "haul-test"),
-        ("AWS_EC2_METADATA_DISABLED", "true"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let env = common::sqs_env(queue.queue_url(), &endpoint);
     a_reused_request_id_is_refused(&dir, &db, &env);
     // One message on the queue: the first request's, published twice and kept once.
     assert_eq!(haul_store::LoadQueue::depth(&queue).await.unwrap(), 1);

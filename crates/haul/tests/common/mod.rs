@@ -75,3 +75,20 @@ impl FormOf for reqwest::RequestBuilder {
             .body(serde_urlencoded::to_string(pairs).unwrap())
     }
 }
+
+/// The settings that put haul's load queue on `queue_url` of the SQS emulator at
+/// `endpoint`, with the static credentials the emulator takes.
+pub fn sqs_env(queue_url: &str, endpoint: &str) -> Vec<(String, String)> {
+    [
+        ("HAUL_QUEUE_KIND", "sqs"),
+        ("HAUL_QUEUE_URL", queue_url),
+        ("HAUL_QUEUE_ENDPOINT", endpoint),
+        ("HAUL_QUEUE_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", "haul-test"),
+        ("AWS_SECRET_ACCESS_KEY", "haul-test"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
