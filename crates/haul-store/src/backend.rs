@@ -529,10 +529,10 @@ mod schema_tests {
 
     #[test]
     fn a_newer_schema_runs_only_where_its_migrations_allow() {
-        assert_eq!(check_schema(12, 11, 11).unwrap(), false, "older: migrate");
-        assert_eq!(check_schema(12, 12, 11).unwrap(), false, "the same");
-        assert_eq!(check_schema(12, 13, 12).unwrap(), true, "newer, declared readable by 12");
-        assert_eq!(check_schema(12, 14, 11).unwrap(), true);
+        assert!(!check_schema(12, 11, 11).unwrap(), "older: migrate");
+        assert!(!check_schema(12, 12, 11).unwrap(), "the same");
+        assert!(check_schema(12, 13, 12).unwrap(), "newer, declared readable by 12");
+        assert!(check_schema(12, 14, 11).unwrap());
         let e = check_schema(12, 13, 13).unwrap_err().to_string();
         assert!(e.contains("version 13") && e.contains("writes version 12"), "{e}");
         let all = [Migration::new(1, ""), Migration::new(2, "").readable_by(1), Migration::new(3, "")];
