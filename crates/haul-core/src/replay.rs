@@ -18,9 +18,18 @@ use crate::decision::{DECISION_RECORDED, Decision};
 use crate::event::{EventBody, InboundEvent};
 use crate::ids::{EventId, LoadId};
 use crate::projection::{LoadState, Record};
-use crate::sop::Rule;
+use crate::sop::{Policies, Rule, decide_with_rule};
 use crate::time::Timestamp;
 use crate::validate::validate_decision;
+
+/// The rule an event falls under: the filter's, else the SOP's with these policies
+/// (what replay and shadow mode count their comparisons by).
+pub fn rule_for(policies: &Policies, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Rule {
+    if crate::filter::filter(load, state, event, now).is_some() {
+        return Rule::Filter;
+    }
+    decide_with_rule(policies, load, state, event, now).1
+}
 
 /// What every report says first.
 pub const ONE_STEP_NOTE: &str = "Each step is a one-step what-if on the recorded history: the candidate decides on the \

@@ -149,14 +149,6 @@ pub fn decide_with_rule(
     (Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale), d.rule)
 }
 
-/// The rule an event falls under: the filter's, else the SOP's with these policies.
-pub fn rule_for(policies: &Policies, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Rule {
-    if crate::filter::filter(load, state, event, now).is_some() {
-        return Rule::Filter;
-    }
-    decide_with_rule(policies, load, state, event, now).1
-}
-
 /// Rules 4 and 5 for `sms` as if it were `event` (an operator assigning an unmatched
 /// SMS to the load): its keys are derived from `event`. The SMS rules read no client
 /// policy.

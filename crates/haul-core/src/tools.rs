@@ -19,6 +19,7 @@ use crate::action::{Action, ActionKind, ActionType, Urgency};
 use crate::decision::{AskChange, AskStatus, Decision};
 use crate::event::{EventBody, InboundEvent};
 use crate::ids::{AskId, LoadId, TimerId, ask_action_key, event_action_key};
+use crate::mask::mask_phone;
 use crate::projection::LoadState;
 use crate::sop::EtaPolicy;
 use crate::time::{Timestamp, format_duration};
@@ -169,12 +170,6 @@ pub fn tool_definitions() -> Value {
         &["reason"],
     ));
     Value::Array(tools)
-}
-
-/// The last four digits only: what the prompt and the logs show of a phone number.
-pub fn mask_phone(p: &str) -> String {
-    let tail: String = p.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
-    format!("***{tail}")
 }
 
 /// The user message: `{prompt_version, now, load_id, policy, state, event}` as JSON.

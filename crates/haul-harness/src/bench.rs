@@ -23,7 +23,7 @@ use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::time::Timestamp;
 use haul_core::{Clock, InboundEvent, QueueMode};
-use haul_postgres::testing::FreshStore;
+use haul_postgres::scratch::FreshStore;
 use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, Store};
 use serde_json::{Value, json};
 
@@ -68,11 +68,11 @@ async fn fresh_store(store: &BenchStore, tag: &str) -> anyhow::Result<(Arc<dyn S
             let path = dir.join(format!("bench-{tag}-{}.db", fastrand::u32(..)));
             let url =
                 format!("sqlite://{}{}", path.display(), std::env::var("HAUL_BENCH_SQLITE_OPTS").unwrap_or_default());
-            Ok((haul_runtime::store::open(&url, None).await?, url))
+            Ok((haul_backends::open(&url, None).await?, url))
         }
         BenchStore::Postgres(url) => {
             let options = FreshStore { url: url.clone(), pool_size: 16, ..FreshStore::default() };
-            let (s, schema) = haul_postgres::testing::fresh_store(&options).await?;
+            let (s, schema) = haul_postgres::scratch::fresh_store(&options).await?;
             made_schema(&schema);
             Ok((Arc::new(s), schema))
         }
@@ -94,7 +94,7 @@ fn made_schema(schema: &str) {
 /// left (the test helpers drop it once it is an hour old).
 async fn drop_schemas_made(url: &str) {
     let made = SCHEMAS_MADE.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
-    for failure in haul_postgres::testing::drop_schemas(url, &made).await {
+    for failure in haul_postgres::scratch::drop_schemas(url, &made).await {
         eprintln!("bench: could not drop its schema {failure}");
     }
 }
@@ -886,7 +886,7 @@ async fn replay(store: &BenchStore, loads: usize) -> anyhow::Result<Figures> {
             format!("{url}{sep}options=-csearch_path%3D{handle}")
         }
     };
-    let reader = haul_runtime::store::open_log_reader(&url).await?;
+    let reader = haul_backends::open_log_reader(&url).await?;
     let opts = ReplayOptions { show: 0, ..ReplayOptions::default() };
     let candidate = Candidate::Sop(haul_core::sop::Policies::default());
     let (mut project_rate, mut replay_rate, mut records_rate) = (0f64, 0f64, 0f64);

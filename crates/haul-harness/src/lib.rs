@@ -18,4 +18,4 @@ pub mod testkit_llm;
 
 /// The PostgreSQL database the test-and-measure commands make their throwaway schemas
 /// in: `DATABASE_URL`, or the local test server.
-pub use haul_postgres::testing::{database_url, fresh_schema_url};
+pub use haul_postgres::scratch::{database_url, fresh_schema_url};

@@ -82,7 +82,7 @@ async fn write_set(store: &dyn Store, set: &Set) {
 
 /// What the build under test derives from `set`, written into the store at `url`.
 async fn derive(url: &str, set: &Set) -> BTreeMap<&'static str, String> {
-    let store = haul_runtime::store::open(url, Some(1)).await.unwrap();
+    let store = haul_backends::open(url, Some(1)).await.unwrap();
     write_set(store.as_ref(), set).await;
     let mut state = BTreeMap::new();
     let (mut verdicts, mut inspect, mut export) = (String::new(), String::new(), String::new());
@@ -117,7 +117,7 @@ async fn derive(url: &str, set: &Set) -> BTreeMap<&'static str, String> {
         }
         export.push('\n');
     }
-    let reader: Arc<dyn LogReader> = haul_runtime::store::open_log_reader(url).await.unwrap();
+    let reader: Arc<dyn LogReader> = haul_backends::open_log_reader(url).await.unwrap();
     let policies = haul_config::policies(&set.clients);
     let opts = ReplayOptions { show: usize::MAX, page: 64, ..ReplayOptions::default() };
     let report = replay(reader, "golden", &Candidate::Sop(policies), &opts, |_| {}).await.unwrap();

@@ -60,12 +60,12 @@ async fn sqlite() -> Kept {
 }
 
 async fn postgres() -> Kept {
-    let (_, url) = haul_harness::fresh_schema_url(&haul_harness::database_url()).await;
+    let (_, url) = haul_harness::fresh_schema_url(&haul_harness::database_url()).await.unwrap();
     fill(url).await
 }
 
 async fn run_replay(k: &Kept, clients: &BTreeMap<String, ClientConfig>) -> ReplayReport {
-    let reader: Arc<dyn LogReader> = haul_runtime::store::open_log_reader(&k.url).await.unwrap();
+    let reader: Arc<dyn LogReader> = haul_backends::open_log_reader(&k.url).await.unwrap();
     let opts = ReplayOptions { show: usize::MAX, page: 7, ..ReplayOptions::default() };
     let candidate = Candidate::Sop(haul_config::policies(clients));
     replay(reader, "kept", &candidate, &opts, |_| {}).await.unwrap()
@@ -182,7 +182,7 @@ async fn postgres_two_attempts_escalate_exactly_where_the_third_ask_was() {
 }
 
 async fn exported_loads_pass_and_fail_when_edited(k: Kept) {
-    let reader = haul_runtime::store::open_log_reader(&k.url).await.unwrap();
+    let reader = haul_backends::open_log_reader(&k.url).await.unwrap();
     let loads = reader.select_loads(&Default::default(), None, 1000).await.unwrap();
     assert!(loads.len() >= 40);
     let mut edited_one = false;
@@ -263,7 +263,7 @@ async fn a_replay_writes_nothing_to_a_sqlite_file() {
     let before = last;
     let k2 = Kept {
         url: k.url.clone(),
-        store: haul_runtime::store::open("sqlite::memory:", None).await.unwrap(),
+        store: haul_backends::open("sqlite::memory:", None).await.unwrap(),
         clients: k.clients.clone(),
     };
     let r = run_replay(&k2, &k.clients).await;

@@ -44,13 +44,11 @@ use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
-use haul_core::ids::LoadId;
-use haul_store::{AppendError, ClaimError, NewEntry, NewOutboxRow, Published, StaleClaimError, StoreError};
+use haul_store::{AppendError, ClaimError, Published, StaleClaimError, StoreError};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Statement;
-use tokio_postgres::error::SqlState;
 
-use crate::impls::{AppendStatements, PublishMarkStatements};
+use crate::units::{AppendArgs, AppendStatements, Fail, PublishArgs, PublishMarkArgs, PublishMarkStatements, db};
 use crate::{pg, pool_client};
 
 /// Units per transaction at most: bounds what one failed commit takes down and how
@@ -103,73 +101,6 @@ fn execute(sql: &mut String, statement: &str, values: &[&str], now: i64) {
         sql.push(',');
     }
     let _ = write!(sql, "{now});");
-}
-
-/// Why a unit's statements stopped.
-pub(crate) enum Fail<E> {
-    /// The unit's answer: a typed error, or a `StoreError`.
-    Typed(E),
-    /// A lock wait timed out or deadlocked: run the unit again on its own.
-    Busy(tokio_postgres::Error),
-    /// An append's one-round-trip form met anything but success: run the unit again on
-    /// its own, step by step, for its exact answer (`append_body`).
-    Again,
-}
-
-impl<E: From<StoreError>> Fail<E> {
-    /// The answer when there is no batch to put the unit off from.
-    pub(crate) fn into_err(self) -> E {
-        match self {
-            Fail::Typed(e) => e,
-            Fail::Busy(e) => E::from(pg(e)),
-            Fail::Again => E::from(StoreError::new("an append's one-round-trip form ran outside a batch")),
-        }
-    }
-
-    pub(crate) fn typed(e: impl Into<E>) -> Self {
-        Fail::Typed(e.into())
-    }
-
-    pub(crate) fn store(e: impl Into<StoreError>) -> Self {
-        Fail::Typed(E::from(e.into()))
-    }
-}
-
-/// A driver error as a unit's failure.
-pub(crate) fn db<E: From<StoreError>>(e: tokio_postgres::Error) -> Fail<E> {
-    match e.code() {
-        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::T_R_DEADLOCK_DETECTED => Fail::Busy(e),
-        _ => Fail::Typed(E::from(pg(e))),
-    }
-}
-
-/// An append's arguments, owned so the unit can travel to a committer.
-pub(crate) struct AppendArgs {
-    pub load_id: LoadId,
-    pub entries: Vec<NewEntry>,
-    pub expected_version: u64,
-    pub outbox: Vec<NewOutboxRow>,
-    pub receipt: Option<String>,
-    pub now: i64,
-}
-
-/// `publish_and_mark_dispatched`'s arguments.
-pub(crate) struct PublishMarkArgs {
-    pub id: String,
-    pub token: String,
-    pub receipt: String,
-    pub load_id: String,
-    pub event_id: String,
-    pub body: String,
-    pub now: i64,
-}
-
-/// `LoadQueue::publish`'s arguments.
-pub(crate) struct PublishArgs {
-    pub load_id: String,
-    pub event_id: String,
-    pub body: String,
-    pub now: i64,
 }
 
 /// What becomes of a unit's savepoint.
@@ -231,7 +162,7 @@ impl Job {
     /// before it waits for anything.
     fn one_trip(&self) -> bool {
         match self {
-            Job::Append { args, .. } => crate::impls::append_is_one_trip(args),
+            Job::Append { args, .. } => crate::units::append_is_one_trip(args),
             Job::PublishMark { .. } | Job::Publish { .. } => true,
         }
     }
@@ -257,7 +188,7 @@ impl Job {
                     _ => AppendStatements::prepare(tx, args).await.map_err(db),
                 };
                 let r = match r {
-                    Ok(statements) => crate::impls::append_body(tx, args, statements, true).await,
+                    Ok(statements) => crate::units::append_body(tx, args, statements, true).await,
                     Err(f) => Err(f),
                 };
                 let (step, o) = settle(r.map(|v| (v, true)));
@@ -270,7 +201,7 @@ impl Job {
                     _ => PublishMarkStatements::prepare(tx).await.map_err(db),
                 };
                 let r = match r {
-                    Ok(statements) => crate::impls::publish_mark_body(tx, &statements, args).await,
+                    Ok(statements) => crate::units::publish_mark_body(tx, &statements, args).await,
                     Err(f) => Err(f),
                 };
                 // The publish stands even when the mark finds its claim stale, as it
@@ -289,7 +220,7 @@ impl Job {
                 };
                 let r = match r {
                     Ok(publish) => {
-                        crate::impls::publish_in(tx, &publish, &args.load_id, &args.event_id, &args.body, args.now)
+                        crate::units::publish_in(tx, &publish, &args.load_id, &args.event_id, &args.body, args.now)
                             .await
                     }
                     Err(f) => Err(f),
@@ -410,15 +341,15 @@ impl Job {
         match self {
             Job::Append { args, reply, .. } if deferred => {
                 let pool = pool.clone();
-                alone(reply, async move { crate::impls::append_solo(&pool, &args).await })
+                alone(reply, async move { crate::units::append_solo(&pool, &args).await })
             }
             Job::PublishMark { args, reply, .. } if deferred => {
                 let pool = pool.clone();
-                alone(reply, async move { crate::impls::publish_mark_solo(&pool, &args).await })
+                alone(reply, async move { crate::units::publish_mark_solo(&pool, &args).await })
             }
             Job::Publish { args, reply, .. } if deferred => {
                 let pool = pool.clone();
-                alone(reply, async move { crate::impls::publish_solo(&pool, &args).await })
+                alone(reply, async move { crate::units::publish_solo(&pool, &args).await })
             }
             Job::Publish { out, reply, .. } => {
                 let _ = reply.send(answer(out, commit));
@@ -1010,7 +941,7 @@ impl crate::PgStore {
     /// units it found waiting, without depending on how many were waiting. For tests.
     pub async fn append_one_batch(
         &self,
-        units: Vec<(LoadId, Vec<NewEntry>, u64, Vec<NewOutboxRow>)>,
+        units: Vec<(haul_core::ids::LoadId, Vec<haul_store::NewEntry>, u64, Vec<haul_store::NewOutboxRow>)>,
         now: haul_core::time::Timestamp,
     ) -> Vec<Result<u64, AppendError>> {
         let mut batch = Vec::new();
@@ -1101,7 +1032,7 @@ mod tests {
                 let (load_id, event_id, body, now) = (load.to_owned(), "e".to_owned(), "{}".to_owned(), 0);
                 match kind {
                     "a" => {
-                        let load_id = LoadId::parse(load).unwrap();
+                        let load_id = haul_core::ids::LoadId::parse(load).unwrap();
                         let args = AppendArgs {
                             load_id,
                             entries: vec![],

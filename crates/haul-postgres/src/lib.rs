@@ -9,9 +9,12 @@
 mod group;
 mod impls;
 mod readonly;
+mod rows;
+pub mod scratch;
 pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod units;
 pub mod wake;
 
 use std::sync::Arc;

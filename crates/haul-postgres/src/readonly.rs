@@ -16,7 +16,7 @@ use haul_store::{LoadSelection, LogReader, ShadowCursor, ShadowDecision, StoreEr
 use tokio::sync::Mutex;
 use tokio_postgres::NoTls;
 
-use crate::impls::PgRow;
+use crate::rows::PgRow;
 use crate::{pg, redact};
 
 /// The logs of a PostgreSQL database (the schema of the URL's `search_path`), read-only.

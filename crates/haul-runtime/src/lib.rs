@@ -1,5 +1,7 @@
 //! haul's runtime: the load worker, the dispatcher and the timer pump, with what they
-//! need at the edges of the pure core (channel clients, deciders, the store opener).
+//! need at the edges of the pure core (channel clients, deciders, the operators'
+//! queries and actions). It knows no backend: it takes the `haul_store` traits it is
+//! handed (`haul-backends` opens them).
 //!
 //! Everything here does IO; what it decides is `haul-core`'s. Nothing here serves HTTP
 //! (that is `haul-server`) and nothing here is a test double (that is `haul-harness`).
@@ -20,5 +22,4 @@ pub mod queries;
 pub mod queue;
 pub mod secrets;
 pub mod shadow;
-pub mod store;
 pub mod worker;

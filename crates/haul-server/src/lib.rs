@@ -8,9 +8,11 @@
 
 pub mod api;
 pub mod console;
+mod events;
 pub mod http;
 pub mod metrics;
 mod operator;
+pub mod state;
 mod tokens;
 pub mod twilio;
 
@@ -19,22 +21,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use haul_config::{Config, DeciderKind, QueueKind};
+use haul_config::{Config, DeciderKind};
 use haul_core::{Clock, QueueMode};
 use haul_runtime::channels::Channels;
 use haul_runtime::clock::SystemClock;
 use haul_runtime::loops::{dispatcher_loop, pump_loop, worker_loop};
 use haul_runtime::pipeline::{Parts, Pipeline};
-use haul_store::LoadQueue;
+use haul_store::{LoadQueue, Store};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-pub use crate::api::{
-    ApiState, LOAD_VIEWS_AT_ONCE, MAX_BODY_BYTES, OPENAPI_JSON, ROUTES, Route, SMS_PER_MINUTE, router,
-};
+pub use crate::api::{OPENAPI_JSON, ROUTES, Route, router};
 pub use crate::http::{ConnectionLimits, serve_http};
 pub use crate::metrics::metrics_handle;
+pub use crate::state::{ApiState, LOAD_VIEWS_AT_ONCE, MAX_BODY_BYTES, SMS_PER_MINUTE};
 
 /// How long shutdown waits for in-flight work.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
@@ -78,12 +79,38 @@ impl Roles {
     }
 }
 
+/// What `serve` opens, when it needs it: the backends the settings name. The binary
+/// opens them (`haul-backends`); `serve` knows none.
+#[async_trait::async_trait]
+pub trait Backends: Send + Sync {
+    /// The store of `store.url`, its schema brought up to date.
+    async fn store(&self) -> anyhow::Result<Arc<dyn Store>>;
+    /// The load queue of `queue.*`: the store itself, or another (SQS FIFO).
+    async fn queue(&self, store: &Arc<dyn Store>) -> anyhow::Result<(Arc<dyn LoadQueue>, QueueMode)>;
+    /// Wake-ups across processes for a process that runs the worker and dispatcher
+    /// roles as said (PostgreSQL's `LISTEN`/`NOTIFY`); `None` where processes poll.
+    fn wake_bridge(
+        &self,
+        runs_worker: bool,
+        runs_dispatcher: bool,
+        wake_worker: Arc<tokio::sync::Notify>,
+        wake_dispatcher: Arc<tokio::sync::Notify>,
+    ) -> Option<tokio::task::JoinHandle<()>>;
+    /// The store's address for logs, without credentials.
+    fn describe(&self) -> String;
+}
+
 /// Runs the roles until `shutdown` resolves, then stops within ten seconds.
-pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn serve(
+    config: Config,
+    roles: Roles,
+    backends: &dyn Backends,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     // Checked with the settings; a token file is only made once the port is bound.
     let env_tokens = if roles.api { tokens::tokens_from_env()? } else { Some(vec![]) };
     let operator_tokens = if roles.api { tokens::operator_tokens_from_env()? } else { vec![] };
-    let store = haul_runtime::store::open(&config.store.url, None).await.context("store.url")?;
+    let store = backends.store().await.context("store.url")?;
     crate::metrics::zero_series();
     // Every secret this process was given, masked by its value in what a service echoes.
     let secrets = haul_runtime::secrets::configured(&config, tokens::file_token());
@@ -96,10 +123,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
             Some(Arc::new(d))
         }
     };
-    let (queue, queue_mode): (Arc<dyn LoadQueue>, _) = match config.queue.kind {
-        QueueKind::Store => (store.clone(), QueueMode::StoreQueue),
-        QueueKind::Sqs => (haul_runtime::store::open_sqs(&config.queue).await?, QueueMode::Separate),
-    };
+    let (queue, queue_mode) = backends.queue(&store).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let channels = Channels::from_config(&config.channels, store.clone(), &secrets)?;
     let modes: Vec<String> = channels.iter().map(|(n, c)| format!("{n}={}", c.mode())).collect();
@@ -139,13 +163,8 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
     };
     let public_url = config.server.public_url.clone().unwrap_or_else(|| format!("http://{}", config.server.listen));
     let (wake_worker, wake_dispatcher) = pipeline.wakeups();
-    let wake_bridge = haul_runtime::store::spawn_wake_bridge(
-        &config.store.url,
-        roles.worker,
-        roles.dispatcher,
-        wake_worker.clone(),
-        wake_dispatcher.clone(),
-    );
+    let wake_bridge =
+        backends.wake_bridge(roles.worker, roles.dispatcher, wake_worker.clone(), wake_dispatcher.clone());
     let mut state = ApiState::new(
         store.clone(),
         queue.clone(),
@@ -189,7 +208,7 @@ pub async fn serve(config: Config, roles: Roles, shutdown: impl Future<Output = 
         listen = %config.server.listen,
         roles = %roles.names(),
         max_connections = limits.max_connections,
-        store = %haul_runtime::store::describe(&config.store.url),
+        store = %backends.describe(),
         channels = %modes.join(" "),
         "haul is serving"
     );

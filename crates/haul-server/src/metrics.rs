@@ -8,16 +8,9 @@
 //! roles does not report them once per process (docs/operations.md, "Metrics").
 //! Several api processes each report the same value: alert on `max`, never `sum`.
 
-use std::fmt::Write;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
-use haul_store::OutboxStatus;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-
-use crate::api::ApiState;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -228,43 +221,4 @@ pub fn zero_series() {
     metrics::counter!("haul_http_connections_evicted_total").absolute(0);
     metrics::counter!("haul_http_write_timeouts_total").absolute(0);
     metrics::counter!("haul_load_view_records_read_total").absolute(0);
-}
-
-/// The figures that live in the store, rendered as gauges after the recorder's text.
-/// They are never set in the process-wide recorder: a process (or a test) that does not
-/// read the store must not export a figure another `ApiState` of the same process read.
-/// A figure the store cannot give now keeps this state's last value (the scrape still
-/// answers).
-async fn store_figures_text(s: &ApiState) -> String {
-    let now = s.clock.now();
-    let age = |t: Option<haul_core::time::Timestamp>| t.map_or(0.0, |t| haul_core::time::since(now, t).as_secs_f64());
-    let read: [Option<f64>; 4] = [
-        s.store.count_by_status(OutboxStatus::Dead).await.ok().map(|n| n as f64),
-        s.store.oldest_pending_created_at().await.ok().map(age),
-        s.store.oldest_due_timer(now).await.ok().map(age),
-        s.queue.depth().await.ok().map(|n| n as f64),
-    ];
-    let values = {
-        let mut last = s.store_figures_last.lock().unwrap_or_else(|p| p.into_inner());
-        for (kept, new) in last.iter_mut().zip(read) {
-            if let Some(v) = new {
-                *kept = v;
-            }
-        }
-        *last
-    };
-    let mut text = String::new();
-    for (name, value) in STORE_FIGURES.iter().zip(values) {
-        let help = FAMILIES.iter().find(|(n, _, _)| n == name).map_or("", |(_, _, h)| *h);
-        let _ = write!(text, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n\n");
-    }
-    text
-}
-
-pub(crate) async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
-    let mut text = s.metrics.render();
-    if s.store_figures {
-        text.push_str(&store_figures_text(&s).await);
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -15,7 +15,7 @@ use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Que
 use serde::Deserialize;
 use tracing::{error, info};
 
-use crate::api::{ApiBody, ApiState, OperatorCaller, error, json_body};
+use crate::state::{ApiBody, ApiState, OperatorCaller, error, json_body};
 
 fn refused(e: OperatorError) -> Response {
     if let OperatorError::Store(s) = &e {

@@ -18,14 +18,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use haul_core::event::{MAX_SMS_BODY_CHARS, MAX_SMS_FROM_CHARS, is_refused_control};
 use haul_core::ids::{EventId, is_message_sid};
-use haul_core::tools::mask_phone;
+use haul_core::mask::mask_phone;
 use haul_core::{EventBody, InboundEvent};
 use haul_store::{SidClaim, SmsRoute, UnmatchedSms};
 use serde::Deserialize;
 use serde_json::json;
 use tracing::{error, info, warn};
 
-use crate::api::{ApiBody, ApiCaller, ApiQuery, ApiState, accept, error};
+use crate::events::accept;
+use crate::state::{ApiBody, ApiCaller, ApiQuery, ApiState, error};
 
 /// The signature Twilio sends for `url` and the form `params`.
 pub fn signature(auth_token: &str, url: &str, params: &[(String, String)]) -> String {

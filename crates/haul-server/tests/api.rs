@@ -48,7 +48,7 @@ async fn api_with(limits: Limits) -> Api {
 
 /// A server with these limits and Twilio auth token (`None`: HAUL_TWILIO_AUTH_TOKEN unset).
 async fn api_configured(limits: Limits, twilio_auth_token: Option<&str>) -> Api {
-    let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
+    let store = haul_backends::open("sqlite::memory:", Some(3)).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
@@ -687,7 +687,7 @@ async fn a_client_that_reads_nothing_is_closed_after_the_write_timeout() {
 #[tokio::test]
 async fn every_answer_carries_the_edge_headers_and_console_answers_their_own() {
     for public_url in ["http://127.0.0.1", "https://haul.example.com"] {
-        let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
+        let store = haul_backends::open("sqlite::memory:", Some(3)).await.unwrap();
         let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
         let state = ApiState::new(
             store.clone(),

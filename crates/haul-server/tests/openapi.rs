@@ -84,7 +84,7 @@ fn every_reference_in_the_document_resolves() {
 }
 
 async fn serve(api: bool) -> String {
-    let store = haul_runtime::store::open("sqlite::memory:", Some(3)).await.unwrap();
+    let store = haul_backends::open("sqlite::memory:", Some(3)).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let clock: Arc<dyn Clock> = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));

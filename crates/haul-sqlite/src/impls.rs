@@ -9,13 +9,14 @@ use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
+use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row,
     ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row, shadow_params, shadow_row,
     sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row, unsettled_row,
 };
-use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, next_loads_cursor, types_param};
+use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, types_param};
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,

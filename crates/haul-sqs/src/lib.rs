@@ -10,8 +10,7 @@
 //! publish from a new one, cannot reject a stale receipt on ack, keeps no bodies and
 //! keeps its own clock for visibility (the `now` callers pass is recorded, not obeyed).
 
-#[cfg(feature = "testing")]
-pub mod testing;
+pub mod emulator;
 
 use std::time::Duration;
 

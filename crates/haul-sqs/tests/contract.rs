@@ -17,7 +17,7 @@ const SQS: Guarantees = Guarantees {
 };
 
 async fn fresh() -> QueueUnderTest {
-    let queue = haul_sqs::testing::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
+    let queue = haul_sqs::emulator::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
     QueueUnderTest::real_time(Arc::new(queue), SQS)
 }
 

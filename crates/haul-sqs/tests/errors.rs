@@ -4,7 +4,7 @@
 use haul_sqs::SqsQueue;
 
 async fn check_error(endpoint: &str, queue_url: &str) -> String {
-    let settings = haul_sqs::SqsSettings { queue_url: queue_url.into(), ..haul_sqs::testing::settings(endpoint) };
+    let settings = haul_sqs::SqsSettings { queue_url: queue_url.into(), ..haul_sqs::emulator::settings(endpoint) };
     SqsQueue::connect(&settings).await.check().await.expect_err("the queue does not answer").to_string()
 }
 
@@ -25,7 +25,7 @@ async fn an_unreachable_queue_says_the_queue_and_connection_refused() {
 
 #[tokio::test]
 async fn a_missing_queue_says_sqs_own_reason() {
-    let endpoint = haul_sqs::testing::endpoint().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
+    let endpoint = haul_sqs::emulator::endpoint().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
     let url = format!("{endpoint}/123456789012/haul-no-such-queue-{}.fifo", std::process::id());
     one_line(&check_error(&endpoint, &url).await, &url, "does not exist");
 }

@@ -101,6 +101,24 @@ pub fn parse_load_id(s: &str) -> Result<LoadId, CorruptRowError> {
     LoadId::parse(s).map_err(|_| CorruptRowError::value("load_id", s))
 }
 
+/// The cursor after a page of loads: its last load when the page is full; else the
+/// last load examined (`upto`) when a whole scan window was examined (more may match
+/// after it); else `None`, the end.
+pub fn next_loads_cursor(
+    loads: &[LoadSummary],
+    limit: usize,
+    upto: &str,
+    scanned: usize,
+) -> Result<Option<LoadId>, StoreError> {
+    if limit > 0 && loads.len() >= limit {
+        return Ok(loads.last().map(|l| l.load_id.clone()));
+    }
+    if scanned >= crate::ops::LOADS_SCANNED_PER_PAGE {
+        return Ok(Some(parse_load_id(upto)?));
+    }
+    Ok(None)
+}
+
 /// A stored JSON text. One that does not parse is kept as a string: the projection
 /// counts such a record as unreadable instead of the whole read failing.
 fn json_or_string(text: String) -> Value {

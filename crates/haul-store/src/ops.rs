@@ -184,24 +184,6 @@ pub trait OpsQueries: Send + Sync {
     async fn conflict_loads(&self, limit: usize) -> Result<Vec<ConflictLoad>, StoreError>;
 }
 
-/// The cursor after a page of loads: its last load when the page is full; else the
-/// last load examined (`upto`) when a whole scan window was examined (more may match
-/// after it); else `None`, the end.
-pub fn next_loads_cursor(
-    loads: &[LoadSummary],
-    limit: usize,
-    upto: &str,
-    scanned: usize,
-) -> Result<Option<LoadId>, StoreError> {
-    if limit > 0 && loads.len() >= limit {
-        return Ok(loads.last().map(|l| l.load_id.clone()));
-    }
-    if scanned >= LOADS_SCANNED_PER_PAGE {
-        return Ok(Some(crate::backend::parse_load_id(upto)?));
-    }
-    Ok(None)
-}
-
 /// What one append changes in its load's summary: the last stage a `load_update` set,
 /// and each ask's last status a `decision_recorded` gave. Read leniently, as the
 /// projection reads: what does not have the shape changes nothing.

@@ -19,7 +19,7 @@ pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         env!("CARGO_PKG_VERSION"),
         env!("BUILD_HAUL_COMMIT"),
         env!("BUILD_HAUL_FEATURES"),
-        haul_runtime::store::SCHEMA_VERSION
+        haul_backends::SCHEMA_VERSION
     )
 });
 

@@ -2,19 +2,19 @@
 //! the work (`haul-server`, `haul-runtime`, `haul-harness`) and prints the result.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use haul_config::{Config, Loaded};
+use haul_backends as store;
 use haul_harness::eval::{EvalDecider, EvalOptions, EvalQueue, EvalStore};
 use haul_harness::{bench, crashtest, eval, sim};
-use haul_runtime::store;
+use std::sync::Arc;
 
 use crate::cli::{Cli, Command, ConfigArgs, ConfigCommand, DeciderKind, QueryCommand, QueueKind, StoreKind, Testkit};
 use crate::progress::Progress;
+use crate::shared::{load_config, load_settings, say};
 
 /// The shortest `haul prune --older-than`: the queue's dedup promise (LoadQueue::publish).
 const MIN_RETENTION: Duration = Duration::from_secs(300);
@@ -82,38 +82,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             export_scenario(&load_id, &settings, mask_bodies, keep_phones, output.as_deref()).await
         }
     }
-}
-
-/// Prints a line; a closed stdout (`| head`) ends the program quietly instead of panicking.
-pub(crate) fn say(line: impl std::fmt::Display) {
-    let mut out = std::io::stdout().lock();
-    if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
-        std::process::exit(0);
-    }
-}
-
-/// Defaults, the file, HAUL_* variables, then flags, with where each value came from;
-/// not yet validated.
-fn load_settings(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Loaded> {
-    let mut loaded = Config::load_with_sources(args.config.as_deref(), std::env::vars())?;
-    if let Some(db) = &args.db {
-        loaded.set_by_flag("--db", db)?;
-    }
-    if let Some(listen) = &listen {
-        loaded.set_by_flag("--listen", listen)?;
-    }
-    Ok(loaded)
-}
-
-/// The settings a command runs with, validated; warns about HAUL_* variables that name
-/// no setting.
-pub(crate) fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Config> {
-    let loaded = load_settings(args, listen)?;
-    for name in &loaded.unknown {
-        tracing::warn!("{name} names no setting; ignored");
-    }
-    loaded.validate()?;
-    Ok(loaded.config)
 }
 
 fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<ExitCode> {
@@ -209,8 +177,45 @@ async fn serve(settings: &ConfigArgs, listen: Option<String>, roles: &str) -> an
         env!("BUILD_HAUL_COMMIT"),
         env!("BUILD_HAUL_FEATURES"),
     );
-    haul_server::serve(config, roles, haul_server::shutdown_signal()).await?;
+    let backends = Backends { config: config.clone() };
+    haul_server::serve(config, roles, &backends, haul_server::shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The backends `serve` opens: those the settings name.
+struct Backends {
+    config: haul_config::Config,
+}
+
+#[async_trait::async_trait]
+impl haul_server::Backends for Backends {
+    async fn store(&self) -> anyhow::Result<Arc<dyn haul_store::Store>> {
+        store::open(&self.config.store.url, None).await
+    }
+
+    async fn queue(
+        &self,
+        store: &Arc<dyn haul_store::Store>,
+    ) -> anyhow::Result<(Arc<dyn haul_store::LoadQueue>, haul_core::QueueMode)> {
+        Ok(match self.config.queue.kind {
+            haul_config::QueueKind::Store => (store.clone(), haul_core::QueueMode::StoreQueue),
+            haul_config::QueueKind::Sqs => (store::open_sqs(&self.config.queue).await?, haul_core::QueueMode::Separate),
+        })
+    }
+
+    fn wake_bridge(
+        &self,
+        runs_worker: bool,
+        runs_dispatcher: bool,
+        wake_worker: Arc<tokio::sync::Notify>,
+        wake_dispatcher: Arc<tokio::sync::Notify>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        store::spawn_wake_bridge(&self.config.store.url, runs_worker, runs_dispatcher, wake_worker, wake_dispatcher)
+    }
+
+    fn describe(&self) -> String {
+        store::describe(&self.config.store.url)
+    }
 }
 
 async fn inspect(
@@ -300,7 +305,7 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
             Query::Unmatched => format!(
                 "{}  from {}  {} ago  {}: {:?}",
                 text(&i["message_sid"]),
-                haul_core::tools::mask_phone(&text(&i["from"])),
+                haul_core::mask::mask_phone(&text(&i["from"])),
                 ago(&i["age_s"]),
                 text(&i["reason"]),
                 text(&i["body"]).chars().take(80).collect::<String>()
@@ -392,7 +397,7 @@ async fn testkit(t: Testkit) -> anyhow::Result<ExitCode> {
             say(format_args!("fake services on {}", svc.addr));
             haul_server::shutdown_signal().await;
         }
-        Testkit::Schema { db } => say(haul_harness::fresh_schema_url(&db).await.1),
+        Testkit::Schema { db } => say(haul_harness::fresh_schema_url(&db).await.map_err(|e| anyhow::anyhow!(e.0))?.1),
         Testkit::Load { api, token, loads, seconds, seed, accepted } => {
             crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
         }

@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod operator;
 mod progress;
+mod shared;
 
 use std::process::ExitCode;
 

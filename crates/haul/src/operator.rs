@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
+use haul_backends as store;
 use haul_config::QueueKind;
 use haul_core::action::ActionType;
 use haul_core::ids::{AskId, LoadId};
@@ -14,12 +15,11 @@ use haul_core::{Clock, Timestamp};
 use haul_runtime::clock::SystemClock;
 use haul_runtime::operator::{self, BulkAnswer, DeadFilter, OperatorError, Queued, Requester};
 use haul_runtime::queue::EventQueue;
-use haul_runtime::store;
 use haul_store::{LoadQueue, Store};
 use serde_json::json;
 
 use crate::cli::{ConfigArgs, OperatorCommand, Requester as RequesterArgs};
-use crate::commands::{load_config, say};
+use crate::shared::{load_config, say};
 
 pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
     match cmd {

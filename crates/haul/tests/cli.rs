@@ -122,7 +122,7 @@ fn version_names_the_commit_and_the_features() {
     assert!(!line.contains("commit )"), "{line}");
     let features = if cfg!(feature = "sqs") { "features: sqs, " } else { "features: none, " };
     assert!(line.contains(features), "{line}");
-    assert!(line.ends_with(&format!("schema {})", haul_runtime::store::SCHEMA_VERSION)), "{line}");
+    assert!(line.ends_with(&format!("schema {})", haul_backends::SCHEMA_VERSION)), "{line}");
 }
 
 #[test]
@@ -500,7 +500,7 @@ async fn execute(url: &str, sql: &str) {
 /// naming both versions, in every command that opens the store; unless the newer
 /// migrations were declared readable by it, and then it runs and says so.
 async fn a_newer_schema_is_refused_unless_declared_readable_by_this_haul(url: &str) {
-    let latest = haul_runtime::store::SCHEMA_VERSION;
+    let latest = haul_backends::SCHEMA_VERSION;
     let (ok, _, err) = haul(&["migrate", "--db", url], &[]);
     assert!(ok, "{err}");
     let newer = latest + 1;

@@ -268,8 +268,8 @@ async fn serve_roles_as_separate_processes_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_postgres_with_the_sqs_fifo_queue() {
     let (client, schema, db) = pg_schema().await;
-    let queue = haul_sqs::testing::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
-    let endpoint = haul_sqs::testing::endpoint().await.unwrap();
+    let queue = haul_sqs::emulator::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
+    let endpoint = haul_sqs::emulator::endpoint().await.unwrap();
 
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
     let mut env = channel_env(&svc);
@@ -320,7 +320,7 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     let db = format!("sqlite://{}", dir.join("haul.db").display());
     let long_ago = |s: u64| haul_core::time::add("2020-01-01T00:00:00Z".parse().unwrap(), Duration::from_secs(s));
     {
-        let store = haul_runtime::store::open(&db, Some(1)).await.unwrap();
+        let store = haul_backends::open(&db, Some(1)).await.unwrap();
         let l = LoadId::parse("481207").unwrap();
         let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({}) };
         let row = |k: &str| NewOutboxRow {
@@ -347,7 +347,7 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("pruned 1 outbox rows, 1 timers, 1 queue messages"), "{text}");
-    let store = haul_runtime::store::open(&db, None).await.unwrap();
+    let store = haul_backends::open(&db, None).await.unwrap();
     let l = LoadId::parse("481207").unwrap();
     assert_eq!(store.read(&l).await.unwrap().1, 1, "the log stays");
     assert_eq!(store.rows_for_load(&l).await.unwrap().len(), 1, "the pending row stays");

@@ -461,7 +461,7 @@ async fn pollers_of_a_long_load_cost_their_pages(backend: Backend) {
     let dir = temp_dir("edge", "hot-load");
     let (db, schema) = fresh_db(backend, &dir).await;
     {
-        let store = haul_runtime::store::open(&db, Some(2)).await.unwrap();
+        let store = haul_backends::open(&db, Some(2)).await.unwrap();
         let (hot, cold) = (LoadId::parse("hot").unwrap(), LoadId::parse("cold").unwrap());
         let at: haul_core::Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
         let mut version = 0;
@@ -567,8 +567,8 @@ async fn a_reused_operator_request_id_is_refused_on_sqs(backend: Backend) {
     let (db, schema) = fresh_db(backend, &dir).await;
     let migrated = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).current_dir(&dir).output();
     assert!(migrated.unwrap().status.success());
-    let queue = haul_sqs::testing::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
-    let endpoint = haul_sqs::testing::endpoint().await.unwrap();
+    let queue = haul_sqs::emulator::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
+    let endpoint = haul_sqs::emulator::endpoint().await.unwrap();
     let env = common::sqs_env(queue.queue_url(), &endpoint);
     a_reused_request_id_is_refused(&dir, &db, &env);
     // One message on the queue: the first request's, published twice and kept once.

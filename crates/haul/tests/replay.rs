@@ -192,7 +192,7 @@ async fn replay_shadow_reports_the_stored_disagreements() {
     let db = format!("sqlite://{}", file.display());
     {
         let config = haul_config::Config::default();
-        let store = haul_runtime::store::open(&db, Some(3)).await.unwrap();
+        let store = haul_backends::open(&db, Some(3)).await.unwrap();
         let clock = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse().unwrap()));
         let parts = Parts {
             store: store.clone(),

@@ -312,3 +312,62 @@ fn the_docs_exist() {
         assert!(read(doc).len() > 2000, "{doc} is missing or nearly empty");
     }
 }
+
+/// The top-level module a source file of a crate's `src` is (`api` for `src/api.rs`,
+/// `console` for `src/console/pages.rs`); `None` for `lib.rs` and `main.rs`.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?;
+    let first = rel.components().next()?.as_os_str().to_string_lossy().into_owned();
+    let name = first.trim_end_matches(".rs").to_owned();
+    (name != "lib" && name != "main").then_some(name)
+}
+
+/// No module of a crate imports one that imports it back, directly or around a loop
+/// (the modules a file names as `crate::{module}`, its own folder's files as one).
+#[test]
+fn no_crate_has_a_circle_of_modules() {
+    for krate in std::fs::read_dir(root().join("crates")).unwrap().flatten() {
+        let src = krate.path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_sources(&src, &mut files);
+        let mut edges: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+        for f in &files {
+            let Some(from) = module_of(&src, f) else { continue };
+            let text = std::fs::read_to_string(f).unwrap();
+            // Imports only: code after a test module is the tests'.
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            for (i, _) in code.match_indices("crate::") {
+                if i > 0 && code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                    continue;
+                }
+                let rest = &code[i + "crate::".len()..];
+                let to: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                let names_a_module = rest[to.len()..].starts_with("::") || rest[to.len()..].starts_with(";");
+                if names_a_module && to != from && files.iter().any(|g| module_of(&src, g).as_deref() == Some(&to)) {
+                    edges.entry(from.clone()).or_default().insert(to);
+                }
+            }
+        }
+        // A module reaches itself along its imports: a circle.
+        for start in edges.keys() {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut todo: Vec<(String, Vec<String>)> = vec![(start.clone(), vec![start.clone()])];
+            while let Some((at, path)) = todo.pop() {
+                for next in edges.get(&at).into_iter().flatten() {
+                    assert!(
+                        next != start,
+                        "{}: modules import each other around a circle: {} -> {start}",
+                        krate.file_name().to_string_lossy(),
+                        path.join(" -> ")
+                    );
+                    if seen.insert(next.clone()) {
+                        todo.push((next.clone(), [path.clone(), vec![next.clone()]].concat()));
+                    }
+                }
+            }
+        }
+    }
+}

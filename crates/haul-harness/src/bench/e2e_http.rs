@@ -144,7 +144,7 @@ async fn post_event(client: &reqwest::Client, api: &str, load: &str, event: Valu
 /// Waits until the queue is empty and `dispatched` rows are dispatched: every unit's
 /// outcome is then in its log.
 async fn settled(store_url: &str, dispatched: usize) -> anyhow::Result<()> {
-    let s = haul_runtime::store::open(store_url, None).await?;
+    let s = haul_backends::open(store_url, None).await?;
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if s.count_by_status(OutboxStatus::Dispatched).await? as usize >= dispatched
@@ -170,13 +170,13 @@ async fn round(
     let store_url = match store {
         BenchStore::Sqlite(_) => super::fresh_store(store, "e2e-http").await?.1,
         BenchStore::Postgres(url) => {
-            let (schema, store_url) = haul_postgres::testing::fresh_schema_url(url).await;
+            let (schema, store_url) = haul_postgres::scratch::fresh_schema_url(url).await?;
             super::made_schema(&schema);
             store_url
         }
     };
     // The schema is made here, not by several servers starting at once.
-    drop(haul_runtime::store::open(&store_url, None).await?);
+    drop(haul_backends::open(&store_url, None).await?);
     let (hero_url, sink) = start_sink().await?;
     let servers = Servers::start(&store_url, &hero_url, roles).await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
@@ -202,7 +202,7 @@ async fn round(
     drive(&client, &servers.api, &sink, "w", loads, callers, warm_up).await?;
     settled(&store_url, warm_up).await?;
     let dispatched_before =
-        haul_runtime::store::open(&store_url, None).await?.count_by_status(OutboxStatus::Dispatched).await? as usize;
+        haul_backends::open(&store_url, None).await?.count_by_status(OutboxStatus::Dispatched).await? as usize;
 
     let started = Instant::now();
     let lat = drive(&client, &servers.api, &sink, "u", loads, callers, units).await?;

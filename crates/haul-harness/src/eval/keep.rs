@@ -52,7 +52,7 @@ const MAX_RENAMES: usize = 10_000;
 impl Keep {
     /// Opens (creating and migrating) the store at `url`.
     pub async fn open(url: &str) -> anyhow::Result<Self> {
-        let store = haul_runtime::store::open(url, None).await?;
+        let store = haul_backends::open(url, None).await?;
         Ok(Keep { store, inner: Default::default() })
     }
 

@@ -25,7 +25,7 @@ use haul_core::decision::DECISION_RECORDED;
 use haul_core::ids::{LoadId, ops_alert_outbox_id};
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
-use haul_postgres::testing::FreshStore;
+use haul_postgres::scratch::FreshStore;
 use haul_store::{LoadQueue, OutboxRow, OutboxStatus, SmsRoute, Store, UnmatchedSms};
 use serde::Serialize;
 use serde_json::Value;
@@ -63,7 +63,7 @@ impl EvalQueue {
     /// SQS FIFO on a local emulator: `HAUL_SQS_ENDPOINT`, or one started for this run.
     #[cfg(feature = "sqs")]
     pub async fn sqs_emulator() -> anyhow::Result<Self> {
-        Ok(EvalQueue::Sqs(haul_sqs::testing::endpoint().await.map_err(|e| anyhow::anyhow!(e))?))
+        Ok(EvalQueue::Sqs(haul_sqs::emulator::endpoint().await.map_err(|e| anyhow::anyhow!(e))?))
     }
 
     #[cfg(not(feature = "sqs"))]
@@ -307,10 +307,10 @@ struct Run {
 /// A fresh, empty store of the kind asked for, its tokens seeded.
 pub(crate) async fn open_store(store: &EvalStore, seed: u64) -> anyhow::Result<Arc<dyn Store>> {
     match store {
-        EvalStore::SqliteMemory => haul_runtime::store::open("sqlite::memory:", Some(seed)).await,
+        EvalStore::SqliteMemory => haul_backends::open("sqlite::memory:", Some(seed)).await,
         EvalStore::Postgres(url) => {
             let options = FreshStore { url: url.clone(), pool_size: 4, seed: Some(seed), ..FreshStore::default() };
-            Ok(Arc::new(haul_postgres::testing::fresh_store(&options).await?.0))
+            Ok(Arc::new(haul_postgres::scratch::fresh_store(&options).await?.0))
         }
     }
 }
@@ -328,7 +328,7 @@ impl Run {
             EvalQueue::Store => None,
             EvalQueue::Sqs(endpoint) => {
                 let name = format!("haul-eval-{:016x}.fifo", fastrand::u64(..));
-                Some(Arc::new(haul_sqs::SqsQueue::create(&haul_sqs::testing::settings(endpoint), &name).await?))
+                Some(Arc::new(haul_sqs::SqsQueue::create(&haul_sqs::emulator::settings(endpoint), &name).await?))
             }
         };
         #[cfg(feature = "sqs")]

@@ -41,7 +41,7 @@ pub fn sms(id: &str, from: &str, body: &str) -> Value {
 }
 
 pub async fn sqlite() -> Arc<dyn Store> {
-    haul_runtime::store::open("sqlite::memory:", Some(7)).await.unwrap()
+    haul_backends::open("sqlite::memory:", Some(7)).await.unwrap()
 }
 
 pub async fn postgres() -> Arc<dyn Store> {

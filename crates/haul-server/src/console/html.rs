@@ -85,7 +85,7 @@ pub fn is_phone_key(key: &str) -> bool {
 /// A JSON value as readable text (one level), phone numbers masked. Escaped.
 pub fn value_text(key: &str, v: &serde_json::Value) -> String {
     match v {
-        serde_json::Value::String(s) if is_phone_key(key) => esc(&haul_core::tools::mask_phone(s)),
+        serde_json::Value::String(s) if is_phone_key(key) => esc(&haul_core::mask::mask_phone(s)),
         serde_json::Value::String(s) => esc(s),
         serde_json::Value::Null => "–".into(),
         serde_json::Value::Object(m) => {

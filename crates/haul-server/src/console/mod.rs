@@ -33,7 +33,7 @@ use haul_store::OutboxStatus;
 use serde_json::Value;
 use tracing::{error, info};
 
-use crate::api::{ApiBody, ApiState, ClientAddress, one_of};
+use crate::state::{ApiBody, ApiState, ClientAddress, one_of};
 use pages::{Ctx, Figures};
 use session::{COOKIE, Role, Session};
 

@@ -8,8 +8,8 @@ use std::fmt::Write;
 
 use haul_core::action::ActionType;
 use haul_core::decision::DECISION_RECORDED;
+use haul_core::mask::mask_phone;
 use haul_core::time::{Timestamp, since};
-use haul_core::tools::mask_phone;
 use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
 use haul_store::ops::class_name;
 use haul_store::{OutboxRow, OutboxStatus};

@@ -42,7 +42,7 @@ pub async fn store(backend: Backend) -> (Arc<dyn Store>, Option<PathBuf>) {
             std::fs::create_dir_all(&dir).unwrap();
             let path = dir.join("haul.db");
             let url = format!("sqlite://{}?synchronous=normal", path.display());
-            (haul_runtime::store::open(&url, Some(3)).await.unwrap(), Some(path))
+            (haul_backends::open(&url, Some(3)).await.unwrap(), Some(path))
         }
         Backend::Postgres => {
             let (store, _) =

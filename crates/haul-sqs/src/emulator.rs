@@ -1,7 +1,5 @@
-//! A local SQS emulator for tests and evals: moto in server mode on 127.0.0.1.
-//!
-//! Behind the `testing` feature so a production build carries none of it; `haul eval
-//! --queue sqs` and the tests of this crate and the runtime use it.
+//! A local SQS emulator: moto in server mode on 127.0.0.1, for `haul eval --queue sqs`
+//! (the scenarios on SQS FIFO, each on a fresh queue) and the tests.
 
 use std::process::Stdio;
 use std::time::Duration;

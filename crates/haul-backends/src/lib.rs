@@ -1,6 +1,12 @@
-//! Opening a store from `store.url`: for the commands that write (creating or
-//! upgrading the schema), and read-only for the ones that only read (`haul inspect`),
-//! which must never create a store where there was none.
+//! Opening a backend from its URL: the one crate that knows every backend (SQLite,
+//! PostgreSQL and, with the `sqs` feature, the SQS FIFO queue). The binary opens what
+//! the settings name, and the harness what its evals and benchmarks need; the runtime,
+//! the server and the rest take the `haul_store` traits they were handed and know no
+//! backend.
+//!
+//! A store is opened for the commands that write (creating or upgrading the schema),
+//! or read-only for the ones that only read (`haul inspect`), which must never create a
+//! store where there was none.
 
 use std::sync::Arc;
 

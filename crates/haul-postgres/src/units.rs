@@ -1,0 +1,408 @@
+//! One unit of work's statements: an append (with the ack of its message), a
+//! publish, a publish-and-mark; what each does inside a transaction, what it does in a
+//! transaction of its own, and how it fails. The committers (`group.rs`) run units in
+//! batches; the storage contracts (`impls.rs`) hand units to them; neither reaches
+//! into the other.
+
+use deadpool_postgres::{GenericClient, Pool, Transaction};
+use haul_core::ids::LoadId;
+use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt};
+use haul_store::ops::SummaryDelta;
+use haul_store::{
+    AppendError, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, NewEntry,
+    NewOutboxRow, Published, StaleClaimError, StoreError, outbox_key_load,
+};
+use tokio_postgres::Statement;
+use tokio_postgres::error::SqlState;
+
+use crate::rows::{Params, col, constraint};
+use crate::sql::{
+    ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_SUMMARY_ASKS, LOAD_SUMMARY_FOLD, LOAD_SUMMARY_SET,
+    LOAD_VERSION, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED, QUEUE_ACK, QUEUE_LOCK_HEAD,
+    QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
+};
+use crate::{pg, pool_client};
+
+/// Why a unit's statements stopped.
+pub(crate) enum Fail<E> {
+    /// The unit's answer: a typed error, or a `StoreError`.
+    Typed(E),
+    /// A lock wait timed out or deadlocked: run the unit again on its own.
+    Busy(tokio_postgres::Error),
+    /// An append's one-round-trip form met anything but success: run the unit again on
+    /// its own, step by step, for its exact answer (`append_body`).
+    Again,
+}
+
+impl<E: From<StoreError>> Fail<E> {
+    /// The answer when there is no batch to put the unit off from.
+    pub(crate) fn into_err(self) -> E {
+        match self {
+            Fail::Typed(e) => e,
+            Fail::Busy(e) => E::from(pg(e)),
+            Fail::Again => E::from(StoreError::new("an append's one-round-trip form ran outside a batch")),
+        }
+    }
+
+    pub(crate) fn typed(e: impl Into<E>) -> Self {
+        Fail::Typed(e.into())
+    }
+
+    pub(crate) fn store(e: impl Into<StoreError>) -> Self {
+        Fail::Typed(E::from(e.into()))
+    }
+}
+
+/// A driver error as a unit's failure.
+pub(crate) fn db<E: From<StoreError>>(e: tokio_postgres::Error) -> Fail<E> {
+    match e.code() {
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::T_R_DEADLOCK_DETECTED => Fail::Busy(e),
+        _ => Fail::Typed(E::from(pg(e))),
+    }
+}
+
+/// An append's arguments, owned so the unit can travel to a committer.
+pub(crate) struct AppendArgs {
+    pub load_id: LoadId,
+    pub entries: Vec<NewEntry>,
+    pub expected_version: u64,
+    pub outbox: Vec<NewOutboxRow>,
+    pub receipt: Option<String>,
+    pub now: i64,
+}
+
+/// `publish_and_mark_dispatched`'s arguments.
+pub(crate) struct PublishMarkArgs {
+    pub id: String,
+    pub token: String,
+    pub receipt: String,
+    pub load_id: String,
+    pub event_id: String,
+    pub body: String,
+    pub now: i64,
+}
+
+/// `LoadQueue::publish`'s arguments.
+pub(crate) struct PublishArgs {
+    pub load_id: String,
+    pub event_id: String,
+    pub body: String,
+    pub now: i64,
+}
+
+/// An append alone in a transaction of its own: a unit a batch put off because it
+/// waited for a lock.
+pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, bool), AppendError> {
+    let mut client = pool_client(pool).await?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let statements = AppendStatements::prepare(&tx, args).await.map_err(pg)?;
+    let out = append_body(&tx, args, statements, false).await.map_err(Fail::into_err)?;
+    tx.commit().await.map_err(pg)?;
+    Ok(out)
+}
+
+/// The statements an append runs, prepared (on a connection's statement cache: a hit
+/// after its first use). Only what this append runs is prepared: a store on an older
+/// schema (upgrade tests) has no summary columns until migration 9.
+#[derive(Clone)]
+pub(crate) struct AppendStatements {
+    version: Statement,
+    entries: Statement,
+    keys: Option<Statement>,
+    asks: Option<Statement>,
+    events: Statement,
+    outbox: Option<Statement>,
+    summary: Option<Statement>,
+    fold: Option<Statement>,
+    lock: Option<Statement>,
+    ack: Option<Statement>,
+}
+
+impl AppendStatements {
+    pub(crate) async fn prepare(tx: &impl GenericClient, a: &AppendArgs) -> Result<Self, tokio_postgres::Error> {
+        let delta = SummaryDelta::of(&a.entries);
+        let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, tokio_postgres::Error> {
+            if needed { Ok(Some(tx.prepare_cached(sql).await?)) } else { Ok(None) }
+        };
+        let message = a.receipt.as_deref().and_then(parse_receipt).is_some();
+        let version_sql = if a.expected_version == 0 { LOAD_CREATE } else { LOAD_ADVANCE };
+        Ok(AppendStatements {
+            version: tx.prepare_cached(version_sql).await?,
+            entries: tx.prepare_cached(ENTRY_IDS_TAKEN).await?,
+            keys: prepare(!a.outbox.is_empty(), OUTBOX_KEYS_TAKEN).await?,
+            asks: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_ASKS).await?,
+            events: tx.prepare_cached(EVENTS_INSERT).await?,
+            outbox: prepare(!a.outbox.is_empty(), OUTBOX_INSERT).await?,
+            summary: prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?,
+            fold: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_FOLD).await?,
+            lock: prepare(message, QUEUE_LOCK_HEAD_OF_LOAD).await?,
+            ack: prepare(message, QUEUE_ACK).await?,
+        })
+    }
+}
+
+/// Whether `append_body` with `one_trip` sends all of this append's statements in one
+/// round trip (the one predicate both it and the committer's waves go by): unless the
+/// call repeats an entry id or an action key (answered step by step, with the exact
+/// error). Its summary's asks are folded in SQL (`LOAD_SUMMARY_FOLD`), so they need no
+/// read first.
+pub(crate) fn append_is_one_trip(a: &AppendArgs) -> bool {
+    check_entry_ids_distinct(&a.load_id, &a.entries).is_ok() && check_keys_distinct(&a.outbox).is_ok()
+}
+
+/// The statements of an append (and its ack), inside the caller's transaction or
+/// savepoint. Statements whose order allows it are issued together (pipelined): the
+/// server still runs them in the order written, so the version is checked first.
+///
+/// With `one_trip` (a unit of a committer's batch, inside its savepoint) an append for
+/// which `append_is_one_trip` holds sends every statement at once: one round trip. Its
+/// writes are only right when its checks pass; when anything else came back (a
+/// conflict, a duplicate, an error), the unit answers `Fail::Again`, its savepoint is
+/// rolled back, and it runs again alone, step by step, for the exact answer. Conflicts
+/// are rare, so the common append costs one round trip, not two. The statements come
+/// prepared, so that round trip goes out on the future's first poll, before it waits
+/// for anything: what lets a committer send several units' statements together.
+pub(crate) async fn append_body(
+    tx: &impl GenericClient,
+    a: &AppendArgs,
+    statements: AppendStatements,
+    one_trip: bool,
+) -> Result<(u64, bool), Fail<AppendError>> {
+    let (lid, now, entries, outbox) = (a.load_id.as_str(), a.now, &a.entries, &a.outbox);
+    let expected = a.expected_version as i64;
+    let new_version = expected + entries.len() as i64;
+    let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
+    let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
+    let delta = SummaryDelta::of(entries);
+    let AppendStatements {
+        version: version_stmt,
+        entries: entries_stmt,
+        keys: keys_stmt,
+        asks: asks_stmt,
+        events: events_stmt,
+        outbox: outbox_stmt,
+        summary: summary_stmt,
+        fold: fold_stmt,
+        lock: lock_stmt,
+        ack: ack_stmt,
+    } = statements;
+
+    let seqs: Vec<i64> = (1..=entries.len() as i64).map(|i| expected + i).collect();
+    let kinds: Vec<&str> = entries.iter().map(|e| e.kind.as_str()).collect();
+    let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
+    let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
+    let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
+    let message = a.receipt.as_deref().and_then(parse_receipt);
+    let receipt = a.receipt.as_deref().unwrap_or_default();
+    let version_params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        if expected == 0 { vec![&lid, &new_version, &now] } else { vec![&lid, &new_version, &expected, &now] };
+
+    // The statements, each a future that sends it when first polled: joined in the
+    // order written, they go out in that order, in one round trip.
+    let take_version = async || tx.execute(&version_stmt, &version_params).await;
+    let find_taken_entry = async || tx.query_opt(&entries_stmt, &[&lid, &ids]).await;
+    let find_taken_key = async || match &keys_stmt {
+        Some(stmt) => tx.query_opt(stmt, &[&lid, &keys]).await,
+        None => Ok(None),
+    };
+    let read_asks = async || match &asks_stmt {
+        Some(stmt) => tx.query_opt(stmt, &[&lid]).await,
+        None => Ok(None),
+    };
+    let insert_events = async || tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await;
+    let insert_outbox = async || match &outbox_stmt {
+        Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now]).await,
+        None => Ok(0),
+    };
+    let set_summary = async |asks: &Option<String>, open: &Option<i32>, escalated: &Option<i32>| match &summary_stmt {
+        Some(stmt) => tx.execute(stmt, &[&lid, &delta.stage, asks, open, escalated]).await,
+        None => Ok(0),
+    };
+    let ack = async || match (&lock_stmt, &ack_stmt, message) {
+        (Some(lock), Some(ack), Some(id)) => {
+            // Two statements, one round trip: the ack's snapshot must come after the
+            // lock's wait (see `QUEUE_ACK`).
+            let (lock_params, ack_params): (Params, Params) = (&[&id, &lid], &[&id, &receipt, &now, &lid]);
+            let (locked, acked) = tokio::join!(tx.query_opt(lock, lock_params), tx.execute(ack, ack_params));
+            locked.and(acked)
+        }
+        _ => Ok(0),
+    };
+
+    if one_trip && append_is_one_trip(a) {
+        // The asks' new statuses (each ask's last one: the delta folded over no asks),
+        // folded over the stored ones in SQL.
+        let statuses = (!delta.asks_unchanged()).then(|| delta.fold_asks("{}").0);
+        let summarize = async || match (&fold_stmt, &statuses) {
+            (Some(stmt), Some(statuses)) => tx.execute(stmt, &[&lid, &delta.stage, statuses]).await,
+            _ => set_summary(&None, &None, &None).await,
+        };
+        // The entry ids and action keys are not looked up first: a taken one fails its
+        // insert on the table's unique key (`(load_id, entry_id)` of the log, `(load_id,
+        // id)` of the outbox, the lookups' own scopes), and the unit runs again step by
+        // step, checks and all, for the exact error. Taken ones are rare (a redelivery
+        // the worker did not already see in the log), the lookups are not: one or two
+        // statements fewer per append.
+        let (won, inserted, outboxed, summarized, acked) =
+            tokio::join!(take_version(), insert_events(), insert_outbox(), summarize(), ack());
+        let clean = matches!(won, Ok(1)) && inserted.is_ok() && outboxed.is_ok() && summarized.is_ok();
+        return match acked {
+            Ok(n) if clean => Ok((new_version as u64, n == 1)),
+            _ => Err(Fail::Again),
+        };
+    }
+
+    // 1. The version (taking the loads row, insert or guarded update, serializes
+    // appends to one load; a loser waits for the winner's commit, then fails here), the
+    // entry ids, the outbox keys, and the asks the summary folds: one round trip.
+    let (won, entry_taken, key_taken, asks) =
+        tokio::join!(take_version(), find_taken_entry(), find_taken_key(), read_asks());
+    if won.map_err(db)? != 1 {
+        let stmt = tx.prepare_cached(LOAD_VERSION).await.map_err(db)?;
+        let actual: Option<i64> = match tx.query_opt(&stmt, &[&lid]).await.map_err(db)? {
+            Some(row) => Some(col(&row, 0).map_err(Fail::store)?),
+            None => None,
+        };
+        return Err(Fail::typed(ConcurrencyConflictError {
+            load_id: lid.to_owned(),
+            expected: a.expected_version,
+            actual: actual.unwrap_or(0) as u64,
+        }));
+    }
+
+    // 2. The entry ids.
+    check_entry_ids_distinct(&a.load_id, entries).map_err(Fail::typed)?;
+    if let Some(row) = entry_taken.map_err(db)? {
+        let entry_id = col(&row, 0).map_err(Fail::store)?;
+        return Err(Fail::typed(DuplicateEntryError { load_id: lid.to_owned(), entry_id }));
+    }
+
+    // 3. The outbox keys.
+    check_keys_distinct(outbox).map_err(Fail::typed)?;
+    if let Some(row) = key_taken.map_err(db)? {
+        return Err(Fail::typed(DuplicateActionKeyError { key: col(&row, 0).map_err(Fail::store)? }));
+    }
+
+    // 4. The rows, the load's summary (stage, asks) on the row step 1 holds, and the
+    // ack, last, so the queue head's row lock is held for the shortest time: one round
+    // trip.
+    let (mut asks_after, mut open, mut escalated) = (None, None, None);
+    if let Some(row) = asks.map_err(db)? {
+        let before: String = col(&row, 0).map_err(Fail::store)?;
+        let (after, o, e) = delta.fold_asks(&before);
+        (asks_after, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
+    }
+    let (inserted, outboxed, summarized, acked) =
+        tokio::join!(insert_events(), insert_outbox(), set_summary(&asks_after, &open, &escalated), ack());
+    inserted.map_err(|e| match constraint(&e) {
+        Some(c) if c.ends_with("entry_id_key") => {
+            Fail::typed(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
+        }
+        _ => db(e),
+    })?;
+    outboxed.map_err(|e| match constraint(&e) {
+        // Another transaction took the key between our check and insert.
+        Some(c) if c.ends_with("pkey") => Fail::typed(DuplicateActionKeyError { key: "?".into() }),
+        _ => db(e),
+    })?;
+    summarized.map_err(db)?;
+    Ok((new_version as u64, acked.map_err(db)? == 1))
+}
+
+/// The statements of a publish-and-mark, prepared.
+#[derive(Clone)]
+pub(crate) struct PublishMarkStatements {
+    publish: Statement,
+    mark: Statement,
+}
+
+impl PublishMarkStatements {
+    pub(crate) async fn prepare(c: &impl GenericClient) -> Result<Self, tokio_postgres::Error> {
+        Ok(PublishMarkStatements {
+            publish: c.prepare_cached(QUEUE_PUBLISH).await?,
+            mark: c.prepare_cached(OUTBOX_MARK_DISPATCHED).await?,
+        })
+    }
+}
+
+/// Publishes an outcome and marks its row, in the caller's transaction or savepoint:
+/// the answer is the publish, or the mark's stale claim (the publish stands either way).
+pub(crate) async fn publish_mark_body(
+    tx: &impl GenericClient,
+    statements: &PublishMarkStatements,
+    a: &PublishMarkArgs,
+) -> Result<Result<Published, ClaimError>, Fail<ClaimError>> {
+    let lid = outbox_key_load(&a.id);
+    // The mark is issued behind the publish, in the same round trip.
+    let mark: Params = &[&lid, &a.id, &a.token, &a.receipt, &a.now];
+    let (published, n) = tokio::join!(
+        publish_in::<ClaimError>(tx, &statements.publish, &a.load_id, &a.event_id, &a.body, a.now),
+        tx.execute(&statements.mark, mark),
+    );
+    let published = published?;
+    if n.map_err(db)? == 1 { Ok(Ok(published)) } else { Ok(Err(StaleClaimError { outbox_id: a.id.clone() }.into())) }
+}
+
+/// A publish alone in a transaction of its own (put off by a batch).
+pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Published, StoreError> {
+    let mut client = pool_client(pool).await?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let publish = tx.prepare_cached(QUEUE_PUBLISH).await.map_err(pg)?;
+    let published = publish_in::<StoreError>(&tx, &publish, &a.load_id, &a.event_id, &a.body, a.now)
+        .await
+        .map_err(Fail::into_err)?;
+    tx.commit().await.map_err(pg)?;
+    Ok(published)
+}
+
+/// `publish_and_mark_dispatched` alone in a transaction of its own (put off by a batch).
+pub(crate) async fn publish_mark_solo(pool: &Pool, args: &PublishMarkArgs) -> Result<Published, ClaimError> {
+    let mut client = pool_client(pool).await?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let statements = PublishMarkStatements::prepare(&tx).await.map_err(pg)?;
+    let out = publish_mark_body(&tx, &statements, args).await.map_err(Fail::into_err)?;
+    tx.commit().await.map_err(pg)?;
+    out
+}
+
+/// Locks the head row of the message's load and names the load. Lock order
+/// everywhere: head row, then message row.
+pub(crate) async fn lock_head<E: From<StoreError>>(
+    tx: &Transaction<'_>,
+    message_id: i64,
+) -> Result<Option<String>, Fail<E>> {
+    match tx.query_opt(&tx.prepare_cached(QUEUE_LOCK_HEAD).await.map_err(db)?, &[&message_id]).await.map_err(db)? {
+        Some(row) => Ok(Some(col(&row, 0).map_err(Fail::store)?)),
+        None => Ok(None),
+    }
+}
+
+/// Publishes inside `tx`: the message and, when its load's head is empty, the head.
+pub(crate) async fn publish_in<E: From<StoreError>>(
+    tx: &impl GenericClient,
+    publish: &Statement,
+    lid: &str,
+    event_id: &str,
+    body: &str,
+    now: i64,
+) -> Result<Published, Fail<E>> {
+    // The head's upsert locks its row, so a publish serializes with an ack moving it.
+    match tx.query_opt(publish, &[&lid, &event_id, &body, &now]).await.map_err(db)? {
+        Some(_) => Ok(Published::New),
+        None => Ok(Published::Duplicate),
+    }
+}
+
+/// Acks the message of `receipt` inside `tx` and moves its load's head on; false (and
+/// nothing changed) when the receipt is not the message's current one. (An append's
+/// ack, whose load is known, goes in the append's round trip: `QUEUE_LOCK_HEAD_OF_LOAD`.)
+pub(crate) async fn ack_in<E: From<StoreError>>(
+    tx: &Transaction<'_>,
+    receipt: &str,
+    now: i64,
+) -> Result<bool, Fail<E>> {
+    let Some(id) = parse_receipt(receipt) else { return Ok(false) };
+    let Some(load_id) = lock_head(tx, id).await? else { return Ok(false) };
+    let ack = tx.prepare_cached(QUEUE_ACK).await.map_err(db)?;
+    Ok(tx.execute(&ack, &[&id, &receipt, &now, &load_id]).await.map_err(db)? == 1)
+}
