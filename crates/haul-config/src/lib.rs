@@ -595,6 +595,60 @@ pub const NOT_SETTINGS: &[(&str, &str)] = &[
     ("HAUL_BENCH_SQLITE_OPTS", "haul bench: query options appended to its SQLite URL"),
 ];
 
+/// The variable haul reads that `name` (one it does not) was most likely meant to be:
+/// a setting's or one of [`NOT_SETTINGS`], a few letters away at most.
+pub fn closest_variable(name: &str) -> Option<String> {
+    let known = env_settings()
+        .map(|(p, _)| env_name(&p))
+        .chain(NOT_SETTINGS.iter().map(|(n, _)| (*n).to_owned()))
+        .chain(["HAUL_PUBLIC_URL".to_owned()]);
+    let most = (name.len() / 5).max(2);
+    known.map(|k| (edit_distance(name, &k), k)).filter(|(d, _)| *d <= most).min().map(|(_, k)| k)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(here + 1);
+            prev = here;
+        }
+    }
+    row[b.len()]
+}
+
+impl Loaded {
+    /// What a person should hear about these settings before a command runs: each
+    /// `HAUL_*` variable that names no setting (with the one it was likely meant to be),
+    /// and `DATABASE_URL` set while `store.url` is the default (it names where evals and
+    /// tests make scratch schemas, never haul's store).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self
+            .unknown
+            .iter()
+            .map(|name| match closest_variable(name) {
+                Some(meant) => format!("{name} names no setting; ignored (did you mean {meant}?)"),
+                None => format!("{name} names no setting; ignored"),
+            })
+            .collect();
+        let database_url = std::env::var("DATABASE_URL").is_ok_and(|v| !v.trim().is_empty());
+        if database_url && *self.source("store.url") == Source::Default {
+            notes.push(format!(
+                "DATABASE_URL is set but haul's store is store.url, here the default {:?}: set HAUL_STORE_URL or \
+                 --db to use PostgreSQL (DATABASE_URL only names where evals, the simulator, the benchmarks and the \
+                 tests make their scratch schemas)",
+                self.config.store.url
+            ));
+        }
+        notes
+    }
+}
+
 /// The variable for a setting: `HAUL_` and the dotted path in capitals, `_` for `.`.
 pub fn env_name(path: &str) -> String {
     format!("HAUL_{}", path.to_ascii_uppercase().replace('.', "_"))
@@ -819,8 +873,12 @@ impl Config {
             }
             v.map(|v| v.to_string())
         };
-        let mut out: Vec<(String, Option<String>)> =
-            ENV_SETTINGS.iter().map(|(p, _)| ((*p).to_owned(), lookup(p))).collect();
+        let mut out: Vec<(String, Option<String>)> = env_settings()
+            .map(|(p, _)| {
+                let v = lookup(&p);
+                (p, v)
+            })
+            .collect();
         for name in self.clients.keys() {
             for p in FILE_SETTINGS {
                 let path = p.replace("<name>", name);
@@ -973,6 +1031,20 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    #[test]
+    fn a_misspelt_variable_is_told_the_one_it_meant() {
+        let check =
+            |name: &str, want: Option<&str>| assert_eq!(super::closest_variable(name).as_deref(), want, "{name}");
+        check("HAUL_WORKER_CONCURENCY", Some("HAUL_WORKER_CONCURRENCY"));
+        check("HAUL_STORE_UR", Some("HAUL_STORE_URL"));
+        check("HAUL_API_TOKENS", Some("HAUL_API_TOKEN"));
+        check("HAUL_CHANNELS_SMS_UR", Some("HAUL_CHANNELS_SMS_URL"));
+        check("HAUL_NOTHING_LIKE_ANY", None);
     }
 }
 
@@ -1214,7 +1286,9 @@ mod tests {
         let c = Config::default();
         let values = c.values();
         let paths: Vec<&str> = values.iter().map(|(p, _)| p.as_str()).collect();
-        assert_eq!(paths, ENV_SETTINGS.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+        let settings: Vec<String> = env_settings().map(|(p, _)| p).collect();
+        assert_eq!(paths, settings.iter().map(String::as_str).collect::<Vec<_>>(), "every setting a variable sets");
+        assert!(paths.contains(&"channels.sms.url") && paths.contains(&"channels.ops.timeout"));
         let get = |p: &str| values.iter().find(|(x, _)| x == p).unwrap().1.clone();
         assert_eq!(get("dispatcher.lease").as_deref(), Some("\"1m30s\""));
         assert_eq!(get("store.url").as_deref(), Some("\"sqlite://haul.db\""));

@@ -19,3 +19,12 @@ pub mod testkit_llm;
 /// The PostgreSQL database the test-and-measure commands make their throwaway schemas
 /// in: `DATABASE_URL`, or the local test server.
 pub use haul_postgres::scratch::{database_url, fresh_schema_url};
+
+/// The scratch database, checked before a command starts on it: `DATABASE_URL` (or the
+/// local test server) answering and holding its database (made when the server lets
+/// it). The error says in one line what is wrong and how to mend it.
+pub async fn scratch_database() -> anyhow::Result<String> {
+    let url = database_url();
+    haul_postgres::scratch::connect(&url).await.map_err(|e| anyhow::anyhow!(e.0))?;
+    Ok(url)
+}

@@ -493,7 +493,7 @@ async fn redelivered_inbound_event_is_already_processed(store: Arc<dyn Store>) {
 /// failed outcome (the delivered one is out) and one SMS at the service. PostgreSQL
 /// only: the fault is the database's own refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_mark_that_keeps_failing_after_a_send_backs_off_and_buries_the_row() {
+async fn a_mark_that_keeps_failing_after_a_send_backs_off_and_buries_the_row_on_postgres() {
     let (store, schema) = postgres_in_schema().await;
     let client = haul_postgres::testing::client_in_schema(&haul_postgres::testing::database_url(), &schema).await;
     client

@@ -107,7 +107,8 @@ impl PgStore {
             if !is_schema_name(schema) {
                 return Err(StoreError::new(format!("bad schema name {schema:?}")));
             }
-            let (client, conn) = pg.connect(NoTls).await.map_err(|e| unreachable_db(&config.url, &pg_reason(&e)))?;
+            let (client, conn) =
+                pg.connect(NoTls).await.map_err(|e| connect_failed(&config.url, Some(&e), &pg_reason(&e)))?;
             let task = tokio::spawn(conn);
             client
                 .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
@@ -142,7 +143,13 @@ impl PgStore {
         // Receives and claims are one statement each and brief: a quarter of the pool.
         let lease_pool = build_pool(lease, (config.pool_size / 4).max(2))?;
         // Fail here, with the address and the server's reason, rather than on first use.
-        drop(pool.get().await.map_err(|e| unreachable_db(&config.url, &pool_reason(&e)))?);
+        drop(pool.get().await.map_err(|e| {
+            let driver = match &e {
+                deadpool_postgres::PoolError::Backend(e) => Some(e),
+                _ => None,
+            };
+            connect_failed(&config.url, driver, &pool_reason(&e))
+        })?);
         // Each committer keeps one of the pool's connections; the rest serve reads,
         // claims and the other writes.
         let committers = if config.pool_size >= 8 { 2 } else { 1 };
@@ -268,8 +275,21 @@ pub(crate) async fn pool_client(pool: &Pool) -> Result<deadpool_postgres::Object
     pool.get().await.map_err(|e| StoreError::new(format!("PostgreSQL pool: {}", pool_reason(&e))))
 }
 
-fn unreachable_db(url: &str, reason: &str) -> StoreError {
-    StoreError::new(format!("cannot reach PostgreSQL at {}: {reason}", redact(url)))
+/// Why a first connection failed, saying whether the server was reached at all (and
+/// how to make a database it does not have).
+pub(crate) fn connect_failed(url: &str, e: Option<&tokio_postgres::Error>, reason: &str) -> StoreError {
+    let url = redact(url);
+    match e.and_then(|e| e.as_db_error()) {
+        Some(d) if *d.code() == tokio_postgres::error::SqlState::INVALID_CATALOG_NAME => {
+            let name = url.rsplit('/').next().unwrap_or("").split('?').next().unwrap_or("");
+            StoreError::new(format!(
+                "PostgreSQL at {url} answered, and has no such database: {reason}; make it with `createdb {name}` \
+                 (or `CREATE DATABASE \"{name}\"`)"
+            ))
+        }
+        Some(_) => StoreError::new(format!("PostgreSQL at {url} refused the connection: {reason}")),
+        None => StoreError::new(format!("cannot reach PostgreSQL at {url}: {reason}")),
+    }
 }
 
 /// Why the pool gave no connection, in one line: the driver's reason, not the pool's

@@ -42,10 +42,8 @@ impl ReadOnlyLog {
         config.connect_timeout(Duration::from_secs(5));
         let options = config.get_options().unwrap_or("").to_owned();
         config.options(format!("{options} -c default_transaction_read_only=on").trim());
-        let (client, conn) = config
-            .connect(NoTls)
-            .await
-            .map_err(|e| StoreError::new(format!("cannot reach PostgreSQL at {}: {e}", redact(url))))?;
+        let (client, conn) =
+            config.connect(NoTls).await.map_err(|e| crate::connect_failed(url, Some(&e), &crate::pg_reason(&e)))?;
         tokio::spawn(conn);
         let found = client
             .query_one("SELECT to_regclass('events') IS NOT NULL AND to_regclass('loads') IS NOT NULL", &[])

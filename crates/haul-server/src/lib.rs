@@ -154,9 +154,12 @@ pub async fn serve(
             config.server.max_connections
         );
     }
-    let listener = tokio::net::TcpListener::bind(&config.server.listen)
-        .await
-        .with_context(|| format!("server.listen: cannot listen on {}", config.server.listen))?;
+    let listener = tokio::net::TcpListener::bind(&config.server.listen).await.with_context(|| {
+        format!(
+            "cannot listen on {} (server.listen; --listen or HAUL_SERVER_LISTEN sets another address)",
+            config.server.listen
+        )
+    })?;
     let tokens = match env_tokens {
         Some(tokens) => tokens,
         None => tokens::token_from_file()?,

@@ -90,7 +90,15 @@ pub(crate) fn token_from_file() -> anyhow::Result<Vec<String>> {
             let mut bytes = [0u8; TOKEN_BYTES];
             getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness for the API token: {e}"))?;
             let t: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            write_private(path, &t).with_context(|| format!("writing {TOKEN_FILE}"))?;
+            write_private(path, &t).with_context(|| {
+                let at = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+                format!(
+                    "HAUL_API_TOKEN is not set, and the token haul made cannot be kept in {}: set HAUL_API_TOKEN \
+                     (e.g. `export HAUL_API_TOKEN=$(openssl rand -hex 32)`), or run haul serve in a directory it may \
+                     write to",
+                    at.display()
+                )
+            })?;
             t
         }
     };

@@ -347,6 +347,31 @@ pub enum Command {
     /// request id names the action for good: the same request again does nothing new.
     #[command(subcommand)]
     Operator(OperatorCommand),
+    /// Post an inbound SMS to `haul serve`'s Twilio webhook, signed as Twilio signs it
+    /// (HMAC-SHA1 of the URL and the form under HAUL_TWILIO_AUTH_TOKEN): try the webhook
+    /// and the SMS rules without Twilio. Prints the webhook's answer; exit 1 unless 200.
+    ///
+    /// The URL it signs is the settings' server.public_url (as the server checks it), or
+    /// --url.
+    SendTestSms {
+        /// The sender, E.164 (the driver's phone to reach their load).
+        #[arg(long)]
+        from: String,
+        /// The text.
+        #[arg(long)]
+        body: String,
+        /// The haul number the SMS was sent to.
+        #[arg(long, default_value = "+15550000000")]
+        to: String,
+        /// Twilio's id of the message (default: a new random SM… id).
+        #[arg(long)]
+        message_sid: Option<String>,
+        /// The server's URL as Twilio reaches it (default: server.public_url of the settings).
+        #[arg(long)]
+        url: Option<String>,
+        #[command(flatten)]
+        settings: ConfigArgs,
+    },
     /// Print a shell completion script for bash, zsh or fish.
     ///
     /// bash: `haul completions bash > /etc/bash_completion.d/haul`;
@@ -371,6 +396,14 @@ pub struct Requester {
     /// Why (kept in the log; 1 to 500 characters).
     #[arg(long)]
     pub reason: String,
+    /// How long to wait for the load's decision on the action and say what it was
+    /// (`0s`: only queue it). A worker must be running (`haul serve`).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration_arg)]
+    pub wait: std::time::Duration,
+}
+
+fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    haul_core::parse_duration(s).map_err(|e| e.message)
 }
 
 #[derive(Subcommand, Debug)]

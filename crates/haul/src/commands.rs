@@ -41,11 +41,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config(ConfigCommand::Check { settings, listen }) => config_check(&settings, listen),
         Command::Config(ConfigCommand::Show { settings, listen }) => config_show(&settings, listen),
         Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "haul", &mut std::io::stdout());
+            // The hidden commands (the crash test's tools) are not offered.
+            let full = <Cli as clap::CommandFactory>::command();
+            let mut cmd = full
+                .get_subcommands()
+                .filter(|c| !c.is_hide_set())
+                .fold(clap::Command::new("haul").version(crate::cli::VERSION.as_str()), |cmd, c| {
+                    cmd.subcommand(c.clone())
+                });
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "haul", &mut script);
+            say(String::from_utf8_lossy(&script).trim_end());
             Ok(ExitCode::SUCCESS)
         }
         Command::Testkit(t) => testkit(t).await,
+        Command::SendTestSms { from, body, to, message_sid, url, settings } => {
+            send_test_sms(&from, &body, &to, message_sid, url, &settings).await
+        }
         Command::Bench { workloads, store, json, quick } => bench(workloads, store, json, quick).await,
         Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {
             simulate(seed, seeds, loads, steps, &faults, store, plant.as_deref()).await
@@ -98,8 +110,8 @@ fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Exi
             anyhow::bail!("{setting} names {var}, which is not set");
         }
     }
-    for name in &loaded.unknown {
-        eprintln!("warning: {name} names no setting; ignored");
+    for note in loaded.notes() {
+        eprintln!("warning: {note}");
     }
     let c = &loaded.config;
     let shadow = match (&shadow, &c.decider.shadow) {
@@ -116,9 +128,23 @@ fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-/// A value for people: URLs without their password.
+/// A value for people: a URL with its password as `***` (and no other credential).
 fn shown(value: &str) -> String {
-    if value.contains("://") { haul_config::redact_url(value) } else { value.to_owned() }
+    if !value.contains("://") {
+        return value.to_owned();
+    }
+    let redacted = haul_config::redact_url(value);
+    let had_password = value
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next()?.rsplit_once('@'))
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'));
+    match redacted.split_once("://") {
+        Some((scheme, rest)) if had_password => match rest.split_once('@') {
+            Some((user, host)) => format!("{scheme}://{user}:***@{host}"),
+            None => redacted,
+        },
+        _ => redacted,
+    }
 }
 
 fn config_show(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<ExitCode> {
@@ -156,17 +182,19 @@ fn config_show(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Exit
         };
         say(format_args!("{name:<width$}  {value:<16}  # {what}"));
     }
-    for name in &loaded.unknown {
-        say(format_args!("# ignored: {name} names no setting"));
+    for note in loaded.notes() {
+        say(format_args!("# note: {note}"));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn eval_store(kind: StoreKind) -> EvalStore {
-    match kind {
+/// The store each scenario (or seed) runs on; PostgreSQL is checked first, so a
+/// database that is down or missing is one line, not a failure per scenario.
+async fn eval_store(kind: StoreKind) -> anyhow::Result<EvalStore> {
+    Ok(match kind {
         StoreKind::Sqlite => EvalStore::SqliteMemory,
-        StoreKind::Postgres => EvalStore::Postgres(haul_harness::database_url()),
-    }
+        StoreKind::Postgres => EvalStore::Postgres(haul_harness::scratch_database().await?),
+    })
 }
 
 async fn serve(settings: &ConfigArgs, listen: Option<String>, roles: &str) -> anyhow::Result<ExitCode> {
@@ -416,7 +444,7 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
     std::fs::create_dir_all(&dir)?;
     let store = match store {
         StoreKind::Sqlite => bench::BenchStore::Sqlite(dir.clone()),
-        StoreKind::Postgres => bench::BenchStore::Postgres(haul_harness::database_url()),
+        StoreKind::Postgres => bench::BenchStore::Postgres(haul_harness::scratch_database().await?),
     };
     let mut all = BTreeMap::new();
     let mut progress = Progress::stderr("bench: workloads done", Some(workloads.len() as u64));
@@ -435,7 +463,7 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
         progress.finish();
         if !json {
             for (k, v) in &figures {
-                say(format_args!("{w}.{k} = {v:.3}"));
+                say(format_args!("{w}.{k} = {v:.3}{}", unit_of(k)));
             }
         }
         all.insert(w.clone(), figures);
@@ -446,6 +474,62 @@ async fn bench(workloads: Vec<String>, store: StoreKind, json: bool, quick: bool
         say(serde_json::to_string_pretty(&all)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `haul send-test-sms`: a signed inbound SMS to the webhook, as Twilio would post it.
+async fn send_test_sms(
+    from: &str,
+    body: &str,
+    to: &str,
+    message_sid: Option<String>,
+    url: Option<String>,
+    settings: &ConfigArgs,
+) -> anyhow::Result<ExitCode> {
+    let config = load_config(settings, None)?;
+    let token = std::env::var("HAUL_TWILIO_AUTH_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .context("HAUL_TWILIO_AUTH_TOKEN is not set: the webhook checks signatures with it, and so does this")?;
+    let base =
+        url.or_else(|| config.server.public_url.clone()).unwrap_or_else(|| format!("http://{}", config.server.listen));
+    let url = format!("{}/v1/webhooks/twilio/sms", base.trim_end_matches('/'));
+    let sid = message_sid.unwrap_or_else(|| format!("SM{:032x}", fastrand::u128(..)));
+    let form: Vec<(String, String)> = [("From", from), ("To", to), ("Body", body), ("MessageSid", sid.as_str())]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let signature = haul_server::twilio::signature(&token, &url, &form);
+    let answer = reqwest::Client::new()
+        .post(&url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("X-Twilio-Signature", signature)
+        .body(serde_urlencoded::to_string(&form)?)
+        .send()
+        .await
+        .with_context(|| format!("posting to {url}"))?;
+    let status = answer.status();
+    let text = answer.text().await.unwrap_or_default();
+    say(format_args!("{status}  MessageSid {sid}  {}", text.trim()));
+    Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The unit a benchmark figure is in, from its name (`runs_per_s_…` is per second,
+/// `p99_ms_…` milliseconds, `ratio…` a ratio to the physical limit measured beside it).
+fn unit_of(figure: &str) -> &'static str {
+    let has = |part: &str| figure.split('_').any(|p| p == part);
+    if figure.contains("_per_s") {
+        " per second"
+    } else if has("ms") {
+        " ms"
+    } else if figure.ends_with("_s") || figure.ends_with("_seconds") {
+        " s"
+    } else if has("mib") {
+        " MiB"
+    } else if figure.starts_with("ratio") || figure.contains("_vs_") || figure.starts_with("wasted_per_") {
+        " (ratio)"
+    } else {
+        " (count)"
+    }
 }
 
 async fn simulate(
@@ -463,7 +547,7 @@ async fn simulate(
         Some(name) => haul_runtime::faults::PlantedBugs::parse(name)
             .ok_or_else(|| anyhow::anyhow!("--plant: unknown bug {name:?}"))?,
     };
-    let store = eval_store(store);
+    let store = eval_store(store).await?;
     let (mut passed, mut failed) = (0, 0);
     let mut coverage = BTreeMap::<String, u64>::new();
     let mut progress = Progress::stderr("sim: seeds", Some(seeds));
@@ -522,7 +606,7 @@ async fn evaluate(
     llm_answers: Option<&Path>,
     keep: Keep,
 ) -> anyhow::Result<ExitCode> {
-    let store = eval_store(store);
+    let store = eval_store(store).await?;
     let decider = match (decider, llm_answers) {
         (DeciderKind::Llm, Some(file)) => {
             EvalDecider::Llm(haul_harness::testkit_llm::Answers::from_file(file).context("--llm-answers")?)
@@ -832,4 +916,25 @@ async fn export_scenario(
         None => say(text.trim_end()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod unit_tests {
+    #[test]
+    fn every_benchmark_figure_says_its_unit() {
+        for (figure, unit) in [
+            ("runs_per_s_saturation", " per second"),
+            ("units_per_s_16_callers", " per second"),
+            ("p99_ms_16_callers", " ms"),
+            ("full_fold_ms_1000", " ms"),
+            ("lag_p99_s", " s"),
+            ("setup_seconds", " s"),
+            ("peak_rss_mib", " MiB"),
+            ("ratio_4_dispatchers", " (ratio)"),
+            ("growth_10000_vs_100", " (ratio)"),
+            ("records", " (count)"),
+        ] {
+            assert_eq!(super::unit_of(figure), unit, "{figure}");
+        }
+    }
 }

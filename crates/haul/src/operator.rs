@@ -5,13 +5,14 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use haul_backends as store;
 use haul_config::QueueKind;
 use haul_core::action::ActionType;
 use haul_core::ids::{AskId, LoadId};
-use haul_core::{Clock, Timestamp};
+use haul_core::{Clock, Decision, Timestamp};
 use haul_runtime::clock::SystemClock;
 use haul_runtime::operator::{self, BulkAnswer, DeadFilter, OperatorError, Queued, Requester};
 use haul_runtime::queue::EventQueue;
@@ -25,24 +26,24 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         OperatorCommand::Requeue { outbox_id, who, settings, json } => {
             let (store, queue) = open(&settings).await?;
-            let who = requester(who);
+            let (who, wait) = requester(who);
             let q = operator::requeue(store.as_ref(), &queue, &who, &outbox_id, SystemClock.now()).await;
-            queued(q, json, &format!("requeue of {outbox_id}"))
+            queued(store.as_ref(), q, json, &format!("requeue of {outbox_id}"), wait).await
         }
         OperatorCommand::AssignSms { message_sid, load, who, settings, json } => {
             let load = LoadId::parse(&load).map_err(|e| anyhow::anyhow!("--load: {}", e.message))?;
             let (store, queue) = open(&settings).await?;
-            let who = requester(who);
+            let (who, wait) = requester(who);
             let q = operator::assign_sms(store.as_ref(), &queue, &who, &message_sid, &load, SystemClock.now()).await;
-            queued(q, json, &format!("SMS {message_sid} assigned"))
+            queued(store.as_ref(), q, json, &format!("assignment of SMS {message_sid}"), wait).await
         }
         OperatorCommand::ResolveAsk { load_id, ask_id, who, settings, json } => {
             let load = LoadId::parse(&load_id).map_err(|e| anyhow::anyhow!("LOAD_ID: {}", e.message))?;
             let ask = AskId::parse(&ask_id).map_err(|e| anyhow::anyhow!("ASK_ID: {}", e.message))?;
             let (store, queue) = open(&settings).await?;
-            let who = requester(who);
+            let (who, wait) = requester(who);
             let q = operator::resolve_ask(store.as_ref(), &queue, &who, &load, &ask, SystemClock.now()).await;
-            queued(q, json, &format!("{ask} resolved"))
+            queued(store.as_ref(), q, json, &format!("resolution of {ask}"), wait).await
         }
         OperatorCommand::BulkRequeue { action_type, since, limit, dry_run, who, settings, json } => {
             let action_type = ActionType::parse(&action_type).with_context(|| {
@@ -52,7 +53,7 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
             let since: Timestamp =
                 since.parse().map_err(|_| anyhow::anyhow!("--since {since:?} is not an RFC 3339 time"))?;
             let (store, queue) = open(&settings).await?;
-            let who = requester(who);
+            let (who, _) = requester(who);
             let filter = DeadFilter { action_type, since, limit };
             match operator::bulk_requeue(store.as_ref(), &queue, &who, &filter, dry_run, SystemClock.now()).await {
                 Ok(a) => {
@@ -65,8 +66,28 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn requester(r: RequesterArgs) -> Requester {
-    Requester { request_id: r.request_id, actor: r.actor, reason: r.reason }
+fn requester(r: RequesterArgs) -> (Requester, Duration) {
+    (Requester { request_id: r.request_id, actor: r.actor, reason: r.reason }, r.wait)
+}
+
+/// The load's decision on `event_id`, once a worker has made it: the log is read until
+/// it holds `dec:{event_id}` or `wait` has passed.
+async fn decision(store: &dyn Store, load: &LoadId, event_id: &str, wait: Duration) -> Option<Decision> {
+    let until = std::time::Instant::now() + wait;
+    let entry = format!("dec:{event_id}");
+    let mut seen = 0;
+    loop {
+        if let Ok((records, version)) = store.read_after(load, seen).await {
+            if let Some(r) = records.iter().find(|r| r.entry_id == entry) {
+                return serde_json::from_value(r.payload.clone()).ok();
+            }
+            seen = version;
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The store of the settings and the load queue serve uses with it.
@@ -80,17 +101,48 @@ async fn open(settings: &ConfigArgs) -> anyhow::Result<(Arc<dyn Store>, EventQue
     Ok((store, EventQueue::new(queue)))
 }
 
-fn queued(q: Result<Queued, OperatorError>, json: bool, what: &str) -> anyhow::Result<ExitCode> {
+/// Says what became of an operator request: queued or a duplicate, then, within
+/// `wait`, what the load decided on it (an action says what happened: a request the
+/// load found nothing to do for says so, never "done").
+async fn queued(
+    store: &dyn Store,
+    q: Result<Queued, OperatorError>,
+    json: bool,
+    what: &str,
+    wait: Duration,
+) -> anyhow::Result<ExitCode> {
     let q = match q {
         Ok(q) => q,
         Err(e) => return refused(e, json),
     };
+    let decided = if wait.is_zero() { None } else { decision(store, &q.load_id, q.event_id.as_str(), wait).await };
     if json {
-        say(serde_json::to_string_pretty(&q)?);
-    } else if q.is_new() {
-        say(format_args!("queued {} on load {}: {what}", q.event_id, q.load_id));
+        let mut answer = serde_json::to_value(&q)?;
+        answer["decision"] = serde_json::to_value(&decided)?;
+        say(serde_json::to_string_pretty(&answer)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if q.is_new() {
+        say(format_args!("queued {} on load {}: the {what}", q.event_id, q.load_id));
     } else {
         say(format_args!("duplicate: {} was made before on load {}; nothing new", q.event_id, q.load_id));
+    }
+    match decided {
+        Some(d) if d.actions.is_empty() => {
+            say(format_args!("decided by {}: {} (nothing done)", d.decider, d.rationale))
+        }
+        Some(d) => {
+            say(format_args!("decided by {}: {}", d.decider, d.rationale));
+            for a in &d.actions {
+                say(format_args!("  -> {} {}", a.action_type(), a.key));
+            }
+        }
+        None if wait.is_zero() => {}
+        None => say(format_args!(
+            "no decision within {}s (is a worker running?); `haul inspect {}` shows it when it comes",
+            wait.as_secs(),
+            q.load_id
+        )),
     }
     Ok(ExitCode::SUCCESS)
 }

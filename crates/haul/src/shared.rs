@@ -29,12 +29,12 @@ pub(crate) fn load_settings(args: &ConfigArgs, listen: Option<String>) -> anyhow
     Ok(loaded)
 }
 
-/// The settings a command runs with, validated; warns about HAUL_* variables that name
-/// no setting.
+/// The settings a command runs with, validated; warns about what [`Loaded::notes`]
+/// finds (HAUL_* variables that name no setting, a DATABASE_URL that is not the store).
 pub(crate) fn load_config(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Config> {
     let loaded = load_settings(args, listen)?;
-    for name in &loaded.unknown {
-        tracing::warn!("{name} names no setting; ignored");
+    for note in loaded.notes() {
+        tracing::warn!("{note}");
     }
     loaded.validate()?;
     Ok(loaded.config)

@@ -95,7 +95,7 @@ fn haul(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_haul"));
     cmd.args(args);
     // The test's own environment must not leak settings in.
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_") || k == "DATABASE_URL") {
         cmd.env_remove(k);
     }
     cmd.envs(env.iter().copied());
@@ -216,10 +216,19 @@ fn config_show_says_where_each_value_came_from_and_masks_secrets() {
     let line = |start: &str| out.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}: {out}"));
     assert!(line("worker.concurrency = 4").ends_with(&format!("# file {}", file.display())), "{out}");
     assert!(line("timers.poll = \"5s\"").ends_with("# variable HAUL_TIMERS_POLL"), "{out}");
-    assert!(line("store.url = \"postgres://haul@db/haul\"").ends_with("# flag --db"), "{out}");
+    assert!(line("store.url = \"postgres://haul:***@db/haul\"").ends_with("# flag --db"), "{out}");
     assert!(line("dispatcher.lease = ").ends_with("# default"), "{out}");
     assert!(line("HAUL_API_TOKEN").contains("set (masked)"), "{out}");
     assert!(!out.contains("pa55word") && !out.contains("s3cret-token-value"), "{out}");
+    // Where SMS and Hero tasks go: every channel's settings.
+    for channel in ["sms", "hero", "slack", "tms", "ops"] {
+        assert!(
+            line(&format!("channels.{channel}.url unset (record mode for {channel})")).ends_with("# default"),
+            "{out}"
+        );
+        line(&format!("channels.{channel}.token_env unset"));
+        line(&format!("channels.{channel}.timeout unset"));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -373,7 +382,15 @@ fn postgres_store_errors_say_the_servers_reason_in_one_line() {
             if cmd == "inspect" {
                 args.push("481207");
             }
-            one_error_line(&args, &[], &[want, "cannot reach PostgreSQL at postgres://"]);
+            let said = if want.contains("does not exist") {
+                "PostgreSQL at postgres://"
+            } else {
+                "cannot reach PostgreSQL at"
+            };
+            one_error_line(&args, &[], &[want, said]);
+            if want.contains("haul_no_such_db") {
+                one_error_line(&args, &[], &["has no such database", "createdb haul_no_such_db"]);
+            }
             let (_, _, err) = haul(&args, &[]);
             assert!(!err.contains("s3cret-pw") && !err.contains("db error"), "{err}");
         }
@@ -438,7 +455,7 @@ fn inspect_never_creates_a_store_and_names_the_one_it_read() {
     let dir = scratch("inspect-ro");
     let run = |args: &[&str]| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_haul"));
-        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_") || k == "DATABASE_URL") {
             cmd.env_remove(k);
         }
         let out = cmd.args(args).current_dir(&dir).output().unwrap();
@@ -540,4 +557,63 @@ async fn a_newer_schema_is_refused_unless_declared_readable_on_postgres() {
     let (schema, url) = haul_postgres::testing::fresh_schema_url(&base).await;
     a_newer_schema_is_refused_unless_declared_readable_by_this_haul(&url).await;
     haul_postgres::testing::drop_schemas(&base, &[schema]).await;
+}
+
+/// Every command that makes scratch schemas says in one line why PostgreSQL cannot be
+/// used, never a panic.
+#[test]
+fn commands_on_a_postgresql_that_is_down_say_so_in_one_line() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("postgres://postgres@127.0.0.1:{closed}/test");
+    for args in [
+        vec!["eval", "--store", "postgres", "evals/"],
+        vec!["sim", "--seed", "1", "--store", "postgres"],
+        vec!["bench", "append", "--store", "postgres"],
+    ] {
+        one_error_line(&args, &[("DATABASE_URL", &url)], &["cannot use PostgreSQL at", "Connection refused"]);
+    }
+}
+
+/// `haul completions bash | head`: a reader that stops early ends the command quietly,
+/// and the hidden testkit is never offered.
+#[test]
+fn completions_stop_quietly_on_a_closed_pipe_and_offer_no_hidden_command() {
+    use std::io::Read;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_haul"))
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+    for shell in ["bash", "zsh", "fish"] {
+        let (ok, out, _) = haul(&["completions", shell], &[]);
+        assert!(ok && out.contains("send-test-sms") && !out.contains("testkit"), "{shell}");
+    }
+}
+
+/// A HAUL_* variable that names nothing is told the one it was likely meant to be, and a
+/// DATABASE_URL that is not the store says so.
+#[test]
+fn misspelt_variables_and_a_stray_database_url_are_pointed_out() {
+    let (ok, _, err) = haul(&["config", "check"], &[("HAUL_WORKER_CONCURENCY", "3")]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("HAUL_WORKER_CONCURENCY names no setting; ignored (did you mean HAUL_WORKER_CONCURRENCY?)"),
+        "{err}"
+    );
+    let (ok, _, err) = haul(&["config", "check"], &[("DATABASE_URL", "postgres://postgres@127.0.0.1/haul")]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("DATABASE_URL is set but haul's store is store.url") && err.contains("HAUL_STORE_URL"),
+        "{err}"
+    );
+    let (_, _, err) =
+        haul(&["config", "check"], &[("DATABASE_URL", "postgres://x@y/z"), ("HAUL_STORE_URL", "sqlite://a.db")]);
+    assert!(!err.contains("DATABASE_URL"), "the store is named: no word about DATABASE_URL: {err}");
 }

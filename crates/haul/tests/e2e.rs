@@ -700,3 +700,43 @@ async fn serve_logs_json_lines_per_run_dispatch_and_request_with_root_causes_and
     client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `haul send-test-sms` posts an inbound SMS the webhook takes as Twilio's: signed with
+/// HAUL_TWILIO_AUTH_TOKEN against the URL the server checks, it reaches the driver's
+/// load as `sms:{MessageSid}`; with another key it is refused (403) and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_test_sms_reaches_the_drivers_load_through_the_webhook() {
+    let dir = temp_dir("e2e", "test-sms");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let twilio = [("HAUL_TWILIO_AUTH_TOKEN".to_string(), "twilio-auth-token-e2e".to_string())];
+    let serve = Serve::start(&dir, "serve", &["--listen", &listen, "--db", "sqlite://haul.db"], &twilio);
+    let http = reqwest::Client::new();
+    wait_healthy(&http, &base, &serve).await;
+    assert_eq!(post(&http, &base, init()).await, StatusCode::ACCEPTED);
+    // The webhook routes by the driver's phone, which the load has once its first event is in.
+    let logs = || serve.log();
+    wait_for(&http, &base, "the load", |v| v["state"]["driver_phone"] == "+15555550100", &logs).await;
+    let send = |key: &str| {
+        Command::new(env!("CARGO_BIN_EXE_haul"))
+            .current_dir(&dir)
+            .args(["send-test-sms", "--from", "+15555550100", "--body", "ETA 9:15", "--message-sid", "SMe2e1"])
+            .args(["--url", &base])
+            .env("HAUL_TWILIO_AUTH_TOKEN", key)
+            .output()
+            .unwrap()
+    };
+    let refused = send("another-key-0000");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stdout).starts_with("403"), "{refused:?}");
+    let sent = send("twilio-auth-token-e2e");
+    assert!(sent.status.success(), "{sent:?}");
+    assert!(String::from_utf8_lossy(&sent.stdout).starts_with("200 OK  MessageSid SMe2e1"), "{sent:?}");
+    wait_for(&http, &base, "the SMS", |v| v["state"]["totals"]["processed"] == 2, &logs).await;
+    let view: Value =
+        http.get(format!("{base}/v1/loads/481207")).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+    let sms = view["log"].as_array().unwrap().iter().find(|r| r["entry_id"] == "sms:SMe2e1");
+    assert_eq!(sms.map(|r| &r["payload"]["body"]), Some(&json!("ETA 9:15")), "{view}");
+    std::fs::remove_dir_all(dir).ok();
+}

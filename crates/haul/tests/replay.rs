@@ -9,7 +9,7 @@ use std::process::Command;
 fn haul(args: &[&str]) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_haul"));
     cmd.args(args).current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_") || k == "DATABASE_URL") {
         cmd.env_remove(k);
     }
     let out = cmd.output().unwrap();
@@ -129,7 +129,7 @@ async fn live_answers_are_recorded_within_the_budget_and_replay_again_for_free()
         tokio::task::spawn_blocking(move || {
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_haul"));
             cmd.args(&args).current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
-            for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_")) {
+            for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_") || k == "DATABASE_URL") {
                 cmd.env_remove(k);
             }
             cmd.env("HAUL_TEST_UPSTREAM_KEY", "upstream-key");
