@@ -185,6 +185,8 @@ const STRANGER: &str = "+15555559999";
 
 struct World {
     store: Arc<dyn Store>,
+    /// The PostgreSQL schema the store is lent, given back when the seed ends.
+    _scratch: Option<crate::eval::Lent>,
     queue: Arc<FlakyQueue>,
     /// `queue`, typed: how the simulator publishes.
     events: EventQueue,
@@ -210,7 +212,7 @@ fn phone(i: usize) -> String {
 
 impl World {
     async fn new(opts: &SimOptions, store: &EvalStore) -> anyhow::Result<World> {
-        let store = crate::eval::open_store(store, opts.seed).await?;
+        let (store, scratch) = crate::eval::open_store(store, opts.seed).await?;
         let clock = Arc::new(FakeClock::new("2026-03-02T07:00:00Z".parse()?));
         let svc = FakeServices::start(None).await?;
         let queue = Arc::new(FlakyQueue::new(store.clone() as Arc<dyn LoadQueue>));
@@ -357,6 +359,7 @@ impl World {
         let loads = (0..opts.loads.max(1)).map(|i| LoadId::parse(&format!("L{i}")).expect("valid load id")).collect();
         Ok(World {
             store,
+            _scratch: scratch,
             events: EventQueue::new(queue.clone()),
             queue,
             clock,

@@ -578,6 +578,9 @@ async fn simulate(
         }
     }
     progress.finish();
+    for failure in haul_harness::eval::drop_scratch_schemas(&store).await {
+        eprintln!("warning: a scratch schema was left: {failure}");
+    }
     let cov: Vec<String> = coverage.iter().map(|(k, v)| format!("{k}={v}")).collect();
     say(format_args!("coverage: {}", cov.join(" ")));
     say(format_args!("{passed} passed, {failed} failed"));
@@ -644,6 +647,9 @@ async fn evaluate(
     })
     .await;
     progress.finish();
+    for failure in eval::drop_scratch_schemas(&store).await {
+        eprintln!("warning: a scratch schema was left: {failure}");
+    }
     if let Some(file) = &out.junit {
         std::fs::write(file, eval::junit(&report)).with_context(|| format!("--junit {}", file.display()))?;
     }

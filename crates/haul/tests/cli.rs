@@ -617,3 +617,41 @@ fn misspelt_variables_and_a_stray_database_url_are_pointed_out() {
         haul(&["config", "check"], &[("DATABASE_URL", "postgres://x@y/z"), ("HAUL_STORE_URL", "sqlite://a.db")]);
     assert!(!err.contains("DATABASE_URL"), "the store is named: no word about DATABASE_URL: {err}");
 }
+
+/// `haul eval --store postgres` and `haul sim --store postgres` clean up after
+/// themselves: run against a database of their own (made for them, as a stock server
+/// lets the postgres user), they leave no scratch schema behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_and_sim_on_postgres_leave_no_schema_behind() {
+    let base = haul_postgres::testing::database_url();
+    let db = format!("haul_cleanup_{:08x}", fastrand::u32(..));
+    let url = match base.rsplit_once('/') {
+        Some((server, _)) => format!("{server}/{db}"),
+        None => panic!("DATABASE_URL {base} names no database"),
+    };
+    for args in [
+        vec![
+            "eval",
+            "--store",
+            "postgres",
+            "evals/sop_rule1_high_risk_ping_opens_ask_step_one.toml",
+            "evals/sop_rule4_answer_on_first_attempt_cancels_current_timer.toml",
+        ],
+        vec!["sim", "--seed", "1", "--seeds", "3", "--loads", "2", "--steps", "40", "--store", "postgres"],
+    ] {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_haul"))
+            .args(&args)
+            .current_dir(&root)
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let client = haul_postgres::testing::client_in_schema(&url, "public").await;
+        let left =
+            client.query_one("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'haul\\_t%'", &[]).await.unwrap();
+        assert_eq!(left.get::<_, i64>(0), 0, "{args:?} left scratch schemas in {db}");
+    }
+    let client = haul_postgres::testing::client_in_schema(&base, "public").await;
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await.unwrap();
+}

@@ -25,7 +25,8 @@ use haul_core::decision::DECISION_RECORDED;
 use haul_core::ids::{LoadId, ops_alert_outbox_id};
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
-use haul_postgres::scratch::FreshStore;
+pub(crate) use haul_postgres::scratch::Lent;
+use haul_postgres::scratch::Reusable;
 use haul_store::{LoadQueue, OutboxRow, OutboxStatus, SmsRoute, Store, UnmatchedSms};
 use serde::Serialize;
 use serde_json::Value;
@@ -284,6 +285,8 @@ pub async fn run_scenario_with(
 /// One scenario in progress, and what it has seen so far.
 struct Run {
     store: Arc<dyn Store>,
+    /// The PostgreSQL schema the store is lent, given back when the run ends.
+    _scratch: Option<Lent>,
     clock: Arc<FakeClock>,
     svc: FakeServices,
     pipeline: Pipeline,
@@ -304,13 +307,31 @@ struct Run {
     llm_seen: usize,
 }
 
-/// A fresh, empty store of the kind asked for, its tokens seeded.
-pub(crate) async fn open_store(store: &EvalStore, seed: u64) -> anyhow::Result<Arc<dyn Store>> {
+/// The scratch schemas of each PostgreSQL database this process ran scenarios or seeds
+/// on, migrated once and emptied for each ([`haul_postgres::scratch::Reusable`]).
+fn scratch_schemas(url: &str) -> Arc<Reusable> {
+    static POOLS: std::sync::OnceLock<std::sync::Mutex<BTreeMap<String, Arc<Reusable>>>> = std::sync::OnceLock::new();
+    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    pools.entry(url.to_owned()).or_insert_with(|| Reusable::new(url)).clone()
+}
+
+/// Drops the scratch schemas this process made on `store` (at the end of `haul eval`
+/// and `haul sim`, so a run leaves none behind); what could not be dropped, with why.
+pub async fn drop_scratch_schemas(store: &EvalStore) -> Vec<String> {
     match store {
-        EvalStore::SqliteMemory => haul_backends::open("sqlite::memory:", Some(seed)).await,
+        EvalStore::SqliteMemory => Vec::new(),
+        EvalStore::Postgres(url) => scratch_schemas(url).drop_all().await,
+    }
+}
+
+/// A fresh, empty store of the kind asked for, its tokens seeded, and on PostgreSQL the
+/// schema it lends (given back to be emptied for the next user when dropped).
+pub(crate) async fn open_store(store: &EvalStore, seed: u64) -> anyhow::Result<(Arc<dyn Store>, Option<Lent>)> {
+    match store {
+        EvalStore::SqliteMemory => Ok((haul_backends::open("sqlite::memory:", Some(seed)).await?, None)),
         EvalStore::Postgres(url) => {
-            let options = FreshStore { url: url.clone(), pool_size: 4, seed: Some(seed), ..FreshStore::default() };
-            Ok(Arc::new(haul_postgres::scratch::fresh_store(&options).await?.0))
+            let (store, lent) = scratch_schemas(url).store(Some(seed), 4).await?;
+            Ok((Arc::new(store), Some(lent)))
         }
     }
 }
@@ -322,7 +343,7 @@ fn fail(step: Option<(usize, &str)>, key: &str, message: String) -> Failure {
 impl Run {
     async fn start(s: &Scenario, store: &EvalStore, faults: Faults, opts: &EvalOptions) -> anyhow::Result<Run> {
         let (queue, decider) = (&opts.queue, &opts.decider);
-        let store = open_store(store, 1).await?;
+        let (store, scratch) = open_store(store, 1).await?;
         #[cfg(feature = "sqs")]
         let sqs = match queue {
             EvalQueue::Store => None,
@@ -376,6 +397,7 @@ impl Run {
         let pipeline = Pipeline::new(&config, parts, llm_decider);
         Ok(Run {
             store,
+            _scratch: scratch,
             clock,
             svc,
             pipeline,
