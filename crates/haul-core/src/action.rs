@@ -15,15 +15,17 @@ use crate::channel::Channel;
 use crate::ids::{AskId, LoadId, TimerId};
 use crate::time::Timestamp;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionType {
-    SendSms,
-    CreateHeroTask,
-    PostHeroSlack,
-    SetTimer,
-    CancelTimer,
-    UpdateStage,
+crate::listed_enum! {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum ActionType {
+        SendSms,
+        CreateHeroTask,
+        PostHeroSlack,
+        SetTimer,
+        CancelTimer,
+        UpdateStage,
+    }
 }
 
 /// Where an action is applied.
@@ -47,15 +49,6 @@ pub enum ChannelClass {
 }
 
 impl ActionType {
-    pub const ALL: [ActionType; 6] = [
-        ActionType::SendSms,
-        ActionType::CreateHeroTask,
-        ActionType::PostHeroSlack,
-        ActionType::SetTimer,
-        ActionType::CancelTimer,
-        ActionType::UpdateStage,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             ActionType::SendSms => "send_sms",

@@ -9,36 +9,29 @@
 
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Channel {
-    /// Texts to drivers.
-    Sms,
-    /// Hero tasks.
-    Hero,
-    /// Hero team Slack posts.
-    Slack,
-    /// The TMS (load stages).
-    Tms,
-    /// OpsAlerts: independent of the Hero tooling, so a Hero outage cannot loop.
-    Ops,
+crate::listed_enum! {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Channel {
+        /// Texts to drivers.
+        Sms,
+        /// Hero tasks.
+        Hero,
+        /// Hero team Slack posts.
+        Slack,
+        /// The TMS (load stages).
+        Tms,
+        /// OpsAlerts: independent of the Hero tooling, so a Hero outage cannot loop.
+        Ops,
+    }
 }
 
 impl Channel {
-    /// Every channel, in [`Channel::index`] order.
-    pub const ALL: [Channel; 5] = [Channel::Sms, Channel::Hero, Channel::Slack, Channel::Tms, Channel::Ops];
-
     pub const COUNT: usize = Channel::ALL.len();
 
-    /// The channel's place in [`Channel::ALL`], for tables indexed by channel. A new
-    /// channel fails to compile here until it has a place (and `ALL` a slot).
+    /// The channel's place in [`Channel::ALL`] (declaration order), for tables indexed
+    /// by channel.
     pub const fn index(self) -> usize {
-        match self {
-            Channel::Sms => 0,
-            Channel::Hero => 1,
-            Channel::Slack => 2,
-            Channel::Tms => 3,
-            Channel::Ops => 4,
-        }
+        self as usize
     }
 
     /// `channels.{name}` in the config; also the fake services' path prefix and the
@@ -50,6 +43,15 @@ impl Channel {
             Channel::Slack => "slack",
             Channel::Tms => "tms",
             Channel::Ops => "ops",
+        }
+    }
+
+    /// Whether actions go out on this channel (an SMS, a task, a Slack post, a stage);
+    /// OpsAlerts are raised about actions, never decided as one.
+    pub fn carries_actions(self) -> bool {
+        match self {
+            Channel::Sms | Channel::Hero | Channel::Slack | Channel::Tms => true,
+            Channel::Ops => false,
         }
     }
 

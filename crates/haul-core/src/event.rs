@@ -139,9 +139,38 @@ pub enum EventBody {
     OperatorAction(OperatorAction),
 }
 
-/// Every inbound kind, as named on the wire and in the log.
-pub const EVENT_KINDS: [&str; 6] =
-    ["load_update", "location_ping", "inbound_sms", "timer_fired", "action_outcome", "operator_action"];
+crate::listed_enum! {
+    /// The kind of an inbound event: one per [`EventBody`] variant (its `kind()` is an
+    /// exhaustive match onto this list).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum EventKind {
+        LoadUpdate,
+        LocationPing,
+        InboundSms,
+        TimerFired,
+        ActionOutcome,
+        OperatorAction,
+    }
+}
+
+impl EventKind {
+    /// As named on the wire and in the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::LoadUpdate => "load_update",
+            EventKind::LocationPing => "location_ping",
+            EventKind::InboundSms => "inbound_sms",
+            EventKind::TimerFired => "timer_fired",
+            EventKind::ActionOutcome => "action_outcome",
+            EventKind::OperatorAction => "operator_action",
+        }
+    }
+}
+
+/// Every inbound kind's name, in [`EventKind::ALL`] order.
+pub fn event_kinds() -> impl Iterator<Item = &'static str> {
+    EventKind::ALL.into_iter().map(EventKind::as_str)
+}
 
 /// Longest operator reason, in characters.
 pub const MAX_OPERATOR_REASON_CHARS: usize = 500;
@@ -150,13 +179,17 @@ pub const MAX_OPERATOR_ACTOR_CHARS: usize = 64;
 
 impl EventBody {
     pub fn kind(&self) -> &'static str {
+        self.event_kind().as_str()
+    }
+
+    pub fn event_kind(&self) -> EventKind {
         match self {
-            EventBody::LoadUpdate(_) => "load_update",
-            EventBody::LocationPing(_) => "location_ping",
-            EventBody::InboundSms(_) => "inbound_sms",
-            EventBody::TimerFired(_) => "timer_fired",
-            EventBody::ActionOutcome(_) => "action_outcome",
-            EventBody::OperatorAction(_) => "operator_action",
+            EventBody::LoadUpdate(_) => EventKind::LoadUpdate,
+            EventBody::LocationPing(_) => EventKind::LocationPing,
+            EventBody::InboundSms(_) => EventKind::InboundSms,
+            EventBody::TimerFired(_) => EventKind::TimerFired,
+            EventBody::ActionOutcome(_) => EventKind::ActionOutcome,
+            EventBody::OperatorAction(_) => EventKind::OperatorAction,
         }
     }
 
@@ -191,7 +224,11 @@ impl EventBody {
             other => {
                 return Err(BadInput::new(
                     "unknown_kind",
-                    format!("unknown event kind {:?} (expected one of {})", clip(other), EVENT_KINDS.join(", ")),
+                    format!(
+                        "unknown event kind {:?} (expected one of {})",
+                        clip(other),
+                        event_kinds().collect::<Vec<_>>().join(", ")
+                    ),
                 ));
             }
         };

@@ -4,6 +4,21 @@
 //! async, no clock reads, no randomness of its own (callers pass random draws in).
 //! That is what lets the worker, the evals and the simulator replay decisions exactly.
 
+/// An enum of plain variants whose every variant is in its `ALL`, in declaration order,
+/// by construction: a list the compiler keeps, where a hand-kept one would silently
+/// miss a new variant (a row that decodes as corrupt, a tool never offered).
+#[macro_export]
+macro_rules! listed_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$vmeta:meta])* $variant:ident,)+ }) => {
+        $(#[$meta])* $vis enum $name { $($(#[$vmeta])* $variant,)+ }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: [$name; [$(stringify!($variant)),+].len()] = [$($name::$variant),+];
+        }
+    };
+}
+
 pub mod action;
 pub mod channel;
 pub mod clock;

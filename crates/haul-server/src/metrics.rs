@@ -149,7 +149,7 @@ pub fn zero_series() {
     let (version, commit, features) =
         BUILD_INFO.get_or_init(|| (env!("CARGO_PKG_VERSION").to_owned(), "unknown".to_owned(), String::new())).clone();
     metrics::gauge!("haul_build_info", "version" => version, "commit" => commit, "features" => features).set(1.0);
-    for kind in haul_core::event::EVENT_KINDS {
+    for kind in haul_core::event::event_kinds() {
         if kind != "action_outcome" && kind != "timer_fired" {
             metrics::counter!("haul_events_accepted_total", "kind" => kind).absolute(0);
         }

@@ -130,7 +130,7 @@ fn scenario_keys() -> Vec<String> {
         keys.extend(expected_fields(&err.message));
     }
     let load = haul_core::LoadId::parse("L1").unwrap();
-    for kind in haul_core::event::EVENT_KINDS {
+    for kind in haul_core::event::event_kinds() {
         let v = serde_json::json!({"event_id": "e1", "kind": kind, "zz_probe": 1});
         let err = haul_core::InboundEvent::from_json(load.clone(), v).expect_err(kind);
         keys.extend(expected_fields(&err.message));
