@@ -47,7 +47,7 @@ fn the_generated_api_token_is_written_only_once_serve_can_serve() {
     };
     // (flags, variables, what the one error line names)
     for (args, env, want) in [
-        (vec!["--db", "sqlite::memory:", "--listen", &taken], vec![], "server.listen"),
+        (vec!["--db", "sqlite::memory:", "--listen", &taken], vec![], "server.listen; --listen"),
         (vec!["--db", "postgres://haul@127.0.0.1:1/none", "--listen", "127.0.0.1:0"], vec![], "store.url"),
         (
             vec!["--db", "sqlite::memory:", "--listen", "127.0.0.1:0"],
@@ -654,4 +654,24 @@ async fn eval_and_sim_on_postgres_leave_no_schema_behind() {
     }
     let client = haul_postgres::testing::client_in_schema(&base, "public").await;
     client.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await.unwrap();
+}
+
+/// A token that cannot be kept says where and how to mend it: set HAUL_API_TOKEN, or
+/// run in a directory haul may write to. (A directory in the token file's place: no
+/// user, root included, can write the file there.)
+#[test]
+fn an_unwritable_token_file_names_the_place_and_the_fix() {
+    let dir = scratch("token-ro");
+    std::fs::create_dir(dir.join("haul-api-token")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haul"))
+        .args(["serve", "--db", "sqlite::memory:", "--listen", "127.0.0.1:0"])
+        .current_dir(&dir)
+        .env_remove("HAUL_API_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&dir.join("haul-api-token").display().to_string()), "{err}");
+    assert!(err.contains("set HAUL_API_TOKEN") && err.contains("openssl rand -hex 32"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -571,6 +571,10 @@ async fn requeue_after_the_hero_service_recovers(db: &str, dir: &PathBuf, roles:
         ["requeue", ESCALATION, "--request-id", "inc-42-again", "--actor", "bo", "--reason", "re-driving INC-42"];
     let (code, answer) = operator_cli(dir, db, &args);
     assert_eq!((code, answer["status"].as_str()), (0, Some("queued")), "{answer}");
+    // The command waited for the load's decision and says what it was: nothing done.
+    assert_eq!(answer["decision"]["decider"], "operator", "{answer}");
+    assert_eq!(answer["decision"]["actions"], json!([]), "{answer}");
+    assert!(answer["decision"]["rationale"].as_str().unwrap().contains(REQUEUED), "{answer}");
     let noop =
         |v: &Value| v["log"].as_array().is_some_and(|l| l.iter().any(|r| r["entry_id"] == "dec:op:inc-42-again"));
     let view = wait_for(&client, &base, "the second requeue's decision", noop, &logs).await;

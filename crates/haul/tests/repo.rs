@@ -81,8 +81,10 @@ fn the_systemd_unit_verifies_and_its_check_runs() {
     if std::process::Command::new("systemd-analyze").arg("--version").output().is_err() {
         return;
     }
-    let (ok, said) = script("check-systemd-unit", &["deploy/haul.service", bin], &[]);
-    assert!(ok, "{said}");
+    for unit in ["deploy/haul.service", "deploy/haul@.service"] {
+        let (ok, said) = script("check-systemd-unit", &[unit, bin], &[]);
+        assert!(ok, "{unit}: {said}");
+    }
     // The check bites: a setting systemd ignores fails it.
     let dir = std::env::temp_dir().join(format!("haul-unit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
