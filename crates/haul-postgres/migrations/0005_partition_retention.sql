@@ -8,7 +8,7 @@
 --    on a partitioned table must include the partition key: events keep (load_id, seq)
 --    and (load_id, entry_id) as they were; the outbox key becomes (load_id, id), which is
 --    as strong as a unique id because a CHECK makes every id start with `{load_id}/`.
---    ARCHITECTURE.md says why hash by load and not range by time.
+--    docs/internals.md says why hash by load and not range by time.
 -- 2. Indexes for retention (haul prune) on outbox, timers and queue.
 -- 3. Autovacuum and fillfactor for the tables that are updated and deleted like a queue.
 --

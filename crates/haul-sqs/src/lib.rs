@@ -6,7 +6,7 @@
 //! five-minute window (the log's `DuplicateEntry` catches it after that).
 //!
 //! Where SQS cannot give what the store-backed queues give, this adapter says so
-//! rather than pretending (ARCHITECTURE.md, "SQS FIFO"): it cannot tell a duplicate
+//! rather than pretending (docs/internals.md, "SQS FIFO"): it cannot tell a duplicate
 //! publish from a new one, cannot reject a stale receipt on ack, keeps no bodies and
 //! keeps its own clock for visibility (the `now` callers pass is recorded, not obeyed).
 

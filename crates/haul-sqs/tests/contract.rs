@@ -5,7 +5,7 @@ use std::sync::Arc;
 use haul_store::queue_contract::{Guarantees, QueueUnderTest};
 
 /// What SQS FIFO, as moto emulates it, promises of the suite's guarantees
-/// (ARCHITECTURE.md, "SQS FIFO").
+/// (docs/internals.md, "SQS FIFO").
 const SQS: Guarantees = Guarantees {
     reports_duplicates: false,
     // SQS keeps a deduplication id five minutes after the message is deleted; moto
