@@ -214,23 +214,24 @@ impl EventBody {
                 BadInput::new("bad_payload", format!("{kind} payload: {}", crate::mask::clip_quotes(&e.to_string())))
             })
         }
-        let body = match kind {
-            "load_update" => EventBody::LoadUpdate(de(kind, payload)?),
-            "location_ping" => EventBody::LocationPing(de(kind, payload)?),
-            "inbound_sms" => EventBody::InboundSms(de(kind, payload)?),
-            "timer_fired" => EventBody::TimerFired(de(kind, payload)?),
-            "action_outcome" => EventBody::ActionOutcome(de(kind, payload)?),
-            "operator_action" => EventBody::OperatorAction(de(kind, payload)?),
-            other => {
-                return Err(BadInput::new(
-                    "unknown_kind",
-                    format!(
-                        "unknown event kind {:?} (expected one of {})",
-                        clip(other),
-                        event_kinds().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
+        let Some(known) = EventKind::ALL.into_iter().find(|k| k.as_str() == kind) else {
+            return Err(BadInput::new(
+                "unknown_kind",
+                format!(
+                    "unknown event kind {:?} (expected one of {})",
+                    clip(kind),
+                    event_kinds().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        };
+        // Exhaustive over the list, so a new kind cannot be refused as unknown.
+        let body = match known {
+            EventKind::LoadUpdate => EventBody::LoadUpdate(de(kind, payload)?),
+            EventKind::LocationPing => EventBody::LocationPing(de(kind, payload)?),
+            EventKind::InboundSms => EventBody::InboundSms(de(kind, payload)?),
+            EventKind::TimerFired => EventBody::TimerFired(de(kind, payload)?),
+            EventKind::ActionOutcome => EventBody::ActionOutcome(de(kind, payload)?),
+            EventKind::OperatorAction => EventBody::OperatorAction(de(kind, payload)?),
         };
         body.validate()?;
         Ok(body)

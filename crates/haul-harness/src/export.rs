@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use haul_config::ClientConfig;
-use haul_core::action::{Action, ActionKind, ActionType};
+use haul_core::action::{Action, ActionKind};
 use haul_core::decision::{DECISION_RECORDED, Decision};
 use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
@@ -278,7 +278,12 @@ fn expect(group: &[&Logged], actions: &BTreeMap<String, Action>) -> Table {
                             ActionKind::CreateHeroTask { urgency, .. } => {
                                 t.insert("urgency".into(), s(urgency.as_str()));
                             }
-                            _ => {}
+                            // No `sent` key of the format names these actions' fields
+                            // (docs/scenarios.md); a new action type is named here.
+                            ActionKind::PostHeroSlack { .. }
+                            | ActionKind::UpdateStage { .. }
+                            | ActionKind::SetTimer { .. }
+                            | ActionKind::CancelTimer { .. } => {}
                         }
                         sent.push(Value::Table(t));
                     }
@@ -287,7 +292,6 @@ fn expect(group: &[&Logged], actions: &BTreeMap<String, Action>) -> Table {
             }
         }
     }
-    debug_assert!(ActionType::ALL.len() == 6);
     e.insert("decisions".into(), Value::Array(decisions));
     e.insert("sent".into(), Value::Array(sent));
     e.insert("dead".into(), Value::Array(dead));

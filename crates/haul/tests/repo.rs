@@ -310,9 +310,31 @@ fn the_docs_exist() {
         "docs/operations.md",
         "docs/replay.md",
         "docs/console.md",
+        "docs/internals.md",
+        "docs/postgres.md",
     ] {
         assert!(read(doc).len() > 2000, "{doc} is missing or nearly empty");
     }
+}
+
+/// ARCHITECTURE.md stays a map one reads at a sitting, and every file it names is there
+/// (a path in backquotes that starts with a top-level folder of the repository).
+#[test]
+fn architecture_md_is_a_short_map_of_files_that_exist() {
+    let text = read("ARCHITECTURE.md");
+    let chars = text.chars().count();
+    assert!(chars <= 30_000, "ARCHITECTURE.md is {chars} characters; move the detail to docs/internals.md");
+    let mut missing = Vec::new();
+    for quoted in text.split('`').skip(1).step_by(2) {
+        let top = ["crates/", "docs/", "scripts/", "evals/", "examples/", "deploy/", "bench/"];
+        if top.iter().any(|t| quoted.starts_with(t))
+            && !quoted.contains(['{', '*', ' '])
+            && !root().join(quoted).exists()
+        {
+            missing.push(quoted.to_owned());
+        }
+    }
+    assert!(missing.is_empty(), "ARCHITECTURE.md names files that do not exist: {missing:?}");
 }
 
 /// The top-level module a source file of a crate's `src` is (`api` for `src/api.rs`,

@@ -369,11 +369,14 @@ fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) 
         "assign_sms" => {
             OperatorAsk::AssignSms { message_sid: op.message_sid.clone().unwrap_or_default(), load: load()? }
         }
-        _ => {
+        "resolve_ask" => {
             let ask_id = op.ask_id.as_deref().unwrap_or_default();
             let ask_id = haul_core::ids::AskId::parse(ask_id).map_err(|e| e.message)?;
             OperatorAsk::ResolveAsk { load: load()?, ask_id }
         }
+        // The list above names every action this match makes; one named there but not
+        // here is told so rather than taken for another.
+        other => return Err(format!("action {other:?} has no step of its own yet")),
     };
     Ok(OperatorStep { who, ask, repeat })
 }
