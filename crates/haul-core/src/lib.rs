@@ -30,6 +30,7 @@ pub mod event;
 pub mod filter;
 pub mod html;
 pub mod ids;
+pub mod log;
 pub mod mask;
 pub mod operator;
 pub mod outcome;

@@ -123,12 +123,8 @@ mod tests {
         let records: Vec<Record> = entries
             .iter()
             .enumerate()
-            .map(|(i, (id, kind, payload))| Record {
-                seq: i as u64 + 1,
-                entry_id: id.to_string(),
-                kind: kind.to_string(),
-                payload: payload.clone(),
-                recorded_at: at("07:00"),
+            .map(|(i, (id, kind, payload))| {
+                Record::decode(i as u64 + 1, id.to_string(), kind, payload.clone(), at("07:00"))
             })
             .collect();
         project(&records)

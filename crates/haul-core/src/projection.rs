@@ -8,40 +8,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::decision::{AskStatus, DECISION_RECORDED, Decision};
+use crate::decision::{AskStatus, Decision};
 use crate::event::{EventBody, OperatorCommand, TimerFired};
 use crate::ids::{AskId, EventId};
 use crate::outcome::OutcomeStatus;
 use crate::time::Timestamp;
 
-/// One log record: `{seq, entry_id, kind, payload, recorded_at}`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Record {
-    pub seq: u64,
-    pub entry_id: String,
-    pub kind: String,
-    pub payload: Value,
-    pub recorded_at: Timestamp,
-}
-
-impl Record {
-    /// The records an append of `entries` (`entry_id`, `kind`, `payload`) checked
-    /// against `version` writes: a log's `seq` runs 1, 2, ... without a gap, so they
-    /// take `version + 1` on, all recorded at `recorded_at`. What a run folds into its
-    /// snapshot after its append, without reading the records back.
-    pub fn appended(
-        version: u64,
-        entries: impl IntoIterator<Item = (String, String, Value)>,
-        recorded_at: Timestamp,
-    ) -> Vec<Record> {
-        (version + 1..)
-            .zip(entries)
-            .map(|(seq, (entry_id, kind, payload))| Record { seq, entry_id, kind, payload, recorded_at })
-            .collect()
-    }
-}
+pub use crate::log::{Entry, Record};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenAsk {
@@ -115,64 +89,42 @@ impl LoadState {
 
     /// Folds one record in. Records must come in `seq` order.
     pub fn apply(&mut self, r: &Record) {
-        if r.kind == DECISION_RECORDED {
-            match Decision::deserialize(&r.payload) {
-                Ok(d) => self.apply_decision_record(r, &d),
-                Err(_) => self.apply_unreadable(r),
-            }
-            return;
-        }
-        match (EventId::parse(&r.entry_id), EventBody::from_payload(&r.kind, r.payload.clone())) {
-            (Ok(event_id), Ok(body)) => self.apply_event(r, event_id, body),
-            _ => self.apply_unreadable(r),
+        self.version = r.seq;
+        self.last_recorded_at = Some(r.recorded_at);
+        match &r.entry {
+            Entry::Event { event_id, body } => self.apply_event(r.recorded_at, event_id, body),
+            Entry::Decision(d) => self.apply_decision(d),
+            Entry::Unreadable { .. } => self.unreadable += 1,
         }
     }
 
-    /// Folds in a record the caller could not read (counted, skipped).
-    pub fn apply_unreadable(&mut self, r: &Record) {
-        self.version = r.seq;
-        self.last_recorded_at = Some(r.recorded_at);
-        self.unreadable += 1;
-    }
-
-    /// Folds in a `decision_recorded` record the caller has already parsed as `d`:
-    /// the same step as [`apply`](Self::apply), without parsing the payload again.
-    pub fn apply_decision_record(&mut self, r: &Record, d: &Decision) {
-        self.version = r.seq;
-        self.last_recorded_at = Some(r.recorded_at);
-        self.apply_decision(d);
-    }
-
-    /// Folds in an inbound event record the caller has already parsed (its id and body).
-    pub fn apply_event(&mut self, r: &Record, event_id: EventId, body: EventBody) {
-        self.version = r.seq;
-        self.last_recorded_at = Some(r.recorded_at);
+    fn apply_event(&mut self, recorded_at: Timestamp, event_id: &EventId, body: &EventBody) {
         self.processed.insert(event_id.clone());
         match body {
             EventBody::LoadUpdate(u) => {
-                let replace = |old: &mut Option<String>, new: Option<String>| {
+                let replace = |old: &mut Option<String>, new: &Option<String>| {
                     if new.is_some() {
-                        *old = new;
+                        old.clone_from(new);
                     }
                 };
-                replace(&mut self.client, u.client);
-                replace(&mut self.driver_phone, u.driver_phone);
-                replace(&mut self.stage, u.stage);
-                replace(&mut self.next_stop, u.next_stop);
+                replace(&mut self.client, &u.client);
+                replace(&mut self.driver_phone, &u.driver_phone);
+                replace(&mut self.stage, &u.stage);
+                replace(&mut self.next_stop, &u.next_stop);
             }
             EventBody::ActionOutcome(o) => {
-                let seen = OutcomeSeen { status: o.status, event_id: event_id.to_string(), at: r.recorded_at };
+                let seen = OutcomeSeen { status: o.status, event_id: event_id.to_string(), at: recorded_at };
                 // A delivered outcome proves the effect happened; a later failed one
                 // (a second dispatcher's late attempt) does not undo that.
                 let keep_delivered =
                     matches!(self.outcomes.get(&o.outbox_id), Some(s) if s.status == OutcomeStatus::Delivered);
                 if !keep_delivered {
-                    self.outcomes.insert(o.outbox_id, seen);
+                    self.outcomes.insert(o.outbox_id.clone(), seen);
                 }
             }
             EventBody::OperatorAction(op) => {
-                if let OperatorCommand::AssignSms { message_sid, .. } = op.command {
-                    self.assigned_sms.insert(message_sid);
+                if let OperatorCommand::AssignSms { message_sid, .. } = &op.command {
+                    self.assigned_sms.insert(message_sid.clone());
                 }
             }
             EventBody::LocationPing(_) | EventBody::InboundSms(_) | EventBody::TimerFired(_) => {}
@@ -218,25 +170,4 @@ pub fn project(records: &[Record]) -> LoadState {
         state.apply(r);
     }
     state
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn appended_records_continue_from_the_version() {
-        let at: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
-        let entries =
-            |ids: &[&str]| ids.iter().map(|id| (id.to_string(), "k".to_string(), json!({}))).collect::<Vec<_>>();
-        let seqs =
-            |v: u64, ids: &[&str]| Record::appended(v, entries(ids), at).iter().map(|r| r.seq).collect::<Vec<_>>();
-        assert_eq!(seqs(0, &["e1", "dec:e1"]), vec![1, 2]);
-        assert_eq!(seqs(7, &["e2", "dec:e2"]), vec![8, 9]);
-        assert_eq!(seqs(7, &[]), Vec::<u64>::new());
-        let r = &Record::appended(2, entries(&["e3"]), at)[0];
-        assert_eq!((r.entry_id.as_str(), r.kind.as_str(), r.recorded_at), ("e3", "k", at));
-    }
 }

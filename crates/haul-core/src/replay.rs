@@ -14,9 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, ActionKind};
-use crate::decision::{DECISION_RECORDED, Decision};
-use crate::event::{EventBody, InboundEvent};
-use crate::ids::{EventId, LoadId};
+use crate::decision::Decision;
+use crate::event::InboundEvent;
+use crate::ids::LoadId;
+use crate::log::Entry;
 use crate::projection::{LoadState, Record};
 use crate::sop::{Policies, Rule, decide_with_rule};
 use crate::time::Timestamp;
@@ -58,7 +59,7 @@ pub struct Walker {
     load: LoadId,
     state: LoadState,
     /// The last record, when it was an inbound event (its decision comes next).
-    pending: Option<(Record, EventId, EventBody)>,
+    pending: Option<Record>,
     /// Decisions that did not follow their event, events without a decision,
     /// records that do not read: folded, not compared.
     pub unpaired: u64,
@@ -82,33 +83,32 @@ impl Walker {
     /// decision of the event just before it; the caller compares, then hands the step
     /// back to [`finish`](Self::finish) to fold it.
     pub fn feed(&mut self, r: Record) -> Option<Step> {
-        if r.kind == DECISION_RECORDED {
-            let decision = Decision::deserialize(&r.payload);
-            match (self.pending.take(), decision) {
-                (Some((event_record, event_id, body)), Ok(recorded)) if recorded.event_id == event_id => {
-                    let event = InboundEvent { load_id: self.load.clone(), event_id, body };
-                    return Some(Step { event, event_record, decision_record: r, recorded });
-                }
-                (pending, decision) => {
-                    if let Some((er, id, body)) = pending {
-                        self.unpaired += 1;
-                        self.state.apply_event(&er, id, body);
+        match &r.entry {
+            Entry::Decision(recorded) => {
+                let pending = self.pending.take();
+                if let Some(event_record) = pending {
+                    if let Entry::Event { event_id, body } = &event_record.entry
+                        && recorded.event_id == *event_id
+                    {
+                        let event =
+                            InboundEvent { load_id: self.load.clone(), event_id: event_id.clone(), body: body.clone() };
+                        let recorded = recorded.clone();
+                        return Some(Step { event, event_record, decision_record: r, recorded });
                     }
                     self.unpaired += 1;
-                    match decision {
-                        Ok(d) => self.state.apply_decision_record(&r, &d),
-                        Err(_) => self.state.apply_unreadable(&r),
-                    }
+                    self.state.apply(&event_record);
                 }
-            }
-            return None;
-        }
-        self.flush();
-        match (EventId::parse(&r.entry_id), EventBody::from_payload(&r.kind, r.payload.clone())) {
-            (Ok(id), Ok(body)) => self.pending = Some((r, id, body)),
-            _ => {
                 self.unpaired += 1;
-                self.state.apply_unreadable(&r);
+                self.state.apply(&r);
+            }
+            Entry::Event { .. } => {
+                self.flush();
+                self.pending = Some(r);
+            }
+            Entry::Unreadable { .. } => {
+                self.flush();
+                self.unpaired += 1;
+                self.state.apply(&r);
             }
         }
         None
@@ -116,9 +116,8 @@ impl Walker {
 
     /// Folds a step's event and its recorded decision: the history goes on as it was.
     pub fn finish(&mut self, step: Step) {
-        let Step { event, event_record, decision_record, recorded } = step;
-        self.state.apply_event(&event_record, event.event_id, event.body);
-        self.state.apply_decision_record(&decision_record, &recorded);
+        self.state.apply(&step.event_record);
+        self.state.apply(&step.decision_record);
     }
 
     /// The end of the log: an event still waiting for its decision is folded.
@@ -128,9 +127,9 @@ impl Walker {
     }
 
     fn flush(&mut self) {
-        if let Some((er, id, body)) = self.pending.take() {
+        if let Some(r) = self.pending.take() {
             self.unpaired += 1;
-            self.state.apply_event(&er, id, body);
+            self.state.apply(&r);
         }
     }
 }
@@ -518,6 +517,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::ids::EventId;
     use crate::sop::{Policies, decide_with_rule};
 
     fn at(s: &str) -> Timestamp {
@@ -534,14 +534,7 @@ mod tests {
             let now = at(time);
             let d = crate::filter::filter(&load, &state, &ev, now)
                 .unwrap_or_else(|| decide_with_rule(policies, &load, &state, &ev, now).0);
-            let recs = Record::appended(
-                state.version,
-                [
-                    (ev.event_id.to_string(), ev.kind().to_owned(), ev.body.payload()),
-                    (d.decision_id.clone(), DECISION_RECORDED.to_owned(), serde_json::to_value(&d).unwrap()),
-                ],
-                now,
-            );
+            let recs = Record::appended(state.version, &ev, &d, now);
             for r in &recs {
                 state.apply(r);
             }

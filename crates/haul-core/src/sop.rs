@@ -408,11 +408,7 @@ mod tests {
         let mut records: Vec<Record> = vec![];
         for (m, e) in events {
             let d = decide(&Policies::default(), &load(), &project(&records), e, at(*m));
-            let entries = [
-                (e.event_id.to_string(), e.kind().to_owned(), e.body.payload()),
-                (d.decision_id.clone(), "decision_recorded".to_owned(), serde_json::to_value(&d).unwrap()),
-            ];
-            records.extend(Record::appended(records.len() as u64, entries, at(*m)));
+            records.extend(Record::appended(records.len() as u64, e, &d, at(*m)));
         }
         project(&records)
     }

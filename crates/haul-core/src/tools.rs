@@ -630,21 +630,7 @@ mod tests {
             derived.sort_by(|a, b| a.ask_id.cmp(&b.ask_id));
             want.sort_by(|a, b| a.ask_id.cmp(&b.ask_id));
             assert_eq!(derived, want, "event {}", e.event_id);
-            let seq = records.len() as u64;
-            records.push(Record {
-                seq: seq + 1,
-                entry_id: e.event_id.to_string(),
-                kind: e.kind().into(),
-                payload: e.body.payload(),
-                recorded_at: now(),
-            });
-            records.push(Record {
-                seq: seq + 2,
-                entry_id: d.decision_id.clone(),
-                kind: "decision_recorded".into(),
-                payload: serde_json::to_value(&d).unwrap(),
-                recorded_at: now(),
-            });
+            records.extend(Record::appended(records.len() as u64, e, &d, now()));
         }
     }
 
@@ -671,13 +657,7 @@ mod tests {
     fn started() -> LoadState {
         let e = init();
         let mut s = LoadState::default();
-        s.apply(&Record {
-            seq: 1,
-            entry_id: "load:init".into(),
-            kind: e.kind().into(),
-            payload: e.body.payload(),
-            recorded_at: now(),
-        });
+        s.apply(&Record::decode(1, "load:init".into(), e.kind(), e.body.payload(), now()));
         s
     }
 

@@ -127,7 +127,8 @@ fn simulate(happenings: &[Happening]) -> (Vec<Record>, LoadState) {
             (event.kind().to_string(), event.event_id.to_string(), event.body.payload()),
             (DECISION_RECORDED.to_string(), decision.decision_id.clone(), serde_json::to_value(&decision).unwrap()),
         ] {
-            let r = Record { seq: records.len() as u64 + 1, entry_id: id, kind, payload, recorded_at: now };
+            // Through the stored form, as a store hands records up.
+            let r = Record::decode(records.len() as u64 + 1, id, &kind, payload, now);
             state.apply(&r);
             records.push(r);
         }
@@ -257,10 +258,10 @@ proptest! {
             Just("load_update"), Just("location_ping"), Just("inbound_sms"), Just("timer_fired"),
             Just("action_outcome"), Just("decision_recorded"), Just("teleport")], 1..20),
         payloads in prop::collection::vec(any::<String>(), 1..20)) {
-        let records: Vec<Record> = kinds.iter().zip(payloads.iter().cycle()).enumerate().map(|(i, (k, p))| Record {
-            seq: i as u64 + 1, entry_id: format!("e{i}"), kind: k.to_string(),
-            payload: serde_json::from_str(p).unwrap_or(serde_json::Value::String(p.clone())), recorded_at: t0(),
-        }).collect();
+        let records: Vec<Record> = kinds.iter().zip(payloads.iter().cycle()).enumerate().map(|(i, (k, p))| Record::decode(
+            i as u64 + 1, format!("e{i}"), k,
+            serde_json::from_str(p).unwrap_or(serde_json::Value::String(p.clone())), t0(),
+        )).collect();
         let state = project(&records);
         prop_assert_eq!(state.version, records.len() as u64);
     }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use haul_core::action::ActionType;
 use haul_core::decision::Decision;
+use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::time::Timestamp;
@@ -393,7 +394,7 @@ async fn contention_round(store: &BenchStore, load_lock: bool, events: usize) ->
         r?;
     }
     let calls = decider.calls.load(Ordering::SeqCst);
-    let committed = s.read(&l).await?.0.iter().filter(|r| r.kind == "decision_recorded").count();
+    let committed = s.read(&l).await?.0.iter().filter(|r| r.decision().is_some()).count();
     anyhow::ensure!(committed == events, "{committed} of {events} events committed");
     Ok(((calls - committed) as f64 / committed as f64, committed))
 }
@@ -534,10 +535,10 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
     let mut lat = Vec::with_capacity(events);
     for i in 0..events {
         let recs = s.read(&load(i)).await?.0;
-        let ping_at = recs
-            .iter()
-            .find(|r| r.entry_id == "ping")
-            .and_then(|r| r.payload["at"].as_str().and_then(|a| a.parse::<Timestamp>().ok()));
+        let ping_at = recs.iter().find(|r| r.entry_id == "ping").and_then(|r| match r.event() {
+            Some((_, EventBody::LocationPing(p))) => p.at,
+            _ => None,
+        });
         let out = recs.iter().find(|r| r.entry_id.ends_with("/send_sms:delivered")).map(|r| r.recorded_at);
         if let (Some(a), Some(b)) = (ping_at, out) {
             lat.push((b.as_millisecond() - a.as_millisecond()) as f64);
@@ -770,18 +771,10 @@ fn sop_log(l: &LoadId, cycles: usize, t0: Timestamp) -> (Vec<NewEntry>, Timestam
         let ev = InboundEvent::from_json(l.clone(), ev).expect("a valid bench event");
         let d = haul_core::filter::filter(l, state, &ev, now)
             .unwrap_or_else(|| haul_core::sop::decide(&policies, l, state, &ev, now));
-        let pair = [
-            (ev.event_id.to_string(), ev.kind().to_owned(), ev.body.payload()),
-            (
-                d.decision_id.clone(),
-                "decision_recorded".to_owned(),
-                serde_json::to_value(&d).expect("a decision encodes"),
-            ),
-        ];
-        for r in Record::appended(state.version, pair.clone(), now) {
+        for r in Record::appended(state.version, &ev, &d, now) {
             state.apply(&r);
+            entries.push(NewEntry::of(&r));
         }
-        entries.extend(pair.into_iter().map(|(entry_id, kind, payload)| NewEntry { entry_id, kind, payload }));
         d
     };
     let outcomes = |d: &Decision| -> Vec<Value> {

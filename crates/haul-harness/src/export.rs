@@ -30,7 +30,7 @@ use haul_core::action::{Action, ActionKind};
 use haul_core::decision::{DECISION_RECORDED, Decision};
 use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
-use haul_core::projection::{Record, project};
+use haul_core::projection::{Entry, Record, project};
 use haul_core::{InboundEvent, OutcomeStatus, Timestamp};
 use toml::{Table, Value};
 
@@ -68,26 +68,24 @@ pub fn scenario(
     let mut logged: Vec<Logged> = Vec::new();
     let mut last = records[0].recorded_at;
     for r in records {
-        if r.kind == DECISION_RECORDED {
-            let Ok(d) = serde_json::from_value::<Decision>(r.payload.clone()) else { continue };
-            if let Some(l) = logged.last_mut().filter(|l| l.event.event_id == d.event_id && l.decision.is_none()) {
-                l.at = d.decided_at.max(last);
-                last = l.at;
-                l.decision = Some(d);
+        match &r.entry {
+            Entry::Decision(d) => {
+                if let Some(l) = logged.last_mut().filter(|l| l.event.event_id == d.event_id && l.decision.is_none()) {
+                    l.at = d.decided_at.max(last);
+                    last = l.at;
+                    l.decision = Some(d.clone());
+                }
             }
-            continue;
-        }
-        let v = serde_json::json!({"event_id": r.entry_id, "kind": r.kind});
-        let mut v = v;
-        if let (Some(o), Some(p)) = (v.as_object_mut(), r.payload.as_object()) {
-            o.extend(p.clone());
-        }
-        match InboundEvent::from_json(load.clone(), v) {
-            Ok(event) => {
+            // A decision that does not read is left out, as the worker would have.
+            Entry::Unreadable { kind, .. } if kind == DECISION_RECORDED => {}
+            Entry::Event { event_id, body } => {
                 last = r.recorded_at.max(last);
+                let event = InboundEvent { load_id: load.clone(), event_id: event_id.clone(), body: body.clone() };
                 logged.push(Logged { event, decision: None, at: last });
             }
-            Err(e) => anyhow::bail!("record {} ({}) of load {load} does not read: {}", r.seq, r.entry_id, e.message),
+            Entry::Unreadable { reason, .. } => {
+                anyhow::bail!("record {} ({}) of load {load} does not read: {reason}", r.seq, r.entry_id)
+            }
         }
     }
     let actions: BTreeMap<String, Action> = logged

@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 
 use haul_core::Channel;
 use haul_core::OutcomeStatus;
-use haul_core::action::ChannelClass;
+use haul_core::action::{ActionType, ChannelClass};
 use haul_core::decision::DECISION_RECORDED;
+use haul_core::event::{EventBody, EventKind};
 use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
 use haul_core::projection::Record;
 
@@ -104,9 +105,9 @@ pub fn log_is_sound(load: &LoadId, log: &[Record]) -> Result<(), Violation> {
     if let Some(r) = log.iter().enumerate().find(|(i, r)| r.seq != *i as u64 + 1).map(|(_, r)| r) {
         return broke(Invariant::GaplessLog, format!("the log of load {load} has a gap in seq at {}", r.seq));
     }
-    for (i, r) in log.iter().enumerate().filter(|(_, r)| r.kind != DECISION_RECORDED) {
+    for (i, r) in log.iter().enumerate().filter(|(_, r)| r.kind() != DECISION_RECORDED) {
         let decision = EventId::parse(&r.entry_id).ok().map(|e| decision_entry_id(&e));
-        let is_decision = |n: &Record| n.kind == DECISION_RECORDED && Some(&n.entry_id) == decision.as_ref();
+        let is_decision = |n: &Record| n.kind() == DECISION_RECORDED && Some(&n.entry_id) == decision.as_ref();
         let next = log.get(i + 1).is_some_and(is_decision);
         if !next || log.iter().filter(|n| is_decision(n)).count() != 1 {
             return broke(
@@ -117,10 +118,11 @@ pub fn log_is_sound(load: &LoadId, log: &[Record]) -> Result<(), Violation> {
     }
     for (i, r) in log.iter().enumerate() {
         let infrastructure =
-            r.kind == "action_outcome" && (r.payload["hero_channel"] == true || r.payload["internal"] == true);
-        let hero_task = log.get(i + 1).is_some_and(|d| {
-            d.payload["actions"].as_array().is_some_and(|a| a.iter().any(|a| a["type"] == "create_hero_task"))
-        });
+            matches!(r.event(), Some((_, EventBody::ActionOutcome(o))) if o.hero_channel || o.internal);
+        let hero_task = log
+            .get(i + 1)
+            .and_then(Record::decision)
+            .is_some_and(|d| d.actions.iter().any(|a| a.action_type() == ActionType::CreateHeroTask));
         if infrastructure && hero_task {
             return broke(
                 Invariant::NoHeroTaskForInfrastructure,
@@ -132,7 +134,7 @@ pub fn log_is_sound(load: &LoadId, log: &[Record]) -> Result<(), Violation> {
         }
     }
     let mut fired = BTreeSet::new();
-    for r in log.iter().filter(|r| r.kind == "timer_fired") {
+    for r in log.iter().filter(|r| r.kind() == EventKind::TimerFired.as_str()) {
         if !fired.insert(&r.entry_id) {
             return broke(Invariant::TimerFiredOnce, format!("{} is in the log of load {load} twice", r.entry_id));
         }
@@ -249,8 +251,11 @@ pub fn requeued_once(load: &LoadId, rows: &[OutboxRow]) -> Result<(), Violation>
 
 #[cfg(test)]
 mod tests {
-    use haul_core::action::ActionType;
-    use serde_json::{Value, json};
+    use haul_core::action::{Action, ActionKind, Urgency};
+    use haul_core::decision::Decision;
+    use haul_core::event::ActionOutcome;
+    use haul_core::projection::Entry;
+    use serde_json::json;
 
     use super::*;
 
@@ -258,19 +263,32 @@ mod tests {
         LoadId::parse("481207").unwrap()
     }
 
-    fn rec(seq: u64, entry_id: &str, kind: &str, payload: Value) -> Record {
-        Record {
-            seq,
-            entry_id: entry_id.into(),
-            kind: kind.into(),
-            payload,
-            recorded_at: "2026-03-02T07:00:00Z".parse().unwrap(),
-        }
+    fn rec(seq: u64, entry_id: &str, entry: Entry) -> Record {
+        Record { seq, entry_id: entry_id.into(), entry, recorded_at: "2026-03-02T07:00:00Z".parse().unwrap() }
     }
 
-    fn decision(seq: u64, event: &str, actions: &[&str]) -> Record {
-        let actions: Vec<Value> = actions.iter().map(|t| json!({"type": t})).collect();
-        rec(seq, &format!("dec:{event}"), DECISION_RECORDED, json!({"actions": actions}))
+    /// A record of `kind` this build need not read: the checks go by kind and id.
+    fn of_kind(seq: u64, entry_id: &str, kind: &str) -> Record {
+        rec(seq, entry_id, Entry::Unreadable { kind: kind.into(), payload: json!({}), reason: "a test".into() })
+    }
+
+    fn decision(seq: u64, event: &str, actions: &[ActionType]) -> Record {
+        let event_id = EventId::parse(event).unwrap();
+        let actions = actions
+            .iter()
+            .map(|t| Action {
+                key: format!("481207/{event}/{}", t.as_str()),
+                kind: match t {
+                    ActionType::SendSms => ActionKind::SendSms { to: "+15555550100".into(), body: "ETA?".into() },
+                    _ => ActionKind::CreateHeroTask { title: "t".into(), body: "b".into(), urgency: Urgency::Normal },
+                },
+                ask_id: None,
+                step: None,
+                requeue_of: None,
+            })
+            .collect();
+        let at = "2026-03-02T07:00:00Z".parse().unwrap();
+        rec(seq, &format!("dec:{event}"), Entry::Decision(Decision::new(&event_id, at, "sop", actions, vec![], "why")))
     }
 
     /// The invariant `log` breaks, if any.
@@ -281,25 +299,36 @@ mod tests {
 
     #[test]
     fn logs() {
-        let ping = |seq| rec(seq, "ping_1", "location_ping", json!({}));
-        check(vec![ping(1), decision(2, "ping_1", &["send_sms"])], None);
+        let ping = |seq| of_kind(seq, "ping_1", "location_ping");
+        check(vec![ping(1), decision(2, "ping_1", &[ActionType::SendSms])], None);
         check(vec![ping(1)], Some(Invariant::DecisionFollows));
         check(vec![ping(1), decision(3, "ping_1", &[])], Some(Invariant::GaplessLog));
         check(vec![ping(1), decision(2, "ping_1", &[]), decision(3, "ping_1", &[])], Some(Invariant::DecisionFollows));
-        let infra = rec(1, "evt:out:481207/x/create_hero_task:failed", "action_outcome", json!({"hero_channel": true}));
+        let outcome = ActionOutcome {
+            outbox_id: "481207/x/create_hero_task".into(),
+            action_type: ActionType::CreateHeroTask,
+            status: OutcomeStatus::Failed,
+            receipt: None,
+            failure: Some("HTTP 500".into()),
+            hero_channel: true,
+            internal: false,
+        };
+        let id = "evt:out:481207/x/create_hero_task:failed";
+        let event_id = EventId::parse(id).unwrap();
+        let infra = rec(1, id, Entry::Event { event_id, body: EventBody::ActionOutcome(outcome) });
         check(
-            vec![infra.clone(), decision(2, "evt:out:481207/x/create_hero_task:failed", &["create_hero_task"])],
+            vec![infra.clone(), decision(2, "evt:out:481207/x/create_hero_task:failed", &[ActionType::CreateHeroTask])],
             Some(Invariant::NoHeroTaskForInfrastructure),
         );
         check(vec![infra, decision(2, "evt:out:481207/x/create_hero_task:failed", &[])], None);
-        let fired = |seq| rec(seq, "evt:tmr:481207:a:1", "timer_fired", json!({}));
+        let fired = |seq| of_kind(seq, "evt:tmr:481207:a:1", "timer_fired");
         let dec = |seq| decision(seq, "evt:tmr:481207:a:1", &[]);
         check(vec![fired(1), dec(2), fired(3), dec(4)], Some(Invariant::DecisionFollows));
     }
 
     #[test]
     fn events_and_rows() {
-        let log = vec![rec(1, "ping_1", "location_ping", json!({})), decision(2, "ping_1", &[])];
+        let log = vec![of_kind(1, "ping_1", "location_ping"), decision(2, "ping_1", &[])];
         assert!(events_logged_once(&load(), &log, ["ping_1"]).is_ok());
         let lost = events_logged_once(&load(), &log, ["sms_1"]).unwrap_err();
         assert_eq!(lost.invariant, Invariant::EventLoggedOnce);
@@ -342,7 +371,7 @@ mod tests {
         assert!(outbox_settled(&load(), &log, &dead, &refused, |_, _| 0).is_ok());
         // Or, buried because it could not be marked after its send, its delivered outcome.
         let delivered = vec![
-            rec(1, "evt:out:481207/ping_1/create_hero_task:delivered", "action_outcome", json!({})),
+            of_kind(1, "evt:out:481207/ping_1/create_hero_task:delivered", "action_outcome"),
             decision(2, "evt:out:481207/ping_1/create_hero_task:delivered", &[]),
         ];
         assert!(outbox_settled(&load(), &delivered, &dead, &none, |_, _| 0).is_ok());

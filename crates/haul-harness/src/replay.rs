@@ -404,9 +404,7 @@ pub async fn read_and_project(reader: Arc<dyn LogReader>, opts: &ReplayOptions) 
             Chunk::Records(_, page) => {
                 records += page.len() as u64;
                 for r in &page {
-                    if r.kind == haul_core::decision::DECISION_RECORDED {
-                        decisions += 1;
-                    }
+                    decisions += u64::from(r.decision().is_some());
                     state.apply(r);
                 }
             }

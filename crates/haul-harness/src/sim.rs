@@ -15,9 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use haul_core::decision::{DECISION_RECORDED, Decision};
+use haul_core::decision::Decision;
 use haul_core::ids::LoadId;
-use haul_core::projection::LoadState;
+use haul_core::projection::{LoadState, Record};
 use haul_core::time::{Timestamp, add, since};
 use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxStatus, Store, TimerStatus};
@@ -761,9 +761,10 @@ impl World {
                 // died may be followed by one the filter decides.
                 let by_decider = recs
                     .get(i + 1)
-                    .is_some_and(|d| !matches!(d.payload["decider"].as_str(), Some("filter" | "fallback")));
+                    .and_then(Record::decision)
+                    .is_some_and(|d| !matches!(d.decider.as_str(), "filter" | "fallback"));
                 let states = by_event.get(&(l, r.entry_id.as_str())).filter(|_| by_decider);
-                if r.kind == DECISION_RECORDED || states.is_none() {
+                if r.decision().is_some() || states.is_none() {
                     before.apply(r);
                     continue; // a decision, or decided by the filter or a fallback
                 }

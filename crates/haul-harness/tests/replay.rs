@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use haul_config::ClientConfig;
 use haul_core::action::ActionType;
-use haul_core::decision::{DECISION_RECORDED, Decision};
+use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
+use haul_core::projection::Record;
 use haul_core::replay::ActionChange;
 use haul_harness::eval::keep::Keep;
 use haul_harness::eval::{EvalOptions, EvalStore, run_paths_with, run_scenario};
@@ -100,12 +101,13 @@ async fn asks_again(k: &Kept, client: &str) -> BTreeMap<u32, BTreeSet<(String, S
         let Some(last) = loads.last().cloned() else { break };
         for l in loads {
             let (records, _) = k.store.read(&l).await.unwrap();
-            let of_client = records.iter().any(|r| r.kind == "load_update" && r.payload["client"] == client);
+            let of_client = records.iter().any(
+                |r| matches!(r.event(), Some((_, EventBody::LoadUpdate(u))) if u.client.as_deref() == Some(client)),
+            );
             if !of_client {
                 continue;
             }
-            for r in records.iter().filter(|r| r.kind == DECISION_RECORDED) {
-                let d: Decision = serde_json::from_value(r.payload.clone()).unwrap();
+            for d in records.iter().filter_map(Record::decision) {
                 let Some(step) = d.actions.iter().find(|a| a.action_type() == ActionType::SendSms).and_then(|a| a.step)
                 else {
                     continue;

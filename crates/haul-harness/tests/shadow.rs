@@ -62,7 +62,7 @@ async fn run_of(h: &H) -> (Vec<String>, Vec<String>, Vec<(String, String)>) {
         .log()
         .await
         .into_iter()
-        .map(|r| format!("{} {} {} {}", r.entry_id, r.kind, r.payload, r.recorded_at))
+        .map(|r| format!("{} {} {} {}", r.entry_id, r.kind(), r.payload(), r.recorded_at))
         .collect();
     let rows = h.store.rows_for_load(&h.load).await.unwrap();
     let mut rows: Vec<String> =
@@ -130,7 +130,7 @@ async fn fewer_attempts(store: Arc<dyn Store>, twin: Arc<dyn Store>) {
     let log = h.log().await;
     for r in &rows {
         let logged = log.iter().find(|l| l.entry_id == format!("dec:{}", r.event_id)).unwrap();
-        assert_eq!(r.primary, logged.payload, "{}", r.event_id);
+        assert_eq!(r.primary, logged.payload(), "{}", r.event_id);
         let event = log.iter().find(|l| l.entry_id == r.event_id).unwrap();
         assert_eq!(r.event_seq, event.seq);
         assert_eq!(r.shadow, "sop");

@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 
 use haul_core::AskStatus;
 use haul_core::BadInput;
-use haul_core::decision::DECISION_RECORDED;
+use haul_core::event::{EventBody, OperatorAction, OperatorCommand};
 use haul_core::ids::{AskId, LoadId};
-use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record};
+use haul_core::projection::{Entry, LoadState, OpenAsk, OutcomeSeen, Record};
 use haul_core::time::Timestamp;
 use haul_store::{OutboxRow, RecordedDelivery, RowCursor, Store, StoreError, Timer};
 use serde::Serialize;
@@ -365,16 +365,14 @@ pub fn sends(row: &OutboxRow) -> u32 {
     row.attempts + u32::from(row.status == haul_store::OutboxStatus::Dispatched)
 }
 
-/// A readable timeline for a person at a terminal.
 /// An `operator_action` in one line: who, what, on which row, SMS or ask, and why.
-fn operator_summary(kind: &str, p: &serde_json::Value) -> Option<String> {
-    if kind != "operator_action" {
-        return None;
-    }
-    let c = &p["command"];
-    let target = ["outbox_id", "message_sid", "ask_id"].iter().find_map(|k| c[*k].as_str()).unwrap_or("?");
-    let (actor, what, reason) = (p["actor"].as_str()?, c["type"].as_str()?, p["reason"].as_str()?);
-    Some(format!("by {actor}: {what} {target}, reason: {}", clip_line(reason)))
+fn operator_summary(op: &OperatorAction) -> String {
+    let target = match &op.command {
+        OperatorCommand::Requeue { outbox_id, .. } => outbox_id.as_str(),
+        OperatorCommand::AssignSms { message_sid, .. } => message_sid.as_str(),
+        OperatorCommand::ResolveAsk { ask_id } => ask_id.as_str(),
+    };
+    format!("by {}: {} {target}, reason: {}", op.actor, op.command.name(), clip_line(&op.reason))
 }
 
 /// One line of at most 200 characters.
@@ -420,29 +418,23 @@ pub fn timeline(v: &LoadView) -> String {
     }
     let _ = writeln!(out, "\ntimeline:");
     for r in &v.log {
-        if r.kind == DECISION_RECORDED {
-            let p = &r.payload;
-            let decider = p["decider"].as_str().unwrap_or("?");
-            let filtered = if p["filtered"] == true { " (filtered)" } else { "" };
-            let _ = writeln!(
-                out,
-                "  #{:<4} {}  decision by {decider}{filtered}: {}",
-                r.seq,
-                hms(r.recorded_at),
-                p["rationale"].as_str().unwrap_or("")
-            );
-            for a in p["actions"].as_array().into_iter().flatten() {
-                let _ = writeln!(
-                    out,
-                    "          → {:<17} {}",
-                    a["type"].as_str().unwrap_or("?"),
-                    a["key"].as_str().unwrap_or("?")
-                );
+        let what = match &r.entry {
+            Entry::Decision(d) => {
+                let filtered = if d.filtered { " (filtered)" } else { "" };
+                let (seq, at, decider) = (r.seq, hms(r.recorded_at), &d.decider);
+                let _ = writeln!(out, "  #{seq:<4} {at}  decision by {decider}{filtered}: {}", d.rationale);
+                for a in &d.actions {
+                    let _ = writeln!(out, "          → {:<17} {}", a.action_type().as_str(), a.key);
+                }
+                continue;
             }
-        } else {
-            let what = operator_summary(&r.kind, &r.payload).unwrap_or_else(|| summary(&r.payload));
-            let _ = writeln!(out, "  #{:<4} {}  {:<15} {}  {}", r.seq, hms(r.recorded_at), r.kind, r.entry_id, what);
-        }
+            Entry::Event { body: EventBody::OperatorAction(op), .. } => operator_summary(op),
+            Entry::Event { .. } => summary(&r.payload()),
+            Entry::Unreadable { payload, reason, .. } => {
+                format!("unreadable ({}): {}", clip_line(reason), summary(payload))
+            }
+        };
+        let _ = writeln!(out, "  #{:<4} {}  {:<15} {}  {}", r.seq, hms(r.recorded_at), r.kind(), r.entry_id, what);
     }
     if let Some(next) = v.next_after_seq {
         let _ = writeln!(out, "  … more records: --after-seq {next}");
@@ -531,16 +523,31 @@ mod tests {
 
     #[test]
     fn an_operator_action_reads_as_who_what_and_why() {
-        let requeue = serde_json::json!({"actor": "ana", "reason": "Hero fixed\n(INC-42)",
-            "command": {"type": "requeue", "outbox_id": "L1/x/create_hero_task", "action": {}}});
-        let assign = serde_json::json!({"actor": "bo", "reason": "x",
-            "command": {"type": "assign_sms", "message_sid": "SM1", "from": "+1", "body": "b"}});
-        for (kind, payload, want) in [
-            ("operator_action", &requeue, Some("by ana: requeue L1/x/create_hero_task, reason: Hero fixed (INC-42)")),
-            ("operator_action", &assign, Some("by bo: assign_sms SM1, reason: x")),
-            ("inbound_sms", &assign, None),
+        let action = haul_core::Action {
+            key: "L1/x/create_hero_task".into(),
+            kind: haul_core::ActionKind::CreateHeroTask {
+                title: "t".into(),
+                body: "b".into(),
+                urgency: haul_core::Urgency::Normal,
+            },
+            ask_id: None,
+            step: None,
+            requeue_of: None,
+        };
+        let op =
+            |actor: &str, reason: &str, command| OperatorAction { actor: actor.into(), reason: reason.into(), command };
+        let requeue =
+            op("ana", "Hero fixed\n(INC-42)", OperatorCommand::Requeue { outbox_id: action.key.clone(), action });
+        let assign = op(
+            "bo",
+            "x",
+            OperatorCommand::AssignSms { message_sid: "SM1".into(), from: "+1".into(), body: "b".into() },
+        );
+        for (op, want) in [
+            (&requeue, "by ana: requeue L1/x/create_hero_task, reason: Hero fixed (INC-42)"),
+            (&assign, "by bo: assign_sms SM1, reason: x"),
         ] {
-            assert_eq!(operator_summary(kind, payload).as_deref(), want);
+            assert_eq!(operator_summary(op), want);
         }
     }
 
@@ -597,18 +604,12 @@ mod tests {
             created_at: t("07:00:00"),
             updated_at: t("07:00:05"),
         };
-        let outcome = serde_json::json!({"outbox_id": long_key, "status": "delivered", "failure": "x".repeat(80)});
+        let outcome = serde_json::json!({"outbox_id": long_key, "action_type": "send_sms", "status": "delivered", "failure": "x".repeat(80)});
         let view = LoadView {
             load_id: load.clone(),
             version: 1,
             state: StateView::of(&LoadState::default()),
-            log: vec![Record {
-                seq: 1,
-                entry_id: "evt:out".into(),
-                kind: "action_outcome".into(),
-                payload: outcome,
-                recorded_at: t("07:01:00"),
-            }],
+            log: vec![Record::decode(1, "evt:out".into(), "action_outcome", outcome, t("07:01:00"))],
             next_after_seq: None,
             outbox: vec![
                 row("481207/a/send_sms", haul_store::OutboxStatus::Dispatched, 0),
@@ -622,6 +623,7 @@ mod tests {
         };
         let text = timeline(&view);
         assert!(text.contains("#1    2026-03-02 07:01:00 UTC  action_outcome"), "{text}");
+        assert!(!text.contains("unreadable"), "{text}");
         assert!(text.contains(&format!("outbox_id=\"{long_key}\"")), "the id is whole: {text}");
         assert!(text.contains(&format!("failure=\"{}\"…", "x".repeat(60))), "text is clipped: {text}");
         for (id, sends) in [("a", 1), ("b", 3), ("c", 2)] {

@@ -406,11 +406,6 @@ impl Worker {
             self.ack(msg).await;
             self.faults.check(FaultPoint::AfterAppend, ctx)?;
         }
-        let records = Record::appended(
-            p.version,
-            entries.iter().map(|e| (e.entry_id.clone(), e.kind.clone(), e.payload.clone())),
-            p.now,
-        );
         let (appended, with_ack) = self.append(msg, entries, p.version, outbox, p.now).await;
         let happened = match appended {
             Ok(_) => {
@@ -418,7 +413,8 @@ impl Worker {
                     return Ok((Happened::AnswerLost, None));
                 }
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
-                let Prepared { state, decision, .. } = *p;
+                let Prepared { state, decision, version, now } = *p;
+                let records = Record::appended(version, event, &decision, now);
                 let load_update = match &event.body {
                     EventBody::LoadUpdate(u) => Some(u.clone()),
                     _ => None,
@@ -628,7 +624,7 @@ struct Prepared {
 struct Committed {
     before: LoadState,
     decision: Decision,
-    records: Vec<Record>,
+    records: [Record; 2],
     /// The event, when it updated the load's facts.
     load_update: Option<LoadUpdate>,
 }

@@ -243,14 +243,10 @@ pub fn queue_message_row(r: &dyn Columns) -> Result<(i64, QueueMessage), StoreEr
 }
 
 /// A row of `columns!(record)`.
+/// Decoded here, once: what the store hands up is typed (`haul_core::log`).
 pub fn record_row(r: &dyn Columns) -> Result<Record, StoreError> {
-    Ok(Record {
-        seq: r.i64(0)? as u64,
-        entry_id: r.string(1)?,
-        kind: r.string(2)?,
-        payload: json_or_string(r.string(3)?),
-        recorded_at: from_ms(r.i64(4)?),
-    })
+    let kind = r.string(2)?;
+    Ok(Record::decode(r.i64(0)? as u64, r.string(1)?, &kind, json_or_string(r.string(3)?), from_ms(r.i64(4)?)))
 }
 
 /// A row of `columns!(delivery)`.
@@ -766,8 +762,8 @@ mod tests {
             ],
         ))
         .unwrap();
-        assert_eq!((r.seq, r.entry_id.as_str(), r.kind.as_str(), to_ms(r.recorded_at)), (3, "e1", "k", 5));
-        assert_eq!(r.payload, Value::String("{oops".into()), "an unreadable payload is kept as text");
+        assert_eq!((r.seq, r.entry_id.as_str(), r.kind(), to_ms(r.recorded_at)), (3, "e1", "k", 5));
+        assert_eq!(r.payload(), Value::String("{oops".into()), "an unreadable payload is kept as text");
 
         let d = delivery_row(&FakeRow::new(
             columns!(delivery),

@@ -207,8 +207,8 @@ pub async fn append_then_read_round_trips(s: DynStore) {
     assert_eq!(version, 2);
     assert_eq!(records.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
     assert_eq!(records[0].entry_id, "sms_1");
-    assert_eq!(records[0].kind, "inbound_sms");
-    assert_eq!(records[0].payload, payload);
+    assert_eq!(records[0].kind(), "inbound_sms");
+    assert_eq!(records[0].payload(), payload);
     assert_eq!(records[0].recorded_at, at(5));
     assert_eq!(commit(&s, "L1", "e2", 2, &[]).await, 4);
     assert_eq!(s.load_ids(None, 10).await.unwrap(), vec![load("L1")]);

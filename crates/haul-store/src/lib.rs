@@ -112,6 +112,13 @@ pub struct NewEntry {
     pub payload: Value,
 }
 
+impl NewEntry {
+    /// The stored form of a record's entry: what appending it again writes.
+    pub fn of(r: &Record) -> NewEntry {
+        NewEntry { entry_id: r.entry_id.clone(), kind: r.kind().to_owned(), payload: r.payload() }
+    }
+}
+
 /// One outbox row to write with a decision; `id` is the action key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewOutboxRow {

@@ -79,7 +79,7 @@ async fn decision(store: &dyn Store, load: &LoadId, event_id: &str, wait: Durati
     loop {
         if let Ok((records, version)) = store.read_after(load, seen).await {
             if let Some(r) = records.iter().find(|r| r.entry_id == entry) {
-                return serde_json::from_value(r.payload.clone()).ok();
+                return r.decision().cloned();
             }
             seen = version;
         }

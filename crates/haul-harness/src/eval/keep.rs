@@ -20,8 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use haul_config::ClientConfig;
+use haul_core::event::{EventBody, EventKind};
 use haul_core::ids::LoadId;
-use haul_core::projection::Record;
+use haul_core::projection::{Entry, Record};
 use haul_core::sop::EtaPolicy;
 use haul_store::{NewEntry, Store};
 use serde_json::Value;
@@ -108,8 +109,9 @@ impl Keep {
             }
             // Clients: the same name with another policy is another client here.
             let mut client_names = BTreeMap::new();
-            for r in records.iter().filter(|r| r.kind == "load_update") {
-                let Some(name) = r.payload.get("client").and_then(Value::as_str) else { continue };
+            for r in &records {
+                let Entry::Event { body: EventBody::LoadUpdate(u), .. } = &r.entry else { continue };
+                let Some(name) = u.client.as_deref() else { continue };
                 if client_names.contains_key(name) {
                     continue;
                 }
@@ -124,31 +126,29 @@ impl Keep {
                 inner.clients.insert(kept_name.clone(), policy);
                 client_names.insert(name.to_owned(), kept_name);
             }
-            let rewrite = |r: &Record| -> Record {
-                let mut r = r.clone();
+            // Copied in the stored form: ids renamed wherever they stand in the payload.
+            let rewrite = |r: &Record| -> NewEntry {
+                let (mut entry_id, kind, mut payload) = (r.entry_id.clone(), r.kind().to_owned(), r.payload());
                 if kept_as != load.as_str() {
-                    r.entry_id = rename_word(&r.entry_id, load.as_str(), &kept_as);
-                    rename_in(&mut r.payload, load.as_str(), &kept_as);
+                    entry_id = rename_word(&entry_id, load.as_str(), &kept_as);
+                    rename_in(&mut payload, load.as_str(), &kept_as);
                 }
-                if r.kind == "load_update"
-                    && let Some(Value::String(c)) = r.payload.get_mut("client")
+                if kind == EventKind::LoadUpdate.as_str()
+                    && let Some(Value::String(c)) = payload.get_mut("client")
                     && let Some(k) = client_names.get(c.as_str())
                 {
                     *c = k.clone();
                 }
-                r
+                NewEntry { entry_id, kind, payload }
             };
             // One append per recording time: the same records, the same seq and times.
             let mut version = 0;
             let mut i = 0;
             while i < records.len() {
                 let at = records[i].recorded_at;
-                let group: Vec<Record> = records[i..].iter().take_while(|r| r.recorded_at == at).map(rewrite).collect();
-                i += group.len();
-                let entries = group
-                    .into_iter()
-                    .map(|r| NewEntry { entry_id: r.entry_id, kind: r.kind, payload: r.payload })
-                    .collect();
+                let entries: Vec<NewEntry> =
+                    records[i..].iter().take_while(|r| r.recorded_at == at).map(rewrite).collect();
+                i += entries.len();
                 version = self.store.append(&kept, entries, version, vec![], at).await?;
             }
             inner.loads += 1;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haul_core::action::{Action, ActionType};
-use haul_core::decision::DECISION_RECORDED;
+use haul_core::decision::Decision;
 use haul_core::ids::{LoadId, ops_alert_outbox_id};
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
@@ -705,22 +705,21 @@ impl Run {
                 }
             }
             if let Some(want) = &e.decisions {
-                let recent: Vec<&Record> = logs
+                let recent: Vec<&Decision> = logs
                     .iter()
                     .flat_map(|(l, recs)| recs.iter().skip(self.log_seen.get(l).copied().unwrap_or(0)))
-                    .filter(|r| r.kind == DECISION_RECORDED)
+                    .filter_map(Record::decision)
                     .collect();
                 for d in want {
-                    let found = recent.iter().find(|r| r.payload["event_id"] == d.event_id);
+                    let found = recent.iter().find(|r| r.event_id.as_str() == d.event_id);
                     let Some(r) = found else {
-                        let ids: Vec<&str> = recent.iter().filter_map(|r| r.payload["event_id"].as_str()).collect();
+                        let ids: Vec<&str> = recent.iter().map(|r| r.event_id.as_str()).collect();
                         return Err((
                             "decisions".into(),
                             format!("no decision for {} since the previous check (decided: {ids:?})", d.event_id),
                         ));
                     };
-                    check_decision(d, &r.payload)
-                        .map_err(|m| ("decisions".to_string(), format!("{}: {m}", d.event_id)))?;
+                    check_decision(d, r).map_err(|m| ("decisions".to_string(), format!("{}: {m}", d.event_id)))?;
                 }
             }
         }
@@ -816,24 +815,21 @@ fn describe_want(w: &SentExpect) -> String {
     s
 }
 
-fn check_decision(want: &scenario::DecisionExpect, got: &Value) -> Result<(), String> {
+fn check_decision(want: &scenario::DecisionExpect, got: &Decision) -> Result<(), String> {
     if let Some(d) = &want.decider
-        && got["decider"] != *d
+        && got.decider != *d
     {
-        return Err(format!("expected decider {d:?}, got {}", got["decider"]));
+        return Err(format!("expected decider {d:?}, got {:?}", got.decider));
     }
     if let Some(f) = want.filtered
-        && got["filtered"] != f
+        && got.filtered != f
     {
-        return Err(format!("expected filtered {f}, got {}", got["filtered"]));
+        return Err(format!("expected filtered {f}, got {}", got.filtered));
     }
     if let Some(types) = &want.actions {
         let mut want_types = types.clone();
         want_types.sort();
-        let mut got_types: Vec<String> = got["actions"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|a| a["type"].as_str().map(str::to_owned)).collect())
-            .unwrap_or_default();
+        let mut got_types: Vec<String> = got.actions.iter().map(|a| a.action_type().as_str().to_owned()).collect();
         got_types.sort();
         if want_types != got_types {
             return Err(format!("expected actions {want_types:?}, got {got_types:?}"));

@@ -156,7 +156,7 @@ impl H {
             .into_iter()
             .find(|r| r.entry_id == id)
             .unwrap_or_else(|| panic!("no decision for {event_id}"))
-            .payload
+            .payload()
     }
 
     pub async fn row(&self, id: &str) -> OutboxRow {

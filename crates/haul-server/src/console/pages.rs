@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use haul_core::action::ActionType;
-use haul_core::decision::DECISION_RECORDED;
+use haul_core::decision::Decision;
+use haul_core::event::EventBody;
+use haul_core::log::Entry;
 use haul_core::mask::mask_phone;
 use haul_core::time::{Timestamp, since};
 use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
@@ -336,6 +338,46 @@ fn payload_list(p: &Value) -> String {
     out
 }
 
+/// A decision's rationale, its actions with their outbox rows' state, and the asks it moved.
+fn decision_items(out: &mut String, d: &Decision, rows: &HashMap<&str, &OutboxRow>) {
+    let filtered = if d.filtered { " (by the filter)" } else { "" };
+    let _ = write!(
+        out,
+        "<p>Decision by <strong>{}</strong>{filtered}: <q class=\"rationale\">{}</q></p>",
+        esc(&d.decider),
+        esc(&d.rationale)
+    );
+    if d.actions.is_empty() {
+        out.push_str("<p class=\"sub\">No action.</p>");
+    } else {
+        out.push_str("<ul class=\"actions\">");
+        for a in &d.actions {
+            let key = a.key.as_str();
+            let state = match rows.get(key) {
+                Some(row) => outbox_state(row),
+                None => "<span class=\"sub\">(outbox row on another page)</span>".into(),
+            };
+            let _ = write!(
+                out,
+                "<li><a href=\"#{}\">{}</a> {} — {state}</li>",
+                anchor(key),
+                esc(a.action_type().as_str()),
+                id(key)
+            );
+        }
+        out.push_str("</ul>");
+    }
+    for change in &d.asks {
+        let _ = write!(
+            out,
+            "<p class=\"sub\">Ask {} step {} → {}</p>",
+            esc(change.ask_id.as_str()),
+            change.step,
+            esc(change.status.as_str())
+        );
+    }
+}
+
 /// The timeline section of a load's page: also what the live refresh fetches.
 pub fn timeline(v: &LoadView, page_query: &str) -> String {
     let rows: HashMap<&str, &OutboxRow> = v.outbox.iter().map(|r| (r.id.as_str(), r)).collect();
@@ -349,76 +391,49 @@ pub fn timeline(v: &LoadView, page_query: &str) -> String {
         v.version,
     );
     for r in &v.log {
+        let kind = r.kind();
         let _ = write!(
             out,
             "<li class=\"k-{}\"><p class=\"rec\"><span class=\"seq\">#{}</span> {} <strong>{}</strong> {}</p>",
-            esc(&r.kind),
+            esc(kind),
             r.seq,
             time(r.recorded_at),
-            esc(&r.kind),
+            esc(kind),
             id(&r.entry_id)
         );
-        if r.kind == DECISION_RECORDED {
-            let p = &r.payload;
-            let filtered = if p["filtered"] == true { " (by the filter)" } else { "" };
-            let _ = write!(
-                out,
-                "<p>Decision by <strong>{}</strong>{filtered}: <q class=\"rationale\">{}</q></p>",
-                esc(str_of(p, "decider")),
-                esc(str_of(p, "rationale"))
-            );
-            let actions = p["actions"].as_array().cloned().unwrap_or_default();
-            if actions.is_empty() {
-                out.push_str("<p class=\"sub\">No action.</p>");
-            } else {
-                out.push_str("<ul class=\"actions\">");
-                for a in &actions {
-                    let key = str_of(a, "key");
-                    let state = match rows.get(key) {
-                        Some(row) => outbox_state(row),
-                        None => "<span class=\"sub\">(outbox row on another page)</span>".into(),
-                    };
-                    let _ = write!(
-                        out,
-                        "<li><a href=\"#{}\">{}</a> {} — {state}</li>",
-                        anchor(key),
-                        esc(str_of(a, "type")),
-                        id(key)
-                    );
-                }
-                out.push_str("</ul>");
-            }
-            for change in p["asks"].as_array().into_iter().flatten() {
+        match &r.entry {
+            Entry::Decision(d) => decision_items(&mut out, d, &rows),
+            Entry::Event { body: EventBody::ActionOutcome(o), .. } => {
+                let key = &o.outbox_id;
                 let _ = write!(
                     out,
-                    "<p class=\"sub\">Ask {} step {} → {}</p>",
-                    esc(str_of(change, "ask_id")),
-                    change["step"],
-                    esc(str_of(change, "status"))
+                    "<p>Outcome of <a href=\"#{}\">{}</a>: {}</p>{}",
+                    anchor(key),
+                    esc(key),
+                    status_badge(o.status.as_str()),
+                    payload_list(&r.payload())
                 );
             }
-        } else if r.kind == "action_outcome" {
-            let key = str_of(&r.payload, "outbox_id");
-            let _ = write!(
-                out,
-                "<p>Outcome of <a href=\"#{}\">{}</a>: {}</p>{}",
-                anchor(key),
-                esc(key),
-                status_badge(str_of(&r.payload, "status")),
-                payload_list(&r.payload)
-            );
-        } else if r.kind == "operator_action" {
-            let p = &r.payload;
-            let _ = write!(
-                out,
-                "<p>Operator <strong>{}</strong>: {} — reason: <q>{}</q></p>{}",
-                esc(str_of(p, "actor")),
-                esc(p["command"]["type"].as_str().unwrap_or("?")),
-                esc(str_of(p, "reason")),
-                payload_list(&p["command"])
-            );
-        } else {
-            out.push_str(&payload_list(&r.payload));
+            Entry::Event { body: EventBody::OperatorAction(op), .. } => {
+                let command = serde_json::to_value(&op.command).unwrap_or_default();
+                let _ = write!(
+                    out,
+                    "<p>Operator <strong>{}</strong>: {} — reason: <q>{}</q></p>{}",
+                    esc(&op.actor),
+                    esc(op.command.name()),
+                    esc(&op.reason),
+                    payload_list(&command)
+                );
+            }
+            Entry::Event { .. } => out.push_str(&payload_list(&r.payload())),
+            Entry::Unreadable { payload, reason, .. } => {
+                let _ = write!(
+                    out,
+                    "<p class=\"sub\">Unreadable by this build: {}</p>{}",
+                    esc(reason),
+                    payload_list(payload)
+                );
+            }
         }
         out.push_str("</li>");
     }
@@ -861,7 +876,9 @@ pub fn classes() -> [&'static str; 3] {
 
 #[cfg(test)]
 mod tests {
-    use haul_core::ids::LoadId;
+    use haul_core::action::{Action, ActionKind, Urgency};
+    use haul_core::event::{InboundSms, OperatorAction, OperatorCommand};
+    use haul_core::ids::{EventId, LoadId};
     use haul_core::projection::{LoadState, Record};
     use haul_runtime::inspect::StateView;
     use serde_json::json;
@@ -897,30 +914,44 @@ mod tests {
         let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
         let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
         let load_id = LoadId::parse("481207").unwrap();
-        let record = |seq: u64, kind: &str, payload: Value| Record {
-            seq,
-            entry_id: format!("e{seq}"),
-            kind: kind.into(),
-            payload,
-            recorded_at: t,
-        };
+        let record = |seq: u64, entry: Entry| Record { seq, entry_id: format!("e{seq}"), entry, recorded_at: t };
         let key_id = "481207/sms_1/create_hero_task";
+        let hero_task = Action {
+            key: key_id.into(),
+            kind: ActionKind::CreateHeroTask { title: HOSTILE.into(), body: HOSTILE.into(), urgency: Urgency::Normal },
+            ask_id: None,
+            step: None,
+            requeue_of: None,
+        };
+        let sms_id = EventId::parse("sms_1").unwrap();
+        let sms = InboundSms { from: "+15555550100".into(), body: HOSTILE.into() };
+        let decision = Decision::new(&sms_id, t, "llm:m", vec![hero_task.clone()], vec![], HOSTILE);
+        let requeue = OperatorAction {
+            actor: "ana".into(),
+            reason: HOSTILE.into(),
+            command: OperatorCommand::Requeue { outbox_id: key_id.into(), action: hero_task },
+        };
         let view = LoadView {
             load_id: load_id.clone(),
-            version: 3,
+            version: 4,
             state: StateView::of(&LoadState::default()),
             log: vec![
-                record(1, "inbound_sms", json!({"from": "+15555550100", "body": HOSTILE})),
-                record(
-                    2,
-                    DECISION_RECORDED,
-                    json!({"decider": "llm:m", "rationale": HOSTILE, "filtered": false,
-                    "actions": [{"type": "create_hero_task", "key": key_id}]}),
-                ),
+                record(1, Entry::Event { event_id: sms_id.clone(), body: EventBody::InboundSms(sms) }),
+                record(2, Entry::Decision(decision)),
                 record(
                     3,
-                    "operator_action",
-                    json!({"actor": "ana", "reason": HOSTILE, "command": {"type": "requeue", "outbox_id": key_id}}),
+                    Entry::Event {
+                        event_id: EventId::parse("op:r1").unwrap(),
+                        body: EventBody::OperatorAction(requeue),
+                    },
+                ),
+                record(
+                    4,
+                    Entry::Unreadable {
+                        kind: HOSTILE.into(),
+                        payload: json!({HOSTILE: HOSTILE}),
+                        reason: HOSTILE.into(),
+                    },
                 ),
             ],
             next_after_seq: None,
