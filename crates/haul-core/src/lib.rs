@@ -23,6 +23,7 @@ pub mod action;
 pub mod channel;
 pub mod clock;
 pub mod decision;
+pub mod derived;
 pub mod dispatch;
 pub mod disposition;
 pub mod error;

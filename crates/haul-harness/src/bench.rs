@@ -116,12 +116,12 @@ fn run_rows(l: &LoadId, n: usize, now: Timestamp) -> (Vec<NewEntry>, Vec<NewOutb
         "needs_hero_task": false, "actions": [sms.clone(), timer.clone()], "rationale": "risk high: ask the driver for an ETA (step 1 of 3)",
         "decider": "sop", "asks": [{"ask_id": ask, "step": 1, "status": "open"}]});
     let entries = vec![
-        NewEntry {
-            entry_id: ev.clone(),
-            kind: "location_ping".into(),
-            payload: json!({"at": now.to_string(), "lat": 41.88, "lon": -87.63, "risk": "high"}),
-        },
-        NewEntry { entry_id: format!("dec:{ev}"), kind: "decision_recorded".into(), payload: decision },
+        NewEntry::stored(
+            ev.clone(),
+            "location_ping",
+            json!({"at": now.to_string(), "lat": 41.88, "lon": -87.63, "risk": "high"}),
+        ),
+        NewEntry::stored(format!("dec:{ev}"), "decision_recorded", decision),
     ];
     let outbox = vec![
         NewOutboxRow {

@@ -70,7 +70,7 @@ fn read_set(name: &'static str) -> Set {
     let mut loads: BTreeMap<LoadId, Vec<(Record, NewEntry)>> = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         let l: Line = serde_json::from_str(line).unwrap_or_else(|e| panic!("{name}/log.jsonl line {}: {e}", i + 1));
-        let stored = NewEntry { entry_id: l.entry_id.clone(), kind: l.kind.clone(), payload: l.payload.clone() };
+        let stored = NewEntry::stored(l.entry_id.clone(), l.kind.clone(), l.payload.clone());
         let record = Record::decode(l.seq, l.entry_id, &l.kind, l.payload, l.recorded_at);
         loads.entry(LoadId::parse(&l.load_id).unwrap()).or_default().push((record, stored));
     }

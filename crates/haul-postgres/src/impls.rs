@@ -581,26 +581,6 @@ impl DeliveryLog for PgStore {
 
 #[async_trait]
 impl LoadIndex for PgStore {
-    async fn set_load_facts(
-        &self,
-        load_id: &LoadId,
-        driver_phone: Option<&str>,
-        active: bool,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO load_facts (load_id, driver_phone, active, updated_at) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (load_id) DO UPDATE SET driver_phone = excluded.driver_phone, active = excluded.active,
-                 updated_at = excluded.updated_at",
-                &[&load_id.as_str(), &driver_phone, &active, &to_ms(now)],
-            )
-            .await
-            .map_err(pg)?;
-        Ok(())
-    }
-
     async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError> {
         self.query_rows(
             "SELECT load_id FROM load_facts WHERE driver_phone = $1 AND active ORDER BY load_id LIMIT 100",

@@ -383,10 +383,16 @@ pub const LOAD_SUMMARY_ASKS: &str = "SELECT asks FROM loads WHERE load_id = $1";
 pub const LOAD_SUMMARY_SET: &str = "UPDATE loads SET stage = COALESCE($2, stage), asks = COALESCE($3, asks),
        open_asks = COALESCE($4, open_asks), escalated_asks = COALESCE($5, escalated_asks)
      WHERE load_id = $1";
+/// What an append's entries change in the load's facts (the webhook's route by phone):
+/// `$1` load, `$2` driver phone, `$3` active (each NULL: unchanged), `$4` now (ms).
+pub const LOAD_FACTS_SET: &str = "INSERT INTO load_facts (load_id, driver_phone, active, updated_at)
+       VALUES ($1, $2, COALESCE($3, TRUE), $4)
+     ON CONFLICT (load_id) DO UPDATE SET driver_phone = COALESCE($2, load_facts.driver_phone),
+       active = COALESCE($3, load_facts.active), updated_at = $4";
 /// The summary with the asks folded in SQL, so an append whose decision changes asks
 /// needs no read first (one round trip): `$1` load, `$2` stage (NULL: unchanged), `$3`
 /// the asks' new statuses (`{ask_id: status}`, JSON). The same fold as
-/// `SummaryDelta::fold_asks`: the statuses merged over the stored ones (a stored value
+/// `Derived::fold_asks`: the statuses merged over the stored ones (a stored value
 /// that is not an object counts as none), then the open and escalated ones counted.
 /// Stored text that is not JSON fails the statement, and the append then runs step by
 /// step with the fold in Rust, which reads it as no asks.

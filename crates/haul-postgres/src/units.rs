@@ -5,9 +5,9 @@
 //! into the other.
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
+use haul_core::derived::Derived;
 use haul_core::ids::LoadId;
 use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt};
-use haul_store::ops::SummaryDelta;
 use haul_store::{
     AppendError, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, NewEntry,
     NewOutboxRow, Published, StaleClaimError, StoreError, outbox_key_load,
@@ -17,9 +17,9 @@ use tokio_postgres::error::SqlState;
 
 use crate::rows::{Params, col, constraint};
 use crate::sql::{
-    ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_SUMMARY_ASKS, LOAD_SUMMARY_FOLD, LOAD_SUMMARY_SET,
-    LOAD_VERSION, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED, QUEUE_ACK, QUEUE_LOCK_HEAD,
-    QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
+    ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS, LOAD_SUMMARY_FOLD,
+    LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED, QUEUE_ACK,
+    QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
 };
 use crate::{pg, pool_client};
 
@@ -114,13 +114,14 @@ pub(crate) struct AppendStatements {
     outbox: Option<Statement>,
     summary: Option<Statement>,
     fold: Option<Statement>,
+    facts: Option<Statement>,
     lock: Option<Statement>,
     ack: Option<Statement>,
 }
 
 impl AppendStatements {
     pub(crate) async fn prepare(tx: &impl GenericClient, a: &AppendArgs) -> Result<Self, tokio_postgres::Error> {
-        let delta = SummaryDelta::of(&a.entries);
+        let delta = Derived::merged(a.entries.iter().map(|e| &e.derived));
         let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, tokio_postgres::Error> {
             if needed { Ok(Some(tx.prepare_cached(sql).await?)) } else { Ok(None) }
         };
@@ -135,6 +136,7 @@ impl AppendStatements {
             outbox: prepare(!a.outbox.is_empty(), OUTBOX_INSERT).await?,
             summary: prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?,
             fold: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_FOLD).await?,
+            facts: prepare(delta.changes_facts(), LOAD_FACTS_SET).await?,
             lock: prepare(message, QUEUE_LOCK_HEAD_OF_LOAD).await?,
             ack: prepare(message, QUEUE_ACK).await?,
         })
@@ -173,7 +175,7 @@ pub(crate) async fn append_body(
     let new_version = expected + entries.len() as i64;
     let ids: Vec<&str> = entries.iter().map(|e| e.entry_id.as_str()).collect();
     let keys: Vec<&str> = outbox.iter().map(|o| o.id.as_str()).collect();
-    let delta = SummaryDelta::of(entries);
+    let delta = Derived::merged(entries.iter().map(|e| &e.derived));
     let AppendStatements {
         version: version_stmt,
         entries: entries_stmt,
@@ -183,6 +185,7 @@ pub(crate) async fn append_body(
         outbox: outbox_stmt,
         summary: summary_stmt,
         fold: fold_stmt,
+        facts: facts_stmt,
         lock: lock_stmt,
         ack: ack_stmt,
     } = statements;
@@ -218,6 +221,11 @@ pub(crate) async fn append_body(
         Some(stmt) => tx.execute(stmt, &[&lid, &delta.stage, asks, open, escalated]).await,
         None => Ok(0),
     };
+    let active = delta.active();
+    let set_facts = async || match &facts_stmt {
+        Some(stmt) => tx.execute(stmt, &[&lid, &delta.driver_phone, &active, &now]).await,
+        None => Ok(0),
+    };
     let ack = async || match (&lock_stmt, &ack_stmt, message) {
         (Some(lock), Some(ack), Some(id)) => {
             // Two statements, one round trip: the ack's snapshot must come after the
@@ -243,9 +251,9 @@ pub(crate) async fn append_body(
         // step, checks and all, for the exact error. Taken ones are rare (a redelivery
         // the worker did not already see in the log), the lookups are not: one or two
         // statements fewer per append.
-        let (won, inserted, outboxed, summarized, acked) =
-            tokio::join!(take_version(), insert_events(), insert_outbox(), summarize(), ack());
-        let clean = matches!(won, Ok(1)) && inserted.is_ok() && outboxed.is_ok() && summarized.is_ok();
+        let (won, inserted, outboxed, summarized, facts, acked) =
+            tokio::join!(take_version(), insert_events(), insert_outbox(), summarize(), set_facts(), ack());
+        let clean = matches!(won, Ok(1)) && inserted.is_ok() && outboxed.is_ok() && summarized.is_ok() && facts.is_ok();
         return match acked {
             Ok(n) if clean => Ok((new_version as u64, n == 1)),
             _ => Err(Fail::Again),
@@ -292,8 +300,8 @@ pub(crate) async fn append_body(
         let (after, o, e) = delta.fold_asks(&before);
         (asks_after, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
     }
-    let (inserted, outboxed, summarized, acked) =
-        tokio::join!(insert_events(), insert_outbox(), set_summary(&asks_after, &open, &escalated), ack());
+    let (inserted, outboxed, summarized, facts, acked) =
+        tokio::join!(insert_events(), insert_outbox(), set_summary(&asks_after, &open, &escalated), set_facts(), ack());
     inserted.map_err(|e| match constraint(&e) {
         Some(c) if c.ends_with("entry_id_key") => {
             Fail::typed(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
@@ -306,6 +314,7 @@ pub(crate) async fn append_body(
         _ => db(e),
     })?;
     summarized.map_err(db)?;
+    facts.map_err(db)?;
     Ok((new_version as u64, acked.map_err(db)? == 1))
 }
 

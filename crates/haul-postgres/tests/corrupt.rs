@@ -28,7 +28,7 @@ async fn wrong_typed_and_null_columns_are_corrupt_row_errors() {
     for l in [&l1, &l2] {
         let id = format!("{l}/e1/send_sms");
         let row = NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms };
-        let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({}) };
+        let entry = NewEntry::stored("e1", "inbound_sms", json!({}));
         s.append(l, vec![entry], 0, vec![row], at(1)).await.unwrap();
     }
     let timer = TimerId::parse("tmr:L1:ask:eta_request:p1:1").unwrap();
@@ -65,12 +65,8 @@ async fn stored_asks_that_are_not_json_do_not_stop_an_append() {
     let options = FreshStore { pool_size: 4, ..FreshStore::default() };
     let (s, schema) = fresh_store(&options).await.unwrap();
     let l = LoadId::parse("L1").unwrap();
-    let decision = |event: &str, asks: serde_json::Value| NewEntry {
-        entry_id: format!("dec:{event}"),
-        kind: "decision_recorded".into(),
-        payload: json!({"asks": asks}),
-    };
-    let ask = |id: &str, status: &str| json!({"ask_id": id, "step": 1, "status": status});
+    let decision = haul_store::contract::decision;
+    let ask = |id: &str, status: &str| json!({"ask_id": format!("ask:eta_request:{id}"), "step": 1, "status": status});
     s.append(&l, vec![decision("e1", json!([ask("a1", "open"), ask("a2", "escalated")]))], 0, vec![], at(1))
         .await
         .unwrap();
@@ -82,13 +78,16 @@ async fn stored_asks_that_are_not_json_do_not_stop_an_append() {
     };
     let (asks, open, escalated) = summary().await;
     let asks: serde_json::Value = serde_json::from_str(&asks).unwrap();
-    assert_eq!((asks, open, escalated), (json!({"a1": "open", "a2": "escalated"}), 1, 1));
+    assert_eq!(
+        (asks, open, escalated),
+        (json!({"ask:eta_request:a1": "open", "ask:eta_request:a2": "escalated"}), 1, 1)
+    );
 
     client.batch_execute("UPDATE loads SET asks = 'not json' WHERE load_id = 'L1'").await.unwrap();
     s.append(&l, vec![decision("e2", json!([ask("a3", "open")]))], 1, vec![], at(2)).await.unwrap();
     let (asks, open, escalated) = summary().await;
     let asks: serde_json::Value = serde_json::from_str(&asks).unwrap();
-    assert_eq!((asks, open, escalated), (json!({"a3": "open"}), 1, 0));
+    assert_eq!((asks, open, escalated), (json!({"ask:eta_request:a3": "open"}), 1, 0));
     assert_eq!(s.read(&l).await.unwrap().1, 2, "both appends are in the log");
 }
 
@@ -100,7 +99,7 @@ async fn a_first_append_meeting_rows_without_a_version_row_is_refused_as_before(
     let options = FreshStore { pool_size: 4, ..FreshStore::default() };
     let (s, schema) = fresh_store(&options).await.unwrap();
     let l = LoadId::parse("L1").unwrap();
-    let entry = |id: &str| NewEntry { entry_id: id.into(), kind: "inbound_sms".into(), payload: json!({}) };
+    let entry = |id: &str| NewEntry::stored(id, "inbound_sms", json!({}));
     let row = |id: &str| NewOutboxRow { action: json!({"key": id}), id: id.into(), action_type: ActionType::SendSms };
     s.append(&l, vec![entry("e1")], 0, vec![row("L1/e1/send_sms")], at(1)).await.unwrap();
     let client = client_in_schema(&options.url, &schema).await;

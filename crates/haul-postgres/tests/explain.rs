@@ -49,10 +49,7 @@ async fn fill(s: &haul_postgres::PgStore) {
                 NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms }
             })
             .collect();
-        let entries = ["e1", "dec:e1"]
-            .iter()
-            .map(|e| NewEntry { entry_id: (*e).into(), kind: "inbound_sms".into(), payload: json!({}) })
-            .collect();
+        let entries = ["e1", "dec:e1"].iter().map(|e| NewEntry::stored(*e, "inbound_sms", json!({}))).collect();
         s.append(&l, entries, 0, rows, at(1)).await.unwrap();
         let t = TimerId::parse(&format!("tmr:L{i}:ask:eta_request:p:1")).unwrap();
         s.schedule(&t, at(100), at(1)).await.unwrap();
@@ -198,6 +195,7 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("append: the summary's asks", LOAD_SUMMARY_ASKS, vec![&l]),
         case("append: the summary", LOAD_SUMMARY_SET, vec![&l, &stage, &asks, &count, &count]),
         case("append: the summary, asks folded", LOAD_SUMMARY_FOLD, vec![&l, &stage, &asks]),
+        case("append: the load's facts", LOAD_FACTS_SET, vec![&l, &phone, &yes, &now]),
         case("oldest due timer (/metrics)", TIMERS_OLDEST_DUE, vec![&now]),
         case("loads query: the window", LOADS_SCAN_END, vec![&empty, &window]),
         case(

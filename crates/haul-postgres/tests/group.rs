@@ -17,7 +17,7 @@ fn load(s: &str) -> LoadId {
 }
 
 fn entry(id: &str) -> NewEntry {
-    NewEntry { entry_id: id.into(), kind: "inbound_sms".into(), payload: json!({"body": id}) }
+    NewEntry::stored(id, "inbound_sms", json!({"body": id}))
 }
 
 fn row(id: &str) -> NewOutboxRow {
@@ -128,12 +128,12 @@ async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
 /// the summary as it really is: nothing is folded twice or on a refused unit's asks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asks_folded_in_a_wave_that_rolls_back_are_folded_once() {
+    let ask = |id: &str| format!("ask:eta_request:{id}");
     let (s, schema) = fresh_store(&FreshStore::default()).await.unwrap();
-    let decision = |event: &str, asks: &[(&str, &str)]| NewEntry {
-        entry_id: format!("dec:{event}"),
-        kind: "decision_recorded".into(),
-        payload: json!({"asks": asks.iter().map(|(id, status)| json!({"ask_id": id, "step": 1, "status": status}))
-            .collect::<Vec<_>>()}),
+    // Asks `a1`... stand for `ask:eta_request:a1`...
+    let decision = |event: &str, asks: &[(&str, &str)]| {
+        let asks = asks.iter().map(|(id, status)| json!({"ask_id": ask(id), "step": 1, "status": status}));
+        haul_store::contract::decision(event, asks.collect())
     };
     s.append(&load("G"), vec![decision("g1", &[("a1", "open")])], 0, vec![], t0()).await.unwrap();
     let batch = s
@@ -156,8 +156,8 @@ async fn asks_folded_in_a_wave_that_rolls_back_are_folded_once() {
             .unwrap();
         (serde_json::from_str(r.get::<_, &str>(0)).unwrap(), r.get(1), r.get(2))
     };
-    assert_eq!(summary("G").await, (json!({"a1": "answered", "a2": "open"}), 1, 0));
-    assert_eq!(summary("H").await, (json!({"b1": "escalated"}), 0, 1));
+    assert_eq!(summary("G").await, (json!({ask("a1"): "answered", ask("a2"): "open"}), 1, 0));
+    assert_eq!(summary("H").await, (json!({ask("b1"): "escalated"}), 0, 1));
     assert_eq!(log(&s, "G").await, (vec!["dec:g1".into(), "dec:g3".into()], 2));
 }
 

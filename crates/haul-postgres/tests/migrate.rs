@@ -30,7 +30,7 @@ fn load(i: usize) -> LoadId {
 }
 
 fn entry(id: &str) -> NewEntry {
-    NewEntry { entry_id: id.into(), kind: "inbound_sms".into(), payload: json!({"from": "+15555550100", "body": id}) }
+    NewEntry::stored(id, "inbound_sms", json!({"from": "+15555550100", "body": id}))
 }
 
 fn row(id: String) -> NewOutboxRow {
@@ -309,7 +309,7 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
                  ('L0', 4, 'dec:t1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:u1","step":2,"status":"escalated"}]}', 4000),
                  ('L0', 5, 'x1', 'load_update', 'not json', 5000),
                  ('L1', 1, 'u1', 'load_update', '{"client":"c"}', 1000),
-                 ('L1', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"a","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"answered"}]}', 2000),
+                 ('L1', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:a","step":1,"status":"open"},{"ask_id":"ask:eta_request:b","step":1,"status":"open"},{"ask_id":"ask:eta_request:b","step":1,"status":"answered"}]}', 2000),
                  ('L2', 1, 'p1', 'location_ping', '{}', 1000);"#,
         )
         .await
@@ -333,11 +333,10 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
             ("L2".into(), None, 0, 0, 1000),
         ]
     );
-    let next = NewEntry {
-        entry_id: "dec:y".into(),
-        kind: "decision_recorded".into(),
-        payload: json!({"asks": [{"ask_id": "a", "step": 2, "status": "closed"}]}),
-    };
+    let next = haul_store::contract::decision(
+        "y",
+        serde_json::json!([{"ask_id": "ask:eta_request:a", "step": 2, "status": "closed"}]),
+    );
     s.append(&load(1), vec![next], 2, vec![], at(9)).await.unwrap();
     let l1 = s.loads_page(&haul_store::LoadFilter::default(), Some(&load(0)), 1).await.unwrap().loads.remove(0);
     assert_eq!((l1.open_asks, l1.escalated_asks, l1.version), (0, 0, 3));

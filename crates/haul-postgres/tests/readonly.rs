@@ -33,7 +33,7 @@ async fn a_read_only_store_keeps_the_urls_own_options() {
     let store = PgStore::connect(&PgConfig::new(&url)).await.unwrap();
     store.migrate().await.unwrap();
     let load = haul_core::ids::LoadId::parse("RO1").unwrap();
-    let entry = NewEntry { entry_id: "e1".into(), kind: "load_update".into(), payload: serde_json::json!({}) };
+    let entry = NewEntry::stored("e1", "load_update", serde_json::json!({}));
     let now = haul_core::time::from_ms(1_772_434_800_000);
     store.append(&load, vec![entry.clone()], 0, vec![], now).await.unwrap();
     let reader = PgStore::connect(&PgConfig { read_only: true, ..PgConfig::new(&url) }).await.unwrap();

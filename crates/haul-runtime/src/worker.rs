@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use haul_core::decision::{DECISION_RECORDED, Decision};
+use haul_core::derived::Derived;
 use haul_core::disposition::{self, Disposition, End, Finish, Happened, Message, Refused};
-use haul_core::event::LoadUpdate;
 use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
 use haul_core::validate::validate_decision;
-use haul_core::{Clock, EventBody, InboundEvent, QueueMode};
+use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -415,11 +415,7 @@ impl Worker {
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
                 let Prepared { state, decision, version, now } = *p;
                 let records = Record::appended(version, event, &decision, now);
-                let load_update = match &event.body {
-                    EventBody::LoadUpdate(u) => Some(u.clone()),
-                    _ => None,
-                };
-                let committed = Committed { before: state, decision, records, load_update };
+                let committed = Committed { before: state, decision, records };
                 return Ok((Happened::Appended { with_ack }, Some(committed)));
             }
             Err(AppendError::ConcurrencyConflict(c)) => {
@@ -481,10 +477,7 @@ impl Worker {
     /// dispatcher's wake-up.
     async fn committed(&self, msg: &Received, c: Committed) -> RunOutcome {
         let load = &msg.load_id;
-        let Committed { before, decision: d, records, load_update } = c;
-        if let Some(u) = &load_update {
-            self.index_facts(load, &before, u).await;
-        }
+        let Committed { before, decision: d, records } = c;
         if let (Some(shadow), Ok(event), Some(first)) = (self.shadow.get(), &msg.event, records.first()) {
             shadow.offer(load, &before, event, first.seq, &d);
         }
@@ -579,17 +572,6 @@ impl Worker {
         Decision::fallback(load, &event.event_id, event.kind(), now, &why)
     }
 
-    /// Rewrites the load's derived facts (driver phone, active) after a load_update.
-    /// Derived data: if this fails, the next load_update rewrites it.
-    async fn index_facts(&self, load: &LoadId, before: &LoadState, u: &LoadUpdate) {
-        let phone = u.driver_phone.as_deref().or(before.driver_phone.as_deref());
-        let stage = u.stage.as_deref().or(before.stage.as_deref());
-        let active = stage != Some(haul_core::projection::STAGE_DELIVERED);
-        if let Err(e) = self.store.set_load_facts(load, phone, active, self.clock.now()).await {
-            warn!(error = %e, "updating the load index failed; the next load_update rewrites it");
-        }
-    }
-
     async fn ack(&self, msg: &Received) {
         if let Err(e) = self.queue.ack(&msg.receipt, self.clock.now()).await {
             // The run's work is durable; a lost ack only means a redelivery, which
@@ -625,8 +607,6 @@ struct Committed {
     before: LoadState,
     decision: Decision,
     records: [Record; 2],
-    /// The event, when it updated the load's facts.
-    load_update: Option<LoadUpdate>,
 }
 
 /// Where a run goes after an attempt.
@@ -639,9 +619,20 @@ enum Then {
 /// The two log entries and the outbox rows of one run.
 fn rows(event: &InboundEvent, d: &Decision) -> Result<(Vec<NewEntry>, Vec<NewOutboxRow>), String> {
     let decision = serde_json::to_value(d).map_err(|e| format!("cannot encode the decision: {e}"))?;
+    // Typed here, so what each changes in the load's derived data needs no decoding.
     let entries = vec![
-        NewEntry { entry_id: event.event_id.to_string(), kind: event.kind().into(), payload: event.body.payload() },
-        NewEntry { entry_id: d.decision_id.clone(), kind: DECISION_RECORDED.into(), payload: decision },
+        NewEntry {
+            entry_id: event.event_id.to_string(),
+            kind: event.kind().into(),
+            payload: event.body.payload(),
+            derived: Derived::of_event(&event.body),
+        },
+        NewEntry {
+            entry_id: d.decision_id.clone(),
+            kind: DECISION_RECORDED.into(),
+            payload: decision,
+            derived: Derived::of_decision(d),
+        },
     ];
     let mut outbox = Vec::with_capacity(d.actions.len());
     for a in &d.actions {

@@ -9,7 +9,7 @@ use haul_core::ids::LoadId;
 use haul_core::{Clock, FakeClock};
 use haul_server::twilio;
 use haul_server::{ApiState, ConnectionLimits, SMS_PER_MINUTE, router, serve_http};
-use haul_store::{LoadQueue, Store};
+use haul_store::{LoadQueue, NewEntry, Store};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -266,15 +266,10 @@ const SMS: [(&str, &str); 4] =
 #[tokio::test]
 async fn twilio_webhook_checks_the_signature() {
     let a = api().await;
-    a.store
-        .set_load_facts(
-            &LoadId::parse("481207").unwrap(),
-            Some("+15555550100"),
-            true,
-            "2026-03-02T07:00:00Z".parse().unwrap(),
-        )
-        .await
-        .unwrap();
+    // The load's first event, as a worker appends it: its facts route the SMS.
+    let update = NewEntry::stored("load:init", "load_update", json!({"driver_phone": "+15555550100"}));
+    let at = "2026-03-02T07:00:00Z".parse().unwrap();
+    a.store.append(&LoadId::parse("481207").unwrap(), vec![update], 0, vec![], at).await.unwrap();
     assert_eq!(a.twilio(&SMS, None).await.status(), StatusCode::FORBIDDEN);
     assert_eq!(a.twilio(&SMS, Some("bm90IGEgc2lnbmF0dXJl".into())).await.status(), StatusCode::FORBIDDEN);
     let mut tampered = SMS;

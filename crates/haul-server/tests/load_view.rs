@@ -53,12 +53,12 @@ async fn fill_long_load(a: &Api) {
             };
             let event = EventId::parse(&id).unwrap();
             let decision = Decision::new(&event, at(n), "sop", vec![], vec![], "nothing to do");
-            entries.push(NewEntry { entry_id: id.clone(), kind: kind.into(), payload });
-            entries.push(NewEntry {
-                entry_id: format!("dec:{id}"),
-                kind: "decision_recorded".into(),
-                payload: serde_json::to_value(&decision).unwrap(),
-            });
+            entries.push(NewEntry::stored(id.clone(), kind, payload));
+            entries.push(NewEntry::stored(
+                format!("dec:{id}"),
+                "decision_recorded",
+                serde_json::to_value(&decision).unwrap(),
+            ));
             if outbox_left > 0 {
                 outbox_left -= 1;
                 let key = format!("{LOAD}/{id}/send_sms");
@@ -188,7 +188,7 @@ async fn views_of_a_long_load_cost_what_their_page_shows(backend: Backend) {
     a.store
         .append(
             &LoadId::parse("481208").unwrap(),
-            vec![NewEntry { entry_id: "load:init".into(), kind: "load_update".into(), payload: other }],
+            vec![NewEntry::stored("load:init", "load_update", other)],
             0,
             vec![],
             at(0),
@@ -233,16 +233,8 @@ async fn views_of_a_long_load_cost_what_their_page_shows(backend: Backend) {
         .append(
             &load(),
             vec![
-                NewEntry {
-                    entry_id: "sms_late".into(),
-                    kind: "inbound_sms".into(),
-                    payload: json!({"from": "+15555550100", "body": "here"}),
-                },
-                NewEntry {
-                    entry_id: "dec:sms_late".into(),
-                    kind: "decision_recorded".into(),
-                    payload: serde_json::to_value(&decision).unwrap(),
-                },
+                NewEntry::stored("sms_late", "inbound_sms", json!({"from": "+15555550100", "body": "here"})),
+                NewEntry::stored("dec:sms_late", "decision_recorded", serde_json::to_value(&decision).unwrap()),
             ],
             EVENTS,
             vec![],
@@ -273,16 +265,7 @@ fn hold_write_lock(path: &std::path::Path, hold: Duration) -> std::thread::JoinH
 async fn sqlite_inspect_does_not_wait_for_a_busy_writer() {
     let a = api(Backend::SqliteFile).await;
     let init = json!({"event_id": "load:init", "kind": "load_update", "stage": "in_transit"});
-    a.store
-        .append(
-            &load(),
-            vec![NewEntry { entry_id: "load:init".into(), kind: "load_update".into(), payload: init }],
-            0,
-            vec![],
-            at(0),
-        )
-        .await
-        .unwrap();
+    a.store.append(&load(), vec![NewEntry::stored("load:init", "load_update", init)], 0, vec![], at(0)).await.unwrap();
     let hold = Duration::from_secs(2);
     let release = hold_write_lock(a.sqlite_path.as_deref().unwrap(), hold);
     let held_since = Instant::now();

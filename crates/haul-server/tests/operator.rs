@@ -36,8 +36,8 @@ async fn rows(api: &Api, load: &str, event: &str, rows: &[(&str, ActionType, Opt
     let s = &api.store;
     let version = s.read(&l(load)).await.unwrap().1;
     let entries = vec![
-        NewEntry { entry_id: event.into(), kind: "location_ping".into(), payload: json!({}) },
-        NewEntry { entry_id: format!("dec:{event}"), kind: "decision_recorded".into(), payload: json!({}) },
+        NewEntry::stored(event, "location_ping", json!({})),
+        NewEntry::stored(format!("dec:{event}"), "decision_recorded", json!({})),
     ];
     let outbox = rows
         .iter()

@@ -29,14 +29,14 @@ fn row(id: &str, action_type: ActionType) -> NewOutboxRow {
 /// minutes overdue; two unmatched SMS.
 async fn fill(a: &Api) {
     let s = &a.store;
-    let entry = |id: &str, kind: &str, payload: Value| NewEntry { entry_id: id.into(), kind: kind.into(), payload };
+    let entry = |id: &str, kind: &str, payload: Value| NewEntry::stored(id, kind, payload);
     let ask = |status: &str| json!([{"ask_id": "ask:eta_request:u1", "step": 1, "status": status}]);
     let l = |id: &str| LoadId::parse(id).unwrap();
     s.append(
         &l("L1"),
         vec![
             entry("u1", "load_update", json!({"stage": "in_transit"})),
-            entry("dec:u1", "decision_recorded", json!({"asks": ask("open")})),
+            haul_store::contract::decision("u1", ask("open")),
         ],
         0,
         vec![],
@@ -48,7 +48,7 @@ async fn fill(a: &Api) {
         &l("L2"),
         vec![
             entry("u1", "load_update", json!({"stage": "at_pickup"})),
-            entry("dec:u1", "decision_recorded", json!({"asks": ask("escalated")})),
+            haul_store::contract::decision("u1", ask("escalated")),
         ],
         0,
         vec![row("L2/u1/send_sms", ActionType::SendSms), row("L2/u1/create_hero_task", ActionType::CreateHeroTask)],
@@ -212,4 +212,108 @@ async fn bad_queries_are_400_and_the_token_comes_first(backend: Backend) {
     }
 }
 
-on_both_backends!(the_queries_filter_and_page, bad_queries_are_400_and_the_token_comes_first);
+/// Every query's whole answer, field by field: the API's answers are extended, never
+/// changed, whatever builds them.
+async fn each_answer_keeps_every_field(backend: Backend) {
+    let a = api(backend).await;
+    fill(&a).await;
+    let mut got = serde_json::Map::new();
+    for q in ["loads?limit=1", "dead?limit=1", "timers", "unmatched?limit=1", "alerts", "conflicts?limit=1"] {
+        got.insert(q.into(), ok(&a, &format!("/v1/ops/{q}")).await);
+    }
+    let want = json!({
+      "alerts": {
+        "alerts": [
+          {
+            "action_type": "create_hero_task",
+            "age_s": 3570.0,
+            "failure": "HTTP 400: no such number",
+            "kind": "hero_channel_failure",
+            "last_error": "HTTP 503",
+            "load_id": "L2",
+            "outbox_id": "L2/u1/create_hero_task",
+            "raised_at": "2026-03-02T06:00:30Z",
+            "sends": 2,
+            "state": "delivered",
+            "updated_at": "2026-03-02T06:00:31Z"
+          }
+        ],
+        "next_before": null
+      },
+      "conflicts?limit=1": {
+        "loads": [
+          {
+            "conflicts": 3,
+            "last_conflict_at": "2026-03-02T06:00:43Z",
+            "load_id": "L2",
+            "since_last_s": 3557.0
+          }
+        ]
+      },
+      "dead?limit=1": {
+        "next_before": "1772431230000.L2/u1/send_sms",
+        "rows": [
+          {
+            "action_type": "send_sms",
+            "age_s": 3570.0,
+            "attempts": 1,
+            "class": "external",
+            "created_at": "2026-03-02T06:00:10Z",
+            "dead_at": "2026-03-02T06:00:30Z",
+            "id": "L2/u1/send_sms",
+            "last_failure": "HTTP 400: no such number",
+            "load_id": "L2",
+            "outcome_published_at": null
+          }
+        ]
+      },
+      "loads?limit=1": {
+        "loads": [
+          {
+            "created_at": "2026-03-02T06:00:00Z",
+            "escalated_asks": 0,
+            "idle_s": 3600.0,
+            "last_activity_at": "2026-03-02T06:00:00Z",
+            "load_id": "L1",
+            "open_asks": 1,
+            "stage": "in_transit",
+            "version": 2
+          }
+        ],
+        "next_after": "L1"
+      },
+      "timers": {
+        "next_after": null,
+        "timers": [
+          {
+            "created_at": "2026-03-02T06:20:00Z",
+            "fire_at": "2026-03-02T06:30:00Z",
+            "load_id": "L3",
+            "overdue_s": 1800.0,
+            "timer_id": "tmr:L3:ask:eta_request:p1:1"
+          }
+        ]
+      },
+      "unmatched?limit=1": {
+        "next_before": "1772431400000.SM2",
+        "unmatched": [
+          {
+            "age_s": 3400.0,
+            "body": "who is this",
+            "from": "+15555550199",
+            "message_sid": "SM2",
+            "reason": "no single active load has this driver phone",
+            "received_at": "2026-03-02T06:03:20Z",
+            "to": "+15555550000"
+          }
+        ]
+      }
+    });
+    assert_eq!(Value::Object(got), want);
+}
+
+on_both_backends!(
+    the_queries_filter_and_page,
+    bad_queries_are_400_and_the_token_comes_first,
+    each_answer_keeps_every_field
+);

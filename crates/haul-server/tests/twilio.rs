@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
-use haul_store::{LoadQueue, Published, QueueError, QueueMessage, Store, StoreError};
+use haul_store::{LoadQueue, NewEntry, Published, QueueError, QueueMessage, Store, StoreError};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -37,8 +37,13 @@ fn sms<'a>(from: &'a str, body: &'a str, sid: &'a str) -> [(&'a str, &'a str); 4
     [("From", from), ("To", HAUL_NUMBER), ("Body", body), ("MessageSid", sid)]
 }
 
+/// Gives `load` the driver `phone`, active or delivered, as a worker's append of a
+/// `load_update` does.
 async fn assign(a: &Api, load: &str, phone: &str, active: bool) {
-    a.store.set_load_facts(&l(load), Some(phone), active, t0()).await.unwrap();
+    let version = a.store.read(&l(load)).await.unwrap().1;
+    let stage = if active { "in_transit" } else { "delivered" };
+    let update = NewEntry::stored(format!("u{version}"), "load_update", json!({"driver_phone": phone, "stage": stage}));
+    a.store.append(&l(load), vec![update], version, vec![], t0()).await.unwrap();
 }
 
 /// The body an SMS was queued with on a load, if it was.

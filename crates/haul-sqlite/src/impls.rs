@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use haul_core::action::ActionType;
+use haul_core::derived::Derived;
 use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
@@ -16,7 +17,7 @@ use haul_store::backend::{
     ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row, shadow_params, shadow_row,
     sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row, unsettled_row,
 };
-use haul_store::ops::{LOADS_SCANNED_PER_PAGE, SummaryDelta, types_param};
+use haul_store::ops::{LOADS_SCANNED_PER_PAGE, types_param};
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
@@ -271,8 +272,20 @@ impl SqliteStore {
                 )
                 .and_then(|mut s| s.execute(params![lid, new_version as i64, now]))
                 .map_err(db)?;
-                // The load's summary (stage, asks), in the same transaction.
-                let delta = SummaryDelta::of(&entries);
+                // What the entries change in the load's summary (stage, asks) and facts
+                // (phone, active), in the same transaction.
+                let delta = Derived::merged(entries.iter().map(|e| &e.derived));
+                if delta.changes_facts() {
+                    exec(
+                        conn,
+                        "INSERT INTO load_facts (load_id, driver_phone, active, updated_at)
+                           VALUES (?1, ?2, COALESCE(?3, 1), ?4)
+                         ON CONFLICT (load_id) DO UPDATE SET driver_phone = COALESCE(?2, driver_phone),
+                           active = COALESCE(?3, active), updated_at = ?4",
+                        params![lid, delta.driver_phone, delta.active(), now],
+                    )
+                    .map_err(db)?;
+                }
                 if delta.stage.is_some() || !delta.asks_unchanged() {
                     let (mut asks, mut open, mut escalated) = (None, None, None);
                     if !delta.asks_unchanged() {
@@ -1054,29 +1067,6 @@ impl DeliveryLog for SqliteStore {
 
 #[async_trait]
 impl LoadIndex for SqliteStore {
-    async fn set_load_facts(
-        &self,
-        load_id: &LoadId,
-        driver_phone: Option<&str>,
-        active: bool,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        let (load_id, phone, now) = (load_id.to_string(), driver_phone.map(str::to_owned), to_ms(now));
-        self.writer
-            .run(move |conn: &Connection| {
-                exec(
-                    conn,
-                    "INSERT INTO load_facts (load_id, driver_phone, active, updated_at) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (load_id) DO UPDATE SET driver_phone = excluded.driver_phone, active = excluded.active,
-                     updated_at = excluded.updated_at",
-                    params![load_id, phone, active, now],
-                )
-                .map_err(db)?;
-                Ok(())
-            })
-            .await
-    }
-
     async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError> {
         let phone = phone.to_owned();
         self.query_rows(

@@ -30,7 +30,7 @@ async fn wrong_typed_columns_are_corrupt_row_errors() {
     for l in [&l1, &l2] {
         let id = format!("{l}/e1/send_sms");
         let row = NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms };
-        let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({}) };
+        let entry = NewEntry::stored("e1", "inbound_sms", json!({}));
         store.append(l, vec![entry], 0, vec![row], at(1)).await.unwrap();
     }
     let timer = TimerId::parse("tmr:L1:ask:eta_request:p1:1").unwrap();

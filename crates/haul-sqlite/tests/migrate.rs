@@ -99,7 +99,7 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
                  ('L0', 4, 'dec:t1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:u1","step":2,"status":"escalated"}]}', 4000),
                  ('L0', 5, 'x1', 'load_update', 'not json', 5000),
                  ('L1', 1, 'u1', 'load_update', '{"client":"c"}', 1000),
-                 ('L1', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"a","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"open"},{"ask_id":"b","step":1,"status":"answered"}]}', 2000),
+                 ('L1', 2, 'dec:u1', 'decision_recorded', '{"asks":[{"ask_id":"ask:eta_request:a","step":1,"status":"open"},{"ask_id":"ask:eta_request:b","step":1,"status":"open"},{"ask_id":"ask:eta_request:b","step":1,"status":"answered"}]}', 2000),
                  ('L2', 1, 'p1', 'location_ping', '{}', 1000);"#,
         )
         .unwrap();
@@ -125,11 +125,10 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
         ]
     );
     // The summary goes on from there with the next append.
-    let next = haul_store::NewEntry {
-        entry_id: "dec:y".into(),
-        kind: "decision_recorded".into(),
-        payload: serde_json::json!({"asks": [{"ask_id": "a", "step": 2, "status": "closed"}]}),
-    };
+    let next = haul_store::contract::decision(
+        "y",
+        serde_json::json!([{"ask_id": "ask:eta_request:a", "step": 2, "status": "closed"}]),
+    );
     haul_store::EventStore::append(&store, &load("L1"), vec![next], 2, vec![], at(9)).await.unwrap();
     let l1 = store.loads_page(&LoadFilter::default(), Some(&load("L0")), 1).await.unwrap().loads.remove(0);
     assert_eq!((l1.open_asks, l1.escalated_asks, l1.version), (0, 0, 3));

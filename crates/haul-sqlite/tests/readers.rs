@@ -30,13 +30,13 @@ async fn file_store() -> (SqliteStore, std::path::PathBuf) {
 /// A load with a log, an outbox row, a timer, a queued message, a delivery, facts.
 async fn fill(s: &SqliteStore) -> LoadId {
     let l = LoadId::parse("L1").unwrap();
-    let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({"body": "x"}) };
+    // A load_update: the append writes the load's facts too.
+    let entry = NewEntry::stored("e1", "load_update", json!({"driver_phone": "+15555550100"}));
     let row = NewOutboxRow { id: "L1/e1/send_sms".into(), action_type: ActionType::SendSms, action: json!({}) };
     s.append(&l, vec![entry], 0, vec![row], at(0)).await.unwrap();
     s.schedule(&TimerId::parse("tmr:L1:ask:eta_request:e1:1").unwrap(), at(60), at(0)).await.unwrap();
     s.publish(&l, "e2", "{}", at(0)).await.unwrap();
     s.record_delivery("sms", "L1/e1/send_sms", &l, &json!({}), at(0)).await.unwrap();
-    s.set_load_facts(&l, Some("+15555550100"), true, at(0)).await.unwrap();
     l
 }
 
@@ -114,7 +114,7 @@ async fn a_read_right_after_a_commit_sees_it() {
     let l = fill(&s).await;
     // A read right after a commit sees it: the writer answers only after COMMIT.
     for n in 2..50u64 {
-        let entry = NewEntry { entry_id: format!("e{n}"), kind: "inbound_sms".into(), payload: json!({}) };
+        let entry = NewEntry::stored(format!("e{n}"), "inbound_sms", json!({}));
         s.append(&l, vec![entry], n - 1, vec![], at(n)).await.unwrap();
         assert_eq!(s.read(&l).await.unwrap().1, n);
     }

@@ -45,7 +45,7 @@ async fn reading_writes_nothing_and_creates_no_file() {
         let s = store(&path).await;
         let l = LoadId::parse("L1").unwrap();
         let now = haul_core::time::from_ms(1_772_434_800_000);
-        let e = NewEntry { entry_id: "u1".into(), kind: "load_update".into(), payload: json!({"client": "a"}) };
+        let e = NewEntry::stored("u1", "load_update", json!({"client": "a"}));
         s.append(&l, vec![e], 0, vec![], now).await.unwrap();
     }
     // The store is closed: what is on disk now must be what is on disk after reading.

@@ -837,7 +837,7 @@ mod tests {
     fn append_checks_keys_and_repeats_in_the_batch() {
         let l = LoadId::parse("L1").unwrap();
         let row = |id: &str| NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({}) };
-        let entry = |id: &str| NewEntry { entry_id: id.into(), kind: "k".into(), payload: json!({}) };
+        let entry = |id: &str| NewEntry::stored(id, "k", json!({}));
         assert!(check_keys_of_load(&l, &[row("L1/e1/a")]).is_ok());
         let err = check_keys_of_load(&l, &[row("L1/e1/a"), row("L10/e1/a")]).unwrap_err();
         assert_eq!(err.0, "outbox key \"L10/e1/a\" is not an action key of load L1");

@@ -126,7 +126,7 @@ fn load(s: &str) -> LoadId {
 }
 
 fn entry(id: &str) -> NewEntry {
-    NewEntry { entry_id: id.into(), kind: "inbound_sms".into(), payload: json!({"from": "+15555550100", "body": id}) }
+    NewEntry::stored(id, "inbound_sms", json!({"from": "+15555550100", "body": id}))
 }
 
 fn row(id: &str) -> NewOutboxRow {
@@ -192,10 +192,7 @@ pub async fn append_then_read_round_trips(s: DynStore) {
     let v = s
         .append(
             &load("L1"),
-            vec![
-                NewEntry { entry_id: "sms_1".into(), kind: "inbound_sms".into(), payload: payload.clone() },
-                entry("dec:sms_1"),
-            ],
+            vec![NewEntry::stored("sms_1", "inbound_sms", payload.clone()), entry("dec:sms_1")],
             0,
             vec![],
             at(5),
@@ -947,18 +944,32 @@ pub async fn recorded_delivery_is_deduplicated_by_channel_and_key(s: DynStore) {
 
 pub async fn loads_are_found_by_active_driver_phone(s: DynStore) {
     let phone = "+15555550100";
-    s.set_load_facts(&load("L1"), Some(phone), true, at(0)).await.unwrap();
-    s.set_load_facts(&load("L2"), Some(phone), true, at(0)).await.unwrap();
-    s.set_load_facts(&load("L3"), Some("+15555550111"), true, at(0)).await.unwrap();
+    // Each append writes what its load_updates change, in its transaction.
+    let versions = std::sync::Mutex::new(std::collections::HashMap::<String, u64>::new());
+    let update = async |l: &str, id: &str, payload: serde_json::Value| {
+        let v = versions.lock().unwrap().get(l).copied().unwrap_or(0);
+        let entries = vec![NewEntry::stored(id, "load_update", payload), entry(&format!("dec:{id}"))];
+        let v = s.append(&load(l), entries, v, vec![], at(v)).await.unwrap();
+        versions.lock().unwrap().insert(l.to_owned(), v);
+    };
+    update("L1", "u1", json!({"driver_phone": phone, "stage": "in_transit"})).await;
+    update("L2", "u1", json!({"driver_phone": phone})).await;
+    update("L3", "u1", json!({"driver_phone": "+15555550111"})).await;
+    // An append that changes no fact (an SMS) leaves them.
+    s.append(&load("L1"), vec![entry("sms_1"), entry("dec:sms_1")], 2, vec![], at(1)).await.unwrap();
+    versions.lock().unwrap().insert("L1".into(), 4);
     let mut got = s.loads_by_phone(phone).await.unwrap();
     got.sort();
     assert_eq!(got, vec![load("L1"), load("L2")]);
-    // Delivered: no longer active.
-    s.set_load_facts(&load("L2"), Some(phone), false, at(1)).await.unwrap();
+    // Delivered: no longer active; the phone a stage-only update leaves is kept.
+    update("L2", "u2", json!({"stage": "delivered"})).await;
     assert_eq!(s.loads_by_phone(phone).await.unwrap(), vec![load("L1")]);
+    update("L3", "u2", json!({"stage": "at_pickup"})).await;
+    assert_eq!(s.loads_by_phone("+15555550111").await.unwrap(), vec![load("L3")]);
     // A new phone replaces the old.
-    s.set_load_facts(&load("L1"), Some("+15555550122"), true, at(2)).await.unwrap();
+    update("L1", "u2", json!({"driver_phone": "+15555550122"})).await;
     assert!(s.loads_by_phone(phone).await.unwrap().is_empty());
+    assert_eq!(s.loads_by_phone("+15555550122").await.unwrap(), vec![load("L1")]);
     assert!(s.loads_by_phone("' OR 1=1 --").await.unwrap().is_empty());
 }
 
@@ -1342,11 +1353,15 @@ pub async fn oldest_due_timer_is_the_earliest_scheduled_one_due(s: DynStore) {
 }
 
 fn update(stage: &str) -> NewEntry {
-    NewEntry { entry_id: format!("u-{stage}"), kind: "load_update".into(), payload: json!({"stage": stage}) }
+    NewEntry::stored(format!("u-{stage}"), "load_update", json!({"stage": stage}))
 }
 
-fn decision(event: &str, asks: serde_json::Value) -> NewEntry {
-    NewEntry { entry_id: format!("dec:{event}"), kind: "decision_recorded".into(), payload: json!({"asks": asks}) }
+/// A `decision_recorded` on `event` that moves `asks` (`[{ask_id, step, status}]`),
+/// whole as a worker writes one (what this and other crates' tests append).
+pub fn decision(event: &str, asks: serde_json::Value) -> NewEntry {
+    let payload = json!({"decision_id": format!("dec:{event}"), "event_id": event, "decided_at": "2026-03-02T07:00:00Z",
+        "decider": "sop", "filtered": false, "needs_hero_task": false, "rationale": "r", "actions": [], "asks": asks});
+    NewEntry::stored(format!("dec:{event}"), "decision_recorded", payload)
 }
 
 /// The load ids of one page of `filter`, from the start.
@@ -1633,15 +1648,15 @@ pub async fn log_reader_reads_what_was_appended(store: &dyn Store, reader: &dyn 
     use crate::LoadSelection;
     let t0 = haul_core::time::from_ms(1_772_434_800_000);
     let later = haul_core::time::add(t0, std::time::Duration::from_secs(3600));
-    let update = |client: &str| crate::NewEntry {
-        entry_id: format!("u_{client}"),
-        kind: "load_update".into(),
-        payload: serde_json::json!({"client": client}),
+    let update = |client: &str| {
+        crate::NewEntry::stored(format!("u_{client}"), "load_update", serde_json::json!({"client": client}))
     };
-    let ping = |i: usize| crate::NewEntry {
-        entry_id: format!("p{i}"),
-        kind: "location_ping".into(),
-        payload: serde_json::json!({"lat": 1.0, "lon": 1.0, "risk": "low"}),
+    let ping = |i: usize| {
+        crate::NewEntry::stored(
+            format!("p{i}"),
+            "location_ping",
+            serde_json::json!({"lat": 1.0, "lon": 1.0, "risk": "low"}),
+        )
     };
     let (a, b, c) = (load("RA"), load("RB"), load("RC"));
     store.append(&a, vec![update("acme"), ping(1), ping(2)], 0, vec![], t0).await.unwrap();

@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use haul_core::action::ActionType;
+use haul_core::derived::Derived;
 use haul_core::dispatch::{Alert, AlertKind};
 use haul_core::ids::{LoadId, TimerId};
+use haul_core::log::Entry;
 use haul_core::projection::Record;
 use haul_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -104,18 +106,39 @@ pub enum QueueError {
 // ---------------------------------------------------------------------------------
 // The event log.
 
-/// An entry to append: `seq` and `recorded_at` are the store's.
+/// An entry to append, in its stored form, with what it changes in the load's derived
+/// data (`haul_core::derived`), which the append writes in its transaction: the store
+/// reads no payload. `seq` and `recorded_at` are the store's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewEntry {
     pub entry_id: String,
     pub kind: String,
     pub payload: Value,
+    pub derived: Derived,
 }
 
 impl NewEntry {
-    /// The stored form of a record's entry: what appending it again writes.
+    /// The stored form of a typed entry: what the worker appends.
+    pub fn typed(entry_id: &str, entry: &Entry) -> NewEntry {
+        NewEntry {
+            entry_id: entry_id.to_owned(),
+            kind: entry.kind().to_owned(),
+            payload: entry.payload(),
+            derived: Derived::of(entry),
+        }
+    }
+
+    /// A record's entry again: what copying it to another log appends.
     pub fn of(r: &Record) -> NewEntry {
-        NewEntry { entry_id: r.entry_id.clone(), kind: r.kind().to_owned(), payload: r.payload() }
+        NewEntry::typed(&r.entry_id, &r.entry)
+    }
+
+    /// An entry given in its stored form (a copy, a test): read once for what it
+    /// changes; one this build cannot read changes nothing but the log.
+    pub fn stored(entry_id: impl Into<String>, kind: impl Into<String>, payload: Value) -> NewEntry {
+        let (entry_id, kind) = (entry_id.into(), kind.into());
+        let derived = Derived::of(&Entry::decode(&entry_id, &kind, payload.clone()));
+        NewEntry { entry_id, kind, payload, derived }
     }
 }
 
@@ -830,17 +853,10 @@ pub enum SidClaim {
 }
 
 /// Facts derived from logs that the API looks loads up by. The log stays the source
-/// of truth; the worker rewrites a load's facts after each `load_update` it commits.
+/// of truth; each append writes what its entries change (`NewEntry::derived`: the
+/// driver phone a `load_update` set, and active until delivered) in its transaction.
 #[async_trait]
 pub trait LoadIndex: Send + Sync {
-    async fn set_load_facts(
-        &self,
-        load_id: &LoadId,
-        driver_phone: Option<&str>,
-        active: bool,
-        now: Timestamp,
-    ) -> Result<(), StoreError>;
-
     /// Active loads whose driver phone is `phone`.
     async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError>;
 

@@ -6,18 +6,17 @@
 //! bound, and every statement behind it is served by an index (on PostgreSQL the
 //! EXPLAIN test holds that). A load's stage, its asks and its last activity are a small
 //! summary on the `loads` row, kept by `append` in the append's own transaction
-//! ([`SummaryDelta`]): the log stays the source of truth, and the summary is the fold
-//! of its stage and ask changes, as the projection folds them.
+//! (`NewEntry::derived`, made by `haul_core::derived` from the typed entry): the log
+//! stays the source of truth, and the summary is the fold of its stage and ask changes,
+//! as the projection folds them.
 
 use async_trait::async_trait;
 use haul_core::action::{ActionType, ChannelClass};
-use haul_core::decision::DECISION_RECORDED;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
-use crate::{NewEntry, OpsAlertRecord, OutboxRow, RowCursor, StoreError, Timer, UnmatchedSms};
+use crate::{OpsAlertRecord, OutboxRow, RowCursor, StoreError, Timer, UnmatchedSms};
 
 /// Items per page when the caller names no limit.
 pub const DEFAULT_PAGE: usize = 50;
@@ -184,99 +183,9 @@ pub trait OpsQueries: Send + Sync {
     async fn conflict_loads(&self, limit: usize) -> Result<Vec<ConflictLoad>, StoreError>;
 }
 
-/// What one append changes in its load's summary: the last stage a `load_update` set,
-/// and each ask's last status a `decision_recorded` gave. Read leniently, as the
-/// projection reads: what does not have the shape changes nothing.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SummaryDelta {
-    pub stage: Option<String>,
-    pub asks: Vec<(String, String)>,
-}
-
-impl SummaryDelta {
-    pub fn of(entries: &[NewEntry]) -> Self {
-        let mut d = SummaryDelta::default();
-        for e in entries {
-            if e.kind == "load_update" {
-                if let Some(stage) = e.payload.get("stage").and_then(Value::as_str) {
-                    d.stage = Some(stage.to_owned());
-                }
-            } else if e.kind == DECISION_RECORDED {
-                for a in e.payload.get("asks").and_then(Value::as_array).into_iter().flatten() {
-                    if let (Some(id), Some(status)) =
-                        (a.get("ask_id").and_then(Value::as_str), a.get("status").and_then(Value::as_str))
-                    {
-                        d.asks.push((id.to_owned(), status.to_owned()));
-                    }
-                }
-            }
-        }
-        d
-    }
-
-    /// True when the append changes no ask (the stage, if any, is a plain overwrite).
-    pub fn asks_unchanged(&self) -> bool {
-        self.asks.is_empty()
-    }
-
-    /// The summary's asks (`{ask_id: status}` as JSON text) after this delta, and the
-    /// counts of open and escalated asks in it. A `before` that is not an object counts
-    /// as no asks.
-    pub fn fold_asks(&self, before: &str) -> (String, i64, i64) {
-        let mut asks = match serde_json::from_str::<Value>(before) {
-            Ok(Value::Object(m)) => m,
-            _ => Map::new(),
-        };
-        for (id, status) in &self.asks {
-            asks.insert(id.clone(), Value::String(status.clone()));
-        }
-        let count = |s: &str| asks.values().filter(|v| v.as_str() == Some(s)).count() as i64;
-        let (open, escalated) = (count("open"), count("escalated"));
-        (Value::Object(asks).to_string(), open, escalated)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
-
-    fn e(kind: &str, payload: Value) -> NewEntry {
-        NewEntry { entry_id: "x".into(), kind: kind.into(), payload }
-    }
-
-    #[test]
-    fn the_delta_is_the_last_stage_and_each_asks_last_status() {
-        let check = |entries: Vec<NewEntry>, before: &str, stage: Option<&str>, asks: Value, open: i64, esc: i64| {
-            let d = SummaryDelta::of(&entries);
-            assert_eq!(d.stage.as_deref(), stage);
-            let (text, o, x) = d.fold_asks(before);
-            assert_eq!((serde_json::from_str::<Value>(&text).unwrap(), o, x), (asks, open, esc));
-        };
-        check(vec![], "{}", None, json!({}), 0, 0);
-        check(vec![e("load_update", json!({"stage": "in_transit"}))], "{}", Some("in_transit"), json!({}), 0, 0);
-        check(vec![e("load_update", json!({"client": "c"}))], "{}", None, json!({}), 0, 0);
-        let dec = |asks: Value| e(DECISION_RECORDED, json!({"asks": asks}));
-        check(
-            vec![dec(json!([{"ask_id": "a1", "step": 1, "status": "open"}]))],
-            r#"{"a0":"escalated"}"#,
-            None,
-            json!({"a0": "escalated", "a1": "open"}),
-            1,
-            1,
-        );
-        check(
-            vec![dec(json!([{"ask_id": "a1", "step": 2, "status": "answered"}]))],
-            r#"{"a1":"open"}"#,
-            None,
-            json!({"a1": "answered"}),
-            0,
-            0,
-        );
-        // Out of shape: nothing changes; a broken summary counts as none.
-        check(vec![dec(json!("x")), dec(json!([{"ask_id": 3}]))], "not json", None, json!({}), 0, 0);
-    }
 
     #[test]
     fn classes_name_their_types() {

@@ -322,7 +322,7 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
     {
         let store = haul_backends::open(&db, Some(1)).await.unwrap();
         let l = LoadId::parse("481207").unwrap();
-        let entry = NewEntry { entry_id: "e1".into(), kind: "inbound_sms".into(), payload: json!({}) };
+        let entry = NewEntry::stored("e1", "inbound_sms", json!({}));
         let row = |k: &str| NewOutboxRow {
             id: format!("481207/e1/{k}"),
             action_type: haul_core::action::ActionType::SendSms,

@@ -470,25 +470,21 @@ async fn pollers_of_a_long_load_cost_their_pages(backend: Backend) {
             for i in 0..50 {
                 let id = format!("ping_{batch}_{i}");
                 let decision = Decision::new(&EventId::parse(&id).unwrap(), at, "sop", vec![], vec![], "nothing");
-                entries.push(NewEntry {
-                    entry_id: id.clone(),
-                    kind: "location_ping".into(),
-                    payload: json!({"lat": 1.0, "lon": 2.0, "risk": "low", "at": at}),
-                });
-                entries.push(NewEntry {
-                    entry_id: format!("dec:{id}"),
-                    kind: "decision_recorded".into(),
-                    payload: serde_json::to_value(&decision).unwrap(),
-                });
+                entries.push(NewEntry::stored(
+                    id.clone(),
+                    "location_ping",
+                    json!({"lat": 1.0, "lon": 2.0, "risk": "low", "at": at}),
+                ));
+                entries.push(NewEntry::stored(
+                    format!("dec:{id}"),
+                    "decision_recorded",
+                    serde_json::to_value(&decision).unwrap(),
+                ));
             }
             version = store.append(&hot, entries, version, vec![], at).await.unwrap();
         }
         assert_eq!(version, 3_000);
-        let init = NewEntry {
-            entry_id: "load:init".into(),
-            kind: "load_update".into(),
-            payload: json!({"stage": "in_transit"}),
-        };
+        let init = NewEntry::stored("load:init", "load_update", json!({"stage": "in_transit"}));
         store.append(&cold, vec![init], 0, vec![], at).await.unwrap();
     }
     let (base, p) = started(&dir, "serve", &db, &[]).await;

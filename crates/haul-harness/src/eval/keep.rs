@@ -139,7 +139,7 @@ impl Keep {
                 {
                     *c = k.clone();
                 }
-                NewEntry { entry_id, kind, payload }
+                NewEntry::stored(entry_id, kind, payload)
             };
             // One append per recording time: the same records, the same seq and times.
             let mut version = 0;

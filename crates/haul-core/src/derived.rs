@@ -1,0 +1,170 @@
+//! What a log entry changes in the data derived from logs: the load's summary (its
+//! stage, each ask's status: what the operators' queries read) and its facts (the
+//! driver's phone, whether it is active: what the Twilio webhook routes by).
+//!
+//! One pure delta per entry, made where the entry is typed, handed to the append with
+//! the entry and written in the append's transaction. So the derived data never lags
+//! its log or needs a second write that can fail on its own, and the store writes
+//! what it is given without knowing a kind of event.
+
+use serde_json::{Map, Value};
+
+use crate::decision::Decision;
+use crate::event::EventBody;
+use crate::log::Entry;
+use crate::projection::STAGE_DELIVERED;
+
+/// What one entry (or, merged, one append) changes in its load's derived data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Derived {
+    /// The stage a `load_update` set.
+    pub stage: Option<String>,
+    /// The driver phone a `load_update` set.
+    pub driver_phone: Option<String>,
+    /// Each ask's status a decision gave, `(ask_id, status)`, in order.
+    pub asks: Vec<(String, String)>,
+}
+
+impl Derived {
+    /// What `entry` changes.
+    pub fn of(entry: &Entry) -> Derived {
+        match entry {
+            Entry::Event { body, .. } => Derived::of_event(body),
+            Entry::Decision(d) => Derived::of_decision(d),
+            Entry::Unreadable { .. } => Derived::default(),
+        }
+    }
+
+    /// What an event changes: a `load_update`'s stage and phone.
+    pub fn of_event(body: &EventBody) -> Derived {
+        match body {
+            EventBody::LoadUpdate(u) => {
+                Derived { stage: u.stage.clone(), driver_phone: u.driver_phone.clone(), asks: vec![] }
+            }
+            _ => Derived::default(),
+        }
+    }
+
+    /// What a decision changes: the statuses of the asks it opened or moved.
+    pub fn of_decision(d: &Decision) -> Derived {
+        let asks = d.asks.iter().map(|a| (a.ask_id.to_string(), a.status.as_str().to_owned())).collect();
+        Derived { asks, ..Derived::default() }
+    }
+
+    /// What the entries change together, in order: a later stage or phone wins, and
+    /// the asks' statuses follow one another.
+    pub fn merged<'a>(deltas: impl IntoIterator<Item = &'a Derived>) -> Derived {
+        let mut out = Derived::default();
+        for d in deltas {
+            if d.stage.is_some() {
+                out.stage.clone_from(&d.stage);
+            }
+            if d.driver_phone.is_some() {
+                out.driver_phone.clone_from(&d.driver_phone);
+            }
+            out.asks.extend(d.asks.iter().cloned());
+        }
+        out
+    }
+
+    /// Whether the load is still active after this, when the delta says (a stage).
+    pub fn active(&self) -> Option<bool> {
+        self.stage.as_deref().map(|s| s != STAGE_DELIVERED)
+    }
+
+    /// True when the load's facts (phone, active) change.
+    pub fn changes_facts(&self) -> bool {
+        self.stage.is_some() || self.driver_phone.is_some()
+    }
+
+    /// True when no ask changes (the stage, if any, is a plain overwrite).
+    pub fn asks_unchanged(&self) -> bool {
+        self.asks.is_empty()
+    }
+
+    /// The summary's asks (`{ask_id: status}` as JSON text) after this delta, and the
+    /// counts of open and escalated asks in it. A `before` that is not an object counts
+    /// as no asks.
+    pub fn fold_asks(&self, before: &str) -> (String, i64, i64) {
+        let mut asks = match serde_json::from_str::<Value>(before) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        for (id, status) in &self.asks {
+            asks.insert(id.clone(), Value::String(status.clone()));
+        }
+        let count = |s: &str| asks.values().filter(|v| v.as_str() == Some(s)).count() as i64;
+        let (open, escalated) = (count("open"), count("escalated"));
+        (Value::Object(asks).to_string(), open, escalated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::decision::DECISION_RECORDED;
+
+    fn entry(kind: &str, payload: Value) -> Entry {
+        let id = if kind == DECISION_RECORDED { "dec:e1" } else { "e1" };
+        Entry::decode(id, kind, payload)
+    }
+
+    fn decision(asks: Value) -> Entry {
+        entry(
+            DECISION_RECORDED,
+            json!({"decision_id": "dec:e1", "event_id": "e1", "decided_at": "2026-03-02T07:00:00Z", "decider": "sop",
+                   "filtered": false, "needs_hero_task": false, "rationale": "r", "actions": [], "asks": asks}),
+        )
+    }
+
+    fn check(entries: Vec<Entry>, before: &str, want: (Option<&str>, Option<&str>, Value, i64, i64)) {
+        let deltas: Vec<Derived> = entries.iter().map(Derived::of).collect();
+        let d = Derived::merged(&deltas);
+        let (text, open, escalated) = d.fold_asks(before);
+        let asks = serde_json::from_str::<Value>(&text).unwrap();
+        assert_eq!((d.stage.as_deref(), d.driver_phone.as_deref(), asks, open, escalated), want, "{entries:?}");
+    }
+
+    #[test]
+    fn the_delta_is_the_last_stage_and_phone_and_each_asks_last_status() {
+        let update = |p: Value| entry("load_update", p);
+        check(vec![], "{}", (None, None, json!({}), 0, 0));
+        check(vec![update(json!({"stage": "in_transit"}))], "{}", (Some("in_transit"), None, json!({}), 0, 0));
+        check(vec![update(json!({"client": "c"}))], "{}", (None, None, json!({}), 0, 0));
+        check(
+            vec![
+                update(json!({"driver_phone": "+15555550100", "stage": "at_pickup"})),
+                update(json!({"stage": "delivered"})),
+            ],
+            "{}",
+            (Some("delivered"), Some("+15555550100"), json!({}), 0, 0),
+        );
+        check(
+            vec![decision(json!([{"ask_id": "ask:eta_request:p1", "step": 1, "status": "open"}]))],
+            r#"{"ask:eta_request:p0":"escalated"}"#,
+            (None, None, json!({"ask:eta_request:p0": "escalated", "ask:eta_request:p1": "open"}), 1, 1),
+        );
+        check(
+            vec![decision(json!([{"ask_id": "ask:eta_request:p1", "step": 2, "status": "answered"}]))],
+            r#"{"ask:eta_request:p1":"open"}"#,
+            (None, None, json!({"ask:eta_request:p1": "answered"}), 0, 0),
+        );
+        // What this build cannot read changes nothing; a broken summary counts as none.
+        check(
+            vec![entry("load_update", json!({"stage": 3})), decision(json!("x"))],
+            "not json",
+            (None, None, json!({}), 0, 0),
+        );
+    }
+
+    #[test]
+    fn a_load_is_active_until_delivered() {
+        let d = |stage: Option<&str>| Derived { stage: stage.map(str::to_owned), ..Derived::default() };
+        assert_eq!(d(None).active(), None);
+        assert_eq!(d(Some("in_transit")).active(), Some(true));
+        assert_eq!(d(Some(STAGE_DELIVERED)).active(), Some(false));
+        assert!(!d(None).changes_facts() && d(Some("x")).changes_facts());
+    }
+}
