@@ -1,6 +1,7 @@
 //! The operators' queries across loads, one implementation for `GET /v1/ops/{query}`
 //! and `haul query {query}`: the same parameter names (the command's flags are the
-//! query's parameters with `-` for `_`), the same bounds, the same JSON.
+//! query's parameters with `-` for `_`), the same bounds, the same answer: typed rows
+//! here, made JSON only where they leave the process (the API layer).
 //!
 //! Each query is a keyset page of the store's [`OpsQueries`]: `limit` items (default
 //! [`DEFAULT_PAGE`], at most [`MAX_PAGE`]) and the cursor of the next page (`next_after`
@@ -14,9 +15,8 @@ use haul_core::BadInput;
 use haul_core::action::ActionType;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, since, to_ms};
-use haul_store::ops::{DEFAULT_PAGE, MAX_PAGE, class_name, class_types};
-use haul_store::{DeadRow, LoadFilter, OpsAlertRecord, RowCursor, Store, StoreError};
-use serde_json::{Value, json};
+use haul_store::ops::{ConflictLoad, DEFAULT_PAGE, DeadRow, LoadSummary, MAX_PAGE, class_types};
+use haul_store::{LoadFilter, OpsAlertRecord, RowCursor, Store, StoreError, Timer, UnmatchedSms};
 
 /// One of the queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,170 +176,184 @@ fn seconds(now: Timestamp, t: Timestamp) -> f64 {
     since(now, t).as_secs_f64().round()
 }
 
-/// Runs `query` with `pairs` (name, value) at `now`: the answer's JSON.
+/// One page of a query's answer: the rows as the store gave them, where the next page
+/// starts (`None` on the last page), and the `now` the rows' ages are counted from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page<T> {
+    pub rows: Vec<T>,
+    /// The next page's cursor, as the query's `after` or `before` takes it.
+    pub next: Option<String>,
+    pub now: Timestamp,
+}
+
+impl<T> Page<T> {
+    /// How long before `now` the time `t` was (zero for a time after it).
+    pub fn age(&self, t: Timestamp) -> Duration {
+        since(self.now, t)
+    }
+
+    /// The age in whole seconds, as the answers give it.
+    pub fn age_s(&self, t: Timestamp) -> f64 {
+        seconds(self.now, t)
+    }
+}
+
+/// A query's answer, typed: what the API and `haul query --json` write as JSON and
+/// what the console and `haul query` show.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    Loads(Page<LoadSummary>),
+    Dead(Page<DeadRow>),
+    Timers(Page<Timer>),
+    Unmatched(Page<UnmatchedSms>),
+    Alerts(Page<OpsAlertRecord>),
+    /// The loads that lost most races; one page only (`next` is always `None`).
+    Conflicts(Page<ConflictLoad>),
+}
+
+impl Answer {
+    /// True when the page holds no row.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Answer::Loads(p) => p.rows.is_empty(),
+            Answer::Dead(p) => p.rows.is_empty(),
+            Answer::Timers(p) => p.rows.is_empty(),
+            Answer::Unmatched(p) => p.rows.is_empty(),
+            Answer::Alerts(p) => p.rows.is_empty(),
+            Answer::Conflicts(p) => p.rows.is_empty(),
+        }
+    }
+
+    /// The next page's cursor.
+    pub fn next(&self) -> Option<&str> {
+        match self {
+            Answer::Loads(p) => p.next.as_deref(),
+            Answer::Dead(p) => p.next.as_deref(),
+            Answer::Timers(p) => p.next.as_deref(),
+            Answer::Unmatched(p) => p.next.as_deref(),
+            Answer::Alerts(p) => p.next.as_deref(),
+            Answer::Conflicts(p) => p.next.as_deref(),
+        }
+    }
+}
+
+/// The page's cursor for what comes after its last row, when the page is full.
+fn next_of<T>(rows: &[T], limit: usize, cursor: impl Fn(&T) -> String) -> Option<String> {
+    if rows.len() == limit { rows.last().map(cursor) } else { None }
+}
+
+/// Runs `query` with `pairs` (name, value) at `now`.
 pub async fn run(
     store: &dyn Store,
     query: Query,
     pairs: &[(String, String)],
     now: Timestamp,
-) -> Result<Value, QueryError> {
-    let p = Params::new(query, pairs)?;
+) -> Result<Answer, QueryError> {
+    Ok(match query {
+        Query::Loads => Answer::Loads(loads(store, pairs, now).await?),
+        Query::Dead => Answer::Dead(dead(store, pairs, now).await?),
+        Query::Timers => Answer::Timers(timers(store, pairs, now).await?),
+        Query::Unmatched => Answer::Unmatched(unmatched(store, pairs, now).await?),
+        Query::Alerts => Answer::Alerts(alerts(store, pairs, now).await?),
+        Query::Conflicts => Answer::Conflicts(conflicts(store, pairs, now).await?),
+    })
+}
+
+/// Loads by filter, in id order.
+pub async fn loads(
+    store: &dyn Store,
+    pairs: &[(String, String)],
+    now: Timestamp,
+) -> Result<Page<LoadSummary>, QueryError> {
+    let p = Params::new(Query::Loads, pairs)?;
     let limit = p.limit()?;
-    match query {
-        Query::Loads => {
-            let filter = LoadFilter {
-                stage: p.get("stage").map(str::to_owned),
-                open_asks: p.flag("open_asks")?,
-                escalated: p.flag("escalated")?,
-                has_dead: p.flag("has_dead")?,
-                pending_created_by: p.duration("pending_over")?.map(|d| ago(now, d)),
-                timer_due_by: p.duration("overdue_over")?.map(|d| ago(now, d)),
-                active_before: p.duration("idle_over")?.map(|d| ago(now, d)),
-                active_since: p.duration("active_within")?.map(|d| ago(now, d)),
-            };
-            let after = p
-                .get("after")
-                .map(|s| LoadId::parse(s).map_err(|_| bad(format!("after {:?} is not a load id", clip(s)))))
-                .transpose()?;
-            let page = store.loads_page(&filter, after.as_ref(), limit).await?;
-            let loads: Vec<Value> = page
-                .loads
-                .iter()
-                .map(|l| {
-                    json!({
-                        "load_id": l.load_id,
-                        "stage": l.stage,
-                        "open_asks": l.open_asks,
-                        "escalated_asks": l.escalated_asks,
-                        "version": l.version,
-                        "created_at": l.created_at,
-                        "last_activity_at": l.last_activity_at,
-                        "idle_s": seconds(now, l.last_activity_at),
-                    })
-                })
-                .collect();
-            Ok(json!({"loads": loads, "next_after": page.next_after}))
-        }
-        Query::Dead => {
-            let types: Vec<ActionType> = match (p.get("action_type"), p.get("class")) {
-                (Some(_), Some(_)) => return Err(bad("give action_type or class, not both".into()).into()),
-                (Some(t), None) => {
-                    vec![ActionType::parse(t).ok_or_else(|| bad(format!("action_type {:?} is not one", clip(t))))?]
-                }
-                (None, Some(c)) => class_types(c)
-                    .ok_or_else(|| bad(format!("class {:?}: external, hero_channel or internal", clip(c))))?,
-                (None, None) => vec![],
-            };
-            let before = p.cursor("before")?;
-            let rows = store.dead_rows_page(&types, before.as_ref(), limit).await?;
-            let next = (rows.len() == limit).then(|| rows.last().map(|r| r.cursor().to_string())).flatten();
-            let rows: Vec<Value> = rows.iter().map(|d| dead_json(d, now)).collect();
-            Ok(json!({"rows": rows, "next_before": next}))
-        }
-        Query::Alerts => {
-            let before = p.cursor("before")?;
-            let alerts = store.ops_alerts_page(before.as_ref(), limit).await?;
-            let next = (alerts.len() == limit).then(|| alerts.last().map(|a| a.cursor().to_string())).flatten();
-            let alerts: Vec<Value> = alerts.iter().map(|a| alert_json(a, now)).collect();
-            Ok(json!({"alerts": alerts, "next_before": next}))
-        }
-        Query::Conflicts => {
-            let loads = store.conflict_loads(limit).await?;
-            let loads: Vec<Value> = loads
-                .iter()
-                .map(|c| {
-                    json!({
-                        "load_id": c.load_id,
-                        "conflicts": c.conflicts,
-                        "last_conflict_at": c.last_conflict_at,
-                        "since_last_s": seconds(now, c.last_conflict_at),
-                    })
-                })
-                .collect();
-            Ok(json!({"loads": loads}))
-        }
-        Query::Timers => {
-            let over = p.duration("overdue_over")?.unwrap_or(Duration::ZERO);
-            let after = p.cursor("after")?;
-            let timers = store.overdue_timers_page(ago(now, over), after.as_ref(), limit).await?;
-            let next = (timers.len() == limit)
-                .then(|| timers.last().map(|t| RowCursor { created_at: t.fire_at, id: t.timer_id.to_string() }))
-                .flatten()
-                .map(|c| c.to_string());
-            let timers: Vec<Value> = timers
-                .iter()
-                .map(|t| {
-                    json!({
-                        "timer_id": t.timer_id,
-                        "load_id": t.load_id,
-                        "fire_at": t.fire_at,
-                        "overdue_s": seconds(now, t.fire_at),
-                        "created_at": t.created_at,
-                    })
-                })
-                .collect();
-            Ok(json!({"timers": timers, "next_after": next}))
-        }
-        Query::Unmatched => {
-            let before = p.cursor("before")?;
-            let list = store.unmatched_sms_page(before.as_ref(), limit).await?;
-            let next = (list.len() == limit)
-                .then(|| list.last().map(|u| RowCursor { created_at: u.received_at, id: u.message_sid.clone() }))
-                .flatten()
-                .map(|c| c.to_string());
-            let sms: Vec<Value> = list
-                .iter()
-                .map(|u| {
-                    json!({
-                        "message_sid": u.message_sid,
-                        "from": u.from,
-                        "to": u.to,
-                        "body": u.body,
-                        "received_at": u.received_at,
-                        "age_s": seconds(now, u.received_at),
-                        "reason": u.reason,
-                    })
-                })
-                .collect();
-            Ok(json!({"unmatched": sms, "next_before": next}))
-        }
-    }
+    let filter = LoadFilter {
+        stage: p.get("stage").map(str::to_owned),
+        open_asks: p.flag("open_asks")?,
+        escalated: p.flag("escalated")?,
+        has_dead: p.flag("has_dead")?,
+        pending_created_by: p.duration("pending_over")?.map(|d| ago(now, d)),
+        timer_due_by: p.duration("overdue_over")?.map(|d| ago(now, d)),
+        active_before: p.duration("idle_over")?.map(|d| ago(now, d)),
+        active_since: p.duration("active_within")?.map(|d| ago(now, d)),
+    };
+    let after = p
+        .get("after")
+        .map(|s| LoadId::parse(s).map_err(|_| bad(format!("after {:?} is not a load id", clip(s)))))
+        .transpose()?;
+    let page = store.loads_page(&filter, after.as_ref(), limit).await?;
+    Ok(Page { rows: page.loads, next: page.next_after.map(|l| l.to_string()), now })
 }
 
-fn dead_json(d: &DeadRow, now: Timestamp) -> Value {
-    let r = &d.row;
-    json!({
-        "id": r.id,
-        "load_id": r.load_id,
-        "action_type": r.action_type,
-        "class": class_name(r.action_type.class()),
-        "attempts": r.attempts,
-        "last_failure": r.last_failure,
-        "created_at": r.created_at,
-        "dead_at": d.dead_at,
-        "age_s": seconds(now, d.dead_at),
-        "outcome_published_at": d.outcome_published_at,
-    })
+/// Dead outbox rows, newest first.
+pub async fn dead(store: &dyn Store, pairs: &[(String, String)], now: Timestamp) -> Result<Page<DeadRow>, QueryError> {
+    let p = Params::new(Query::Dead, pairs)?;
+    let limit = p.limit()?;
+    let types: Vec<ActionType> = match (p.get("action_type"), p.get("class")) {
+        (Some(_), Some(_)) => return Err(bad("give action_type or class, not both".into()).into()),
+        (Some(t), None) => {
+            vec![ActionType::parse(t).ok_or_else(|| bad(format!("action_type {:?} is not one", clip(t))))?]
+        }
+        (None, Some(c)) => {
+            class_types(c).ok_or_else(|| bad(format!("class {:?}: external, hero_channel or internal", clip(c))))?
+        }
+        (None, None) => vec![],
+    };
+    let before = p.cursor("before")?;
+    let rows = store.dead_rows_page(&types, before.as_ref(), limit).await?;
+    let next = next_of(&rows, limit, |r| r.cursor().to_string());
+    Ok(Page { rows, next, now })
 }
 
-/// An OpsAlert as the dispatcher recorded it: raised once per dead Hero-channel or
-/// internal row, then `pending` (the ops service is down; the sweep sends it again),
-/// `delivered` or `refused` (a 4xx; not sent again). `sends` counts the sends so far
-/// and `last_error` is what the last failed one got.
-fn alert_json(a: &OpsAlertRecord, now: Timestamp) -> Value {
-    json!({
-        "kind": a.kind.as_str(),
-        "outbox_id": a.outbox_id,
-        "load_id": a.load_id,
-        "action_type": a.action_type,
-        "failure": a.failure,
-        "state": a.state.as_str(),
-        "sends": a.sends,
-        "last_error": a.last_error,
-        "raised_at": a.raised_at,
-        "updated_at": a.updated_at,
-        "age_s": seconds(now, a.raised_at),
-    })
+/// OpsAlerts raised, newest first.
+pub async fn alerts(
+    store: &dyn Store,
+    pairs: &[(String, String)],
+    now: Timestamp,
+) -> Result<Page<OpsAlertRecord>, QueryError> {
+    let p = Params::new(Query::Alerts, pairs)?;
+    let limit = p.limit()?;
+    let before = p.cursor("before")?;
+    let rows = store.ops_alerts_page(before.as_ref(), limit).await?;
+    let next = next_of(&rows, limit, |a| a.cursor().to_string());
+    Ok(Page { rows, next, now })
+}
+
+/// The loads whose appends lost most races.
+pub async fn conflicts(
+    store: &dyn Store,
+    pairs: &[(String, String)],
+    now: Timestamp,
+) -> Result<Page<ConflictLoad>, QueryError> {
+    let p = Params::new(Query::Conflicts, pairs)?;
+    let rows = store.conflict_loads(p.limit()?).await?;
+    Ok(Page { rows, next: None, now })
+}
+
+/// Timers due and not fired, the most overdue first.
+pub async fn timers(store: &dyn Store, pairs: &[(String, String)], now: Timestamp) -> Result<Page<Timer>, QueryError> {
+    let p = Params::new(Query::Timers, pairs)?;
+    let limit = p.limit()?;
+    let over = p.duration("overdue_over")?.unwrap_or(Duration::ZERO);
+    let after = p.cursor("after")?;
+    let rows = store.overdue_timers_page(ago(now, over), after.as_ref(), limit).await?;
+    let next = next_of(&rows, limit, |t| RowCursor { created_at: t.fire_at, id: t.timer_id.to_string() }.to_string());
+    Ok(Page { rows, next, now })
+}
+
+/// Inbound SMS that went to no load, newest first.
+pub async fn unmatched(
+    store: &dyn Store,
+    pairs: &[(String, String)],
+    now: Timestamp,
+) -> Result<Page<UnmatchedSms>, QueryError> {
+    let p = Params::new(Query::Unmatched, pairs)?;
+    let limit = p.limit()?;
+    let before = p.cursor("before")?;
+    let rows = store.unmatched_sms_page(before.as_ref(), limit).await?;
+    let next =
+        next_of(&rows, limit, |u| RowCursor { created_at: u.received_at, id: u.message_sid.clone() }.to_string());
+    Ok(Page { rows, next, now })
 }
 
 #[cfg(test)]

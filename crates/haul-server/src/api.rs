@@ -238,7 +238,7 @@ async fn ops_query(query: OpsQuery, s: Arc<ApiState>, raw: Option<String>) -> Re
         Err(_) => return error(StatusCode::BAD_REQUEST, "bad_query", "the query string is not form-encoded UTF-8"),
     };
     match haul_runtime::queries::run(s.store.as_ref(), query, &pairs, s.clock.now()).await {
-        Ok(answer) => axum::Json(answer).into_response(),
+        Ok(answer) => axum::Json(crate::answers::answer_json(&answer)).into_response(),
         Err(QueryError::Bad(e)) => error(StatusCode::BAD_REQUEST, e.code, e.message),
         Err(QueryError::Store(e)) => {
             error!(error = %e, query = query.name(), "an operators' query failed");

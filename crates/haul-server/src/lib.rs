@@ -6,6 +6,7 @@
 //! runs that have not appended give their message back, and the process exits within
 //! ten seconds: nothing lost or half-done.
 
+pub mod answers;
 pub mod api;
 pub mod console;
 mod events;

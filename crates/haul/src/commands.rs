@@ -270,7 +270,8 @@ async fn inspect(
 
 /// `haul query ...`: one page of an operators' query, on a store that exists.
 async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
-    use haul_runtime::queries::{Query, QueryError};
+    use haul_runtime::queries::{Answer, Query, QueryError};
+    use haul_store::AlertState;
     let (query, args, pairs) = q.into_parts();
     let config = load_config(&args.settings, None)?;
     let store = store::open_read_only(&config.store.url).await?;
@@ -282,93 +283,108 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
         Err(QueryError::Store(e)) => return Err(e.into()),
     };
     if args.json {
-        say(serde_json::to_string_pretty(&answer)?);
+        say(serde_json::to_string_pretty(&haul_server::answers::answer_json(&answer))?);
         return Ok(ExitCode::SUCCESS);
     }
-    let text = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => "-".to_owned(),
-        other => other.to_string(),
+    let ago = |s: f64| haul_core::time::format_duration(Duration::from_secs(s.max(0.0) as u64));
+    let dash = |s: Option<&str>| s.unwrap_or("-").to_owned();
+    let lines: Vec<String> = match &answer {
+        Answer::Loads(p) => p
+            .rows
+            .iter()
+            .map(|l| {
+                format!(
+                    "{}  stage {}  open asks {}  escalated {}  last activity {} ago  (version {})",
+                    l.load_id,
+                    dash(l.stage.as_deref()),
+                    l.open_asks,
+                    l.escalated_asks,
+                    ago(p.age_s(l.last_activity_at)),
+                    l.version
+                )
+            })
+            .collect(),
+        Answer::Dead(p) => p
+            .rows
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}  {} ({})  died {} ago after {} attempts: {}",
+                    d.row.id,
+                    d.row.action_type.as_str(),
+                    haul_store::ops::class_name(d.row.action_type.class()),
+                    ago(p.age_s(d.dead_at)),
+                    d.row.attempts,
+                    dash(d.row.last_failure.as_deref())
+                )
+            })
+            .collect(),
+        Answer::Timers(p) => p
+            .rows
+            .iter()
+            .map(|t| format!("{}  load {}  due {} ({} ago)", t.timer_id, t.load_id, t.fire_at, ago(p.age_s(t.fire_at))))
+            .collect(),
+        Answer::Unmatched(p) => p
+            .rows
+            .iter()
+            .map(|u| {
+                format!(
+                    "{}  from {}  {} ago  {}: {:?}",
+                    u.message_sid,
+                    haul_core::mask::mask_phone(&u.from),
+                    ago(p.age_s(u.received_at)),
+                    u.reason,
+                    u.body.chars().take(80).collect::<String>()
+                )
+            })
+            .collect(),
+        Answer::Alerts(p) => p
+            .rows
+            .iter()
+            .map(|a| {
+                format!(
+                    "{}  {}  {}  raised {} ago  {} after {} send(s){}: {}",
+                    a.kind.as_str(),
+                    a.outbox_id,
+                    a.action_type.as_str(),
+                    ago(p.age_s(a.raised_at)),
+                    match a.state {
+                        AlertState::Pending => "NOT delivered yet (the sweep sends it again)",
+                        AlertState::Refused => "REFUSED by the ops service",
+                        AlertState::Delivered => "delivered",
+                    },
+                    a.sends,
+                    a.last_error.as_deref().map(|e| format!(" (last error: {e})")).unwrap_or_default(),
+                    a.failure
+                )
+            })
+            .collect(),
+        Answer::Conflicts(p) => p
+            .rows
+            .iter()
+            .map(|c| {
+                format!("{}  {} conflicts, the last {} ago", c.load_id, c.conflicts, ago(p.age_s(c.last_conflict_at)))
+            })
+            .collect(),
     };
-    let ago = |v: &serde_json::Value| {
-        let s = v.as_f64().unwrap_or(0.0).max(0.0);
-        haul_core::time::format_duration(Duration::from_secs(s as u64))
-    };
-    let (items, next_flag, next_key, empty) = match query {
-        Query::Loads => ("loads", "--after", "next_after", "no load matches"),
-        Query::Dead => ("rows", "--before", "next_before", "no dead rows"),
-        Query::Timers => ("timers", "--after", "next_after", "no timer is overdue"),
-        Query::Unmatched => ("unmatched", "--before", "next_before", "no unmatched SMS"),
-        Query::Alerts => ("alerts", "--before", "next_before", "no OpsAlert raised (within retention)"),
-        Query::Conflicts => ("loads", "", "next", "no load has had a conflict"),
-    };
-    let list = answer[items].as_array().cloned().unwrap_or_default();
-    for i in &list {
-        let line = match query {
-            Query::Loads => format!(
-                "{}  stage {}  open asks {}  escalated {}  last activity {} ago  (version {})",
-                text(&i["load_id"]),
-                text(&i["stage"]),
-                i["open_asks"],
-                i["escalated_asks"],
-                ago(&i["idle_s"]),
-                i["version"]
-            ),
-            Query::Dead => format!(
-                "{}  {} ({})  died {} ago after {} attempts: {}",
-                text(&i["id"]),
-                text(&i["action_type"]),
-                text(&i["class"]),
-                ago(&i["age_s"]),
-                i["attempts"],
-                text(&i["last_failure"])
-            ),
-            Query::Timers => format!(
-                "{}  load {}  due {} ({} ago)",
-                text(&i["timer_id"]),
-                text(&i["load_id"]),
-                text(&i["fire_at"]),
-                ago(&i["overdue_s"])
-            ),
-            Query::Unmatched => format!(
-                "{}  from {}  {} ago  {}: {:?}",
-                text(&i["message_sid"]),
-                haul_core::mask::mask_phone(&text(&i["from"])),
-                ago(&i["age_s"]),
-                text(&i["reason"]),
-                text(&i["body"]).chars().take(80).collect::<String>()
-            ),
-            Query::Alerts => format!(
-                "{}  {}  {}  raised {} ago  {} after {} send(s){}: {}",
-                text(&i["kind"]),
-                text(&i["outbox_id"]),
-                text(&i["action_type"]),
-                ago(&i["age_s"]),
-                match i["state"].as_str() {
-                    Some("pending") => "NOT delivered yet (the sweep sends it again)",
-                    Some("refused") => "REFUSED by the ops service",
-                    _ => "delivered",
-                },
-                i["sends"],
-                i["last_error"].as_str().map(|e| format!(" (last error: {e})")).unwrap_or_default(),
-                text(&i["failure"])
-            ),
-            Query::Conflicts => format!(
-                "{}  {} conflicts, the last {} ago",
-                text(&i["load_id"]),
-                i["conflicts"],
-                ago(&i["since_last_s"])
-            ),
-        };
+    for line in &lines {
         say(line);
     }
-    match (list.is_empty(), answer[next_key].is_string()) {
-        (true, false) => say(empty),
+    let (next_flag, empty) = match query {
+        Query::Loads => ("--after", "no load matches"),
+        Query::Dead => ("--before", "no dead rows"),
+        Query::Timers => ("--after", "no timer is overdue"),
+        Query::Unmatched => ("--before", "no unmatched SMS"),
+        Query::Alerts => ("--before", "no OpsAlert raised (within retention)"),
+        Query::Conflicts => ("", "no load has had a conflict"),
+    };
+    match (answer.is_empty(), answer.next()) {
+        (true, None) => say(empty),
         // The loads query looks at a bounded window of loads per page.
-        (true, true) => say("none on this page"),
+        (true, Some(_)) => say("none on this page"),
         _ => {}
     }
-    if let Some(next) = answer[next_key].as_str() {
+    if let Some(next) = answer.next() {
         say(format_args!("next page: {next_flag} {next}"));
     }
     Ok(ExitCode::SUCCESS)

@@ -418,6 +418,93 @@ fn sqlite_store_errors_name_the_absolute_path_and_the_os_reason() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A store with a row of every query's answer: L2 with a dead SMS and a dead Hero task
+/// (its alert delivered after one failed send), a timer, an unmatched SMS, a conflict.
+async fn fill_for_queries(url: &str) {
+    use haul_core::action::ActionType;
+    use haul_core::dispatch::{Alert, AlertKind};
+    use haul_core::ids::{LoadId, TimerId};
+    use haul_store::{AlertState, NewEntry, NewOutboxRow, UnmatchedSms};
+    let s = haul_backends::open(url, None).await.unwrap();
+    let t = |secs: i64| haul_core::time::from_ms(1_772_431_200_000 + secs * 1000);
+    let l2 = LoadId::parse("L2").unwrap();
+    let row =
+        |id: &str, action_type| NewOutboxRow { id: id.into(), action_type, action: serde_json::json!({"key": id}) };
+    let entries = vec![
+        NewEntry::stored("u1", "load_update", serde_json::json!({"stage": "at_pickup"})),
+        haul_store::contract::decision(
+            "u1",
+            serde_json::json!([{"ask_id": "ask:eta_request:u1", "step": 1, "status": "escalated"}]),
+        ),
+    ];
+    let rows =
+        vec![row("L2/u1/send_sms", ActionType::SendSms), row("L2/u1/create_hero_task", ActionType::CreateHeroTask)];
+    s.append(&l2, entries, 0, rows, t(10)).await.unwrap();
+    for c in s.pending(10, t(20), std::time::Duration::from_secs(60)).await.unwrap() {
+        s.mark_failed(&c.row.id, &c.token, "HTTP 400: no such number", None, t(30)).await.unwrap();
+    }
+    let alert = Alert {
+        kind: AlertKind::HeroChannelFailure,
+        outbox_id: "L2/u1/create_hero_task".into(),
+        load_id: l2.clone(),
+        action_type: ActionType::CreateHeroTask,
+        failure: "HTTP 400: no such number".into(),
+    };
+    s.record_ops_alert(&alert, AlertState::Pending, Some("HTTP 503"), t(30)).await.unwrap();
+    s.record_conflict(&l2, t(40)).await.unwrap();
+    s.schedule(&TimerId::parse("tmr:L2:ask:eta_request:u1:1").unwrap(), t(1800), t(10)).await.unwrap();
+    let sms = UnmatchedSms {
+        message_sid: "SM1".into(),
+        from: "+15555550199".into(),
+        to: "+15555550000".into(),
+        body: "who is this".into(),
+        received_at: t(100),
+        reason: "no single active load has this driver phone".into(),
+    };
+    s.record_unmatched_sms(&sms).await.unwrap();
+}
+
+#[test]
+fn queries_show_each_row_in_one_line() {
+    let dir = scratch("query-rows");
+    let url = format!("sqlite://{}", dir.join("haul.db").display());
+    assert!(haul(&["migrate", "--db", &url], &[]).0);
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(fill_for_queries(&url));
+    // Each line up to its age (the ages count from the real clock).
+    let check = |args: &[&str], want: &[&str]| {
+        let mut all = vec!["query"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--db", &url]);
+        let (ok, out, err) = haul(&all, &[]);
+        assert!(ok, "{args:?}: {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), want.len(), "{args:?}: {out}");
+        for (line, want) in lines.iter().zip(want) {
+            let (head, tail) = want.split_once('…').unwrap_or((want, ""));
+            assert!(line.starts_with(head) && line.ends_with(tail), "{args:?}: {line:?} is not {want:?}");
+        }
+    };
+    check(&["loads"], &["L2  stage at_pickup  open asks 0  escalated 1  last activity …  (version 2)"]);
+    check(
+        &["dead", "--limit", "1"],
+        &[
+            "L2/u1/send_sms  send_sms (external)  died … ago after 1 attempts: HTTP 400: no such number",
+            "next page: --before 1772431230000.L2/u1/send_sms",
+        ],
+    );
+    check(&["timers"], &["tmr:L2:ask:eta_request:u1:1  load L2  due 2026-03-02T06:30:00Z (… ago)"]);
+    check(&["unmatched"], &["SM1  from ***0199  … ago  no single active load has this driver phone: \"who is this\""]);
+    check(
+        &["alerts"],
+        &[
+            "hero_channel_failure  L2/u1/create_hero_task  create_hero_task  raised … ago  NOT delivered yet (the sweep sends it again) after 1 send(s) (last error: HTTP 503): HTTP 400: no such number",
+        ],
+    );
+    check(&["conflicts"], &["L2  1 conflicts, the last … ago"]);
+    check(&["loads", "--stage", "delivered"], &["no load matches"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn queries_page_a_migrated_store_in_text_and_json() {
     let dir = scratch("query");

@@ -37,23 +37,10 @@ pub fn time(t: Timestamp) -> String {
     format!("<time datetime=\"{iso}\">{utc}</time>")
 }
 
-/// A time given as JSON (the queries' answers), or a dash.
-pub fn time_json(v: &serde_json::Value) -> String {
-    match v.as_str().and_then(|s| s.parse::<Timestamp>().ok()) {
-        Some(t) => time(t),
-        None => "–".into(),
-    }
-}
-
 /// An id shown whole, with a button that copies it.
 pub fn id(s: &str) -> String {
     let s = esc(s);
     format!("<code class=\"id\">{s}</code> <button type=\"button\" class=\"copy\" data-copy=\"{s}\">Copy</button>")
-}
-
-/// A string field of a JSON value, or empty.
-pub fn str_of<'a>(v: &'a serde_json::Value, key: &str) -> &'a str {
-    v[key].as_str().unwrap_or("")
 }
 
 /// A duration in seconds, readable: `3h 2m`, `45s`.

@@ -28,9 +28,8 @@ use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, to_ms};
 use haul_runtime::inspect::Page;
 use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Requester};
-use haul_runtime::queries::{Query, QueryError};
+use haul_runtime::queries::{self, Page as QueryPage, Query, QueryError};
 use haul_store::OutboxStatus;
-use serde_json::Value;
 use tracing::{error, info};
 
 use crate::state::{ApiBody, ApiState, ClientAddress, one_of};
@@ -404,11 +403,16 @@ fn pairs_of(raw: Option<&str>) -> Vec<(String, String)> {
     serde_urlencoded::from_str(raw.unwrap_or("")).unwrap_or_default()
 }
 
-/// Runs one of the operators' queries (the same function as `GET /v1/ops/{query}`).
-async fn run_query(s: &ApiState, query: Query, pairs: &[(&str, &str)]) -> Result<Value, String> {
-    let owned: Vec<(String, String)> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-    match haul_runtime::queries::run(s.store.as_ref(), query, &owned, s.clock.now()).await {
-        Ok(v) => Ok(v),
+/// The pairs as the operators' queries take them.
+fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+}
+
+/// An operators' query's typed page (the same functions as `GET /v1/ops/{query}`), or
+/// what to tell the operator.
+fn told<T>(query: Query, answer: Result<QueryPage<T>, QueryError>) -> Result<QueryPage<T>, String> {
+    match answer {
+        Ok(page) => Ok(page),
         Err(QueryError::Bad(e)) => Err(e.message),
         Err(QueryError::Store(e)) => {
             error!(error = %e, query = query.name(), "console: an operators' query failed");
@@ -417,7 +421,7 @@ async fn run_query(s: &ApiState, query: Query, pairs: &[(&str, &str)]) -> Result
     }
 }
 
-fn status_of(answer: &Result<Value, String>) -> StatusCode {
+fn status_of<T>(answer: &Result<T, String>) -> StatusCode {
     if answer.is_ok() { StatusCode::OK } else { StatusCode::BAD_REQUEST }
 }
 
@@ -430,7 +434,7 @@ async fn loads(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuer
         };
     }
     let pairs = pages::given(&all, Query::Loads.params());
-    let answer = run_query(&s, Query::Loads, &pairs).await;
+    let answer = told(Query::Loads, queries::loads(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
     html(status_of(&answer), pages::loads(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone)))
 }
 
@@ -490,7 +494,7 @@ async fn load_timeline(
 async fn dead(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
     let pairs = pages::given(&all, Query::Dead.params());
-    let answer = run_query(&s, Query::Dead, &pairs).await;
+    let answer = told(Query::Dead, queries::dead(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
     let mut ids = new_request_id;
     html(
         status_of(&answer),
@@ -501,14 +505,14 @@ async fn dead(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery
 async fn timers(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
     let pairs = pages::given(&all, Query::Timers.params());
-    let answer = run_query(&s, Query::Timers, &pairs).await;
+    let answer = told(Query::Timers, queries::timers(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
     html(status_of(&answer), pages::timers(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone)))
 }
 
 async fn unmatched(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
     let pairs = pages::given(&all, Query::Unmatched.params());
-    let answer = run_query(&s, Query::Unmatched, &pairs).await;
+    let answer = told(Query::Unmatched, queries::unmatched(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
     let mut ids = new_request_id;
     html(status_of(&answer), pages::unmatched(&v.ctx(), answer.as_ref().map_err(Clone::clone), &mut ids))
 }
@@ -516,7 +520,7 @@ async fn unmatched(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): Raw
 async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
     let pairs = pages::given(&all, Query::Alerts.params());
-    let answer = run_query(&s, Query::Alerts, &pairs).await;
+    let answer = told(Query::Alerts, queries::alerts(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
     html(status_of(&answer), pages::alerts(&v.ctx(), answer.as_ref().map_err(Clone::clone)))
 }
 

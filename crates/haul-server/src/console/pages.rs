@@ -13,11 +13,12 @@ use haul_core::log::Entry;
 use haul_core::mask::mask_phone;
 use haul_core::time::{Timestamp, since};
 use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
-use haul_store::ops::class_name;
-use haul_store::{OutboxRow, OutboxStatus};
+use haul_runtime::queries::Page as QueryPage;
+use haul_store::ops::{DeadRow, LoadSummary, class_name};
+use haul_store::{OpsAlertRecord, OutboxRow, OutboxStatus, Timer, UnmatchedSms};
 use serde_json::Value;
 
-use super::html::{age, anchor, esc, id, is_phone_key, query, seg, str_of, time, time_json, value_text};
+use super::html::{age, anchor, esc, id, is_phone_key, query, seg, time, value_text};
 use super::session::{Role, Session};
 
 /// Which page the navigation marks as the current one.
@@ -238,7 +239,7 @@ pub fn overview(f: &Figures) -> String {
 
 // ---------------------------------------------------------------- loads
 
-pub fn loads(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) -> String {
+pub fn loads(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&QueryPage<LoadSummary>, String>) -> String {
     let v = |n| esc(value_of(pairs, n));
     let checked = |n| if value_of(pairs, n) == "true" { " checked" } else { "" };
     let mut body = format!(
@@ -273,7 +274,7 @@ pub fn loads(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) 
             return layout(ctx, "Loads", Nav::Loads, &body);
         }
     };
-    let rows = answer["loads"].as_array().cloned().unwrap_or_default();
+    let rows = &answer.rows;
     body.push_str(
         "<div class=\"scroll\"><table><caption>Loads, in id order</caption><thead><tr><th scope=\"col\">Load</th><th scope=\"col\">Stage</th>\
          <th scope=\"col\">Open asks</th><th scope=\"col\">Escalated asks</th><th scope=\"col\">Version</th>\
@@ -282,21 +283,21 @@ pub fn loads(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) 
     if rows.is_empty() {
         body.push_str("<tr><td colspan=\"6\">No load on this page matches.</td></tr>");
     }
-    for l in &rows {
+    for l in rows {
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} <span class=\"sub\">({} idle)</span></td></tr>",
-            link_load(str_of(l, "load_id")),
-            esc(l["stage"].as_str().unwrap_or("–")),
-            l["open_asks"],
-            l["escalated_asks"],
-            l["version"],
-            time_json(&l["last_activity_at"]),
-            age(l["idle_s"].as_f64().unwrap_or(0.0)),
+            link_load(l.load_id.as_str()),
+            esc(l.stage.as_deref().unwrap_or("–")),
+            l.open_asks,
+            l.escalated_asks,
+            l.version,
+            time(l.last_activity_at),
+            age(answer.age_s(l.last_activity_at)),
         );
     }
     body.push_str("</tbody></table></div>");
-    if let Some(next) = answer["next_after"].as_str() {
+    if let Some(next) = answer.next.as_deref() {
         body.push_str(&next_page("/console/loads", pairs, "after", next, "Next page"));
     }
     layout(ctx, "Loads", Nav::Loads, &body)
@@ -601,7 +602,7 @@ fn reason_field(id_suffix: &str) -> String {
 pub fn dead(
     ctx: &Ctx,
     pairs: &[(&str, &str)],
-    answer: Result<&Value, String>,
+    answer: Result<&QueryPage<DeadRow>, String>,
     new_request: &mut dyn FnMut() -> String,
     now: Timestamp,
 ) -> String {
@@ -639,7 +640,7 @@ pub fn dead(
             return layout(ctx, "Dead rows", Nav::Dead, &body);
         }
     };
-    let rows = answer["rows"].as_array().cloned().unwrap_or_default();
+    let rows = &answer.rows;
     body.push_str("<div class=\"scroll\"><table><caption>Dead outbox rows, newest first</caption><thead><tr><th scope=\"col\">Row</th><th scope=\"col\">Load</th>\
         <th scope=\"col\">Type</th><th scope=\"col\">Sends failed</th><th scope=\"col\">Last failure</th><th scope=\"col\">Died</th>");
     if ctx.operator() {
@@ -653,13 +654,13 @@ pub fn dead(
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{} <span class=\"sub\">({})</span></td><td>{}</td><td>{}</td><td>{}</td>",
-            id(str_of(r, "id")),
-            link_load(str_of(r, "load_id")),
-            esc(str_of(r, "action_type")),
-            esc(str_of(r, "class")),
-            r["attempts"],
-            quoted(r["last_failure"].as_str()),
-            time_json(&r["dead_at"]),
+            id(&r.row.id),
+            link_load(r.row.load_id.as_str()),
+            esc(r.row.action_type.as_str()),
+            esc(class_name(r.row.action_type.class())),
+            r.row.attempts,
+            quoted(r.row.last_failure.as_deref()),
+            time(r.dead_at),
         );
         if ctx.operator() {
             let _ = write!(
@@ -668,14 +669,14 @@ pub fn dead(
                  <input type=\"hidden\" name=\"outbox_id\" value=\"{}\">{} <button type=\"submit\">Requeue</button></form></td>",
                 ctx.hidden(),
                 request_field(&new_request()),
-                esc(str_of(r, "id")),
+                esc(&r.row.id),
                 reason_field(&i.to_string()),
             );
         }
         body.push_str("</tr>");
     }
     body.push_str("</tbody></table></div>");
-    if let Some(next) = answer["next_before"].as_str() {
+    if let Some(next) = answer.next.as_deref() {
         body.push_str(&next_page("/console/dead", pairs, "before", next, "Older rows"));
     }
     layout(ctx, "Dead rows", Nav::Dead, &body)
@@ -730,7 +731,7 @@ pub fn bulk(ctx: &Ctx, a: &haul_runtime::operator::BulkAnswer, reason: &str, new
 
 // ---------------------------------------------------------------- timers, unmatched, alerts
 
-pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>) -> String {
+pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&QueryPage<Timer>, String>) -> String {
     let mut body = format!(
         "<form class=\"filters\" method=\"get\" action=\"/console/timers\"><fieldset><legend>Filter</legend>\
          <p><label for=\"overdue_over\">Overdue by more than</label> <input id=\"overdue_over\" name=\"overdue_over\" placeholder=\"15m\" value=\"{}\"></p>\
@@ -746,28 +747,32 @@ pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&Value, String>)
     };
     body.push_str("<div class=\"scroll\"><table><caption>Timers due and not fired, the most overdue first</caption><thead><tr>\
         <th scope=\"col\">Timer</th><th scope=\"col\">Load</th><th scope=\"col\">Fire at</th><th scope=\"col\">Overdue by</th></tr></thead><tbody>");
-    let timers = answer["timers"].as_array().cloned().unwrap_or_default();
+    let timers = &answer.rows;
     if timers.is_empty() {
         body.push_str("<tr><td colspan=\"4\">No timer is overdue.</td></tr>");
     }
-    for t in &timers {
+    for t in timers {
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            id(str_of(t, "timer_id")),
-            link_load(str_of(t, "load_id")),
-            time_json(&t["fire_at"]),
-            age(t["overdue_s"].as_f64().unwrap_or(0.0)),
+            id(t.timer_id.as_str()),
+            link_load(t.load_id.as_str()),
+            time(t.fire_at),
+            age(answer.age_s(t.fire_at)),
         );
     }
     body.push_str("</tbody></table></div>");
-    if let Some(next) = answer["next_after"].as_str() {
+    if let Some(next) = answer.next.as_deref() {
         body.push_str(&next_page("/console/timers", pairs, "after", next, "Next page"));
     }
     layout(ctx, "Overdue timers", Nav::Timers, &body)
 }
 
-pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dyn FnMut() -> String) -> String {
+pub fn unmatched(
+    ctx: &Ctx,
+    answer: Result<&QueryPage<UnmatchedSms>, String>,
+    new_request: &mut dyn FnMut() -> String,
+) -> String {
     let mut body = String::new();
     let answer = match answer {
         Ok(a) => a,
@@ -783,7 +788,7 @@ pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dy
         body.push_str("<th scope=\"col\">Assign to a load</th>");
     }
     body.push_str("</tr></thead><tbody>");
-    let list = answer["unmatched"].as_array().cloned().unwrap_or_default();
+    let list = &answer.rows;
     if list.is_empty() {
         body.push_str("<tr><td colspan=\"7\">None.</td></tr>");
     }
@@ -791,12 +796,12 @@ pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dy
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"body\">{}</td><td>{}</td><td>{}</td>",
-            id(str_of(u, "message_sid")),
-            esc(&mask_phone(str_of(u, "from"))),
-            esc(&mask_phone(str_of(u, "to"))),
-            esc(str_of(u, "body")),
-            time_json(&u["received_at"]),
-            esc(str_of(u, "reason")),
+            id(&u.message_sid),
+            esc(&mask_phone(&u.from)),
+            esc(&mask_phone(&u.to)),
+            esc(&u.body),
+            time(u.received_at),
+            esc(&u.reason),
         );
         if ctx.operator() {
             let _ = write!(
@@ -807,20 +812,20 @@ pub fn unmatched(ctx: &Ctx, answer: Result<&Value, String>, new_request: &mut dy
                  {} <button type=\"submit\">Assign</button></form></td>",
                 ctx.hidden(),
                 request_field(&new_request()),
-                esc(str_of(u, "message_sid")),
+                esc(&u.message_sid),
                 reason_field(&i.to_string()),
             );
         }
         body.push_str("</tr>");
     }
     body.push_str("</tbody></table></div>");
-    if let Some(next) = answer["next_before"].as_str() {
+    if let Some(next) = answer.next.as_deref() {
         body.push_str(&next_link("/console/unmatched", &[("before", next)], "Older messages"));
     }
     layout(ctx, "Unmatched SMS", Nav::Unmatched, &body)
 }
 
-pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>) -> String {
+pub fn alerts(ctx: &Ctx, answer: Result<&QueryPage<OpsAlertRecord>, String>) -> String {
     let mut body = String::from(
         "<p class=\"sub\">An OpsAlert is raised when a Hero-channel or internal outbox row dies, and sent to the ops \
          service: <strong>delivered</strong> (taken), <strong>refused</strong> (a 4xx: kept, not sent again), or \
@@ -839,27 +844,27 @@ pub fn alerts(ctx: &Ctx, answer: Result<&Value, String>) -> String {
         <th scope=\"col\">State</th><th scope=\"col\">Sends</th><th scope=\"col\">Last error</th>\
         <th scope=\"col\">Last send</th></tr></thead><tbody>",
     );
-    let list = answer["alerts"].as_array().cloned().unwrap_or_default();
+    let list = &answer.rows;
     if list.is_empty() {
         body.push_str("<tr><td colspan=\"9\">None.</td></tr>");
     }
-    for a in &list {
+    for a in list {
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(a["kind"].as_str().unwrap_or("–")),
-            id(str_of(a, "outbox_id")),
-            link_load(str_of(a, "load_id")),
-            quoted(a["failure"].as_str()),
-            time_json(&a["raised_at"]),
-            status_badge(a["state"].as_str().unwrap_or("–")),
-            a["sends"].as_u64().unwrap_or(0),
-            quoted(a["last_error"].as_str()),
-            time_json(&a["updated_at"]),
+            esc(a.kind.as_str()),
+            id(&a.outbox_id),
+            link_load(a.load_id.as_str()),
+            quoted(Some(&a.failure)),
+            time(a.raised_at),
+            status_badge(a.state.as_str()),
+            a.sends,
+            quoted(a.last_error.as_deref()),
+            time(a.updated_at),
         );
     }
     body.push_str("</tbody></table></div>");
-    if let Some(next) = answer["next_before"].as_str() {
+    if let Some(next) = answer.next.as_deref() {
         body.push_str(&next_link("/console/alerts", &[("before", next)], "Older alerts"));
     }
     layout(ctx, "OpsAlerts", Nav::Alerts, &body)
@@ -982,18 +987,37 @@ mod tests {
         assert!(page.contains("***0100") && !page.contains("+15555550100"), "phones are masked");
         assert!(page.contains("action=\"/console/dead/requeue\""), "an operator may requeue the dead row");
 
-        let unmatched_answer = json!({"unmatched": [{"message_sid": "SM1", "from": "+15555559999", "to": "+15555550000",
-            "body": HOSTILE, "received_at": "2026-03-02T07:00:00Z", "reason": HOSTILE}], "next_before": null});
-        let page = unmatched(&ctx, Ok(&unmatched_answer), &mut ids);
+        fn page_of<T>(rows: Vec<T>) -> QueryPage<T> {
+            QueryPage { rows, next: None, now: "2026-03-02T07:00:00Z".parse().unwrap() }
+        }
+        let sms = |from: &str, body: &str, reason: &str| UnmatchedSms {
+            message_sid: "SM1".into(),
+            from: from.into(),
+            to: "+15555550000".into(),
+            body: body.into(),
+            received_at: t,
+            reason: reason.into(),
+        };
+        let page = unmatched(&ctx, Ok(&page_of(vec![sms("+15555559999", HOSTILE, HOSTILE)])), &mut ids);
         assert_inert(&page);
         assert!(!page.contains("+15555559999"));
-        let dead_answer = json!({"rows": [{"id": key_id, "load_id": "481207", "action_type": "create_hero_task",
-            "class": "hero_channel", "attempts": 1, "last_failure": HOSTILE, "dead_at": "2026-03-02T07:00:00Z"}], "next_before": null});
-        assert_inert(&dead(&ctx, &[], Ok(&dead_answer), &mut ids, t));
-        let alerts_answer = json!({"alerts": [{"kind": "hero_channel_failure", "outbox_id": key_id, "load_id": "481207",
-            "failure": HOSTILE, "raised_at": "2026-03-02T07:00:00Z", "state": "refused", "sends": 1,
-            "last_error": HOSTILE, "updated_at": "2026-03-02T07:00:00Z"}], "next_before": null});
-        let page = alerts(&ctx, Ok(&alerts_answer));
+        let mut row = view.outbox[0].clone();
+        row.last_failure = Some(HOSTILE.into());
+        let dead_row = DeadRow { row, dead_at: t, outcome_published_at: None };
+        assert_inert(&dead(&ctx, &[], Ok(&page_of(vec![dead_row])), &mut ids, t));
+        let alert = OpsAlertRecord {
+            outbox_id: key_id.into(),
+            load_id: load_id.clone(),
+            kind: haul_core::dispatch::AlertKind::HeroChannelFailure,
+            action_type: ActionType::CreateHeroTask,
+            failure: HOSTILE.into(),
+            state: haul_store::AlertState::Refused,
+            sends: 1,
+            last_error: Some(HOSTILE.into()),
+            raised_at: t,
+            updated_at: t,
+        };
+        let page = alerts(&ctx, Ok(&page_of(vec![alert])));
         assert_inert(&page);
         assert!(page.contains(">refused<"), "{page}");
         // A filter value echoed back into its field.
@@ -1005,13 +1029,36 @@ mod tests {
         let (s, key) = session(Role::Read);
         let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
         let mut ids = || "console-1".to_string();
-        let dead_answer = json!({"rows": [{"id": "481207/a/send_sms", "load_id": "481207", "action_type": "send_sms",
-            "class": "external", "attempts": 3, "dead_at": "2026-03-02T07:00:00Z"}], "next_before": null});
         let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
-        let page = dead(&ctx, &[], Ok(&dead_answer), &mut ids, t);
+        let row = OutboxRow {
+            id: "481207/a/send_sms".into(),
+            load_id: LoadId::parse("481207").unwrap(),
+            action_type: ActionType::SendSms,
+            action: Value::Null,
+            status: OutboxStatus::Dead,
+            attempts: 3,
+            due_at: t,
+            first_attempt_at: Some(t),
+            claim_token: None,
+            lease_until: None,
+            last_failure: None,
+            receipt: None,
+            created_at: t,
+            updated_at: t,
+        };
+        let dead_rows =
+            QueryPage { rows: vec![DeadRow { row, dead_at: t, outcome_published_at: None }], next: None, now: t };
+        let page = dead(&ctx, &[], Ok(&dead_rows), &mut ids, t);
         assert!(!page.contains("/console/dead/requeue") && !page.contains("/console/dead/bulk-requeue"), "{page}");
-        let unmatched_answer = json!({"unmatched": [{"message_sid": "SM1", "from": "+1", "to": "+2", "body": "b",
-            "received_at": "2026-03-02T07:00:00Z", "reason": "r"}], "next_before": null});
-        assert!(!unmatched(&ctx, Ok(&unmatched_answer), &mut ids).contains("/console/unmatched/assign"));
+        let sms = UnmatchedSms {
+            message_sid: "SM1".into(),
+            from: "+1".into(),
+            to: "+2".into(),
+            body: "b".into(),
+            received_at: t,
+            reason: "r".into(),
+        };
+        let unmatched_rows = QueryPage { rows: vec![sms], next: None, now: t };
+        assert!(!unmatched(&ctx, Ok(&unmatched_rows), &mut ids).contains("/console/unmatched/assign"));
     }
 }

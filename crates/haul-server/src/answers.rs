@@ -1,0 +1,106 @@
+//! The operators' queries' answers as JSON: the wire form of `GET /v1/ops/{query}`,
+//! which `haul query --json` prints too. The queries answer typed rows
+//! (`haul_runtime::queries`); this is the one place they become JSON, so the API's
+//! answers keep their fields whoever else reads the rows.
+
+use haul_runtime::queries::{Answer, Page};
+use haul_store::ops::{ConflictLoad, DeadRow, LoadSummary, class_name};
+use haul_store::{OpsAlertRecord, Timer, UnmatchedSms};
+use serde_json::{Value, json};
+
+/// `answer` as the API writes it: the page's rows under the query's list name, and
+/// the next page's cursor (`next_after` or `next_before`, `null` on the last page).
+pub fn answer_json(answer: &Answer) -> Value {
+    match answer {
+        Answer::Loads(p) => json!({"loads": rows(p, load), "next_after": p.next}),
+        Answer::Dead(p) => json!({"rows": rows(p, dead), "next_before": p.next}),
+        Answer::Timers(p) => json!({"timers": rows(p, timer), "next_after": p.next}),
+        Answer::Unmatched(p) => json!({"unmatched": rows(p, unmatched), "next_before": p.next}),
+        Answer::Alerts(p) => json!({"alerts": rows(p, alert), "next_before": p.next}),
+        Answer::Conflicts(p) => json!({"loads": rows(p, conflict)}),
+    }
+}
+
+fn rows<T>(p: &Page<T>, one: fn(&Page<T>, &T) -> Value) -> Vec<Value> {
+    p.rows.iter().map(|r| one(p, r)).collect()
+}
+
+fn load(p: &Page<LoadSummary>, l: &LoadSummary) -> Value {
+    json!({
+        "load_id": l.load_id,
+        "stage": l.stage,
+        "open_asks": l.open_asks,
+        "escalated_asks": l.escalated_asks,
+        "version": l.version,
+        "created_at": l.created_at,
+        "last_activity_at": l.last_activity_at,
+        "idle_s": p.age_s(l.last_activity_at),
+    })
+}
+
+fn dead(p: &Page<DeadRow>, d: &DeadRow) -> Value {
+    let r = &d.row;
+    json!({
+        "id": r.id,
+        "load_id": r.load_id,
+        "action_type": r.action_type,
+        "class": class_name(r.action_type.class()),
+        "attempts": r.attempts,
+        "last_failure": r.last_failure,
+        "created_at": r.created_at,
+        "dead_at": d.dead_at,
+        "age_s": p.age_s(d.dead_at),
+        "outcome_published_at": d.outcome_published_at,
+    })
+}
+
+fn timer(p: &Page<Timer>, t: &Timer) -> Value {
+    json!({
+        "timer_id": t.timer_id,
+        "load_id": t.load_id,
+        "fire_at": t.fire_at,
+        "overdue_s": p.age_s(t.fire_at),
+        "created_at": t.created_at,
+    })
+}
+
+fn unmatched(p: &Page<UnmatchedSms>, u: &UnmatchedSms) -> Value {
+    json!({
+        "message_sid": u.message_sid,
+        "from": u.from,
+        "to": u.to,
+        "body": u.body,
+        "received_at": u.received_at,
+        "age_s": p.age_s(u.received_at),
+        "reason": u.reason,
+    })
+}
+
+/// An OpsAlert as the dispatcher recorded it: raised once per dead Hero-channel or
+/// internal row, then `pending` (the ops service is down; the sweep sends it again),
+/// `delivered` or `refused` (a 4xx; not sent again). `sends` counts the sends so far
+/// and `last_error` is what the last failed one got.
+fn alert(p: &Page<OpsAlertRecord>, a: &OpsAlertRecord) -> Value {
+    json!({
+        "kind": a.kind.as_str(),
+        "outbox_id": a.outbox_id,
+        "load_id": a.load_id,
+        "action_type": a.action_type,
+        "failure": a.failure,
+        "state": a.state.as_str(),
+        "sends": a.sends,
+        "last_error": a.last_error,
+        "raised_at": a.raised_at,
+        "updated_at": a.updated_at,
+        "age_s": p.age_s(a.raised_at),
+    })
+}
+
+fn conflict(p: &Page<ConflictLoad>, c: &ConflictLoad) -> Value {
+    json!({
+        "load_id": c.load_id,
+        "conflicts": c.conflicts,
+        "last_conflict_at": c.last_conflict_at,
+        "since_last_s": p.age_s(c.last_conflict_at),
+    })
+}
