@@ -21,12 +21,14 @@ use std::sync::{Arc, Mutex};
 
 use haul_core::AskStatus;
 use haul_core::BadInput;
-use haul_core::event::{EventBody, OperatorAction, OperatorCommand};
+use haul_core::event::OperatorAction;
 use haul_core::ids::{AskId, LoadId};
-use haul_core::projection::{Entry, LoadState, OpenAsk, OutcomeSeen, Record};
+use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record};
 use haul_core::time::Timestamp;
 use haul_store::{OutboxRow, RecordedDelivery, RowCursor, Store, StoreError, Timer};
 use serde::Serialize;
+
+use crate::timeline::{self, What};
 
 /// Items of each list in a page when the caller names no limit.
 pub const PAGE_DEFAULT: usize = 100;
@@ -366,12 +368,7 @@ pub fn sends(row: &OutboxRow) -> u32 {
 }
 
 /// An `operator_action` in one line: who, what, on which row, SMS or ask, and why.
-fn operator_summary(op: &OperatorAction) -> String {
-    let target = match &op.command {
-        OperatorCommand::Requeue { outbox_id, .. } => outbox_id.as_str(),
-        OperatorCommand::AssignSms { message_sid, .. } => message_sid.as_str(),
-        OperatorCommand::ResolveAsk { ask_id } => ask_id.as_str(),
-    };
+fn operator_summary(op: &OperatorAction, target: &str) -> String {
     format!("by {}: {} {target}, reason: {}", op.actor, op.command.name(), clip_line(&op.reason))
 }
 
@@ -381,6 +378,8 @@ fn clip_line(s: &str) -> String {
     if s.chars().count() > 200 { format!("{line}…") } else { line }
 }
 
+/// `haul inspect`'s text: the load's facts, asks, the timeline's items, outbox rows,
+/// timers and recorded deliveries.
 pub fn timeline(v: &LoadView) -> String {
     let mut out = String::new();
     let s = &v.state;
@@ -417,24 +416,23 @@ pub fn timeline(v: &LoadView) -> String {
         );
     }
     let _ = writeln!(out, "\ntimeline:");
-    for r in &v.log {
-        let what = match &r.entry {
-            Entry::Decision(d) => {
+    for item in timeline::items(&v.log, &v.outbox) {
+        let what = match &item.what {
+            What::Decision { decision: d, actions } => {
                 let filtered = if d.filtered { " (filtered)" } else { "" };
-                let (seq, at, decider) = (r.seq, hms(r.recorded_at), &d.decider);
+                let (seq, at, decider) = (item.seq, hms(item.recorded_at), &d.decider);
                 let _ = writeln!(out, "  #{seq:<4} {at}  decision by {decider}{filtered}: {}", d.rationale);
-                for a in &d.actions {
+                for (a, _) in actions {
                     let _ = writeln!(out, "          → {:<17} {}", a.action_type().as_str(), a.key);
                 }
                 continue;
             }
-            Entry::Event { body: EventBody::OperatorAction(op), .. } => operator_summary(op),
-            Entry::Event { .. } => summary(&r.payload()),
-            Entry::Unreadable { payload, reason, .. } => {
-                format!("unreadable ({}): {}", clip_line(reason), summary(payload))
-            }
+            What::Operator { action: op, target, .. } => operator_summary(op, target),
+            What::Outcome { fields, .. } | What::Event { fields } => summary(fields),
+            What::Unreadable { reason, fields } => format!("unreadable ({}): {}", clip_line(reason), summary(fields)),
         };
-        let _ = writeln!(out, "  #{:<4} {}  {:<15} {}  {}", r.seq, hms(r.recorded_at), r.kind(), r.entry_id, what);
+        let (seq, at) = (item.seq, hms(item.recorded_at));
+        let _ = writeln!(out, "  #{seq:<4} {at}  {:<15} {}  {what}", item.kind, item.entry_id);
     }
     if let Some(next) = v.next_after_seq {
         let _ = writeln!(out, "  … more records: --after-seq {next}");
@@ -516,6 +514,7 @@ mod tests {
     use std::time::Duration;
 
     use haul_core::OutcomeStatus;
+    use haul_core::event::OperatorCommand;
     use haul_core::ids::EventId;
     use haul_core::time::{add, from_ms};
 
@@ -547,7 +546,7 @@ mod tests {
             (&requeue, "by ana: requeue L1/x/create_hero_task, reason: Hero fixed (INC-42)"),
             (&assign, "by bo: assign_sms SM1, reason: x"),
         ] {
-            assert_eq!(operator_summary(op), want);
+            assert_eq!(operator_summary(op, timeline::target(&op.command)), want);
         }
     }
 

@@ -22,4 +22,5 @@ pub mod queries;
 pub mod queue;
 pub mod secrets;
 pub mod shadow;
+pub mod timeline;
 pub mod worker;

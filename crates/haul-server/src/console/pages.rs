@@ -6,14 +6,13 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use haul_core::action::ActionType;
+use haul_core::action::{Action, ActionType};
 use haul_core::decision::Decision;
-use haul_core::event::EventBody;
-use haul_core::log::Entry;
 use haul_core::mask::mask_phone;
 use haul_core::time::{Timestamp, since};
 use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
 use haul_runtime::queries::Page as QueryPage;
+use haul_runtime::timeline::{What, items as timeline_items};
 use haul_store::ops::{DeadRow, LoadSummary, class_name};
 use haul_store::{OpsAlertRecord, OutboxRow, OutboxStatus, Timer, UnmatchedSms};
 use serde_json::Value;
@@ -340,7 +339,7 @@ fn payload_list(p: &Value) -> String {
 }
 
 /// A decision's rationale, its actions with their outbox rows' state, and the asks it moved.
-fn decision_items(out: &mut String, d: &Decision, rows: &HashMap<&str, &OutboxRow>) {
+fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Option<&OutboxRow>)]) {
     let filtered = if d.filtered { " (by the filter)" } else { "" };
     let _ = write!(
         out,
@@ -352,9 +351,9 @@ fn decision_items(out: &mut String, d: &Decision, rows: &HashMap<&str, &OutboxRo
         out.push_str("<p class=\"sub\">No action.</p>");
     } else {
         out.push_str("<ul class=\"actions\">");
-        for a in &d.actions {
+        for (a, row) in actions {
             let key = a.key.as_str();
-            let state = match rows.get(key) {
+            let state = match row {
                 Some(row) => outbox_state(row),
                 None => "<span class=\"sub\">(outbox row on another page)</span>".into(),
             };
@@ -381,7 +380,6 @@ fn decision_items(out: &mut String, d: &Decision, rows: &HashMap<&str, &OutboxRo
 
 /// The timeline section of a load's page: also what the live refresh fetches.
 pub fn timeline(v: &LoadView, page_query: &str) -> String {
-    let rows: HashMap<&str, &OutboxRow> = v.outbox.iter().map(|r| (r.id.as_str(), r)).collect();
     let mut out = format!(
         "<section id=\"timeline\" data-version=\"{}\" data-live=\"/console/loads/{}/timeline{}\" aria-labelledby=\"timeline-h\">\
          <h2 id=\"timeline-h\">Timeline <span class=\"sub\">(newest last; version {})</span></h2>\
@@ -391,20 +389,20 @@ pub fn timeline(v: &LoadView, page_query: &str) -> String {
         esc(page_query),
         v.version,
     );
-    for r in &v.log {
-        let kind = r.kind();
+    for item in timeline_items(&v.log, &v.outbox) {
+        let kind = item.kind;
         let _ = write!(
             out,
             "<li class=\"k-{}\"><p class=\"rec\"><span class=\"seq\">#{}</span> {} <strong>{}</strong> {}</p>",
             esc(kind),
-            r.seq,
-            time(r.recorded_at),
+            item.seq,
+            time(item.recorded_at),
             esc(kind),
-            id(&r.entry_id)
+            id(item.entry_id)
         );
-        match &r.entry {
-            Entry::Decision(d) => decision_items(&mut out, d, &rows),
-            Entry::Event { body: EventBody::ActionOutcome(o), .. } => {
+        match &item.what {
+            What::Decision { decision, actions } => decision_items(&mut out, decision, actions),
+            What::Outcome { outcome: o, fields } => {
                 let key = &o.outbox_id;
                 let _ = write!(
                     out,
@@ -412,27 +410,26 @@ pub fn timeline(v: &LoadView, page_query: &str) -> String {
                     anchor(key),
                     esc(key),
                     status_badge(o.status.as_str()),
-                    payload_list(&r.payload())
+                    payload_list(fields)
                 );
             }
-            Entry::Event { body: EventBody::OperatorAction(op), .. } => {
-                let command = serde_json::to_value(&op.command).unwrap_or_default();
+            What::Operator { action: op, fields, .. } => {
                 let _ = write!(
                     out,
                     "<p>Operator <strong>{}</strong>: {} — reason: <q>{}</q></p>{}",
                     esc(&op.actor),
                     esc(op.command.name()),
                     esc(&op.reason),
-                    payload_list(&command)
+                    payload_list(fields)
                 );
             }
-            Entry::Event { .. } => out.push_str(&payload_list(&r.payload())),
-            Entry::Unreadable { payload, reason, .. } => {
+            What::Event { fields } => out.push_str(&payload_list(fields)),
+            What::Unreadable { reason, fields } => {
                 let _ = write!(
                     out,
                     "<p class=\"sub\">Unreadable by this build: {}</p>{}",
                     esc(reason),
-                    payload_list(payload)
+                    payload_list(fields)
                 );
             }
         }
@@ -882,8 +879,9 @@ pub fn classes() -> [&'static str; 3] {
 #[cfg(test)]
 mod tests {
     use haul_core::action::{Action, ActionKind, Urgency};
-    use haul_core::event::{InboundSms, OperatorAction, OperatorCommand};
+    use haul_core::event::{ActionOutcome, EventBody, InboundSms, OperatorAction, OperatorCommand};
     use haul_core::ids::{EventId, LoadId};
+    use haul_core::log::Entry;
     use haul_core::projection::{LoadState, Record};
     use haul_runtime::inspect::StateView;
     use serde_json::json;
@@ -956,6 +954,21 @@ mod tests {
                         kind: HOSTILE.into(),
                         payload: json!({HOSTILE: HOSTILE}),
                         reason: HOSTILE.into(),
+                    },
+                ),
+                record(
+                    5,
+                    Entry::Event {
+                        event_id: EventId::parse("evt:out:481207/sms_1/create_hero_task:failed").unwrap(),
+                        body: EventBody::ActionOutcome(ActionOutcome {
+                            outbox_id: key_id.into(),
+                            action_type: ActionType::CreateHeroTask,
+                            status: haul_core::OutcomeStatus::Failed,
+                            receipt: None,
+                            failure: Some(HOSTILE.into()),
+                            hero_channel: true,
+                            internal: false,
+                        }),
                     },
                 ),
             ],
