@@ -212,28 +212,29 @@ pub enum Answer {
 }
 
 impl Answer {
+    /// How many rows the page holds, and the next page's cursor.
+    fn shape(&self) -> (usize, Option<&str>) {
+        fn of<T>(p: &Page<T>) -> (usize, Option<&str>) {
+            (p.rows.len(), p.next.as_deref())
+        }
+        match self {
+            Answer::Loads(p) => of(p),
+            Answer::Dead(p) => of(p),
+            Answer::Timers(p) => of(p),
+            Answer::Unmatched(p) => of(p),
+            Answer::Alerts(p) => of(p),
+            Answer::Conflicts(p) => of(p),
+        }
+    }
+
     /// True when the page holds no row.
     pub fn is_empty(&self) -> bool {
-        match self {
-            Answer::Loads(p) => p.rows.is_empty(),
-            Answer::Dead(p) => p.rows.is_empty(),
-            Answer::Timers(p) => p.rows.is_empty(),
-            Answer::Unmatched(p) => p.rows.is_empty(),
-            Answer::Alerts(p) => p.rows.is_empty(),
-            Answer::Conflicts(p) => p.rows.is_empty(),
-        }
+        self.shape().0 == 0
     }
 
     /// The next page's cursor.
     pub fn next(&self) -> Option<&str> {
-        match self {
-            Answer::Loads(p) => p.next.as_deref(),
-            Answer::Dead(p) => p.next.as_deref(),
-            Answer::Timers(p) => p.next.as_deref(),
-            Answer::Unmatched(p) => p.next.as_deref(),
-            Answer::Alerts(p) => p.next.as_deref(),
-            Answer::Conflicts(p) => p.next.as_deref(),
-        }
+        self.shape().1
     }
 }
 
