@@ -589,6 +589,17 @@ mod tests {
     }
 
     #[test]
+    fn alert_kinds_read_back_by_their_names() {
+        for k in AlertKind::ALL {
+            assert_eq!(AlertKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(AlertKind::parse("hero_channel_failure"), Some(AlertKind::HeroChannelFailure));
+        assert_eq!(AlertKind::parse("internal_failure"), Some(AlertKind::InternalFailure));
+        assert_eq!(AlertKind::parse("Hero_channel_failure"), None);
+        assert_eq!(AlertKind::parse(""), None);
+    }
+
+    #[test]
     fn outcomes_are_bounded_and_clean() {
         let long = format!("a\u{0}b{}", "x".repeat(3000));
         let e = outcome_event(&row(ActionType::UpdateStage, 0), OutcomeStatus::Failed, Some("r\n1"), Some(&long));

@@ -48,3 +48,100 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
     };
     Some(Decision::filtered(&event.event_id, now, why))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::projection::{Record, project};
+
+    const PHONE: &str = "+15555550100";
+
+    fn load() -> LoadId {
+        LoadId::parse("481207").unwrap()
+    }
+
+    fn now() -> Timestamp {
+        "2026-03-02T07:40:00Z".parse().unwrap()
+    }
+
+    fn ev(v: Value) -> InboundEvent {
+        InboundEvent::from_json(load(), v).unwrap()
+    }
+
+    /// A load with an ask at step 2 (its step-1 timer passed) and SMS SM1 assigned to
+    /// it by an operator.
+    fn state() -> LoadState {
+        let mut records: Vec<Record> = vec![];
+        let init =
+            ev(json!({"event_id": "load:init", "kind": "load_update", "driver_phone": PHONE, "stage": "in_transit"}));
+        let ping =
+            ev(json!({"event_id": "ping_0700", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "high"}));
+        for e in [init, ping, timer(1)] {
+            let d = crate::sop::decide(&crate::sop::Policies::default(), &load(), &project(&records), &e, now());
+            records.extend(Record::appended(records.len() as u64, &e, &d, now()));
+        }
+        let mut state = project(&records);
+        state.assigned_sms.insert("SM1".into());
+        state
+    }
+
+    fn timer(step: u32) -> InboundEvent {
+        let t = format!("tmr:481207:ask:eta_request:ping_0700:{step}");
+        ev(json!({"event_id": format!("evt:{t}"), "kind": "timer_fired", "timer_id": t,
+                  "ask_id": "ask:eta_request:ping_0700", "step": step, "fire_at": "2026-03-02T07:30:00Z"}))
+    }
+
+    fn outcome(action_type: &str, status: &str, hero_channel: bool, internal: bool) -> InboundEvent {
+        let id = format!("481207/x/{action_type}");
+        ev(json!({"event_id": format!("evt:out:{id}:{status}"), "kind": "action_outcome", "outbox_id": id,
+                  "action_type": action_type, "status": status, "failure": "HTTP 500",
+                  "hero_channel": hero_channel, "internal": internal}))
+    }
+
+    fn sms(event_id: &str) -> InboundEvent {
+        ev(json!({"event_id": event_id, "kind": "inbound_sms", "from": PHONE, "body": "ETA 9:15"}))
+    }
+
+    /// What the filter does with `event`: `None` when the decider must decide, else the
+    /// filtered noop's rationale contains `want`.
+    fn check(event: InboundEvent, want: Option<&str>) {
+        let got = filter(&load(), &state(), &event, now());
+        match (got, want) {
+            (None, None) => {}
+            (Some(d), Some(part)) => {
+                assert!(d.filtered && d.actions.is_empty() && !d.needs_hero_task, "{}: {d:?}", event.event_id);
+                assert_eq!(d.decider, "filter");
+                assert!(d.rationale.contains(part), "{}: {}", event.event_id, d.rationale);
+            }
+            (got, want) => panic!("{}: got {got:?}, want {want:?}", event.event_id),
+        }
+    }
+
+    #[test]
+    fn the_filter_stops_only_what_needs_no_decider() {
+        // The webhook's copy of an SMS an operator assigned here first; another SMS, or
+        // the same SMS under an id that is not the webhook's, goes to the decider.
+        check(sms("sms:SM1"), Some("assigned to this load by an operator already"));
+        check(sms("sms:SM2"), None);
+        check(sms("SM1"), None);
+        // Outcomes: every delivered one, and a failure of a Hero-channel or internal
+        // action (an OpsAlert, never a Hero task); an external failure is the decider's.
+        check(outcome("send_sms", "delivered", false, false), Some("481207/x/send_sms delivered"));
+        check(outcome("set_timer", "delivered", false, true), Some("delivered"));
+        check(outcome("create_hero_task", "failed", true, false), Some("on a Hero-channel action"));
+        check(outcome("cancel_timer", "failed", false, true), Some("internal action: an OpsAlert was raised"));
+        check(outcome("send_sms", "failed", false, false), None);
+        // Timers: the current one (step 2) is the decider's; a passed step's is stale.
+        check(timer(2), None);
+        check(timer(1), Some("is not current"));
+        check(timer(3), Some("is not current"));
+        // Anything else is the decider's.
+        check(
+            ev(json!({"event_id": "ping_0800", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "high"})),
+            None,
+        );
+        check(ev(json!({"event_id": "u1", "kind": "load_update", "stage": "delivered"})), None);
+    }
+}

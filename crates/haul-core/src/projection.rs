@@ -171,3 +171,39 @@ pub fn project(records: &[Record]) -> LoadState {
     }
     state
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// What the projection counts besides the asks: the version, the records it could
+    /// not read (inspect and the console warn with the count), the stage.
+    #[test]
+    fn the_state_counts_unreadable_records_and_knows_delivery() {
+        let at: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let record = |seq: u64, kind: &str, payload: serde_json::Value| Record {
+            seq,
+            entry_id: format!("e{seq}"),
+            entry: Entry::decode(&format!("e{seq}"), kind, payload),
+            recorded_at: at,
+        };
+        let update = |seq, stage: &str| record(seq, "load_update", json!({"stage": stage}));
+        let check = |records: &[Record], want: (u64, u64, bool)| {
+            let s = project(records);
+            assert_eq!((s.version, s.unreadable, s.is_delivered()), want, "{records:?}");
+        };
+        check(&[], (0, 0, false));
+        check(&[update(1, "in_transit")], (1, 0, false));
+        check(&[update(1, "in_transit"), record(2, "no_such_kind", json!({}))], (2, 1, false));
+        check(
+            &[
+                record(1, "no_such_kind", json!({})),
+                update(2, "delivered"),
+                record(3, "load_update", json!({"stage": 7})),
+            ],
+            (3, 2, true),
+        );
+    }
+}

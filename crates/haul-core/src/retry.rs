@@ -128,4 +128,33 @@ mod tests {
         }
         assert!(tenths.iter().all(|&c| (850..1150).contains(&c)), "{tenths:?}");
     }
+
+    /// `after_failure` under the default policy (1 s base, 30 s cap, 8 attempts, 150 s
+    /// budget) with the largest jitter: the wait after attempt `attempts`, `since_first_ms`
+    /// after the first, as "retry in N ms" or the reason the row dies.
+    #[test]
+    fn a_row_retries_until_its_attempts_or_its_budget_are_spent() {
+        let first: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let check = |attempts: u32, since_first_ms: u64, want: &str| {
+            let now = add(first, Duration::from_millis(since_first_ms));
+            let got = match RetryPolicy::default().after_failure(attempts, first, now, 1.0) {
+                RetryDecision::RetryAt(t) => format!("retry in {} ms", since(t, now).as_millis()),
+                RetryDecision::Dead(why) => why,
+            };
+            assert_eq!(got, want, "attempt {attempts}, {since_first_ms} ms after the first");
+        };
+        // The wait doubles up to the cap: 1, 2, 4 … 30 s.
+        check(1, 0, "retry in 1000 ms");
+        check(2, 0, "retry in 2000 ms");
+        check(6, 0, "retry in 30000 ms");
+        // The budget's edge: a retry landing exactly at 150 s still goes; a millisecond
+        // later it would land past the budget, and the row dies.
+        check(2, 148_000, "retry in 2000 ms");
+        check(2, 148_001, "retry budget of 150s spent (148s since the first attempt)");
+        // The first failure always retries, whatever the clock says.
+        check(1, 400_000, "retry in 1000 ms");
+        // The eighth attempt is the last.
+        check(7, 0, "retry in 30000 ms");
+        check(8, 0, "gave up after 8 attempts");
+    }
 }

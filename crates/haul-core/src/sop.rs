@@ -449,6 +449,101 @@ mod tests {
         check(&quiet, outcome("set_timer", false, true), 5, &[]);
     }
 
+    /// A decision as the rule table reads it: its action types, the asks it moved
+    /// (`ask_id status`) and the Hero task's title, if any.
+    type Decided = (Vec<String>, Vec<String>, Option<String>);
+
+    /// A row of the rule table: its name, the events before, the event, the decision.
+    type Case<'a> = (&'a str, &'a [(u32, InboundEvent)], InboundEvent, Decided);
+
+    /// The SOP's decision on `event` after `before`.
+    fn decided(before: &[(u32, InboundEvent)], event: InboundEvent) -> Decided {
+        let state = state_after(before);
+        let d = decide(&Policies::default(), &load(), &state, &event, at(40));
+        let types = d.actions.iter().map(|a| a.kind.action_type().as_str().to_owned()).collect();
+        let asks = d.asks.iter().map(|c| format!("{} {}", c.ask_id, c.status.as_str())).collect();
+        let title = d.actions.iter().find_map(|a| match &a.kind {
+            ActionKind::CreateHeroTask { title, .. } => Some(title.clone()),
+            _ => None,
+        });
+        (types, asks, title)
+    }
+
+    /// Each rule of the SOP against what `docs/design.md` says it does, with the
+    /// neighbouring case that must not trigger it.
+    #[test]
+    fn each_rule_does_what_the_sop_says_and_no_more() {
+        let init =
+            ev(json!({"event_id": "load:init", "kind": "load_update", "driver_phone": PHONE, "stage": "in_transit"}));
+        let ping = |risk: &str| {
+            ev(json!({"event_id": "ping_0700", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": risk}))
+        };
+        let update = |v: Value| {
+            let mut v = v;
+            v["event_id"] = json!("u1");
+            v["kind"] = json!("load_update");
+            ev(v)
+        };
+        let sms =
+            |from: &str| ev(json!({"event_id": "sms_1", "kind": "inbound_sms", "from": from, "body": "ETA 9:15"}));
+        let open = [(0, init.clone()), (0, ping("high"))];
+        let quiet = [(0, init.clone())];
+        let delivered = [(0, init.clone()), (1, update(json!({"stage": "delivered"})))];
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let title = |t: &str| Some(format!("Load 481207: {t}"));
+        let cases: Vec<Case> = vec![
+            // Rule 1: a high-risk ping opens an ask; a low one, or one on a delivered
+            // load, does not.
+            ("rule 1", &quiet, ping("high"), (s(&["send_sms", "set_timer"]), s(&[&format!("{ASK} open")]), None)),
+            ("rule 1, low risk", &quiet, ping("low"), (s(&[]), s(&[]), None)),
+            ("rule 1, delivered", &delivered, ping("high"), (s(&[]), s(&[]), None)),
+            // Rule 7: delivery closes the open ask and cancels its timer; any other
+            // update (a stage, a next stop) leaves the ask open and asking.
+            (
+                "rule 7",
+                &open,
+                update(json!({"stage": "delivered"})),
+                (s(&["cancel_timer"]), s(&[&format!("{ASK} closed")]), None),
+            ),
+            ("rule 7, another stage", &open, update(json!({"stage": "at_pickup"})), (s(&[]), s(&[]), None)),
+            ("rule 7, a next stop", &open, update(json!({"next_stop": "Gary, IN"})), (s(&[]), s(&[]), None)),
+            // Rule 4: the driver's SMS answers the open ask. Rule 5: an SMS from another
+            // number, or with no ask open, goes to a person and leaves the ask as it is.
+            ("rule 4", &open, sms(PHONE), (s(&["cancel_timer"]), s(&[&format!("{ASK} answered")]), None)),
+            (
+                "rule 5, not the driver",
+                &open,
+                sms("+15555550199"),
+                (s(&["create_hero_task"]), s(&[]), title("SMS needs a reply")),
+            ),
+            ("rule 5, no ask open", &quiet, sms(PHONE), (s(&["create_hero_task"]), s(&[]), title("SMS needs a reply"))),
+            // Rule 6: a failed external action makes an urgent Hero task, titled for
+            // what failed.
+            (
+                "rule 6, an SMS",
+                &quiet,
+                outcome("send_sms", false, false),
+                (s(&["create_hero_task"]), s(&[]), title("SMS to driver failed, call them")),
+            ),
+            (
+                "rule 6, another action",
+                &quiet,
+                outcome("update_stage", false, false),
+                (s(&["create_hero_task"]), s(&[]), title("an action failed")),
+            ),
+            // Rule 8.
+            (
+                "rule 8",
+                &open,
+                ev(json!({"event_id": "x1", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "medium"})),
+                (s(&[]), s(&[]), None),
+            ),
+        ];
+        for (name, before, event, want) in cases {
+            assert_eq!(decided(before, event), want, "{name}");
+        }
+    }
+
     #[test]
     fn trouble_words() {
         for (text, trouble) in [
