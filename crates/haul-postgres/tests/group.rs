@@ -28,6 +28,25 @@ fn unit(l: &str, entries: &[&str], expected: u64, keys: &[&str]) -> (LoadId, Vec
     (load(l), entries.iter().map(|e| entry(e)).collect(), expected, keys.iter().map(|k| row(k)).collect())
 }
 
+/// Waits until a session is blocked by the session `holder` (its backend pid): proof
+/// that a statement sent meanwhile is waiting for the holder's lock, not merely late.
+async fn blocked_by(schema: &str, holder: i32) {
+    let watcher = client_in_schema(&database_url(), schema).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let n: i64 = watcher
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", &[&holder])
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "no session waits for the held lock");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 async fn log(s: &impl EventStore, l: &str) -> (Vec<String>, u64) {
     let (records, version) = s.read(&load(l)).await.unwrap();
     (records.into_iter().map(|r| r.entry_id).collect(), version)
@@ -167,6 +186,7 @@ async fn an_append_waiting_for_a_lock_runs_alone_and_the_others_commit_meanwhile
     s.append(&load("HELD"), vec![entry("h1")], 0, vec![], t0()).await.unwrap();
     // Another session holds HELD's version row, as a slow writer elsewhere would.
     let mut other = client_in_schema(&database_url(), &schema).await;
+    let holder: i32 = other.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     let tx = other.transaction().await.unwrap();
     tx.execute("SELECT 1 FROM loads WHERE load_id = 'HELD' FOR UPDATE", &[]).await.unwrap();
 
@@ -174,6 +194,7 @@ async fn an_append_waiting_for_a_lock_runs_alone_and_the_others_commit_meanwhile
         let s = s.clone();
         tokio::spawn(async move { s.append(&load("HELD"), vec![entry("h2")], 1, vec![], t0()).await })
     };
+    blocked_by(&schema, holder).await;
     // Appends to other loads commit while HELD's row stays locked.
     for i in 0..4 {
         let l = format!("FREE{i}");
@@ -290,6 +311,7 @@ async fn a_publish_waiting_for_a_lock_in_a_wave_sent_as_one_query_runs_alone() {
     }
     let tokens = claim_all(&s).await;
     let mut other = client_in_schema(&database_url(), &schema).await;
+    let holder: i32 = other.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     let tx = other.transaction().await.unwrap();
     tx.execute("SELECT 1 FROM outbox WHERE load_id = 'HELD' FOR UPDATE", &[]).await.unwrap();
     let units: Vec<TestPublish> = loads
@@ -303,6 +325,7 @@ async fn a_publish_waiting_for_a_lock_in_a_wave_sent_as_one_query_runs_alone() {
         let s = s.clone();
         tokio::spawn(async move { s.publish_one_batch(units, t0()).await })
     };
+    blocked_by(&schema, holder).await;
     // The batch commits without HELD's row; HELD's unit waits for the lock.
     let marked = async || statuses(&s, &loads).await.iter().filter(|l| l.ends_with("dispatched")).count();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

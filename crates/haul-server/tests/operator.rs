@@ -134,8 +134,12 @@ async fn operator_actions_on_the_ingestion_route_need_an_operator_token(backend:
     check(api.post_as(Some(OPERATOR), path, &plain_id).await, StatusCode::BAD_REQUEST, "bad_event_id");
     check(api.post_as(Some(OPERATOR), path, &event).await, StatusCode::ACCEPTED, "queued");
     // An operator token reads what the API token reads.
-    let (status, _, _) = api.get("/v1/webhooks/twilio/unmatched").await;
-    assert_eq!(status, StatusCode::OK);
+    let resp = api.client.get(format!("{}/v1/webhooks/twilio/unmatched", api.base)).bearer_auth(OPERATOR).send().await;
+    assert_eq!(resp.unwrap().status(), StatusCode::OK);
+    let resp = api.client.get(format!("{}/v1/ops/loads", api.base)).bearer_auth(OPERATOR).send().await;
+    assert_eq!(resp.unwrap().status(), StatusCode::OK);
+    let resp = api.client.get(format!("{}/v1/ops/loads", api.base)).bearer_auth("not-a-token").send().await;
+    assert_eq!(resp.unwrap().status(), StatusCode::UNAUTHORIZED, "the control: a wrong token reads nothing");
     let resp = api.client.get(format!("{}/v1/loads/L1", api.base)).bearer_auth(OPERATOR).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND, "no records yet, but past the token");
     // The resolve-ask route makes the same event from its request id.

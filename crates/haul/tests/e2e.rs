@@ -585,8 +585,14 @@ async fn requeue_after_the_hero_service_recovers(db: &str, dir: &PathBuf, roles:
     );
     assert_eq!((code, answer["error"]["code"].as_str()), (1, Some("no_such_row")), "{answer}");
 
-    // The task arrived once; the dead row stays dead, linked from its requeue.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The task arrived once; the dead row stays dead, linked from its requeue. Once no
+    // row of the load is pending, nothing of it can be sent again: the count is final.
+    let settled = |v: &Value| {
+        v["outbox"].as_array().is_some_and(|rows| {
+            !rows.is_empty() && rows.iter().all(|r| r["status"].as_str().is_some_and(|s| s != "pending"))
+        })
+    };
+    wait_for(&client, &base, "every outbox row settled", settled, &logs).await;
     assert_eq!(svc.sends("hero", REQUEUED), 1);
     assert_eq!(svc.effects().iter().filter(|e| e.channel == "hero").count(), 1);
     assert_eq!(outbox_status(&view, ESCALATION).as_deref(), Some("dead"));

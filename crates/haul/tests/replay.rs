@@ -158,19 +158,23 @@ async fn live_answers_are_recorded_within_the_budget_and_replay_again_for_free()
     assert_eq!(code, 1, "{err}");
     assert_eq!(upstream.requests().len(), 0);
     let (code, out, err) = replay(true).await.unwrap();
-    assert!(code == 0 || code == 2, "{out}{err}");
     assert!(err.contains("2 live answers added"), "{err}");
     assert_eq!(upstream.requests().len(), 2, "the budget bounds the calls");
-    let first: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let first: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    // Exit 2 says some decision differs, 0 that none does: the summary's count decides.
+    let differs = first["summary"]["different"].as_u64().unwrap_or_else(|| panic!("{first}")) > 0;
+    assert_eq!(code, if differs { 2 } else { 0 }, "{out}{err}");
     let budget_spent =
         first["summary"]["not_compared"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum::<u64>();
     assert!(budget_spent > 0, "{first}");
     let recorded = Answers::from_file(&answers).unwrap();
     assert_eq!(recorded.answers.len(), 2);
     // Again without --live: the two recorded answers, no call.
-    let (_, out, err) = replay(false).await.unwrap();
+    let (again_code, out, err) = replay(false).await.unwrap();
     let again: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(again_code, code, "the rerun ends as the first run did: {err}");
     assert_eq!(again["summary"]["compared"], first["summary"]["compared"]);
+    assert_eq!(again["summary"]["different"], first["summary"]["different"]);
     assert_eq!(upstream.requests().len(), 2, "the rerun called no model");
 }
 
