@@ -11,6 +11,7 @@ pub mod crashtest;
 pub mod eval;
 pub mod export;
 pub mod invariants;
+pub mod oracle;
 pub mod replay;
 pub mod sim;
 pub mod testkit;

@@ -16,16 +16,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use haul_core::decision::Decision;
+use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
+use haul_core::sop::Policies;
 use haul_core::time::{Timestamp, add, since};
 use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxStatus, Store, TimerStatus};
 use serde_json::json;
 
 use crate::eval::EvalStore;
-use crate::invariants;
 use crate::testkit::{FakeServices, FaultKind, FlakyQueue};
+use crate::{invariants, oracle};
 use haul_config::{ClientConfig, Config, EtaRequestConfig, policies};
 use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::dispatcher::{Dispatcher, DispatcherSettings};
@@ -155,6 +157,8 @@ fn lock(s: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
 struct Recording {
     sop: SopDecider,
     seen: Arc<Mutex<Vec<(LoadId, String, LoadState)>>>,
+    /// The planted decision bug: every load update decided as a delivery.
+    rule7_on_any_update: bool,
 }
 
 #[async_trait::async_trait]
@@ -175,6 +179,14 @@ impl Decider for Recording {
             event.event_id.to_string(),
             state.clone(),
         ));
+        if self.rule7_on_any_update
+            && let EventBody::LoadUpdate(u) = &event.body
+        {
+            let mut delivered = u.clone();
+            delivered.stage = Some(haul_core::projection::STAGE_DELIVERED.into());
+            let event = InboundEvent { body: EventBody::LoadUpdate(delivered), ..event.clone() };
+            return self.sop.decide(load, state, &event, now).await;
+        }
         self.sop.decide(load, state, event, now).await
     }
 }
@@ -197,6 +209,8 @@ struct World {
     pumps: Vec<Arc<TimerPump>>,
     shared: SharedRef,
     seen: Arc<Mutex<Vec<(LoadId, String, LoadState)>>>,
+    /// The clients' policies, as the oracle reads them.
+    policies: Policies,
     rng: fastrand::Rng,
     loads: Vec<LoadId>,
     published: Vec<(LoadId, String)>,
@@ -304,8 +318,11 @@ impl World {
         );
         let config = Config { clients, ..Config::default() };
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let decider: Arc<dyn Decider> =
-            Arc::new(Recording { sop: SopDecider { policies: policies(&config.clients) }, seen: seen.clone() });
+        let decider: Arc<dyn Decider> = Arc::new(Recording {
+            sop: SopDecider { policies: policies(&config.clients) },
+            seen: seen.clone(),
+            rule7_on_any_update: opts.bugs.rule7_on_any_update,
+        });
         // A client timeout short enough that a "timing out" service costs little real time.
         let channels = svc.channels(None, Duration::from_millis(300))?;
         let worker_settings = WorkerSettings { concurrency: 1, visibility: VISIBILITY, ..WorkerSettings::default() };
@@ -369,6 +386,7 @@ impl World {
             pumps,
             shared,
             seen,
+            policies: policies(&config.clients),
             rng: fastrand::Rng::with_seed(opts.seed),
             loads,
             published: Vec::new(),
@@ -733,6 +751,10 @@ impl World {
                     return Ok(Some(format!("timer {} of {l} fired more than 60 s late outside faults", t.timer_id)));
                 }
             }
+            // Every SOP and filter decision is the rule table's (`oracle`).
+            if let Err(why) = oracle::check(l, recs, |client| policy_of(&self.policies, client)) {
+                return Ok(Some(why));
+            }
             let rows = s.rows_for_load(l).await?;
             let effects = |c: haul_core::Channel, key: &str| self.svc.deduped_effects(c.config_name(), key);
             if let Err(v) = invariants::outbox_settled(l, recs, &rows, &refused, effects)
@@ -785,6 +807,12 @@ impl World {
         }
         Ok(None)
     }
+}
+
+/// A client's policy in the oracle's terms.
+fn policy_of(policies: &Policies, client: Option<&str>) -> oracle::Policy {
+    let p = policies.for_client(client);
+    oracle::Policy { max_attempts: p.max_attempts, trigger_risk: p.trigger_risk }
 }
 
 fn fnv1a(lines: &[String]) -> u64 {

@@ -249,6 +249,22 @@ fn every_stored_record_decodes_and_gives_back_what_was_stored() {
     }
 }
 
+/// The SOP's golden logs (the eval library's, decided by this build) keep the
+/// simulator's second reading of the rules: every SOP and filter decision in them is
+/// what the rule table says, so the table is checked against the library too.
+#[test]
+fn the_sop_logs_keep_the_rule_table() {
+    let set = read_set("sop");
+    let policies = haul_config::policies(&set.clients);
+    for load in set.loads.keys() {
+        let policy = |client: Option<&str>| {
+            let p = policies.for_client(client);
+            haul_harness::oracle::Policy { max_attempts: p.max_attempts, trigger_risk: p.trigger_risk }
+        };
+        haul_harness::oracle::check(load, &set.records(load), policy).unwrap_or_else(|why| panic!("{why}"));
+    }
+}
+
 /// The golden logs cover every record kind and every decider, action type, outcome
 /// class and operator command a log holds today, loads of many days, and records no
 /// build can read: a set that lost one would test less without saying so.

@@ -59,3 +59,10 @@ async fn acking_before_appending_is_caught() {
         "seed {seed}: {why}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_decision_is_caught_by_the_rule_table() {
+    let (seed, why) = first_caught(PlantedBugs { rule7_on_any_update: true, ..Default::default() }, 1).await;
+    assert_eq!(seed, 1);
+    assert!(why.contains("is not the SOP's") && why.contains("closed"), "seed {seed}: {why}");
+}

@@ -86,6 +86,10 @@ pub struct PlantedBugs {
     pub mark_before_publish: bool,
     /// The worker acks the message before appending.
     pub ack_before_append: bool,
+    /// The decider takes every load update for a delivery (SOP rule 7's guard on any
+    /// update): it closes the open asks and cancels their timers. The simulator plants
+    /// it in its own decider; nothing in the runtime reads it.
+    pub rule7_on_any_update: bool,
 }
 
 impl PlantedBugs {
@@ -95,6 +99,7 @@ impl PlantedBugs {
             "skip_version_check" => b.skip_version_check = true,
             "mark_before_publish" => b.mark_before_publish = true,
             "ack_before_append" => b.ack_before_append = true,
+            "rule7_on_any_update" => b.rule7_on_any_update = true,
             _ => return None,
         }
         Some(b)
