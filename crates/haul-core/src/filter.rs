@@ -137,6 +137,12 @@ mod tests {
         check(timer(2), None);
         check(timer(1), Some("is not current"));
         check(timer(3), Some("is not current"));
+        // An operator's action is decided here too, by the operator's rules, whatever
+        // the load's decider: not filtered, and never the decider's.
+        let resolve = ev(json!({"event_id": "op:r1", "kind": "operator_action", "actor": "ana", "reason": "called",
+                                "command": {"type": "resolve_ask", "ask_id": "ask:eta_request:ping_0700"}}));
+        let d = filter(&load(), &state(), &resolve, now()).expect("the operator's rules decide");
+        assert_eq!((d.decider.as_str(), d.filtered), ("operator", false), "{d:?}");
         // Anything else is the decider's.
         check(
             ev(json!({"event_id": "ping_0800", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "high"})),

@@ -453,20 +453,21 @@ mod tests {
     /// (`ask_id status`) and the Hero task's title, if any.
     type Decided = (Vec<String>, Vec<String>, Option<String>);
 
-    /// A row of the rule table: its name, the events before, the event, the decision.
+    /// A row of the rule table: its name (`rule N: …`, N the rule that decides), the
+    /// events before, the event, the decision.
     type Case<'a> = (&'a str, &'a [(u32, InboundEvent)], InboundEvent, Decided);
 
     /// The SOP's decision on `event` after `before`.
-    fn decided(before: &[(u32, InboundEvent)], event: InboundEvent) -> Decided {
+    fn decided(before: &[(u32, InboundEvent)], event: InboundEvent) -> (Decided, Rule) {
         let state = state_after(before);
-        let d = decide(&Policies::default(), &load(), &state, &event, at(40));
+        let (d, rule) = decide_with_rule(&Policies::default(), &load(), &state, &event, at(40));
         let types = d.actions.iter().map(|a| a.kind.action_type().as_str().to_owned()).collect();
         let asks = d.asks.iter().map(|c| format!("{} {}", c.ask_id, c.status.as_str())).collect();
         let title = d.actions.iter().find_map(|a| match &a.kind {
             ActionKind::CreateHeroTask { title, .. } => Some(title.clone()),
             _ => None,
         });
-        (types, asks, title)
+        ((types, asks, title), rule)
     }
 
     /// Each rule of the SOP against what `docs/design.md` says it does, with the
@@ -491,57 +492,99 @@ mod tests {
         let delivered = [(0, init.clone()), (1, update(json!({"stage": "delivered"})))];
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         let title = |t: &str| Some(format!("Load 481207: {t}"));
+        let ping_2 =
+            ev(json!({"event_id": "ping_0800", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "high"}));
         let cases: Vec<Case> = vec![
-            // Rule 1: a high-risk ping opens an ask; a low one, or one on a delivered
-            // load, does not.
-            ("rule 1", &quiet, ping("high"), (s(&["send_sms", "set_timer"]), s(&[&format!("{ASK} open")]), None)),
-            ("rule 1, low risk", &quiet, ping("low"), (s(&[]), s(&[]), None)),
-            ("rule 1, delivered", &delivered, ping("high"), (s(&[]), s(&[]), None)),
+            // Rule 1: a high-risk ping opens an ask; a low one, one on a delivered load,
+            // or one while an ask is open, does not.
+            (
+                "rule 1: a high risk",
+                &quiet,
+                ping("high"),
+                (s(&["send_sms", "set_timer"]), s(&[&format!("{ASK} open")]), None),
+            ),
+            ("rule 1: an ask already open", &open, ping_2, (s(&[]), s(&[]), None)),
+            ("rule 8: a low risk", &quiet, ping("low"), (s(&[]), s(&[]), None)),
+            ("rule 8: a delivered load", &delivered, ping("high"), (s(&[]), s(&[]), None)),
             // Rule 7: delivery closes the open ask and cancels its timer; any other
             // update (a stage, a next stop) leaves the ask open and asking.
             (
-                "rule 7",
+                "rule 7: delivered",
                 &open,
                 update(json!({"stage": "delivered"})),
                 (s(&["cancel_timer"]), s(&[&format!("{ASK} closed")]), None),
             ),
-            ("rule 7, another stage", &open, update(json!({"stage": "at_pickup"})), (s(&[]), s(&[]), None)),
-            ("rule 7, a next stop", &open, update(json!({"next_stop": "Gary, IN"})), (s(&[]), s(&[]), None)),
+            ("rule 8: another stage", &open, update(json!({"stage": "at_pickup"})), (s(&[]), s(&[]), None)),
+            ("rule 8: a next stop", &open, update(json!({"next_stop": "Gary, IN"})), (s(&[]), s(&[]), None)),
             // Rule 4: the driver's SMS answers the open ask. Rule 5: an SMS from another
             // number, or with no ask open, goes to a person and leaves the ask as it is.
-            ("rule 4", &open, sms(PHONE), (s(&["cancel_timer"]), s(&[&format!("{ASK} answered")]), None)),
             (
-                "rule 5, not the driver",
+                "rule 4: the driver answers",
+                &open,
+                sms(PHONE),
+                (s(&["cancel_timer"]), s(&[&format!("{ASK} answered")]), None),
+            ),
+            (
+                "rule 5: not the driver",
                 &open,
                 sms("+15555550199"),
                 (s(&["create_hero_task"]), s(&[]), title("SMS needs a reply")),
             ),
-            ("rule 5, no ask open", &quiet, sms(PHONE), (s(&["create_hero_task"]), s(&[]), title("SMS needs a reply"))),
+            ("rule 5: no ask open", &quiet, sms(PHONE), (s(&["create_hero_task"]), s(&[]), title("SMS needs a reply"))),
             // Rule 6: a failed external action makes an urgent Hero task, titled for
             // what failed.
             (
-                "rule 6, an SMS",
+                "rule 6: an SMS",
                 &quiet,
                 outcome("send_sms", false, false),
                 (s(&["create_hero_task"]), s(&[]), title("SMS to driver failed, call them")),
             ),
             (
-                "rule 6, another action",
+                "rule 6: another action",
                 &quiet,
                 outcome("update_stage", false, false),
                 (s(&["create_hero_task"]), s(&[]), title("an action failed")),
             ),
-            // Rule 8.
             (
-                "rule 8",
+                "rule 8: a medium risk",
                 &open,
                 ev(json!({"event_id": "x1", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "medium"})),
                 (s(&[]), s(&[]), None),
             ),
         ];
         for (name, before, event, want) in cases {
-            assert_eq!(decided(before, event), want, "{name}");
+            let (got, rule) = decided(before, event);
+            assert_eq!(got, want, "{name}");
+            let number = |s: &str| s.split(':').next().unwrap_or_default().to_owned();
+            assert_eq!(number(rule.label()), number(name), "{name}: decided by {}", rule.label());
         }
+        // Every rule has its own label.
+        let labels: std::collections::BTreeSet<&str> = Rule::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(labels.len(), Rule::ALL.len());
+        assert!(Rule::ALL.iter().all(|r| r.label().starts_with("rule ") || *r == Rule::Filter));
+    }
+
+    /// The ask names the next stop when the load has one, and only then.
+    #[test]
+    fn the_ask_names_the_next_stop() {
+        let body = |next_stop: Option<&str>| {
+            let mut init = json!({"event_id": "load:init", "kind": "load_update", "driver_phone": PHONE});
+            if let Some(stop) = next_stop {
+                init["next_stop"] = json!(stop);
+            }
+            let ping =
+                ev(json!({"event_id": "ping_0700", "kind": "location_ping", "lat": 1.0, "lon": 2.0, "risk": "high"}));
+            let d = decide(&Policies::default(), &load(), &state_after(&[(0, ev(init))]), &ping, at(1));
+            match &d.actions[0].kind {
+                ActionKind::SendSms { body, .. } => body.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            body(Some("Gary, IN")),
+            "Hi, this is dispatch for load 481207. What is your ETA to Gary, IN? Please reply with a time."
+        );
+        assert_eq!(body(None), "Hi, this is dispatch for load 481207. What is your ETA? Please reply with a time.");
     }
 
     #[test]
