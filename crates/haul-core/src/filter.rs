@@ -51,23 +51,14 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
 
 #[cfg(test)]
 mod tests {
-    use serde_json::{Value, json};
+    use serde_json::json;
 
     use super::*;
     use crate::projection::{Record, project};
-
-    const PHONE: &str = "+15555550100";
-
-    fn load() -> LoadId {
-        LoadId::parse("481207").unwrap()
-    }
+    use crate::testing::{PHONE, ev, load};
 
     fn now() -> Timestamp {
         "2026-03-02T07:40:00Z".parse().unwrap()
-    }
-
-    fn ev(v: Value) -> InboundEvent {
-        InboundEvent::from_json(load(), v).unwrap()
     }
 
     /// A load with an ask at step 2 (its step-1 timer passed) and SMS SM1 assigned to

@@ -57,3 +57,6 @@ pub use projection::{LoadState, OpenAsk, project};
 pub use queue_mode::QueueMode;
 pub use retry::{RetryDecision, RetryPolicy};
 pub use time::{Timestamp, parse_duration};
+
+#[cfg(test)]
+mod testing;

@@ -582,19 +582,10 @@ mod tests {
     use super::*;
     use crate::projection::{Record, project};
     use crate::sop::{self, Policies};
-
-    const PHONE: &str = "+15555550100";
-
-    fn load() -> LoadId {
-        LoadId::parse("481207").unwrap()
-    }
+    use crate::testing::{PHONE, ev, load};
 
     fn now() -> Timestamp {
         "2026-03-02T07:00:00Z".parse().unwrap()
-    }
-
-    fn ev(v: Value) -> InboundEvent {
-        InboundEvent::from_json(load(), v).unwrap()
     }
 
     fn init() -> InboundEvent {

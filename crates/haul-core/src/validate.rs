@@ -119,26 +119,17 @@ fn bounded(what: &str, s: &str, max: usize) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::{Value, json};
+    use serde_json::json;
 
     use super::*;
     use crate::action::{Action, Urgency};
     use crate::ids::{AskId, EventId};
     use crate::projection::{Record, project};
+    use crate::testing::{PHONE, ev, load};
     use crate::time::Timestamp;
-
-    const PHONE: &str = "+15555550100";
-
-    fn load() -> LoadId {
-        LoadId::parse("481207").unwrap()
-    }
 
     fn now() -> Timestamp {
         "2026-03-02T07:00:00Z".parse().unwrap()
-    }
-
-    fn ev(v: Value) -> InboundEvent {
-        InboundEvent::from_json(load(), v).unwrap()
     }
 
     fn state() -> LoadState {
