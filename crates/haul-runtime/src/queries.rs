@@ -187,11 +187,6 @@ pub struct Page<T> {
 }
 
 impl<T> Page<T> {
-    /// How long before `now` the time `t` was (zero for a time after it).
-    pub fn age(&self, t: Timestamp) -> Duration {
-        since(self.now, t)
-    }
-
     /// The age in whole seconds, as the answers give it.
     pub fn age_s(&self, t: Timestamp) -> f64 {
         seconds(self.now, t)
