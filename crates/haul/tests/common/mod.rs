@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::PathBuf;
-use std::process::Child;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use haul_harness::testkit::FakeServices;
@@ -37,6 +37,20 @@ impl Drop for Proc {
 impl Proc {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status within ten seconds.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "did not exit within 10 s of SIGTERM:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
