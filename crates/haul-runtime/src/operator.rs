@@ -39,6 +39,8 @@ pub enum OperatorError {
     BadInput(BadInput),
     #[error("no outbox row {0}")]
     NoSuchRow(String),
+    #[error("load {0} has no records: an operator action never makes a load (is the load id right?)")]
+    NoSuchLoad(LoadId),
     #[error("outbox row {id} is {status}: only a dead row is requeued")]
     NotDead { id: String, status: &'static str },
     #[error("no unmatched SMS has MessageSid {0}")]
@@ -57,6 +59,7 @@ impl OperatorError {
         match self {
             OperatorError::BadInput(e) => e.code,
             OperatorError::NoSuchRow(_) => "no_such_row",
+            OperatorError::NoSuchLoad(_) => "no_such_load",
             OperatorError::NotDead { .. } => "not_dead",
             OperatorError::NoSuchSms(_) => "no_such_sms",
             OperatorError::SmsAssigned { .. } => "sms_assigned",
@@ -69,7 +72,7 @@ impl OperatorError {
     pub fn status(&self) -> u16 {
         match self {
             OperatorError::BadInput(_) => 400,
-            OperatorError::NoSuchRow(_) | OperatorError::NoSuchSms(_) => 404,
+            OperatorError::NoSuchRow(_) | OperatorError::NoSuchLoad(_) | OperatorError::NoSuchSms(_) => 404,
             OperatorError::NotDead { .. } | OperatorError::SmsAssigned { .. } => 409,
             OperatorError::RequestIdReused { .. } => 422,
             OperatorError::Store(_) => 503,
@@ -110,6 +113,15 @@ fn event(
     let draft = InboundEvent { load_id: load_id.clone(), event_id: event_id.clone(), body };
     // The same checks as an operator_action posted to the ingestion route.
     Ok(InboundEvent::from_operator(load_id.clone(), draft.to_json())?)
+}
+
+/// Refuses a load with no records: a mistyped load id must not make a new load (with
+/// a Hero task for an SMS nobody expects) and take the SMS from the right one.
+async fn load_exists(store: &dyn Store, load_id: &LoadId) -> Result<(), OperatorError> {
+    if store.read_page(load_id, 0, 1).await?.is_empty() {
+        return Err(OperatorError::NoSuchLoad(load_id.clone()));
+    }
+    Ok(())
 }
 
 /// Takes the operator request `event` stands for in the store (its load, event id and
@@ -198,6 +210,7 @@ pub async fn assign_sms(
         who,
         OperatorCommand::AssignSms { message_sid: message_sid.into(), from: "+1".into(), body: String::new() },
     )?;
+    load_exists(store, load_id).await?;
     let sms = match store.assign_unmatched_sms(message_sid, load_id, event_id.as_str(), now).await? {
         SmsAssignment::Assigned(sms) => sms,
         SmsAssignment::NotFound => return Err(OperatorError::NoSuchSms(message_sid.to_owned())),
@@ -211,9 +224,10 @@ pub async fn assign_sms(
 }
 
 /// Closes the ask `ask_id` of `load_id` by hand and cancels its timer (the driver
-/// called in). Whether there is such an ask to close is the load's decision.
+/// called in). Whether there is such an ask to close is the load's decision; a load
+/// with no records is refused here.
 pub async fn resolve_ask(
-    store: &dyn EdgeStore,
+    store: &dyn Store,
     queue: &EventQueue,
     who: &Requester,
     load_id: &LoadId,
@@ -222,6 +236,7 @@ pub async fn resolve_ask(
 ) -> Result<Queued, OperatorError> {
     let event_id = EventId::operator(&who.request_id)?;
     let event = event(load_id, &event_id, who, OperatorCommand::ResolveAsk { ask_id: ask_id.clone() })?;
+    load_exists(store, load_id).await?;
     publish(store, queue, &event, &who.request_id, now).await
 }
 

@@ -142,7 +142,8 @@ async fn operator_actions_on_the_ingestion_route_need_an_operator_token(backend:
     assert_eq!(resp.unwrap().status(), StatusCode::UNAUTHORIZED, "the control: a wrong token reads nothing");
     let resp = api.client.get(format!("{}/v1/loads/L1", api.base)).bearer_auth(OPERATOR).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND, "no records yet, but past the token");
-    // The resolve-ask route makes the same event from its request id.
+    // The resolve-ask route makes the same event from its request id (on a load with records).
+    rows(&api, "L1", "p", &[]).await;
     let body = with(who("r10"), json!({"load_id": "L1", "ask_id": "ask:eta_request:p"}));
     check(api.post_as(Some(OPERATOR), "/v1/operator/resolve-ask", &body).await, StatusCode::ACCEPTED, "queued");
     let ev = published(&api, "L1", "op:r10").await;
@@ -225,6 +226,15 @@ async fn an_unmatched_sms_is_assigned_to_one_load_once(backend: Backend) {
     let path = "/v1/operator/assign-sms";
     let body = |request: &str, load: &str| with(who(request), json!({"message_sid": "SMa1", "load_id": load}));
     check(api.post_as(Some(TOKEN), path, &body("s1", "L1")).await, StatusCode::FORBIDDEN, "operator_token_required");
+    // A mistyped load (no records) is refused and takes nothing: no load is made, the SMS
+    // stays unmatched, and the right load takes it next.
+    let v = check(api.post_as(Some(OPERATOR), path, &body("s0", "L1")).await, StatusCode::NOT_FOUND, "no_such_load");
+    assert!(v["error"]["message"].as_str().unwrap().contains("load L1 has no records"), "{v}");
+    assert_eq!(api.store.depth().await.unwrap(), 0);
+    assert!(api.store.read(&l("L1")).await.unwrap().0.is_empty());
+    assert_eq!(api.unmatched().await.len(), 1);
+    rows(&api, "L1", "p", &[]).await;
+    rows(&api, "L2", "p", &[]).await;
     let v = check(api.post_as(Some(OPERATOR), path, &body("s1", "L1")).await, StatusCode::ACCEPTED, "queued");
     assert_eq!(v["event_id"], "op:s1");
     let ev = published(&api, "L1", "op:s1").await;
@@ -245,6 +255,18 @@ async fn an_unmatched_sms_is_assigned_to_one_load_once(backend: Backend) {
     assert_eq!(api.store.depth().await.unwrap(), 1);
     // Twilio's replay of the SMS does nothing new.
     assert_eq!(api.twilio(&form).await.0, StatusCode::OK);
+    assert_eq!(api.store.depth().await.unwrap(), 1);
+}
+
+async fn resolve_ask_refuses_a_load_with_no_records(backend: Backend) {
+    let api = api(backend).await;
+    let path = "/v1/operator/resolve-ask";
+    let body = |request: &str, load: &str| with(who(request), json!({"load_id": load, "ask_id": "ask:eta_request:p"}));
+    check(api.post_as(Some(OPERATOR), path, &body("r1", "L9")).await, StatusCode::NOT_FOUND, "no_such_load");
+    assert_eq!(api.store.depth().await.unwrap(), 0, "nothing published");
+    assert!(api.store.read(&l("L9")).await.unwrap().0.is_empty(), "no load made");
+    rows(&api, "L9", "p", &[]).await;
+    check(api.post_as(Some(OPERATOR), path, &body("r2", "L9")).await, StatusCode::ACCEPTED, "queued");
     assert_eq!(api.store.depth().await.unwrap(), 1);
 }
 
@@ -273,4 +295,5 @@ on_both_backends!(
     operator_actions_on_the_ingestion_route_need_an_operator_token,
     bulk_requeue_is_bounded_and_its_dry_run_publishes_nothing,
     an_unmatched_sms_is_assigned_to_one_load_once,
+    resolve_ask_refuses_a_load_with_no_records,
 );

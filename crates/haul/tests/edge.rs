@@ -534,10 +534,22 @@ fn resolve_ask(dir: &Path, db: &str, env: &[(String, String)], ask: &str, reques
     (out.status.code().unwrap_or(-1), answer)
 }
 
+/// Load L1's first record, written straight into the store at `db` (an operator
+/// action on a load with no records is refused as `no_such_load`).
+async fn load_l1(db: &str) {
+    let store = haul_backends::open(db, None).await.unwrap();
+    let load = haul_core::ids::LoadId::parse("L1").unwrap();
+    let entry = haul_store::NewEntry::stored("u1", "load_update", json!({"stage": "in_transit"}));
+    store.append(&load, vec![entry], 0, vec![], "2026-03-02T07:00:00Z".parse().unwrap()).await.unwrap();
+}
+
 /// The sequence: `resolve_ask` r1 on a missing ask, then r1 on a real one: the
 /// second is refused (`request_id_reused`) and nothing is published; the first again is
-/// a duplicate.
-fn a_reused_request_id_is_refused(dir: &Path, db: &str, env: &[(String, String)]) {
+/// a duplicate. Before L1 has a record, the request is refused and takes nothing.
+async fn a_reused_request_id_is_refused(dir: &Path, db: &str, env: &[(String, String)]) {
+    let unknown = resolve_ask(dir, db, env, "ask:eta_request:missing", "r0");
+    assert_eq!((unknown.0, unknown.1["error"]["code"].as_str()), (1, Some("no_such_load")), "{}", unknown.1);
+    load_l1(db).await;
     let first = resolve_ask(dir, db, env, "ask:eta_request:missing", "r1");
     assert_eq!((first.0, first.1["status"].as_str()), (0, Some("queued")), "{}", first.1);
     let reused = resolve_ask(dir, db, env, "ask:eta_request:ping_0700", "r1");
@@ -552,7 +564,7 @@ async fn a_reused_operator_request_id_is_refused_on_the_stores_queue(backend: Ba
     let (db, schema) = fresh_db(backend, &dir).await;
     let migrated = Command::new(env!("CARGO_BIN_EXE_haul")).args(["migrate", "--db", &db]).current_dir(&dir).output();
     assert!(migrated.unwrap().status.success());
-    a_reused_request_id_is_refused(&dir, &db, &[]);
+    a_reused_request_id_is_refused(&dir, &db, &[]).await;
     drop_db(schema).await;
     std::fs::remove_dir_all(dir).ok();
 }
@@ -566,7 +578,7 @@ async fn a_reused_operator_request_id_is_refused_on_sqs(backend: Backend) {
     let queue = haul_sqs::emulator::fresh_queue().await.unwrap_or_else(|e| panic!("SQS emulator: {e}"));
     let endpoint = haul_sqs::emulator::endpoint().await.unwrap();
     let env = common::sqs_env(queue.queue_url(), &endpoint);
-    a_reused_request_id_is_refused(&dir, &db, &env);
+    a_reused_request_id_is_refused(&dir, &db, &env).await;
     // One message on the queue: the first request's, published twice and kept once.
     assert_eq!(haul_store::LoadQueue::depth(&queue).await.unwrap(), 1);
     queue.delete_queue().await.ok();
