@@ -300,4 +300,25 @@ mod tests {
             assert_eq!(ActionType::parse(t.as_str()), Some(t));
         }
     }
+
+    #[test]
+    fn each_type_names_its_channel_and_urgency_its_wire_name() {
+        use ActionType::*;
+        let want = [
+            (SendSms, Some(Channel::Sms)),
+            (CreateHeroTask, Some(Channel::Hero)),
+            (PostHeroSlack, Some(Channel::Slack)),
+            (UpdateStage, Some(Channel::Tms)),
+            (SetTimer, None),
+            (CancelTimer, None),
+        ];
+        assert_eq!(want.len(), ActionType::ALL.len());
+        for (t, channel) in want {
+            assert_eq!(t.channel(), channel, "{t}");
+        }
+        for u in [Urgency::Normal, Urgency::Urgent] {
+            assert_eq!(json!(u.as_str()), serde_json::to_value(u).unwrap());
+        }
+        assert_eq!([Urgency::Normal.as_str(), Urgency::Urgent.as_str()], ["normal", "urgent"]);
+    }
 }

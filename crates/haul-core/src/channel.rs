@@ -115,6 +115,9 @@ mod tests {
 
     fn check(c: Channel, config: &str, scenario: &str) {
         assert_eq!(c.config_name(), config);
+        assert_eq!(c.to_string(), config);
+        // Every channel but the OpsAlerts' carries decided actions.
+        assert_eq!(c.carries_actions(), c != Channel::Ops, "{c}");
         assert_eq!(c.scenario_name(), scenario);
         assert_eq!(Channel::from_config_name(config), Some(c));
         assert_eq!(Channel::from_scenario_name(scenario), Some(c));

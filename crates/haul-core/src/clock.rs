@@ -39,3 +39,19 @@ impl Clock for FakeClock {
         from_ms(self.ms.load(Ordering::SeqCst))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fake_clock_moves_only_when_told() {
+        let t0: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let c = FakeClock::new(t0);
+        assert_eq!(c.now(), t0);
+        c.advance(Duration::from_millis(1500));
+        assert_eq!(c.now(), "2026-03-02T07:00:01.500Z".parse::<Timestamp>().unwrap());
+        c.set(t0);
+        assert_eq!(c.now(), t0);
+    }
+}

@@ -167,4 +167,12 @@ mod tests {
         assert_eq!(d(Some(STAGE_DELIVERED)).active(), Some(false));
         assert!(!d(None).changes_facts() && d(Some("x")).changes_facts());
     }
+
+    #[test]
+    fn only_a_decision_with_asks_changes_the_asks() {
+        assert!(Derived::of(&entry("load_update", json!({"stage": "in_transit"}))).asks_unchanged());
+        assert!(Derived::of(&decision(json!([]))).asks_unchanged());
+        let opened = decision(json!([{"ask_id": "ask:eta_request:p1", "step": 1, "status": "open"}]));
+        assert!(!Derived::of(&opened).asks_unchanged());
+    }
 }

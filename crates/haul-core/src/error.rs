@@ -31,3 +31,18 @@ pub(crate) fn clip(s: &str) -> String {
     }
     format!("{}…", &s[..end])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::clip;
+
+    #[test]
+    fn clip_keeps_80_bytes_and_cuts_on_a_character_boundary() {
+        assert_eq!(clip("short"), "short");
+        assert_eq!(clip(&"a".repeat(80)), "a".repeat(80));
+        assert_eq!(clip(&"a".repeat(81)), format!("{}…", "a".repeat(80)));
+        // "é" is two bytes: byte 80 falls inside the 41st, which is dropped whole.
+        assert_eq!(clip(&"é".repeat(41)), format!("{}…", "é".repeat(40)));
+        assert_eq!(clip(&format!("a{}", "é".repeat(41))), format!("a{}…", "é".repeat(39)));
+    }
+}

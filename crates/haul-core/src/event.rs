@@ -557,6 +557,7 @@ mod tests {
         check(json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"ETA 9:15"}), Ok("inbound_sms"));
         check(json!({"event_id":"s1","kind":"inbound_sms","from":"+15555550100","body":"a\u{0}b"}), Err("bad_payload"));
         check(json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"x".repeat(1601)}), Err("bad_payload"));
+        check(json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"é".repeat(1600)}), Ok("inbound_sms"));
         check(
             json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"'; DROP TABLE events; --"}),
             Ok("inbound_sms"),
@@ -578,6 +579,59 @@ mod tests {
             json!({"event_id":"r1","kind":"operator_action","actor":"ana","reason":"x","command":{"type":"resolve_ask","ask_id":"ask:eta_request:p"}}),
             Err("kind_not_accepted"),
         );
+    }
+
+    #[test]
+    fn fields_at_their_bounds() {
+        let update = |field: &str, value: &str| json!({"event_id": "u1", "kind": "load_update", field: value});
+        for (client, ok) in [("client_a-1", true), ("", false), ("a b", false), ("é", false)] {
+            check(update("client", client), if ok { Ok("load_update") } else { Err("bad_payload") });
+        }
+        check(update("client", &"c".repeat(64)), Ok("load_update"));
+        check(update("client", &"c".repeat(65)), Err("bad_payload"));
+        for (stage, ok) in [("in_transit", true), ("", false), ("In_transit", false), ("at-pickup", false)] {
+            check(update("stage", stage), if ok { Ok("load_update") } else { Err("bad_payload") });
+        }
+        check(update("stage", &"s".repeat(32)), Ok("load_update"));
+        check(update("stage", &"s".repeat(33)), Err("bad_payload"));
+        let ping =
+            |lat: f64, lon: f64| json!({"event_id":"p1","kind":"location_ping","lat":lat,"lon":lon,"risk":"low"});
+        check(ping(-90.0, 180.0), Ok("location_ping"));
+        check(ping(0.0, 180.5), Err("bad_payload"));
+        check(ping(0.0, -181.0), Err("bad_payload"));
+        check(ping(-90.5, 0.0), Err("bad_payload"));
+        // `load_id` in the body is allowed when it is the path's.
+        let with_load = |l: &str| json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"x","load_id":l});
+        check(with_load("481207"), Ok("inbound_sms"));
+        check(with_load("481208"), Err("bad_payload"));
+    }
+
+    #[test]
+    fn a_timer_fired_names_its_timer_s_ask_and_step() {
+        let fired = |ask: &str, step: u32| {
+            json!({"event_id":"evt:tmr:481207:ask:eta_request:p:1","kind":"timer_fired",
+                   "timer_id":"tmr:481207:ask:eta_request:p:1","ask_id":ask,"step":step,"fire_at":"2026-03-02T07:30:00Z"})
+        };
+        check_read(InboundEvent::from_json, fired("ask:eta_request:p", 1), Ok("timer_fired"));
+        check_read(InboundEvent::from_json, fired("ask:eta_request:q", 1), Err("bad_payload"));
+        check_read(InboundEvent::from_json, fired("ask:eta_request:p", 2), Err("bad_payload"));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            event_kinds().collect::<Vec<_>>(),
+            ["load_update", "location_ping", "inbound_sms", "timer_fired", "action_outcome", "operator_action"]
+        );
+        for r in [Risk::Low, Risk::Medium, Risk::High] {
+            assert_eq!(json!(r.as_str()), serde_json::to_value(r).unwrap());
+        }
+        let ev = InboundEvent::from_outside(
+            LoadId::parse("481207").unwrap(),
+            json!({"event_id":"s1","kind":"inbound_sms","from":"+1","body":"x"}),
+        )
+        .unwrap();
+        assert_eq!(ev.to_string(), "481207 s1 (inbound_sms)");
     }
 
     fn check_operator(input: Value, expected: Result<&str, &str>) {
@@ -631,5 +685,15 @@ mod tests {
             json!({"event_id":"op:p1","kind":"location_ping","lat":1,"lon":0,"risk":"low"}),
             Err("reserved_event_id"),
         );
+        // Each command's name is its wire `type`.
+        for command in [
+            json!({"type":"requeue","outbox_id":"481207/sms_1/create_hero_task","action":dead}),
+            json!({"type":"assign_sms","message_sid":"SM1","from":"+15555550100","body":"ETA 9"}),
+            json!({"type":"resolve_ask","ask_id":"ask:eta_request:p"}),
+        ] {
+            let ev = InboundEvent::from_operator(LoadId::parse("481207").unwrap(), op(command.clone())).unwrap();
+            let EventBody::OperatorAction(a) = &ev.body else { panic!("{ev:?}") };
+            assert_eq!(a.command.name(), command["type"]);
+        }
     }
 }

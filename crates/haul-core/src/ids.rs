@@ -397,6 +397,14 @@ mod tests {
         }
         assert!(EventId::parse("evt:out:481207/ask:eta_request:p/1/send_sms:delivered").is_ok());
         assert!(EventId::parse("evt:bad id").is_err());
+        // A derived id is bounded by MAX_DERIVED_ID_LEN bytes, not the inbound 128.
+        let derived = |len: usize| format!("evt:{}", "e".repeat(len - 4));
+        check(EventId::parse(&derived(MAX_DERIVED_ID_LEN)), true);
+        check(EventId::parse(&derived(MAX_DERIVED_ID_LEN + 1)), false);
+        check(EventId::parse(&derived(200)), true);
+        for (s, derived) in [("evt:tmr:1:ask:x:y:1", true), ("ping_0700", false), ("op:r1:0", false)] {
+            assert_eq!(EventId::parse(s).unwrap().is_derived(), derived, "{s}");
+        }
         assert_eq!(EventId::parse_inbound("sms:SM8a1f").unwrap_err().code, "reserved_event_id");
         assert!(EventId::parse_inbound("sms:SM8a1f").unwrap_err().message.contains("sms:"));
         // A scenario file plays the webhook's own ids; the other reserved prefixes stay refused.
@@ -412,6 +420,26 @@ mod tests {
         ] {
             check(EventId::parse_scenario(s), ok);
         }
+    }
+
+    #[test]
+    fn ask_ids_and_bulk_ids() {
+        for (s, ok) in [
+            ("ask:eta_request:ping_0700", true),
+            ("ask::ping_0700", false),
+            ("ask:Eta:ping_0700", false),
+            ("ask:eta-request:ping_0700", false),
+            ("ask:eta_request:a b", false),
+            ("eta_request:ping_0700", false),
+        ] {
+            check(AskId::parse(s), ok);
+        }
+        check(AskId::parse(&format!("ask:{}:p", "k".repeat(32))), true);
+        check(AskId::parse(&format!("ask:{}:p", "k".repeat(33))), false);
+        // FNV-1a's published 64-bit values: a row's event id is the same in every build.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(EventId::operator_bulk("r1", "a").unwrap().as_str(), "op:r1:af63dc4c8601ec8c");
     }
 
     #[test]

@@ -200,5 +200,7 @@ mod tests {
         let [e, dr] = Record::appended(7, &event, &d, at);
         assert_eq!((e.seq, e.entry_id.as_str(), e.kind(), e.recorded_at), (8, "e3", "load_update", at));
         assert_eq!((dr.seq, dr.kind(), dr.decision()), (9, DECISION_RECORDED, Some(&d)));
+        assert_eq!(e.event(), Some((&event.event_id, &event.body)));
+        assert_eq!((e.decision(), dr.event()), (None, None));
     }
 }

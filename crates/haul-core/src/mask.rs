@@ -324,6 +324,16 @@ mod tests {
         check("HTTP 503, 1.555.555", "HTTP 503, 1.555.555");
         check("555-555-01000", "555-555-01000");
         check("+1 555-555", "+1 555-555");
+        // A number runs into a word: not a number of its own.
+        check("5555550100x and 555-555-0100x", "5555550100x and 555-555-0100x");
+        // A separator parts groups, never opens a number; an area code's parentheses close.
+        check("+ 5555550100", "+ ***0100");
+        check("+12345678 (555", "***5678 (555");
+        check("+1 (555 555 0100", "+1 (***0100");
+        check("2 555 555 0100", "2 ***0100");
+        check("5555) 555-0100 and (55a) 555-0100", "5555) 555-0100 and (55a) 555-0100");
+        check("(555)-555-0100 and (555)555-0100", "***0100 and ***0100");
+        check("555-555-01x0", "555-555-01x0");
     }
 
     #[test]
@@ -337,6 +347,9 @@ mod tests {
         check("Bearer realm=\"x\"", "Bearer ***\"x\"");
         check("forbearer token", "forbearer token");
         check("the bearer of news", "the bearer *** news");
+        // A scheme needs a space, then a credential.
+        check("Bearerabc", "Bearerabc");
+        check("Bearer !", "Bearer !");
     }
 
     #[test]
@@ -363,6 +376,8 @@ mod masker_tests {
         check("a short answer", "a short answer");
         assert_eq!(format!("{m:?}"), "Masker(3 forms)", "Debug never shows a secret");
         assert_eq!(Masker::default().mask("+15555550100"), "***0100");
+        // Six characters are enough to mask by value; five are not.
+        assert_eq!(Masker::new(["abcdef", "abcde"]).mask("abcdef abcde"), "*** abcde");
         let more = m.with(["op-token-0123456789"]);
         assert_eq!(more.mask("op-token-0123456789 chan-sms-secret-1"), "*** ***");
     }

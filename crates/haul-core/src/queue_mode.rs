@@ -26,3 +26,14 @@ impl QueueMode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::QueueMode;
+
+    #[test]
+    fn only_the_store_s_own_queue_fuses_acks_and_publishes() {
+        assert!(QueueMode::StoreQueue.is_fused());
+        assert!(!QueueMode::Separate.is_fused());
+    }
+}

@@ -185,6 +185,21 @@ mod tests {
     }
 
     #[test]
+    fn percent_decoding_takes_two_hex_digits() {
+        for (input, expected) in
+            [("%41", "A"), ("x%41y", "xAy"), ("%7a%7A", "zz"), ("%zz%4", "%zz%4"), ("100%", "100%")]
+        {
+            assert_eq!(super::percent_decode(input), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn a_quote_inside_an_unquoted_value_is_part_of_it() {
+        check("host=h dbname=it's user=u", "host=h dbname=it's user=u");
+        check(r"host=h password='it\'s' user=u", "host=h user=u");
+    }
+
+    #[test]
     fn key_value_strings_drop_the_credential_pairs() {
         check("host=h password=secret dbname=d", "host=h dbname=d");
         check("host=h password = secret dbname=d", "host=h dbname=d");

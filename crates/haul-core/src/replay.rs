@@ -612,6 +612,11 @@ mod tests {
         assert_eq!(summary.compared, 5);
         assert_eq!(summary.different as usize, expected.len());
         assert_eq!(summary.same + summary.different, summary.compared);
+        assert_eq!(summary.by_rule.values().map(|r| r.compared).sum::<u64>(), 5);
+        assert_eq!(summary.by_rule.values().map(|r| r.different).sum::<u64>(), summary.different);
+        let changes: usize = expected.iter().map(|(_, c)| c.len()).sum();
+        let counted: u64 = summary.by_action_type.values().map(|t| t.added + t.removed + t.changed).sum();
+        assert_eq!(counted as usize, changes);
     }
 
     #[test]
@@ -654,6 +659,12 @@ mod tests {
                 }],
             }]
         );
+        fn names(c: &Difference) -> Vec<(&str, &str)> {
+            c.actions.iter().map(|a| (a.action_type(), a.key())).collect()
+        }
+        assert_eq!(names(&changed), [("send_sms", "L1/e1/send_sms")]);
+        assert_eq!(names(&compare(&d(vec![]), &d(vec![sms("a")]))), [("send_sms", "L1/e1/send_sms")]);
+        assert_eq!(names(&compare(&d(vec![sms("a")]), &d(vec![]))), [("send_sms", "L1/e1/send_sms")]);
         let filtered = compare(&d(vec![]), &Decision::filtered(&e, at("07:00"), "x"));
         assert_eq!(filtered.filtered, Some((false, true)));
         // The rationale and the decider's name are not differences.
@@ -719,5 +730,32 @@ mod tests {
         let (summary, _) = replay(&broken, &policies(3));
         assert_eq!(summary.compared, 4);
         assert_eq!(summary.not_compared.get("unpaired"), Some(&1));
+        // A reason with nothing skipped is not listed.
+        let (whole, _) = replay(&records, &policies(3));
+        assert_eq!(whole.not_compared.get("unpaired"), None);
+    }
+
+    #[test]
+    fn each_record_that_does_not_pair_counts_once() {
+        let records = log(&policies(3), &life());
+        let unpaired = |drop: &[usize], extra: Option<Record>| {
+            let mut w = Walker::new(LoadId::parse("L1").unwrap());
+            let kept = records.iter().enumerate().filter(|(i, _)| !drop.contains(i)).map(|(_, r)| r.clone());
+            for r in kept.chain(extra) {
+                if let Some(step) = w.feed(r) {
+                    w.finish(step);
+                }
+            }
+            w.close().1
+        };
+        assert_eq!(unpaired(&[], None), 0);
+        // A decision with no event before it.
+        assert_eq!(unpaired(&[0], None), 1);
+        // An event, then another event's decision: neither pairs.
+        assert_eq!(unpaired(&[1, 2], None), 2);
+        // A record this build cannot read; an event at the end with no decision yet.
+        let unreadable = Record::decode(99, "x".into(), "teleport", json!({}), at("09:00"));
+        assert_eq!(unpaired(&[], Some(unreadable)), 1);
+        assert_eq!(unpaired(&[records.len() - 1], None), 1);
     }
 }

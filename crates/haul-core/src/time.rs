@@ -132,6 +132,19 @@ mod tests {
         let e = parse_duration("soon").unwrap_err();
         assert!(e.message.contains("\"soon\""), "{}", e.message);
         assert!(!e.message.contains("friendly"), "{}", e.message);
+        for input in ["1y", "2mo", "1y 2mo"] {
+            let e = parse_duration(input).unwrap_err();
+            assert!(e.message.contains("years and months have no fixed length"), "{input}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn stored_times_clamp_and_truncate() {
+        assert_eq!(from_ms(i64::MIN), Timestamp::MIN);
+        assert_eq!(from_ms(i64::MAX), Timestamp::MAX);
+        assert_eq!(from_ms(-1), "1969-12-31T23:59:59.999Z".parse::<Timestamp>().unwrap());
+        let t: Timestamp = "2026-03-02T07:00:00.123456789Z".parse().unwrap();
+        assert_eq!(trunc_ms(t), "2026-03-02T07:00:00.123Z".parse::<Timestamp>().unwrap());
     }
 
     #[test]

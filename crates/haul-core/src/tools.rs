@@ -742,12 +742,91 @@ mod tests {
         assert_eq!(bound_rationale(&long).unwrap().chars().count(), MAX_RATIONALE_CHARS);
     }
 
+    /// The state after `events`, each decided by the SOP.
+    fn after(events: &[InboundEvent]) -> LoadState {
+        let mut records: Vec<Record> = vec![];
+        for e in events {
+            let d = sop::decide(&Policies::default(), &load(), &project(&records), e, now());
+            records.extend(Record::appended(records.len() as u64, e, &d, now()));
+        }
+        project(&records)
+    }
+
+    #[test]
+    fn bounds_of_an_answer() {
+        let s = started();
+        let p = ping("p1");
+        // Arguments up to 16 KiB are read (padded with spaces here); one byte more is not.
+        let padded = |len: usize| {
+            let mut a = json!({"to": "driver", "body": "hi"}).to_string();
+            a.push_str(&" ".repeat(len - a.len()));
+            ToolCall { name: "send_sms".into(), arguments: a }
+        };
+        assert!(decide(&s, &p, &[padded(16 * 1024)]).is_ok());
+        let e = decide(&s, &p, &[padded(16 * 1024 + 1)]).unwrap_err().to_string();
+        assert!(e.contains("longer than 16384 bytes"), "{e}");
+        // 16 tool calls are not too many (these fail for another reason); 17 are.
+        let many = |n: usize| (0..n).map(|i| call("no_action", json!({"reason": i.to_string()}))).collect::<Vec<_>>();
+        assert!(!matches!(decide(&s, &p, &many(16)), Err(ToolCallError::TooManyToolCalls(_))));
+        assert!(matches!(decide(&s, &p, &many(17)), Err(ToolCallError::TooManyToolCalls(17))));
+        // A timer 14 days ahead is set; a millisecond later, or a day later, is refused.
+        let ask = "ask:eta_request:p1";
+        let timer_at = |at: Timestamp| {
+            let sms = call("send_sms", json!({"to": "driver", "body": "ETA?", "ask_id": ask, "step": 1}));
+            decide(&s, &p, &[sms, call("set_timer", json!({"ask_id": ask, "step": 1, "fire_at": at}))])
+        };
+        let days = |d: u64| crate::time::add(now(), std::time::Duration::from_secs(d * 86_400));
+        assert!(timer_at(days(14)).is_ok());
+        for late in [crate::time::add(days(14), std::time::Duration::from_millis(1)), days(15)] {
+            let e = timer_at(late).unwrap_err().to_string();
+            assert!(e.contains("more than 14 days ahead"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_sms_goes_to_the_phone_as_of_its_event() {
+        let s = started();
+        let to = |e: &InboundEvent| {
+            let d = decide(&s, e, &[call("send_sms", json!({"to": "driver", "body": "hi"}))]).unwrap();
+            match &d.actions[0].kind {
+                ActionKind::SendSms { to, .. } => to.clone(),
+                k => panic!("{k:?}"),
+            }
+        };
+        let stage = ev(json!({"event_id": "u2", "kind": "load_update", "stage": "at_pickup"}));
+        assert_eq!(to(&stage), PHONE, "an update that sets no phone keeps the load's");
+        let new_phone = ev(json!({"event_id": "u3", "kind": "load_update", "driver_phone": "+15555550111"}));
+        assert_eq!(to(&new_phone), "+15555550111", "an update that sets one: the new phone");
+    }
+
+    #[test]
+    fn an_open_ask_moves_one_step_at_a_time_and_never_steps_and_escalates_at_once() {
+        let a = "ask:eta_request:p1";
+        let s = after(&[init(), ping("p1")]);
+        let t = timer(a, 1);
+        let sms = |step: u32| call("send_sms", json!({"to": "driver", "body": "ETA?", "ask_id": a, "step": step}));
+        assert!(decide(&s, &t, &[sms(2)]).is_ok());
+        let e = decide(&s, &t, &[sms(3)]).unwrap_err().to_string();
+        assert!(e.contains("is at step 1, so the next step is 2, not 3"), "{e}");
+        let hero =
+            call("create_hero_task", json!({"title": "t", "body": "b", "urgency": "urgent", "ask_id": a, "step": 2}));
+        let e = decide(&s, &t, &[sms(2), hero]).unwrap_err().to_string();
+        assert!(e.contains("a step and an escalation or cancellation at once"), "{e}");
+        let cancel = call("cancel_timer", json!({"ask_id": a, "step": 1}));
+        let e = decide(&s, &t, &[sms(2), cancel]).unwrap_err().to_string();
+        assert!(e.contains("a step and an escalation or cancellation at once"), "{e}");
+    }
+
     #[test]
     fn the_prompt_shows_no_whole_phone_number() {
         let s = started();
         let p = prompt_input(&load(), &s, &sms("s1", "ETA 9"), &EtaPolicy::default(), now());
         let text = p.to_string();
         assert!(!text.contains(PHONE), "{text}");
+        // An update that sets the phone shows it masked too.
+        let update = prompt_input(&load(), &s, &init(), &EtaPolicy::default(), now());
+        assert!(!update.to_string().contains(PHONE), "{update}");
+        assert_eq!(update["event"]["driver_phone"], "***0100");
         assert_eq!(p["event"]["from_driver"], true);
         assert_eq!(p["event"]["event_id"], "s1");
         assert_eq!(p["load_id"], "481207");
@@ -762,5 +841,19 @@ mod tests {
             assert!(names.contains(&t.as_str().to_owned()));
         }
         assert!(names.contains(&NO_ACTION.to_owned()));
+        // A timer's ask and step are required and described as such; an SMS's are optional.
+        let params = |name: &str| {
+            let tools = tool_definitions();
+            let t = tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap().clone();
+            t["function"]["parameters"].clone()
+        };
+        let timer = params("set_timer");
+        assert_eq!(timer["properties"]["ask_id"]["type"], "string");
+        assert!(timer["properties"]["ask_id"]["description"].as_str().unwrap().contains("e.g. ask:eta_request:"));
+        assert_eq!(timer["properties"]["step"]["minimum"], 1);
+        assert_eq!(timer["required"], json!(["ask_id", "step", "fire_at"]));
+        let sms = params("send_sms");
+        assert!(sms["properties"]["ask_id"]["description"].as_str().unwrap().contains("leave out"));
+        assert_eq!(sms["properties"]["step"]["type"], "integer");
     }
 }
