@@ -534,8 +534,26 @@ async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
     };
     assert_eq!(requeue(&cookie, None).await.unwrap().status(), StatusCode::FORBIDDEN, "no CSRF token");
     assert_eq!(requeue(&cookie, Some("forged")).await.unwrap().status(), StatusCode::FORBIDDEN, "a wrong CSRF token");
-    // With the token, the action runs (and is refused for its own reason: no such row).
-    assert_eq!(requeue(&cookie, Some(&csrf)).await.unwrap().status(), StatusCode::NOT_FOUND);
+    // With the token, the action runs (and is refused for its own reason: no such row),
+    // drawn as an alert, never as a result.
+    let r = requeue(&cookie, Some(&csrf)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let page = r.text().await.unwrap();
+    assert!(page.contains("<p class=\"error\" role=\"alert\">no outbox row 481207/x/send_sms"), "{page}");
+    assert!(!page.contains("class=\"result\""), "{page}");
+    // A mistyped load takes nothing: refused, in red.
+    let assign = [
+        ("message_sid", "SMtypo1"),
+        ("load_id", "999999"),
+        ("reason", "r"),
+        ("request_id", "console-t3"),
+        ("csrf", &csrf),
+    ];
+    let r = http.post(format!("{base}/console/unmatched/assign")).header("Cookie", &cookie).form_of(&assign).send();
+    let r = r.await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let page = r.text().await.unwrap();
+    assert!(page.contains("role=\"alert\">load 999999 has no records"), "{page}");
     // From another site, even with the token.
     let r = http
         .post(format!("{base}/console/dead/requeue"))

@@ -544,7 +544,7 @@ fn refused_page(ctx: &Ctx, e: &OperatorError) -> Response {
         }
         other => other.to_string(),
     };
-    html(status, pages::message(ctx, "Refused", &text, &[("/console".into(), "Overview")]))
+    html(status, pages::refused(ctx, &text, &[("/console".into(), "Overview")]))
 }
 
 fn wake(s: &ApiState) {
@@ -597,7 +597,7 @@ async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBod
     };
     let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
     let bad = |text: &str| {
-        html(StatusCode::BAD_REQUEST, pages::message(&ctx, "Refused", text, &[("/console/dead".into(), "Dead rows")]))
+        html(StatusCode::BAD_REQUEST, pages::refused(&ctx, text, &[("/console/dead".into(), "Dead rows")]))
     };
     let Some(action_type) = ActionType::parse(form.get("action_type")) else {
         return bad("Choose an action type.");
@@ -633,7 +633,7 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
         Err(e) => {
             return html(
                 StatusCode::BAD_REQUEST,
-                pages::message(&ctx, "Refused", &e.message, &[("/console/unmatched".into(), "Unmatched SMS")]),
+                pages::refused(&ctx, &e.message, &[("/console/unmatched".into(), "Unmatched SMS")]),
             );
         }
     };

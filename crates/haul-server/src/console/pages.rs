@@ -111,12 +111,24 @@ pub fn sign_in(message: Option<&str>) -> String {
 
 /// A message page: what an action did, or why it was refused.
 pub fn message(ctx: &Ctx, title: &str, text: &str, links: &[(String, &str)]) -> String {
-    let mut body = format!("<p class=\"result\" role=\"status\">{}</p><ul>", esc(text));
-    for (href, label) in links {
-        let _ = write!(body, "<li><a href=\"{}\">{}</a></li>", esc(href), esc(label));
-    }
-    body.push_str("</ul>");
+    let body = format!("<p class=\"result\" role=\"status\">{}</p>{}", esc(text), link_list(links));
     layout(ctx, title, Nav::None, &body)
+}
+
+/// A refused action: drawn as an error (an alert, in red), never as a result, so a
+/// refusal cannot be read as done.
+pub fn refused(ctx: &Ctx, text: &str, links: &[(String, &str)]) -> String {
+    let body = format!("{}{}", error_box(text), link_list(links));
+    layout(ctx, "Refused", Nav::None, &body)
+}
+
+fn link_list(links: &[(String, &str)]) -> String {
+    let mut list = String::from("<ul>");
+    for (href, label) in links {
+        let _ = write!(list, "<li><a href=\"{}\">{}</a></li>", esc(href), esc(label));
+    }
+    list.push_str("</ul>");
+    list
 }
 
 /// A refused request (bad filter, store down), on the page that asked.
