@@ -109,7 +109,7 @@ pub fn sign_in(message: Option<&str>) -> String {
     )
 }
 
-/// A message page: what an action did, or why it was refused.
+/// A message page: what an action did (a refusal is [`refused`]).
 pub fn message(ctx: &Ctx, title: &str, text: &str, links: &[(String, &str)]) -> String {
     let body = format!("<p class=\"result\" role=\"status\">{}</p>{}", esc(text), link_list(links));
     layout(ctx, title, Nav::None, &body)
