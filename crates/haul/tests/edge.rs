@@ -128,7 +128,7 @@ async fn never_reading(addr: &str, n: usize) -> tokio::net::TcpStream {
 
 /// 40 connections pipelining 150 requests each and never reading, against a cap of 32:
 /// a fresh client still gets its answers, and the non-readers are closed after the
-/// write timeout.
+/// write timeout (eviction itself is held by haul-server's own tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_never_read_hold_no_slot() {
     let dir = temp_dir("edge", "slow-read");
@@ -154,7 +154,13 @@ async fn clients_that_never_read_hold_no_slot() {
         metric(&base, "haul_http_connections_evicted_total").await,
         metric(&base, "haul_http_connections_refused_total").await,
     );
-    assert!(timeouts >= 1.0 && evicted >= 1.0, "write timeouts {timeouts}, evicted {evicted}, refused {refused}");
+    // Each of the 40 ends one of three ways; which one depends on how fast the machine
+    // opened them (on a loaded one the first time out before the last arrive, and no
+    // eviction is needed), so only the sum is held, and that the write timeout acted.
+    assert!(
+        timeouts >= 1.0 && timeouts + evicted + refused >= 40.0,
+        "write timeouts {timeouts}, evicted {evicted}, refused {refused}"
+    );
     drop(held);
     std::fs::remove_dir_all(dir).ok();
 }
