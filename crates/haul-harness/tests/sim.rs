@@ -66,3 +66,36 @@ async fn a_wrong_decision_is_caught_by_the_rule_table() {
     assert_eq!(seed, 1);
     assert!(why.contains("is not the SOP's") && why.contains("closed"), "seed {seed}: {why}");
 }
+
+/// Liveness is judged apart from safety: a row never tried again, or a follow-up timer
+/// never fired, breaks no invariant on what happened, yet the load never comes to rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_never_claimed_again_is_a_liveness_failure() {
+    let (seed, why) = first_caught(PlantedBugs { never_reclaim: true, ..Default::default() }, 1).await;
+    assert_eq!(seed, 1);
+    assert!(why.starts_with("liveness: not at rest") && why.contains("pending rows"), "{why}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_never_pumped_is_a_liveness_failure() {
+    let (seed, why) = first_caught(PlantedBugs { timer_never_pumped: true, ..Default::default() }, 1).await;
+    assert_eq!(seed, 1);
+    assert!(why.starts_with("liveness: not at rest") && why.contains("2 timers not fired"), "{why}");
+}
+
+/// Every fault point is named in the coverage check, hit or not; only those under a
+/// tenth of a hit a seed are listed.
+#[test]
+fn the_rare_fault_points_are_those_under_a_tenth_of_a_hit_a_seed() {
+    use haul_harness::sim::rare_fault_points;
+    let coverage = [("crash:after_read", 10), ("crash:after_mark", 9), ("queue:outage", 0)]
+        .map(|(k, n)| (k.to_owned(), n))
+        .into_iter()
+        .chain(
+            ["after_decide", "after_append", "append_answer_lost", "after_claim", "after_send", "after_publish"]
+                .map(|p| (format!("crash:{p}"), 50)),
+        )
+        .collect();
+    let rare = rare_fault_points(&coverage, 100);
+    assert_eq!(rare, [("crash:after_mark".to_owned(), 9), ("crash:after_pump_publish".to_owned(), 0)]);
+}

@@ -266,6 +266,9 @@ impl Dispatcher {
     /// the result, and of any failed attempt on the way.
     async fn dispatch_inner(&self, claim: &Claim) -> Result<Dispatched, Crash> {
         let (row, token) = (&claim.row, claim.token.as_str());
+        if self.faults.bugs.never_reclaim && row.attempts > 0 {
+            return Ok(Dispatched::Unsettled("the planted never_reclaim bug gave the row up".into()));
+        }
         let facts = row_facts(row);
         // The planted bug publishes with the mark in two steps, in the wrong order.
         let mode = if self.faults.bugs.mark_before_publish { QueueMode::Separate } else { self.queue_mode };

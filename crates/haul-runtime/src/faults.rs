@@ -90,6 +90,11 @@ pub struct PlantedBugs {
     /// update): it closes the open asks and cancels their timers. The simulator plants
     /// it in its own decider; nothing in the runtime reads it.
     pub rule7_on_any_update: bool,
+    /// Liveness: the dispatcher gives up every row it has tried before (a retry is
+    /// claimed, never sent, and its lease lapses, again and again).
+    pub never_reclaim: bool,
+    /// Liveness: the timer pump never fires a follow-up (a timer of step 2 or later).
+    pub timer_never_pumped: bool,
 }
 
 impl PlantedBugs {
@@ -100,6 +105,8 @@ impl PlantedBugs {
             "mark_before_publish" => b.mark_before_publish = true,
             "ack_before_append" => b.ack_before_append = true,
             "rule7_on_any_update" => b.rule7_on_any_update = true,
+            "never_reclaim" => b.never_reclaim = true,
+            "timer_never_pumped" => b.timer_never_pumped = true,
             _ => return None,
         }
         Some(b)

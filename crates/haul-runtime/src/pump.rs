@@ -63,6 +63,9 @@ impl TimerPump {
         let mut round = PumpRound::default();
         for timer in due {
             let (_, ask_id, step) = timer.timer_id.parts();
+            if self.faults.bugs.timer_never_pumped && step >= 2 {
+                continue;
+            }
             let event = InboundEvent {
                 load_id: timer.load_id.clone(),
                 event_id: timer_fired_event_id(&timer.timer_id),

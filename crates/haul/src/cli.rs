@@ -156,6 +156,15 @@ pub enum Command {
         /// Plant a known bug, to check the simulator catches it (test use only).
         #[arg(long, hide = true)]
         plant: Option<String>,
+        /// Seeds run at once, each on its own store (default: the machine's cores).
+        /// Reports come out in seed order, with the digests a serial run gives.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+        jobs: Option<u32>,
+        /// A soak: run seeds from --seed on until this much time has passed (e.g. 8h,
+        /// 30m), instead of --seeds; a progress line every minute; stops at the first
+        /// failing seed.
+        #[arg(long = "for", value_name = "DURATION", value_parser = duration_arg, conflicts_with = "seeds")]
+        soak_for: Option<std::time::Duration>,
     },
     /// Benchmark workloads; each throughput is reported with the limit measured in the
     /// same run (append, projection, contention, e2e, e2e-http, dispatch, timers, replay).

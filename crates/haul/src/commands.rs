@@ -59,8 +59,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             send_test_sms(&from, &body, &to, message_sid, url, &settings).await
         }
         Command::Bench { workloads, store, json, quick } => bench(workloads, store, json, quick).await,
-        Command::Sim { seed, seeds, loads, steps, faults, store, plant } => {
-            simulate(seed, seeds, loads, steps, &faults, store, plant.as_deref()).await
+        Command::Sim { seed, seeds, loads, steps, faults, store, plant, jobs, soak_for } => {
+            let jobs = jobs.map_or_else(|| std::thread::available_parallelism().map_or(1, usize::from), |j| j as usize);
+            let until = match soak_for {
+                Some(d) => SimUntil::Time(d),
+                None => SimUntil::Seeds(seeds),
+            };
+            let run = SimRun { first: seed, until, loads, steps, faults, store, plant, jobs };
+            simulate(run).await
         }
         Command::Eval { paths, json, store, queue, decider, llm_answers, verbose, junit, keep, keep_config } => {
             let out = EvalOutput { json, verbose, junit };
@@ -548,49 +554,123 @@ fn unit_of(figure: &str) -> &'static str {
     }
 }
 
-async fn simulate(
-    seed: u64,
-    seeds: u64,
+/// How long `haul sim` runs.
+enum SimUntil {
+    /// This many seeds.
+    Seeds(u64),
+    /// Seeds until this much time has passed, or one fails (a soak).
+    Time(Duration),
+}
+
+/// What `haul sim` runs.
+struct SimRun {
+    first: u64,
+    until: SimUntil,
     loads: usize,
     steps: usize,
-    faults: &str,
+    faults: String,
     store: StoreKind,
-    plant: Option<&str>,
-) -> anyhow::Result<ExitCode> {
-    let faults = sim::FaultSet::parse(faults)?;
-    let bugs = match plant {
+    plant: Option<String>,
+    jobs: usize,
+}
+
+/// How often a soak says how far it got.
+const SOAK_PROGRESS_EVERY: Duration = Duration::from_secs(60);
+
+async fn simulate(run: SimRun) -> anyhow::Result<ExitCode> {
+    let SimRun { first, until, loads, steps, jobs, .. } = run;
+    let faults = sim::FaultSet::parse(&run.faults)?;
+    let bugs = match run.plant.as_deref() {
         None => haul_runtime::faults::PlantedBugs::default(),
         Some(name) => haul_runtime::faults::PlantedBugs::parse(name)
             .ok_or_else(|| anyhow::anyhow!("--plant: unknown bug {name:?}"))?,
     };
-    let store = eval_store(store).await?;
-    let (mut passed, mut failed) = (0, 0);
+    // What else a failing seed's command line needs to fail the same way.
+    let mut also = String::new();
+    if run.faults != "all" {
+        also += &format!(" --faults {}", run.faults);
+    }
+    if run.store == StoreKind::Postgres {
+        also += " --store postgres";
+    }
+    if let Some(bug) = &run.plant {
+        also += &format!(" --plant {bug}");
+    }
+    let store = Arc::new(eval_store(run.store).await?);
+    let (end, deadline) = match until {
+        SimUntil::Seeds(n) => (first.saturating_add(n), None),
+        SimUntil::Time(d) => (u64::MAX, Some(std::time::Instant::now() + d)),
+    };
+    let started = std::time::Instant::now();
+    let (mut passed, mut failed, mut events, mut most_drain_rounds) = (0u64, 0u64, 0u64, 0usize);
     let mut coverage = BTreeMap::<String, u64>::new();
-    let mut progress = Progress::stderr("sim: seeds", Some(seeds));
-    for s in seed..seed.saturating_add(seeds) {
-        progress.update(s - seed, &format!("seed {s}, {failed} failed"));
-        let opts = sim::SimOptions { seed: s, loads, steps, faults, bugs };
-        let report = sim::run(&opts, &store).await.with_context(|| format!("seed {s}"))?;
-        progress.finish(); // erased before the seed's line, so the report reads as it would piped
-        for (k, v) in &report.coverage {
-            *coverage.entry(k.clone()).or_default() += v;
+    let total = match until {
+        SimUntil::Seeds(n) => Some(n),
+        SimUntil::Time(_) => None,
+    };
+    let mut progress = Progress::stderr("sim: seeds", total);
+    let mut last_soak_line = started;
+    // Seeds run at once, each on its own store and services; reports wait for the
+    // seeds before them, so the output reads as a serial run's.
+    let mut running = tokio::task::JoinSet::new();
+    let mut done = BTreeMap::<u64, anyhow::Result<sim::SimReport>>::new();
+    let (mut next_start, mut next_report) = (first, first);
+    let mut stop = false;
+    loop {
+        let time_is_up = deadline.is_some_and(|d| std::time::Instant::now() >= d);
+        while !time_is_up && running.len() < jobs.max(1) && next_start < end {
+            let (s, store) = (next_start, store.clone());
+            let opts = sim::SimOptions { seed: s, loads, steps, faults, bugs };
+            running.spawn(async move { (s, sim::run(&opts, &store).await) });
+            next_start += 1;
         }
-        match &report.violation {
-            None => {
-                passed += 1;
-                say(format_args!(
-                    "seed {s}: ok  digest {}  events {}  effects {}",
-                    report.digest, report.events, report.effects
-                ));
+        let Some(joined) = running.join_next().await else { break };
+        let (s, report) = joined.context("a seed's task panicked")?;
+        done.insert(s, report);
+        while let Some(report) = done.remove(&next_report) {
+            let s = next_report;
+            next_report += 1;
+            progress.finish(); // erased before the seed's line, so the report reads as it would piped
+            let report = report.with_context(|| format!("seed {s}"))?;
+            for (k, v) in &report.coverage {
+                *coverage.entry(k.clone()).or_default() += v;
             }
-            Some(v) => {
-                failed += 1;
-                say(format_args!("seed {s}: FAILED  digest {}: {v}", report.digest));
-                say(format_args!("  reproduce: haul sim --seed {s} --loads {loads} --steps {steps}"));
-                for line in &report.excerpt {
-                    say(format_args!("  | {line}"));
+            events += report.events as u64;
+            most_drain_rounds = most_drain_rounds.max(report.drain_rounds);
+            match &report.violation {
+                None => {
+                    passed += 1;
+                    say(format_args!(
+                        "seed {s}: ok  digest {}  events {}  effects {}",
+                        report.digest, report.events, report.effects
+                    ));
+                }
+                Some(v) => {
+                    failed += 1;
+                    say(format_args!("seed {s}: FAILED  digest {}: {v}", report.digest));
+                    say(format_args!("  reproduce: haul sim --seed {s} --loads {loads} --steps {steps}{also}"));
+                    for line in &report.excerpt {
+                        say(format_args!("  | {line}"));
+                    }
+                    // A soak stops at its first failure: the seeds after it are left.
+                    if deadline.is_some() {
+                        stop = true;
+                        break;
+                    }
                 }
             }
+            progress.update(next_report - first, &format!("seed {}, {failed} failed", next_report));
+        }
+        if stop {
+            // Seeds after the failing one that were already running are not reported.
+            running.abort_all();
+            while running.join_next().await.is_some() {}
+            break;
+        }
+        if deadline.is_some() && last_soak_line.elapsed() >= SOAK_PROGRESS_EVERY {
+            last_soak_line = std::time::Instant::now();
+            progress.finish();
+            eprintln!("{}", soak_line(next_report - first, failed, started.elapsed(), &coverage));
         }
     }
     progress.finish();
@@ -599,8 +679,45 @@ async fn simulate(
     }
     let cov: Vec<String> = coverage.iter().map(|(k, v)| format!("{k}={v}")).collect();
     say(format_args!("coverage: {}", cov.join(" ")));
-    say(format_args!("{passed} passed, {failed} failed"));
+    let rare = sim::rare_fault_points(&coverage, passed + failed);
+    if !rare.is_empty() {
+        let rare: Vec<String> = rare.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        say(format_args!(
+            "coverage: under {} hits a seed (1,000 in 10,000): {}",
+            sim::MIN_HITS_PER_SEED,
+            rare.join(" ")
+        ));
+    }
+    say(format_args!(
+        "liveness: the most drain rounds a seed took was {most_drain_rounds} (limit {}: past it, a seed fails)",
+        sim::REST_WITHIN_ROUNDS
+    ));
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let seeds = passed + failed;
+    let peak = sim::resident_memory().map_or_else(String::new, |(_, peak)| format!(", peak RSS {} MiB", peak >> 20));
+    say(format_args!(
+        "{passed} passed, {failed} failed  ({:.2} seeds/s, {:.0} events/s, {jobs} at once, {:.0} s{peak})",
+        seeds as f64 / secs,
+        events as f64 / secs,
+        secs
+    ));
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// A soak's progress: seeds so far, their rate, and the fault point hit least.
+fn soak_line(seeds: u64, failed: u64, elapsed: Duration, coverage: &BTreeMap<String, u64>) -> String {
+    let points = haul_runtime::faults::FaultPoint::ALL.map(|p| {
+        let key = format!("crash:{p}");
+        let hits = coverage.get(&key).copied().unwrap_or(0);
+        (key, hits)
+    });
+    let least = points.iter().min_by_key(|(_, n)| *n);
+    let least = least.map_or_else(|| "none".to_owned(), |(k, n)| format!("{k} ({n})"));
+    format!(
+        "soak: {seeds} seeds in {:.0} min, {:.2} seeds/s, {failed} failed; least-hit fault point {least}",
+        elapsed.as_secs_f64() / 60.0,
+        seeds as f64 / elapsed.as_secs_f64().max(1e-9)
+    )
 }
 
 /// How `haul eval` reports.

@@ -586,6 +586,43 @@ fn long_commands_are_quiet_on_stderr_when_it_is_not_a_terminal() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Seeds run at once print what a serial run prints, in seed order; the end says how
+/// fast, and a soak (`--for`) runs until its time is up.
+#[test]
+fn sim_runs_seeds_at_once_with_the_serial_digests() {
+    let seeds = |jobs: &str| {
+        let (ok, out, err) =
+            haul(&["sim", "--seed", "1", "--seeds", "6", "--loads", "2", "--steps", "40", "--jobs", jobs], &[]);
+        assert!(ok, "{err}");
+        out
+    };
+    let (serial, at_once) = (seeds("1"), seeds("3"));
+    let lines = |out: &str| out.lines().filter(|l| l.starts_with("seed ")).map(str::to_owned).collect::<Vec<_>>();
+    assert_eq!(lines(&serial), lines(&at_once));
+    assert_eq!(
+        lines(&serial).iter().map(|l| l.split(':').next().unwrap()).collect::<Vec<_>>(),
+        (1..=6).map(|s| format!("seed {s}")).collect::<Vec<_>>()
+    );
+    let last = at_once.lines().last().unwrap();
+    assert!(
+        last.starts_with("6 passed, 0 failed  (")
+            && last.contains(" seeds/s, ")
+            && last.contains(" events/s, 3 at once"),
+        "{last}"
+    );
+    // A soak of two seconds runs seeds until then.
+    let (ok, out, err) = haul(&["sim", "--loads", "2", "--steps", "20", "--for", "2s"], &[]);
+    assert!(ok, "{err}");
+    assert!(lines(&out).len() >= 2, "{out}");
+    // A soak stops at its first failing seed and says how to repeat it.
+    let (ok, out, _) =
+        haul(&["sim", "--loads", "2", "--steps", "40", "--for", "1h", "--plant", "timer_never_pumped"], &[]);
+    assert!(!ok);
+    let failed: Vec<_> = out.lines().filter(|l| l.contains("FAILED")).collect();
+    assert_eq!(failed.len(), 1, "{out}");
+    assert!(out.contains("reproduce: haul sim --seed 1 --loads 2 --steps 40 --plant timer_never_pumped"), "{out}");
+}
+
 /// Runs `sql` on the database at `url` (a SQLite file or a PostgreSQL schema): a newer
 /// haul's work, done by hand.
 async fn execute(url: &str, sql: &str) {
