@@ -560,3 +560,59 @@ fn row_facts(row: &OutboxRow) -> Row {
         first_attempt_at: row.first_attempt_at,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `result` label of `haul_dispatches_total` (docs/operations.md).
+    #[test]
+    fn each_result_has_its_metric_label() {
+        let crash = Crash { point: FaultPoint::AfterSend, context: String::new() };
+        let labels = [
+            (Dispatched::Delivered, "delivered"),
+            (Dispatched::Retrying { retry_at: haul_core::time::from_ms(0) }, "retrying"),
+            (Dispatched::Buried, "buried"),
+            (Dispatched::Stale, "stale"),
+            (Dispatched::Unsettled(String::new()), "unsettled"),
+            (Dispatched::Crashed(crash), "crashed"),
+        ];
+        for (result, label) in labels {
+            assert_eq!(result.label(), label, "{result:?}");
+        }
+    }
+
+    /// What a failed effect's text starts with, so a row's `last_failure` says which
+    /// step failed.
+    #[test]
+    fn a_failed_effect_says_which_step_failed() {
+        let e = || EffectError::Store(StoreError::new("down"));
+        let publish = Effect::Publish(
+            haul_core::InboundEvent::from_json(
+                haul_core::ids::LoadId::parse("L1").unwrap(),
+                serde_json::json!({"event_id": "e1", "kind": "inbound_sms", "from": "+1", "body": "x"}),
+            )
+            .unwrap(),
+        );
+        assert_eq!(e().why(&publish), "publishing the outcome failed: store error: down");
+        assert_eq!(
+            e().why(&Effect::MarkDispatched { receipt: String::new() }),
+            "mark_dispatched failed: store error: down"
+        );
+        let retry = Effect::MarkRetry { retry_at: haul_core::time::from_ms(0), attempts: 1, failure: String::new() };
+        assert_eq!(e().why(&retry), "mark_failed failed: store error: down");
+        assert_eq!(e().why(&Effect::MarkDead { failure: String::new() }), "burying failed: store error: down");
+        assert_eq!(e().why(&Effect::MarkOutcomePublished), "store error: down");
+        assert_eq!(
+            EffectError::from(ClaimError::Stale(haul_store::StaleClaimError { outbox_id: "x".into() })).to_string(),
+            "stale claim"
+        );
+    }
+
+    #[test]
+    fn the_simulator_may_stop_after_a_publish_or_a_mark() {
+        assert_eq!(fault_point_after(&Effect::MarkDispatched { receipt: String::new() }), Some(FaultPoint::AfterMark));
+        assert_eq!(fault_point_after(&Effect::MarkDead { failure: String::new() }), Some(FaultPoint::AfterMark));
+        assert_eq!(fault_point_after(&Effect::MarkOutcomePublished), None);
+    }
+}

@@ -316,3 +316,35 @@ pub async fn bulk_requeue(
     }
     Ok(BulkAnswer { request_id: who.request_id.clone(), dry_run, filter: filter.clone(), rows, truncated })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each refusal's code and HTTP status, as docs/api.md lists them.
+    #[test]
+    fn each_refusal_has_its_code_and_status() {
+        let load = LoadId::parse("L1").unwrap();
+        let cases = [
+            (OperatorError::from(BadInput::new("bad_request_id", "x")), "bad_request_id", 400),
+            (OperatorError::NoSuchRow("r".into()), "no_such_row", 404),
+            (OperatorError::NoSuchLoad(load.clone()), "no_such_load", 404),
+            (OperatorError::NoSuchSms("SM1".into()), "no_such_sms", 404),
+            (OperatorError::NotDead { id: "r".into(), status: "pending" }, "not_dead", 409),
+            (
+                OperatorError::SmsAssigned {
+                    message_sid: "SM1".into(),
+                    load_id: load.clone(),
+                    event_id: "op:r".into(),
+                },
+                "sms_assigned",
+                409,
+            ),
+            (OperatorError::RequestIdReused { request_id: "r".into(), load_id: load }, "request_id_reused", 422),
+            (OperatorError::Store(StoreError::new("down")), "store_unavailable", 503),
+        ];
+        for (e, code, status) in cases {
+            assert_eq!((e.code(), e.status()), (code, status), "{e}");
+        }
+    }
+}

@@ -641,3 +641,26 @@ fn rows(event: &InboundEvent, d: &Decision) -> Result<(Vec<NewEntry>, Vec<NewOut
     }
     Ok((entries, outbox))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `outcome` label of `haul_runs_total` (docs/operations.md) per way a run ends.
+    #[test]
+    fn each_outcome_has_its_metric_label() {
+        let crash = Crash { point: FaultPoint::AfterRead, context: String::new() };
+        let labels = [
+            (RunOutcome::Committed { decider: "sop".into(), filtered: false, actions: 0 }, "committed"),
+            (RunOutcome::AlreadyProcessed, "already_processed"),
+            (RunOutcome::Duplicate, "duplicate"),
+            (RunOutcome::LeftForRedelivery(String::new()), "left_for_redelivery"),
+            (RunOutcome::Busy, "busy"),
+            (RunOutcome::Poison(String::new()), "poison"),
+            (RunOutcome::Crashed(crash), "crashed"),
+        ];
+        for (outcome, label) in labels {
+            assert_eq!(outcome.label(), label, "{outcome:?}");
+        }
+    }
+}

@@ -1,0 +1,694 @@
+//! The worker, the dispatcher and the operator requests of this crate, run for real on
+//! SQLite with a fake clock: what each does with a message, a row or a request, read
+//! back from the store, the queue and the logs. The harness's evals and simulator run
+//! the same parts end to end; these hold each part's own choices, so a change here is
+//! caught by this crate's tests (what `scripts/mutants --runtime` measures).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use haul_core::action::ActionType;
+use haul_core::decision::Decision;
+use haul_core::ids::{AskId, EventId, LoadId};
+use haul_core::projection::LoadState;
+use haul_core::time::Timestamp;
+use haul_core::{Channel, InboundEvent, QueueMode};
+use haul_runtime::decider::Decider;
+use haul_runtime::dispatcher::{Dispatched, DispatcherSettings};
+use haul_runtime::faults::{FaultPoint, Faults, PlantedBugs};
+use haul_runtime::operator::{self, DeadFilter, OperatorError, Requester};
+use haul_runtime::shadow::{Shadow, ShadowSettings};
+use haul_runtime::worker::{RunOutcome, WorkerSettings};
+use haul_store::{AlertState, NewEntry, OutboxStatus, RowCursor};
+use serde_json::json;
+
+fn committed(actions: usize) -> RunOutcome {
+    RunOutcome::Committed { decider: "sop".into(), filtered: false, actions }
+}
+
+// ---------------------------------------------------------------------------------
+// The worker.
+
+#[tokio::test]
+async fn a_message_is_logged_with_its_decision_and_rows_then_acked_and_found_processed() {
+    let rig = Rig::new().await;
+    let worker = rig.worker();
+    rig.publish("L1", init()).await;
+    rig.publish("L1", ping("ping_0700")).await;
+    assert_eq!(rig.settle(&worker).await, vec![committed(0), committed(2)]);
+    assert_eq!(rig.kinds("L1").await, ["load:init", "decision:sop", "ping_0700", "decision:sop"]);
+    let rows: Vec<_> = rig.rows("L1").await.iter().map(|r| (r.id.clone(), r.status)).collect();
+    assert_eq!(
+        rows,
+        [
+            ("L1/ask:eta_request:ping_0700/1/send_sms".to_owned(), OutboxStatus::Pending),
+            ("L1/ask:eta_request:ping_0700/1/set_timer".to_owned(), OutboxStatus::Pending),
+        ]
+    );
+    assert_eq!(rig.depth().await, 0, "both messages acked");
+    // A redelivery of a logged event writes nothing.
+    assert_eq!(worker.process(rig.message("L1", ping("ping_0700"))).await, RunOutcome::AlreadyProcessed);
+    assert_eq!(rig.log("L1").await.len(), 4);
+}
+
+#[tokio::test]
+async fn run_once_takes_as_many_loads_as_the_concurrency_leaves() {
+    let rig = Rig::new().await;
+    for l in ["L1", "L2", "L3"] {
+        rig.publish(l, init()).await;
+    }
+    let settings = WorkerSettings { concurrency: 2, ..WorkerSettings::default() };
+    let worker = rig.worker_with(sop(), settings, Faults::default());
+    assert_eq!(worker.settings().concurrency, 2);
+    assert_eq!(worker.run_once().await.unwrap().len(), 2);
+    assert_eq!(worker.run_once().await.unwrap().len(), 1);
+    assert_eq!(worker.run_once().await.unwrap(), vec![]);
+}
+
+#[tokio::test]
+async fn receive_hands_out_the_published_messages() {
+    let rig = Rig::new().await;
+    rig.publish("L1", init()).await;
+    let got = rig.worker().receive(10).await.unwrap();
+    assert_eq!(got.iter().map(|m| m.event_id.as_str()).collect::<Vec<_>>(), ["load:init"]);
+}
+
+#[tokio::test]
+async fn a_stopped_worker_gives_its_message_back_and_appends_nothing() {
+    let rig = Rig::new().await;
+    rig.publish("L1", init()).await;
+    let worker = rig.worker();
+    worker.stop();
+    let outcomes = worker.run_once().await.unwrap();
+    assert!(matches!(outcomes[..], [RunOutcome::LeftForRedelivery(_)]), "{outcomes:?}");
+    assert_eq!(rig.log("L1").await.len(), 0);
+    assert_eq!(rig.depth().await, 1, "the message is still queued");
+}
+
+#[tokio::test]
+async fn a_run_past_its_time_limit_appends_nothing() {
+    let rig = Rig::new().await;
+    rig.publish("L1", init()).await;
+    let settings = WorkerSettings { run_timeout: Duration::ZERO, ..WorkerSettings::default() };
+    let outcomes = rig.worker_with(sop(), settings, Faults::default()).run_once().await.unwrap();
+    assert!(matches!(outcomes[..], [RunOutcome::LeftForRedelivery(_)]), "{outcomes:?}");
+    assert_eq!(rig.log("L1").await.len(), 0);
+}
+
+#[tokio::test]
+async fn a_load_held_elsewhere_is_given_back_for_the_redelivery_delay_only() {
+    let rig = Rig::new().await;
+    rig.publish("L1", init()).await;
+    let settings = WorkerSettings { load_lock: true, redelivery_delay: Duration::from_secs(2), ..Default::default() };
+    let worker = rig.worker_with(sop(), settings, Faults::default());
+    let held = rig.store.try_lock(&load("L1"), Duration::from_secs(300), rig.now()).await.unwrap().unwrap();
+    assert_eq!(worker.run_once().await.unwrap(), vec![RunOutcome::Busy]);
+    assert!(worker.receive(1).await.unwrap().is_empty(), "not visible before the delay");
+    held.release().await.unwrap();
+    rig.clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        worker.run_once().await.unwrap(),
+        vec![committed(0)],
+        "visible again after the delay, not the visibility"
+    );
+}
+
+/// Decides as the SOP does, after waiting for the test's word.
+struct Gated {
+    entered: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl Decider for Gated {
+    fn name(&self) -> String {
+        "sop".into()
+    }
+    async fn decide(&self, l: &LoadId, s: &LoadState, e: &InboundEvent, now: Timestamp) -> anyhow::Result<Decision> {
+        self.entered.notify_one();
+        self.release.notified().await;
+        sop().decide(l, s, e, now).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_runs_one_load_once_at_a_time_and_again_after() {
+    let rig = Rig::new().await;
+    let (entered, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let gated = Arc::new(Gated { entered: entered.clone(), release: release.clone() });
+    let worker = rig.worker_with(gated, WorkerSettings::default(), Faults::default());
+    let w = worker.clone();
+    let first = rig.message("L1", init());
+    let running = tokio::spawn(async move { w.process(first).await });
+    // Bounded waits: a run that never reaches its decider fails the test, never hangs it.
+    let within = |what: &'static str| {
+        let entered = entered.clone();
+        async move { tokio::time::timeout(Duration::from_secs(5), entered.notified()).await.expect(what) }
+    };
+    within("the first run decides").await;
+    assert_eq!(worker.process(rig.message("L1", ping("ping_0700"))).await, RunOutcome::Busy);
+    release.notify_one();
+    let ends = |what: &'static str, run: tokio::task::JoinHandle<RunOutcome>| async move {
+        tokio::time::timeout(Duration::from_secs(5), run).await.expect(what).unwrap()
+    };
+    assert_eq!(ends("the first run ends", running).await, committed(0));
+    // The load is free again once its run ended.
+    let next = tokio::spawn({
+        let (w, m) = (worker.clone(), rig.message("L1", ping("ping_0700")));
+        async move { w.process(m).await }
+    });
+    within("the next run of the load decides").await;
+    release.notify_one();
+    assert_eq!(ends("the next run ends", next).await, committed(2));
+}
+
+/// Appends a record of its own to the load before it answers, as another process
+/// would: every append of the run it decides for meets a newer version.
+struct Racing {
+    store: Arc<dyn haul_store::Store>,
+    calls: AtomicU32,
+}
+
+#[async_trait]
+impl Decider for Racing {
+    fn name(&self) -> String {
+        "sop".into()
+    }
+    async fn decide(&self, l: &LoadId, s: &LoadState, e: &InboundEvent, now: Timestamp) -> anyhow::Result<Decision> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        let entry = NewEntry {
+            entry_id: format!("other-{n}"),
+            kind: "load_update".into(),
+            payload: json!({"stage": "in_transit"}),
+            derived: Default::default(),
+        };
+        self.store.append(l, vec![entry], s.version, vec![], now).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        sop().decide(l, s, e, now).await
+    }
+}
+
+#[tokio::test]
+async fn a_log_that_moves_under_every_attempt_is_redecided_up_to_the_limit_then_left() {
+    let rig = Rig::new().await;
+    rig.publish("L1", init()).await;
+    let racing = Arc::new(Racing { store: rig.store.clone(), calls: AtomicU32::new(0) });
+    let settings = WorkerSettings { conflict_retries: 2, ..WorkerSettings::default() };
+    let worker = rig.worker_with(racing.clone(), settings, Faults::default());
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(20), worker.run_once()).await.expect("the run ends").unwrap();
+    assert!(matches!(outcome[..], [RunOutcome::LeftForRedelivery(_)]), "{outcome:?}");
+    assert_eq!(racing.calls.load(Ordering::SeqCst), 3, "the first decision and two re-decisions");
+    assert_eq!(rig.kinds("L1").await, ["other-0", "other-1", "other-2"], "only the other writer's records");
+}
+
+#[tokio::test]
+async fn two_runs_read_together_and_the_second_appends_after_deciding_again() {
+    let rig = Rig::new().await;
+    let (a, b) = (rig.worker(), rig.worker());
+    let (ra, rb) = a.interleave(rig.message("L1", init()), &b, rig.message("L1", ping("ping_0700"))).await;
+    assert_eq!((ra, rb), (committed(0), committed(2)));
+    assert_eq!(rig.kinds("L1").await, ["load:init", "decision:sop", "ping_0700", "decision:sop"]);
+}
+
+/// Fails every decision.
+struct Failing;
+
+#[async_trait]
+impl Decider for Failing {
+    fn name(&self) -> String {
+        "llm:test".into()
+    }
+    async fn decide(&self, _: &LoadId, _: &LoadState, _: &InboundEvent, _: Timestamp) -> anyhow::Result<Decision> {
+        anyhow::bail!("the model is unavailable")
+    }
+}
+
+#[tokio::test]
+async fn a_failing_decider_gives_the_fallback_and_the_filter_does_not_ask_it() {
+    let rig = Rig::new().await;
+    let worker = rig.worker_with(Arc::new(Failing), WorkerSettings::default(), Faults::default());
+    rig.publish("L1", init()).await;
+    rig.publish("L1", ping("ping_0700")).await;
+    let outcomes = rig.settle(&worker).await;
+    let fallback = RunOutcome::Committed { decider: "fallback".into(), filtered: false, actions: 1 };
+    assert_eq!(outcomes, vec![fallback.clone(), fallback]);
+    assert_eq!(rig.row("L1", "create_hero_task").await.id, "L1/load:init/create_hero_task:fallback");
+}
+
+#[tokio::test]
+async fn an_operator_decision_that_does_not_validate_gives_the_fallback() {
+    let rig = Rig::new().await;
+    rig.services.answer(Channel::Sms, Answer::Permanent);
+    rig.asked("L1").await;
+    rig.dispatcher(QueueMode::Separate, Faults::default()).run_once().await.unwrap();
+    rig.settle(&rig.worker()).await;
+    let sms = rig.row("L1", "send_sms").await;
+    assert_eq!(sms.status, OutboxStatus::Dead);
+    // A requeue posted to the ingestion route carries its own copy of the action: a
+    // blank text is copied as it is, and the operator's decision is checked as a
+    // decider's would be.
+    let mut action = sms.action.clone();
+    action["params"]["body"] = json!(" ");
+    let requeue = json!({"event_id": "op:r1", "kind": "operator_action", "actor": "ana", "reason": "again",
+        "command": {"type": "requeue", "outbox_id": sms.id, "action": action}});
+    rig.publish("L1", requeue).await;
+    let outcomes = rig.settle(&rig.worker()).await;
+    let fallback = RunOutcome::Committed { decider: "fallback".into(), filtered: false, actions: 1 };
+    assert_eq!(outcomes, vec![fallback]);
+    let log = rig.log("L1").await;
+    let haul_core::log::Entry::Decision(d) = &log.last().unwrap().entry else { panic!("a decision last") };
+    assert!(d.rationale.contains("the operator decision did not validate: send_sms body is empty"), "{}", d.rationale);
+}
+
+#[tokio::test]
+async fn a_commit_with_actions_wakes_the_dispatcher_and_one_without_does_not() {
+    let rig = Rig::new().await;
+    let worker = rig.worker();
+    let wake = Arc::new(tokio::sync::Notify::new());
+    worker.wake_on_commit(wake.clone());
+    rig.publish("L1", init()).await;
+    rig.settle(&worker).await;
+    assert!(!woken(&wake).await, "no rows, no wake-up");
+    rig.publish("L1", ping("ping_0700")).await;
+    rig.settle(&worker).await;
+    assert!(woken(&wake).await);
+}
+
+#[tokio::test]
+async fn each_decision_the_decider_made_is_offered_to_the_shadow() {
+    let rig = Rig::new().await;
+    let worker = rig.worker();
+    let clock: Arc<dyn haul_core::Clock> = rig.clock.clone();
+    let settings = ShadowSettings { capacity: 8, timeout: Duration::from_secs(5) };
+    let shadow = Arc::new(Shadow::start(sop(), Default::default(), rig.store.clone(), clock, settings));
+    worker.shadow_with(shadow.clone());
+    rig.publish("L1", init()).await;
+    rig.publish("L1", ping("ping_0700")).await;
+    rig.settle(&worker).await;
+    assert_eq!(shadow.counts(), (2, 0));
+}
+
+#[tokio::test]
+async fn a_message_that_is_not_an_event_is_dropped_and_logged() {
+    let rig = Rig::new().await;
+    use haul_store::LoadQueue;
+    rig.queue.publish(&load("L1"), "e1", "not json", rig.now()).await.unwrap();
+    let (outcomes, logs) = logs_of(rig.worker().run_once()).await;
+    assert!(matches!(outcomes.unwrap()[..], [RunOutcome::Poison(_)]));
+    assert_eq!(rig.depth().await, 0, "acked: it would never be an event");
+    assert!(logs.contains("ERROR") && logs.contains("run dropped a message that is not an event"), "{logs}");
+}
+
+#[tokio::test]
+async fn each_run_logs_one_line_at_the_level_its_end_calls_for() {
+    let rig = Rig::new().await;
+    rig.publish("L1", init()).await;
+    let (_, logs) = logs_of(rig.worker().run_once()).await;
+    assert!(logs.contains(" INFO") && logs.contains("outcome=\"committed\"") && logs.contains("actions=0"), "{logs}");
+    let stopped = rig.worker();
+    stopped.stop();
+    rig.publish("L1", ping("ping_0700")).await;
+    let (_, logs) = logs_of(stopped.run_once()).await;
+    assert!(logs.contains(" WARN") && logs.contains("run left for redelivery"), "{logs}");
+    let crashing = rig.worker_with(sop(), WorkerSettings::default(), Faults::new(|p, _| p == FaultPoint::AfterDecide));
+    rig.clock.advance(Duration::from_secs(400));
+    let (outcomes, logs) = logs_of(crashing.run_once()).await;
+    assert!(matches!(outcomes.unwrap()[..], [RunOutcome::Crashed(_)]));
+    assert!(logs.contains("run crashed at a fault point"), "{logs}");
+}
+
+// ---------------------------------------------------------------------------------
+// The dispatcher.
+
+#[tokio::test]
+async fn delivered_rows_are_marked_their_outcomes_published_and_the_worker_woken() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let dispatcher = rig.dispatcher(QueueMode::StoreQueue, Faults::default());
+    let wake = Arc::new(tokio::sync::Notify::new());
+    dispatcher.wake_on_publish(wake.clone());
+    let (out, logs) = logs_of(dispatcher.run_once()).await;
+    assert_eq!(out.unwrap(), vec![Dispatched::Delivered, Dispatched::Delivered]);
+    assert!(woken(&wake).await);
+    assert_eq!(rig.services.calls(Channel::Sms), ["L1/ask:eta_request:ping_0700/1/send_sms"]);
+    for r in rig.rows("L1").await {
+        assert_eq!((r.status, r.attempts), (OutboxStatus::Dispatched, 0), "{}", r.id);
+    }
+    assert!(
+        rig.store
+            .get_timer(&haul_core::ids::TimerId::parse("tmr:L1:ask:eta_request:ping_0700:1").unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(rig.depth().await, 2, "one action_outcome per row");
+    assert!(logs.contains("outcome=\"delivered\"") && logs.contains("attempt=1"), "{logs}");
+    assert_eq!(dispatcher.run_once().await.unwrap(), vec![], "nothing left to claim");
+}
+
+#[tokio::test]
+async fn sends_at_once_run_each_in_its_rows_span() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let settings = DispatcherSettings { sequential: false, ..Default::default() };
+    let (out, logs) = logs_of(rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default()).run_once()).await;
+    assert_eq!(out.unwrap().len(), 2);
+    assert!(
+        logs.contains("dispatch{outbox_id=L1/ask:eta_request:ping_0700/1/send_sms load_id=L1 attempts=0}"),
+        "{logs}"
+    );
+}
+
+#[tokio::test]
+async fn a_retryable_failure_is_due_again_with_its_reason() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    rig.services.answer(Channel::Sms, Answer::Retryable);
+    let out = rig.dispatcher(QueueMode::StoreQueue, Faults::default()).run_once().await.unwrap();
+    let Dispatched::Retrying { retry_at } = out[0] else { panic!("{out:?}") };
+    let sms = rig.row("L1", "send_sms").await;
+    assert_eq!((sms.status, sms.attempts), (OutboxStatus::Pending, 1));
+    // The store keeps milliseconds.
+    assert_eq!(sms.due_at.to_string()[..23], retry_at.to_string()[..23]);
+    assert!(retry_at > rig.now());
+    assert!(sms.last_failure.unwrap().contains("HTTP 503"));
+}
+
+#[tokio::test]
+async fn an_outcome_that_cannot_be_published_fails_the_attempt_and_says_so() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    rig.queue.set_down(true);
+    let out = rig.dispatcher(QueueMode::Separate, Faults::default()).run_once().await.unwrap();
+    assert!(matches!(out[0], Dispatched::Retrying { .. }), "{out:?}");
+    let sms = rig.row("L1", "send_sms").await;
+    let failure = sms.last_failure.unwrap();
+    assert!(failure.contains("publishing the outcome failed: ") && failure.contains("the queue is down"), "{failure}");
+}
+
+/// The hero task of rule 6 for a dead SMS, committed and not yet sent.
+async fn dead_sms_then_hero_task(rig: &Rig) {
+    rig.services.answer(Channel::Sms, Answer::Permanent);
+    rig.asked("L1").await;
+    let out = rig.dispatcher(QueueMode::Separate, Faults::default()).run_once().await.unwrap();
+    assert_eq!(out, vec![Dispatched::Buried, Dispatched::Delivered]);
+    rig.settle(&rig.worker()).await;
+}
+
+#[tokio::test]
+async fn a_dead_hero_task_raises_an_ops_alert_and_a_refused_alert_is_kept_clipped() {
+    let rig = Rig::new().await;
+    dead_sms_then_hero_task(&rig).await;
+    rig.services.answer(Channel::Hero, Answer::Permanent);
+    rig.services.answer(Channel::Ops, Answer::Permanent);
+    let out = rig.dispatcher(QueueMode::Separate, Faults::default()).run_once().await.unwrap();
+    assert_eq!(out, vec![Dispatched::Buried]);
+    let hero = rig.row("L1", "create_hero_task").await;
+    assert_eq!(rig.services.calls(Channel::Ops).len(), 1);
+    let alerts = rig.store.ops_alerts(&RowCursor::start(), 10).await.unwrap();
+    assert_eq!((alerts.len(), &alerts[0].outbox_id, alerts[0].state), (1, &hero.id, AlertState::Refused));
+    let error = alerts[0].last_error.clone().unwrap();
+    assert!(error.starts_with("permanent: HTTP 422: no such number"), "{error}");
+    assert_eq!(error.chars().count(), 1000, "kept to its first 1000 characters");
+}
+
+#[tokio::test]
+async fn a_burial_the_queue_missed_is_settled_by_the_sweep_alert_included() {
+    let rig = Rig::new().await;
+    dead_sms_then_hero_task(&rig).await;
+    rig.services.answer(Channel::Hero, Answer::Permanent);
+    let dispatcher = rig.dispatcher(QueueMode::Separate, Faults::default());
+    rig.queue.set_down(true);
+    let (out, logs) = logs_of(dispatcher.run_once()).await;
+    assert_eq!(out.unwrap(), vec![Dispatched::Buried]);
+    assert_eq!(rig.row("L1", "create_hero_task").await.status, OutboxStatus::Dead);
+    assert!(rig.services.calls(Channel::Ops).is_empty(), "the alert waits for the outcome's publish");
+    let before = rig.depth().await;
+    assert!(logs.contains("publishing the failed outcome failed; the sweep will retry it"), "{logs}");
+    rig.queue.set_down(false);
+    rig.clock.advance(Duration::from_secs(60));
+    assert_eq!(dispatcher.run_once().await.unwrap(), vec![Dispatched::Buried], "the sweep settled it");
+    assert_eq!(rig.depth().await, before + 1, "its failed outcome published");
+    assert_eq!(rig.services.calls(Channel::Ops).len(), 1);
+    assert_eq!(dispatcher.sweep_dead().await.unwrap(), vec![], "settled once");
+}
+
+#[tokio::test]
+async fn a_claim_another_dispatcher_took_over_changes_nothing() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let dispatcher = rig.dispatcher(QueueMode::StoreQueue, Faults::default());
+    assert_eq!(
+        rig.dispatcher_with(
+            QueueMode::StoreQueue,
+            DispatcherSettings { batch: 3, ..Default::default() },
+            Faults::default()
+        )
+        .settings()
+        .batch,
+        3
+    );
+    let mut old = dispatcher.claim(1, None).await.unwrap().unwrap();
+    assert_eq!(old.len(), 1);
+    rig.clock.advance(dispatcher.settings().lease + Duration::from_secs(1));
+    let new = dispatcher.claim(1, None).await.unwrap().unwrap();
+    assert_eq!(new[0].row.id, old[0].row.id, "the lapsed lease is claimed again");
+    let (out, logs) = logs_of(dispatcher.dispatch(old.remove(0))).await;
+    assert_eq!(out, Dispatched::Stale);
+    assert!(logs.contains("another dispatcher owns the row"), "{logs}");
+    assert!(rig.services.calls(Channel::Sms).is_empty());
+}
+
+#[tokio::test]
+async fn a_crash_after_the_publish_leaves_the_row_claimed_and_its_outcome_queued() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let faults = Faults::new(|p, _| p == FaultPoint::AfterPublish);
+    let out = rig.dispatcher(QueueMode::Separate, faults).run_once().await.unwrap();
+    assert!(matches!(out[..], [Dispatched::Crashed(_), Dispatched::Crashed(_)]), "{out:?}");
+    for r in rig.rows("L1").await {
+        assert_eq!(r.status, OutboxStatus::Pending, "{}", r.id);
+    }
+    assert_eq!(rig.depth().await, 2);
+}
+
+#[tokio::test]
+async fn the_planted_bug_marks_before_it_publishes_and_a_crash_between_loses_the_outcome() {
+    for (bug, outcomes) in [(false, 2), (true, 0)] {
+        let rig = Rig::new().await;
+        rig.asked("L1").await;
+        let bugs = PlantedBugs { mark_before_publish: bug, ..Default::default() };
+        let faults = Faults::new(|p, _| p == FaultPoint::AfterMark).with_bugs(bugs);
+        let (out, logs) = logs_of(rig.dispatcher(QueueMode::Separate, faults).run_once()).await;
+        assert!(matches!(out.unwrap()[0], Dispatched::Crashed(_)));
+        assert!(logs.contains("dispatch crashed at a fault point"), "{logs}");
+        assert_eq!(rig.row("L1", "send_sms").await.status, OutboxStatus::Dispatched);
+        assert_eq!(rig.depth().await, outcomes, "bug {bug}");
+    }
+}
+
+#[tokio::test]
+async fn a_retry_the_store_cannot_record_is_left_to_the_lease() {
+    let rig = Rig::on_file("retry-refused").await;
+    rig.asked("L1").await;
+    rig.services.answer(Channel::Sms, Answer::Retryable);
+    rig.refuse("attempts", "NEW.status = 'pending'");
+    let (out, logs) = logs_of(rig.dispatcher(QueueMode::StoreQueue, Faults::default()).run_once()).await;
+    let out = out.unwrap();
+    let Dispatched::Unsettled(why) = &out[0] else { panic!("{out:?}") };
+    assert!(why.starts_with("mark_failed failed: ") && why.contains("the store refused the write"), "{why}");
+    assert!(logs.contains(" WARN") && logs.contains("dispatch left for the lease to lapse"), "{logs}");
+    let sms = rig.row("L1", "send_sms").await;
+    assert_eq!((sms.status, sms.attempts), (OutboxStatus::Pending, 0), "nothing recorded: the lease lapses");
+}
+
+#[tokio::test]
+async fn a_burial_whose_settling_the_store_cannot_record_is_left_to_the_sweep() {
+    let rig = Rig::on_file("settle-refused").await;
+    rig.services.answer(Channel::Sms, Answer::Permanent);
+    rig.asked("L1").await;
+    rig.refuse("outcome_published_at", "1");
+    let (out, logs) = logs_of(rig.dispatcher(QueueMode::Separate, Faults::default()).run_once()).await;
+    assert_eq!(out.unwrap()[0], Dispatched::Buried);
+    assert!(logs.contains("recording the settled burial failed; the sweep repeats it"), "{logs}");
+    let dead = rig.store.dead_without_outcome(10).await.unwrap();
+    assert_eq!(dead.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["L1/ask:eta_request:ping_0700/1/send_sms"]);
+}
+
+/// The simulator's planted liveness bugs live here: a retried row given up, a
+/// follow-up timer never fired (`haul sim` catches both at seed 1).
+#[tokio::test]
+async fn the_planted_never_reclaim_gives_up_a_retried_row_and_sends_a_new_one() {
+    for (bug, sends) in [(false, 2), (true, 1)] {
+        let rig = Rig::new().await;
+        rig.asked("L1").await;
+        rig.services.answer(Channel::Sms, Answer::Retryable);
+        let faults = Faults::default().with_bugs(PlantedBugs { never_reclaim: bug, ..Default::default() });
+        let dispatcher = rig.dispatcher(QueueMode::StoreQueue, faults);
+        let first = dispatcher.run_once().await.unwrap();
+        assert!(matches!(first[..], [Dispatched::Retrying { .. }, Dispatched::Delivered]), "{first:?}");
+        rig.services.answer(Channel::Sms, Answer::Delivered);
+        rig.clock.advance(Duration::from_secs(120));
+        let again = dispatcher.run_once().await.unwrap();
+        assert_eq!(matches!(again[..], [Dispatched::Unsettled(_)]), bug, "bug {bug}: {again:?}");
+        assert_eq!(rig.services.calls(Channel::Sms).len(), sends, "bug {bug}");
+    }
+}
+
+#[tokio::test]
+async fn the_planted_timer_never_pumped_fires_first_steps_only() {
+    for (bug, fired) in [(false, 2), (true, 1)] {
+        let rig = Rig::new().await;
+        let ask = AskId::parse("ask:eta_request:ping_0700").unwrap();
+        for step in [1, 2] {
+            let timer = haul_core::ids::TimerId::new(&load("L1"), &ask, step);
+            rig.store.schedule(&timer, rig.now(), rig.now()).await.unwrap();
+        }
+        let faults = Faults::default().with_bugs(PlantedBugs { timer_never_pumped: bug, ..Default::default() });
+        let clock: Arc<dyn haul_core::Clock> = rig.clock.clone();
+        let pump = haul_runtime::pump::TimerPump::new(rig.store.clone(), rig.queue.clone(), clock, faults, 8);
+        assert_eq!(pump.run_once().await.unwrap().fired, fired, "bug {bug}");
+    }
+}
+
+#[test]
+fn settings_come_from_the_config() {
+    let config =
+        haul_config::DispatcherConfig { batch: 3, in_flight: 5, lease: Duration::from_secs(42), ..Default::default() };
+    let s = DispatcherSettings::from_config(&config);
+    assert_eq!(
+        (s.batch, s.in_flight, s.lease, s.sequential, s.jitter_seed),
+        (3, 5, Duration::from_secs(42), false, None)
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Operator requests.
+
+fn requester(id: &str) -> Requester {
+    Requester { request_id: id.into(), actor: "ana".into(), reason: "driver called".into() }
+}
+
+#[tokio::test]
+async fn a_load_with_no_records_is_refused_and_nothing_is_published() {
+    let rig = Rig::new().await;
+    let ask = AskId::parse("ask:eta_request:ping_0700").unwrap();
+    let e = operator::resolve_ask(&*rig.store, &rig.events(), &requester("r1"), &load("L9"), &ask, rig.now()).await;
+    assert!(matches!(e, Err(OperatorError::NoSuchLoad(_))), "{e:?}");
+    assert_eq!(rig.depth().await, 0);
+}
+
+#[tokio::test]
+async fn a_request_is_queued_once_and_its_id_is_its_own() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let ask = AskId::parse("ask:eta_request:ping_0700").unwrap();
+    let resolve = |id: &'static str, ask: AskId| {
+        let (store, events, now) = (rig.store.clone(), rig.events(), rig.now());
+        async move { operator::resolve_ask(&*store, &events, &requester(id), &load("L1"), &ask, now).await }
+    };
+    let first = resolve("r1", ask.clone()).await.unwrap();
+    assert_eq!((first.status, first.is_new()), ("queued", true));
+    assert_eq!(first.event_id.as_str(), "op:r1");
+    let again = resolve("r1", ask.clone()).await.unwrap();
+    assert_eq!((again.status, again.is_new()), ("duplicate", false));
+    let other = AskId::parse("ask:eta_request:ping_0900").unwrap();
+    let e = resolve("r1", other).await.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("request_id_reused", 422));
+}
+
+#[tokio::test]
+async fn an_event_id_taken_on_the_queue_alone_is_a_duplicate_only_for_the_same_event() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let ask = AskId::parse("ask:eta_request:ping_0700").unwrap();
+    // The same event posted to the ingestion route first: the queue has it, the
+    // store's request table does not.
+    let posted = json!({"event_id": "op:r2", "kind": "operator_action", "actor": "ana", "reason": "driver called",
+        "command": {"type": "resolve_ask", "ask_id": ask.to_string()}});
+    rig.publish("L1", posted).await;
+    let same = operator::resolve_ask(&*rig.store, &rig.events(), &requester("r2"), &load("L1"), &ask, rig.now()).await;
+    assert_eq!(same.unwrap().status, "duplicate");
+    let other = AskId::parse("ask:eta_request:ping_0900").unwrap();
+    let e = operator::resolve_ask(&*rig.store, &rig.events(), &requester("r3"), &load("L1"), &other, rig.now()).await;
+    assert_eq!(e.unwrap().status, "queued");
+    rig.publish(
+        "L1",
+        json!({"event_id": "op:r4", "kind": "operator_action", "actor": "ana", "reason": "x",
+            "command": {"type": "resolve_ask", "ask_id": ask.to_string()}}),
+    )
+    .await;
+    let e = operator::resolve_ask(&*rig.store, &rig.events(), &requester("r4"), &load("L1"), &ask, rig.now()).await;
+    assert_eq!(e.unwrap_err().code(), "request_id_reused");
+}
+
+#[tokio::test]
+async fn a_retry_on_a_queue_that_forgot_the_event_is_still_a_duplicate() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let ask = AskId::parse("ask:eta_request:ping_0700").unwrap();
+    let who = requester("r1");
+    operator::resolve_ask(&*rig.store, &rig.events(), &who, &load("L1"), &ask, rig.now()).await.unwrap();
+    // The store remembers the request; this queue (as SQS past its dedup window) does not.
+    let forgetful = Rig::new().await;
+    let again = operator::resolve_ask(&*rig.store, &forgetful.events(), &who, &load("L1"), &ask, rig.now()).await;
+    assert_eq!(again.unwrap().status, "duplicate");
+}
+
+#[tokio::test]
+async fn only_a_dead_row_is_requeued() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let sms = rig.row("L1", "send_sms").await;
+    let e = operator::requeue(&*rig.store, &rig.events(), &requester("r1"), &sms.id, rig.now()).await.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("not_dead", 409));
+    let e = operator::requeue(&*rig.store, &rig.events(), &requester("r1"), "L1/nope", rig.now()).await.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("no_such_row", 404));
+}
+
+#[tokio::test]
+async fn an_sms_id_out_of_form_is_refused() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let e = operator::assign_sms(&*rig.store, &rig.events(), &requester("r1"), "SM 1", &load("L1"), rig.now()).await;
+    let e = e.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("bad_message_sid", 400));
+    let e = operator::assign_sms(&*rig.store, &rig.events(), &requester("r1"), "SM1", &load("L1"), rig.now()).await;
+    assert_eq!(e.unwrap_err().code(), "no_such_sms");
+}
+
+#[tokio::test]
+async fn a_bulk_requeue_takes_at_most_its_limit_and_a_dry_run_publishes_nothing() {
+    let rig = Rig::new().await;
+    rig.services.answer(Channel::Sms, Answer::Permanent);
+    for l in ["L1", "L2", "L3"] {
+        rig.asked(l).await;
+    }
+    rig.dispatcher(QueueMode::StoreQueue, Faults::default()).run_once().await.unwrap();
+    rig.settle(&rig.worker()).await;
+    let filter =
+        |limit| DeadFilter { action_type: ActionType::SendSms, since: "2026-01-01T00:00:00Z".parse().unwrap(), limit };
+    let bulk = |id: &'static str, limit, dry_run| {
+        let (store, events, now) = (rig.store.clone(), rig.events(), rig.now());
+        async move { operator::bulk_requeue(&*store, &events, &requester(id), &filter(limit), dry_run, now).await }
+    };
+    for limit in [0, operator::MAX_BULK_ROWS + 1] {
+        assert_eq!(bulk("b0", limit, true).await.unwrap_err().code(), "bad_limit", "limit {limit}");
+    }
+    assert_eq!(bulk("b0", operator::MAX_BULK_ROWS, true).await.unwrap().rows.len(), 3);
+    let before = rig.depth().await;
+    let dry = bulk("b1", 2, true).await.unwrap();
+    assert_eq!((dry.rows.len(), dry.truncated), (2, true));
+    assert!(dry.rows.iter().all(|r| r.status == "would_requeue"));
+    assert_eq!(rig.depth().await, before, "a dry run publishes nothing");
+    let all = bulk("b2", 3, false).await.unwrap();
+    assert_eq!((all.rows.len(), all.truncated), (3, false));
+    assert!(all.rows.iter().all(|r| r.status == "queued"), "{:?}", all.rows);
+    assert_eq!(rig.depth().await, before + 3);
+    assert_eq!(all.rows[0].event_id, EventId::operator_bulk("b2", &all.rows[0].outbox_id).unwrap());
+}
