@@ -309,11 +309,14 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
 
     // The dead rows page offers the requeue; the load page's own form is used.
     b.go(&format!("{base}/console/dead")).await;
-    assert!(b.text().await.contains(ESCALATION));
+    let text = b.text().await;
+    // Each death says how long ago it was, beside the time in UTC.
+    assert!(text.contains(ESCALATION) && text.contains(" UTC (") && text.contains(" ago)"), "{text}");
     shots.push(b.screenshot("dead").await);
     b.go(&format!("{base}/console/alerts")).await;
     let text = b.text().await;
     assert!(text.contains(ESCALATION) && text.contains("delivered"), "the ops service took the alert:\n{text}");
+    assert!(text.contains(" ago)"), "raised and last sent, with their ages:\n{text}");
     shots.push(b.screenshot("alerts").await);
     b.go(&format!("{base}/console/timers")).await;
     let text = b.text().await;
@@ -595,8 +598,12 @@ async fn the_console_refuses_the_signed_out_the_forged_and_the_read_only() {
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert_eq!(r.headers()["cache-control"], "no-store");
     // The assets are embedded and served with the same headers.
-    for (path, kind) in [("/console/assets/console.css", "text/css"), ("/console/assets/console.js", "text/javascript")]
-    {
+    assert!(page.contains("<link rel=\"icon\" href=\"/console/assets/favicon.svg\""), "every page links its icon");
+    for (path, kind) in [
+        ("/console/assets/console.css", "text/css"),
+        ("/console/assets/console.js", "text/javascript"),
+        ("/console/assets/favicon.svg", "image/svg+xml"),
+    ] {
         let r = http.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::OK);
         assert!(r.headers()["content-type"].to_str().unwrap().starts_with(kind));

@@ -37,6 +37,12 @@ pub fn time(t: Timestamp) -> String {
     format!("<time datetime=\"{iso}\">{utc}</time>")
 }
 
+/// A time and how long before the answer's `now` it was (`ago_s`, from the API's
+/// `age_s`): `2026-03-02 07:00:00 UTC (3h 2m ago)`.
+pub fn time_ago(t: Timestamp, ago_s: f64) -> String {
+    format!("{} <span class=\"sub\">({} ago)</span>", time(t), age(ago_s))
+}
+
 /// An id shown whole, with a button that copies it.
 pub fn id(s: &str) -> String {
     let s = esc(s);

@@ -58,6 +58,7 @@ pub const SECURITY_HEADERS: [(&str, &str); 5] = [
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
+const FAVICON: &str = include_str!("assets/favicon.svg");
 
 /// A console route's handler.
 type Handler = fn() -> axum::routing::MethodRouter<Arc<ApiState>>;
@@ -81,6 +82,7 @@ pub const CONSOLE_ROUTES: &[(&str, &str, Handler)] = &[
     ("GET", "/console/alerts", || get(alerts)),
     ("GET", "/console/assets/console.css", || get(|| async { asset("text/css; charset=utf-8", CSS) })),
     ("GET", "/console/assets/console.js", || get(|| async { asset("text/javascript; charset=utf-8", JS) })),
+    ("GET", "/console/assets/favicon.svg", || get(|| async { asset("image/svg+xml", FAVICON) })),
 ];
 
 /// The console's routes, for the `api` role's router.
@@ -183,7 +185,8 @@ impl FromRequestParts<Arc<ApiState>> for Viewer {
 fn forbidden(why: &str) -> Response {
     let body = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Refused · haul console</title>\
-         <link rel=\"stylesheet\" href=\"/console/assets/console.css\"></head><body><main id=\"main\"><h1>Refused</h1>\
+         <link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
+         <link rel=\"icon\" href=\"/console/assets/favicon.svg\" type=\"image/svg+xml\"></head><body><main id=\"main\"><h1>Refused</h1>\
          <p class=\"error\" role=\"alert\">{}</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>",
         html::esc(why)
     );
@@ -192,7 +195,8 @@ fn forbidden(why: &str) -> Response {
 
 async fn not_found() -> Response {
     let body = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · haul console</title>\
-        <link rel=\"stylesheet\" href=\"/console/assets/console.css\"></head><body><main id=\"main\"><h1>Not found</h1>\
+        <link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
+         <link rel=\"icon\" href=\"/console/assets/favicon.svg\" type=\"image/svg+xml\"></head><body><main id=\"main\"><h1>Not found</h1>\
         <p>The console has no such page.</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>";
     html(StatusCode::NOT_FOUND, body.to_string())
 }

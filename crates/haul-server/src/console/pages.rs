@@ -17,7 +17,7 @@ use haul_store::ops::{DeadRow, LoadSummary, class_name};
 use haul_store::{OpsAlertRecord, OutboxRow, OutboxStatus, Timer, UnmatchedSms};
 use serde_json::Value;
 
-use super::html::{age, anchor, esc, id, is_phone_key, query, seg, time, value_text};
+use super::html::{age, anchor, esc, id, is_phone_key, query, seg, time, time_ago, value_text};
 use super::session::{Role, Session};
 
 /// Which page the navigation marks as the current one.
@@ -64,6 +64,7 @@ fn head(title: &str) -> String {
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <title>{} · haul console</title>\
          <link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
+         <link rel=\"icon\" href=\"/console/assets/favicon.svg\" type=\"image/svg+xml\">\
          <script src=\"/console/assets/console.js\" defer></script></head>",
         esc(title)
     )
@@ -669,7 +670,7 @@ pub fn dead(
             esc(class_name(r.row.action_type.class())),
             r.row.attempts,
             quoted(r.row.last_failure.as_deref()),
-            time(r.dead_at),
+            time_ago(r.dead_at, answer.age_s(r.dead_at)),
         );
         if ctx.operator() {
             let _ = write!(
@@ -809,7 +810,7 @@ pub fn unmatched(
             esc(&mask_phone(&u.from)),
             esc(&mask_phone(&u.to)),
             esc(&u.body),
-            time(u.received_at),
+            time_ago(u.received_at, answer.age_s(u.received_at)),
             esc(&u.reason),
         );
         if ctx.operator() {
@@ -865,11 +866,11 @@ pub fn alerts(ctx: &Ctx, answer: Result<&QueryPage<OpsAlertRecord>, String>) -> 
             id(&a.outbox_id),
             link_load(a.load_id.as_str()),
             quoted(Some(&a.failure)),
-            time(a.raised_at),
+            time_ago(a.raised_at, answer.age_s(a.raised_at)),
             status_badge(a.state.as_str()),
             a.sends,
             quoted(a.last_error.as_deref()),
-            time(a.updated_at),
+            time_ago(a.updated_at, answer.age_s(a.updated_at)),
         );
     }
     body.push_str("</tbody></table></div>");
