@@ -8,6 +8,8 @@
 //! appends it with its decision (`haul_core::operator`). A retried request publishes
 //! the same event, which the queue and the log deduplicate: it does nothing twice.
 
+use std::collections::{BTreeMap, HashMap};
+
 use haul_core::action::{Action, ActionType};
 use haul_core::event::{OperatorAction, OperatorCommand};
 use haul_core::ids::{AskId, EventId, LoadId, check_request_id};
@@ -258,8 +260,12 @@ pub struct BulkRow {
     pub dead_at: Timestamp,
     pub last_failure: Option<String>,
     pub event_id: EventId,
-    /// `would_requeue` (a dry run), `queued`, `duplicate`, or an error code.
+    /// `would_requeue` (a dry run), `queued`, `duplicate`, `already_requeued` (another
+    /// request requeued it: nothing published, on a dry run too), or an error code.
     pub status: String,
+    /// With `already_requeued`: the key of the row that carries its action again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requeued_as: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -292,12 +298,23 @@ pub async fn bulk_requeue(
     let truncated = picked.len() > filter.limit;
     picked.truncate(filter.limit);
     let mut rows = Vec::with_capacity(picked.len());
+    // Each load's requeues, read once: a row another request requeued already is
+    // skipped and says so (its load would decide a noop), so what the answer counts
+    // as requeued is what goes out. This request's own rows go on (a retry: duplicate).
+    let mut requeued: HashMap<LoadId, BTreeMap<String, String>> = HashMap::new();
     for row in &picked {
         let event_id = EventId::operator_bulk(&who.request_id, &row.id)?;
+        if !requeued.contains_key(&row.load_id) {
+            let state = haul_core::project(&store.read(&row.load_id).await?.0);
+            requeued.insert(row.load_id.clone(), state.requeues);
+        }
+        let this_request = format!("{}/{}/", row.load_id, event_id);
+        let requeued_as = requeued[&row.load_id].get(&row.id).filter(|key| !key.starts_with(&this_request)).cloned();
         // The event is built on a dry run too: what would be refused shows as refused.
         let status = match requeue_event(row, &event_id, who) {
             Err(e @ (OperatorError::Store(_) | OperatorError::BadInput(_))) => return Err(e),
             Err(e) => e.code().to_owned(),
+            Ok(_) if requeued_as.is_some() => "already_requeued".to_owned(),
             Ok(_) if dry_run => "would_requeue".to_owned(),
             Ok(event) => match publish(store, queue, &event, &who.request_id, now).await {
                 Ok(q) => q.status.to_owned(),
@@ -312,6 +329,7 @@ pub async fn bulk_requeue(
             last_failure: row.last_failure.clone(),
             event_id,
             status,
+            requeued_as,
         });
     }
     Ok(BulkAnswer { request_id: who.request_id.clone(), dry_run, filter: filter.clone(), rows, truncated })

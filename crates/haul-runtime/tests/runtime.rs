@@ -692,3 +692,47 @@ async fn a_bulk_requeue_takes_at_most_its_limit_and_a_dry_run_publishes_nothing(
     assert_eq!(rig.depth().await, before + 3);
     assert_eq!(all.rows[0].event_id, EventId::operator_bulk("b2", &all.rows[0].outbox_id).unwrap());
 }
+
+#[tokio::test]
+async fn a_bulk_requeue_skips_a_row_another_request_requeued_and_counts_only_the_rest() {
+    let rig = Rig::new().await;
+    rig.services.answer(Channel::Sms, Answer::Permanent);
+    for l in ["L1", "L2"] {
+        rig.asked(l).await;
+    }
+    rig.dispatcher(QueueMode::StoreQueue, Faults::default()).run_once().await.unwrap();
+    rig.settle(&rig.worker()).await;
+    let l1_sms = rig.row("L1", "send_sms").await.id;
+    operator::requeue(&*rig.store, &rig.events(), &requester("by-hand"), &l1_sms, rig.now()).await.unwrap();
+    rig.settle(&rig.worker()).await;
+    let filter =
+        DeadFilter { action_type: ActionType::SendSms, since: "2026-01-01T00:00:00Z".parse().unwrap(), limit: 10 };
+    let bulk = |id: &'static str, dry_run| {
+        let (store, events, now, filter) = (rig.store.clone(), rig.events(), rig.now(), filter.clone());
+        async move { operator::bulk_requeue(&*store, &events, &requester(id), &filter, dry_run, now).await.unwrap() }
+    };
+    let statuses = |a: &operator::BulkAnswer| {
+        a.rows.iter().map(|r| (r.load_id.to_string(), r.status.clone(), r.requeued_as.clone())).collect::<Vec<_>>()
+    };
+    let by_hand = Some("L1/op:by-hand/send_sms".to_owned());
+    let dry = bulk("b1", true).await;
+    assert_eq!(
+        statuses(&dry),
+        [("L1".into(), "already_requeued".into(), by_hand.clone()), ("L2".into(), "would_requeue".into(), None)]
+    );
+    let before = rig.depth().await;
+    let real = bulk("b2", false).await;
+    assert_eq!(
+        statuses(&real),
+        [("L1".into(), "already_requeued".into(), by_hand), ("L2".into(), "queued".into(), None)]
+    );
+    assert_eq!(rig.depth().await, before + 1, "only L2's row is published");
+    rig.settle(&rig.worker()).await;
+    // The same request again is a retry: its own row is a duplicate, not "requeued already".
+    let again = bulk("b2", false).await;
+    assert_eq!(statuses(&again)[1], ("L2".into(), "duplicate".into(), None));
+    // The JSON answer names the row that carries the action only where there is one.
+    let json = serde_json::to_value(&again).unwrap();
+    assert_eq!(json["rows"][0]["requeued_as"], "L1/op:by-hand/send_sms");
+    assert!(json["rows"][1].get("requeued_as").is_none(), "{json}");
+}

@@ -154,11 +154,21 @@ fn bulk(a: &BulkAnswer, json: bool) -> anyhow::Result<()> {
     }
     for r in &a.rows {
         let failure = r.last_failure.as_deref().unwrap_or("-");
-        say(format_args!("{:<14} {}  died {}  {}  ({})", r.status, r.outbox_id, r.dead_at, r.event_id, failure));
+        let (status, outbox_id, dead_at, event_id) = (&r.status, &r.outbox_id, r.dead_at, &r.event_id);
+        match &r.requeued_as {
+            Some(key) => say(format_args!("{status:<16} {outbox_id}  died {dead_at}  as {key}  ({failure})")),
+            None => say(format_args!("{status:<16} {outbox_id}  died {dead_at}  {event_id}  ({failure})")),
+        }
     }
+    // Only what goes out is counted: rows requeued already or refused are left out.
+    let going = a.rows.iter().filter(|r| matches!(r.status.as_str(), "would_requeue" | "queued" | "duplicate")).count();
+    let left_out = match a.rows.len() - going {
+        0 => String::new(),
+        k => format!("; {k} left out (requeued already or refused)"),
+    };
     let more = if a.truncated { "; more match: run again with --since the last row's time" } else { "" };
     let what = if a.dry_run { "would be requeued (dry run)" } else { "requeued" };
-    say(format_args!("{} dead {} row(s) {what}{more}", a.rows.len(), a.filter.action_type));
+    say(format_args!("{going} dead {} row(s) {what}{left_out}{more}", a.filter.action_type));
     Ok(())
 }
 

@@ -374,6 +374,20 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     assert_eq!(svc.sends("hero", &requeued), 1, "the task arrived once");
     assert_eq!(b.pwned().await, Value::Null, "no script of a stranger ran");
     shots.push(b.screenshot("load-after-requeue").await);
+    // A dry run now leaves the requeued row out of its count and says by what it went.
+    b.go(&format!("{base}/console/dead")).await;
+    b.click("#bulk-type option[value='create_hero_task']").await;
+    b.type_into("#reason-bulk", "count again").await;
+    b.click("form[action='/console/dead/bulk-requeue'] button[type=submit]").await;
+    b.wait_url("/console/dead/bulk-requeue").await;
+    let text = b.text().await;
+    assert!(
+        text.contains("Would requeue 0 dead create_hero_task row(s)")
+            && text.contains("1 more matched and are left out")
+            && text.contains(&format!("already_requeued as {requeued}"))
+            && !text.contains("Requeue these"),
+        "{text}"
+    );
     // At phone width the page still reads (no sideways scrolling of the page itself).
     b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 390, "height": 844}))).await;
     b.go(&format!("{base}/console/loads/481207")).await;

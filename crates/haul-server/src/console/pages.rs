@@ -696,11 +696,19 @@ pub fn dead(
 pub fn bulk(ctx: &Ctx, a: &haul_runtime::operator::BulkAnswer, reason: &str, new_request: String) -> String {
     let mut body = String::new();
     let title = if a.dry_run { "Bulk requeue: dry run" } else { "Bulk requeue: done" };
-    let n = a.rows.len();
+    // Only what goes out counts: a row another request requeued, or one refused, is
+    // listed with its reason and left out of the count.
+    let going = |status: &str| matches!(status, "would_requeue" | "queued" | "duplicate");
+    let n = a.rows.iter().filter(|r| going(&r.status)).count();
+    let skipped = a.rows.len() - n;
     let more = if a.truncated { " (more match: run it again for the next ones)" } else { "" };
+    let skipped = match skipped {
+        0 => String::new(),
+        k => format!(" {k} more matched and are left out: see why below."),
+    };
     let _ = write!(
         body,
-        "<p class=\"result\" role=\"status\">{} {n} dead {} row(s) buried since {}{more}.</p>",
+        "<p class=\"result\" role=\"status\">{} {n} dead {} row(s) buried since {}{more}.{skipped}</p>",
         if a.dry_run { "Would requeue" } else { "Requeued" },
         esc(a.filter.action_type.as_str()),
         time(a.filter.since),
@@ -715,7 +723,10 @@ pub fn bulk(ctx: &Ctx, a: &haul_runtime::operator::BulkAnswer, reason: &str, new
             link_load(r.load_id.as_str()),
             time(r.dead_at),
             quoted(r.last_failure.as_deref()),
-            status_badge(&r.status),
+            match &r.requeued_as {
+                Some(key) => format!("{} as {}", status_badge(&r.status), id(key)),
+                None => status_badge(&r.status),
+            },
         );
     }
     body.push_str("</tbody></table></div>");
