@@ -517,8 +517,17 @@ async fn unmatched(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): Raw
     let all = pairs_of(raw.as_deref());
     let pairs = pages::given(&all, Query::Unmatched.params());
     let answer = told(Query::Unmatched, queries::unmatched(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
+    // The active loads with each SMS's number, offered where it is assigned: a load id
+    // picked, not typed. A page is at most 100 SMS, so at most 100 index lookups; one
+    // that fails offers nothing (the id can still be typed).
+    let mut choices = Vec::new();
+    if let Ok(page) = &answer {
+        for sms in &page.rows {
+            choices.push(s.store.loads_by_phone(&sms.from).await.unwrap_or_default());
+        }
+    }
     let mut ids = new_request_id;
-    html(status_of(&answer), pages::unmatched(&v.ctx(), answer.as_ref().map_err(Clone::clone), &mut ids))
+    html(status_of(&answer), pages::unmatched(&v.ctx(), answer.as_ref().map_err(Clone::clone), &choices, &mut ids))
 }
 
 async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {

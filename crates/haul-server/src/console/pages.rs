@@ -789,9 +789,11 @@ pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&QueryPage<Timer
     layout(ctx, "Overdue timers", Nav::Timers, &body)
 }
 
+/// `choices[i]`: the active loads with the number of the page's `i`th SMS.
 pub fn unmatched(
     ctx: &Ctx,
     answer: Result<&QueryPage<UnmatchedSms>, String>,
+    choices: &[Vec<haul_core::ids::LoadId>],
     new_request: &mut dyn FnMut() -> String,
 ) -> String {
     let mut body = String::new();
@@ -814,9 +816,17 @@ pub fn unmatched(
         body.push_str("<tr><td colspan=\"7\">None.</td></tr>");
     }
     for (i, u) in list.iter().enumerate() {
+        let loads = choices.get(i).map(Vec::as_slice).unwrap_or_default();
+        let offered = match loads {
+            [] => "No active load has this number.".to_owned(),
+            _ => format!(
+                "Active loads with this number: {}",
+                loads.iter().map(|l| link_load(l.as_str())).collect::<Vec<_>>().join(", ")
+            ),
+        };
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"body\">{}</td><td>{}</td><td>{}</td>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"body\">{}</td><td>{}</td><td>{}<br><span class=\"sub\">{offered}</span></td>",
             id(&u.message_sid),
             esc(&mask_phone(&u.from)),
             esc(&mask_phone(&u.to)),
@@ -825,11 +835,13 @@ pub fn unmatched(
             esc(&u.reason),
         );
         if ctx.operator() {
+            let options: String = loads.iter().map(|l| format!("<option value=\"{}\">", esc(l.as_str()))).collect();
             let _ = write!(
                 body,
                 "<td><form method=\"post\" action=\"/console/unmatched/assign\">{}{}\
                  <input type=\"hidden\" name=\"message_sid\" value=\"{}\">\
-                 <label for=\"load-{i}\">Load id</label> <input id=\"load-{i}\" name=\"load_id\" required maxlength=\"64\"> \
+                 <label for=\"load-{i}\">Load id</label> <input id=\"load-{i}\" name=\"load_id\" required maxlength=\"64\" \
+                 list=\"loads-{i}\"><datalist id=\"loads-{i}\">{options}</datalist> \
                  {} <button type=\"submit\">Assign</button></form></td>",
                 ctx.hidden(),
                 request_field(&new_request()),
@@ -1035,9 +1047,15 @@ mod tests {
             received_at: t,
             reason: reason.into(),
         };
-        let page = unmatched(&ctx, Ok(&page_of(vec![sms("+15555559999", HOSTILE, HOSTILE)])), &mut ids);
+        let page = unmatched(&ctx, Ok(&page_of(vec![sms("+15555559999", HOSTILE, HOSTILE)])), &[], &mut ids);
         assert_inert(&page);
         assert!(!page.contains("+15555559999"));
+        assert!(page.contains("No active load has this number."));
+        // The loads with the number are offered as links and as the field's choices.
+        let two = [vec![LoadId::parse("481207").unwrap(), LoadId::parse("481208").unwrap()]];
+        let page = unmatched(&ctx, Ok(&page_of(vec![sms("+15555559999", "hi", "2 loads")])), &two, &mut ids);
+        assert!(page.contains("Active loads with this number: <a href=\"/console/loads/481207\">481207</a>, <a href=\"/console/loads/481208\">481208</a>"), "{page}");
+        assert!(page.contains("list=\"loads-0\"><datalist id=\"loads-0\"><option value=\"481207\"><option value=\"481208\"></datalist>"), "{page}");
         let mut row = view.outbox[0].clone();
         row.last_failure = Some(HOSTILE.into());
         let dead_row = DeadRow { row, dead_at: t, outcome_published_at: None };
@@ -1096,6 +1114,6 @@ mod tests {
             reason: "r".into(),
         };
         let unmatched_rows = QueryPage { rows: vec![sms], next: None, now: t };
-        assert!(!unmatched(&ctx, Ok(&unmatched_rows), &mut ids).contains("/console/unmatched/assign"));
+        assert!(!unmatched(&ctx, Ok(&unmatched_rows), &[], &mut ids).contains("/console/unmatched/assign"));
     }
 }
