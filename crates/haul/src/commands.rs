@@ -696,11 +696,13 @@ async fn simulate(run: SimRun) -> anyhow::Result<ExitCode> {
     let seeds = passed + failed;
     let peak = sim::resident_memory().map_or_else(String::new, |(_, peak)| format!(", peak RSS {} MiB", peak >> 20));
     say(format_args!(
-        "{passed} passed, {failed} failed  ({:.2} seeds/s, {:.0} events/s, {jobs} at once, {:.0} s{peak})",
+        "speed: {:.2} seeds/s, {:.0} events/s, {jobs} at once, {:.0} s{peak}",
         seeds as f64 / secs,
         events as f64 / secs,
         secs
     ));
+    // The last line stays `N passed, M failed` alone: scripts read it.
+    say(format_args!("{passed} passed, {failed} failed"));
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 

@@ -603,12 +603,13 @@ fn sim_runs_seeds_at_once_with_the_serial_digests() {
         lines(&serial).iter().map(|l| l.split(':').next().unwrap()).collect::<Vec<_>>(),
         (1..=6).map(|s| format!("seed {s}")).collect::<Vec<_>>()
     );
-    let last = at_once.lines().last().unwrap();
+    // The last line is the count alone (scripts read it); the speed is the line before.
+    let tail: Vec<&str> = at_once.lines().rev().take(2).collect();
+    assert_eq!(tail[0], "6 passed, 0 failed");
     assert!(
-        last.starts_with("6 passed, 0 failed  (")
-            && last.contains(" seeds/s, ")
-            && last.contains(" events/s, 3 at once"),
-        "{last}"
+        tail[1].starts_with("speed: ") && tail[1].contains(" seeds/s, ") && tail[1].contains(" events/s, 3 at once"),
+        "{}",
+        tail[1]
     );
     // A soak of two seconds runs seeds until then.
     let (ok, out, err) = haul(&["sim", "--loads", "2", "--steps", "20", "--for", "2s"], &[]);
