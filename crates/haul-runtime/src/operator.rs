@@ -9,8 +9,10 @@
 //! the same event, which the queue and the log deduplicate: it does nothing twice.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use haul_core::action::{Action, ActionType};
+use haul_core::decision::Decision;
 use haul_core::event::{OperatorAction, OperatorCommand};
 use haul_core::ids::{AskId, EventId, LoadId, check_request_id};
 use haul_core::time::Timestamp;
@@ -241,6 +243,31 @@ pub async fn resolve_ask(
     load_exists(store, load_id).await?;
     publish(store, queue, &event, &who.request_id, now).await
 }
+
+/// The load's decision on the operator event `event_id`, once a worker has made it:
+/// the log is read (each time only past what was read) until it holds
+/// `dec:{event_id}` or `wait` has passed. `None`: not decided within `wait` (no worker
+/// running, or one behind). What lets an answer say what happened, not just "queued".
+pub async fn decided(store: &dyn Store, load: &LoadId, event_id: &str, wait: Duration) -> Option<Decision> {
+    let until = std::time::Instant::now() + wait;
+    let entry = format!("dec:{event_id}");
+    let mut seen = 0;
+    loop {
+        if let Ok((records, version)) = store.read_after(load, seen).await {
+            if let Some(r) = records.iter().find(|r| r.entry_id == entry) {
+                return r.decision().cloned();
+            }
+            seen = version;
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(DECISION_POLL.min(until.saturating_duration_since(std::time::Instant::now()))).await;
+    }
+}
+
+/// How often [`decided`] reads the log again.
+const DECISION_POLL: Duration = Duration::from_millis(100);
 
 /// Which dead rows a bulk requeue takes: one action type, dead since a time, at most
 /// `limit` (≤ [`MAX_BULK_ROWS`]), oldest death first.

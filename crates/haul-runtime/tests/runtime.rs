@@ -736,3 +736,32 @@ async fn a_bulk_requeue_skips_a_row_another_request_requeued_and_counts_only_the
     assert_eq!(json["rows"][0]["requeued_as"], "L1/op:by-hand/send_sms");
     assert!(json["rows"][1].get("requeued_as").is_none(), "{json}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_waits_for_the_loads_decision_but_not_past_its_bound() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let ask = AskId::parse("ask:eta_request:ping_0700").unwrap();
+    let q = operator::resolve_ask(&*rig.store, &rig.events(), &requester("r1"), &load("L1"), &ask, rig.now())
+        .await
+        .unwrap();
+    // No worker: nothing decided, and the wait ends at its bound.
+    let started = std::time::Instant::now();
+    let none = operator::decided(&*rig.store, &load("L1"), q.event_id.as_str(), Duration::from_millis(300)).await;
+    assert!(none.is_none());
+    // It waited its bound, and not without end (the upper figure is a hang guard).
+    assert!(started.elapsed() >= Duration::from_millis(300) && started.elapsed() < Duration::from_secs(20));
+    // A worker decides while the answer waits: the decision is the answer.
+    let worker = rig.worker();
+    let deciding = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        worker.run_once().await.unwrap()
+    });
+    let d = operator::decided(&*rig.store, &load("L1"), q.event_id.as_str(), Duration::from_secs(10)).await;
+    let d = d.expect("decided within the wait");
+    assert_eq!((d.decider.as_str(), d.event_id.as_str()), ("operator", "op:r1"));
+    assert_eq!(d.actions.iter().map(|a| a.action_type().as_str()).collect::<Vec<_>>(), ["cancel_timer"]);
+    deciding.await.unwrap();
+    // Asked again later, the first read finds it: no wait is needed.
+    assert!(operator::decided(&*rig.store, &load("L1"), "op:r1", Duration::ZERO).await.is_some());
+}

@@ -12,7 +12,7 @@ use haul_backends as store;
 use haul_config::QueueKind;
 use haul_core::action::ActionType;
 use haul_core::ids::{AskId, LoadId};
-use haul_core::{Clock, Decision, Timestamp};
+use haul_core::{Clock, Timestamp};
 use haul_runtime::clock::SystemClock;
 use haul_runtime::operator::{self, BulkAnswer, DeadFilter, OperatorError, Queued, Requester};
 use haul_runtime::queue::EventQueue;
@@ -70,26 +70,6 @@ fn requester(r: RequesterArgs) -> (Requester, Duration) {
     (Requester { request_id: r.request_id, actor: r.actor, reason: r.reason }, r.wait)
 }
 
-/// The load's decision on `event_id`, once a worker has made it: the log is read until
-/// it holds `dec:{event_id}` or `wait` has passed.
-async fn decision(store: &dyn Store, load: &LoadId, event_id: &str, wait: Duration) -> Option<Decision> {
-    let until = std::time::Instant::now() + wait;
-    let entry = format!("dec:{event_id}");
-    let mut seen = 0;
-    loop {
-        if let Ok((records, version)) = store.read_after(load, seen).await {
-            if let Some(r) = records.iter().find(|r| r.entry_id == entry) {
-                return r.decision().cloned();
-            }
-            seen = version;
-        }
-        if std::time::Instant::now() >= until {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The store of the settings and the load queue serve uses with it.
 async fn open(settings: &ConfigArgs) -> anyhow::Result<(Arc<dyn Store>, EventQueue)> {
     let config = load_config(settings, None)?;
@@ -115,7 +95,8 @@ async fn queued(
         Ok(q) => q,
         Err(e) => return refused(e, json),
     };
-    let decided = if wait.is_zero() { None } else { decision(store, &q.load_id, q.event_id.as_str(), wait).await };
+    let decided =
+        if wait.is_zero() { None } else { operator::decided(store, &q.load_id, q.event_id.as_str(), wait).await };
     if json {
         let mut answer = serde_json::to_value(&q)?;
         answer["decision"] = serde_json::to_value(&decided)?;

@@ -203,6 +203,12 @@ impl Browser {
         self.run("return document.body.innerText").await.as_str().unwrap_or("").to_owned()
     }
 
+    /// The text of the first element `css` picks (as a person reads it).
+    async fn text_of(&self, css: &str) -> String {
+        let e = self.find(css).await;
+        self.call(reqwest::Method::GET, &format!("/element/{e}/text"), None).await.as_str().unwrap_or("").to_owned()
+    }
+
     /// Whether any script of a stranger ran: the flag they would set.
     async fn pwned(&self) -> Value {
         self.run("return typeof window.__pwned === 'undefined' ? null : window.__pwned").await
@@ -345,7 +351,14 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     b.click("form[action='/console/dead/requeue'] button[type=submit]").await;
     b.wait_url("/console/dead/requeue").await;
     let text = b.text().await;
-    assert!(text.contains("Requeue of") && text.contains("queued"), "{text}");
+    // The page waited for the load's decision and says what goes out.
+    assert!(
+        text.contains("Requeue of")
+            && text.contains("queued")
+            && text.contains("Decided by operator")
+            && text.contains("Going out: create_hero_task"),
+        "{text}"
+    );
     b.click("a[href='/console/loads/481207']").await;
     b.wait_url("/console/loads/481207").await;
     // The live refresh shows the operator's event and the requeued row sent.
@@ -388,6 +401,14 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
             && !text.contains("Requeue these"),
         "{text}"
     );
+    // The same row requeued again by hand: queued, and the load decides nothing, which
+    // the page says in red, with the load's reason.
+    b.go(&format!("{base}/console/dead")).await;
+    b.type_into("#reason-0", "once more").await;
+    b.click("form[action='/console/dead/requeue'] button[type=submit]").await;
+    b.wait_url("/console/dead/requeue").await;
+    let alert = b.text_of(".error[role=alert]").await;
+    assert!(alert.contains("Nothing done:") && alert.contains("was requeued already"), "{alert}");
     // At phone width the page still reads (no sideways scrolling of the page itself).
     b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 390, "height": 844}))).await;
     b.go(&format!("{base}/console/loads/481207")).await;

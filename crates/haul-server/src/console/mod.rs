@@ -560,6 +560,40 @@ fn refused_page(ctx: &Ctx, e: &OperatorError) -> Response {
     html(status, pages::refused(ctx, &text, &[("/console".into(), "Overview")]))
 }
 
+/// How long an action's page waits for the load's decision before it answers.
+const DECISION_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The page after an operator action: what was queued, then what the load decided on
+/// it (waited for, at most [`DECISION_WAIT`]). A decision with nothing to do is shown
+/// as a refusal, in red: "Nothing done", with the load's reason, never a success.
+async fn what_happened(
+    s: &ApiState,
+    ctx: &Ctx<'_>,
+    q: &operator::Queued,
+    title: &str,
+    queued: String,
+    links: &[(String, &str)],
+) -> Response {
+    match operator::decided(s.store.as_ref(), &q.load_id, q.event_id.as_str(), DECISION_WAIT).await {
+        Some(d) if d.actions.is_empty() => {
+            let text = format!("{queued} Nothing done: {}", d.rationale);
+            html(StatusCode::OK, pages::refused(ctx, &text, links))
+        }
+        Some(d) => {
+            let going: Vec<String> = d.actions.iter().map(|a| format!("{} {}", a.action_type(), a.key)).collect();
+            let text = format!("{queued} Decided by {}: {} Going out: {}.", d.decider, d.rationale, going.join(", "));
+            html(StatusCode::OK, pages::message(ctx, title, &text, links))
+        }
+        None => {
+            let text = format!(
+                "{queued} No decision yet within {} s (is a worker running?): the load's page shows it when it comes.",
+                DECISION_WAIT.as_secs()
+            );
+            html(StatusCode::OK, pages::message(ctx, title, &text, links))
+        }
+    }
+}
+
 fn wake(s: &ApiState) {
     if let Some(w) = &s.wake_worker {
         w.notify_one();
@@ -588,15 +622,8 @@ async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
                 q.event_id,
                 q.load_id
             );
-            html(
-                StatusCode::OK,
-                pages::message(
-                    &ctx,
-                    "Requeued",
-                    &text,
-                    &[(load, "Open the load"), ("/console/dead".into(), "Dead rows")],
-                ),
-            )
+            let links = [(load, "Open the load"), ("/console/dead".into(), "Dead rows")];
+            what_happened(&s, &ctx, &q, "Requeued", text, &links).await
         }
         Err(e) => refused_page(&ctx, &e),
     }
@@ -665,15 +692,8 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
                 q.load_id,
                 q.event_id
             );
-            html(
-                StatusCode::OK,
-                pages::message(
-                    &ctx,
-                    "Assigned",
-                    &text,
-                    &[(link, "Open the load"), ("/console/unmatched".into(), "Unmatched SMS")],
-                ),
-            )
+            let links = [(link, "Open the load"), ("/console/unmatched".into(), "Unmatched SMS")];
+            what_happened(&s, &ctx, &q, "Assigned", text, &links).await
         }
         Err(e) => refused_page(&ctx, &e),
     }
