@@ -26,8 +26,25 @@ fn refused(e: OperatorError) -> Response {
     error(status, e.code(), e.to_string())
 }
 
-/// 202 `queued` (the worker is woken) or 200 `duplicate`, with the load and event id.
-fn answer(s: &ApiState, who: &Requester, what: &str, q: Result<Queued, OperatorError>) -> Response {
+/// Longest `wait_s` a request may ask for: the answer waits no longer than this.
+const MAX_WAIT_S: u64 = 10;
+
+/// The refusal of a `wait_s` past [`MAX_WAIT_S`], given before anything is published.
+fn refused_wait(wait_s: Option<u64>) -> Option<Response> {
+    let w = wait_s.filter(|w| *w > MAX_WAIT_S)?;
+    Some(error(StatusCode::BAD_REQUEST, "bad_wait", format!("wait_s is {w}: at most {MAX_WAIT_S} seconds")))
+}
+
+/// 202 `queued` (the worker is woken) or 200 `duplicate`, with the load and event id;
+/// with `wait_s`, also the load's decision on it once made (null if none came within
+/// the wait): what happened, not only that it was queued.
+async fn answer(
+    s: &ApiState,
+    who: &Requester,
+    what: &str,
+    q: Result<Queued, OperatorError>,
+    wait_s: Option<u64>,
+) -> Response {
     let q = match q {
         Ok(q) => q,
         Err(e) => return refused(e),
@@ -41,7 +58,12 @@ fn answer(s: &ApiState, who: &Requester, what: &str, q: Result<Queued, OperatorE
     } else {
         StatusCode::OK
     };
-    (status, axum::Json(q)).into_response()
+    let Some(wait_s) = wait_s else { return (status, axum::Json(q)).into_response() };
+    let wait = std::time::Duration::from_secs(wait_s);
+    let decision = operator::decided(s.store.as_ref(), &q.load_id, q.event_id.as_str(), wait).await;
+    let mut body = serde_json::to_value(&q).unwrap_or_default();
+    body["decision"] = serde_json::to_value(&decision).unwrap_or_default();
+    (status, axum::Json(body)).into_response()
 }
 
 #[derive(Deserialize)]
@@ -51,6 +73,8 @@ pub(crate) struct RequeueBody {
     actor: String,
     reason: String,
     outbox_id: String,
+    #[serde(default)]
+    wait_s: Option<u64>,
 }
 
 pub(crate) async fn requeue(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
@@ -58,9 +82,12 @@ pub(crate) async fn requeue(_: OperatorCaller, State(s): State<Arc<ApiState>>, A
         Ok(b) => b,
         Err(r) => return r,
     };
+    if let Some(r) = refused_wait(b.wait_s) {
+        return r;
+    }
     let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
     let q = operator::requeue(s.store.as_ref(), &s.queue, &who, &b.outbox_id, s.clock.now()).await;
-    answer(&s, &who, "requeue", q)
+    answer(&s, &who, "requeue", q, b.wait_s).await
 }
 
 #[derive(Deserialize)]
@@ -71,6 +98,8 @@ pub(crate) struct AssignSmsBody {
     reason: String,
     message_sid: String,
     load_id: LoadId,
+    #[serde(default)]
+    wait_s: Option<u64>,
 }
 
 pub(crate) async fn assign_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
@@ -78,9 +107,12 @@ pub(crate) async fn assign_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>
         Ok(b) => b,
         Err(r) => return r,
     };
+    if let Some(r) = refused_wait(b.wait_s) {
+        return r;
+    }
     let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
     let q = operator::assign_sms(s.store.as_ref(), &s.queue, &who, &b.message_sid, &b.load_id, s.clock.now()).await;
-    answer(&s, &who, "assign_sms", q)
+    answer(&s, &who, "assign_sms", q, b.wait_s).await
 }
 
 #[derive(Deserialize)]
@@ -91,6 +123,8 @@ pub(crate) struct ResolveAskBody {
     reason: String,
     load_id: LoadId,
     ask_id: AskId,
+    #[serde(default)]
+    wait_s: Option<u64>,
 }
 
 pub(crate) async fn resolve_ask(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
@@ -98,9 +132,12 @@ pub(crate) async fn resolve_ask(_: OperatorCaller, State(s): State<Arc<ApiState>
         Ok(b) => b,
         Err(r) => return r,
     };
+    if let Some(r) = refused_wait(b.wait_s) {
+        return r;
+    }
     let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
     let q = operator::resolve_ask(s.store.as_ref(), &s.queue, &who, &b.load_id, &b.ask_id, s.clock.now()).await;
-    answer(&s, &who, "resolve_ask", q)
+    answer(&s, &who, "resolve_ask", q, b.wait_s).await
 }
 
 fn default_limit() -> usize {

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use haul_core::action::ActionType;
@@ -289,7 +290,61 @@ async fn a_requeue_of_a_huge_unknown_id_answers_a_short_404(backend: Backend) {
     assert!(text.contains("no_such_row") && text.contains("xxxx"), "{text}");
 }
 
+/// With `wait_s`, the answer waits for the load's decision and holds it: here the
+/// load decides nothing (it has no such ask), which the answer shows as no actions;
+/// with no worker, `decision` is null after the wait; past 10 s is refused unpublished.
+async fn an_answer_with_wait_s_holds_the_loads_decision(backend: Backend) {
+    use haul_core::{Clock, QueueMode};
+    use haul_runtime::worker::{Worker, WorkerSettings};
+    let api = api(backend).await;
+    rows(&api, "L1", "p", &[]).await;
+    let path = "/v1/operator/resolve-ask";
+    let body = |request: &str, wait_s: u64| {
+        with(who(request), json!({"load_id": "L1", "ask_id": "ask:eta_request:nope", "wait_s": wait_s}))
+    };
+    check(api.post_as(Some(OPERATOR), path, &body("r0", 11)).await, StatusCode::BAD_REQUEST, "bad_wait");
+    assert_eq!(api.store.depth().await.unwrap(), 0, "refused before anything was published");
+    // No worker: the wait ends, and says so.
+    let v = check(api.post_as(Some(OPERATOR), path, &body("r1", 1)).await, StatusCode::ACCEPTED, "queued");
+    assert!(v.get("decision").is_some_and(Value::is_null), "{v}");
+    // A worker decides while the answer waits.
+    let clock: Arc<dyn Clock> = Arc::new(haul_runtime::clock::SystemClock);
+    let sop = Arc::new(haul_runtime::decider::SopDecider { policies: Default::default() });
+    let worker = Arc::new(Worker::new(
+        api.store.clone(),
+        api.store.clone(),
+        QueueMode::StoreQueue,
+        sop,
+        clock,
+        WorkerSettings::default(),
+        Default::default(),
+    ));
+    let deciding = tokio::spawn({
+        let worker = worker.clone();
+        async move {
+            for _ in 0..50 {
+                worker.run_once().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    let v = check(api.post_as(Some(OPERATOR), path, &body("r2", 8)).await, StatusCode::ACCEPTED, "queued");
+    deciding.abort();
+    let d = &v["decision"];
+    assert_eq!((d["decider"].as_str(), d["event_id"].as_str()), (Some("operator"), Some("op:r2")), "{v}");
+    assert_eq!(d["actions"], json!([]), "nothing done: {v}");
+    // Without wait_s the answer is as it always was.
+    let v = check(
+        api.post_as(Some(OPERATOR), path, &with(who("r3"), json!({"load_id": "L1", "ask_id": "ask:eta_request:p"})))
+            .await,
+        StatusCode::ACCEPTED,
+        "queued",
+    );
+    assert!(v.get("decision").is_none(), "{v}");
+}
+
 on_both_backends!(
+    an_answer_with_wait_s_holds_the_loads_decision,
     a_requeue_of_a_huge_unknown_id_answers_a_short_404,
     requeue_takes_an_operator_token_and_publishes_once,
     operator_actions_on_the_ingestion_route_need_an_operator_token,
