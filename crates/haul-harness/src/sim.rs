@@ -224,9 +224,9 @@ pub fn crash_chance(point: FaultPoint) -> f64 {
 /// seeds); `haul sim` names the points a run hit less often.
 pub const MIN_HITS_PER_SEED: f64 = 0.1;
 
-/// The fault points a run of `seeds` seeds hit less than [`MIN_HITS_PER_SEED`] a
-/// seed, with their hits (every point, hit or not, from `coverage`).
-pub fn rare_fault_points(coverage: &BTreeMap<String, u64>, seeds: u64) -> Vec<(String, u64)> {
+/// Every fault point's coverage key (`crash:{point}`) and its hits in `coverage`, hit
+/// or not, in [`FaultPoint::ALL`] order.
+pub fn fault_point_hits(coverage: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
     FaultPoint::ALL
         .iter()
         .map(|p| {
@@ -234,8 +234,15 @@ pub fn rare_fault_points(coverage: &BTreeMap<String, u64>, seeds: u64) -> Vec<(S
             let hits = coverage.get(&key).copied().unwrap_or(0);
             (key, hits)
         })
-        .filter(|(_, hits)| (*hits as f64) < MIN_HITS_PER_SEED * seeds as f64)
         .collect()
+}
+
+/// The fault points a run of `seeds` seeds hit less than [`MIN_HITS_PER_SEED`] a
+/// seed, with their hits.
+pub fn rare_fault_points(coverage: &BTreeMap<String, u64>, seeds: u64) -> Vec<(String, u64)> {
+    let mut points = fault_point_hits(coverage);
+    points.retain(|(_, hits)| (*hits as f64) < MIN_HITS_PER_SEED * seeds as f64);
+    points
 }
 
 /// How the drain ended.

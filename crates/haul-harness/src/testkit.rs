@@ -283,11 +283,7 @@ fn shared_client() -> anyhow::Result<reqwest::Client> {
     // The channels' client settings, but idle connections kept 2 s, not 90: each seed or
     // scenario has services on a port of their own, and the pool kept an entry per
     // port for 90 s (`haul sim` grew by 90 s of seeds before it levelled off).
-    let c = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_idle_timeout(Duration::from_secs(2))
-        .build()?;
+    let c = haul_runtime::channels::http_client_builder().pool_idle_timeout(Duration::from_secs(2)).build()?;
     Ok(CLIENT.get_or_init(|| c).clone())
 }
 

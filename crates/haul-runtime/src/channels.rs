@@ -70,10 +70,13 @@ pub struct HttpChannel {
 /// One HTTP client for every channel: building one loads the TLS roots, which is
 /// slow, and a client is a cheap handle to a shared connection pool.
 pub fn http_client() -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()?)
+    Ok(http_client_builder().build()?)
+}
+
+/// The channels' client settings (connect timeout, no redirects), for a client that
+/// adds its own (the test services' shorter pool idle time).
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).redirect(reqwest::redirect::Policy::none())
 }
 
 impl HttpChannel {

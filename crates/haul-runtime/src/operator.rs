@@ -295,6 +295,14 @@ pub struct BulkRow {
     pub requeued_as: Option<String>,
 }
 
+impl BulkRow {
+    /// Whether its action goes out (or would, on a dry run): the rows an answer counts
+    /// as requeued. One requeued already or refused does not.
+    pub fn goes_out(&self) -> bool {
+        matches!(self.status.as_str(), "would_requeue" | "queued" | "duplicate")
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BulkAnswer {
     pub request_id: String,
@@ -335,8 +343,9 @@ pub async fn bulk_requeue(
             let state = haul_core::project(&store.read(&row.load_id).await?.0);
             requeued.insert(row.load_id.clone(), state.requeues);
         }
-        let this_request = format!("{}/{}/", row.load_id, event_id);
-        let requeued_as = requeued[&row.load_id].get(&row.id).filter(|key| !key.starts_with(&this_request)).cloned();
+        // The key this request's copy has (haul_core::operator makes it the same way).
+        let own_copy = haul_core::ids::event_action_key(&row.load_id, &event_id, row.action_type.as_str());
+        let requeued_as = requeued[&row.load_id].get(&row.id).filter(|key| **key != own_copy).cloned();
         // The event is built on a dry run too: what would be refused shows as refused.
         let status = match requeue_event(row, &event_id, who) {
             Err(e @ (OperatorError::Store(_) | OperatorError::BadInput(_))) => return Err(e),

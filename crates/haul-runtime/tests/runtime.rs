@@ -720,6 +720,7 @@ async fn a_bulk_requeue_skips_a_row_another_request_requeued_and_counts_only_the
         statuses(&dry),
         [("L1".into(), "already_requeued".into(), by_hand.clone()), ("L2".into(), "would_requeue".into(), None)]
     );
+    assert_eq!(dry.rows.iter().map(operator::BulkRow::goes_out).collect::<Vec<_>>(), [false, true], "what is counted");
     let before = rig.depth().await;
     let real = bulk("b2", false).await;
     assert_eq!(
@@ -731,6 +732,7 @@ async fn a_bulk_requeue_skips_a_row_another_request_requeued_and_counts_only_the
     // The same request again is a retry: its own row is a duplicate, not "requeued already".
     let again = bulk("b2", false).await;
     assert_eq!(statuses(&again)[1], ("L2".into(), "duplicate".into(), None));
+    assert!(again.rows[1].goes_out(), "a retry's own row is counted");
     // The JSON answer names the row that carries the action only where there is one.
     let json = serde_json::to_value(&again).unwrap();
     assert_eq!(json["rows"][0]["requeued_as"], "L1/op:by-hand/send_sms");

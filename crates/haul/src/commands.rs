@@ -708,11 +708,7 @@ async fn simulate(run: SimRun) -> anyhow::Result<ExitCode> {
 
 /// A soak's progress: seeds so far, their rate, and the fault point hit least.
 fn soak_line(seeds: u64, failed: u64, elapsed: Duration, coverage: &BTreeMap<String, u64>) -> String {
-    let points = haul_runtime::faults::FaultPoint::ALL.map(|p| {
-        let key = format!("crash:{p}");
-        let hits = coverage.get(&key).copied().unwrap_or(0);
-        (key, hits)
-    });
+    let points = sim::fault_point_hits(coverage);
     let least = points.iter().min_by_key(|(_, n)| *n);
     let least = least.map_or_else(|| "none".to_owned(), |(k, n)| format!("{k} ({n})"));
     format!(

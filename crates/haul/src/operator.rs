@@ -142,7 +142,7 @@ fn bulk(a: &BulkAnswer, json: bool) -> anyhow::Result<()> {
         }
     }
     // Only what goes out is counted: rows requeued already or refused are left out.
-    let going = a.rows.iter().filter(|r| matches!(r.status.as_str(), "would_requeue" | "queued" | "duplicate")).count();
+    let going = a.rows.iter().filter(|r| r.goes_out()).count();
     let left_out = match a.rows.len() - going {
         0 => String::new(),
         k => format!("; {k} left out (requeued already or refused)"),

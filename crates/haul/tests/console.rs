@@ -100,6 +100,17 @@ async fn twilio_sms(client: &reqwest::Client, base: &str, sid: &str, from: &str,
 // ------------------------------------------------------------------ WebDriver
 
 /// Just enough WebDriver (W3C) for these tests.
+/// A bulk requeue's dry run of the dead create_hero_task rows, from the dead rows
+/// page's form: the text of the answer.
+async fn hero_tasks_dry_run(b: &Browser, base: &str, reason: &str) -> String {
+    b.go(&format!("{base}/console/dead")).await;
+    b.click("#bulk-type option[value='create_hero_task']").await;
+    b.type_into("#reason-bulk", reason).await;
+    b.click("form[action='/console/dead/bulk-requeue'] button[type=submit]").await;
+    b.wait_url("/console/dead/bulk-requeue").await;
+    b.text().await
+}
+
 struct Browser {
     http: reqwest::Client,
     /// `http://127.0.0.1:{port}/session/{id}`
@@ -331,12 +342,7 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     shots.push(b.screenshot("timers").await);
 
     // A bulk requeue counts first: a dry run lists the rows and requeues nothing.
-    b.go(&format!("{base}/console/dead")).await;
-    b.click("#bulk-type option[value='create_hero_task']").await;
-    b.type_into("#reason-bulk", "count only").await;
-    b.click("form[action='/console/dead/bulk-requeue'] button[type=submit]").await;
-    b.wait_url("/console/dead/bulk-requeue").await;
-    let text = b.text().await;
+    let text = hero_tasks_dry_run(&b, &base, "count only").await;
     assert!(
         text.contains("Would requeue 1 dead create_hero_task row(s)") && text.contains("Requeue these 1 rows"),
         "{text}"
@@ -388,12 +394,7 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     assert_eq!(b.pwned().await, Value::Null, "no script of a stranger ran");
     shots.push(b.screenshot("load-after-requeue").await);
     // A dry run now leaves the requeued row out of its count and says by what it went.
-    b.go(&format!("{base}/console/dead")).await;
-    b.click("#bulk-type option[value='create_hero_task']").await;
-    b.type_into("#reason-bulk", "count again").await;
-    b.click("form[action='/console/dead/bulk-requeue'] button[type=submit]").await;
-    b.wait_url("/console/dead/bulk-requeue").await;
-    let text = b.text().await;
+    let text = hero_tasks_dry_run(&b, &base, "count again").await;
     assert!(
         text.contains("Would requeue 0 dead create_hero_task row(s)")
             && text.contains("1 more matched and are left out")

@@ -185,20 +185,22 @@ impl FromRequestParts<Arc<ApiState>> for Viewer {
 fn forbidden(why: &str) -> Response {
     let body = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Refused · haul console</title>\
-         <link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
-         <link rel=\"icon\" href=\"/console/assets/favicon.svg\" type=\"image/svg+xml\"></head><body><main id=\"main\"><h1>Refused</h1>\
+         {}</head><body><main id=\"main\"><h1>Refused</h1>\
          <p class=\"error\" role=\"alert\">{}</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>",
+        pages::ASSET_LINKS,
         html::esc(why)
     );
     html(StatusCode::FORBIDDEN, body)
 }
 
 async fn not_found() -> Response {
-    let body = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · haul console</title>\
-        <link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
-         <link rel=\"icon\" href=\"/console/assets/favicon.svg\" type=\"image/svg+xml\"></head><body><main id=\"main\"><h1>Not found</h1>\
-        <p>The console has no such page.</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>";
-    html(StatusCode::NOT_FOUND, body.to_string())
+    let body = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not found · haul console</title>\
+         {}</head><body><main id=\"main\"><h1>Not found</h1>\
+         <p>The console has no such page.</p><p><a href=\"/console\">Back to the console</a></p></main></body></html>",
+        pages::ASSET_LINKS
+    );
+    html(StatusCode::NOT_FOUND, body)
 }
 
 /// A form's fields.

@@ -58,13 +58,15 @@ const NAV: [(Nav, &str, &str); 6] = [
     (Nav::Alerts, "/console/alerts", "OpsAlerts"),
 ];
 
+/// The stylesheet and the icon, linked by every console page, the error pages too.
+pub const ASSET_LINKS: &str = "<link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
+    <link rel=\"icon\" href=\"/console/assets/favicon.svg\" type=\"image/svg+xml\">";
+
 fn head(title: &str) -> String {
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · haul console</title>\
-         <link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
-         <link rel=\"icon\" href=\"/console/assets/favicon.svg\" type=\"image/svg+xml\">\
+         <title>{} · haul console</title>{ASSET_LINKS}\
          <script src=\"/console/assets/console.js\" defer></script></head>",
         esc(title)
     )
@@ -698,8 +700,7 @@ pub fn bulk(ctx: &Ctx, a: &haul_runtime::operator::BulkAnswer, reason: &str, new
     let title = if a.dry_run { "Bulk requeue: dry run" } else { "Bulk requeue: done" };
     // Only what goes out counts: a row another request requeued, or one refused, is
     // listed with its reason and left out of the count.
-    let going = |status: &str| matches!(status, "would_requeue" | "queued" | "duplicate");
-    let n = a.rows.iter().filter(|r| going(&r.status)).count();
+    let n = a.rows.iter().filter(|r| r.goes_out()).count();
     let skipped = a.rows.len() - n;
     let more = if a.truncated { " (more match: run it again for the next ones)" } else { "" };
     let skipped = match skipped {
