@@ -43,6 +43,41 @@ pub struct AskChange {
     pub status: AskStatus,
 }
 
+/// Where a dead row stands in the operators' inbox: `open` until a decision marks it
+/// `handled` (a copy an operator requeued was delivered) or `dismissed` (an operator
+/// said why nothing more is to be done).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InboxState {
+    Open,
+    Handled,
+    Dismissed,
+}
+
+impl InboxState {
+    pub const ALL: [InboxState; 3] = [InboxState::Open, InboxState::Handled, InboxState::Dismissed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboxState::Open => "open",
+            InboxState::Handled => "handled",
+            InboxState::Dismissed => "dismissed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<InboxState> {
+        InboxState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+/// A dead row a decision takes out of the inbox, and how.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxChange {
+    pub outbox_id: String,
+    pub state: InboxState,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
     pub decision_id: String,
@@ -55,6 +90,10 @@ pub struct Decision {
     pub decider: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub asks: Vec<AskChange>,
+    /// The dead rows of this load it marks handled or dismissed (absent when none, so
+    /// logs written before the inbox existed read back unchanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inbox: Vec<InboxChange>,
     /// The prompt version an LLM decider decided with; absent for every other decider,
     /// so logs written before it existed (and their snapshots) read back unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,6 +121,7 @@ impl Decision {
             rationale: rationale.into(),
             decider: decider.into(),
             asks,
+            inbox: vec![],
             prompt_version: None,
         }
     }

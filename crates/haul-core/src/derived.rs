@@ -23,6 +23,9 @@ pub struct Derived {
     pub driver_phone: Option<String>,
     /// Each ask's status a decision gave, `(ask_id, status)`, in order.
     pub asks: Vec<(String, String)>,
+    /// The dead rows a decision took out of the operators' inbox: `(outbox_id, state,
+    /// the event decided)`, in order.
+    pub inbox: Vec<(String, String, String)>,
 }
 
 impl Derived {
@@ -39,16 +42,22 @@ impl Derived {
     pub fn of_event(body: &EventBody) -> Derived {
         match body {
             EventBody::LoadUpdate(u) => {
-                Derived { stage: u.stage.clone(), driver_phone: u.driver_phone.clone(), asks: vec![] }
+                Derived { stage: u.stage.clone(), driver_phone: u.driver_phone.clone(), ..Derived::default() }
             }
             _ => Derived::default(),
         }
     }
 
-    /// What a decision changes: the statuses of the asks it opened or moved.
+    /// What a decision changes: the statuses of the asks it opened or moved, and the
+    /// dead rows it took out of the inbox.
     pub fn of_decision(d: &Decision) -> Derived {
         let asks = d.asks.iter().map(|a| (a.ask_id.to_string(), a.status.as_str().to_owned())).collect();
-        Derived { asks, ..Derived::default() }
+        let inbox = d
+            .inbox
+            .iter()
+            .map(|c| (c.outbox_id.clone(), c.state.as_str().to_owned(), d.event_id.to_string()))
+            .collect();
+        Derived { asks, inbox, ..Derived::default() }
     }
 
     /// What the entries change together, in order: a later stage or phone wins, and
@@ -63,6 +72,7 @@ impl Derived {
                 out.driver_phone.clone_from(&d.driver_phone);
             }
             out.asks.extend(d.asks.iter().cloned());
+            out.inbox.extend(d.inbox.iter().cloned());
         }
         out
     }

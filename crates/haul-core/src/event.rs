@@ -117,6 +117,9 @@ pub enum OperatorCommand {
     AssignSms { message_sid: String, from: String, body: String },
     /// The ask is settled by hand (the driver called in): closed, its timer canceled.
     ResolveAsk { ask_id: AskId },
+    /// The dead row `outbox_id` (with the rest of its requeue chain) leaves the
+    /// operators' inbox: nothing more is to be done about it, for the reason given.
+    Dismiss { outbox_id: String },
 }
 
 impl OperatorCommand {
@@ -125,6 +128,7 @@ impl OperatorCommand {
             OperatorCommand::Requeue { .. } => "requeue",
             OperatorCommand::AssignSms { .. } => "assign_sms",
             OperatorCommand::ResolveAsk { .. } => "resolve_ask",
+            OperatorCommand::Dismiss { .. } => "dismiss",
         }
     }
 }
@@ -410,23 +414,29 @@ impl fmt::Display for InboundEvent {
     }
 }
 
-fn validate_operator_action(op: &OperatorAction) -> Result<(), BadInput> {
-    let actor_ok = !op.actor.is_empty()
-        && op.actor.chars().count() <= MAX_OPERATOR_ACTOR_CHARS
-        && op.actor.chars().all(|c| c.is_ascii_alphanumeric() || "_.@+-".contains(c));
+/// Who acts and why, as every operator action checks them (also an unmatched SMS's
+/// dismissal, which is no event).
+pub fn validate_actor_and_reason(actor: &str, reason: &str) -> Result<(), BadInput> {
+    let actor_ok = !actor.is_empty()
+        && actor.chars().count() <= MAX_OPERATOR_ACTOR_CHARS
+        && actor.chars().all(|c| c.is_ascii_alphanumeric() || "_.@+-".contains(c));
     if !actor_ok {
         return Err(BadInput::new(
             "bad_payload",
             format!(
                 "operator_action actor {:?} is not of the form [A-Za-z0-9_.@+-]{{1,{MAX_OPERATOR_ACTOR_CHARS}}}",
-                clip(&op.actor)
+                clip(actor)
             ),
         ));
     }
-    if op.reason.trim().is_empty() {
+    if reason.trim().is_empty() {
         return Err(BadInput::new("bad_payload", "operator_action reason is empty: say why"));
     }
-    validate_text("reason", &op.reason, MAX_OPERATOR_REASON_CHARS)?;
+    validate_text("reason", reason, MAX_OPERATOR_REASON_CHARS)
+}
+
+fn validate_operator_action(op: &OperatorAction) -> Result<(), BadInput> {
+    validate_actor_and_reason(&op.actor, &op.reason)?;
     match &op.command {
         OperatorCommand::Requeue { outbox_id, action } => {
             validate_text("outbox_id", outbox_id, crate::ids::MAX_DERIVED_ID_LEN)?;
@@ -449,6 +459,9 @@ fn validate_operator_action(op: &OperatorAction) -> Result<(), BadInput> {
                 return Err(BadInput::new("bad_payload", "assign_sms from is empty"));
             }
             validate_text("body", body, MAX_SMS_BODY_CHARS)?;
+        }
+        OperatorCommand::Dismiss { outbox_id } => {
+            validate_text("outbox_id", outbox_id, crate::ids::MAX_DERIVED_ID_LEN)?;
         }
         OperatorCommand::ResolveAsk { .. } => {}
     }

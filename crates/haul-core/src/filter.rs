@@ -5,7 +5,7 @@
 //! a stale timer, an SMS an operator already assigned to the load, or an operator
 //! action (decided by [`crate::operator::decide`], whichever decider the load runs under).
 
-use crate::decision::Decision;
+use crate::decision::{Decision, InboxChange, InboxState};
 use crate::event::{EventBody, InboundEvent};
 use crate::ids::LoadId;
 use crate::outcome::OutcomeStatus;
@@ -30,7 +30,19 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
             format!("SMS {} was assigned to this load by an operator already", event.event_id)
         }
         EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Delivered => {
-            format!("{} delivered", o.outbox_id)
+            // A requeued copy delivered: the dead rows it was sent again for are handled.
+            let handled = state.open_dead_in_chain(&o.outbox_id);
+            if handled.is_empty() {
+                format!("{} delivered", o.outbox_id)
+            } else {
+                let why = format!("{} delivered; handled in the inbox: {}", o.outbox_id, handled.join(", "));
+                let mut d = Decision::filtered(&event.event_id, now, why);
+                d.inbox = handled
+                    .into_iter()
+                    .map(|outbox_id| InboxChange { outbox_id, state: InboxState::Handled })
+                    .collect();
+                return Some(d);
+            }
         }
         EventBody::ActionOutcome(o) if o.hero_channel || o.internal => format!(
             "{} failed on a {} action: an OpsAlert was raised, no Hero task",

@@ -48,7 +48,7 @@ pub mod validate;
 pub use action::{Action, ActionKind, ActionType, ChannelClass, Request, ServiceCall, Target, Urgency};
 pub use channel::{Channel, PerChannel};
 pub use clock::{Clock, FakeClock};
-pub use decision::{AskChange, AskStatus, DECISION_RECORDED, Decision};
+pub use decision::{AskChange, AskStatus, DECISION_RECORDED, Decision, InboxChange, InboxState};
 pub use error::BadInput;
 pub use event::{EventBody, InboundEvent, OperatorAction, OperatorCommand, Risk};
 pub use ids::{AskId, EventId, LoadId, TimerId};

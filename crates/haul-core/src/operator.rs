@@ -11,7 +11,7 @@
 //! is in the log either way.
 
 use crate::action::{Action, ActionKind};
-use crate::decision::{AskChange, AskStatus, Decision};
+use crate::decision::{AskChange, AskStatus, Decision, InboxChange, InboxState};
 use crate::event::{InboundEvent, InboundSms, OperatorAction, OperatorCommand};
 use crate::ids::{LoadId, TimerId, ask_action_key, event_action_key};
 use crate::outcome::OutcomeStatus;
@@ -67,6 +67,32 @@ pub fn decide(load: &LoadId, state: &LoadState, event: &InboundEvent, op: &Opera
             let mut d = crate::sop::decide_sms(load, state, event, &sms, now);
             d.decider = OPERATOR_DECIDER.into();
             d.rationale = format!("{by}: SMS {message_sid} is this load's; {}", d.rationale);
+            d
+        }
+        OperatorCommand::Dismiss { outbox_id } => {
+            if !outbox_id.strip_prefix(load.as_str()).is_some_and(|rest| rest.starts_with('/')) {
+                return noop(format!("refused: {outbox_id} is not a row of load {load}"));
+            }
+            match state.outcomes.get(outbox_id).map(|o| o.status) {
+                Some(OutcomeStatus::Failed) => {}
+                Some(OutcomeStatus::Delivered) => return noop(format!("refused: {outbox_id} was delivered")),
+                None => {
+                    return noop(format!(
+                        "refused: {outbox_id} has no failed outcome in this load's log (only a dead row is dismissed)"
+                    ));
+                }
+            }
+            let state_now = state.inbox_state(outbox_id);
+            if state_now != InboxState::Open {
+                return noop(format!("{outbox_id} is {} already: nothing more to do", state_now.as_str()));
+            }
+            // The whole problem leaves the inbox: the row, the dead rows it was
+            // requeued from and the dead copies made of it.
+            let rows = state.open_dead_in_chain(outbox_id);
+            let why = format!("{by}: dismissed from the inbox: {}", rows.join(", "));
+            let mut d = Decision::new(&event.event_id, now, OPERATOR_DECIDER, vec![], vec![], why);
+            d.inbox =
+                rows.into_iter().map(|outbox_id| InboxChange { outbox_id, state: InboxState::Dismissed }).collect();
             d
         }
         OperatorCommand::ResolveAsk { ask_id } => {
@@ -252,6 +278,100 @@ mod tests {
         assert_eq!(after.requeues.get(DEAD).map(String::as_str), Some("481207/op:r1/create_hero_task"));
         // A second request (another request id) finds it requeued: a noop.
         check(&after, requeue(), &[], &[]);
+    }
+
+    /// The entries of an operator event and its decision, as the worker appends them.
+    fn appended(
+        request: &str,
+        command: OperatorCommand,
+        d: &Decision,
+    ) -> Vec<(String, &'static str, serde_json::Value)> {
+        let op = op_event(request, command);
+        vec![
+            (op.event_id.to_string(), "operator_action", op.body.payload()),
+            (d.decision_id.clone(), DECISION_RECORDED, serde_json::to_value(d).unwrap()),
+        ]
+    }
+
+    fn state_of(entries: &[(String, &'static str, serde_json::Value)]) -> LoadState {
+        let borrowed: Vec<(&str, &str, serde_json::Value)> =
+            entries.iter().map(|(id, kind, p)| (id.as_str(), *kind, p.clone())).collect();
+        state(&borrowed)
+    }
+
+    fn inbox(d: &Decision) -> Vec<(&str, InboxState)> {
+        d.inbox.iter().map(|c| (c.outbox_id.as_str(), c.state)).collect()
+    }
+
+    /// A dead row requeued, its copy dead too and requeued again: one problem. The
+    /// second copy's delivery marks both dead rows handled; a dismissal takes both out.
+    #[test]
+    fn a_requeue_chain_leaves_the_inbox_as_one_problem() {
+        const COPY: &str = "481207/op:r1/create_hero_task";
+        const COPY2: &str = "481207/op:r2/create_hero_task";
+        let (lu, (dk, dn, dp)) = (load_update(), ask("escalated", 2));
+        let mut log: Vec<(String, &'static str, serde_json::Value)> =
+            vec![(lu.0.into(), lu.1, lu.2), (dk.into(), dn, dp), outcome(DEAD, "failed")];
+        let first = check(&state_of(&log), requeue(), &[(COPY, ActionType::CreateHeroTask)], &[]);
+        log.extend(appended("r1", requeue(), &first));
+        log.push(outcome(COPY, "failed"));
+        let copy = Action { key: COPY.into(), requeue_of: None, ..dead_action() };
+        let again = OperatorCommand::Requeue { outbox_id: COPY.into(), action: copy };
+        let load = LoadId::parse(LOAD).unwrap();
+        let e2 = op_event("r2", again.clone());
+        let EventBody::OperatorAction(op2) = &e2.body else { unreachable!() };
+        let second = decide(&load, &state_of(&log), &e2, op2, at("09:05"));
+        assert_eq!(second.actions.iter().map(|a| a.key.as_str()).collect::<Vec<_>>(), [COPY2]);
+        log.extend(appended("r2", again, &second));
+        let s = state_of(&log);
+        assert_eq!(s.requeue_chain(COPY), [DEAD, COPY, COPY2]);
+        assert_eq!(s.open_dead_in_chain(COPY2), [DEAD, COPY]);
+
+        // The second copy delivered: the filter marks the chain's dead rows handled.
+        let (out_id, _, _) = outcome(COPY2, "delivered");
+        let delivered = crate::testing::ev(serde_json::json!({"event_id": out_id, "kind": "action_outcome",
+            "outbox_id": COPY2, "action_type": "create_hero_task", "status": "delivered", "hero_channel": true}));
+        let d = crate::filter::filter(&load, &s, &delivered, at("09:06")).unwrap();
+        assert_eq!(inbox(&d), [(DEAD, InboxState::Handled), (COPY, InboxState::Handled)], "{}", d.rationale);
+        validate_decision(&load, &s, &delivered, &d).unwrap();
+        // A delivery of a row no one requeued changes nothing in the inbox.
+        let plain = crate::testing::ev(serde_json::json!({"event_id": "evt:out:481207/x/send_sms:delivered",
+            "kind": "action_outcome", "outbox_id": "481207/x/send_sms", "action_type": "send_sms", "status": "delivered"}));
+        assert!(crate::filter::filter(&load, &s, &plain, at("09:06")).unwrap().inbox.is_empty());
+
+        // Dismissed instead: either dead row takes the chain's open dead rows out, once.
+        let dismiss = |key: &str| OperatorCommand::Dismiss { outbox_id: key.into() };
+        for key in [DEAD, COPY] {
+            let d = check(&s, dismiss(key), &[], &[]);
+            assert_eq!(inbox(&d), [(DEAD, InboxState::Dismissed), (COPY, InboxState::Dismissed)], "{}", d.rationale);
+        }
+        let d = check(&s, dismiss(DEAD), &[], &[]);
+        let mut dismissed = log.clone();
+        dismissed.extend(appended("r3", dismiss(DEAD), &d));
+        let after = state_of(&dismissed);
+        assert_eq!((after.inbox_state(DEAD), after.inbox_state(COPY2)), (InboxState::Dismissed, InboxState::Open));
+        let twice = check(&after, dismiss(COPY), &[], &[]);
+        assert!(twice.inbox.is_empty() && twice.rationale.contains("is dismissed already"), "{}", twice.rationale);
+    }
+
+    #[test]
+    fn only_a_dead_row_of_the_load_is_dismissed() {
+        let dismiss = |key: &str| OperatorCommand::Dismiss { outbox_id: key.into() };
+        let (id, kind, payload) = outcome(DEAD, "failed");
+        let dead = state(&[load_update(), (&id, kind, payload)]);
+        let d = check(&dead, dismiss(DEAD), &[], &[]);
+        assert_eq!(inbox(&d), [(DEAD, InboxState::Dismissed)]);
+        for (s, key, why) in [
+            (&dead, "999/x/create_hero_task", "is not a row of load 481207"),
+            (&dead, "481207x/create_hero_task", "is not a row of load 481207"),
+            (&state(&[load_update()]), DEAD, "has no failed outcome"),
+        ] {
+            let d = check(s, dismiss(key), &[], &[]);
+            assert!(d.inbox.is_empty() && d.rationale.contains(why), "{key}: {}", d.rationale);
+        }
+        let (id, kind, payload) = outcome(DEAD, "delivered");
+        let d = check(&state(&[load_update(), (&id, kind, payload)]), dismiss(DEAD), &[], &[]);
+        assert!(d.inbox.is_empty() && d.rationale.contains("was delivered"), "{}", d.rationale);
     }
 
     #[test]

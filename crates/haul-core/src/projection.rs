@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::{AskStatus, Decision};
+use crate::decision::{AskStatus, Decision, InboxState};
 use crate::event::{EventBody, OperatorCommand, TimerFired};
 use crate::ids::{AskId, EventId};
 use crate::outcome::OutcomeStatus;
@@ -69,6 +69,10 @@ pub struct LoadState {
     /// handled once however many requests assign it.
     #[serde(default)]
     pub assigned_sms: BTreeSet<String>,
+    /// Dead rows taken out of the operators' inbox, and how (handled or dismissed);
+    /// a dead row not here is open.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub inbox: BTreeMap<String, InboxState>,
     pub last_recorded_at: Option<Timestamp>,
 }
 
@@ -138,12 +142,51 @@ impl LoadState {
             || EventId::twilio_sms(message_sid).is_ok_and(|id| self.processed.contains(&id))
     }
 
+    /// Where the dead row `key` stands in the operators' inbox.
+    pub fn inbox_state(&self, key: &str) -> InboxState {
+        self.inbox.get(key).copied().unwrap_or(InboxState::Open)
+    }
+
+    /// The rows of `key`'s requeue chain, first the dead row an operator first requeued,
+    /// then each copy in turn: one problem, however many times it was sent again.
+    pub fn requeue_chain(&self, key: &str) -> Vec<String> {
+        let mut root = key;
+        // A chain is as long as the requeues; the bound only guards a log whose
+        // requeues loop, which no decision makes.
+        for _ in 0..=self.requeues.len() {
+            match self.requeues.iter().find(|(_, copy)| copy.as_str() == root) {
+                Some((dead, _)) => root = dead,
+                None => break,
+            }
+        }
+        let mut chain = vec![root.to_owned()];
+        while let Some(copy) = self.requeues.get(chain.last().map(String::as_str).unwrap_or_default()) {
+            if chain.len() > self.requeues.len() {
+                break;
+            }
+            chain.push(copy.clone());
+        }
+        chain
+    }
+
+    /// The rows of `key`'s requeue chain that failed and are still open in the inbox.
+    pub fn open_dead_in_chain(&self, key: &str) -> Vec<String> {
+        self.requeue_chain(key)
+            .into_iter()
+            .filter(|k| self.outcomes.get(k).is_some_and(|o| o.status == OutcomeStatus::Failed))
+            .filter(|k| self.inbox_state(k) == InboxState::Open)
+            .collect()
+    }
+
     fn apply_decision(&mut self, d: &Decision) {
         self.decided.insert(d.event_id.clone());
         for a in &d.actions {
             if let Some(dead) = &a.requeue_of {
                 self.requeues.insert(dead.clone(), a.key.clone());
             }
+        }
+        for change in &d.inbox {
+            self.inbox.insert(change.outbox_id.clone(), change.state);
         }
         for change in &d.asks {
             let ask = self.asks.entry(change.ask_id.clone()).or_insert_with(|| OpenAsk {

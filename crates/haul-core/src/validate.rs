@@ -104,6 +104,14 @@ pub fn validate_decision(load: &LoadId, state: &LoadState, event: &InboundEvent,
             return Err(format!("ask {} moved to step 0", change.ask_id));
         }
     }
+    for change in &d.inbox {
+        if !change.outbox_id.strip_prefix(load.as_str()).is_some_and(|rest| rest.starts_with('/')) {
+            return Err(format!("inbox change for {}, not a row of load {load}", change.outbox_id));
+        }
+        if change.state == crate::decision::InboxState::Open {
+            return Err(format!("inbox change reopens {}: a decision only takes a row out", change.outbox_id));
+        }
+    }
     Ok(())
 }
 

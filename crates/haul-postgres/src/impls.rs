@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use haul_core::InboxState;
 use haul_core::action::ActionType;
 use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
@@ -10,11 +11,13 @@ use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
-    delivery_row, load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row,
-    record_row, shadow_params, shadow_row, sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row,
-    unsettled_row,
+    delivery_row, inbox_alert_row, inbox_sms_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
+    parse_receipt, queue_message_row, record_row, shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_route,
+    sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
-use haul_store::ops::{LOADS_SCANNED_PER_PAGE, types_param};
+use haul_store::ops::{
+    InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
+};
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
     NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError,
@@ -691,11 +694,13 @@ impl OpsQueries for PgStore {
     async fn dead_rows_page(
         &self,
         types: &[ActionType],
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
     ) -> Result<Vec<DeadRow>, StoreError> {
         let (at, id) = position(before, i64::MAX);
-        self.query_rows(OUTBOX_DEAD_PAGE, &[&types_param(types), &at, &id, &sql_limit(limit)], dead_row).await
+        let params: Params = &[&types_param(types), &at, &id, &sql_limit(limit), &state_param(state)];
+        self.query_rows(OUTBOX_DEAD_PAGE, params, dead_row).await
     }
 
     async fn overdue_timers_page(
@@ -710,20 +715,51 @@ impl OpsQueries for PgStore {
 
     async fn unmatched_sms_page(
         &self,
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
-    ) -> Result<Vec<UnmatchedSms>, StoreError> {
+    ) -> Result<Vec<InboxSms>, StoreError> {
         let (at, id) = position(before, i64::MAX);
-        self.query_rows(UNMATCHED_SMS_PAGE, &[&at, &id, &sql_limit(limit)], unmatched_sms_row).await
+        self.query_rows(UNMATCHED_SMS_PAGE, &[&at, &id, &sql_limit(limit), &state_param(state)], inbox_sms_row).await
     }
 
     async fn ops_alerts_page(
         &self,
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
-    ) -> Result<Vec<OpsAlertRecord>, StoreError> {
+    ) -> Result<Vec<InboxAlert>, StoreError> {
         let (at, id) = position(before, i64::MAX);
-        self.query_rows(OPS_ALERTS_NEWEST, &[&at, &id, &sql_limit(limit)], ops_alert_row).await
+        self.query_rows(OPS_ALERTS_NEWEST, &[&at, &id, &sql_limit(limit), &state_param(state)], inbox_alert_row).await
+    }
+
+    async fn inbox_counts(&self, bound: usize) -> Result<InboxCounts, StoreError> {
+        let bound = sql_limit(bound);
+        let dead = self.query_rows(INBOX_DEAD_COUNTS, &[&bound], type_count_row).await?;
+        let count = async |sql: &'static str| -> Result<u64, StoreError> {
+            let n = self.query_rows(sql, &[&bound], |r| Ok(r.i64(0)?)).await?;
+            Ok(n.first().copied().unwrap_or(0).max(0) as u64)
+        };
+        Ok(InboxCounts { dead, alerts: count(INBOX_ALERTS_COUNT).await?, unmatched: count(INBOX_SMS_COUNT).await? })
+    }
+
+    async fn dismiss_unmatched_sms(
+        &self,
+        message_sid: &str,
+        by: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<SmsDismissal, StoreError> {
+        let client = self.client().await?;
+        let dismiss = client.prepare_cached(UNMATCHED_SMS_DISMISS).await.map_err(pg)?;
+        if client.execute(&dismiss, &[&message_sid, &by, &reason, &to_ms(now)]).await.map_err(pg)? == 1 {
+            return Ok(SmsDismissal::Dismissed);
+        }
+        let read = client.prepare_cached(UNMATCHED_SMS_ONE).await.map_err(pg)?;
+        match client.query_opt(&read, &[&message_sid]).await.map_err(pg)? {
+            Some(row) => sms_dismissal(&inbox_sms_row(&PgRow(&row))?),
+            None => Ok(SmsDismissal::NotFound),
+        }
     }
 
     async fn record_conflict(&self, load_id: &LoadId, now: Timestamp) -> Result<(), StoreError> {

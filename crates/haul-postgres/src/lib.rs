@@ -45,6 +45,8 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(11, include_str!("../migrations/0011_conflicts.sql")),
     // New tables only: a haul of schema 11 runs beside (it leaves them alone).
     Migration::new(12, include_str!("../migrations/0012_edge.sql")).readable_by(11),
+    // New columns only: a haul of schema 12 runs beside (it never reads or writes them).
+    Migration::new(13, include_str!("../migrations/0013_inbox.sql")).readable_by(12),
 ];
 
 /// The newest schema version this build knows.

@@ -13,7 +13,7 @@
 //! A statement whose rows go to one of `haul_store::backend`'s decoders selects the
 //! decoder's `columns!` list, which keeps the column order in one place.
 
-use haul_store::columns;
+use haul_store::{alert_inbox, columns, sms_inbox_state};
 
 // ---------------------------------------------------------------------------------
 // The log.
@@ -359,12 +359,12 @@ pub const UNMATCHED_SMS_RECORD: &str =
 /// it taken.
 pub const UNMATCHED_SMS_ASSIGN: &str =
     "UPDATE unmatched_sms SET assigned_load = $2, assigned_event = $3, assigned_at = $4
-     WHERE message_sid = $1 AND assigned_load IS NULL";
+     WHERE message_sid = $1 AND assigned_load IS NULL AND dismissed_at IS NULL";
 /// The SMS and whose it is: `$1` sid.
 pub const UNMATCHED_SMS_ASSIGNED: &str = concat!(
     "SELECT ",
     columns!(unmatched_sms),
-    ", assigned_load, assigned_event FROM unmatched_sms WHERE message_sid = $1"
+    ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = $1"
 );
 /// The newest first: `$1` limit.
 pub const UNMATCHED_SMS_LIST: &str = concat!(
@@ -430,14 +430,39 @@ pub const LOADS_PAGE: &str = concat!(
      ORDER BY l.load_id LIMIT $11"
 );
 /// Dead rows across loads, newest first: `$1` action types (`,a,b,`), `$2` before
-/// dead_at, `$3` before id (at the same dead_at), `$4` limit.
+/// dead_at, `$3` before id (at the same dead_at), `$4` limit, `$5` inbox state (NULL:
+/// any).
 pub const OUTBOX_DEAD_PAGE: &str = concat!(
     "SELECT ",
     columns!(dead_row),
     " FROM outbox WHERE status = 'dead' AND strpos($1, ',' || action_type || ',') > 0
        AND dead_at <= $2 AND (dead_at < $2 OR id < $3)
+       AND ($5::text IS NULL OR COALESCE(inbox_state, 'open') = $5)
      ORDER BY dead_at DESC, id DESC LIMIT $4"
 );
+/// The dead rows an append's decisions took out of the inbox: `$1` load, `$2` ids, `$3`
+/// states, `$4` the events decided, `$5` now.
+pub const OUTBOX_INBOX_SET: &str = "UPDATE outbox o SET inbox_state = c.state, inbox_event = c.event, inbox_at = $5
+     FROM unnest($2::text[], $3::text[], $4::text[]) AS c(id, state, event)
+     WHERE o.load_id = $1 AND o.id = c.id";
+/// Open dead rows by action type, the newest `$1` of them counted.
+pub const INBOX_DEAD_COUNTS: &str = "SELECT action_type, count(*) FROM (SELECT action_type FROM outbox
+       WHERE status = 'dead' AND inbox_state IS NULL ORDER BY dead_at DESC LIMIT $1) d
+     GROUP BY action_type ORDER BY action_type";
+/// OpsAlerts whose dead row is open, at most `$1` counted.
+pub const INBOX_ALERTS_COUNT: &str = "SELECT count(*) FROM (SELECT 1 FROM outbox o
+       WHERE o.status = 'dead' AND o.inbox_state IS NULL
+         AND EXISTS (SELECT 1 FROM ops_alerts a WHERE a.outbox_id = o.id) LIMIT $1) x";
+/// Unmatched SMS neither assigned nor dismissed, at most `$1` counted.
+pub const INBOX_SMS_COUNT: &str = "SELECT count(*) FROM (SELECT 1 FROM unmatched_sms
+       WHERE assigned_load IS NULL AND dismissed_at IS NULL LIMIT $1) x";
+/// Dismisses an unmatched SMS not assigned or dismissed: `$1` sid, `$2` by, `$3` why,
+/// `$4` now.
+pub const UNMATCHED_SMS_DISMISS: &str = "UPDATE unmatched_sms SET dismissed_by = $2, dismissed_reason = $3,
+       dismissed_at = $4 WHERE message_sid = $1 AND assigned_load IS NULL AND dismissed_at IS NULL";
+/// One unmatched SMS with its inbox columns: `$1` sid.
+pub const UNMATCHED_SMS_ONE: &str =
+    concat!("SELECT ", columns!(inbox_sms), " FROM unmatched_sms WHERE message_sid = $1");
 /// Overdue timers, the most overdue first: `$1` due by, `$2` after fire_at, `$3` after
 /// timer id, `$4` limit.
 pub const TIMERS_OVERDUE_PAGE: &str = concat!(
@@ -446,18 +471,28 @@ pub const TIMERS_OVERDUE_PAGE: &str = concat!(
     " FROM timers WHERE status = 'scheduled' AND fire_at <= $1 AND (fire_at, timer_id) > ($2, $3)
      ORDER BY fire_at, timer_id LIMIT $4"
 );
-/// Unmatched SMS, newest first: `$1` before received_at, `$2` before sid, `$3` limit.
+/// Unmatched SMS, newest first: `$1` before received_at, `$2` before sid, `$3` limit,
+/// `$4` inbox state (NULL: any).
 pub const UNMATCHED_SMS_PAGE: &str = concat!(
     "SELECT ",
-    columns!(unmatched_sms),
+    columns!(inbox_sms),
     " FROM unmatched_sms WHERE (received_at, message_sid) < ($1, $2)
+       AND ($4::text IS NULL OR ",
+    sms_inbox_state!(),
+    " = $4)
      ORDER BY received_at DESC, message_sid DESC LIMIT $3"
 );
-/// OpsAlerts, newest first: `$1` before raised_at, `$2` before outbox id, `$3` limit.
+/// OpsAlerts, newest first, with their dead rows' inbox columns: `$1` before raised_at,
+/// `$2` before outbox id, `$3` limit, `$4` inbox state (NULL: any).
 pub const OPS_ALERTS_NEWEST: &str = concat!(
     "SELECT ",
     columns!(ops_alert),
-    " FROM ops_alerts WHERE (raised_at, outbox_id) < ($1, $2) ORDER BY raised_at DESC, outbox_id DESC LIMIT $3"
+    ", inbox_state, inbox_event, inbox_at FROM (SELECT a.*, ",
+    alert_inbox!(),
+    " FROM ops_alerts a LEFT JOIN outbox o ON o.load_id = a.load_id AND o.id = a.outbox_id
+       WHERE (a.raised_at, a.outbox_id) < ($1, $2)) x
+     WHERE ($4::text IS NULL OR COALESCE(inbox_state, 'open') = $4)
+     ORDER BY raised_at DESC, outbox_id DESC LIMIT $3"
 );
 /// Counts a refused append: `$1` load, `$2` now.
 pub const LOAD_CONFLICT_COUNT: &str =

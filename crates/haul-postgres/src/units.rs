@@ -18,8 +18,8 @@ use tokio_postgres::error::SqlState;
 use crate::rows::{Params, col, constraint};
 use crate::sql::{
     ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS, LOAD_SUMMARY_FOLD,
-    LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED, QUEUE_ACK,
-    QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
+    LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED,
+    QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
 };
 use crate::{pg, pool_client};
 
@@ -115,6 +115,7 @@ pub(crate) struct AppendStatements {
     summary: Option<Statement>,
     fold: Option<Statement>,
     facts: Option<Statement>,
+    inbox: Option<Statement>,
     lock: Option<Statement>,
     ack: Option<Statement>,
 }
@@ -137,6 +138,7 @@ impl AppendStatements {
             summary: prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?,
             fold: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_FOLD).await?,
             facts: prepare(delta.changes_facts(), LOAD_FACTS_SET).await?,
+            inbox: prepare(!delta.inbox.is_empty(), OUTBOX_INBOX_SET).await?,
             lock: prepare(message, QUEUE_LOCK_HEAD_OF_LOAD).await?,
             ack: prepare(message, QUEUE_ACK).await?,
         })
@@ -186,6 +188,7 @@ pub(crate) async fn append_body(
         summary: summary_stmt,
         fold: fold_stmt,
         facts: facts_stmt,
+        inbox: inbox_stmt,
         lock: lock_stmt,
         ack: ack_stmt,
     } = statements;
@@ -226,6 +229,20 @@ pub(crate) async fn append_body(
         Some(stmt) => tx.execute(stmt, &[&lid, &delta.driver_phone, &active, &now]).await,
         None => Ok(0),
     };
+    // The dead rows the decisions took out of the inbox: each row's last change.
+    let mut inbox: Vec<&(String, String, String)> = Vec::with_capacity(delta.inbox.len());
+    for change in delta.inbox.iter().rev() {
+        if !inbox.iter().any(|c| c.0 == change.0) {
+            inbox.push(change);
+        }
+    }
+    let inbox_ids: Vec<&str> = inbox.iter().map(|c| c.0.as_str()).collect();
+    let inbox_states: Vec<&str> = inbox.iter().map(|c| c.1.as_str()).collect();
+    let inbox_events: Vec<&str> = inbox.iter().map(|c| c.2.as_str()).collect();
+    let mark_inbox = async || match &inbox_stmt {
+        Some(stmt) => tx.execute(stmt, &[&lid, &inbox_ids, &inbox_states, &inbox_events, &now]).await,
+        None => Ok(0),
+    };
     let ack = async || match (&lock_stmt, &ack_stmt, message) {
         (Some(lock), Some(ack), Some(id)) => {
             // Two statements, one round trip: the ack's snapshot must come after the
@@ -251,9 +268,21 @@ pub(crate) async fn append_body(
         // step, checks and all, for the exact error. Taken ones are rare (a redelivery
         // the worker did not already see in the log), the lookups are not: one or two
         // statements fewer per append.
-        let (won, inserted, outboxed, summarized, facts, acked) =
-            tokio::join!(take_version(), insert_events(), insert_outbox(), summarize(), set_facts(), ack());
-        let clean = matches!(won, Ok(1)) && inserted.is_ok() && outboxed.is_ok() && summarized.is_ok() && facts.is_ok();
+        let (won, inserted, outboxed, summarized, facts, marked, acked) = tokio::join!(
+            take_version(),
+            insert_events(),
+            insert_outbox(),
+            summarize(),
+            set_facts(),
+            mark_inbox(),
+            ack()
+        );
+        let clean = matches!(won, Ok(1))
+            && inserted.is_ok()
+            && outboxed.is_ok()
+            && summarized.is_ok()
+            && facts.is_ok()
+            && marked.is_ok();
         return match acked {
             Ok(n) if clean => Ok((new_version as u64, n == 1)),
             _ => Err(Fail::Again),
@@ -300,8 +329,14 @@ pub(crate) async fn append_body(
         let (after, o, e) = delta.fold_asks(&before);
         (asks_after, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
     }
-    let (inserted, outboxed, summarized, facts, acked) =
-        tokio::join!(insert_events(), insert_outbox(), set_summary(&asks_after, &open, &escalated), set_facts(), ack());
+    let (inserted, outboxed, summarized, facts, marked, acked) = tokio::join!(
+        insert_events(),
+        insert_outbox(),
+        set_summary(&asks_after, &open, &escalated),
+        set_facts(),
+        mark_inbox(),
+        ack()
+    );
     inserted.map_err(|e| match constraint(&e) {
         Some(c) if c.ends_with("entry_id_key") => {
             Fail::typed(DuplicateEntryError { load_id: lid.to_owned(), entry_id: "?".into() })
@@ -315,6 +350,7 @@ pub(crate) async fn append_body(
     })?;
     summarized.map_err(db)?;
     facts.map_err(db)?;
+    marked.map_err(db)?;
     Ok((new_version as u64, acked.map_err(db)? == 1))
 }
 

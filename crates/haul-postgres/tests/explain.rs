@@ -140,6 +140,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let (sid, phone) = ("SM8a1f", "+15555550100");
     let (stage, asks, count, window, last) = (Some("in_transit"), Some(r#"{"a":"open"}"#), Some(1i32), 5000i64, "L9");
     let (no_text, no_ms, no, yes) = (None::<&str>, None::<i64>, false, true);
+    let (open, states) = (Some("open"), vec!["dismissed"]);
     let (min, max, types) = (i64::MIN, i64::MAX, ",send_sms,create_hero_task,");
     let cases = vec![
         per_load("read / read_after", READ_AFTER, vec![&l, &zero]),
@@ -208,10 +209,19 @@ async fn every_hot_query_is_served_by_an_index() {
             LOADS_PAGE,
             vec![&empty, &last, &stage, &yes, &yes, &later, &zero, &yes, &now, &later, &limit],
         ),
-        case("dead rows across loads", OUTBOX_DEAD_PAGE, vec![&types, &max, &empty, &limit]),
+        case("dead rows across loads", OUTBOX_DEAD_PAGE, vec![&types, &max, &empty, &limit, &no_text]),
+        case("open dead rows across loads", OUTBOX_DEAD_PAGE, vec![&types, &max, &empty, &limit, &open]),
         case("overdue timers", TIMERS_OVERDUE_PAGE, vec![&later, &min, &empty, &limit]),
-        case("unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit]),
-        case("ops alerts, newest first", OPS_ALERTS_NEWEST, vec![&max, &empty, &limit]),
+        case("unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit, &no_text]),
+        case("open unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit, &open]),
+        case("ops alerts, newest first", OPS_ALERTS_NEWEST, vec![&max, &empty, &limit, &no_text]),
+        case("open ops alerts, newest first", OPS_ALERTS_NEWEST, vec![&max, &empty, &limit, &open]),
+        per_load("append: the inbox", OUTBOX_INBOX_SET, vec![&l, &keys, &states, &entry_ids, &now]),
+        case("inbox: open dead rows", INBOX_DEAD_COUNTS, vec![&limit]),
+        case("inbox: open alerts", INBOX_ALERTS_COUNT, vec![&limit]),
+        case("inbox: open unmatched SMS", INBOX_SMS_COUNT, vec![&limit]),
+        case("operator: dismiss an unmatched SMS", UNMATCHED_SMS_DISMISS, vec![&sid, &l, &key, &now]),
+        case("operator: one unmatched SMS", UNMATCHED_SMS_ONE, vec![&sid]),
         case("worker: count a conflict", LOAD_CONFLICT_COUNT, vec![&l, &now]),
         case("loads with the most conflicts", LOADS_MOST_CONFLICTS, vec![&limit]),
         case("operator: assign an unmatched SMS", UNMATCHED_SMS_ASSIGN, vec![&sid, &l, &key, &now]),

@@ -357,3 +357,29 @@ async fn upgrade_to_version_7_leaves_dead_rows_due_for_the_sweep() {
     assert_eq!(got, vec![(key.as_str(), 0, None)], "a row buried before the upgrade is due at once");
     assert!(s.ops_alerts(&haul_store::RowCursor::start(), 10).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn upgrade_to_version_13_marks_dead_rows_whose_requeued_copy_was_delivered_handled() {
+    let (s, _client) = unmigrated().await;
+    s.migrate_to(12).await.unwrap();
+    let (dead, copy) = (format!("{}/e1/send_sms", load(0)), format!("{}/op:r1/send_sms", load(0)));
+    let other = format!("{}/e2/send_sms", load(0));
+    s.append(&load(0), vec![entry("e1")], 0, vec![row(dead.clone()), row(other.clone())], at(1)).await.unwrap();
+    for c in s.pending(10, at(2), LEASE).await.unwrap() {
+        s.mark_failed(&c.row.id, &c.token, "HTTP 400", None, at(3)).await.unwrap();
+    }
+    let copy_row = NewOutboxRow {
+        action: json!({"key": copy, "requeue_of": dead}),
+        id: copy.clone(),
+        action_type: ActionType::SendSms,
+    };
+    s.append(&load(0), vec![entry("op:r1")], 1, vec![copy_row], at(4)).await.unwrap();
+    let c = s.pending(1, at(5), LEASE).await.unwrap().remove(0);
+    s.mark_dispatched(&c.row.id, &c.token, "SM1", at(6)).await.unwrap();
+
+    assert_eq!(s.migrate().await.unwrap(), vec![13]);
+    let rows = s.dead_rows_page(&[], None, None, 10).await.unwrap();
+    let got: Vec<_> = rows.iter().map(|d| (d.row.id.clone(), d.inbox.state, d.inbox.by.clone(), d.inbox.at)).collect();
+    use haul_core::InboxState::{Handled, Open};
+    assert_eq!(got, vec![(other, Open, None, None), (dead, Handled, Some("migration 13".into()), Some(at(6)))]);
+}

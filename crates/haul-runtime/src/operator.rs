@@ -17,7 +17,9 @@ use haul_core::event::{OperatorAction, OperatorCommand};
 use haul_core::ids::{AskId, EventId, LoadId, check_request_id};
 use haul_core::time::Timestamp;
 use haul_core::{BadInput, EventBody, InboundEvent};
-use haul_store::{EdgeStore, OutboxRow, OutboxStatus, Published, RequestClaim, SmsAssignment, Store, StoreError};
+use haul_store::{
+    EdgeStore, OutboxRow, OutboxStatus, Published, RequestClaim, SmsAssignment, SmsDismissal, Store, StoreError,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::queue::EventQueue;
@@ -45,12 +47,14 @@ pub enum OperatorError {
     NoSuchRow(String),
     #[error("load {0} has no records: an operator action never makes a load (is the load id right?)")]
     NoSuchLoad(LoadId),
-    #[error("outbox row {id} is {status}: only a dead row is requeued")]
+    #[error("outbox row {id} is {status}: only a dead row is requeued or dismissed")]
     NotDead { id: String, status: &'static str },
     #[error("no unmatched SMS has MessageSid {0}")]
     NoSuchSms(String),
     #[error("SMS {message_sid} was assigned to load {load_id} by {event_id} already")]
     SmsAssigned { message_sid: String, load_id: LoadId, event_id: String },
+    #[error("SMS {message_sid} was dismissed by {by}: it goes to no load")]
+    SmsDismissed { message_sid: String, by: String },
     #[error("request id {request_id} was already used for another operator action on load {load_id}")]
     RequestIdReused { request_id: String, load_id: LoadId },
     #[error(transparent)]
@@ -67,6 +71,7 @@ impl OperatorError {
             OperatorError::NotDead { .. } => "not_dead",
             OperatorError::NoSuchSms(_) => "no_such_sms",
             OperatorError::SmsAssigned { .. } => "sms_assigned",
+            OperatorError::SmsDismissed { .. } => "sms_dismissed",
             OperatorError::RequestIdReused { .. } => "request_id_reused",
             OperatorError::Store(_) => "store_unavailable",
         }
@@ -77,7 +82,9 @@ impl OperatorError {
         match self {
             OperatorError::BadInput(_) => 400,
             OperatorError::NoSuchRow(_) | OperatorError::NoSuchLoad(_) | OperatorError::NoSuchSms(_) => 404,
-            OperatorError::NotDead { .. } | OperatorError::SmsAssigned { .. } => 409,
+            OperatorError::NotDead { .. } | OperatorError::SmsAssigned { .. } | OperatorError::SmsDismissed { .. } => {
+                409
+            }
             OperatorError::RequestIdReused { .. } => 422,
             OperatorError::Store(_) => 503,
         }
@@ -221,10 +228,71 @@ pub async fn assign_sms(
         SmsAssignment::Taken { load_id, event_id } => {
             return Err(OperatorError::SmsAssigned { message_sid: message_sid.to_owned(), load_id, event_id });
         }
+        SmsAssignment::Dismissed { by } => {
+            return Err(OperatorError::SmsDismissed { message_sid: message_sid.to_owned(), by });
+        }
     };
     let command = OperatorCommand::AssignSms { message_sid: sms.message_sid, from: sms.from, body: sms.body };
     let event = event(load_id, &event_id, who, command)?;
     publish(store, queue, &event, &who.request_id, now).await
+}
+
+/// Takes the dead row `outbox_id` (and the rest of its requeue chain) out of the
+/// operators' inbox, for the reason `who` gives: an `operator_action` on its load,
+/// decided there (`haul_core::operator`), so the log keeps who dismissed it and why.
+pub async fn dismiss(
+    store: &dyn Store,
+    queue: &EventQueue,
+    who: &Requester,
+    outbox_id: &str,
+    now: Timestamp,
+) -> Result<Queued, OperatorError> {
+    let event_id = EventId::operator(&who.request_id)?;
+    let no_such_row = || OperatorError::NoSuchRow(haul_core::mask::clip(outbox_id, haul_core::mask::MAX_ECHO_CHARS));
+    let row = store.get(outbox_id).await?.ok_or_else(no_such_row)?;
+    if row.status != OutboxStatus::Dead {
+        return Err(OperatorError::NotDead { id: row.id.clone(), status: row.status.as_str() });
+    }
+    let event = event(&row.load_id, &event_id, who, OperatorCommand::Dismiss { outbox_id: row.id.clone() })?;
+    publish(store, queue, &event, &who.request_id, now).await
+}
+
+/// What dismissing an unmatched SMS did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SmsDismissed {
+    pub message_sid: String,
+    /// `dismissed` now, or `already_dismissed` (by `by` at `at`: this or another
+    /// request, before).
+    pub status: &'static str,
+    pub by: String,
+    pub at: Timestamp,
+}
+
+/// Takes the unmatched SMS `message_sid` out of the inbox: it belongs to no load, so
+/// the store keeps who dismissed it and why (there is no log to append to). One
+/// assigned to a load is handled and is refused (`sms_assigned`).
+pub async fn dismiss_sms(
+    store: &dyn Store,
+    who: &Requester,
+    message_sid: &str,
+    now: Timestamp,
+) -> Result<SmsDismissed, OperatorError> {
+    check_request_id(&who.request_id)?;
+    if !haul_core::ids::is_message_sid(message_sid) {
+        return Err(BadInput::new("bad_message_sid", "MessageSid is not of the form [A-Za-z0-9]{1,64}").into());
+    }
+    haul_core::event::validate_actor_and_reason(&who.actor, &who.reason)?;
+    let sms = message_sid.to_owned();
+    match store.dismiss_unmatched_sms(message_sid, &who.actor, &who.reason, now).await? {
+        SmsDismissal::Dismissed => {
+            Ok(SmsDismissed { message_sid: sms, status: "dismissed", by: who.actor.clone(), at: now })
+        }
+        SmsDismissal::Already { by, at } => Ok(SmsDismissed { message_sid: sms, status: "already_dismissed", by, at }),
+        SmsDismissal::Assigned { load_id, event_id } => {
+            Err(OperatorError::SmsAssigned { message_sid: sms, load_id, event_id })
+        }
+        SmsDismissal::NotFound => Err(OperatorError::NoSuchSms(sms)),
+    }
 }
 
 /// Closes the ask `ask_id` of `load_id` by hand and cancels its timer (the driver

@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use haul_core::BadInput;
 use haul_core::action::ActionType;
+use haul_core::decision::InboxState;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, since, to_ms};
 use haul_store::ops::{ConflictLoad, DEFAULT_PAGE, DeadRow, LoadSummary, MAX_PAGE, class_types};
-use haul_store::{LoadFilter, OpsAlertRecord, RowCursor, Store, StoreError, Timer, UnmatchedSms};
+use haul_store::{InboxAlert, InboxSms, LoadFilter, RowCursor, Store, StoreError, Timer};
 
 /// One of the queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,9 +71,9 @@ impl Query {
                 "after",
                 "limit",
             ],
-            Query::Dead => &["action_type", "class", "before", "limit"],
+            Query::Dead => &["action_type", "class", "inbox", "before", "limit"],
             Query::Timers => &["overdue_over", "after", "limit"],
-            Query::Unmatched | Query::Alerts => &["before", "limit"],
+            Query::Unmatched | Query::Alerts => &["inbox", "before", "limit"],
             Query::Conflicts => &["limit"],
         }
     }
@@ -153,6 +154,18 @@ impl<'a> Params<'a> {
             .transpose()
     }
 
+    /// `inbox`: where a problem stands in the operators' inbox, `open`, `handled` or
+    /// `dismissed`; `all` or none given: every state (the answers as they were before
+    /// the inbox existed). Not `state`, which an alert's answer uses for its delivery.
+    fn inbox(&self) -> Result<Option<InboxState>, BadInput> {
+        match self.get("inbox") {
+            None | Some("all") => Ok(None),
+            Some(s) => InboxState::parse(s)
+                .map(Some)
+                .ok_or_else(|| bad(format!("inbox {:?}: open, handled, dismissed or all", clip(s)))),
+        }
+    }
+
     fn cursor(&self, name: &str) -> Result<Option<RowCursor>, BadInput> {
         self.get(name)
             .map(|s| {
@@ -200,8 +213,8 @@ pub enum Answer {
     Loads(Page<LoadSummary>),
     Dead(Page<DeadRow>),
     Timers(Page<Timer>),
-    Unmatched(Page<UnmatchedSms>),
-    Alerts(Page<OpsAlertRecord>),
+    Unmatched(Page<InboxSms>),
+    Alerts(Page<InboxAlert>),
     /// The loads that lost most races; one page only (`next` is always `None`).
     Conflicts(Page<ConflictLoad>),
 }
@@ -295,8 +308,8 @@ pub async fn dead(store: &dyn Store, pairs: &[(String, String)], now: Timestamp)
         }
         (None, None) => vec![],
     };
-    let before = p.cursor("before")?;
-    let rows = store.dead_rows_page(&types, before.as_ref(), limit).await?;
+    let (state, before) = (p.inbox()?, p.cursor("before")?);
+    let rows = store.dead_rows_page(&types, state, before.as_ref(), limit).await?;
     let next = next_of(&rows, limit, |r| r.cursor().to_string());
     Ok(Page { rows, next, now })
 }
@@ -306,12 +319,12 @@ pub async fn alerts(
     store: &dyn Store,
     pairs: &[(String, String)],
     now: Timestamp,
-) -> Result<Page<OpsAlertRecord>, QueryError> {
+) -> Result<Page<InboxAlert>, QueryError> {
     let p = Params::new(Query::Alerts, pairs)?;
     let limit = p.limit()?;
-    let before = p.cursor("before")?;
-    let rows = store.ops_alerts_page(before.as_ref(), limit).await?;
-    let next = next_of(&rows, limit, |a| a.cursor().to_string());
+    let (state, before) = (p.inbox()?, p.cursor("before")?);
+    let rows = store.ops_alerts_page(state, before.as_ref(), limit).await?;
+    let next = next_of(&rows, limit, |a| a.alert.cursor().to_string());
     Ok(Page { rows, next, now })
 }
 
@@ -342,13 +355,14 @@ pub async fn unmatched(
     store: &dyn Store,
     pairs: &[(String, String)],
     now: Timestamp,
-) -> Result<Page<UnmatchedSms>, QueryError> {
+) -> Result<Page<InboxSms>, QueryError> {
     let p = Params::new(Query::Unmatched, pairs)?;
     let limit = p.limit()?;
-    let before = p.cursor("before")?;
-    let rows = store.unmatched_sms_page(before.as_ref(), limit).await?;
-    let next =
-        next_of(&rows, limit, |u| RowCursor { created_at: u.received_at, id: u.message_sid.clone() }.to_string());
+    let (state, before) = (p.inbox()?, p.cursor("before")?);
+    let rows = store.unmatched_sms_page(state, before.as_ref(), limit).await?;
+    let next = next_of(&rows, limit, |u| {
+        RowCursor { created_at: u.sms.received_at, id: u.sms.message_sid.clone() }.to_string()
+    });
     Ok(Page { rows, next, now })
 }
 
@@ -371,6 +385,7 @@ mod tests {
                         "open_asks" | "escalated" | "has_dead" => drop(p.flag(name)?),
                         "pending_over" | "overdue_over" | "idle_over" | "active_within" => drop(p.duration(name)?),
                         "before" => drop(p.cursor(name)?),
+                        "inbox" => drop(p.inbox()?),
                         "after" if query != Query::Loads => drop(p.cursor(name)?),
                         _ => {}
                     }
@@ -398,7 +413,13 @@ mod tests {
         check(Query::Timers, &[("overdue_over", "15m"), ("after", "1772434800000.tmr:L1:ask:x:p:1")], Ok(()));
         check(Query::Timers, &[("after", "L1")], Err("not a cursor"));
         check(Query::Dead, &[("before", "x.y")], Err("not a cursor"));
-        check(Query::Unmatched, &[("stage", "x")], Err("one of before, limit"));
+        check(Query::Unmatched, &[("stage", "x")], Err("one of inbox, before, limit"));
+        for state in ["open", "handled", "dismissed", "all"] {
+            check(Query::Dead, &[("inbox", state)], Ok(()));
+            check(Query::Alerts, &[("inbox", state)], Ok(()));
+        }
+        check(Query::Unmatched, &[("inbox", "closed")], Err("inbox \"closed\": open, handled, dismissed or all"));
+        check(Query::Timers, &[("inbox", "open")], Err("unknown query parameter \"inbox\""));
         check(Query::Conflicts, &[("limit", "10")], Ok(()));
         check(
             Query::Conflicts,

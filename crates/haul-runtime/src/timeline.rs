@@ -71,5 +71,6 @@ pub fn target(command: &OperatorCommand) -> &str {
         OperatorCommand::Requeue { outbox_id, .. } => outbox_id,
         OperatorCommand::AssignSms { message_sid, .. } => message_sid,
         OperatorCommand::ResolveAsk { ask_id } => ask_id.as_str(),
+        OperatorCommand::Dismiss { outbox_id } => outbox_id,
     }
 }

@@ -5,7 +5,7 @@
 
 use haul_runtime::queries::{Answer, Page};
 use haul_store::ops::{ConflictLoad, DeadRow, LoadSummary, class_name};
-use haul_store::{OpsAlertRecord, Timer, UnmatchedSms};
+use haul_store::{InboxAlert, InboxMark, InboxSms, Timer};
 use serde_json::{Value, json};
 
 /// `answer` as the API writes it: the page's rows under the query's list name, and
@@ -51,7 +51,15 @@ fn dead(p: &Page<DeadRow>, d: &DeadRow) -> Value {
         "dead_at": d.dead_at,
         "age_s": p.age_s(d.dead_at),
         "outcome_published_at": d.outcome_published_at,
+        "inbox": inbox(&d.inbox),
     })
+}
+
+/// Where a problem stands in the operators' inbox: `state` (`open`, `handled`,
+/// `dismissed`), what took it out (`by`: an event id, or for an unmatched SMS the
+/// operator who dismissed it) and when (`at`); `null`s while open.
+fn inbox(m: &InboxMark) -> Value {
+    json!({"state": m.state.as_str(), "by": m.by, "at": m.at})
 }
 
 fn timer(p: &Page<Timer>, t: &Timer) -> Value {
@@ -64,7 +72,8 @@ fn timer(p: &Page<Timer>, t: &Timer) -> Value {
     })
 }
 
-fn unmatched(p: &Page<UnmatchedSms>, u: &UnmatchedSms) -> Value {
+fn unmatched(p: &Page<InboxSms>, i: &InboxSms) -> Value {
+    let u = &i.sms;
     json!({
         "message_sid": u.message_sid,
         "from": u.from,
@@ -73,14 +82,19 @@ fn unmatched(p: &Page<UnmatchedSms>, u: &UnmatchedSms) -> Value {
         "received_at": u.received_at,
         "age_s": p.age_s(u.received_at),
         "reason": u.reason,
+        "inbox": inbox(&i.inbox),
+        "assigned_load": i.assigned_load,
+        "dismissed_reason": i.dismissed_reason,
     })
 }
 
 /// An OpsAlert as the dispatcher recorded it: raised once per dead Hero-channel or
 /// internal row, then `pending` (the ops service is down; the sweep sends it again),
 /// `delivered` or `refused` (a 4xx; not sent again). `sends` counts the sends so far
-/// and `last_error` is what the last failed one got.
-fn alert(p: &Page<OpsAlertRecord>, a: &OpsAlertRecord) -> Value {
+/// and `last_error` is what the last failed one got. `inbox` is where its dead row
+/// stands in the operators' inbox.
+fn alert(p: &Page<InboxAlert>, i: &InboxAlert) -> Value {
+    let a = &i.alert;
     json!({
         "kind": a.kind.as_str(),
         "outbox_id": a.outbox_id,
@@ -93,6 +107,7 @@ fn alert(p: &Page<OpsAlertRecord>, a: &OpsAlertRecord) -> Value {
         "raised_at": a.raised_at,
         "updated_at": a.updated_at,
         "age_s": p.age_s(a.raised_at),
+        "inbox": inbox(&i.inbox),
     })
 }
 

@@ -81,6 +81,8 @@ pub const ROUTES: &[Route] = &[
     api("POST", "/v1/operator/bulk-requeue", true, true, || post(crate::operator::bulk_requeue)),
     api("POST", "/v1/operator/assign-sms", true, true, || post(crate::operator::assign_sms)),
     api("POST", "/v1/operator/resolve-ask", true, true, || post(crate::operator::resolve_ask)),
+    api("POST", "/v1/operator/dismiss", true, true, || post(crate::operator::dismiss)),
+    api("POST", "/v1/operator/dismiss-sms", true, true, || post(crate::operator::dismiss_sms)),
     api("GET", "/v1/ops/loads", true, false, || ops(OpsQuery::Loads)),
     api("GET", "/v1/ops/dead", true, false, || ops(OpsQuery::Dead)),
     api("GET", "/v1/ops/timers", true, false, || ops(OpsQuery::Timers)),

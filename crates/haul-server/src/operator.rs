@@ -140,6 +140,58 @@ pub(crate) async fn resolve_ask(_: OperatorCaller, State(s): State<Arc<ApiState>
     answer(&s, &who, "resolve_ask", q, b.wait_s).await
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DismissBody {
+    request_id: String,
+    actor: String,
+    reason: String,
+    outbox_id: String,
+    #[serde(default)]
+    wait_s: Option<u64>,
+}
+
+/// Takes a dead row (and its requeue chain) out of the operators' inbox: an
+/// `operator_action` its load decides, like a requeue.
+pub(crate) async fn dismiss(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+    let b: DismissBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if let Some(r) = refused_wait(b.wait_s) {
+        return r;
+    }
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let q = operator::dismiss(s.store.as_ref(), &s.queue, &who, &b.outbox_id, s.clock.now()).await;
+    answer(&s, &who, "dismiss", q, b.wait_s).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DismissSmsBody {
+    request_id: String,
+    actor: String,
+    reason: String,
+    message_sid: String,
+}
+
+/// Takes an unmatched SMS out of the inbox: 200 `dismissed`, or `already_dismissed`
+/// with who did and when; one assigned to a load is refused (`sms_assigned`).
+pub(crate) async fn dismiss_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+    let b: DismissSmsBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    match operator::dismiss_sms(s.store.as_ref(), &who, &b.message_sid, s.clock.now()).await {
+        Ok(d) => {
+            info!(action = "dismiss_sms", actor = %who.actor, request_id = %who.request_id, status = d.status, "operator action");
+            (StatusCode::OK, axum::Json(d)).into_response()
+        }
+        Err(e) => refused(e),
+    }
+}
+
 fn default_limit() -> usize {
     MAX_BULK_ROWS
 }

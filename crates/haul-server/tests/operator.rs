@@ -1,7 +1,8 @@
 //! The operator routes over real HTTP, on SQLite and PostgreSQL: only an operator's
 //! token, one `operator_action` per request id on the load's queue (a retry answers
 //! `duplicate`, the id reused for something else 422), a dead row's action carried
-//! whole, a bulk requeue bounded with its dry run, an unmatched SMS assigned once.
+//! whole, a bulk requeue bounded with its dry run, an unmatched SMS assigned once, dead
+//! rows and unmatched SMS dismissed from the inbox.
 
 mod common;
 
@@ -343,7 +344,109 @@ async fn an_answer_with_wait_s_holds_the_loads_decision(backend: Backend) {
     assert!(v.get("decision").is_none(), "{v}");
 }
 
+/// A worker on the API's store, run a few times: what decides the operator events.
+fn worker(api: &Api) -> Arc<haul_runtime::worker::Worker> {
+    use haul_core::{Clock, QueueMode};
+    use haul_runtime::worker::{Worker, WorkerSettings};
+    let clock: Arc<dyn Clock> = Arc::new(haul_runtime::clock::SystemClock);
+    let sop = Arc::new(haul_runtime::decider::SopDecider { policies: Default::default() });
+    Arc::new(Worker::new(
+        api.store.clone(),
+        api.store.clone(),
+        QueueMode::StoreQueue,
+        sop,
+        clock,
+        WorkerSettings::default(),
+        Default::default(),
+    ))
+}
+
+async fn dead_rows_and_unmatched_sms_leave_the_inbox_when_dismissed(backend: Backend) {
+    let api = api(backend).await;
+    rows(&api, "L1", "p", &[(DEAD, ActionType::CreateHeroTask, Some(1)), ("L1/p/send_sms", ActionType::SendSms, None)])
+        .await;
+    // The dead row's failed outcome in its log, as the dispatcher publishes it.
+    let outcome = json!({"event_id": format!("evt:out:{DEAD}:failed"), "kind": "action_outcome", "outbox_id": DEAD,
+                         "action_type": "create_hero_task", "status": "failed", "failure": "400", "hero_channel": true});
+    api.store.publish(&l("L1"), outcome["event_id"].as_str().unwrap(), &outcome.to_string(), t0()).await.unwrap();
+    let w = worker(&api);
+    w.run_once().await.unwrap();
+    let ids = |v: &Value, list: &str| -> Vec<String> {
+        v[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().or(r["message_sid"].as_str()).unwrap().to_owned())
+            .collect()
+    };
+    let (status, open, _) = api.get("/v1/ops/dead?inbox=open").await;
+    assert_eq!((status, ids(&open, "rows")), (StatusCode::OK, vec![DEAD.to_owned()]), "{open}");
+    assert_eq!(open["rows"][0]["inbox"], json!({"state": "open", "by": null, "at": null}));
+
+    let path = "/v1/operator/dismiss";
+    let body = |request: &str, key: &str| with(who(request), json!({"outbox_id": key, "wait_s": 5}));
+    check(api.post_as(Some(TOKEN), path, &body("d0", DEAD)).await, StatusCode::FORBIDDEN, "operator_token_required");
+    check(api.post_as(Some(OPERATOR), path, &body("d0", "L1/p/send_sms")).await, StatusCode::CONFLICT, "not_dead");
+    check(api.post_as(Some(OPERATOR), path, &body("d0", "L1/nope/x")).await, StatusCode::NOT_FOUND, "no_such_row");
+    let deciding = tokio::spawn({
+        let w = w.clone();
+        async move {
+            for _ in 0..50 {
+                w.run_once().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    let v = check(api.post_as(Some(OPERATOR), path, &body("d1", DEAD)).await, StatusCode::ACCEPTED, "queued");
+    assert_eq!(v["decision"]["inbox"], json!([{"outbox_id": DEAD, "state": "dismissed"}]), "{v}");
+    assert_eq!(v["decision"]["actions"], json!([]), "{v}");
+    // Dismissed again by another request: the load says it is done already.
+    let v = check(api.post_as(Some(OPERATOR), path, &body("d2", DEAD)).await, StatusCode::ACCEPTED, "queued");
+    deciding.abort();
+    assert!(v["decision"].get("inbox").is_none(), "{v}");
+    assert!(v["decision"]["rationale"].as_str().unwrap().contains("is dismissed already"), "{v}");
+    let (_, open, _) = api.get("/v1/ops/dead?inbox=open").await;
+    assert_eq!(ids(&open, "rows"), Vec::<String>::new());
+    let (_, gone, _) = api.get("/v1/ops/dead?inbox=dismissed").await;
+    assert_eq!(ids(&gone, "rows"), vec![DEAD.to_owned()]);
+    assert_eq!(
+        (gone["rows"][0]["inbox"]["state"].as_str(), gone["rows"][0]["inbox"]["by"].as_str()),
+        (Some("dismissed"), Some("op:d1"))
+    );
+    let (_, all, _) = api.get("/v1/ops/dead").await;
+    assert_eq!(ids(&all, "rows"), vec![DEAD.to_owned()], "without inbox, every state, as before");
+    let (status, v, _) = api.get("/v1/ops/dead?inbox=closed").await;
+    check((status, v), StatusCode::BAD_REQUEST, "bad_query");
+
+    // An unmatched SMS: dismissed once, with who and why; then it goes to no load.
+    let form = [("From", "+15555550199"), ("To", "+15555550000"), ("Body", "wrong number"), ("MessageSid", "SMd1")];
+    assert_eq!(api.twilio(&form).await.0, StatusCode::OK);
+    let path = "/v1/operator/dismiss-sms";
+    let sms = |request: &str, sid: &str| with(who(request), json!({"message_sid": sid}));
+    check(api.post_as(Some(TOKEN), path, &sms("x1", "SMd1")).await, StatusCode::FORBIDDEN, "operator_token_required");
+    check(api.post_as(Some(OPERATOR), path, &sms("x1", "SMnone")).await, StatusCode::NOT_FOUND, "no_such_sms");
+    check(api.post_as(Some(OPERATOR), path, &sms("x1", "SM/x")).await, StatusCode::BAD_REQUEST, "bad_message_sid");
+    let no_reason = with(sms("x1", "SMd1"), json!({"reason": " "}));
+    check(api.post_as(Some(OPERATOR), path, &no_reason).await, StatusCode::BAD_REQUEST, "bad_payload");
+    let v = check(api.post_as(Some(OPERATOR), path, &sms("x1", "SMd1")).await, StatusCode::OK, "dismissed");
+    assert_eq!(v["by"], "ana");
+    let v = check(api.post_as(Some(OPERATOR), path, &sms("x2", "SMd1")).await, StatusCode::OK, "already_dismissed");
+    assert_eq!(v["by"], "ana");
+    let assign = with(who("x3"), json!({"message_sid": "SMd1", "load_id": "L1"}));
+    check(api.post_as(Some(OPERATOR), "/v1/operator/assign-sms", &assign).await, StatusCode::CONFLICT, "sms_dismissed");
+    let (_, open, _) = api.get("/v1/ops/unmatched?inbox=open").await;
+    assert_eq!(ids(&open, "unmatched"), Vec::<String>::new());
+    let (_, gone, _) = api.get("/v1/ops/unmatched?inbox=dismissed").await;
+    let row = &gone["unmatched"][0];
+    assert_eq!(
+        (row["inbox"]["by"].as_str(), row["dismissed_reason"].as_str()),
+        (Some("ana"), Some("the Hero service is back")),
+        "{gone}"
+    );
+}
+
 on_both_backends!(
+    dead_rows_and_unmatched_sms_leave_the_inbox_when_dismissed,
     an_answer_with_wait_s_holds_the_loads_decision,
     a_requeue_of_a_huge_unknown_id_answers_a_short_404,
     requeue_takes_an_operator_token_and_publishes_once,

@@ -235,7 +235,8 @@ async fn each_answer_keeps_every_field(backend: Backend) {
             "raised_at": "2026-03-02T06:00:30Z",
             "sends": 2,
             "state": "delivered",
-            "updated_at": "2026-03-02T06:00:31Z"
+            "updated_at": "2026-03-02T06:00:31Z",
+            "inbox": {"state": "open", "by": null, "at": null}
           }
         ],
         "next_before": null
@@ -263,7 +264,8 @@ async fn each_answer_keeps_every_field(backend: Backend) {
             "id": "L2/u1/send_sms",
             "last_failure": "HTTP 400: no such number",
             "load_id": "L2",
-            "outcome_published_at": null
+            "outcome_published_at": null,
+            "inbox": {"state": "open", "by": null, "at": null}
           }
         ]
       },
@@ -304,7 +306,10 @@ async fn each_answer_keeps_every_field(backend: Backend) {
             "message_sid": "SM2",
             "reason": "no single active load has this driver phone",
             "received_at": "2026-03-02T06:03:20Z",
-            "to": "+15555550000"
+            "to": "+15555550000",
+            "inbox": {"state": "open", "by": null, "at": null},
+            "assigned_load": null,
+            "dismissed_reason": null
           }
         ]
       }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use haul_core::InboxState;
 use haul_core::action::ActionType;
 use haul_core::derived::Derived;
 use haul_core::dispatch::Alert;
@@ -13,17 +14,20 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, load_id_row, load_summary_row,
-    ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row, shadow_params, shadow_row,
-    sms_assignment, sms_route, sms_route_load, timer_row, unmatched_sms_row, unsettled_row,
+    conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, inbox_alert_row, inbox_sms_row,
+    load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row,
+    shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_route, sms_route_load, timer_row, type_count_row,
+    unmatched_sms_row, unsettled_row,
 };
-use haul_store::ops::{LOADS_SCANNED_PER_PAGE, types_param};
+use haul_store::ops::{
+    InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
+};
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
     Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
     RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsRoute, StaleClaimError,
-    StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
+    StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -302,6 +306,16 @@ impl SqliteStore {
                            open_asks = COALESCE(?4, open_asks), escalated_asks = COALESCE(?5, escalated_asks)
                          WHERE load_id = ?1",
                         params![lid, delta.stage, asks, open, escalated],
+                    )
+                    .map_err(db)?;
+                }
+                // The dead rows its decisions took out of the operators' inbox.
+                for (outbox_id, state, event_id) in &delta.inbox {
+                    exec(
+                        conn,
+                        "UPDATE outbox SET inbox_state = ?3, inbox_event = ?4, inbox_at = ?5
+                         WHERE id = ?2 AND load_id = ?1",
+                        params![lid, outbox_id, state, event_id, now],
                     )
                     .map_err(db)?;
                 }
@@ -1134,7 +1148,7 @@ impl LoadIndex for SqliteStore {
                 exec(
                     conn,
                     "UPDATE unmatched_sms SET assigned_load = ?2, assigned_event = ?3, assigned_at = ?4
-                     WHERE message_sid = ?1 AND assigned_load IS NULL",
+                     WHERE message_sid = ?1 AND assigned_load IS NULL AND dismissed_at IS NULL",
                     params![sid, load_id.as_str(), event_id, now],
                 )
                 .map_err(db)?;
@@ -1142,7 +1156,7 @@ impl LoadIndex for SqliteStore {
                     .prepare_cached(concat!(
                         "SELECT ",
                         columns!(unmatched_sms),
-                        ", assigned_load, assigned_event FROM unmatched_sms WHERE message_sid = ?1"
+                        ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = ?1"
                     ))
                     .map_err(db)?;
                 let mut found = stmt.query([&sid]).map_err(db)?;
@@ -1252,6 +1266,7 @@ impl OpsQueries for SqliteStore {
     async fn dead_rows_page(
         &self,
         types: &[ActionType],
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
     ) -> Result<Vec<DeadRow>, StoreError> {
@@ -1262,9 +1277,10 @@ impl OpsQueries for SqliteStore {
                 columns!(dead_row),
                 " FROM outbox WHERE status = 'dead' AND instr(?1, ',' || action_type || ',') > 0
                    AND dead_at <= ?2 AND (dead_at < ?2 OR id < ?3)
+                   AND (?5 IS NULL OR COALESCE(inbox_state, 'open') = ?5)
                  ORDER BY dead_at DESC, id DESC LIMIT CAST(?4 AS INTEGER)"
             ),
-            (types_param(types), at, id, sql_limit(limit)),
+            (types_param(types), at, id, sql_limit(limit), state_param(state)),
             dead_row,
         )
         .await
@@ -1292,40 +1308,113 @@ impl OpsQueries for SqliteStore {
 
     async fn unmatched_sms_page(
         &self,
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
-    ) -> Result<Vec<UnmatchedSms>, StoreError> {
+    ) -> Result<Vec<InboxSms>, StoreError> {
         let (at, id) = position(before, i64::MAX);
         self.query_rows(
             concat!(
                 "SELECT ",
-                columns!(unmatched_sms),
+                columns!(inbox_sms),
                 " FROM unmatched_sms WHERE (received_at, message_sid) < (?1, ?2)
+                   AND (?4 IS NULL OR ",
+                sms_inbox_state!(),
+                " = ?4)
                  ORDER BY received_at DESC, message_sid DESC LIMIT CAST(?3 AS INTEGER)"
             ),
-            (at, id, sql_limit(limit)),
-            unmatched_sms_row,
+            (at, id, sql_limit(limit), state_param(state)),
+            inbox_sms_row,
         )
         .await
     }
 
     async fn ops_alerts_page(
         &self,
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
-    ) -> Result<Vec<OpsAlertRecord>, StoreError> {
+    ) -> Result<Vec<InboxAlert>, StoreError> {
         let (at, id) = position(before, i64::MAX);
         self.query_rows(
             concat!(
                 "SELECT ",
                 columns!(ops_alert),
-                " FROM ops_alerts WHERE (raised_at, outbox_id) < (?1, ?2)
+                ", inbox_state, inbox_event, inbox_at FROM (SELECT a.*, ",
+                alert_inbox!(),
+                " FROM ops_alerts a LEFT JOIN outbox o ON o.id = a.outbox_id
+                   WHERE (a.raised_at, a.outbox_id) < (?1, ?2))
+                 WHERE (?4 IS NULL OR COALESCE(inbox_state, 'open') = ?4)
                  ORDER BY raised_at DESC, outbox_id DESC LIMIT CAST(?3 AS INTEGER)"
             ),
-            (at, id, sql_limit(limit)),
-            ops_alert_row,
+            (at, id, sql_limit(limit), state_param(state)),
+            inbox_alert_row,
         )
         .await
+    }
+
+    async fn inbox_counts(&self, bound: usize) -> Result<InboxCounts, StoreError> {
+        let bound = sql_limit(bound);
+        let dead = self
+            .query_rows(
+                "SELECT action_type, count(*) FROM (SELECT action_type FROM outbox
+                   WHERE status = 'dead' AND inbox_state IS NULL ORDER BY dead_at DESC LIMIT CAST(?1 AS INTEGER))
+                 GROUP BY action_type ORDER BY action_type",
+                [bound],
+                type_count_row,
+            )
+            .await?;
+        let count = |sql: &'static str| async move {
+            let n = self.query_rows(sql, [bound], |r| Ok(r.i64(0)?)).await?;
+            Ok::<u64, StoreError>(n.first().copied().unwrap_or(0) as u64)
+        };
+        let alerts = count(
+            "SELECT count(*) FROM (SELECT 1 FROM outbox o WHERE o.status = 'dead' AND o.inbox_state IS NULL
+               AND EXISTS (SELECT 1 FROM ops_alerts a WHERE a.outbox_id = o.id) LIMIT CAST(?1 AS INTEGER))",
+        )
+        .await?;
+        let unmatched = count(
+            "SELECT count(*) FROM (SELECT 1 FROM unmatched_sms
+               WHERE assigned_load IS NULL AND dismissed_at IS NULL LIMIT CAST(?1 AS INTEGER))",
+        )
+        .await?;
+        Ok(InboxCounts { dead, alerts, unmatched })
+    }
+
+    async fn dismiss_unmatched_sms(
+        &self,
+        message_sid: &str,
+        by: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<SmsDismissal, StoreError> {
+        let (sid, by, reason, now) = (message_sid.to_owned(), by.to_owned(), reason.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let n = exec(
+                    conn,
+                    "UPDATE unmatched_sms SET dismissed_by = ?2, dismissed_reason = ?3, dismissed_at = ?4
+                     WHERE message_sid = ?1 AND assigned_load IS NULL AND dismissed_at IS NULL",
+                    params![sid, by, reason, now],
+                )
+                .map_err(db)?;
+                if n == 1 {
+                    return Ok(SmsDismissal::Dismissed);
+                }
+                let mut stmt = conn
+                    .prepare_cached(concat!(
+                        "SELECT ",
+                        columns!(inbox_sms),
+                        " FROM unmatched_sms WHERE message_sid = ?1"
+                    ))
+                    .map_err(db)?;
+                let mut found = stmt.query([&sid]).map_err(db)?;
+                match found.next().map_err(db)? {
+                    Some(row) => sms_dismissal(&inbox_sms_row(&SqliteRow(row))?),
+                    None => Ok(SmsDismissal::NotFound),
+                }
+            })
+            .await
     }
 
     async fn record_conflict(&self, load_id: &LoadId, now: Timestamp) -> Result<(), StoreError> {

@@ -133,3 +133,60 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
     let l1 = store.loads_page(&LoadFilter::default(), Some(&load("L0")), 1).await.unwrap().loads.remove(0);
     assert_eq!((l1.open_asks, l1.escalated_asks, l1.version), (0, 0, 3));
 }
+
+#[tokio::test]
+async fn upgrade_to_version_13_marks_dead_rows_whose_requeued_copy_was_delivered_handled() {
+    const VERSION_12: [&str; 12] = [
+        include_str!("../migrations/0001_init.sql"),
+        include_str!("../migrations/0002_deliveries.sql"),
+        include_str!("../migrations/0003_outcome_published.sql"),
+        include_str!("../migrations/0004_load_index.sql"),
+        include_str!("../migrations/0005_retention.sql"),
+        include_str!("../migrations/0006_message_sids.sql"),
+        include_str!("../migrations/0007_ops_alerts.sql"),
+        include_str!("../migrations/0008_operator_actions.sql"),
+        include_str!("../migrations/0009_ops_queries.sql"),
+        include_str!("../migrations/0010_shadow_decisions.sql"),
+        include_str!("../migrations/0011_conflicts.sql"),
+        include_str!("../migrations/0012_edge.sql"),
+    ];
+    let dir = std::env::temp_dir().join(format!("haul-migrate-{}-{}", std::process::id(), fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("haul.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);",
+        )
+        .unwrap();
+        for (i, sql) in VERSION_12.iter().enumerate() {
+            conn.execute_batch(sql).unwrap();
+            conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1]).unwrap();
+        }
+        // Two dead Hero tasks; one was requeued and its copy delivered, the other's
+        // copy is still pending.
+        conn.execute_batch(
+            "INSERT INTO outbox (id, load_id, action_type, action, status, attempts, due_at, created_at, updated_at, dead_at)
+             VALUES ('L0/e1/create_hero_task', 'L0', 'create_hero_task', '{}', 'dead', 3, 1000, 1000, 2000, 2000),
+                    ('L0/op:r1/create_hero_task', 'L0', 'create_hero_task',
+                     '{\"requeue_of\":\"L0/e1/create_hero_task\"}', 'dispatched', 1, 3000, 3000, 4000, NULL),
+                    ('L0/e2/create_hero_task', 'L0', 'create_hero_task', '{}', 'dead', 3, 1000, 1000, 2000, 2000),
+                    ('L0/op:r2/create_hero_task', 'L0', 'create_hero_task',
+                     '{\"requeue_of\":\"L0/e2/create_hero_task\"}', 'pending', 0, 3000, 3000, 3000, NULL);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&SqliteConfig::from_url(&format!("sqlite://{}", path.display())).unwrap()).unwrap();
+    assert_eq!(store.migrate().await.unwrap(), vec![13]);
+    let rows = store.dead_rows_page(&[], None, None, 10).await.unwrap();
+    let got: Vec<_> =
+        rows.iter().map(|d| (d.row.id.as_str(), d.inbox.state, d.inbox.by.as_deref(), d.inbox.at)).collect();
+    use haul_core::InboxState::{Handled, Open};
+    assert_eq!(
+        got,
+        vec![
+            ("L0/e2/create_hero_task", Open, None, None),
+            ("L0/e1/create_hero_task", Handled, Some("migration 13"), Some(haul_core::time::from_ms(4000))),
+        ]
+    );
+}

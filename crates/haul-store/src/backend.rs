@@ -27,7 +27,7 @@ use crate::{
     AlertState, AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary,
     NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery,
     ShadowDecision, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled,
-    is_key_of_load, ops::ConflictLoad,
+    is_key_of_load, ops::ConflictLoad, ops::InboxAlert, ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
 };
 
 // ---------------------------------------------------------------------------------
@@ -171,7 +171,12 @@ macro_rules! columns {
     };
     (dead_row) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-         lease_until, last_failure, receipt, created_at, updated_at, dead_at, outcome_published_at"
+         lease_until, last_failure, receipt, created_at, updated_at, dead_at, outcome_published_at, \
+         inbox_state, inbox_event, inbox_at"
+    };
+    (inbox_sms) => {
+        "message_sid, from_phone, to_phone, body, received_at, reason, assigned_load, assigned_event, assigned_at, \
+         dismissed_by, dismissed_reason, dismissed_at"
     };
     (unsettled) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
@@ -374,10 +379,79 @@ pub fn dead_row(r: &dyn Columns) -> Result<DeadRow, StoreError> {
     let row = outbox_row(r)?;
     // A dead row always has its time of death; one without reads as its last update.
     let dead_at = r.opt_i64(14)?.map_or(row.updated_at, from_ms);
-    Ok(DeadRow { row, dead_at, outcome_published_at: r.opt_i64(15)?.map(from_ms) })
+    Ok(DeadRow { row, dead_at, outcome_published_at: r.opt_i64(15)?.map(from_ms), inbox: inbox_mark(r, 16)? })
 }
 
-/// A row of `columns!(unmatched_sms), assigned_load, assigned_event`, read back after
+/// The inbox state, its `by` and `at`, from three columns from `first`.
+pub fn inbox_mark(r: &dyn Columns, first: usize) -> Result<InboxMark, StoreError> {
+    let state = r.opt_string(first)?;
+    let mark = InboxMark::stored(state.as_deref(), r.opt_string(first + 1)?, r.opt_i64(first + 2)?);
+    Ok(mark.ok_or_else(|| CorruptRowError::value("inbox_state", state.as_deref().unwrap_or_default()))?)
+}
+
+/// A row of `columns!(ops_alert)`, then the inbox state, event and time of its dead
+/// row (NULLs when the row is gone or open).
+pub fn inbox_alert_row(r: &dyn Columns) -> Result<InboxAlert, StoreError> {
+    Ok(InboxAlert { alert: ops_alert_row(r)?, inbox: inbox_mark(r, 10)? })
+}
+
+/// A row of `columns!(inbox_sms)`: assigned is handled, dismissed is dismissed.
+pub fn inbox_sms_row(r: &dyn Columns) -> Result<InboxSms, StoreError> {
+    let sms = unmatched_sms_row(r)?;
+    let assigned_load = r.opt_string(6)?.map(|l| parse_load_id(&l)).transpose()?;
+    let (dismissed_by, dismissed_reason, dismissed_at) = (r.opt_string(9)?, r.opt_string(10)?, r.opt_i64(11)?);
+    let inbox = match (&assigned_load, dismissed_at) {
+        (Some(_), _) => {
+            InboxMark { state: haul_core::InboxState::Handled, by: r.opt_string(7)?, at: r.opt_i64(8)?.map(from_ms) }
+        }
+        (None, Some(at)) => {
+            InboxMark { state: haul_core::InboxState::Dismissed, by: dismissed_by, at: Some(from_ms(at)) }
+        }
+        (None, None) => InboxMark::OPEN,
+    };
+    Ok(InboxSms { sms, inbox, assigned_load, dismissed_reason })
+}
+
+/// The inbox state of an unmatched SMS as SQL (for the state filter) over the columns
+/// of `columns!(inbox_sms)`: the same reading as [`inbox_sms_row`].
+#[macro_export]
+macro_rules! sms_inbox_state {
+    () => {
+        "(CASE WHEN assigned_load IS NOT NULL THEN 'handled' WHEN dismissed_at IS NOT NULL THEN 'dismissed' \
+         ELSE 'open' END)"
+    };
+}
+
+/// An OpsAlert's inbox columns (`inbox_state, inbox_event, inbox_at`) over `ops_alerts
+/// a LEFT JOIN outbox o`: its dead row's; a row retention removed (`haul prune`) reads
+/// as dismissed by `haul prune`, so an alert never stays open with nothing to act on.
+#[macro_export]
+macro_rules! alert_inbox {
+    () => {
+        "CASE WHEN o.id IS NULL THEN 'dismissed' ELSE o.inbox_state END AS inbox_state, \
+         CASE WHEN o.id IS NULL THEN 'haul prune' ELSE o.inbox_event END AS inbox_event, o.inbox_at AS inbox_at"
+    };
+}
+
+/// What a dismissal that changed nothing found, from the SMS's row as it is.
+pub fn sms_dismissal(row: &InboxSms) -> Result<SmsDismissal, StoreError> {
+    match (&row.assigned_load, &row.inbox) {
+        (Some(load_id), mark) => {
+            Ok(SmsDismissal::Assigned { load_id: load_id.clone(), event_id: mark.by.clone().unwrap_or_default() })
+        }
+        (None, InboxMark { by: Some(by), at: Some(at), .. }) => Ok(SmsDismissal::Already { by: by.clone(), at: *at }),
+        _ => Err(CorruptRowError::value("dismissed_at", "NULL after its dismissal").into()),
+    }
+}
+
+/// An action type and a count.
+pub fn type_count_row(r: &dyn Columns) -> Result<(ActionType, u64), StoreError> {
+    let t = r.string(0)?;
+    let action_type = ActionType::parse(&t).ok_or_else(|| CorruptRowError::value("action_type", &t))?;
+    Ok((action_type, r.i64(1)?.max(0) as u64))
+}
+
+/// A row of `columns!(unmatched_sms), assigned_load, assigned_event, dismissed_by`, read back after
 /// [`LoadIndex::assign_unmatched_sms`](crate::LoadIndex::assign_unmatched_sms) tried to
 /// take it for `load_id` and `event_id`: whose it is now.
 pub fn sms_assignment(r: &dyn Columns, load_id: &LoadId, event_id: &str) -> Result<SmsAssignment, StoreError> {
@@ -385,7 +459,11 @@ pub fn sms_assignment(r: &dyn Columns, load_id: &LoadId, event_id: &str) -> Resu
     match (r.opt_string(6)?, r.opt_string(7)?) {
         (Some(l), Some(e)) if l == load_id.as_str() && e == event_id => Ok(SmsAssignment::Assigned(sms)),
         (Some(l), Some(e)) => Ok(SmsAssignment::Taken { load_id: parse_load_id(&l)?, event_id: e }),
-        _ => Err(CorruptRowError::value("assigned_load", "NULL after its assignment").into()),
+        (None, None) => match r.opt_string(8)? {
+            Some(by) => Ok(SmsAssignment::Dismissed { by }),
+            None => Err(CorruptRowError::value("assigned_load", "NULL after its assignment").into()),
+        },
+        _ => Err(CorruptRowError::value("assigned_load", "set without its event").into()),
     }
 }
 

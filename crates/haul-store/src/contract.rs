@@ -16,9 +16,9 @@ use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
 use crate::{
-    AlertState, AppendError, Claim, ClaimCursor, ClaimError, NewEntry, NewOutboxRow, OutboxStatus, PruneReport,
-    Published, RowCursor, ShadowCursor, ShadowDecision, SidClaim, SmsAssignment, SmsRoute, Store, TimerStatus,
-    UnmatchedSms,
+    AlertState, AppendError, Claim, ClaimCursor, ClaimError, InboxAlert, InboxCounts, InboxMark, NewEntry,
+    NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, ShadowCursor, ShadowDecision, SidClaim,
+    SmsAssignment, SmsDismissal, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -87,6 +87,7 @@ macro_rules! contract_tests {
             dead_rows_page_newest_first_by_type,
             overdue_timers_page_most_overdue_first,
             unmatched_sms_page_newest_first,
+            the_inbox_follows_the_log_and_dismissals,
             conflicts_are_counted_per_load_most_first,
             shadow_decisions_are_kept_once_read_in_pages_and_pruned,
             the_console_secret_is_made_once_and_shared,
@@ -838,12 +839,15 @@ pub async fn ops_alerts_are_kept_with_their_state_and_read_in_pages(s: DynStore)
     assert!(s.ops_alerts(&RowCursor::start(), 0).await.unwrap().is_empty());
 
     // The operators' page: newest first, in pages of two, the same alerts reversed.
-    let newest = s.ops_alerts_page(None, 2).await.unwrap();
-    let ids: Vec<&str> = newest.iter().map(|r| r.outbox_id.as_str()).collect();
+    let newest = s.ops_alerts_page(None, None, 2).await.unwrap();
+    let ids: Vec<&str> = newest.iter().map(|r| r.alert.outbox_id.as_str()).collect();
     assert_eq!(ids, [c, b]);
-    let rest = s.ops_alerts_page(Some(&newest[1].cursor()), 2).await.unwrap();
-    assert_eq!(rest, all[..1]);
-    assert!(s.ops_alerts_page(Some(&rest[0].cursor()), 2).await.unwrap().is_empty());
+    let rest = s.ops_alerts_page(None, Some(&newest[1].alert.cursor()), 2).await.unwrap();
+    // These alerts' rows are not in the outbox (as after `haul prune`): out of the inbox.
+    let gone = InboxMark { state: haul_core::InboxState::Dismissed, by: Some("haul prune".into()), at: None };
+    assert_eq!(rest, [InboxAlert { alert: all[0].clone(), inbox: gone }]);
+    assert!(s.ops_alerts_page(Some(haul_core::InboxState::Open), None, 10).await.unwrap().is_empty());
+    assert!(s.ops_alerts_page(None, Some(&rest[0].alert.cursor()), 2).await.unwrap().is_empty());
 }
 
 // ---------------------------------------------------------------------------------
@@ -1513,7 +1517,7 @@ pub async fn dead_rows_page_newest_first_by_type(s: DynStore) {
     let page = |types: Vec<ActionType>, before: Option<RowCursor>, limit: usize| {
         let s = s.clone();
         async move {
-            let rows = s.dead_rows_page(&types, before.as_ref(), limit).await.unwrap();
+            let rows = s.dead_rows_page(&types, None, before.as_ref(), limit).await.unwrap();
             rows.iter().map(|d| (d.row.id.clone(), d.dead_at)).collect::<Vec<_>>()
         }
     };
@@ -1524,11 +1528,11 @@ pub async fn dead_rows_page_newest_first_by_type(s: DynStore) {
     ];
     assert_eq!(page(vec![], None, 10).await, all);
     // Page by page, from each page's last row.
-    let first = s.dead_rows_page(&[], None, 1).await.unwrap();
+    let first = s.dead_rows_page(&[], None, None, 1).await.unwrap();
     assert_eq!(first[0].row.last_failure.as_deref(), Some("400 L2/a/send_sms"));
     assert_eq!(first[0].outcome_published_at, None);
     s.mark_outcome_published("L2/a/send_sms", at(8)).await.unwrap();
-    let first = s.dead_rows_page(&[], None, 1).await.unwrap();
+    let first = s.dead_rows_page(&[], None, None, 1).await.unwrap();
     assert_eq!(first[0].outcome_published_at, Some(at(8)));
     assert_eq!(page(vec![], Some(first[0].cursor()), 1).await, all[1..2].to_vec());
     assert_eq!(
@@ -1576,13 +1580,131 @@ pub async fn unmatched_sms_page_newest_first(s: DynStore) {
     let page = |before: Option<RowCursor>, limit: usize| {
         let s = s.clone();
         async move {
-            let got = s.unmatched_sms_page(before.as_ref(), limit).await.unwrap();
-            got.iter().map(|u| u.message_sid.clone()).collect::<Vec<_>>()
+            let got = s.unmatched_sms_page(None, before.as_ref(), limit).await.unwrap();
+            got.iter().map(|u| u.sms.message_sid.clone()).collect::<Vec<_>>()
         }
     };
     assert_eq!(page(None, 10).await, vec!["SM4", "SM3", "SM2", "SM1"]);
     assert_eq!(page(None, 2).await, vec!["SM4", "SM3"]);
     assert_eq!(page(Some(RowCursor { created_at: at(3), id: "SM3".into() }), 10).await, vec!["SM2", "SM1"]);
+}
+
+/// A decision's entry that takes dead rows out of the inbox, `(outbox_id, state)`.
+fn inbox_entry(id: &str, changes: &[(&str, &str)]) -> NewEntry {
+    let mut e = entry(id);
+    e.derived.inbox = changes.iter().map(|(k, st)| (k.to_string(), st.to_string(), format!("evt:{id}"))).collect();
+    e
+}
+
+pub async fn the_inbox_follows_the_log_and_dismissals(s: DynStore) {
+    use haul_core::InboxState::{Dismissed, Handled, Open};
+    let (sms, hero) = ("L1/a/send_sms", "L1/b/create_hero_task");
+    let hero_row =
+        NewOutboxRow { id: hero.into(), action_type: ActionType::CreateHeroTask, action: json!({"key": hero}) };
+    s.append(&load("L1"), vec![entry("e1")], 0, vec![row(sms), hero_row, row("L1/c/send_sms")], at(0)).await.unwrap();
+    for c in s.pending(10, at(1), LEASE).await.unwrap() {
+        if c.row.id != "L1/c/send_sms" {
+            s.mark_failed(&c.row.id, &c.token, "HTTP 400", None, at(5)).await.unwrap();
+        }
+    }
+    s.record_ops_alert(&alert(hero), AlertState::Delivered, None, at(6)).await.unwrap();
+    let dead = |state| {
+        let s = s.clone();
+        async move {
+            let rows = s.dead_rows_page(&[], state, None, 10).await.unwrap();
+            rows.iter().map(|d| (d.row.id.clone(), d.inbox.state, d.inbox.by.clone(), d.inbox.at)).collect::<Vec<_>>()
+        }
+    };
+    let alerts = |state| {
+        let s = s.clone();
+        async move {
+            let rows = s.ops_alerts_page(state, None, 10).await.unwrap();
+            rows.iter().map(|a| (a.alert.outbox_id.clone(), a.inbox.state)).collect::<Vec<_>>()
+        }
+    };
+    let open = |id: &str| (id.to_string(), Open, None, None);
+    // Newest first; at the same time of death, the greater id first.
+    assert_eq!(dead(None).await, [open(hero), open(sms)]);
+    assert_eq!(dead(Some(Open)).await, [open(hero), open(sms)]);
+    assert_eq!(dead(Some(Handled)).await, []);
+    assert_eq!(alerts(Some(Open)).await, [(hero.to_string(), Open)]);
+    let counts =
+        InboxCounts { dead: vec![(ActionType::CreateHeroTask, 1), (ActionType::SendSms, 1)], alerts: 1, unmatched: 0 };
+    assert_eq!(s.inbox_counts(100).await.unwrap(), counts);
+
+    // A decision marks the Hero task handled, another dismisses the SMS: each with its
+    // event and the append's time, in the append's transaction.
+    s.append(&load("L1"), vec![inbox_entry("e2", &[(hero, "handled")])], 1, vec![], at(9)).await.unwrap();
+    let handled = (hero.to_string(), Handled, Some("evt:e2".to_string()), Some(at(9)));
+    assert_eq!(dead(None).await, [handled.clone(), open(sms)]);
+    assert_eq!(dead(Some(Handled)).await, [handled]);
+    assert_eq!(alerts(Some(Open)).await, []);
+    assert_eq!(alerts(Some(Handled)).await, [(hero.to_string(), Handled)]);
+    s.append(&load("L1"), vec![inbox_entry("e3", &[(sms, "dismissed")])], 2, vec![], at(10)).await.unwrap();
+    assert_eq!(dead(Some(Open)).await, []);
+    assert_eq!(dead(Some(Dismissed)).await, [(sms.to_string(), Dismissed, Some("evt:e3".to_string()), Some(at(10)))]);
+    // A refused append changes nothing.
+    let stale = s.append(&load("L1"), vec![inbox_entry("e4", &[(sms, "handled")])], 1, vec![], at(11)).await;
+    assert!(stale.is_err());
+    assert_eq!(dead(Some(Dismissed)).await.len(), 1);
+    assert_eq!(s.inbox_counts(100).await.unwrap(), InboxCounts::default());
+
+    // Unmatched SMS: open; handled once assigned; dismissed once, with who and why.
+    for (sid, t) in [("SM1", 1), ("SM2", 2), ("SM3", 3)] {
+        s.record_unmatched_sms(&unmatched(sid, t)).await.unwrap();
+    }
+    s.assign_unmatched_sms("SM2", &load("L1"), "op:r1", at(4)).await.unwrap();
+    assert_eq!(s.dismiss_unmatched_sms("SM3", "ana", "a wrong number", at(5)).await.unwrap(), SmsDismissal::Dismissed);
+    assert_eq!(
+        s.dismiss_unmatched_sms("SM3", "bo", "spam", at(6)).await.unwrap(),
+        SmsDismissal::Already { by: "ana".into(), at: at(5) }
+    );
+    assert_eq!(
+        s.dismiss_unmatched_sms("SM2", "ana", "x", at(6)).await.unwrap(),
+        SmsDismissal::Assigned { load_id: load("L1"), event_id: "op:r1".into() }
+    );
+    assert_eq!(s.dismiss_unmatched_sms("SM9", "ana", "x", at(6)).await.unwrap(), SmsDismissal::NotFound);
+    // A dismissed one is assigned to no load after.
+    assert_eq!(
+        s.assign_unmatched_sms("SM3", &load("L1"), "op:r2", at(7)).await.unwrap(),
+        SmsAssignment::Dismissed { by: "ana".into() }
+    );
+    let sms_page = |state| {
+        let s = s.clone();
+        async move {
+            let rows = s.unmatched_sms_page(state, None, 10).await.unwrap();
+            rows.iter()
+                .map(|u| {
+                    (u.sms.message_sid.clone(), u.inbox.clone(), u.assigned_load.clone(), u.dismissed_reason.clone())
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let sm3 = (
+        "SM3".to_string(),
+        InboxMark { state: Dismissed, by: Some("ana".into()), at: Some(at(5)) },
+        None,
+        Some("a wrong number".to_string()),
+    );
+    let sm2 = (
+        "SM2".to_string(),
+        InboxMark { state: Handled, by: Some("op:r1".into()), at: Some(at(4)) },
+        Some(load("L1")),
+        None,
+    );
+    let sm1 = ("SM1".to_string(), InboxMark::OPEN, None, None);
+    assert_eq!(sms_page(None).await, [sm3.clone(), sm2.clone(), sm1.clone()]);
+    assert_eq!(sms_page(Some(Open)).await, [sm1]);
+    assert_eq!(sms_page(Some(Handled)).await, [sm2]);
+    assert_eq!(sms_page(Some(Dismissed)).await, [sm3]);
+    assert_eq!(s.inbox_counts(100).await.unwrap().unmatched, 1);
+
+    // Counts stop at the bound.
+    for (sid, t) in [("SM4", 4), ("SM5", 5)] {
+        s.record_unmatched_sms(&unmatched(sid, t)).await.unwrap();
+    }
+    assert_eq!(s.inbox_counts(100).await.unwrap().unmatched, 3);
+    assert_eq!(s.inbox_counts(2).await.unwrap().unmatched, 2);
 }
 
 /// A shadow decision of `shadow` for event `seq` of load `l`, stored at `recorded`.

@@ -24,7 +24,10 @@ pub mod contract;
 pub mod ops;
 pub mod queue_contract;
 
-pub use ops::{ConflictLoad, DeadRow, LoadFilter, LoadSummary, LoadsPage, OpsQueries};
+pub use ops::{
+    ConflictLoad, DeadRow, InboxAlert, InboxCounts, InboxMark, InboxSms, LoadFilter, LoadSummary, LoadsPage,
+    OpsQueries, SmsDismissal,
+};
 
 // ---------------------------------------------------------------------------------
 // Errors. Callers branch on these, so each has its own type (the names are ADR 0003's).
@@ -831,6 +834,8 @@ pub enum SmsAssignment {
     Taken { load_id: LoadId, event_id: String },
     /// No unmatched SMS has this MessageSid.
     NotFound,
+    /// An operator dismissed it (`by`): it goes to no load.
+    Dismissed { by: String },
 }
 
 /// Where the Twilio webhook sent an inbound SMS.

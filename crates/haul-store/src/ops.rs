@@ -12,6 +12,7 @@
 
 use async_trait::async_trait;
 use haul_core::action::{ActionType, ChannelClass};
+use haul_core::decision::InboxState;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,30 @@ pub struct LoadsPage {
     pub next_after: Option<LoadId>,
 }
 
+/// Where a problem stands in the operators' inbox (a dead row, the OpsAlert about
+/// one, an unmatched SMS), what took it out and when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxMark {
+    pub state: InboxState,
+    /// What took it out: the event whose decision marked a dead row; the operator
+    /// event an unmatched SMS was assigned by; the operator who dismissed one.
+    pub by: Option<String>,
+    pub at: Option<Timestamp>,
+}
+
+impl InboxMark {
+    pub const OPEN: InboxMark = InboxMark { state: InboxState::Open, by: None, at: None };
+
+    /// From a row's stored state (NULL: open), `by` and `at` (ms).
+    pub fn stored(state: Option<&str>, by: Option<String>, at: Option<i64>) -> Option<InboxMark> {
+        let state = match state {
+            None => return Some(InboxMark::OPEN),
+            Some(s) => InboxState::parse(s)?,
+        };
+        Some(InboxMark { state, by, at: at.map(haul_core::time::from_ms) })
+    }
+}
+
 /// A dead outbox row and when it died.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeadRow {
@@ -78,6 +103,65 @@ pub struct DeadRow {
     /// the OpsAlert was delivered (the dispatcher marks it after both); `None` while
     /// either is still to do (the sweep retries).
     pub outcome_published_at: Option<Timestamp>,
+    /// Where it stands in the operators' inbox.
+    pub inbox: InboxMark,
+}
+
+/// An OpsAlert with where the dead row it is about stands in the inbox (open when the
+/// row is gone: retention removed it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct InboxAlert {
+    pub alert: OpsAlertRecord,
+    pub inbox: InboxMark,
+}
+
+/// An unmatched SMS with where it stands in the inbox: handled once assigned to a
+/// load, dismissed with a reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InboxSms {
+    pub sms: UnmatchedSms,
+    pub inbox: InboxMark,
+    /// The load it was assigned to.
+    pub assigned_load: Option<LoadId>,
+    /// Why an operator dismissed it.
+    pub dismissed_reason: Option<String>,
+}
+
+/// What [`OpsQueries::dismiss_unmatched_sms`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SmsDismissal {
+    /// Dismissed now.
+    Dismissed,
+    /// Dismissed before (by this or another request).
+    Already { by: String, at: Timestamp },
+    /// Assigned to a load (by the operator event `event_id`) before: handled, not to
+    /// be dismissed.
+    Assigned { load_id: LoadId, event_id: String },
+    /// No unmatched SMS has this MessageSid.
+    NotFound,
+}
+
+/// Open problems, each count at most the bound it was counted to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InboxCounts {
+    /// Open dead rows by action type (types with none left out).
+    pub dead: Vec<(ActionType, u64)>,
+    /// OpsAlerts whose dead row is open.
+    pub alerts: u64,
+    /// Unmatched SMS neither assigned nor dismissed.
+    pub unmatched: u64,
+}
+
+impl InboxCounts {
+    /// Open dead rows of a class (`external`, `hero_channel`, `internal`).
+    pub fn dead_of(&self, class: ChannelClass) -> u64 {
+        self.dead.iter().filter(|(t, _)| t.class() == class).map(|(_, n)| n).sum()
+    }
+}
+
+/// The state filter as the statements take it: `None` (every state) or the name.
+pub fn state_param(state: Option<InboxState>) -> Option<&'static str> {
+    state.map(InboxState::as_str)
 }
 
 impl DeadRow {
@@ -139,11 +223,13 @@ pub trait OpsQueries: Send + Sync {
         limit: usize,
     ) -> Result<LoadsPage, StoreError>;
 
-    /// Dead rows of these action types (all when empty), newest first (`dead_at`, then
-    /// id, descending), before the position `before`, at most `limit`.
+    /// Dead rows of these action types (all when empty) in this inbox state (any when
+    /// `None`), newest first (`dead_at`, then id, descending), before the position
+    /// `before`, at most `limit`.
     async fn dead_rows_page(
         &self,
         types: &[ActionType],
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
     ) -> Result<Vec<DeadRow>, StoreError>;
@@ -157,21 +243,38 @@ pub trait OpsQueries: Send + Sync {
         limit: usize,
     ) -> Result<Vec<Timer>, StoreError>;
 
-    /// Unmatched SMS, newest first (`received_at`, then sid, descending), before the
-    /// position `before`, at most `limit`.
+    /// Unmatched SMS in this inbox state (any when `None`), newest first
+    /// (`received_at`, then sid, descending), before the position `before`, at most
+    /// `limit`.
     async fn unmatched_sms_page(
         &self,
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
-    ) -> Result<Vec<UnmatchedSms>, StoreError>;
+    ) -> Result<Vec<InboxSms>, StoreError>;
 
-    /// The OpsAlerts raised, newest first (`raised_at`, then outbox id, descending),
-    /// before the position `before`, at most `limit`.
+    /// The OpsAlerts raised whose dead row is in this inbox state (any when `None`),
+    /// newest first (`raised_at`, then outbox id, descending), before the position
+    /// `before`, at most `limit`.
     async fn ops_alerts_page(
         &self,
+        state: Option<InboxState>,
         before: Option<&RowCursor>,
         limit: usize,
-    ) -> Result<Vec<OpsAlertRecord>, StoreError>;
+    ) -> Result<Vec<InboxAlert>, StoreError>;
+
+    /// The open problems, each kind counted to at most `bound`.
+    async fn inbox_counts(&self, bound: usize) -> Result<InboxCounts, StoreError>;
+
+    /// Takes the unmatched SMS `message_sid` out of the inbox for good: `by` (an
+    /// operator) says why. An assigned one is handled already and stays so.
+    async fn dismiss_unmatched_sms(
+        &self,
+        message_sid: &str,
+        by: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<SmsDismissal, StoreError>;
 
     /// Counts one append of `load_id` the version check refused at `now`. Written
     /// outside the refused append's transaction (which rolled back): a count for

@@ -468,6 +468,32 @@ pub enum OperatorCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Take a dead row (with the rest of its requeue chain) out of the inbox:
+    /// nothing more is to be done about it, for the reason given (kept in the log).
+    Dismiss {
+        /// The dead row's key (haul query dead lists them).
+        outbox_id: String,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take an SMS of the unmatched list out of the inbox: it goes to no load (the
+    /// store keeps who and why).
+    DismissSms {
+        /// The SMS's MessageSid (haul query unmatched lists them).
+        message_sid: String,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Close an ask by hand (the driver called in) and cancel its timer.
     ResolveAsk {
         load_id: String,
@@ -565,6 +591,10 @@ pub enum QueryCommand {
         /// Only rows of this channel class: external, hero_channel or internal.
         #[arg(long)]
         class: Option<String>,
+        /// Where it stands in the operators' inbox: open, handled, dismissed or all
+        /// (the default: every state).
+        #[arg(long, value_name = "STATE")]
+        inbox: Option<String>,
         /// The page after this cursor (the previous page's next).
         #[arg(long, value_name = "CURSOR")]
         before: Option<String>,
@@ -584,6 +614,10 @@ pub enum QueryCommand {
     Unmatched {
         #[command(flatten)]
         args: QueryArgs,
+        /// Where it stands in the operators' inbox: open, handled, dismissed or all
+        /// (the default: every state).
+        #[arg(long, value_name = "STATE")]
+        inbox: Option<String>,
         /// The page after this cursor (the previous page's next).
         #[arg(long, value_name = "CURSOR")]
         before: Option<String>,
@@ -594,6 +628,10 @@ pub enum QueryCommand {
     Alerts {
         #[command(flatten)]
         args: QueryArgs,
+        /// Where it stands in the operators' inbox: open, handled, dismissed or all
+        /// (the default: every state).
+        #[arg(long, value_name = "STATE")]
+        inbox: Option<String>,
         /// The page after this cursor (the previous page's next).
         #[arg(long, value_name = "CURSOR")]
         before: Option<String>,
@@ -641,9 +679,10 @@ impl QueryCommand {
                 opt("after", after);
                 (Query::Loads, args)
             }
-            QueryCommand::Dead { args, action_type, class, before } => {
+            QueryCommand::Dead { args, action_type, class, inbox, before } => {
                 opt("action_type", action_type);
                 opt("class", class);
+                opt("inbox", inbox);
                 opt("before", before);
                 (Query::Dead, args)
             }
@@ -652,11 +691,13 @@ impl QueryCommand {
                 opt("after", after);
                 (Query::Timers, args)
             }
-            QueryCommand::Unmatched { args, before } => {
+            QueryCommand::Unmatched { args, inbox, before } => {
+                opt("inbox", inbox);
                 opt("before", before);
                 (Query::Unmatched, args)
             }
-            QueryCommand::Alerts { args, before } => {
+            QueryCommand::Alerts { args, inbox, before } => {
+                opt("inbox", inbox);
                 opt("before", before);
                 (Query::Alerts, args)
             }

@@ -315,13 +315,14 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|d| {
                 format!(
-                    "{}  {} ({})  died {} ago after {} attempts: {}",
+                    "{}  {} ({})  died {} ago after {} attempts: {}{}",
                     d.row.id,
                     d.row.action_type.as_str(),
                     haul_store::ops::class_name(d.row.action_type.class()),
                     ago(p.age_s(d.dead_at)),
                     d.row.attempts,
-                    dash(d.row.last_failure.as_deref())
+                    dash(d.row.last_failure.as_deref()),
+                    inbox_note(&d.inbox)
                 )
             })
             .collect(),
@@ -333,23 +334,26 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
         Answer::Unmatched(p) => p
             .rows
             .iter()
-            .map(|u| {
+            .map(|i| {
+                let u = &i.sms;
                 format!(
-                    "{}  from {}  {} ago  {}: {:?}",
+                    "{}  from {}  {} ago  {}: {:?}{}",
                     u.message_sid,
                     haul_core::mask::mask_phone(&u.from),
                     ago(p.age_s(u.received_at)),
                     u.reason,
-                    u.body.chars().take(80).collect::<String>()
+                    u.body.chars().take(80).collect::<String>(),
+                    inbox_note(&i.inbox)
                 )
             })
             .collect(),
         Answer::Alerts(p) => p
             .rows
             .iter()
-            .map(|a| {
+            .map(|i| {
+                let a = &i.alert;
                 format!(
-                    "{}  {}  {}  raised {} ago  {} after {} send(s){}: {}",
+                    "{}  {}  {}  raised {} ago  {} after {} send(s){}: {}{}",
                     a.kind.as_str(),
                     a.outbox_id,
                     a.action_type.as_str(),
@@ -361,7 +365,8 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
                     },
                     a.sends,
                     a.last_error.as_deref().map(|e| format!(" (last error: {e})")).unwrap_or_default(),
-                    a.failure
+                    a.failure,
+                    inbox_note(&i.inbox)
                 )
             })
             .collect(),
@@ -1053,6 +1058,16 @@ async fn export_scenario(
         None => say(text.trim_end()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where a problem stands in the inbox, after its line: nothing while open.
+fn inbox_note(m: &haul_store::InboxMark) -> String {
+    if m.state == haul_core::InboxState::Open {
+        return String::new();
+    }
+    let by = m.by.as_deref().map(|b| format!(" by {b}")).unwrap_or_default();
+    let at = m.at.map(|t| format!(" at {t}")).unwrap_or_default();
+    format!("  [{}{by}{at}]", m.state.as_str())
 }
 
 #[cfg(test)]

@@ -45,6 +45,34 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
             let q = operator::resolve_ask(store.as_ref(), &queue, &who, &load, &ask, SystemClock.now()).await;
             queued(store.as_ref(), q, json, &format!("resolution of {ask}"), wait).await
         }
+        OperatorCommand::Dismiss { outbox_id, who, settings, json } => {
+            let (store, queue) = open(&settings).await?;
+            let (who, wait) = requester(who);
+            let q = operator::dismiss(store.as_ref(), &queue, &who, &outbox_id, SystemClock.now()).await;
+            queued(store.as_ref(), q, json, &format!("dismissal of {outbox_id}"), wait).await
+        }
+        OperatorCommand::DismissSms { message_sid, who, settings, json } => {
+            let (store, _) = open(&settings).await?;
+            let (who, _) = requester(who);
+            match operator::dismiss_sms(store.as_ref(), &who, &message_sid, SystemClock.now()).await {
+                Ok(d) if json => {
+                    say(serde_json::to_string_pretty(&d)?);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Ok(d) if d.status == "dismissed" => {
+                    say(format_args!("dismissed SMS {}: it goes to no load", d.message_sid));
+                    Ok(ExitCode::SUCCESS)
+                }
+                Ok(d) => {
+                    say(format_args!(
+                        "nothing done: SMS {} was dismissed by {} at {} already",
+                        d.message_sid, d.by, d.at
+                    ));
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => refused(e, json),
+            }
+        }
         OperatorCommand::BulkRequeue { action_type, since, limit, dry_run, who, settings, json } => {
             let action_type = ActionType::parse(&action_type).with_context(|| {
                 let all: Vec<&str> = ActionType::ALL.iter().map(|t| t.as_str()).collect();
@@ -109,8 +137,14 @@ async fn queued(
         say(format_args!("duplicate: {} was made before on load {}; nothing new", q.event_id, q.load_id));
     }
     match decided {
-        Some(d) if d.actions.is_empty() => {
+        Some(d) if d.actions.is_empty() && d.inbox.is_empty() => {
             say(format_args!("decided by {}: {} (nothing done)", d.decider, d.rationale))
+        }
+        Some(d) if d.actions.is_empty() => {
+            say(format_args!("decided by {}: {}", d.decider, d.rationale));
+            for c in &d.inbox {
+                say(format_args!("  {} {}", c.state.as_str(), c.outbox_id));
+            }
         }
         Some(d) => {
             say(format_args!("decided by {}: {}", d.decider, d.rationale));

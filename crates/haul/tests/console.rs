@@ -309,6 +309,8 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     b.wait_url("/console").await;
     let text = b.text().await;
     assert!(text.contains("hero_channel: 1"), "the overview counts the dead escalation:\n{text}");
+    assert!(text.contains("dead hero_channel: 1") && text.contains("OpsAlerts: 1"), "open problems:\n{text}");
+    assert!(b.text_of("nav a[href='/console/dead'] .count").await.contains('1'), "counted in the navigation");
     assert!(text.contains("operator"), "{text}");
     shots.push(b.screenshot("overview").await);
 
@@ -402,14 +404,26 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
             && !text.contains("Requeue these"),
         "{text}"
     );
-    // The same row requeued again by hand: queued, and the load decides nothing, which
-    // the page says in red, with the load's reason.
+    // The inbox empties as the problem is handled: the copy was delivered, so the dead
+    // row and its OpsAlert are no longer open; the Handled tab says by what, with no
+    // form to act again.
     b.go(&format!("{base}/console/dead")).await;
-    b.type_into("#reason-0", "once more").await;
-    b.click("form[action='/console/dead/requeue'] button[type=submit]").await;
-    b.wait_url("/console/dead/requeue").await;
-    let alert = b.text_of(".error[role=alert]").await;
-    assert!(alert.contains("Nothing done:") && alert.contains("was requeued already"), "{alert}");
+    let text = b.text().await;
+    assert!(text.contains("No dead row matches.") && !text.contains(ESCALATION), "the open list is empty:\n{text}");
+    let counted = "return document.querySelectorAll(\"nav a[href='/console/dead'] .count, nav a[href='/console/alerts'] .count\").length";
+    assert_eq!(b.run(counted).await, json!(0), "no open dead row or alert counted in the navigation");
+    shots.push(b.screenshot("dead-after").await);
+    b.click("a[href='/console/dead?inbox=handled']").await;
+    b.wait_url("/console/dead?inbox=handled").await;
+    let text = b.text().await;
+    assert!(text.contains(ESCALATION) && text.contains(&format!("handled by evt:out:{requeued}:delivered")), "{text}");
+    let acts = "return document.querySelectorAll(\"form[action='/console/dead/requeue'], form[action='/console/dead/dismiss']\").length";
+    assert_eq!(b.run(acts).await, json!(0), "a handled row offers no action");
+    b.go(&format!("{base}/console/alerts")).await;
+    assert!(!b.text().await.contains(ESCALATION), "the alert is handled with its row");
+    b.go(&format!("{base}/console")).await;
+    let text = b.text().await;
+    assert!(text.contains("dead hero_channel: 0") && text.contains("OpsAlerts: 0"), "{text}");
     // At phone width the page still reads (no sideways scrolling of the page itself).
     b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 390, "height": 844}))).await;
     b.go(&format!("{base}/console/loads/481207")).await;
@@ -421,12 +435,39 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 1280, "height": 900}))).await;
 
     // The unmatched SMS: its body shows as text; assign it to the load.
+    twilio_sms(&api, &base, "SMconsole2", "+15555559998", "wrong number, sorry").await;
     b.go(&format!("{base}/console/unmatched")).await;
     let text = b.text().await;
     assert!(text.contains(SMS_HTML), "the body shows literally:\n{text}");
     assert!(text.contains("***9999") && !text.contains("+15555559999"), "{text}");
+    assert!(b.text_of("nav a[href='/console/unmatched']").await.contains('2'), "two open, counted in the navigation");
     assert_eq!(b.pwned().await, Value::Null);
     shots.push(b.screenshot("unmatched").await);
+    // Another operator dismisses the second SMS (the newest, row 0) while this page is
+    // open: the stale form's dismissal says, in red, that nothing was done.
+    let (status, v) = operator_post(
+        &api,
+        &base,
+        "/v1/operator/dismiss-sms",
+        json!({"request_id": "bo-1", "actor": "bo", "reason": "wrong number", "message_sid": "SMconsole2"}),
+    )
+    .await;
+    assert_eq!((status, v["status"].as_str()), (200, Some("dismissed")), "{v}");
+    b.type_into("#reason-d0", "spam").await;
+    b.click("form[action='/console/unmatched/dismiss'] button[type=submit]").await;
+    b.wait_url("/console/unmatched/dismiss").await;
+    let alert = b.text_of(".error[role=alert]").await;
+    assert!(alert.contains("Nothing done:") && alert.contains("dismissed by bo already"), "{alert}");
+    // A typo'd load id is refused in red and takes nothing.
+    b.go(&format!("{base}/console/unmatched")).await;
+    assert!(!b.text().await.contains("SMconsole2"), "a dismissed SMS is not open");
+    b.type_into("#load-0", "999999").await;
+    b.type_into("#reason-0", "typo").await;
+    b.click("form[action='/console/unmatched/assign'] button[type=submit]").await;
+    b.wait_url("/console/unmatched/assign").await;
+    let alert = b.text_of(".error[role=alert]").await;
+    assert!(alert.contains("load 999999 has no records"), "{alert}");
+    b.go(&format!("{base}/console/unmatched")).await;
     b.type_into("#load-0", "481207").await;
     b.type_into("#reason-0", "the driver's second phone").await;
     b.click("form[action='/console/unmatched/assign'] button[type=submit]").await;
@@ -440,6 +481,24 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
             .any(|r| r["kind"] == "operator_action" && r["payload"]["command"]["type"] == "assign_sms")
     };
     wait_for(&api, &base, "the assigned SMS", assigned, &serve).await;
+    // Both SMS are out of the inbox now: one handled (assigned), one dismissed.
+    b.go(&format!("{base}/console/unmatched")).await;
+    assert!(b.text().await.contains("None."), "{}", b.text().await);
+    b.go(&format!("{base}/console/unmatched?inbox=all")).await;
+    let text = b.text().await;
+    assert!(text.contains("assigned to 481207") && text.contains("wrong number"), "{text}");
+    shots.push(b.screenshot("unmatched-after").await);
+    // At phone width the lists are cards: no table reaches past the screen's edge.
+    b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 390, "height": 844}))).await;
+    for page in ["/console/unmatched?inbox=all", "/console/dead?inbox=all", "/console/alerts?inbox=all"] {
+        b.go(&format!("{base}{page}")).await;
+        let widest = b
+            .run("return Math.max(0, ...[...document.querySelectorAll('table')].map(t => t.getBoundingClientRect().right)) - document.documentElement.clientWidth")
+            .await;
+        assert!(widest.as_f64().is_some_and(|w| w <= 0.0), "{page}: a table reaches {widest} px past the screen");
+    }
+    shots.push(b.screenshot("alerts-phone").await);
+    b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 1280, "height": 900}))).await;
 
     // With the load's page open, a driver's answer holding HTML arrives: the live refresh
     // brings it into the timeline (the page is not reloaded: the marker set on it
@@ -484,6 +543,12 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
         eprintln!("screenshot: {}", s.display());
     }
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// An operator route called with the operator's token: its status and body.
+async fn operator_post(client: &reqwest::Client, base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = client.post(format!("{base}{path}")).bearer_auth(OPERATOR).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
 }
 
 /// What the console refuses, over plain HTTP: pages signed out (303 to the sign-in),

@@ -29,7 +29,7 @@ use haul_core::time::{Timestamp, from_ms, to_ms};
 use haul_runtime::inspect::Page;
 use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Requester};
 use haul_runtime::queries::{self, Page as QueryPage, Query, QueryError};
-use haul_store::OutboxStatus;
+use haul_store::{InboxCounts, LoadFilter, OutboxStatus};
 use tracing::{error, info};
 
 use crate::state::{ApiBody, ApiState, ClientAddress, one_of};
@@ -76,9 +76,11 @@ pub const CONSOLE_ROUTES: &[(&str, &str, Handler)] = &[
     ("GET", "/console/dead", || get(dead)),
     ("POST", "/console/dead/requeue", || post(requeue)),
     ("POST", "/console/dead/bulk-requeue", || post(bulk_requeue)),
+    ("POST", "/console/dead/dismiss", || post(dismiss)),
     ("GET", "/console/timers", || get(timers)),
     ("GET", "/console/unmatched", || get(unmatched)),
     ("POST", "/console/unmatched/assign", || post(assign_sms)),
+    ("POST", "/console/unmatched/dismiss", || post(dismiss_sms)),
     ("GET", "/console/alerts", || get(alerts)),
     ("GET", "/console/assets/console.css", || get(|| async { asset("text/css; charset=utf-8", CSS) })),
     ("GET", "/console/assets/console.js", || get(|| async { asset("text/javascript; charset=utf-8", JS) })),
@@ -163,11 +165,13 @@ async fn session_of(s: &ApiState, headers: &HeaderMap) -> Option<(Session, [u8; 
 struct Viewer {
     session: Session,
     key: [u8; 32],
+    /// The open problems, for the navigation's counts.
+    inbox: Option<InboxCounts>,
 }
 
 impl Viewer {
     fn ctx(&self) -> Ctx<'_> {
-        Ctx { session: &self.session, csrf: self.session.csrf(&self.key) }
+        Ctx { session: &self.session, csrf: self.session.csrf(&self.key), inbox: self.inbox.as_ref() }
     }
 }
 
@@ -176,10 +180,31 @@ impl FromRequestParts<Arc<ApiState>> for Viewer {
 
     async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
         match session_of(s, &parts.headers).await {
-            Some((session, key)) => Ok(Viewer { session, key }),
+            Some((session, key)) => Ok(Viewer { session, key, inbox: inbox_counts(s).await }),
             None => Err(Redirect::to("/console/sign-in").into_response()),
         }
     }
+}
+
+/// The open problems, counted to the console's bound; `None` when the store does not
+/// answer (logged: the page still renders, without counts).
+async fn inbox_counts(s: &ApiState) -> Option<InboxCounts> {
+    match s.store.inbox_counts(pages::INBOX_COUNT_BOUND).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            error!(error = %e, "console: counting the open problems failed");
+            None
+        }
+    }
+}
+
+/// A list's filters as given, open problems by default: an `inbox` state unless one
+/// was asked for (`all` for every state).
+fn open_by_default<'a>(mut pairs: Vec<(&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
+    if !pairs.iter().any(|(n, _)| *n == "inbox") {
+        pairs.push(("inbox", "open"));
+    }
+    pairs
 }
 
 fn forbidden(why: &str) -> Response {
@@ -351,7 +376,7 @@ async fn sign_out(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bo
     if let Err(e) = s.store.revoke_session(&session.nonce, expires_at, s.clock.now()).await {
         error!(error = %e, "console: a sign-out could not be kept in the store");
         let text = "The store does not answer, so the session was not ended; try again.";
-        let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+        let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
         return html(StatusCode::SERVICE_UNAVAILABLE, pages::message(&ctx, "Not signed out", text, &[]));
     }
     info!(target: "haul_server::console", actor = %session.actor, "console sign-out");
@@ -371,7 +396,7 @@ async fn overview(v: Viewer, State(s): State<Arc<ApiState>>) -> Response {
     for class in pages::classes() {
         let types = haul_store::ops::class_types(class).unwrap_or_default();
         let bound = haul_store::ops::MAX_PAGE;
-        let (n, more) = match s.store.dead_rows_page(&types, None, bound).await {
+        let (n, more) = match s.store.dead_rows_page(&types, None, None, bound).await {
             Ok(rows) => {
                 let n = rows.iter().filter(|r| r.dead_at >= hour_ago).count();
                 (n, n == bound)
@@ -383,7 +408,16 @@ async fn overview(v: Viewer, State(s): State<Arc<ApiState>>) -> Response {
         };
         dead_last_hour.push((class, n, more));
     }
+    let escalated = LoadFilter { escalated: true, ..LoadFilter::default() };
+    let escalated_loads = s
+        .store
+        .loads_page(&escalated, None, pages::INBOX_COUNT_BOUND)
+        .await
+        .ok()
+        .map(|p| (p.loads.len(), p.next_after.is_some()));
     let figures = Figures {
+        inbox: v.inbox.clone(),
+        escalated_loads,
         oldest_pending: s.store.oldest_pending_created_at().await.ok().flatten(),
         dead_last_hour,
         dead_in_store: s.store.count_by_status(OutboxStatus::Dead).await.ok(),
@@ -499,7 +533,7 @@ async fn load_timeline(
 
 async fn dead(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
-    let pairs = pages::given(&all, Query::Dead.params());
+    let pairs = open_by_default(pages::given(&all, Query::Dead.params()));
     let answer = told(Query::Dead, queries::dead(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
     let mut ids = new_request_id;
     html(
@@ -517,26 +551,29 @@ async fn timers(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQue
 
 async fn unmatched(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
-    let pairs = pages::given(&all, Query::Unmatched.params());
+    let pairs = open_by_default(pages::given(&all, Query::Unmatched.params()));
     let answer = told(Query::Unmatched, queries::unmatched(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
     // The active loads with each SMS's number, offered where it is assigned: a load id
     // picked, not typed. A page is at most 100 SMS, so at most 100 index lookups; one
     // that fails offers nothing (the id can still be typed).
     let mut choices = Vec::new();
     if let Ok(page) = &answer {
-        for sms in &page.rows {
-            choices.push(s.store.loads_by_phone(&sms.from).await.unwrap_or_default());
+        for entry in &page.rows {
+            let open = entry.inbox.state == haul_core::InboxState::Open;
+            choices.push(if open { s.store.loads_by_phone(&entry.sms.from).await.unwrap_or_default() } else { vec![] });
         }
     }
     let mut ids = new_request_id;
-    html(status_of(&answer), pages::unmatched(&v.ctx(), answer.as_ref().map_err(Clone::clone), &choices, &mut ids))
+    let answer_ref = answer.as_ref().map_err(Clone::clone);
+    html(status_of(&answer), pages::unmatched(&v.ctx(), &pairs, answer_ref, &choices, &mut ids))
 }
 
 async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuery) -> Response {
     let all = pairs_of(raw.as_deref());
-    let pairs = pages::given(&all, Query::Alerts.params());
+    let pairs = open_by_default(pages::given(&all, Query::Alerts.params()));
     let answer = told(Query::Alerts, queries::alerts(s.store.as_ref(), &owned(&pairs), s.clock.now()).await);
-    html(status_of(&answer), pages::alerts(&v.ctx(), answer.as_ref().map_err(Clone::clone)))
+    let mut ids = new_request_id;
+    html(status_of(&answer), pages::alerts(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone), &mut ids))
 }
 
 // ---------------------------------------------------------------- actions
@@ -577,9 +614,14 @@ async fn what_happened(
     links: &[(String, &str)],
 ) -> Response {
     match operator::decided(s.store.as_ref(), &q.load_id, q.event_id.as_str(), DECISION_WAIT).await {
-        Some(d) if d.actions.is_empty() => {
+        Some(d) if d.actions.is_empty() && d.inbox.is_empty() => {
             let text = format!("{queued} Nothing done: {}", d.rationale);
             html(StatusCode::OK, pages::refused(ctx, &text, links))
+        }
+        // Taken out of the inbox, nothing sent.
+        Some(d) if d.actions.is_empty() => {
+            let text = format!("{queued} Decided by {}: {}", d.decider, d.rationale);
+            html(StatusCode::OK, pages::message(ctx, title, &text, links))
         }
         Some(d) => {
             let going: Vec<String> = d.actions.iter().map(|a| format!("{} {}", a.action_type(), a.key)).collect();
@@ -608,7 +650,7 @@ async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
         Ok(x) => x,
         Err(r) => return r,
     };
-    let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
     let who = requester(&session, &form);
     let outbox_id = form.get("outbox_id");
     match operator::requeue(s.store.as_ref(), &s.queue, &who, outbox_id, s.clock.now()).await {
@@ -637,7 +679,7 @@ async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBod
         Ok(x) => x,
         Err(r) => return r,
     };
-    let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
     let bad = |text: &str| {
         html(StatusCode::BAD_REQUEST, pages::refused(&ctx, text, &[("/console/dead".into(), "Dead rows")]))
     };
@@ -669,7 +711,7 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
         Ok(x) => x,
         Err(r) => return r,
     };
-    let ctx = Ctx { session: &session, csrf: session.csrf(&key) };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
     let load = match LoadId::parse(form.get("load_id")) {
         Ok(l) => l,
         Err(e) => {
@@ -696,6 +738,62 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
             );
             let links = [(link, "Open the load"), ("/console/unmatched".into(), "Unmatched SMS")];
             what_happened(&s, &ctx, &q, "Assigned", text, &links).await
+        }
+        Err(e) => refused_page(&ctx, &e),
+    }
+}
+
+async fn dismiss(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+    let form = Form::parse(&body).unwrap_or(Form(vec![]));
+    let (session, key) = match acting(&s, &headers, &form).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
+    let who = requester(&session, &form);
+    let outbox_id = form.get("outbox_id");
+    match operator::dismiss(s.store.as_ref(), &s.queue, &who, outbox_id, s.clock.now()).await {
+        Ok(q) => {
+            info!(target: "haul_server::console", action = "dismiss", actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, status = q.status, "operator action");
+            if q.is_new() {
+                wake(&s);
+            }
+            let load = format!("/console/loads/{}", html::seg(q.load_id.as_str()));
+            let text = format!(
+                "Dismissal of {outbox_id} {} as event {} on load {}.",
+                if q.is_new() { "queued" } else { "was made already" },
+                q.event_id,
+                q.load_id
+            );
+            let links = [
+                (load, "Open the load"),
+                ("/console/dead".into(), "Dead rows"),
+                ("/console/alerts".into(), "OpsAlerts"),
+            ];
+            what_happened(&s, &ctx, &q, "Dismissed", text, &links).await
+        }
+        Err(e) => refused_page(&ctx, &e),
+    }
+}
+
+async fn dismiss_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+    let form = Form::parse(&body).unwrap_or(Form(vec![]));
+    let (session, key) = match acting(&s, &headers, &form).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
+    let who = requester(&session, &form);
+    let links = [("/console/unmatched".to_string(), "Unmatched SMS")];
+    match operator::dismiss_sms(s.store.as_ref(), &who, form.get("message_sid"), s.clock.now()).await {
+        Ok(d) if d.status == "dismissed" => {
+            info!(target: "haul_server::console", action = "dismiss_sms", actor = %who.actor, request_id = %who.request_id, "operator action");
+            let text = format!("SMS {} dismissed: it goes to no load.", d.message_sid);
+            html(StatusCode::OK, pages::message(&ctx, "Dismissed", &text, &links))
+        }
+        Ok(d) => {
+            let text = format!("Nothing done: SMS {} was dismissed by {} already, at {}.", d.message_sid, d.by, d.at);
+            html(StatusCode::OK, pages::refused(&ctx, &text, &links))
         }
         Err(e) => refused_page(&ctx, &e),
     }

@@ -8,13 +8,14 @@ use std::fmt::Write;
 
 use haul_core::action::{Action, ActionType};
 use haul_core::decision::Decision;
+use haul_core::decision::InboxState;
 use haul_core::mask::mask_phone;
 use haul_core::time::{Timestamp, since};
 use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
 use haul_runtime::queries::Page as QueryPage;
 use haul_runtime::timeline::{What, items as timeline_items};
 use haul_store::ops::{DeadRow, LoadSummary, class_name};
-use haul_store::{OpsAlertRecord, OutboxRow, OutboxStatus, Timer, UnmatchedSms};
+use haul_store::{InboxAlert, InboxCounts, InboxMark, InboxSms, OutboxRow, OutboxStatus, Timer};
 use serde_json::Value;
 
 use super::html::{age, anchor, esc, id, is_phone_key, query, seg, time, time_ago, value_text};
@@ -36,6 +37,9 @@ pub enum Nav {
 pub struct Ctx<'a> {
     pub session: &'a Session,
     pub csrf: String,
+    /// The open problems, for the navigation's counts (`None`: not read, or the store
+    /// did not answer; then no count is shown).
+    pub inbox: Option<&'a InboxCounts>,
 }
 
 impl Ctx<'_> {
@@ -77,7 +81,17 @@ pub fn layout(ctx: &Ctx, title: &str, nav: Nav, body: &str) -> String {
     let mut links = String::new();
     for (n, href, label) in NAV {
         let current = if n == nav { " aria-current=\"page\"" } else { "" };
-        let _ = write!(links, "<li><a href=\"{href}\"{current}>{label}</a></li>");
+        let open = ctx.inbox.and_then(|c| match n {
+            Nav::Dead => Some(c.dead.iter().map(|(_, n)| n).sum::<u64>()),
+            Nav::Unmatched => Some(c.unmatched),
+            Nav::Alerts => Some(c.alerts),
+            _ => None,
+        });
+        let count = match open {
+            Some(k) if k > 0 => format!(" <span class=\"count\" title=\"open\">{}</span>", count_text(k)),
+            _ => String::new(),
+        };
+        let _ = write!(links, "<li><a href=\"{href}\"{current}>{label}{count}</a></li>");
     }
     let role = match ctx.session.role {
         Role::Operator => "operator",
@@ -93,6 +107,49 @@ pub fn layout(ctx: &Ctx, title: &str, nav: Nav, body: &str) -> String {
         esc(&ctx.session.actor),
         esc(title),
     )
+}
+
+/// A count of open problems: the bound it was counted to shows as `999+`.
+fn count_text(n: u64) -> String {
+    if n >= INBOX_COUNT_BOUND as u64 { format!("{}+", INBOX_COUNT_BOUND - 1) } else { n.to_string() }
+}
+
+/// How far the open problems are counted (one more than shown, to know there are more).
+pub const INBOX_COUNT_BOUND: usize = 1000;
+
+/// The inbox states a list shows, as tabs: open by default.
+fn inbox_tabs(path: &str, pairs: &[(&str, &str)], open: Option<u64>) -> String {
+    let current = value_of(pairs, "inbox");
+    let kept: Vec<(&str, &str)> = pairs.iter().filter(|(n, _)| *n != "inbox" && *n != "before").copied().collect();
+    let mut out = String::from("<nav class=\"tabs\" aria-label=\"Inbox state\"><ul>");
+    for (state, label) in [("open", "Open"), ("handled", "Handled"), ("dismissed", "Dismissed"), ("all", "All")] {
+        let mut q = kept.clone();
+        q.push(("inbox", state));
+        let mark = if current == state { " aria-current=\"page\"" } else { "" };
+        let n = match (state, open) {
+            ("open", Some(n)) => format!(" ({})", count_text(n)),
+            _ => String::new(),
+        };
+        let _ = write!(out, "<li><a href=\"{path}{}\"{mark}>{label}{n}</a></li>", esc(&query(&q)));
+    }
+    out.push_str("</ul></nav>");
+    out
+}
+
+/// Where a problem stands: open, or handled/dismissed by what and when.
+fn inbox_cell(m: &InboxMark, load: Option<&str>) -> String {
+    match m.state {
+        InboxState::Open => status_badge("open"),
+        state => {
+            let by = match (&m.by, load) {
+                (Some(by), Some(l)) => format!(" by <a href=\"/console/loads/{}\">{}</a>", esc(&seg(l)), esc(by)),
+                (Some(by), None) => format!(" by {}", esc(by)),
+                (None, _) => String::new(),
+            };
+            let at = m.at.map(|t| format!(" {}", time(t))).unwrap_or_default();
+            format!("{}{by}{at}", status_badge(state.as_str()))
+        }
+    }
 }
 
 /// The sign-in page: a token and a name.
@@ -188,6 +245,10 @@ pub struct Figures {
     /// The loads with the most refused appends in the store (a few).
     pub conflict_loads: Option<Vec<haul_store::ConflictLoad>>,
     pub queue_depth: Option<u64>,
+    /// The open problems (`None`: the store did not answer).
+    pub inbox: Option<InboxCounts>,
+    /// Loads with an escalated ask, counted to a bound (and whether it stopped there).
+    pub escalated_loads: Option<(usize, bool)>,
     pub now: Timestamp,
 }
 
@@ -222,8 +283,37 @@ pub fn overview(f: &Figures) -> String {
             out
         }
     };
+    let inbox = match &f.inbox {
+        None => "<p class=\"figure\">unknown (the store did not answer)</p>".to_string(),
+        Some(c) => {
+            let mut out = String::from("<ul class=\"figure\">");
+            let mut item = |href: String, label: String, n: u64| {
+                let state = if n > 0 { "warn" } else { "ok" };
+                let _ = write!(out, "<li class=\"{state}\"><a href=\"{href}\">{label}: {}</a></li>", count_text(n));
+            };
+            for class in classes() {
+                let n = match haul_store::ops::class_types(class) {
+                    Some(types) => c.dead.iter().filter(|(t, _)| types.contains(t)).map(|(_, n)| n).sum(),
+                    None => 0,
+                };
+                item(format!("/console/dead?class={class}&amp;inbox=open"), format!("dead {class}"), n);
+            }
+            item("/console/alerts?inbox=open".into(), "OpsAlerts".into(), c.alerts);
+            item("/console/unmatched?inbox=open".into(), "unmatched SMS".into(), c.unmatched);
+            if let Some((n, more)) = f.escalated_loads {
+                let n = if more { INBOX_COUNT_BOUND as u64 } else { n as u64 };
+                item("/console/loads?escalated=true".into(), "loads with an escalated ask".into(), n);
+            }
+            out.push_str("</ul>");
+            out
+        }
+    };
     format!(
-        "<section class=\"figures\" aria-label=\"The four figures\">\
+        "<section class=\"figures\" aria-label=\"The open problems\">\
+         <article class=\"inbox\"><h2>Open problems</h2>{inbox}\
+         <p class=\"sub\">Each stays open until an operator handles it (a requeued copy delivered, an SMS assigned) \
+         or dismisses it with a reason.</p></article></section>\
+         <section class=\"figures\" aria-label=\"The four figures\">\
          <article><h2>Oldest pending outbox row</h2><p class=\"figure\">{}</p>\
          <p><a href=\"/console/loads?pending_over=1s\">Loads with a pending row</a></p></article>\
          <article><h2>Dead rows in the last hour, by class</h2><ul class=\"figure\">{dead}</ul>\
@@ -604,6 +694,18 @@ pub fn request_field(request_id: &str) -> String {
     format!("<input type=\"hidden\" name=\"request_id\" value=\"{}\">", esc(request_id))
 }
 
+/// The form that dismisses a problem from the inbox, with its reason.
+fn dismiss_form(ctx: &Ctx, action: &str, name: &str, value: &str, id_suffix: &str, request_id: &str) -> String {
+    format!(
+        "<form class=\"dismiss\" method=\"post\" action=\"{action}\">{}{}<input type=\"hidden\" name=\"{name}\" value=\"{}\">\
+         {} <button type=\"submit\">Dismiss</button></form>",
+        ctx.hidden(),
+        request_field(request_id),
+        esc(value),
+        reason_field(id_suffix),
+    )
+}
+
 fn reason_field(id_suffix: &str) -> String {
     format!(
         "<label for=\"reason-{0}\">Reason</label> <input id=\"reason-{0}\" name=\"reason\" required maxlength=\"500\">",
@@ -623,9 +725,11 @@ pub fn dead(
         "<form class=\"filters\" method=\"get\" action=\"/console/dead\"><fieldset><legend>Filter</legend>\
          <p><label for=\"class\">Channel class</label> <select id=\"class\" name=\"class\">{}</select></p>\
          <p><label for=\"action_type\">Action type</label> <select id=\"action_type\" name=\"action_type\">{}</select></p>\
+         <input type=\"hidden\" name=\"inbox\" value=\"{}\">\
          <p><button type=\"submit\">Filter</button> <a href=\"/console/dead\">Clear</a></p></fieldset></form>",
         options(value_of(pairs, "class"), &classes, "any"),
         options(value_of(pairs, "action_type"), &type_names(), "any"),
+        esc(value_of(pairs, "inbox")),
     );
     if ctx.operator() {
         let since = haul_core::time::from_ms(haul_core::time::to_ms(now) - 24 * 3600 * 1000);
@@ -653,19 +757,32 @@ pub fn dead(
         }
     };
     let rows = &answer.rows;
-    body.push_str("<div class=\"scroll\"><table><caption>Dead outbox rows, newest first</caption><thead><tr><th scope=\"col\">Row</th><th scope=\"col\">Load</th>\
-        <th scope=\"col\">Type</th><th scope=\"col\">Sends failed</th><th scope=\"col\">Last failure</th><th scope=\"col\">Died</th>");
+    let open = ctx.inbox.map(|c| {
+        let class = haul_store::ops::class_types(value_of(pairs, "class"));
+        let of_type = ActionType::parse(value_of(pairs, "action_type"));
+        c.dead
+            .iter()
+            .filter(|(t, _)| class.as_ref().is_none_or(|types| types.contains(t)) && of_type.is_none_or(|o| o == *t))
+            .map(|(_, n)| n)
+            .sum()
+    });
+    body.push_str(&inbox_tabs("/console/dead", pairs, open));
+    body.push_str("<div class=\"scroll\"><table class=\"cards\"><caption>Dead outbox rows, newest first</caption><thead><tr><th scope=\"col\">Row</th><th scope=\"col\">Load</th>\
+        <th scope=\"col\">Type</th><th scope=\"col\">Sends failed</th><th scope=\"col\">Last failure</th><th scope=\"col\">Died</th>\
+        <th scope=\"col\">Inbox</th>");
     if ctx.operator() {
-        body.push_str("<th scope=\"col\">Requeue</th>");
+        body.push_str("<th scope=\"col\">Act</th>");
     }
     body.push_str("</tr></thead><tbody>");
     if rows.is_empty() {
-        body.push_str("<tr><td colspan=\"7\">No dead row matches.</td></tr>");
+        body.push_str("<tr><td colspan=\"8\">No dead row matches.</td></tr>");
     }
     for (i, r) in rows.iter().enumerate() {
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{} <span class=\"sub\">({})</span></td><td>{}</td><td>{}</td><td>{}</td>",
+            "<tr><td data-label=\"Row\">{}</td><td data-label=\"Load\">{}</td><td data-label=\"Type\">{} <span class=\"sub\">({})</span></td>\
+             <td data-label=\"Sends failed\">{}</td><td data-label=\"Last failure\">{}</td><td data-label=\"Died\">{}</td>\
+             <td data-label=\"Inbox\">{}</td>",
             id(&r.row.id),
             link_load(r.row.load_id.as_str()),
             esc(r.row.action_type.as_str()),
@@ -673,17 +790,32 @@ pub fn dead(
             r.row.attempts,
             quoted(r.row.last_failure.as_deref()),
             time_ago(r.dead_at, answer.age_s(r.dead_at)),
+            inbox_cell(&r.inbox, Some(r.row.load_id.as_str())),
         );
         if ctx.operator() {
-            let _ = write!(
-                body,
-                "<td><form method=\"post\" action=\"/console/dead/requeue\">{}{}\
-                 <input type=\"hidden\" name=\"outbox_id\" value=\"{}\">{} <button type=\"submit\">Requeue</button></form></td>",
-                ctx.hidden(),
-                request_field(&new_request()),
-                esc(&r.row.id),
-                reason_field(&i.to_string()),
-            );
+            body.push_str("<td data-label=\"Act\">");
+            if r.inbox.state == InboxState::Open {
+                let _ = write!(
+                    body,
+                    "<form method=\"post\" action=\"/console/dead/requeue\">{}{}\
+                     <input type=\"hidden\" name=\"outbox_id\" value=\"{}\">{} <button type=\"submit\">Requeue</button></form>{}",
+                    ctx.hidden(),
+                    request_field(&new_request()),
+                    esc(&r.row.id),
+                    reason_field(&i.to_string()),
+                    dismiss_form(
+                        ctx,
+                        "/console/dead/dismiss",
+                        "outbox_id",
+                        &r.row.id,
+                        &format!("d{i}"),
+                        &new_request()
+                    ),
+                );
+            } else {
+                body.push('–');
+            }
+            body.push_str("</td>");
         }
         body.push_str("</tr>");
     }
@@ -793,11 +925,12 @@ pub fn timers(ctx: &Ctx, pairs: &[(&str, &str)], answer: Result<&QueryPage<Timer
 /// `choices[i]`: the active loads with the number of the page's `i`th SMS.
 pub fn unmatched(
     ctx: &Ctx,
-    answer: Result<&QueryPage<UnmatchedSms>, String>,
+    pairs: &[(&str, &str)],
+    answer: Result<&QueryPage<InboxSms>, String>,
     choices: &[Vec<haul_core::ids::LoadId>],
     new_request: &mut dyn FnMut() -> String,
 ) -> String {
-    let mut body = String::new();
+    let mut body = inbox_tabs("/console/unmatched", pairs, ctx.inbox.map(|c| c.unmatched));
     let answer = match answer {
         Ok(a) => a,
         Err(e) => {
@@ -805,18 +938,19 @@ pub fn unmatched(
             return layout(ctx, "Unmatched SMS", Nav::Unmatched, &body);
         }
     };
-    body.push_str("<div class=\"scroll\"><table><caption>Inbound SMS that went to no load, newest first</caption><thead><tr>\
+    body.push_str("<div class=\"scroll\"><table class=\"cards\"><caption>Inbound SMS that went to no load, newest first</caption><thead><tr>\
         <th scope=\"col\">MessageSid</th><th scope=\"col\">From</th><th scope=\"col\">To</th><th scope=\"col\">Body</th>\
-        <th scope=\"col\">Received</th><th scope=\"col\">Why unmatched</th>");
+        <th scope=\"col\">Received</th><th scope=\"col\">Why unmatched</th><th scope=\"col\">Inbox</th>");
     if ctx.operator() {
         body.push_str("<th scope=\"col\">Assign to a load</th>");
     }
     body.push_str("</tr></thead><tbody>");
     let list = &answer.rows;
     if list.is_empty() {
-        body.push_str("<tr><td colspan=\"7\">None.</td></tr>");
+        body.push_str("<tr><td colspan=\"8\">None.</td></tr>");
     }
-    for (i, u) in list.iter().enumerate() {
+    for (i, entry) in list.iter().enumerate() {
+        let u = &entry.sms;
         let loads = choices.get(i).map(Vec::as_slice).unwrap_or_default();
         let offered = match loads {
             [] => "No active load has this number.".to_owned(),
@@ -827,44 +961,69 @@ pub fn unmatched(
         };
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"body\">{}</td><td>{}</td><td>{}<br><span class=\"sub\">{offered}</span></td>",
+            "<tr><td data-label=\"MessageSid\">{}</td><td data-label=\"From\">{}</td><td data-label=\"To\">{}</td>\
+             <td class=\"body\" data-label=\"Body\">{}</td><td data-label=\"Received\">{}</td>\
+             <td data-label=\"Why unmatched\">{}<br><span class=\"sub\">{offered}</span></td><td data-label=\"Inbox\">{}{}</td>",
             id(&u.message_sid),
             esc(&mask_phone(&u.from)),
             esc(&mask_phone(&u.to)),
             esc(&u.body),
             time_ago(u.received_at, answer.age_s(u.received_at)),
             esc(&u.reason),
+            inbox_cell(&entry.inbox, entry.assigned_load.as_ref().map(|l| l.as_str())),
+            match (&entry.assigned_load, &entry.dismissed_reason) {
+                (Some(l), _) => format!("<br><span class=\"sub\">assigned to {}</span>", link_load(l.as_str())),
+                (None, Some(why)) => format!("<br><span class=\"sub\">{}</span>", quoted(Some(why))),
+                (None, None) => String::new(),
+            },
         );
-        if ctx.operator() {
+        if ctx.operator() && entry.inbox.state != InboxState::Open {
+            body.push_str("<td data-label=\"Assign to a load\">–</td>");
+        } else if ctx.operator() {
             let options: String = loads.iter().map(|l| format!("<option value=\"{}\">", esc(l.as_str()))).collect();
             let _ = write!(
                 body,
-                "<td><form method=\"post\" action=\"/console/unmatched/assign\">{}{}\
+                "<td data-label=\"Assign to a load\"><form method=\"post\" action=\"/console/unmatched/assign\">{}{}\
                  <input type=\"hidden\" name=\"message_sid\" value=\"{}\">\
                  <label for=\"load-{i}\">Load id</label> <input id=\"load-{i}\" name=\"load_id\" required maxlength=\"64\" \
                  list=\"loads-{i}\"><datalist id=\"loads-{i}\">{options}</datalist> \
-                 {} <button type=\"submit\">Assign</button></form></td>",
+                 {} <button type=\"submit\">Assign</button></form>{}</td>",
                 ctx.hidden(),
                 request_field(&new_request()),
                 esc(&u.message_sid),
                 reason_field(&i.to_string()),
+                dismiss_form(
+                    ctx,
+                    "/console/unmatched/dismiss",
+                    "message_sid",
+                    &u.message_sid,
+                    &format!("d{i}"),
+                    &new_request()
+                ),
             );
         }
         body.push_str("</tr>");
     }
     body.push_str("</tbody></table></div>");
     if let Some(next) = answer.next.as_deref() {
-        body.push_str(&next_link("/console/unmatched", &[("before", next)], "Older messages"));
+        body.push_str(&next_page("/console/unmatched", pairs, "before", next, "Older messages"));
     }
     layout(ctx, "Unmatched SMS", Nav::Unmatched, &body)
 }
 
-pub fn alerts(ctx: &Ctx, answer: Result<&QueryPage<OpsAlertRecord>, String>) -> String {
+pub fn alerts(
+    ctx: &Ctx,
+    pairs: &[(&str, &str)],
+    answer: Result<&QueryPage<InboxAlert>, String>,
+    new_request: &mut dyn FnMut() -> String,
+) -> String {
     let mut body = String::from(
         "<p class=\"sub\">An OpsAlert is raised when a Hero-channel or internal outbox row dies, and sent to the ops \
          service: <strong>delivered</strong> (taken), <strong>refused</strong> (a 4xx: kept, not sent again), or \
-         <strong>pending</strong> (not taken yet; the dispatcher sends it again).</p>",
+         <strong>pending</strong> (not taken yet; the dispatcher sends it again). It stays <strong>open</strong> in \
+         the inbox until its row is requeued and the copy delivered (handled), or an operator dismisses it.</p>",
     );
+    body.push_str(&inbox_tabs("/console/alerts", pairs, ctx.inbox.map(|c| c.alerts)));
     let answer = match answer {
         Ok(a) => a,
         Err(e) => {
@@ -873,19 +1032,30 @@ pub fn alerts(ctx: &Ctx, answer: Result<&QueryPage<OpsAlertRecord>, String>) -> 
         }
     };
     body.push_str(
-        "<div class=\"scroll\"><table><caption>OpsAlerts, newest first</caption><thead><tr><th scope=\"col\">Kind</th>\
+        "<div class=\"scroll\"><table class=\"cards\"><caption>OpsAlerts, newest first</caption><thead><tr><th scope=\"col\">Kind</th>\
         <th scope=\"col\">Row</th><th scope=\"col\">Load</th><th scope=\"col\">Failure</th><th scope=\"col\">Raised</th>\
         <th scope=\"col\">State</th><th scope=\"col\">Sends</th><th scope=\"col\">Last error</th>\
-        <th scope=\"col\">Last send</th></tr></thead><tbody>",
+        <th scope=\"col\">Last send</th><th scope=\"col\">Inbox</th></tr></thead><tbody>",
     );
     let list = &answer.rows;
     if list.is_empty() {
-        body.push_str("<tr><td colspan=\"9\">None.</td></tr>");
+        body.push_str("<tr><td colspan=\"10\">None.</td></tr>");
     }
-    for a in list {
+    for (i, entry) in list.iter().enumerate() {
+        let a = &entry.alert;
+        // An open alert is handled on its row: requeue it from the dead rows, or
+        // dismiss it here.
+        let act = if entry.inbox.state == InboxState::Open && ctx.operator() {
+            dismiss_form(ctx, "/console/dead/dismiss", "outbox_id", &a.outbox_id, &format!("a{i}"), &new_request())
+        } else {
+            String::new()
+        };
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td data-label=\"Kind\">{}</td><td data-label=\"Row\">{}</td><td data-label=\"Load\">{}</td>\
+             <td data-label=\"Failure\">{}</td><td data-label=\"Raised\">{}</td><td data-label=\"State\">{}</td>\
+             <td data-label=\"Sends\">{}</td><td data-label=\"Last error\">{}</td><td data-label=\"Last send\">{}</td>\
+             <td data-label=\"Inbox\">{}{act}</td></tr>",
             esc(a.kind.as_str()),
             id(&a.outbox_id),
             link_load(a.load_id.as_str()),
@@ -895,11 +1065,12 @@ pub fn alerts(ctx: &Ctx, answer: Result<&QueryPage<OpsAlertRecord>, String>) -> 
             a.sends,
             quoted(a.last_error.as_deref()),
             time_ago(a.updated_at, answer.age_s(a.updated_at)),
+            inbox_cell(&entry.inbox, Some(a.load_id.as_str())),
         );
     }
     body.push_str("</tbody></table></div>");
     if let Some(next) = answer.next.as_deref() {
-        body.push_str(&next_link("/console/alerts", &[("before", next)], "Older alerts"));
+        body.push_str(&next_page("/console/alerts", pairs, "before", next, "Older alerts"));
     }
     layout(ctx, "OpsAlerts", Nav::Alerts, &body)
 }
@@ -921,6 +1092,7 @@ mod tests {
     use haul_core::log::Entry;
     use haul_core::projection::{LoadState, Record};
     use haul_runtime::inspect::StateView;
+    use haul_store::{OpsAlertRecord, UnmatchedSms};
     use serde_json::json;
 
     use super::super::session::{self, Role};
@@ -951,7 +1123,7 @@ mod tests {
     #[test]
     fn text_from_outside_is_shown_as_text_on_every_page() {
         let (s, key) = session(Role::Operator);
-        let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
+        let ctx = Ctx { session: &s, csrf: s.csrf(&key), inbox: None };
         let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
         let load_id = LoadId::parse("481207").unwrap();
         let record = |seq: u64, entry: Entry| Record { seq, entry_id: format!("e{seq}"), entry, recorded_at: t };
@@ -1040,26 +1212,31 @@ mod tests {
         fn page_of<T>(rows: Vec<T>) -> QueryPage<T> {
             QueryPage { rows, next: None, now: "2026-03-02T07:00:00Z".parse().unwrap() }
         }
-        let sms = |from: &str, body: &str, reason: &str| UnmatchedSms {
-            message_sid: "SM1".into(),
-            from: from.into(),
-            to: "+15555550000".into(),
-            body: body.into(),
-            received_at: t,
-            reason: reason.into(),
+        let sms = |from: &str, body: &str, reason: &str| InboxSms {
+            sms: UnmatchedSms {
+                message_sid: "SM1".into(),
+                from: from.into(),
+                to: "+15555550000".into(),
+                body: body.into(),
+                received_at: t,
+                reason: reason.into(),
+            },
+            inbox: InboxMark::OPEN,
+            assigned_load: None,
+            dismissed_reason: Some(HOSTILE.into()),
         };
-        let page = unmatched(&ctx, Ok(&page_of(vec![sms("+15555559999", HOSTILE, HOSTILE)])), &[], &mut ids);
+        let page = unmatched(&ctx, &[], Ok(&page_of(vec![sms("+15555559999", HOSTILE, HOSTILE)])), &[], &mut ids);
         assert_inert(&page);
         assert!(!page.contains("+15555559999"));
         assert!(page.contains("No active load has this number."));
         // The loads with the number are offered as links and as the field's choices.
         let two = [vec![LoadId::parse("481207").unwrap(), LoadId::parse("481208").unwrap()]];
-        let page = unmatched(&ctx, Ok(&page_of(vec![sms("+15555559999", "hi", "2 loads")])), &two, &mut ids);
+        let page = unmatched(&ctx, &[], Ok(&page_of(vec![sms("+15555559999", "hi", "2 loads")])), &two, &mut ids);
         assert!(page.contains("Active loads with this number: <a href=\"/console/loads/481207\">481207</a>, <a href=\"/console/loads/481208\">481208</a>"), "{page}");
         assert!(page.contains("list=\"loads-0\"><datalist id=\"loads-0\"><option value=\"481207\"><option value=\"481208\"></datalist>"), "{page}");
         let mut row = view.outbox[0].clone();
         row.last_failure = Some(HOSTILE.into());
-        let dead_row = DeadRow { row, dead_at: t, outcome_published_at: None };
+        let dead_row = DeadRow { row, dead_at: t, outcome_published_at: None, inbox: InboxMark::OPEN };
         assert_inert(&dead(&ctx, &[], Ok(&page_of(vec![dead_row])), &mut ids, t));
         let alert = OpsAlertRecord {
             outbox_id: key_id.into(),
@@ -1073,7 +1250,8 @@ mod tests {
             raised_at: t,
             updated_at: t,
         };
-        let page = alerts(&ctx, Ok(&page_of(vec![alert])));
+        let mark = InboxMark { state: InboxState::Dismissed, by: Some(HOSTILE.into()), at: Some(t) };
+        let page = alerts(&ctx, &[("inbox", HOSTILE)], Ok(&page_of(vec![InboxAlert { alert, inbox: mark }])), &mut ids);
         assert_inert(&page);
         assert!(page.contains(">refused<"), "{page}");
         // A filter value echoed back into its field.
@@ -1083,7 +1261,7 @@ mod tests {
     #[test]
     fn a_read_only_session_sees_no_action() {
         let (s, key) = session(Role::Read);
-        let ctx = Ctx { session: &s, csrf: s.csrf(&key) };
+        let ctx = Ctx { session: &s, csrf: s.csrf(&key), inbox: None };
         let mut ids = || "console-1".to_string();
         let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
         let row = OutboxRow {
@@ -1102,8 +1280,11 @@ mod tests {
             created_at: t,
             updated_at: t,
         };
-        let dead_rows =
-            QueryPage { rows: vec![DeadRow { row, dead_at: t, outcome_published_at: None }], next: None, now: t };
+        let dead_rows = QueryPage {
+            rows: vec![DeadRow { row, dead_at: t, outcome_published_at: None, inbox: InboxMark::OPEN }],
+            next: None,
+            now: t,
+        };
         let page = dead(&ctx, &[], Ok(&dead_rows), &mut ids, t);
         assert!(!page.contains("/console/dead/requeue") && !page.contains("/console/dead/bulk-requeue"), "{page}");
         let sms = UnmatchedSms {
@@ -1114,7 +1295,10 @@ mod tests {
             received_at: t,
             reason: "r".into(),
         };
+        let sms = InboxSms { sms, inbox: InboxMark::OPEN, assigned_load: None, dismissed_reason: None };
         let unmatched_rows = QueryPage { rows: vec![sms], next: None, now: t };
-        assert!(!unmatched(&ctx, Ok(&unmatched_rows), &[], &mut ids).contains("/console/unmatched/assign"));
+        let page = unmatched(&ctx, &[], Ok(&unmatched_rows), &[], &mut ids);
+        assert!(!page.contains("/console/unmatched/assign") && !page.contains("/console/unmatched/dismiss"), "{page}");
+        assert!(!dead(&ctx, &[], Ok(&dead_rows), &mut ids, t).contains("/console/dead/dismiss"));
     }
 }
