@@ -151,3 +151,17 @@ impl Decision {
         Decision::new(event, decided_at, "fallback", vec![action], vec![], why)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inbox_states_read_back_by_name() {
+        for state in InboxState::ALL {
+            assert_eq!(InboxState::parse(state.as_str()), Some(state));
+        }
+        assert_eq!(InboxState::parse("closed"), None);
+        assert_eq!(InboxState::parse("Open"), None);
+    }
+}

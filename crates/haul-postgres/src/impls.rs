@@ -743,6 +743,10 @@ impl OpsQueries for PgStore {
         Ok(InboxCounts { dead, alerts: count(INBOX_ALERTS_COUNT).await?, unmatched: count(INBOX_SMS_COUNT).await? })
     }
 
+    async fn unmatched_sms_one(&self, message_sid: &str) -> Result<Option<InboxSms>, StoreError> {
+        Ok(self.query_rows(UNMATCHED_SMS_ONE, &[&message_sid], inbox_sms_row).await?.into_iter().next())
+    }
+
     async fn dismiss_unmatched_sms(
         &self,
         message_sid: &str,

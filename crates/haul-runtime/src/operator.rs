@@ -8,7 +8,7 @@
 //! appends it with its decision (`haul_core::operator`). A retried request publishes
 //! the same event, which the queue and the log deduplicate: it does nothing twice.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use haul_core::action::{Action, ActionType};
@@ -356,7 +356,8 @@ pub struct BulkRow {
     pub last_failure: Option<String>,
     pub event_id: EventId,
     /// `would_requeue` (a dry run), `queued`, `duplicate`, `already_requeued` (another
-    /// request requeued it: nothing published, on a dry run too), or an error code.
+    /// request requeued it: nothing published, on a dry run too), `dismissed` (an
+    /// operator took it out of the inbox: nothing published), or an error code.
     pub status: String,
     /// With `already_requeued`: the key of the row that carries its action again.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -401,24 +402,28 @@ pub async fn bulk_requeue(
     let truncated = picked.len() > filter.limit;
     picked.truncate(filter.limit);
     let mut rows = Vec::with_capacity(picked.len());
-    // Each load's requeues, read once: a row another request requeued already is
-    // skipped and says so (its load would decide a noop), so what the answer counts
-    // as requeued is what goes out. This request's own rows go on (a retry: duplicate).
-    let mut requeued: HashMap<LoadId, BTreeMap<String, String>> = HashMap::new();
+    // Each load's requeues and dismissals, read once: a row another request requeued
+    // already, or one an operator dismissed from the inbox, is skipped and says so, so
+    // what the answer counts as requeued is what goes out. This request's own rows go
+    // on (a retry: duplicate).
+    let mut states: HashMap<LoadId, haul_core::LoadState> = HashMap::new();
     for row in &picked {
         let event_id = EventId::operator_bulk(&who.request_id, &row.id)?;
-        if !requeued.contains_key(&row.load_id) {
+        if !states.contains_key(&row.load_id) {
             let state = haul_core::project(&store.read(&row.load_id).await?.0);
-            requeued.insert(row.load_id.clone(), state.requeues);
+            states.insert(row.load_id.clone(), state);
         }
+        let state = &states[&row.load_id];
         // The key this request's copy has (haul_core::operator makes it the same way).
         let own_copy = haul_core::ids::event_action_key(&row.load_id, &event_id, row.action_type.as_str());
-        let requeued_as = requeued[&row.load_id].get(&row.id).filter(|key| **key != own_copy).cloned();
+        let requeued_as = state.requeues.get(&row.id).filter(|key| **key != own_copy).cloned();
+        let dismissed = state.inbox_state(&row.id) == haul_core::InboxState::Dismissed;
         // The event is built on a dry run too: what would be refused shows as refused.
         let status = match requeue_event(row, &event_id, who) {
             Err(e @ (OperatorError::Store(_) | OperatorError::BadInput(_))) => return Err(e),
             Err(e) => e.code().to_owned(),
             Ok(_) if requeued_as.is_some() => "already_requeued".to_owned(),
+            Ok(_) if dismissed => "dismissed".to_owned(),
             Ok(_) if dry_run => "would_requeue".to_owned(),
             Ok(event) => match publish(store, queue, &event, &who.request_id, now).await {
                 Ok(q) => q.status.to_owned(),

@@ -649,6 +649,11 @@ async fn only_a_dead_row_is_requeued() {
     assert_eq!((e.code(), e.status()), ("not_dead", 409));
     let e = operator::requeue(&*rig.store, &rig.events(), &requester("r1"), "L1/nope", rig.now()).await.unwrap_err();
     assert_eq!((e.code(), e.status()), ("no_such_row", 404));
+    // Nor is any other dismissed from the inbox.
+    let e = operator::dismiss(&*rig.store, &rig.events(), &requester("r1"), &sms.id, rig.now()).await.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("not_dead", 409));
+    let e = operator::dismiss(&*rig.store, &rig.events(), &requester("r1"), "L1/nope", rig.now()).await.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("no_such_row", 404));
 }
 
 #[tokio::test]
@@ -660,6 +665,28 @@ async fn an_sms_id_out_of_form_is_refused() {
     assert_eq!((e.code(), e.status()), ("bad_message_sid", 400));
     let e = operator::assign_sms(&*rig.store, &rig.events(), &requester("r1"), "SM1", &load("L1"), rig.now()).await;
     assert_eq!(e.unwrap_err().code(), "no_such_sms");
+    // A dismissal too: the id's form first, then whether the list holds it.
+    let e = operator::dismiss_sms(&*rig.store, &requester("r1"), "SM 1", rig.now()).await.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("bad_message_sid", 400));
+    let e = operator::dismiss_sms(&*rig.store, &requester("r1"), "SM1", rig.now()).await.unwrap_err();
+    assert_eq!((e.code(), e.status()), ("no_such_sms", 404));
+    let sms = haul_store::UnmatchedSms {
+        message_sid: "SM1".into(),
+        from: "+15555550199".into(),
+        to: "+15555550000".into(),
+        body: "who is this".into(),
+        received_at: rig.now(),
+        reason: "no single active load has this driver phone".into(),
+    };
+    rig.store.record_unmatched_sms(&sms).await.unwrap();
+    let no_reason = Requester { reason: " ".into(), ..requester("r2") };
+    let e = operator::dismiss_sms(&*rig.store, &no_reason, "SM1", rig.now()).await.unwrap_err();
+    assert_eq!(e.code(), "bad_payload");
+    let first = operator::dismiss_sms(&*rig.store, &requester("r3"), "SM1", rig.now()).await.unwrap();
+    let again = operator::dismiss_sms(&*rig.store, &requester("r4"), "SM1", rig.now()).await.unwrap();
+    assert_eq!((first.status, again.status, again.by.as_str()), ("dismissed", "already_dismissed", first.by.as_str()));
+    let e = operator::assign_sms(&*rig.store, &rig.events(), &requester("r5"), "SM1", &load("L1"), rig.now()).await;
+    assert_eq!(e.unwrap_err().code(), "sms_dismissed");
 }
 
 #[tokio::test]
@@ -694,17 +721,21 @@ async fn a_bulk_requeue_takes_at_most_its_limit_and_a_dry_run_publishes_nothing(
 }
 
 #[tokio::test]
-async fn a_bulk_requeue_skips_a_row_another_request_requeued_and_counts_only_the_rest() {
+async fn a_bulk_requeue_skips_a_row_another_request_requeued_or_dismissed_and_counts_only_the_rest() {
     let rig = Rig::new().await;
     rig.services.answer(Channel::Sms, Answer::Permanent);
-    for l in ["L1", "L2"] {
+    for l in ["L1", "L2", "L3"] {
         rig.asked(l).await;
     }
     rig.dispatcher(QueueMode::StoreQueue, Faults::default()).run_once().await.unwrap();
     rig.settle(&rig.worker()).await;
     let l1_sms = rig.row("L1", "send_sms").await.id;
     operator::requeue(&*rig.store, &rig.events(), &requester("by-hand"), &l1_sms, rig.now()).await.unwrap();
+    let l3_sms = rig.row("L3", "send_sms").await.id;
+    operator::dismiss(&*rig.store, &rig.events(), &requester("gone"), &l3_sms, rig.now()).await.unwrap();
     rig.settle(&rig.worker()).await;
+    let dismissed = rig.store.dead_rows_page(&[], Some(haul_core::InboxState::Dismissed), None, 10).await.unwrap();
+    assert_eq!(dismissed.iter().map(|d| d.row.id.as_str()).collect::<Vec<_>>(), [l3_sms.as_str()]);
     let filter =
         DeadFilter { action_type: ActionType::SendSms, since: "2026-01-01T00:00:00Z".parse().unwrap(), limit: 10 };
     let bulk = |id: &'static str, dry_run| {
@@ -718,14 +749,23 @@ async fn a_bulk_requeue_skips_a_row_another_request_requeued_and_counts_only_the
     let dry = bulk("b1", true).await;
     assert_eq!(
         statuses(&dry),
-        [("L1".into(), "already_requeued".into(), by_hand.clone()), ("L2".into(), "would_requeue".into(), None)]
+        [
+            ("L1".into(), "already_requeued".into(), by_hand.clone()),
+            ("L2".into(), "would_requeue".into(), None),
+            ("L3".into(), "dismissed".into(), None)
+        ]
     );
-    assert_eq!(dry.rows.iter().map(operator::BulkRow::goes_out).collect::<Vec<_>>(), [false, true], "what is counted");
+    let counted = dry.rows.iter().map(operator::BulkRow::goes_out).collect::<Vec<_>>();
+    assert_eq!(counted, [false, true, false], "what is counted");
     let before = rig.depth().await;
     let real = bulk("b2", false).await;
     assert_eq!(
         statuses(&real),
-        [("L1".into(), "already_requeued".into(), by_hand), ("L2".into(), "queued".into(), None)]
+        [
+            ("L1".into(), "already_requeued".into(), by_hand),
+            ("L2".into(), "queued".into(), None),
+            ("L3".into(), "dismissed".into(), None)
+        ]
     );
     assert_eq!(rig.depth().await, before + 1, "only L2's row is published");
     rig.settle(&rig.worker()).await;

@@ -1381,6 +1381,17 @@ impl OpsQueries for SqliteStore {
         Ok(InboxCounts { dead, alerts, unmatched })
     }
 
+    async fn unmatched_sms_one(&self, message_sid: &str) -> Result<Option<InboxSms>, StoreError> {
+        let rows = self
+            .query_rows(
+                concat!("SELECT ", columns!(inbox_sms), " FROM unmatched_sms WHERE message_sid = ?1"),
+                [message_sid.to_owned()],
+                inbox_sms_row,
+            )
+            .await?;
+        Ok(rows.into_iter().next())
+    }
+
     async fn dismiss_unmatched_sms(
         &self,
         message_sid: &str,

@@ -1696,7 +1696,10 @@ pub async fn the_inbox_follows_the_log_and_dismissals(s: DynStore) {
     assert_eq!(sms_page(None).await, [sm3.clone(), sm2.clone(), sm1.clone()]);
     assert_eq!(sms_page(Some(Open)).await, [sm1]);
     assert_eq!(sms_page(Some(Handled)).await, [sm2]);
-    assert_eq!(sms_page(Some(Dismissed)).await, [sm3]);
+    assert_eq!(sms_page(Some(Dismissed)).await, std::slice::from_ref(&sm3));
+    let one = s.unmatched_sms_one("SM3").await.unwrap().unwrap();
+    assert_eq!((one.sms.message_sid, one.inbox, one.dismissed_reason), (sm3.0, sm3.1, sm3.3));
+    assert_eq!(s.unmatched_sms_one("SM9").await.unwrap(), None);
     assert_eq!(s.inbox_counts(100).await.unwrap().unmatched, 1);
 
     // Counts stop at the bound.

@@ -263,6 +263,9 @@ pub trait OpsQueries: Send + Sync {
         limit: usize,
     ) -> Result<Vec<InboxAlert>, StoreError>;
 
+    /// The unmatched SMS `message_sid` with where it stands, if the list holds it.
+    async fn unmatched_sms_one(&self, message_sid: &str) -> Result<Option<InboxSms>, StoreError>;
+
     /// The open problems, each kind counted to at most `bound`.
     async fn inbox_counts(&self, bound: usize) -> Result<InboxCounts, StoreError>;
 

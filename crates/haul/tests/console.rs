@@ -500,6 +500,38 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     shots.push(b.screenshot("alerts-phone").await);
     b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 1280, "height": 900}))).await;
 
+    // A second load with the same driver: an SMS from that number goes to neither (it
+    // is unmatched). A typo'd assignment of it is refused, offering both loads; one
+    // click assigns it to the right one.
+    let second =
+        json!({"event_id": "load:init", "kind": "load_update", "driver_phone": "+15555550100", "stage": "in_transit"});
+    let r = api.post(format!("{base}/v1/loads/481208/events")).bearer_auth(TOKEN).json(&second).send().await.unwrap();
+    assert!(r.status().is_success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.get(format!("{base}/v1/loads/481208")).bearer_auth(TOKEN).send().await.unwrap().status() != StatusCode::OK
+    {
+        assert!(Instant::now() < deadline, "load 481208 was never appended:\n{}", serve.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    twilio_sms(&api, &base, "SMconsole3", "+15555550100", "ETA 10:40").await;
+    b.go(&format!("{base}/console/unmatched")).await;
+    assert!(b.text().await.contains("ETA 10:40"), "{}", b.text().await);
+    b.type_into("#load-0", "4812O7").await;
+    b.type_into("#reason-0", "driver on both loads").await;
+    b.click("form[action='/console/unmatched/assign'] button[type=submit]").await;
+    b.wait_url("/console/unmatched/assign").await;
+    let text = b.text().await;
+    assert!(
+        text.contains("load 4812O7 has no records")
+            && text.contains("Assign to 481207")
+            && text.contains("Assign to 481208"),
+        "{text}"
+    );
+    shots.push(b.screenshot("assign-refused").await);
+    b.click("ul.choices li:nth-child(2) button[type=submit]").await;
+    b.wait_url("/console/unmatched/assign").await;
+    assert!(b.text().await.contains("SMS SMconsole3 assigned to load 481208"), "{}", b.text().await);
+
     // With the load's page open, a driver's answer holding HTML arrives: the live refresh
     // brings it into the timeline (the page is not reloaded: the marker set on it
     // stays), as text.
@@ -516,6 +548,17 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     let text = b.wait_text(ANSWER_HTML, &serve).await;
     assert!(text.contains("assign_sms"), "{text}");
     assert_eq!(b.run("return window.__same_page === true").await, json!(true), "refreshed in place, not reloaded");
+    // The summary at the top followed too: the driver's last message is the new one,
+    // and the version is the timeline's.
+    let top = b.text_of("#summary .last-message").await;
+    assert!(top.contains(ANSWER_HTML), "the summary shows the newest message: {top}");
+    let versions = b
+        .run("return [document.getElementById('summary').dataset.version, document.getElementById('timeline').dataset.version]")
+        .await;
+    assert_eq!(versions[0], versions[1], "{versions}");
+    // Newest first: the first record shown is the newest.
+    let first = b.text_of("ol.timeline > li").await;
+    assert!(first.contains("decision_recorded") || first.contains("inbound_sms"), "{first}");
     assert_eq!(b.pwned().await, Value::Null);
 
     // Sign out: every page sends to the sign-in again.

@@ -186,6 +186,24 @@ impl FromRequestParts<Arc<ApiState>> for Viewer {
     }
 }
 
+/// A signed-in session polling a page's live sections: as a [`Viewer`], without the
+/// navigation's counts (no navigation is drawn).
+struct Poller {
+    session: Session,
+    key: [u8; 32],
+}
+
+impl FromRequestParts<Arc<ApiState>> for Poller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
+        match session_of(s, &parts.headers).await {
+            Some((session, key)) => Ok(Poller { session, key }),
+            None => Err(Redirect::to("/console/sign-in").into_response()),
+        }
+    }
+}
+
 /// The open problems, counted to the console's bound; `None` when the store does not
 /// answer (logged: the page still renders, without counts).
 async fn inbox_counts(s: &ApiState) -> Option<InboxCounts> {
@@ -478,13 +496,14 @@ async fn loads(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQuer
     html(status_of(&answer), pages::loads(&v.ctx(), &pairs, answer.as_ref().map_err(Clone::clone)))
 }
 
-/// A load's page from the query string (`after_seq`, `outbox_after`, `timers_after`).
-fn page_of(raw: Option<&str>) -> Result<(Page, String), String> {
+/// A load's page from the query string (`after_seq`, `outbox_after`, `timers_after`,
+/// `order`), the query kept for the live refresh, and the order.
+fn page_of(raw: Option<&str>) -> Result<(Page, String, pages::Order), String> {
     let all = pairs_of(raw);
-    let pairs = pages::given(&all, &["after_seq", "outbox_after", "timers_after"]);
+    let pairs = pages::given(&all, &["after_seq", "outbox_after", "timers_after", "order"]);
     let get = |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
     let page = Page::parse(get("after_seq"), None, get("outbox_after"), get("timers_after")).map_err(|e| e.message)?;
-    Ok((page, html::query(&pairs)))
+    Ok((page, html::query(&pairs), pages::Order::of(get("order"))))
 }
 
 async fn view_of(
@@ -493,8 +512,22 @@ async fn view_of(
     raw: Option<&str>,
 ) -> Result<haul_runtime::inspect::LoadView, (StatusCode, String)> {
     let load = LoadId::parse(load).map_err(|e| (StatusCode::BAD_REQUEST, e.message))?;
-    let (page, _) = page_of(raw).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    let (page, _, order) = page_of(raw).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    // Newest first with no page asked for: the latest records, not the first ones.
+    let latest = order == pages::Order::NewestFirst && !pairs_of(raw).iter().any(|(n, _)| n == "after_seq");
     match s.load_views.view(s.store.as_ref(), &load, &page).await {
+        Ok(Some(v)) if latest && v.next_after_seq.is_some() => {
+            let after = v.version.saturating_sub(haul_runtime::inspect::PAGE_DEFAULT as u64);
+            let page = Page { after_seq: after, ..page };
+            match s.load_views.view(s.store.as_ref(), &load, &page).await {
+                Ok(Some(v)) => Ok(v),
+                Ok(None) => Err((StatusCode::NOT_FOUND, format!("Load {load} has no records."))),
+                Err(e) => {
+                    error!(error = %e, "console: reading a load failed");
+                    Err((StatusCode::SERVICE_UNAVAILABLE, "The store does not answer; try again.".into()))
+                }
+            }
+        }
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err((StatusCode::NOT_FOUND, format!("Load {load} has no records."))),
         Err(e) => {
@@ -507,25 +540,29 @@ async fn view_of(
 async fn load(v: Viewer, State(s): State<Arc<ApiState>>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Response {
     match view_of(&s, &id, raw.as_deref()).await {
         Ok(view) => {
-            let q = page_of(raw.as_deref()).map(|(_, q)| q).unwrap_or_default();
+            let (q, order) = page_of(raw.as_deref()).map(|(_, q, o)| (q, o)).unwrap_or_default();
             let mut ids = new_request_id;
-            html(StatusCode::OK, pages::load(&v.ctx(), &view, &q, &mut ids))
+            html(StatusCode::OK, pages::load(&v.ctx(), &view, &q, order, &mut ids))
         }
         Err((status, why)) => html(status, pages::layout(&v.ctx(), "Load", pages::Nav::Loads, &pages::error_box(&why))),
     }
 }
 
-/// The timeline section alone: what the page's script fetches to refresh it.
+/// The load page's two live sections, its summary and its timeline: what the page's
+/// script fetches to refresh them.
 async fn load_timeline(
-    _: Viewer,
+    v: Poller,
     State(s): State<Arc<ApiState>>,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Response {
     match view_of(&s, &id, raw.as_deref()).await {
         Ok(view) => {
-            let q = page_of(raw.as_deref()).map(|(_, q)| q).unwrap_or_default();
-            html(StatusCode::OK, pages::timeline(&view, &q))
+            let (q, order) = page_of(raw.as_deref()).map(|(_, q, o)| (q, o)).unwrap_or_default();
+            let ctx = Ctx { session: &v.session, csrf: v.session.csrf(&v.key), inbox: None };
+            let mut ids = new_request_id;
+            let sections = format!("{}{}", pages::summary(&ctx, &view, &mut ids), pages::timeline(&view, &q, order));
+            html(StatusCode::OK, sections)
         }
         Err((status, why)) => html(status, pages::error_box(&why)),
     }
@@ -738,6 +775,17 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
             );
             let links = [(link, "Open the load"), ("/console/unmatched".into(), "Unmatched SMS")];
             what_happened(&s, &ctx, &q, "Assigned", text, &links).await
+        }
+        Err(e @ OperatorError::NoSuchLoad(_)) => {
+            // A typo: offer the active loads with the SMS's number, each one click
+            // away, with the reason given.
+            let loads = match s.store.unmatched_sms_one(sid).await {
+                Ok(Some(sms)) => s.store.loads_by_phone(&sms.sms.from).await.unwrap_or_default(),
+                _ => vec![],
+            };
+            let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::NOT_FOUND);
+            let mut ids = new_request_id;
+            html(status, pages::assign_refused(&ctx, &e.to_string(), sid, &who.reason, &loads, &mut ids))
         }
         Err(e) => refused_page(&ctx, &e),
     }

@@ -443,6 +443,28 @@ fn payload_list(p: &Value) -> String {
     out
 }
 
+/// What an action says or does, as a person reads it: the SMS's text (to a masked
+/// number), the Hero task's title, urgency and body, the Slack text, the timer's time.
+fn action_content(a: &Action) -> String {
+    use haul_core::action::ActionKind;
+    let content = match &a.kind {
+        ActionKind::SendSms { to, body } => format!("to {}: <q>{}</q>", esc(&mask_phone(to)), esc(body)),
+        ActionKind::CreateHeroTask { title, body, urgency } => format!(
+            "<strong>{}</strong> {} <q>{}</q>",
+            esc(title),
+            status_badge(
+                serde_json::to_value(urgency).ok().and_then(|u| u.as_str().map(str::to_owned)).as_deref().unwrap_or("")
+            ),
+            esc(body)
+        ),
+        ActionKind::PostHeroSlack { channel, text } => format!("{}: <q>{}</q>", esc(channel), esc(text)),
+        ActionKind::SetTimer { fire_at, .. } => format!("fires at {}", time(*fire_at)),
+        ActionKind::CancelTimer { timer_id } => format!("cancels {}", esc(timer_id.as_str())),
+        ActionKind::UpdateStage { stage } => format!("stage → {}", esc(stage)),
+    };
+    format!("<div class=\"content\">{content}</div>")
+}
+
 /// A decision's rationale, its actions with their outbox rows' state, and the asks it moved.
 fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Option<&OutboxRow>)]) {
     let filtered = if d.filtered { " (by the filter)" } else { "" };
@@ -464,10 +486,11 @@ fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Option<&O
             };
             let _ = write!(
                 out,
-                "<li><a href=\"#{}\">{}</a> {} — {state}</li>",
+                "<li><a href=\"#{}\">{}</a> {} — {state}{}</li>",
                 anchor(key),
                 esc(a.action_type().as_str()),
-                id(key)
+                id(key),
+                action_content(a),
             );
         }
         out.push_str("</ul>");
@@ -483,28 +506,67 @@ fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Option<&O
     }
 }
 
+/// The order a load's timeline is shown in: newest first unless asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Order {
+    #[default]
+    NewestFirst,
+    OldestFirst,
+}
+
+impl Order {
+    /// From the page's `order` parameter (`oldest`; anything else is newest first).
+    pub fn of(param: Option<&str>) -> Order {
+        if param == Some("oldest") { Order::OldestFirst } else { Order::NewestFirst }
+    }
+}
+
 /// The timeline section of a load's page: also what the live refresh fetches.
-pub fn timeline(v: &LoadView, page_query: &str) -> String {
+/// Echoes (a delivered or failed outcome, a decision the filter made) are folded: one
+/// line, opened on demand.
+pub fn timeline(v: &LoadView, page_query: &str, order: Order) -> String {
+    let path = format!("/console/loads/{}", seg(v.load_id.as_str()));
+    let (shown, toggle) = match order {
+        Order::NewestFirst => ("newest first", format!("<a href=\"{}?order=oldest\">Oldest first</a>", esc(&path))),
+        Order::OldestFirst => ("oldest first", format!("<a href=\"{}\">Newest first</a>", esc(&path))),
+    };
     let mut out = format!(
         "<section id=\"timeline\" data-version=\"{}\" data-live=\"/console/loads/{}/timeline{}\" aria-labelledby=\"timeline-h\">\
-         <h2 id=\"timeline-h\">Timeline <span class=\"sub\">(newest last; version {})</span></h2>\
-         <p class=\"live\" aria-live=\"polite\"></p><ol class=\"timeline\">",
+         <h2 id=\"timeline-h\">Timeline <span class=\"sub\">({shown}; version {})</span></h2>\
+         <p class=\"sub\">{toggle}</p><p class=\"live\" aria-live=\"polite\"></p><ol class=\"timeline\">",
         v.version,
         esc(&seg(v.load_id.as_str())),
         esc(page_query),
         v.version,
     );
-    for item in timeline_items(&v.log, &v.outbox) {
+    let mut items = timeline_items(&v.log, &v.outbox);
+    if order == Order::NewestFirst {
+        items.reverse();
+    }
+    for item in items {
         let kind = item.kind;
-        let _ = write!(
-            out,
-            "<li class=\"k-{}\"><p class=\"rec\"><span class=\"seq\">#{}</span> {} <strong>{}</strong> {}</p>",
-            esc(kind),
+        let echo = match &item.what {
+            What::Outcome { .. } => true,
+            What::Decision { decision, .. } => decision.filtered,
+            _ => false,
+        };
+        let head = format!(
+            "<span class=\"seq\">#{}</span> {} <strong>{}</strong> {}",
             item.seq,
             time(item.recorded_at),
             esc(kind),
             id(item.entry_id)
         );
+        if echo {
+            let _ = write!(
+                out,
+                "<li class=\"k-{} echo\" data-seq=\"{}\"><details><summary class=\"rec\">{head}</summary>",
+                esc(kind),
+                item.seq
+            );
+        } else {
+            let _ = write!(out, "<li class=\"k-{}\"><p class=\"rec\">{head}</p>", esc(kind));
+        }
         match &item.what {
             What::Decision { decision, actions } => decision_items(&mut out, decision, actions),
             What::Outcome { outcome: o, fields } => {
@@ -538,11 +600,10 @@ pub fn timeline(v: &LoadView, page_query: &str) -> String {
                 );
             }
         }
-        out.push_str("</li>");
+        out.push_str(if echo { "</details></li>" } else { "</li>" });
     }
     out.push_str("</ol>");
     if let Some(next) = v.next_after_seq {
-        let path = format!("/console/loads/{}", seg(v.load_id.as_str()));
         let n = next.to_string();
         out.push_str(&next_link(&path, &[("after_seq", &n)], "Later records"));
         // The newest page, for a long log.
@@ -607,12 +668,43 @@ pub fn timeline(v: &LoadView, page_query: &str) -> String {
     out
 }
 
-pub fn load(ctx: &Ctx, v: &LoadView, page_query: &str, new_request: &mut dyn FnMut() -> String) -> String {
+pub fn load(
+    ctx: &Ctx,
+    v: &LoadView,
+    page_query: &str,
+    order: Order,
+    new_request: &mut dyn FnMut() -> String,
+) -> String {
+    let body = format!("{}{}", summary(ctx, v, new_request), timeline(v, page_query, order));
+    layout(ctx, &format!("Load {}", v.load_id), Nav::Loads, &body)
+}
+
+/// The last message from the driver on this page of the log: an SMS the webhook routed
+/// here, or one an operator assigned.
+fn last_driver_message(v: &LoadView) -> Option<(Timestamp, &str)> {
+    use haul_core::event::{EventBody, OperatorCommand};
+    use haul_core::log::Entry;
+    v.log.iter().rev().find_map(|r| match &r.entry {
+        Entry::Event { body: EventBody::InboundSms(sms), .. } => Some((r.recorded_at, sms.body.as_str())),
+        Entry::Event { body: EventBody::OperatorAction(op), .. } => match &op.command {
+            OperatorCommand::AssignSms { body, .. } => Some((r.recorded_at, body.as_str())),
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+/// The top of a load's page: its facts, the driver's last message, its asks and dead
+/// rows with their forms. The live refresh replaces it with the timeline, so a row a
+/// colleague re-sent loses its form here too.
+pub fn summary(ctx: &Ctx, v: &LoadView, new_request: &mut dyn FnMut() -> String) -> String {
     let s = &v.state;
     let dash = |o: &Option<String>| esc(o.as_deref().unwrap_or("–"));
     let mut body = format!(
-        "<p>Load {}</p><dl class=\"facts\"><dt>Client</dt><dd>{}</dd><dt>Stage</dt><dd>{}</dd>\
+        "<section id=\"summary\" data-version=\"{}\" aria-label=\"The load now\">\
+         <p>Load {}</p><dl class=\"facts\"><dt>Client</dt><dd>{}</dd><dt>Stage</dt><dd>{}</dd>\
          <dt>Driver</dt><dd>{}</dd><dt>Next stop</dt><dd>{}</dd><dt>Version</dt><dd>{}</dd></dl>",
+        v.version,
         id(v.load_id.as_str()),
         dash(&s.client),
         dash(&s.stage),
@@ -620,6 +712,14 @@ pub fn load(ctx: &Ctx, v: &LoadView, page_query: &str, new_request: &mut dyn FnM
         dash(&s.next_stop),
         v.version,
     );
+    if let Some((at, text)) = last_driver_message(v) {
+        let _ = write!(
+            body,
+            "<p class=\"last-message\">The driver's last message on this page, {}: <q>{}</q></p>",
+            time(at),
+            esc(text)
+        );
+    }
     if s.unreadable > 0 {
         body.push_str(&error_box(&format!("{} record(s) of this log could not be read", s.unreadable)));
     }
@@ -670,8 +770,8 @@ pub fn load(ctx: &Ctx, v: &LoadView, page_query: &str, new_request: &mut dyn FnM
         }
         body.push_str("</tbody></table></div>");
     }
-    body.push_str(&timeline(v, page_query));
-    layout(ctx, &format!("Load {}", v.load_id), Nav::Loads, &body)
+    body.push_str("</section>");
+    body
 }
 
 // ---------------------------------------------------------------- dead rows
@@ -1011,6 +1111,43 @@ pub fn unmatched(
     layout(ctx, "Unmatched SMS", Nav::Unmatched, &body)
 }
 
+/// A refused assignment to a load that does not exist: what was wrong, in red, and
+/// the active loads with the SMS's number, each a one-click assignment with the reason
+/// given (at most 10).
+pub fn assign_refused(
+    ctx: &Ctx,
+    text: &str,
+    message_sid: &str,
+    reason: &str,
+    loads: &[haul_core::ids::LoadId],
+    new_request: &mut dyn FnMut() -> String,
+) -> String {
+    let mut body = format!("<p class=\"error\" role=\"alert\">{}</p>", esc(text));
+    if loads.is_empty() {
+        body.push_str("<p>No active load has this SMS's number: type the load id again.</p>");
+    } else {
+        body.push_str("<p>The active loads with this SMS's number:</p><ul class=\"choices\">");
+        for l in loads.iter().take(10) {
+            let _ = write!(
+                body,
+                "<li><form method=\"post\" action=\"/console/unmatched/assign\">{}{}\
+                 <input type=\"hidden\" name=\"message_sid\" value=\"{}\"><input type=\"hidden\" name=\"load_id\" value=\"{}\">\
+                 <input type=\"hidden\" name=\"reason\" value=\"{}\">{} <button type=\"submit\">Assign to {}</button></form></li>",
+                ctx.hidden(),
+                request_field(&new_request()),
+                esc(message_sid),
+                esc(l.as_str()),
+                esc(reason),
+                link_load(l.as_str()),
+                esc(l.as_str()),
+            );
+        }
+        body.push_str("</ul>");
+    }
+    body.push_str("<p><a href=\"/console/unmatched\">Unmatched SMS</a></p>");
+    layout(ctx, "Refused", Nav::Unmatched, &body)
+}
+
 pub fn alerts(
     ctx: &Ctx,
     pairs: &[(&str, &str)],
@@ -1204,10 +1341,18 @@ mod tests {
             recorded: vec![],
         };
         let mut ids = || "console-1".to_string();
-        let page = load(&ctx, &view, "", &mut ids);
+        let page = load(&ctx, &view, "", Order::NewestFirst, &mut ids);
         assert_inert(&page);
         assert!(page.contains("***0100") && !page.contains("+15555550100"), "phones are masked");
         assert!(page.contains("action=\"/console/dead/requeue\""), "an operator may requeue the dead row");
+        // The Hero task's content is on the page (escaped), with its urgency, and the
+        // driver's last message is at the top.
+        assert!(page.contains("<div class=\"content\"><strong>&lt;script&gt;") && page.contains(">normal<"), "{page}");
+        assert!(
+            page.contains("<p class=\"last-message\">The driver&#39;s last message")
+                || page.contains("<p class=\"last-message\">The driver's last message"),
+            "{page}"
+        );
 
         fn page_of<T>(rows: Vec<T>) -> QueryPage<T> {
             QueryPage { rows, next: None, now: "2026-03-02T07:00:00Z".parse().unwrap() }
