@@ -21,6 +21,21 @@ use crate::time::Timestamp;
 /// `decision_recorded.decider` of every operator decision.
 pub const OPERATOR_DECIDER: &str = "operator";
 
+/// Ok when `outbox_id` is a row of `load` whose failed outcome is in its log (a dead
+/// row: what is `done`, requeued or dismissed); else why not, as the noop says it.
+fn dead_row_of(load: &LoadId, state: &LoadState, outbox_id: &str, done: &str) -> Result<(), String> {
+    if !outbox_id.strip_prefix(load.as_str()).is_some_and(|rest| rest.starts_with('/')) {
+        return Err(format!("refused: {outbox_id} is not a row of load {load}"));
+    }
+    match state.outcomes.get(outbox_id).map(|o| o.status) {
+        Some(OutcomeStatus::Failed) => Ok(()),
+        Some(OutcomeStatus::Delivered) => Err(format!("refused: {outbox_id} was delivered")),
+        None => {
+            Err(format!("refused: {outbox_id} has no failed outcome in this load's log (only a dead row is {done})"))
+        }
+    }
+}
+
 /// The decision on `op`, the body of `event`, for `load` in `state` (before the event).
 pub fn decide(load: &LoadId, state: &LoadState, event: &InboundEvent, op: &OperatorAction, now: Timestamp) -> Decision {
     let by = format!("{} by {} ({})", op.command.name(), op.actor, op.reason);
@@ -28,17 +43,8 @@ pub fn decide(load: &LoadId, state: &LoadState, event: &InboundEvent, op: &Opera
         |why: String| Decision::new(&event.event_id, now, OPERATOR_DECIDER, vec![], vec![], format!("{by}: {why}"));
     match &op.command {
         OperatorCommand::Requeue { outbox_id, action } => {
-            if !outbox_id.strip_prefix(load.as_str()).is_some_and(|rest| rest.starts_with('/')) {
-                return noop(format!("refused: {outbox_id} is not a row of load {load}"));
-            }
-            match state.outcomes.get(outbox_id).map(|o| o.status) {
-                Some(OutcomeStatus::Failed) => {}
-                Some(OutcomeStatus::Delivered) => return noop(format!("refused: {outbox_id} was delivered")),
-                None => {
-                    return noop(format!(
-                        "refused: {outbox_id} has no failed outcome in this load's log (only a dead row is requeued)"
-                    ));
-                }
+            if let Err(why) = dead_row_of(load, state, outbox_id, "requeued") {
+                return noop(why);
             }
             if let Some(again) = state.requeues.get(outbox_id) {
                 return noop(format!("{outbox_id} was requeued already, as {again}: nothing more to do"));
@@ -70,17 +76,8 @@ pub fn decide(load: &LoadId, state: &LoadState, event: &InboundEvent, op: &Opera
             d
         }
         OperatorCommand::Dismiss { outbox_id } => {
-            if !outbox_id.strip_prefix(load.as_str()).is_some_and(|rest| rest.starts_with('/')) {
-                return noop(format!("refused: {outbox_id} is not a row of load {load}"));
-            }
-            match state.outcomes.get(outbox_id).map(|o| o.status) {
-                Some(OutcomeStatus::Failed) => {}
-                Some(OutcomeStatus::Delivered) => return noop(format!("refused: {outbox_id} was delivered")),
-                None => {
-                    return noop(format!(
-                        "refused: {outbox_id} has no failed outcome in this load's log (only a dead row is dismissed)"
-                    ));
-                }
+            if let Err(why) = dead_row_of(load, state, outbox_id, "dismissed") {
+                return noop(why);
             }
             let state_now = state.inbox_state(outbox_id);
             if state_now != InboxState::Open {

@@ -172,11 +172,25 @@ async fn publish(
     Ok(Queued { load_id: event.load_id.clone(), event_id: event.event_id.clone(), status })
 }
 
-/// The requeue event of a dead row (its action copied from the row).
-fn requeue_event(row: &OutboxRow, event_id: &EventId, who: &Requester) -> Result<InboundEvent, OperatorError> {
+/// The outbox row `outbox_id`, refused unless it is there and dead.
+async fn dead_row(store: &dyn Store, outbox_id: &str) -> Result<OutboxRow, OperatorError> {
+    // The id is the caller's: an answer quotes no more than a glimpse of it.
+    let no_such_row = || OperatorError::NoSuchRow(haul_core::mask::clip(outbox_id, haul_core::mask::MAX_ECHO_CHARS));
+    let row = store.get(outbox_id).await?.ok_or_else(no_such_row)?;
+    check_dead(&row)?;
+    Ok(row)
+}
+
+fn check_dead(row: &OutboxRow) -> Result<(), OperatorError> {
     if row.status != OutboxStatus::Dead {
         return Err(OperatorError::NotDead { id: row.id.clone(), status: row.status.as_str() });
     }
+    Ok(())
+}
+
+/// The requeue event of a dead row (its action copied from the row).
+fn requeue_event(row: &OutboxRow, event_id: &EventId, who: &Requester) -> Result<InboundEvent, OperatorError> {
+    check_dead(row)?;
     let action = <Action as serde::Deserialize>::deserialize(&row.action)
         .map_err(|e| StoreError::new(format!("outbox row {} holds an action that does not read: {e}", row.id)))?;
     event(&row.load_id, event_id, who, OperatorCommand::Requeue { outbox_id: row.id.clone(), action })
@@ -192,9 +206,7 @@ pub async fn requeue(
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
     let event_id = EventId::operator(&who.request_id)?;
-    // The id is the caller's: an answer quotes no more than a glimpse of it.
-    let no_such_row = || OperatorError::NoSuchRow(haul_core::mask::clip(outbox_id, haul_core::mask::MAX_ECHO_CHARS));
-    let row = store.get(outbox_id).await?.ok_or_else(no_such_row)?;
+    let row = dead_row(store, outbox_id).await?;
     let event = requeue_event(&row, &event_id, who)?;
     publish(store, queue, &event, &who.request_id, now).await
 }
@@ -248,11 +260,7 @@ pub async fn dismiss(
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
     let event_id = EventId::operator(&who.request_id)?;
-    let no_such_row = || OperatorError::NoSuchRow(haul_core::mask::clip(outbox_id, haul_core::mask::MAX_ECHO_CHARS));
-    let row = store.get(outbox_id).await?.ok_or_else(no_such_row)?;
-    if row.status != OutboxStatus::Dead {
-        return Err(OperatorError::NotDead { id: row.id.clone(), status: row.status.as_str() });
-    }
+    let row = dead_row(store, outbox_id).await?;
     let event = event(&row.load_id, &event_id, who, OperatorCommand::Dismiss { outbox_id: row.id.clone() })?;
     publish(store, queue, &event, &who.request_id, now).await
 }

@@ -295,8 +295,6 @@ async fn a_requeue_of_a_huge_unknown_id_answers_a_short_404(backend: Backend) {
 /// load decides nothing (it has no such ask), which the answer shows as no actions;
 /// with no worker, `decision` is null after the wait; past 10 s is refused unpublished.
 async fn an_answer_with_wait_s_holds_the_loads_decision(backend: Backend) {
-    use haul_core::{Clock, QueueMode};
-    use haul_runtime::worker::{Worker, WorkerSettings};
     let api = api(backend).await;
     rows(&api, "L1", "p", &[]).await;
     let path = "/v1/operator/resolve-ask";
@@ -309,17 +307,7 @@ async fn an_answer_with_wait_s_holds_the_loads_decision(backend: Backend) {
     let v = check(api.post_as(Some(OPERATOR), path, &body("r1", 1)).await, StatusCode::ACCEPTED, "queued");
     assert!(v.get("decision").is_some_and(Value::is_null), "{v}");
     // A worker decides while the answer waits.
-    let clock: Arc<dyn Clock> = Arc::new(haul_runtime::clock::SystemClock);
-    let sop = Arc::new(haul_runtime::decider::SopDecider { policies: Default::default() });
-    let worker = Arc::new(Worker::new(
-        api.store.clone(),
-        api.store.clone(),
-        QueueMode::StoreQueue,
-        sop,
-        clock,
-        WorkerSettings::default(),
-        Default::default(),
-    ));
+    let worker = worker(&api);
     let deciding = tokio::spawn({
         let worker = worker.clone();
         async move {

@@ -1,6 +1,8 @@
 //! Versions 6 and 7 on a filled version-5 database: every MessageSid the webhook had
 //! already seen (in a log, on the queue, kept as unmatched) is taken, where it went; a
-//! dead row without a published outcome is due for the sweep.
+//! dead row without a published outcome is due for the sweep. Version 9 fills each
+//! load's summary from its log; version 13 marks handled the dead rows whose requeued
+//! copy was delivered before it.
 
 use std::time::Duration;
 
@@ -9,12 +11,20 @@ use haul_core::time::{Timestamp, add};
 use haul_sqlite::{SqliteConfig, SqliteStore};
 use haul_store::{LoadFilter, LoadIndex, OpsQueries, Outbox, SidClaim, SmsRoute};
 
-const VERSION_5: [&str; 5] = [
+/// Migrations 1 to 12, in order: a database at version N has the first N.
+const MIGRATIONS_TO_12: [&str; 12] = [
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_deliveries.sql"),
     include_str!("../migrations/0003_outcome_published.sql"),
     include_str!("../migrations/0004_load_index.sql"),
     include_str!("../migrations/0005_retention.sql"),
+    include_str!("../migrations/0006_message_sids.sql"),
+    include_str!("../migrations/0007_ops_alerts.sql"),
+    include_str!("../migrations/0008_operator_actions.sql"),
+    include_str!("../migrations/0009_ops_queries.sql"),
+    include_str!("../migrations/0010_shadow_decisions.sql"),
+    include_str!("../migrations/0011_conflicts.sql"),
+    include_str!("../migrations/0012_edge.sql"),
 ];
 
 fn at(secs: u64) -> Timestamp {
@@ -25,22 +35,28 @@ fn load(s: &str) -> LoadId {
     LoadId::parse(s).unwrap()
 }
 
-#[tokio::test]
-async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
+/// A new database file with `migrations` applied (version 1 first), as the store that
+/// wrote them left it: where an upgrade starts.
+fn database_at(migrations: &[&str]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("haul-migrate-{}-{}", std::process::id(), fastrand::u64(..)));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("haul.db");
-    {
-        // A version-5 database as version 5's store left it.
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);",
-        )
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);")
         .unwrap();
-        for (i, sql) in VERSION_5.iter().enumerate() {
-            conn.execute_batch(sql).unwrap();
-            conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1]).unwrap();
-        }
+    for (i, sql) in migrations.iter().enumerate() {
+        conn.execute_batch(sql).unwrap();
+        conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1]).unwrap();
+    }
+    path
+}
+
+#[tokio::test]
+async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
+    // A version-5 database as version 5's store left it.
+    let path = database_at(&MIGRATIONS_TO_12[..5]);
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(
             "INSERT INTO loads VALUES ('L0', 2, 1000, 1000);
              INSERT INTO events VALUES ('L0', 1, 'sms:SMlog0', 'inbound_sms', '{}', 1000),
@@ -74,20 +90,9 @@ async fn upgrade_to_version_6_takes_the_message_sids_already_seen() {
 
 #[tokio::test]
 async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
-    let dir = std::env::temp_dir().join(format!("haul-migrate9-{}-{}", std::process::id(), fastrand::u64(..)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("haul.db");
+    let path = database_at(&MIGRATIONS_TO_12[..6]);
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);",
-        )
-        .unwrap();
-        let version_6 = VERSION_5.iter().chain([&include_str!("../migrations/0006_message_sids.sql")]);
-        for (i, sql) in version_6.enumerate() {
-            conn.execute_batch(sql).unwrap();
-            conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1]).unwrap();
-        }
         // L0: stage set twice, an ask opened then escalated, and a record that is not
         // JSON. L1: two asks, one open and one answered. L2: nothing of either.
         conn.execute_batch(
@@ -136,33 +141,9 @@ async fn upgrade_to_version_9_fills_each_loads_summary_from_its_log() {
 
 #[tokio::test]
 async fn upgrade_to_version_13_marks_dead_rows_whose_requeued_copy_was_delivered_handled() {
-    const VERSION_12: [&str; 12] = [
-        include_str!("../migrations/0001_init.sql"),
-        include_str!("../migrations/0002_deliveries.sql"),
-        include_str!("../migrations/0003_outcome_published.sql"),
-        include_str!("../migrations/0004_load_index.sql"),
-        include_str!("../migrations/0005_retention.sql"),
-        include_str!("../migrations/0006_message_sids.sql"),
-        include_str!("../migrations/0007_ops_alerts.sql"),
-        include_str!("../migrations/0008_operator_actions.sql"),
-        include_str!("../migrations/0009_ops_queries.sql"),
-        include_str!("../migrations/0010_shadow_decisions.sql"),
-        include_str!("../migrations/0011_conflicts.sql"),
-        include_str!("../migrations/0012_edge.sql"),
-    ];
-    let dir = std::env::temp_dir().join(format!("haul-migrate-{}-{}", std::process::id(), fastrand::u64(..)));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("haul.db");
+    let path = database_at(&MIGRATIONS_TO_12);
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);",
-        )
-        .unwrap();
-        for (i, sql) in VERSION_12.iter().enumerate() {
-            conn.execute_batch(sql).unwrap();
-            conn.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [i as i64 + 1]).unwrap();
-        }
         // Two dead Hero tasks; one was requeued and its copy delivered, the other's
         // copy is still pending.
         conn.execute_batch(

@@ -46,7 +46,9 @@ pub fn time_ago(t: Timestamp, ago_s: f64) -> String {
 /// An id shown whole, with a button that copies it.
 pub fn id(s: &str) -> String {
     let s = esc(s);
-    format!("<code class=\"id\">{s}</code> <button type=\"button\" class=\"copy\" data-copy=\"{s}\">Copy</button>")
+    format!(
+        "<code class=\"id\" title=\"{s}\">{s}</code> <button type=\"button\" class=\"copy\" data-copy=\"{s}\">Copy</button>"
+    )
 }
 
 /// A duration in seconds, readable: `3h 2m`, `45s`.

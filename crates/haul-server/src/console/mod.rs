@@ -681,6 +681,33 @@ fn wake(s: &ApiState) {
     }
 }
 
+/// `queued`, or `was made already` for a request made before.
+fn made(q: &operator::Queued) -> &'static str {
+    if q.is_new() { "queued" } else { "was made already" }
+}
+
+/// An operator action published: logged, the worker woken when it is new, then what
+/// the load decided on it ([`what_happened`]), with a link to the load and `back`.
+#[allow(clippy::too_many_arguments)]
+async fn acted(
+    s: &ApiState,
+    ctx: &Ctx<'_>,
+    who: &Requester,
+    action: &str,
+    q: &operator::Queued,
+    title: &str,
+    text: String,
+    back: &[(String, &str)],
+) -> Response {
+    info!(target: "haul_server::console", action, actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, status = q.status, "operator action");
+    if q.is_new() {
+        wake(s);
+    }
+    let mut links = vec![(format!("/console/loads/{}", html::seg(q.load_id.as_str())), "Open the load")];
+    links.extend(back.iter().cloned());
+    what_happened(s, ctx, q, title, text, &links).await
+}
+
 async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form).await {
@@ -692,19 +719,9 @@ async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
     let outbox_id = form.get("outbox_id");
     match operator::requeue(s.store.as_ref(), &s.queue, &who, outbox_id, s.clock.now()).await {
         Ok(q) => {
-            info!(target: "haul_server::console", action = "requeue", actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, status = q.status, "operator action");
-            if q.is_new() {
-                wake(&s);
-            }
-            let load = format!("/console/loads/{}", html::seg(q.load_id.as_str()));
-            let text = format!(
-                "Requeue of {outbox_id} {} as event {} on load {}.",
-                if q.is_new() { "queued" } else { "was made already" },
-                q.event_id,
-                q.load_id
-            );
-            let links = [(load, "Open the load"), ("/console/dead".into(), "Dead rows")];
-            what_happened(&s, &ctx, &q, "Requeued", text, &links).await
+            let text = format!("Requeue of {outbox_id} {} as event {} on load {}.", made(&q), q.event_id, q.load_id);
+            let back = [("/console/dead".into(), "Dead rows")];
+            acted(&s, &ctx, &who, "requeue", &q, "Requeued", text, &back).await
         }
         Err(e) => refused_page(&ctx, &e),
     }
@@ -762,19 +779,10 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
     let sid = form.get("message_sid");
     match operator::assign_sms(s.store.as_ref(), &s.queue, &who, sid, &load, s.clock.now()).await {
         Ok(q) => {
-            info!(target: "haul_server::console", action = "assign_sms", actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, status = q.status, "operator action");
-            if q.is_new() {
-                wake(&s);
-            }
-            let link = format!("/console/loads/{}", html::seg(q.load_id.as_str()));
-            let text = format!(
-                "SMS {sid} {} to load {} as event {}.",
-                if q.is_new() { "assigned" } else { "was assigned already" },
-                q.load_id,
-                q.event_id
-            );
-            let links = [(link, "Open the load"), ("/console/unmatched".into(), "Unmatched SMS")];
-            what_happened(&s, &ctx, &q, "Assigned", text, &links).await
+            let done = if q.is_new() { "assigned" } else { "was assigned already" };
+            let text = format!("SMS {sid} {done} to load {} as event {}.", q.load_id, q.event_id);
+            let back = [("/console/unmatched".into(), "Unmatched SMS")];
+            acted(&s, &ctx, &who, "assign_sms", &q, "Assigned", text, &back).await
         }
         Err(e @ OperatorError::NoSuchLoad(_)) => {
             // A typo: offer the active loads with the SMS's number, each one click
@@ -802,23 +810,9 @@ async fn dismiss(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
     let outbox_id = form.get("outbox_id");
     match operator::dismiss(s.store.as_ref(), &s.queue, &who, outbox_id, s.clock.now()).await {
         Ok(q) => {
-            info!(target: "haul_server::console", action = "dismiss", actor = %who.actor, request_id = %who.request_id, load_id = %q.load_id, status = q.status, "operator action");
-            if q.is_new() {
-                wake(&s);
-            }
-            let load = format!("/console/loads/{}", html::seg(q.load_id.as_str()));
-            let text = format!(
-                "Dismissal of {outbox_id} {} as event {} on load {}.",
-                if q.is_new() { "queued" } else { "was made already" },
-                q.event_id,
-                q.load_id
-            );
-            let links = [
-                (load, "Open the load"),
-                ("/console/dead".into(), "Dead rows"),
-                ("/console/alerts".into(), "OpsAlerts"),
-            ];
-            what_happened(&s, &ctx, &q, "Dismissed", text, &links).await
+            let text = format!("Dismissal of {outbox_id} {} as event {} on load {}.", made(&q), q.event_id, q.load_id);
+            let back = [("/console/dead".into(), "Dead rows"), ("/console/alerts".into(), "OpsAlerts")];
+            acted(&s, &ctx, &who, "dismiss", &q, "Dismissed", text, &back).await
         }
         Err(e) => refused_page(&ctx, &e),
     }
