@@ -528,9 +528,9 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
         "{text}"
     );
     shots.push(b.screenshot("assign-refused").await);
+    // The answer comes at the same address as the refusal: wait for its text.
     b.click("ul.choices li:nth-child(2) button[type=submit]").await;
-    b.wait_url("/console/unmatched/assign").await;
-    assert!(b.text().await.contains("SMS SMconsole3 assigned to load 481208"), "{}", b.text().await);
+    b.wait_text("SMS SMconsole3 assigned to load 481208", &serve).await;
 
     // With the load's page open, a driver's answer holding HTML arrives: the live refresh
     // brings it into the timeline (the page is not reloaded: the marker set on it

@@ -491,6 +491,16 @@ impl Run {
                     let q = ops::resolve_ask(store, &self.queue, &op.who, load, ask_id, now).await;
                     q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
                 }
+                OperatorAsk::Dismiss { outbox_id } => {
+                    let q = ops::dismiss(store, &self.queue, &op.who, outbox_id, now).await;
+                    q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
+                }
+                // No event: the SMS belongs to no load. Dismissed before (a repeat) is
+                // not a refusal.
+                OperatorAsk::DismissSms { message_sid } => {
+                    ops::dismiss_sms(store, &op.who, message_sid, now).await.map_err(|e| e.to_string())?;
+                    vec![]
+                }
                 OperatorAsk::BulkRequeue { filter, dry_run } => {
                     let a = ops::bulk_requeue(store, &self.queue, &op.who, filter, *dry_run, now)
                         .await
@@ -833,6 +843,23 @@ fn check_decision(want: &scenario::DecisionExpect, got: &Decision) -> Result<(),
         got_types.sort();
         if want_types != got_types {
             return Err(format!("expected actions {want_types:?}, got {got_types:?}"));
+        }
+    }
+    if let Some(inbox) = &want.inbox {
+        let mut want_rows = inbox.clone();
+        want_rows.sort();
+        let mut got_rows: Vec<scenario::InboxExpect> = got
+            .inbox
+            .iter()
+            .map(|c| scenario::InboxExpect { outbox_id: c.outbox_id.clone(), state: c.state.as_str().to_owned() })
+            .collect();
+        got_rows.sort();
+        if want_rows != got_rows {
+            let show = |rows: &[scenario::InboxExpect]| {
+                let each: Vec<String> = rows.iter().map(|r| format!("{} {}", r.outbox_id, r.state)).collect();
+                format!("[{}]", each.join(", "))
+            };
+            return Err(format!("expected inbox {}, got {}", show(&want_rows), show(&got_rows)));
         }
     }
     Ok(())

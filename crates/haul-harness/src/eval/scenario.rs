@@ -113,6 +113,8 @@ pub enum OperatorAsk {
     BulkRequeue { filter: haul_runtime::operator::DeadFilter, dry_run: bool },
     AssignSms { message_sid: String, load: LoadId },
     ResolveAsk { load: LoadId, ask_id: haul_core::ids::AskId },
+    Dismiss { outbox_id: String },
+    DismissSms { message_sid: String },
 }
 
 /// One operator action of a step, made `repeat` times (a retried request).
@@ -236,6 +238,16 @@ pub struct DecisionExpect {
     pub decider: Option<String>,
     pub filtered: Option<bool>,
     pub actions: Option<Vec<String>>,
+    /// The dead rows it took out of the inbox: `{ outbox_id, state }` (order ignored).
+    pub inbox: Option<Vec<InboxExpect>>,
+}
+
+/// A dead row a decision took out of the inbox, and how (`handled` or `dismissed`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(deny_unknown_fields)]
+pub struct InboxExpect {
+    pub outbox_id: String,
+    pub state: String,
 }
 
 /// A checked scenario, ready to run.
@@ -339,7 +351,13 @@ fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) 
         "bulk_requeue" => (&["action_type", "since", "limit", "dry_run"], &["action_type", "since"]),
         "assign_sms" => (&["message_sid", "load"], &["message_sid"]),
         "resolve_ask" => (&["ask_id", "load"], &["ask_id"]),
-        other => return Err(format!("action {other:?} is not requeue, bulk_requeue, assign_sms or resolve_ask")),
+        "dismiss" => (&["outbox_id"], &["outbox_id"]),
+        "dismiss_sms" => (&["message_sid"], &["message_sid"]),
+        other => {
+            return Err(format!(
+                "action {other:?} is not requeue, bulk_requeue, assign_sms, resolve_ask, dismiss or dismiss_sms"
+            ));
+        }
     };
     if let Some((k, _)) = given.iter().find(|(k, on)| *on && !takes.contains(k)) {
         return Err(format!("{} takes no {k} (it takes {})", op.action, takes.join(", ")));
@@ -374,6 +392,8 @@ fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) 
             let ask_id = haul_core::ids::AskId::parse(ask_id).map_err(|e| e.message)?;
             OperatorAsk::ResolveAsk { load: load()?, ask_id }
         }
+        "dismiss" => OperatorAsk::Dismiss { outbox_id: op.outbox_id.clone().unwrap_or_default() },
+        "dismiss_sms" => OperatorAsk::DismissSms { message_sid: op.message_sid.clone().unwrap_or_default() },
         // The list above names every action this match makes; one named there but not
         // here is told so rather than taken for another.
         other => return Err(format!("action {other:?} has no step of its own yet")),
@@ -752,6 +772,9 @@ fn decisions_of(list: &[Spanned<DecisionExpect>], cx: &Ctx<'_>) -> Result<Vec<De
         for t in d.actions.iter().flatten() {
             one_of(t, "action type", &types).map_err(bad)?;
         }
+        for c in d.inbox.iter().flatten() {
+            one_of(&c.state, "inbox state", &["handled", "dismissed"]).map_err(bad)?;
+        }
         decisions.push(d.clone());
     }
     Ok(decisions)
@@ -823,6 +846,10 @@ mod tests {
             )
         };
         check(&op("action = \"requeue\", outbox_id = \"L1/x/send_sms\""), Ok(1));
+        check(&op("action = \"dismiss\", outbox_id = \"L1/x/send_sms\""), Ok(1));
+        check(&op("action = \"dismiss\", message_sid = \"SM1\""), Err(("step 1.operator", Some(7))));
+        check(&op("action = \"dismiss_sms\", message_sid = \"SM1\""), Ok(1));
+        check(&op("action = \"dismiss_sms\", message_sid = \"SM1\", load = \"L1\""), Err(("step 1.operator", Some(7))));
         check(&op("action = \"requeue\""), Err(("step 1.operator", Some(7))));
         check(&op("action = \"requeue\", outbox_id = \"k\", ask_id = \"ask:a:b\""), Err(("step 1.operator", Some(7))));
         check(
@@ -890,6 +917,15 @@ mod tests {
             ("expect.decisions = [{ event_id = \"p\", decider = \"llm:gpt\", actions = [\"send_sms\"] }]", Ok(1)),
             ("expect.decisions = [{ event_id = \"p\", decider = \"sopp\" }]", no("step 1.expect.decisions")),
             ("expect.decisions = [{ event_id = \"p\", actions = [\"sms\"] }]", no("step 1.expect.decisions")),
+            (
+                "expect.decisions = [{ event_id = \"p\", inbox = [{ outbox_id = \"L1/x/y\", state = \"dismissed\" }] }]",
+                Ok(1),
+            ),
+            (
+                "expect.decisions = [{ event_id = \"p\", inbox = [{ outbox_id = \"L1/x/y\", state = \"open\" }] }]",
+                no("step 1.expect.decisions"),
+            ),
+            ("expect.decisions = [{ event_id = \"p\", inbox = [{ outbox_id = \"L1/x/y\" }] }]", no("toml")),
             ("expect.dead = [\"L1/p/send_sms\"]", Ok(1)),
             ("expect.ops_alerts = [\"alert\"]", no("step 1.expect.ops_alerts")),
         ] {
