@@ -689,15 +689,22 @@ async fn an_sms_id_out_of_form_is_refused() {
     assert_eq!(e.unwrap_err().code(), "sms_dismissed");
 }
 
-#[tokio::test]
-async fn a_bulk_requeue_takes_at_most_its_limit_and_a_dry_run_publishes_nothing() {
+/// A rig whose loads each asked their driver by SMS, and whose SMS service refused
+/// each for good: one dead `send_sms` row a load, its failed outcome decided.
+async fn with_dead_sms(loads: &[&str]) -> Rig {
     let rig = Rig::new().await;
     rig.services.answer(Channel::Sms, Answer::Permanent);
-    for l in ["L1", "L2", "L3"] {
+    for l in loads {
         rig.asked(l).await;
     }
     rig.dispatcher(QueueMode::StoreQueue, Faults::default()).run_once().await.unwrap();
     rig.settle(&rig.worker()).await;
+    rig
+}
+
+#[tokio::test]
+async fn a_bulk_requeue_takes_at_most_its_limit_and_a_dry_run_publishes_nothing() {
+    let rig = with_dead_sms(&["L1", "L2", "L3"]).await;
     let filter =
         |limit| DeadFilter { action_type: ActionType::SendSms, since: "2026-01-01T00:00:00Z".parse().unwrap(), limit };
     let bulk = |id: &'static str, limit, dry_run| {
@@ -722,13 +729,7 @@ async fn a_bulk_requeue_takes_at_most_its_limit_and_a_dry_run_publishes_nothing(
 
 #[tokio::test]
 async fn a_bulk_requeue_skips_a_row_another_request_requeued_or_dismissed_and_counts_only_the_rest() {
-    let rig = Rig::new().await;
-    rig.services.answer(Channel::Sms, Answer::Permanent);
-    for l in ["L1", "L2", "L3"] {
-        rig.asked(l).await;
-    }
-    rig.dispatcher(QueueMode::StoreQueue, Faults::default()).run_once().await.unwrap();
-    rig.settle(&rig.worker()).await;
+    let rig = with_dead_sms(&["L1", "L2", "L3"]).await;
     let l1_sms = rig.row("L1", "send_sms").await.id;
     operator::requeue(&*rig.store, &rig.events(), &requester("by-hand"), &l1_sms, rig.now()).await.unwrap();
     let l3_sms = rig.row("L3", "send_sms").await.id;

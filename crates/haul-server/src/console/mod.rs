@@ -163,15 +163,14 @@ async fn session_of(s: &ApiState, headers: &HeaderMap) -> Option<(Session, [u8; 
 
 /// A signed-in viewer of a page; signed out, the page redirects to the sign-in.
 struct Viewer {
-    session: Session,
-    key: [u8; 32],
+    signed_in: Poller,
     /// The open problems, for the navigation's counts.
     inbox: Option<InboxCounts>,
 }
 
 impl Viewer {
     fn ctx(&self) -> Ctx<'_> {
-        Ctx { session: &self.session, csrf: self.session.csrf(&self.key), inbox: self.inbox.as_ref() }
+        Ctx { inbox: self.inbox.as_ref(), ..self.signed_in.ctx() }
     }
 }
 
@@ -179,18 +178,22 @@ impl FromRequestParts<Arc<ApiState>> for Viewer {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, s: &Arc<ApiState>) -> Result<Self, Response> {
-        match session_of(s, &parts.headers).await {
-            Some((session, key)) => Ok(Viewer { session, key, inbox: inbox_counts(s).await }),
-            None => Err(Redirect::to("/console/sign-in").into_response()),
-        }
+        let signed_in = Poller::from_request_parts(parts, s).await?;
+        Ok(Viewer { signed_in, inbox: inbox_counts(s).await })
     }
 }
 
-/// A signed-in session polling a page's live sections: as a [`Viewer`], without the
+/// A signed-in session polling a page's live sections: a [`Viewer`] without the
 /// navigation's counts (no navigation is drawn).
 struct Poller {
     session: Session,
     key: [u8; 32],
+}
+
+impl Poller {
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx { session: &self.session, csrf: self.session.csrf(&self.key), inbox: None }
+    }
 }
 
 impl FromRequestParts<Arc<ApiState>> for Poller {
@@ -515,26 +518,20 @@ async fn view_of(
     let (page, _, order) = page_of(raw).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
     // Newest first with no page asked for: the latest records, not the first ones.
     let latest = order == pages::Order::NewestFirst && !pairs_of(raw).iter().any(|(n, _)| n == "after_seq");
-    match s.load_views.view(s.store.as_ref(), &load, &page).await {
-        Ok(Some(v)) if latest && v.next_after_seq.is_some() => {
-            let after = v.version.saturating_sub(haul_runtime::inspect::PAGE_DEFAULT as u64);
-            let page = Page { after_seq: after, ..page };
-            match s.load_views.view(s.store.as_ref(), &load, &page).await {
-                Ok(Some(v)) => Ok(v),
-                Ok(None) => Err((StatusCode::NOT_FOUND, format!("Load {load} has no records."))),
-                Err(e) => {
-                    error!(error = %e, "console: reading a load failed");
-                    Err((StatusCode::SERVICE_UNAVAILABLE, "The store does not answer; try again.".into()))
-                }
-            }
-        }
+    let read = async |page: &Page| match s.load_views.view(s.store.as_ref(), &load, page).await {
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err((StatusCode::NOT_FOUND, format!("Load {load} has no records."))),
         Err(e) => {
             error!(error = %e, "console: reading a load failed");
             Err((StatusCode::SERVICE_UNAVAILABLE, "The store does not answer; try again.".into()))
         }
+    };
+    let v = read(&page).await?;
+    if latest && v.next_after_seq.is_some() {
+        let after = v.version.saturating_sub(haul_runtime::inspect::PAGE_DEFAULT as u64);
+        return read(&Page { after_seq: after, ..page }).await;
     }
+    Ok(v)
 }
 
 async fn load(v: Viewer, State(s): State<Arc<ApiState>>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Response {
@@ -559,7 +556,7 @@ async fn load_timeline(
     match view_of(&s, &id, raw.as_deref()).await {
         Ok(view) => {
             let (q, order) = page_of(raw.as_deref()).map(|(_, q, o)| (q, o)).unwrap_or_default();
-            let ctx = Ctx { session: &v.session, csrf: v.session.csrf(&v.key), inbox: None };
+            let ctx = v.ctx();
             let mut ids = new_request_id;
             let sections = format!("{}{}", pages::summary(&ctx, &view, &mut ids), pages::timeline(&view, &q, order));
             html(StatusCode::OK, sections)
