@@ -6,13 +6,34 @@
 //! the entry and written in the append's transaction. So the derived data never lags
 //! its log or needs a second write that can fail on its own, and the store writes
 //! what it is given without knowing a kind of event.
+//!
+//! A decision's timers are derived data too when the TimerStore is the store's own
+//! database (`TimerRoute::WithDecision`): the worker puts its
+//! `set_timer`/`cancel_timer` writes in the delta, and they commit with the decision.
 
 use serde_json::{Map, Value};
 
 use crate::decision::Decision;
 use crate::event::EventBody;
+use crate::ids::TimerId;
 use crate::log::Entry;
 use crate::projection::STAGE_DELIVERED;
+use crate::time::Timestamp;
+
+/// A TimerStore write that commits in an append, as `TimerStore::schedule` and
+/// `TimerStore::cancel` would make it (a cancel with nothing scheduled leaves a
+/// canceled row, so a late schedule stays a noop).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TimerWrite {
+    Schedule { timer_id: TimerId, fire_at: Timestamp },
+    Cancel { timer_id: TimerId },
+}
+
+impl TimerWrite {
+    pub fn is_schedule(&self) -> bool {
+        matches!(self, TimerWrite::Schedule { .. })
+    }
+}
 
 /// What one entry (or, merged, one append) changes in its load's derived data.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,6 +47,9 @@ pub struct Derived {
     /// The dead rows a decision took out of the operators' inbox: `(outbox_id, state,
     /// the event decided)`, in order.
     pub inbox: Vec<(String, String, String)>,
+    /// The timers a decision schedules and cancels in its append, in its actions'
+    /// order; empty unless the worker commits timers with their decision.
+    pub timers: Vec<TimerWrite>,
 }
 
 impl Derived {
@@ -73,6 +97,7 @@ impl Derived {
             }
             out.asks.extend(d.asks.iter().cloned());
             out.inbox.extend(d.inbox.iter().cloned());
+            out.timers.extend(d.timers.iter().cloned());
         }
         out
     }

@@ -7,7 +7,7 @@
 
 use crate::decision::{Decision, InboxChange, InboxState};
 use crate::event::{EventBody, InboundEvent};
-use crate::ids::LoadId;
+use crate::ids::{EventId, LoadId};
 use crate::outcome::OutcomeStatus;
 use crate::projection::LoadState;
 use crate::time::Timestamp;
@@ -30,19 +30,7 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
             format!("SMS {} was assigned to this load by an operator already", event.event_id)
         }
         EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Delivered => {
-            // A requeued copy delivered: the dead rows it was sent again for are handled.
-            let handled = state.open_dead_in_chain(&o.outbox_id);
-            if handled.is_empty() {
-                format!("{} delivered", o.outbox_id)
-            } else {
-                let why = format!("{} delivered; handled in the inbox: {}", o.outbox_id, handled.join(", "));
-                let mut d = Decision::filtered(&event.event_id, now, why);
-                d.inbox = handled
-                    .into_iter()
-                    .map(|outbox_id| InboxChange { outbox_id, state: InboxState::Handled })
-                    .collect();
-                return Some(d);
-            }
+            return Some(delivered(state, &event.event_id, &o.outbox_id, now));
         }
         EventBody::ActionOutcome(o) if o.hero_channel || o.internal => format!(
             "{} failed on a {} action: an OpsAlert was raised, no Hero task",
@@ -59,6 +47,19 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
         _ => return None,
     };
     Some(Decision::filtered(&event.event_id, now, why))
+}
+
+/// The filtered noop on a delivered outcome of `outbox_id`. A requeued copy
+/// delivered: the dead rows it was sent again for are handled.
+pub fn delivered(state: &LoadState, event_id: &EventId, outbox_id: &str, now: Timestamp) -> Decision {
+    let handled = state.open_dead_in_chain(outbox_id);
+    if handled.is_empty() {
+        return Decision::filtered(event_id, now, format!("{outbox_id} delivered"));
+    }
+    let why = format!("{outbox_id} delivered; handled in the inbox: {}", handled.join(", "));
+    let mut d = Decision::filtered(event_id, now, why);
+    d.inbox = handled.into_iter().map(|outbox_id| InboxChange { outbox_id, state: InboxState::Handled }).collect();
+    d
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ pub mod replay;
 pub mod retry;
 pub mod sop;
 pub mod time;
+pub mod timers;
 pub mod tools;
 pub mod validate;
 

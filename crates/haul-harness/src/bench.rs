@@ -24,6 +24,7 @@ use haul_core::event::EventBody;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, project};
 use haul_core::time::Timestamp;
+use haul_core::timers::{self, TimerRoute};
 use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_postgres::scratch::FreshStore;
 use haul_store::{LoadQueue, NewEntry, NewOutboxRow, OutboxStatus, Store};
@@ -448,27 +449,54 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// The whole pipeline in one process (store-backed queue, SOP, record mode), with the
-/// serve loops: events offered at a fixed rate, then all at once (saturation).
+/// serve loops: events offered at a fixed rate, then all at once (saturation). At
+/// saturation also with the timers sent through the outbox (the route an external
+/// TimerStore takes, and every build before timers went into the append), with what
+/// each ETA ask costs on both routes counted in the store.
 async fn e2e(store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
     let mut f = Figures::new();
     let rate = 200.0;
     let seconds = if quick { 2.0 } else { 5.0 };
-    let (runs_fixed, lat) = e2e_round(store, (rate * seconds) as usize, Some(rate)).await?;
+    let fixed = e2e_round(store, (rate * seconds) as usize, Some(rate), TimerRoute::WithDecision).await?;
     f.insert("offered_events_per_s".into(), rate);
-    f.insert("runs_per_s_fixed_rate".into(), runs_fixed);
-    f.insert("p50_ms_fixed_rate".into(), percentile(&lat, 0.5));
-    f.insert("p99_ms_fixed_rate".into(), percentile(&lat, 0.99));
-    let (runs_sat, lat) = e2e_round(store, if quick { 500 } else { 2_000 }, None).await?;
-    f.insert("runs_per_s_saturation".into(), runs_sat);
-    f.insert("p50_ms_saturation".into(), percentile(&lat, 0.5));
-    f.insert("p99_ms_saturation".into(), percentile(&lat, 0.99));
+    f.insert("runs_per_s_fixed_rate".into(), fixed.runs_per_s);
+    f.insert("p50_ms_fixed_rate".into(), percentile(&fixed.latencies_ms, 0.5));
+    f.insert("p99_ms_fixed_rate".into(), percentile(&fixed.latencies_ms, 0.99));
+    let events = if quick { 500 } else { 2_000 };
+    for (route, tag) in [(TimerRoute::WithDecision, ""), (TimerRoute::Outbox, "_timers_via_outbox")] {
+        let sat = e2e_round(store, events, None, route).await?;
+        f.insert(format!("runs_per_s_saturation{tag}"), sat.runs_per_s);
+        f.insert(format!("asks_per_s_saturation{tag}"), sat.asks_per_s);
+        f.insert(format!("p50_ms_saturation{tag}"), percentile(&sat.latencies_ms, 0.5));
+        f.insert(format!("p99_ms_saturation{tag}"), percentile(&sat.latencies_ms, 0.99));
+        f.insert(format!("outbox_rows_per_ask{tag}"), sat.outbox_rows_per_ask);
+        f.insert(format!("worker_runs_per_ask{tag}"), sat.runs_per_ask);
+    }
     Ok(f)
 }
 
-/// Publishes `events` high-risk pings on distinct loads; each becomes 3 runs (the ping
-/// and two delivered outcomes). Returns runs/s and the publish → delivered-SMS-outcome
-/// latencies in ms.
-async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyhow::Result<(f64, Vec<f64>)> {
+/// One e2e round's figures.
+struct E2eRound {
+    runs_per_s: f64,
+    /// ETA asks (pings that opened one) made, sent and timed per second.
+    asks_per_s: f64,
+    /// Publish → delivered-SMS-outcome, in ms.
+    latencies_ms: Vec<f64>,
+    /// Outbox rows and worker runs (events the queue carried) per ask, the load's
+    /// `load_update` not counted.
+    outbox_rows_per_ask: f64,
+    runs_per_ask: f64,
+}
+
+/// Publishes `events` high-risk pings on distinct loads (each load first gets its
+/// `load_update`); each ping opens an ETA ask: an SMS and a timer. Done when every SMS
+/// is delivered, every timer scheduled and the queue empty.
+async fn e2e_round(
+    store: &BenchStore,
+    events: usize,
+    rate: Option<f64>,
+    route: TimerRoute,
+) -> anyhow::Result<E2eRound> {
     let (s, _) = fresh_store(store, "e2e").await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let config = haul_config::Config::default();
@@ -482,7 +510,7 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
         faults: Faults::default(),
         seed: None,
     };
-    let p = haul_runtime::pipeline::Pipeline::new(&config, parts, None);
+    let p = haul_runtime::pipeline::Pipeline::with_timers(&config, parts, None, route);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (wake_worker, wake_dispatcher) = p.wakeups();
     let mut loops = tokio::task::JoinSet::new();
@@ -525,11 +553,15 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
     // Done when every row is dispatched and the queue is empty. Cheapest check first:
     // the poll runs on the store under test every 5 ms, and counting dispatched rows
     // scans the outbox (it was about a tenth of the writer thread's work).
+    let rows_per_ask = match route {
+        TimerRoute::WithDecision => 1,
+        TimerRoute::Outbox => 2,
+    };
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if s.depth().await? == 0
             && s.count_by_status(OutboxStatus::Pending).await? == 0
-            && s.count_by_status(OutboxStatus::Dispatched).await? as usize == 2 * events
+            && s.count_by_status(OutboxStatus::Dispatched).await? as usize == rows_per_ask * events
             && s.depth().await? == 0
         {
             break;
@@ -541,8 +573,20 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
     let _ = stop_tx.send(true);
     while loops.join_next().await.is_some() {}
     let mut lat = Vec::with_capacity(events);
+    let (mut runs, mut rows, mut scheduled) = (0, 0, 0);
     for i in 0..events {
         let recs = s.read(&load(i)).await?.0;
+        // A worker run per event the queue carried: not the outcomes the ping's own
+        // run settled in its append.
+        runs += recs
+            .iter()
+            .filter(|r| match r.event() {
+                Some((_, EventBody::ActionOutcome(o))) => o.receipt.as_deref() != Some(timers::RECEIPT),
+                other => other.is_some(),
+            })
+            .count();
+        rows += s.rows_for_load(&load(i)).await?.len();
+        scheduled += s.timers_for_load(&load(i)).await?.len();
         let ping_at = recs.iter().find(|r| r.entry_id == "ping").and_then(|r| match r.event() {
             Some((_, EventBody::LocationPing(p))) => p.at,
             _ => None,
@@ -553,8 +597,16 @@ async fn e2e_round(store: &BenchStore, events: usize, rate: Option<f64>) -> anyh
         }
     }
     lat.sort_by(|a, b| a.total_cmp(b));
-    // 4 runs per event: load:init, the ping, and the two outcomes.
-    Ok(((events * 4) as f64 / elapsed, lat))
+    anyhow::ensure!(scheduled == events, "{scheduled} timers scheduled for {events} asks");
+    // Each ask's own runs: the ping's and its outcomes' (each load's load_update aside).
+    let asks = events as f64;
+    Ok(E2eRound {
+        runs_per_s: runs as f64 / elapsed,
+        asks_per_s: asks / elapsed,
+        latencies_ms: lat,
+        outbox_rows_per_ask: rows as f64 / asks,
+        runs_per_ask: (runs - events) as f64 / asks,
+    })
 }
 
 /// Outbox rows delivered to an HTTP sink on 127.0.0.1 that dedupes, with 1 and 4

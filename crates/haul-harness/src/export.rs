@@ -28,9 +28,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use haul_config::ClientConfig;
 use haul_core::action::{Action, ActionKind};
 use haul_core::decision::{DECISION_RECORDED, Decision};
-use haul_core::event::EventBody;
-use haul_core::ids::LoadId;
+use haul_core::event::{ActionOutcome, EventBody};
+use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::{Entry, Record, project};
+use haul_core::timers;
 use haul_core::{InboundEvent, OutcomeStatus, Timestamp};
 use toml::{Table, Value};
 
@@ -233,6 +234,21 @@ fn inbound(event: &InboundEvent, with_load: bool, opts: ExportOptions) -> Value 
     serde_json::from_value(v).unwrap_or(Value::Table(Table::new()))
 }
 
+/// Whether a delivered `cancel_timer` found its timer scheduled. The dispatcher's
+/// receipt says; a cancel committed with its decision (`haul_core::timers`) found it
+/// scheduled when it was decided before the timer's fire_at: at or after it, the pump,
+/// which runs first in a scenario's step, has fired it.
+fn canceled_a_timer(o: &ActionOutcome, timer_id: &TimerId, at: Timestamp, actions: &BTreeMap<String, Action>) -> bool {
+    match o.receipt.as_deref() {
+        Some("canceled") => true,
+        Some(timers::RECEIPT) => actions.values().any(|a| match &a.kind {
+            ActionKind::SetTimer { timer_id: set, fire_at, .. } => set == timer_id && at < *fire_at,
+            _ => false,
+        }),
+        _ => false,
+    }
+}
+
 /// What the step's recorded decisions and outcomes imply.
 fn expect(group: &[&Logged], actions: &BTreeMap<String, Action>) -> Table {
     let mut e = Table::new();
@@ -255,14 +271,14 @@ fn expect(group: &[&Logged], actions: &BTreeMap<String, Action>) -> Table {
                 let Some(a) = actions.get(&o.outbox_id) else { continue };
                 match (&a.kind, a.action_type().channel()) {
                     (ActionKind::SetTimer { timer_id, fire_at, .. }, _)
-                        if o.receipt.as_deref() == Some("scheduled") =>
+                        if matches!(o.receipt.as_deref(), Some("scheduled" | timers::RECEIPT)) =>
                     {
                         let mut t = Table::new();
                         t.insert("id".into(), s(timer_id.to_string()));
                         t.insert("fire_at".into(), s(fire_at.to_string()));
                         scheduled.push(Value::Table(t));
                     }
-                    (ActionKind::CancelTimer { timer_id }, _) if o.receipt.as_deref() == Some("canceled") => {
+                    (ActionKind::CancelTimer { timer_id }, _) if canceled_a_timer(o, timer_id, l.at, actions) => {
                         canceled.push(s(timer_id.to_string()));
                     }
                     (kind, Some(channel)) => {

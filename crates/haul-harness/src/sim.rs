@@ -21,6 +21,7 @@ use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
 use haul_core::sop::Policies;
 use haul_core::time::{Timestamp, add, since};
+use haul_core::timers::TimerRoute;
 use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxStatus, Store, TimerStatus};
 use serde_json::json;
@@ -389,7 +390,16 @@ impl World {
         });
         // A client timeout short enough that a "timing out" service costs little real time.
         let channels = svc.channels(None, Duration::from_millis(300))?;
-        let worker_settings = WorkerSettings { concurrency: 1, visibility: VISIBILITY, ..WorkerSettings::default() };
+        // The first worker sends its decisions' timers through the outbox (the path an
+        // external TimerStore takes, and a build from before timers went into the
+        // append), the second commits them with the decision: both on the same loads,
+        // as during a rolling deploy.
+        let worker_settings = |i: usize| WorkerSettings {
+            concurrency: 1,
+            visibility: VISIBILITY,
+            timers: if i == 0 { TimerRoute::Outbox } else { TimerRoute::WithDecision },
+            ..WorkerSettings::default()
+        };
         let dispatcher_settings = |i: u64| DispatcherSettings {
             batch: 4,
             in_flight: 4,
@@ -416,7 +426,7 @@ impl World {
                     mode,
                     decider.clone(),
                     c.clone(),
-                    worker_settings.clone(),
+                    worker_settings(i),
                     faults.clone(),
                 ))
             })

@@ -38,6 +38,7 @@ on_both_backends!(
     a_refused_ops_alert_is_recorded_once_and_holds_up_no_later_dead_row,
     timer_for_an_answered_ask_is_a_filtered_noop,
     duplicate_action_key_gives_the_fallback_hero_task,
+    duplicate_timer_key_gives_the_fallback_hero_task,
     duplicate_action_key_falls_back_with_no_conflict_retries,
     two_runs_of_one_load_at_once_one_commits_the_other_redecides,
     redelivered_inbound_event_is_already_processed,
@@ -341,8 +342,12 @@ async fn timer_for_an_answered_ask_is_a_filtered_noop(store: Arc<dyn Store>) {
     assert_eq!(ask.status, haul_core::AskStatus::Answered);
 }
 
-/// Reuses the first ping's action key for every ping: a decision bug.
-struct ReusesKeys;
+/// Reuses the first ping's action key for every ping: a decision bug. The SMS's key
+/// (an outbox row's), or with `timer` the timer's (committed in the append: no row).
+#[derive(Default)]
+struct ReusesKeys {
+    timer: bool,
+}
 
 #[async_trait]
 impl Decider for ReusesKeys {
@@ -361,19 +366,24 @@ impl Decider for ReusesKeys {
             return Ok(Decision::new(&event.event_id, now, "reuses-keys", vec![], vec![], "nothing"));
         };
         let ask = AskId::parse("ask:eta_request:ping_0700").unwrap();
-        let action = Action {
-            key: format!("{load}/{ask}/1/send_sms"),
-            kind: ActionKind::SendSms { to: state.driver_phone.clone().unwrap(), body: "ETA?".into() },
-            ask_id: Some(ask),
-            step: Some(1),
-            requeue_of: None,
+        let (key, kind) = if self.timer {
+            let timer_id = haul_core::TimerId::new(load, &ask, 1);
+            let fire_at = haul_core::time::add(now, Duration::from_secs(1800));
+            (
+                format!("{load}/{ask}/1/set_timer"),
+                ActionKind::SetTimer { timer_id, fire_at, ask_id: ask.clone(), step: 1 },
+            )
+        } else {
+            let phone = state.driver_phone.clone().unwrap();
+            (format!("{load}/{ask}/1/send_sms"), ActionKind::SendSms { to: phone, body: "ETA?".into() })
         };
+        let action = Action { key, kind, ask_id: Some(ask), step: Some(1), requeue_of: None };
         Ok(Decision::new(&event.event_id, now, "reuses-keys", vec![action], vec![], "always the same key"))
     }
 }
 
 async fn duplicate_action_key_gives_the_fallback_hero_task(store: Arc<dyn Store>) {
-    let h = harness(store, Config::default(), Faults::default(), Some(Arc::new(ReusesKeys))).await;
+    let h = harness(store, Config::default(), Faults::default(), Some(Arc::new(ReusesKeys::default()))).await;
     start(&h).await;
     h.settle().await;
     h.publish(ping("ping_0800")).await;
@@ -387,10 +397,28 @@ async fn duplicate_action_key_gives_the_fallback_hero_task(store: Arc<dyn Store>
     assert_eq!(h.entries("ping_0800").await, 1, "the inbound event was not lost");
 }
 
+/// A timer committed with its decision has no outbox row to refuse a reused key: its
+/// outcome, already in the log, does, and the run falls back as it would.
+async fn duplicate_timer_key_gives_the_fallback_hero_task(store: Arc<dyn Store>) {
+    let h = harness(store, Config::default(), Faults::default(), Some(Arc::new(ReusesKeys { timer: true }))).await;
+    start(&h).await;
+    h.settle().await;
+    h.publish(ping("ping_0800")).await;
+    h.settle().await;
+    let d = h.decision("ping_0800").await;
+    assert_eq!(d["decider"], "fallback", "{d}");
+    assert!(
+        d["rationale"].as_str().unwrap().contains("reused action key 481207/ask:eta_request:ping_0700/1/set_timer"),
+        "{d}"
+    );
+    assert_eq!(h.svc.sends("hero", "481207/ping_0800/create_hero_task:fallback"), 1);
+    assert_eq!(h.entries("ping_0800").await, 1, "the inbound event was not lost");
+}
+
 async fn duplicate_action_key_falls_back_with_no_conflict_retries(store: Arc<dyn Store>) {
     let mut config = Config::default();
     config.worker.conflict_retries = 0;
-    let h = harness(store, config, Faults::default(), Some(Arc::new(ReusesKeys))).await;
+    let h = harness(store, config, Faults::default(), Some(Arc::new(ReusesKeys::default()))).await;
     start(&h).await;
     h.settle().await;
     h.publish(ping("ping_0800")).await;

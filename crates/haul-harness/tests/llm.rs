@@ -112,11 +112,12 @@ async fn a_good_answer_is_an_llm_decision_and_its_actions_are_dispatched(store: 
     assert_eq!(d["asks"], json!([{"ask_id": ASK, "step": 1, "status": "open"}]));
     let types: Vec<&str> = d["actions"].as_array().unwrap().iter().map(|a| a["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["send_sms", "set_timer"]);
-    // In the outbox and dispatched: the SMS to the driver, the timer scheduled.
+    // The SMS to the driver dispatched; the timer scheduled with the decision.
     assert_eq!(h.svc.sends("sms", SMS1), 1);
     let sms = h.svc.effects().into_iter().find(|e| e.key == SMS1).unwrap();
     assert_eq!(sms.payload["to"], DRIVER, "{}", sms.payload);
-    assert!(h.row("481207/ask:eta_request:ping_0700/1/set_timer").await.receipt.is_some());
+    let timer = haul_core::TimerId::parse("tmr:481207:ask:eta_request:ping_0700:1").unwrap();
+    assert_eq!(h.store.get_timer(&timer).await.unwrap().map(|t| t.status), Some(haul_store::TimerStatus::Scheduled));
     let state = h.state().await;
     assert_eq!(state.asks.values().next().map(|a| (a.step, a.status.as_str())), Some((1, "open")));
     // The init decision: a noop by the model, not the fallback.

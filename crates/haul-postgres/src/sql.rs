@@ -172,6 +172,16 @@ pub const TIMER_CANCEL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, 
      VALUES ($1, $2, 0, 'canceled', $3, $3)
      ON CONFLICT (timer_id) DO UPDATE SET status = 'canceled', canceled_at = $3 WHERE timers.status = 'scheduled'
      RETURNING timer_id";
+/// An append's schedules (`TimerRoute::WithDecision`), as `TIMER_SCHEDULE` each: `$1`
+/// timers, `$2` their loads, `$3` their fire_at, `$4` now.
+pub const TIMERS_SCHEDULE_ALL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at)
+     SELECT t, l, f, 'scheduled', $4 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS s(t, l, f)
+     ON CONFLICT (timer_id) DO NOTHING";
+/// An append's cancels, as `TIMER_CANCEL` each (the timers distinct): `$1` timers, `$2`
+/// their loads, `$3` now.
+pub const TIMERS_CANCEL_ALL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
+     SELECT t, l, 0, 'canceled', $3, $3 FROM unnest($1::text[], $2::text[]) AS s(t, l)
+     ON CONFLICT (timer_id) DO UPDATE SET status = 'canceled', canceled_at = $3 WHERE timers.status = 'scheduled'";
 /// `$1` timer, `$2` now.
 pub const TIMER_MARK_FIRED: &str =
     "UPDATE timers SET status = 'fired', fired_at = $2 WHERE timer_id = $1 AND status = 'scheduled'";

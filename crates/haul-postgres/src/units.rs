@@ -5,8 +5,9 @@
 //! into the other.
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
-use haul_core::derived::Derived;
+use haul_core::derived::{Derived, TimerWrite};
 use haul_core::ids::LoadId;
+use haul_core::time::to_ms;
 use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt};
 use haul_store::{
     AppendError, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, NewEntry,
@@ -19,7 +20,7 @@ use crate::rows::{Params, col, constraint};
 use crate::sql::{
     ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS, LOAD_SUMMARY_FOLD,
     LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED,
-    QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
+    QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH, TIMERS_CANCEL_ALL, TIMERS_SCHEDULE_ALL,
 };
 use crate::{pg, pool_client};
 
@@ -116,6 +117,8 @@ pub(crate) struct AppendStatements {
     fold: Option<Statement>,
     facts: Option<Statement>,
     inbox: Option<Statement>,
+    schedule: Option<Statement>,
+    cancel: Option<Statement>,
     lock: Option<Statement>,
     ack: Option<Statement>,
 }
@@ -139,6 +142,8 @@ impl AppendStatements {
             fold: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_FOLD).await?,
             facts: prepare(delta.changes_facts(), LOAD_FACTS_SET).await?,
             inbox: prepare(!delta.inbox.is_empty(), OUTBOX_INBOX_SET).await?,
+            schedule: prepare(delta.timers.iter().any(TimerWrite::is_schedule), TIMERS_SCHEDULE_ALL).await?,
+            cancel: prepare(!delta.timers.iter().all(TimerWrite::is_schedule), TIMERS_CANCEL_ALL).await?,
             lock: prepare(message, QUEUE_LOCK_HEAD_OF_LOAD).await?,
             ack: prepare(message, QUEUE_ACK).await?,
         })
@@ -189,6 +194,8 @@ pub(crate) async fn append_body(
         fold: fold_stmt,
         facts: facts_stmt,
         inbox: inbox_stmt,
+        schedule: schedule_stmt,
+        cancel: cancel_stmt,
         lock: lock_stmt,
         ack: ack_stmt,
     } = statements;
@@ -243,6 +250,20 @@ pub(crate) async fn append_body(
         Some(stmt) => tx.execute(stmt, &[&lid, &inbox_ids, &inbox_states, &inbox_events, &now]).await,
         None => Ok(0),
     };
+    // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`):
+    // schedules first, as a decision's actions come.
+    let timers = TimerArrays::of(&delta);
+    let schedule_timers = async || match &schedule_stmt {
+        Some(stmt) => {
+            let (ids, loads, fire_at) = &timers.schedule;
+            tx.execute(stmt, &[ids, loads, fire_at, &now]).await
+        }
+        None => Ok(0),
+    };
+    let cancel_timers = async || match &cancel_stmt {
+        Some(stmt) => tx.execute(stmt, &[&timers.cancel.0, &timers.cancel.1, &now]).await,
+        None => Ok(0),
+    };
     let ack = async || match (&lock_stmt, &ack_stmt, message) {
         (Some(lock), Some(ack), Some(id)) => {
             // Two statements, one round trip: the ack's snapshot must come after the
@@ -268,13 +289,15 @@ pub(crate) async fn append_body(
         // step, checks and all, for the exact error. Taken ones are rare (a redelivery
         // the worker did not already see in the log), the lookups are not: one or two
         // statements fewer per append.
-        let (won, inserted, outboxed, summarized, facts, marked, acked) = tokio::join!(
+        let (won, inserted, outboxed, summarized, facts, marked, scheduled, canceled, acked) = tokio::join!(
             take_version(),
             insert_events(),
             insert_outbox(),
             summarize(),
             set_facts(),
             mark_inbox(),
+            schedule_timers(),
+            cancel_timers(),
             ack()
         );
         let clean = matches!(won, Ok(1))
@@ -282,7 +305,9 @@ pub(crate) async fn append_body(
             && outboxed.is_ok()
             && summarized.is_ok()
             && facts.is_ok()
-            && marked.is_ok();
+            && marked.is_ok()
+            && scheduled.is_ok()
+            && canceled.is_ok();
         return match acked {
             Ok(n) if clean => Ok((new_version as u64, n == 1)),
             _ => Err(Fail::Again),
@@ -329,12 +354,14 @@ pub(crate) async fn append_body(
         let (after, o, e) = delta.fold_asks(&before);
         (asks_after, open, escalated) = (Some(after), Some(o as i32), Some(e as i32));
     }
-    let (inserted, outboxed, summarized, facts, marked, acked) = tokio::join!(
+    let (inserted, outboxed, summarized, facts, marked, scheduled, canceled, acked) = tokio::join!(
         insert_events(),
         insert_outbox(),
         set_summary(&asks_after, &open, &escalated),
         set_facts(),
         mark_inbox(),
+        schedule_timers(),
+        cancel_timers(),
         ack()
     );
     inserted.map_err(|e| match constraint(&e) {
@@ -351,7 +378,38 @@ pub(crate) async fn append_body(
     summarized.map_err(db)?;
     facts.map_err(db)?;
     marked.map_err(db)?;
+    scheduled.map_err(db)?;
+    canceled.map_err(db)?;
     Ok((new_version as u64, acked.map_err(db)? == 1))
+}
+
+/// An append's timer writes as the arrays its statements take: each timer's id, load
+/// and (scheduled) fire_at in epoch ms. A timer is canceled once however often the
+/// append names it (one statement cannot change a row twice).
+struct TimerArrays {
+    schedule: (Vec<String>, Vec<String>, Vec<i64>),
+    cancel: (Vec<String>, Vec<String>),
+}
+
+impl TimerArrays {
+    fn of(delta: &Derived) -> TimerArrays {
+        let mut out = TimerArrays { schedule: (vec![], vec![], vec![]), cancel: (vec![], vec![]) };
+        for t in &delta.timers {
+            match t {
+                TimerWrite::Schedule { timer_id, fire_at } => {
+                    out.schedule.0.push(timer_id.to_string());
+                    out.schedule.1.push(timer_id.parts().0.to_string());
+                    out.schedule.2.push(to_ms(*fire_at));
+                }
+                TimerWrite::Cancel { timer_id } if !out.cancel.0.iter().any(|c| c == timer_id.as_str()) => {
+                    out.cancel.0.push(timer_id.to_string());
+                    out.cancel.1.push(timer_id.parts().0.to_string());
+                }
+                TimerWrite::Cancel { .. } => {}
+            }
+        }
+        out
+    }
 }
 
 /// The statements of a publish-and-mark, prepared.

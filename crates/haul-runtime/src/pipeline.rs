@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use anyhow::bail;
+use haul_core::timers::TimerRoute;
 use haul_core::{Clock, QueueMode};
 use haul_store::{LoadQueue, Store};
 
@@ -56,8 +57,14 @@ pub struct Parts {
 }
 
 impl Pipeline {
-    /// The SOP decider (or the one given) with the config's settings.
+    /// The SOP decider (or the one given) with the config's settings; timers committed
+    /// with their decision (the store is the TimerStore).
     pub fn new(config: &Config, parts: Parts, decider: Option<Arc<dyn Decider>>) -> Self {
+        Pipeline::with_timers(config, parts, decider, TimerRoute::WithDecision)
+    }
+
+    /// `new`, with the decisions' timers written where `timers` says.
+    pub fn with_timers(config: &Config, parts: Parts, decider: Option<Arc<dyn Decider>>, timers: TimerRoute) -> Self {
         let decider = decider.unwrap_or_else(|| Arc::new(SopDecider { policies: policies(&config.clients) }));
         let Parts { store, queue, queue_mode, channels, clock, faults, seed } = parts;
         let worker = WorkerSettings {
@@ -67,6 +74,7 @@ impl Pipeline {
             decider_timeout: config.decider.llm.timeout,
             visibility: config.visibility(),
             load_lock: config.load_lock.enabled,
+            timers,
             ..WorkerSettings::default()
         };
         // A seeded run repeats exactly, the log's order included: its batches' rows are

@@ -16,6 +16,7 @@ use haul_core::disposition::{self, Disposition, End, Finish, Happened, Message, 
 use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
+use haul_core::timers::{self, TimerRoute};
 use haul_core::validate::validate_decision;
 use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
@@ -42,6 +43,9 @@ pub struct WorkerSettings {
     pub load_lock: bool,
     /// How long a message left to redelivery waits before it is visible again.
     pub redelivery_delay: Duration,
+    /// Where a decision's timers are written: in its append (the TimerStore is the
+    /// store's database), or through the outbox.
+    pub timers: TimerRoute,
 }
 
 impl Default for WorkerSettings {
@@ -56,6 +60,7 @@ impl Default for WorkerSettings {
             visibility: Duration::from_secs(360),
             load_lock: false,
             redelivery_delay: Duration::from_secs(1),
+            timers: TimerRoute::default(),
         }
     }
 }
@@ -397,7 +402,15 @@ impl Worker {
         p: Box<Prepared>,
     ) -> Result<(Happened, Option<Committed>), Crash> {
         let ctx = event.event_id.as_str();
-        let (entries, outbox) = match rows(event, &p.decision) {
+        let route = self.settings.timers;
+        let settled = match settle_timers(&msg.load_id, route, event, &p) {
+            Ok(s) => s,
+            Err(key) => {
+                error!(%key, decider = %p.decision.decider, "decision reused a timer's action key; falling back to a Hero task");
+                return Ok((Happened::DuplicateActionKey(key), None));
+            }
+        };
+        let (entries, outbox) = match rows(&msg.load_id, route, event, &p.decision, &settled) {
             Ok(r) => r,
             Err(e) => return Ok((Happened::Unencodable(e), None)),
         };
@@ -414,7 +427,10 @@ impl Worker {
                 }
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
                 let Prepared { state, decision, version, now } = *p;
-                let records = Record::appended(version, event, &decision, now);
+                let mut records = Record::appended(version, event, &decision, now).to_vec();
+                for (e, d) in &settled {
+                    records.extend(Record::appended(version + records.len() as u64, e, d, now));
+                }
                 let committed = Committed { before: state, decision, records };
                 return Ok((Happened::Appended { with_ack }, Some(committed)));
             }
@@ -486,7 +502,7 @@ impl Worker {
             state.apply(r);
         }
         self.projector.put(load, state);
-        if !d.actions.is_empty()
+        if d.actions.iter().any(|a| !self.settings.timers.in_append(a))
             && let Some(w) = self.wake_dispatcher.get()
         {
             w.notify_one();
@@ -606,7 +622,7 @@ struct Prepared {
 struct Committed {
     before: LoadState,
     decision: Decision,
-    records: [Record; 2],
+    records: Vec<Record>,
 }
 
 /// Where a run goes after an attempt.
@@ -616,26 +632,55 @@ enum Then {
     Fallback(String),
 }
 
-/// The two log entries and the outbox rows of one run.
-fn rows(event: &InboundEvent, d: &Decision) -> Result<(Vec<NewEntry>, Vec<NewOutboxRow>), String> {
-    let decision = serde_json::to_value(d).map_err(|e| format!("cannot encode the decision: {e}"))?;
-    // Typed here, so what each changes in the load's derived data needs no decoding.
-    let entries = vec![
-        NewEntry {
-            entry_id: event.event_id.to_string(),
-            kind: event.kind().into(),
-            payload: event.body.payload(),
-            derived: Derived::of_event(&event.body),
-        },
-        NewEntry {
+/// The outcomes that settle the decision's timers in its own append, with the
+/// filter's noop on each (`haul_core::timers`); none through the outbox. `Err(key)`
+/// when the decision reused a timer's key.
+fn settle_timers(
+    load: &LoadId,
+    route: TimerRoute,
+    event: &InboundEvent,
+    p: &Prepared,
+) -> Result<Vec<(InboundEvent, Decision)>, String> {
+    if !p.decision.actions.iter().any(|a| route.in_append(a)) {
+        return Ok(vec![]);
+    }
+    let mut after = p.state.clone();
+    for r in Record::appended(p.version, event, &p.decision, p.now) {
+        after.apply(&r);
+    }
+    timers::settled(load, &after, &p.decision, p.now)
+}
+
+/// The log entries and the outbox rows of one run: the event, its decision (with the
+/// timers it writes in the append), then each settled timer's outcome and noop.
+fn rows(
+    load: &LoadId,
+    route: TimerRoute,
+    event: &InboundEvent,
+    d: &Decision,
+    settled: &[(InboundEvent, Decision)],
+) -> Result<(Vec<NewEntry>, Vec<NewOutboxRow>), String> {
+    let mut entries = Vec::with_capacity(2 + 2 * settled.len());
+    for (e, d) in std::iter::once((event, d)).chain(settled.iter().map(|(e, d)| (e, d))) {
+        let decision = serde_json::to_value(d).map_err(|e| format!("cannot encode the decision: {e}"))?;
+        let mut derived = Derived::of_decision(d);
+        derived.timers = route.writes(load, d);
+        // Typed here, so what each changes in the load's derived data needs no decoding.
+        entries.push(NewEntry {
+            entry_id: e.event_id.to_string(),
+            kind: e.kind().into(),
+            payload: e.body.payload(),
+            derived: Derived::of_event(&e.body),
+        });
+        entries.push(NewEntry {
             entry_id: d.decision_id.clone(),
             kind: DECISION_RECORDED.into(),
             payload: decision,
-            derived: Derived::of_decision(d),
-        },
-    ];
+            derived,
+        });
+    }
     let mut outbox = Vec::with_capacity(d.actions.len());
-    for a in &d.actions {
+    for a in d.actions.iter().filter(|a| !route.in_append(a)) {
         let action = serde_json::to_value(a).map_err(|e| format!("cannot encode action {}: {e}", a.key))?;
         outbox.push(NewOutboxRow { id: a.key.clone(), action_type: a.action_type(), action });
     }

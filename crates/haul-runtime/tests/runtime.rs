@@ -17,6 +17,7 @@ use haul_core::decision::Decision;
 use haul_core::ids::{AskId, EventId, LoadId};
 use haul_core::projection::LoadState;
 use haul_core::time::Timestamp;
+use haul_core::timers::TimerRoute;
 use haul_core::{Channel, InboundEvent, QueueMode};
 use haul_runtime::decider::Decider;
 use haul_runtime::dispatcher::{Dispatched, DispatcherSettings};
@@ -24,7 +25,7 @@ use haul_runtime::faults::{FaultPoint, Faults, PlantedBugs};
 use haul_runtime::operator::{self, DeadFilter, OperatorError, Requester};
 use haul_runtime::shadow::{Shadow, ShadowSettings};
 use haul_runtime::worker::{RunOutcome, WorkerSettings};
-use haul_store::{AlertState, NewEntry, OutboxStatus, RowCursor};
+use haul_store::{AlertState, NewEntry, OutboxStatus, RowCursor, TimerStatus};
 use serde_json::json;
 
 fn committed(actions: usize) -> RunOutcome {
@@ -34,26 +35,42 @@ fn committed(actions: usize) -> RunOutcome {
 // ---------------------------------------------------------------------------------
 // The worker.
 
+const SMS_ROW: &str = "L1/ask:eta_request:ping_0700/1/send_sms";
+const TIMER_ROW: &str = "L1/ask:eta_request:ping_0700/1/set_timer";
+const TIMER: &str = "tmr:L1:ask:eta_request:ping_0700:1";
+/// What a run that settled its timer in its append logs after the decision.
+const SETTLED: [&str; 2] = ["evt:out:L1/ask:eta_request:ping_0700/1/set_timer:delivered", "decision:filter"];
+
+/// One run per message: the event, its decision and its rows in one append, then the
+/// ack. With the timer in the append: the timer scheduled, its outcome and the
+/// filter's noop logged by the same run, one outbox row. Through the outbox: a row for
+/// the timer, and nothing scheduled until the dispatcher applies it.
 #[tokio::test]
 async fn a_message_is_logged_with_its_decision_and_rows_then_acked_and_found_processed() {
-    let rig = Rig::new().await;
-    let worker = rig.worker();
-    rig.publish("L1", init()).await;
-    rig.publish("L1", ping("ping_0700")).await;
-    assert_eq!(rig.settle(&worker).await, vec![committed(0), committed(2)]);
-    assert_eq!(rig.kinds("L1").await, ["load:init", "decision:sop", "ping_0700", "decision:sop"]);
-    let rows: Vec<_> = rig.rows("L1").await.iter().map(|r| (r.id.clone(), r.status)).collect();
-    assert_eq!(
-        rows,
-        [
-            ("L1/ask:eta_request:ping_0700/1/send_sms".to_owned(), OutboxStatus::Pending),
-            ("L1/ask:eta_request:ping_0700/1/set_timer".to_owned(), OutboxStatus::Pending),
-        ]
-    );
-    assert_eq!(rig.depth().await, 0, "both messages acked");
-    // A redelivery of a logged event writes nothing.
-    assert_eq!(worker.process(rig.message("L1", ping("ping_0700"))).await, RunOutcome::AlreadyProcessed);
-    assert_eq!(rig.log("L1").await.len(), 4);
+    let logged = ["load:init", "decision:sop", "ping_0700", "decision:sop"];
+    let cases: [(TimerRoute, &[&str], &[&str], bool); 2] = [
+        (TimerRoute::WithDecision, &SETTLED, &[SMS_ROW], true),
+        (TimerRoute::Outbox, &[], &[SMS_ROW, TIMER_ROW], false),
+    ];
+    for (route, settled, rows, scheduled) in cases {
+        let rig = Rig::new().await;
+        let worker =
+            rig.worker_with(sop(), WorkerSettings { timers: route, ..WorkerSettings::default() }, Faults::default());
+        rig.publish("L1", init()).await;
+        rig.publish("L1", ping("ping_0700")).await;
+        assert_eq!(rig.settle(&worker).await, vec![committed(0), committed(2)]);
+        let kinds: Vec<&str> = logged.iter().chain(settled).copied().collect();
+        assert_eq!(rig.kinds("L1").await, kinds, "{route:?}");
+        let got: Vec<_> = rig.rows("L1").await.iter().map(|r| (r.id.clone(), r.status)).collect();
+        let want: Vec<_> = rows.iter().map(|r| (r.to_string(), OutboxStatus::Pending)).collect();
+        assert_eq!(got, want, "{route:?}");
+        let timer = rig.store.get_timer(&haul_core::ids::TimerId::parse(TIMER).unwrap()).await.unwrap();
+        assert_eq!(timer.map(|t| t.status), scheduled.then_some(TimerStatus::Scheduled), "{route:?}");
+        assert_eq!(rig.depth().await, 0, "both messages acked");
+        // A redelivery of a logged event writes nothing.
+        assert_eq!(worker.process(rig.message("L1", ping("ping_0700"))).await, RunOutcome::AlreadyProcessed);
+        assert_eq!(rig.log("L1").await.len(), kinds.len());
+    }
 }
 
 #[tokio::test]
@@ -212,7 +229,8 @@ async fn two_runs_read_together_and_the_second_appends_after_deciding_again() {
     let (a, b) = (rig.worker(), rig.worker());
     let (ra, rb) = a.interleave(rig.message("L1", init()), &b, rig.message("L1", ping("ping_0700"))).await;
     assert_eq!((ra, rb), (committed(0), committed(2)));
-    assert_eq!(rig.kinds("L1").await, ["load:init", "decision:sop", "ping_0700", "decision:sop"]);
+    let kinds = ["load:init", "decision:sop", "ping_0700", "decision:sop", SETTLED[0], SETTLED[1]];
+    assert_eq!(rig.kinds("L1").await, kinds);
 }
 
 /// Fails every decision.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use haul_core::InboxState;
 use haul_core::action::ActionType;
-use haul_core::derived::Derived;
+use haul_core::derived::{Derived, TimerWrite};
 use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::projection::Record;
@@ -336,6 +336,13 @@ impl SqliteStore {
                     .map_err(db)?;
                 for o in &outbox {
                     ins.execute(params![o.id, lid, o.action_type.as_str(), o.action.to_string(), now]).map_err(db)?;
+                }
+                // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`).
+                for t in &delta.timers {
+                    match t {
+                        TimerWrite::Schedule { timer_id, fire_at } => schedule_in(conn, timer_id, to_ms(*fire_at), now)?,
+                        TimerWrite::Cancel { timer_id } => cancel_in(conn, timer_id, now)?,
+                    };
                 }
                 let acked = match &receipt {
                     Some(r) => ack_in(conn, r, Some(lid), now)?,
@@ -702,51 +709,53 @@ impl SqliteStore {
     }
 }
 
+/// `TimerStore::schedule` on the writer's connection: alone, or in an append.
+fn schedule_in(conn: &Connection, timer_id: &TimerId, fire_at: i64, now: i64) -> Result<bool, StoreError> {
+    let (load_id, _, _) = timer_id.parts();
+    let n = conn
+        .prepare_cached(
+            "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at) VALUES (?1, ?2, ?3, 'scheduled', ?4)
+             ON CONFLICT (timer_id) DO NOTHING",
+        )
+        .and_then(|mut s| s.execute(params![timer_id.as_str(), load_id.as_str(), fire_at, now]))
+        .map_err(db)?;
+    Ok(n == 1)
+}
+
+/// `TimerStore::cancel` on the writer's connection: alone, or in an append.
+fn cancel_in(conn: &Connection, timer_id: &TimerId, now: i64) -> Result<bool, StoreError> {
+    let (load_id, _, _) = timer_id.parts();
+    // A cancel that arrives before its schedule leaves a canceled row behind, so the
+    // late schedule is a noop. Its fire_at is unknown: 0.
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
+             VALUES (?1, ?2, 0, 'canceled', ?3, ?3) ON CONFLICT (timer_id) DO NOTHING",
+        )
+        .and_then(|mut s| s.execute(params![timer_id.as_str(), load_id.as_str(), now]))
+        .map_err(db)?;
+    if inserted == 1 {
+        return Ok(true);
+    }
+    let n = conn
+        .prepare_cached(
+            "UPDATE timers SET status = 'canceled', canceled_at = ?2 WHERE timer_id = ?1 AND status = 'scheduled'",
+        )
+        .and_then(|mut s| s.execute(params![timer_id.as_str(), now]))
+        .map_err(db)?;
+    Ok(n == 1)
+}
+
 #[async_trait]
 impl TimerStore for SqliteStore {
     async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError> {
-        let (load_id, _, _) = timer_id.parts();
-        let (timer_id, load_id, fire_at, now) = (timer_id.to_string(), load_id.to_string(), to_ms(fire_at), to_ms(now));
-        self.writer
-            .run(move |conn: &Connection| {
-                let n = conn
-                    .execute(
-                        "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at) VALUES (?1, ?2, ?3, 'scheduled', ?4)
-                         ON CONFLICT (timer_id) DO NOTHING",
-                        params![timer_id, load_id, fire_at, now],
-                    )
-                    .map_err(db)?;
-                Ok(n == 1)
-            })
-            .await
+        let (timer_id, fire_at, now) = (timer_id.clone(), to_ms(fire_at), to_ms(now));
+        self.writer.run(move |conn: &Connection| schedule_in(conn, &timer_id, fire_at, now)).await
     }
 
     async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
-        let (load_id, _, _) = timer_id.parts();
-        let (timer_id, load_id, now) = (timer_id.to_string(), load_id.to_string(), to_ms(now));
-        self.writer
-            .run(move |conn: &Connection| {
-                // A cancel that arrives before its schedule leaves a canceled row behind,
-                // so the late schedule is a noop. Its fire_at is unknown: 0.
-                let inserted = conn
-                    .execute(
-                        "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
-                         VALUES (?1, ?2, 0, 'canceled', ?3, ?3) ON CONFLICT (timer_id) DO NOTHING",
-                        params![timer_id, load_id, now],
-                    )
-                    .map_err(db)?;
-                if inserted == 1 {
-                    return Ok(true);
-                }
-                let n = conn
-                    .execute(
-                        "UPDATE timers SET status = 'canceled', canceled_at = ?2 WHERE timer_id = ?1 AND status = 'scheduled'",
-                        params![timer_id, now],
-                    )
-                    .map_err(db)?;
-                Ok(n == 1)
-            })
-            .await
+        let (timer_id, now) = (timer_id.clone(), to_ms(now));
+        self.writer.run(move |conn: &Connection| cancel_in(conn, &timer_id, now)).await
     }
 
     async fn mark_fired(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {

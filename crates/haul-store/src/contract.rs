@@ -61,6 +61,7 @@ macro_rules! contract_tests {
             due_honours_time_and_limit,
             canceled_timer_is_not_due,
             cancel_before_schedule_stays_canceled,
+            an_append_commits_its_timer_writes_or_none,
             mark_fired_is_idempotent,
             load_lock_excludes_a_second_holder,
             recorded_delivery_is_deduplicated_by_channel_and_key,
@@ -898,6 +899,72 @@ pub async fn cancel_before_schedule_stays_canceled(s: DynStore) {
     assert!(!s.schedule(&t, at(10), at(2)).await.unwrap());
     assert!(s.due(at(100), 10).await.unwrap().is_empty());
     assert_eq!(s.get_timer(&t).await.unwrap().unwrap().status, TimerStatus::Canceled);
+}
+
+/// A decision's timers committed with it (`TimerRoute::WithDecision`): written as
+/// `schedule` and `cancel` write them, in the append's transaction, or not at all.
+pub async fn an_append_commits_its_timer_writes_or_none(s: DynStore) {
+    use haul_core::derived::TimerWrite::{Cancel, Schedule};
+    let decision = |id: &str, writes: Vec<haul_core::derived::TimerWrite>| {
+        let mut e = entry(id);
+        e.derived.timers = writes;
+        e
+    };
+    let state = async |n: u32| s.get_timer(&timer("L1", n)).await.unwrap().map(|t| (t.status, t.fire_at));
+    let first = || {
+        vec![
+            entry("e1"),
+            decision(
+                "dec:e1",
+                vec![
+                    Schedule { timer_id: timer("L1", 1), fire_at: at(100) },
+                    Schedule { timer_id: timer("L1", 2), fire_at: at(200) },
+                    Cancel { timer_id: timer("L1", 3) },
+                ],
+            ),
+        ]
+    };
+    // Refused appends write no timer.
+    let err = s.append(&load("L1"), first(), 5, vec![], at(1)).await.unwrap_err();
+    assert!(matches!(err, AppendError::ConcurrencyConflict(_)), "{err:?}");
+    let mut twice = first();
+    twice.push(entry("e1"));
+    let err = s.append(&load("L1"), twice, 0, vec![], at(1)).await.unwrap_err();
+    assert!(matches!(err, AppendError::DuplicateEntry(_)), "{err:?}");
+    assert_eq!((state(1).await, state(2).await, state(3).await), (None, None, None));
+    s.append(&load("L1"), first(), 0, vec![], at(1)).await.unwrap();
+    assert_eq!(state(1).await, Some((TimerStatus::Scheduled, at(100))));
+    assert_eq!(state(2).await, Some((TimerStatus::Scheduled, at(200))));
+    assert_eq!(
+        state(3).await.map(|(status, _)| status),
+        Some(TimerStatus::Canceled),
+        "a cancel with nothing scheduled"
+    );
+    assert_eq!(s.get_timer(&timer("L1", 1)).await.unwrap().unwrap().created_at, at(1));
+    // The pump fires timer 2; the next decision cancels 1 and 2 and schedules 3.
+    assert!(s.mark_fired(&timer("L1", 2), at(200)).await.unwrap());
+    let writes = vec![
+        Cancel { timer_id: timer("L1", 1) },
+        Cancel { timer_id: timer("L1", 2) },
+        Cancel { timer_id: timer("L1", 1) },
+        Schedule { timer_id: timer("L1", 3), fire_at: at(300) },
+    ];
+    s.append(&load("L1"), vec![entry("e2"), decision("dec:e2", writes)], 2, vec![], at(201)).await.unwrap();
+    let one = s.get_timer(&timer("L1", 1)).await.unwrap().unwrap();
+    assert_eq!((one.status, one.canceled_at), (TimerStatus::Canceled, Some(at(201))));
+    assert_eq!(state(2).await.map(|(status, _)| status), Some(TimerStatus::Fired), "a fired timer stays fired");
+    assert_eq!(state(3).await.map(|(status, _)| status), Some(TimerStatus::Canceled), "a late schedule stays a noop");
+    assert!(s.due(at(1000), 10).await.unwrap().is_empty());
+    // Through the acking append too.
+    publish(&s, "L1", "e3").await;
+    let m = receive_one(&s, at(201)).await;
+    let writes = vec![Schedule { timer_id: timer("L1", 4), fire_at: at(400) }];
+    let (_, acked) = s
+        .append_acking(&load("L1"), vec![entry("e3"), decision("dec:e3", writes)], 4, vec![], &m.receipt, at(202))
+        .await
+        .unwrap();
+    assert!(acked);
+    assert_eq!(state(4).await, Some((TimerStatus::Scheduled, at(400))));
 }
 
 pub async fn mark_fired_is_idempotent(s: DynStore) {

@@ -687,9 +687,12 @@ async fn serve_logs_json_lines_per_run_dispatch_and_request_with_root_causes_and
     let run = find("run", &|l| l["message"] == "run" && l["event_id"] == "ping_0700");
     assert_eq!((run["load_id"].as_str(), run["outcome"].as_str()), (Some("481207"), Some("committed")), "{run}");
     assert!(run["duration_ms"].is_u64() && run["level"] == "INFO", "{run}");
-    let timer_key = "481207/ask:eta_request:ping_0700/1/set_timer";
-    let dispatch = find("dispatch", &|l| l["message"] == "dispatch" && l["outbox_id"] == timer_key);
-    assert_eq!(dispatch["outcome"], "delivered", "{dispatch}");
+    assert_eq!(run["actions"], 2, "the SMS and its timer: {run}");
+    // The SMS's attempt failed (nothing listens); the timer was committed with the
+    // decision, so no row of it is dispatched.
+    let dispatch = find("dispatch", &|l| l["message"] == "dispatch" && l["outbox_id"] == SMS1);
+    assert_eq!((dispatch["outcome"].as_str(), dispatch["attempt"].as_u64()), (Some("retrying"), Some(1)), "{dispatch}");
+    assert!(!lines.iter().any(|l| l["action_type"] == "set_timer"), "no timer row dispatched:\n{log}");
     find("root cause", &|l| l.to_string().contains("Connection refused"));
     let notices: Vec<&Value> =
         lines.iter().filter(|l| l["target"].as_str().is_some_and(|t| t.starts_with("tokio_postgres"))).collect();

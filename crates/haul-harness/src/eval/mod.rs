@@ -20,14 +20,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use haul_core::action::{Action, ActionType};
 use haul_core::decision::Decision;
-use haul_core::ids::{LoadId, ops_alert_outbox_id};
+use haul_core::ids::{LoadId, TimerId, ops_alert_outbox_id};
 use haul_core::projection::{LoadState, Record, project};
-use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode, Timestamp};
 pub(crate) use haul_postgres::scratch::Lent;
 use haul_postgres::scratch::Reusable;
-use haul_store::{LoadQueue, OutboxRow, OutboxStatus, SmsRoute, Store, UnmatchedSms};
+use haul_store::{LoadQueue, OutboxRow, OutboxStatus, SmsRoute, Store, Timer, TimerStatus, UnmatchedSms};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -300,7 +299,8 @@ struct Run {
     published: Vec<(LoadId, String)>,
     /// Cursors at the previous check.
     effects_seen: usize,
-    rows_seen: BTreeMap<String, (OutboxStatus, Option<String>)>,
+    rows_seen: BTreeMap<String, OutboxStatus>,
+    timers_seen: BTreeMap<TimerId, TimerStatus>,
     log_seen: BTreeMap<LoadId, usize>,
     /// The recorded model server, with the LLM decider.
     llm: Option<RecordedLlm>,
@@ -409,6 +409,7 @@ impl Run {
             published: vec![],
             effects_seen: 0,
             rows_seen: BTreeMap::new(),
+            timers_seen: BTreeMap::new(),
             log_seen: BTreeMap::new(),
             llm,
             llm_seen: 0,
@@ -579,6 +580,16 @@ impl Run {
         Ok(rows)
     }
 
+    /// The loads' timers, as the TimerStore has them (written by a decision's append or
+    /// by the dispatcher: the checks do not depend on the route).
+    async fn timers(&self) -> Result<Vec<Timer>, String> {
+        let mut timers = Vec::new();
+        for l in &self.loads {
+            timers.extend(self.store.timers_for_load(l).await.map_err(|e| e.to_string())?);
+        }
+        Ok(timers)
+    }
+
     async fn logs(&self) -> Result<BTreeMap<LoadId, Vec<Record>>, String> {
         let mut logs = BTreeMap::new();
         for l in &self.loads {
@@ -590,23 +601,17 @@ impl Run {
     async fn mark_checked(&mut self) -> Result<(), String> {
         self.effects_seen = self.svc.effects().len();
         self.llm_seen = self.llm.as_ref().map_or(0, |l| l.requests().len());
-        self.rows_seen = self.rows().await?.into_iter().map(|r| (r.id, (r.status, r.receipt))).collect();
+        self.rows_seen = self.rows().await?.into_iter().map(|r| (r.id, r.status)).collect();
+        self.timers_seen = self.timers().await?.into_iter().map(|t| (t.timer_id, t.status)).collect();
         self.log_seen = self.logs().await?.into_iter().map(|(l, r)| (l, r.len())).collect();
         Ok(())
     }
 
-    /// Outbox rows that reached `status` (with a receipt satisfying `receipt`) since the previous check.
-    fn newly(
-        &self,
-        rows: &[OutboxRow],
-        t: Option<ActionType>,
-        status: OutboxStatus,
-        receipt: Option<&str>,
-    ) -> Vec<OutboxRow> {
+    /// Outbox rows that reached `status` since the previous check.
+    fn newly(&self, rows: &[OutboxRow], status: OutboxStatus) -> Vec<OutboxRow> {
         rows.iter()
-            .filter(|r| t.is_none_or(|t| r.action_type == t) && r.status == status)
-            .filter(|r| receipt.is_none_or(|x| r.receipt.as_deref() == Some(x)))
-            .filter(|r| self.rows_seen.get(&r.id).is_none_or(|(s, _)| *s != status))
+            .filter(|r| r.status == status)
+            .filter(|r| self.rows_seen.get(&r.id) != Some(&status))
             .cloned()
             .collect()
     }
@@ -637,37 +642,34 @@ impl Run {
                 .collect();
             same_set("ops_alerts", want.iter().cloned().collect(), got)?;
         }
-        let rows = if e.timers_scheduled.is_some() || e.timers_canceled.is_some() || e.dead.is_some() {
-            self.rows().await.map_err(store_err)?
+        let rows = if e.dead.is_some() { self.rows().await.map_err(store_err)? } else { vec![] };
+        let timers = if e.timers_scheduled.is_some() || e.timers_canceled.is_some() {
+            self.timers().await.map_err(store_err)?
         } else {
             vec![]
         };
         if let Some(want) = &e.timers_scheduled {
             let want_set: BTreeSet<String> = want.iter().map(|t| format!("{} at {}", t.id, t.fire_at)).collect();
-            let got: BTreeSet<String> = self
-                .newly(&rows, Some(ActionType::SetTimer), OutboxStatus::Dispatched, Some("scheduled"))
+            // New since the previous check, and scheduled (a cancel that came first
+            // leaves a row with no fire_at: nothing was scheduled).
+            let got: BTreeSet<String> = timers
                 .iter()
-                .filter_map(|r| serde_json::from_value::<Action>(r.action.clone()).ok())
-                .filter_map(|a| match a.kind {
-                    haul_core::ActionKind::SetTimer { timer_id, fire_at, .. } => {
-                        Some(format!("{timer_id} at {fire_at}"))
-                    }
-                    _ => None,
-                })
+                .filter(|t| !self.timers_seen.contains_key(&t.timer_id) && t.fire_at != Timestamp::UNIX_EPOCH)
+                .map(|t| format!("{} at {}", t.timer_id, t.fire_at))
                 .collect();
             same_set("timers_scheduled", want_set, got)?;
         }
         if let Some(want) = &e.timers_canceled {
-            let got: BTreeSet<String> = self
-                .newly(&rows, Some(ActionType::CancelTimer), OutboxStatus::Dispatched, Some("canceled"))
+            let got: BTreeSet<String> = timers
                 .iter()
-                .filter_map(|r| r.action["params"]["timer_id"].as_str().map(str::to_owned))
+                .filter(|t| t.status == TimerStatus::Canceled)
+                .filter(|t| self.timers_seen.get(&t.timer_id) != Some(&TimerStatus::Canceled))
+                .map(|t| t.timer_id.to_string())
                 .collect();
             same_set("timers_canceled", want.iter().cloned().collect(), got)?;
         }
         if let Some(want) = &e.dead {
-            let got: BTreeSet<String> =
-                self.newly(&rows, None, OutboxStatus::Dead, None).into_iter().map(|r| r.id).collect();
+            let got: BTreeSet<String> = self.newly(&rows, OutboxStatus::Dead).into_iter().map(|r| r.id).collect();
             same_set("dead", want.iter().cloned().collect(), got)?;
         }
         if e.asks.is_some() || e.open_asks.is_some() || e.stage.is_some() || e.decisions.is_some() {

@@ -15,6 +15,7 @@ use haul_core::ids::LoadId;
 use haul_core::log::{Entry, Record};
 use haul_core::sop::Policies;
 use haul_core::time::Timestamp;
+use haul_core::timers::TimerRoute;
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_runtime::channels::{ChannelClient, Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
 use haul_runtime::decider::{Decider, SopDecider};
@@ -307,11 +308,15 @@ impl Rig {
         self.queue.depth().await.unwrap()
     }
 
-    /// A load with an open ask: its SMS and timer rows committed, not yet sent.
+    /// A load with an open ask: its SMS and timer rows committed, not yet sent. The
+    /// timer goes through the outbox (`TimerRoute::Outbox`, an external TimerStore's
+    /// route and the one rows written before timers went into the append take), so the
+    /// dispatcher has a channel row and a TimerStore row to send.
     pub async fn asked(&self, load_id: &str) {
         self.publish(load_id, init()).await;
         self.publish(load_id, ping("ping_0700")).await;
-        self.settle(&self.worker()).await;
+        let settings = WorkerSettings { timers: TimerRoute::Outbox, ..WorkerSettings::default() };
+        self.settle(&self.worker_with(sop(), settings, Faults::default())).await;
     }
 }
 
