@@ -194,6 +194,18 @@ mod tests {
         );
     }
 
+    /// The timers of several entries are written in their order, each entry's own.
+    #[test]
+    fn timer_writes_follow_one_another_in_the_entries_order() {
+        let timer_id = crate::TimerId::parse("tmr:L1:ask:eta_request:p1:1").unwrap();
+        let fire_at: crate::Timestamp = "2026-03-02T07:30:00Z".parse().unwrap();
+        let schedule = TimerWrite::Schedule { timer_id: timer_id.clone(), fire_at };
+        let cancel = TimerWrite::Cancel { timer_id };
+        assert!(schedule.is_schedule() && !cancel.is_schedule());
+        let d = |t: &TimerWrite| Derived { timers: vec![t.clone()], ..Derived::default() };
+        assert_eq!(Derived::merged(&[d(&schedule), Derived::default(), d(&cancel)]).timers, [schedule, cancel]);
+    }
+
     #[test]
     fn a_load_is_active_until_delivered() {
         let d = |stage: Option<&str>| Derived { stage: stage.map(str::to_owned), ..Derived::default() };
