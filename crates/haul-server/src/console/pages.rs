@@ -13,7 +13,7 @@ use haul_core::mask::mask_phone;
 use haul_core::time::{Timestamp, since};
 use haul_runtime::inspect::{LoadView, PAGE_DEFAULT, sends};
 use haul_runtime::queries::Page as QueryPage;
-use haul_runtime::timeline::{What, items as timeline_items};
+use haul_runtime::timeline::{Carried, What, items as timeline_items};
 use haul_store::ops::{DeadRow, LoadSummary, class_name};
 use haul_store::{InboxAlert, InboxCounts, InboxMark, InboxSms, OutboxRow, OutboxStatus, Timer};
 use serde_json::Value;
@@ -466,7 +466,7 @@ fn action_content(a: &Action) -> String {
 }
 
 /// A decision's rationale, its actions with their outbox rows' state, and the asks it moved.
-fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Option<&OutboxRow>)]) {
+fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Carried)]) {
     let filtered = if d.filtered { " (by the filter)" } else { "" };
     let _ = write!(
         out,
@@ -481,8 +481,13 @@ fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Option<&O
         for (a, row) in actions {
             let key = a.key.as_str();
             let state = match row {
-                Some(row) => outbox_state(row),
-                None => "<span class=\"sub\">(outbox row on another page)</span>".into(),
+                Carried::Row(row) => outbox_state(row),
+                Carried::WithDecision(o) => format!(
+                    "{} · receipt <code>{}</code>",
+                    status_badge(o.status.as_str()),
+                    esc(o.receipt.as_deref().unwrap_or_default())
+                ),
+                Carried::Elsewhere => "<span class=\"sub\">(outbox row or outcome on another page)</span>".into(),
             };
             let _ = write!(
                 out,
