@@ -471,8 +471,29 @@ async fn e2e(store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
         f.insert(format!("p99_ms_saturation{tag}"), percentile(&sat.latencies_ms, 0.99));
         f.insert(format!("outbox_rows_per_ask{tag}"), sat.outbox_rows_per_ask);
         f.insert(format!("worker_runs_per_ask{tag}"), sat.runs_per_ask);
+        if let Some(row_writes) = sat.row_writes_per_load {
+            f.insert(format!("row_writes_per_load{tag}"), row_writes);
+        }
     }
     Ok(f)
+}
+
+/// PostgreSQL's own count of the rows written in the database (inserted, updated,
+/// deleted), as its statistics have them. (Its count of transactions would include
+/// the round's polls, which only read.)
+async fn rows_written(url: &str) -> anyhow::Result<f64> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    // Backends report their counts when idle, at most a second late.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let row = client
+        .query_one(
+            "SELECT (tup_inserted + tup_updated + tup_deleted)::float8
+             FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
 }
 
 /// One e2e round's figures.
@@ -486,6 +507,9 @@ struct E2eRound {
     /// `load_update` not counted.
     outbox_rows_per_ask: f64,
     runs_per_ask: f64,
+    /// On PostgreSQL: rows written in the database per load (its `load_update` and its
+    /// ask: log, outbox, queue, timers, summaries), from PostgreSQL's statistics.
+    row_writes_per_load: Option<f64>,
 }
 
 /// Publishes `events` high-risk pings on distinct loads (each load first gets its
@@ -511,6 +535,10 @@ async fn e2e_round(
         seed: None,
     };
     let p = haul_runtime::pipeline::Pipeline::with_timers(&config, parts, None, route);
+    let rows_before = match store {
+        BenchStore::Postgres(url) => Some(rows_written(url).await?),
+        BenchStore::Sqlite(_) => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (wake_worker, wake_dispatcher) = p.wakeups();
     let mut loops = tokio::task::JoinSet::new();
@@ -572,6 +600,10 @@ async fn e2e_round(
     let elapsed = started.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     while loops.join_next().await.is_some() {}
+    let row_writes_per_load = match (store, rows_before) {
+        (BenchStore::Postgres(url), Some(before)) => Some((rows_written(url).await? - before) / events as f64),
+        _ => None,
+    };
     let mut lat = Vec::with_capacity(events);
     let (mut runs, mut rows, mut scheduled) = (0, 0, 0);
     for i in 0..events {
@@ -606,6 +638,7 @@ async fn e2e_round(
         latencies_ms: lat,
         outbox_rows_per_ask: rows as f64 / asks,
         runs_per_ask: (runs - events) as f64 / asks,
+        row_writes_per_load,
     })
 }
 

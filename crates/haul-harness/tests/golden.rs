@@ -31,7 +31,7 @@ use serde::Deserialize;
 use sha2::Digest;
 
 /// The sets of golden logs, each a folder of `tests/golden`.
-const SETS: [&str; 3] = ["sop", "llm", "unreadable"];
+const SETS: [&str; 4] = ["sop", "llm", "unreadable", "timers"];
 
 /// What is derived from each set, one file each.
 const DERIVED: [&str; 5] = ["state.json", "filter.txt", "inspect.txt", "replay.json", "export.toml"];
@@ -254,14 +254,16 @@ fn every_stored_record_decodes_and_gives_back_what_was_stored() {
 /// what the rule table says, so the table is checked against the library too.
 #[test]
 fn the_sop_logs_keep_the_rule_table() {
-    let set = read_set("sop");
-    let policies = haul_config::policies(&set.clients);
-    for load in set.loads.keys() {
-        let policy = |client: Option<&str>| {
-            let p = policies.for_client(client);
-            haul_harness::oracle::Policy { max_attempts: p.max_attempts, trigger_risk: p.trigger_risk }
-        };
-        haul_harness::oracle::check(load, &set.records(load), policy).unwrap_or_else(|why| panic!("{why}"));
+    for name in ["sop", "timers"] {
+        let set = read_set(name);
+        let policies = haul_config::policies(&set.clients);
+        for load in set.loads.keys() {
+            let policy = |client: Option<&str>| {
+                let p = policies.for_client(client);
+                haul_harness::oracle::Policy { max_attempts: p.max_attempts, trigger_risk: p.trigger_risk }
+            };
+            haul_harness::oracle::check(load, &set.records(load), policy).unwrap_or_else(|why| panic!("{name}: {why}"));
+        }
     }
 }
 
@@ -295,6 +297,9 @@ fn the_golden_logs_cover_every_kind_of_record() {
                         "external"
                     };
                     seen.insert(format!("outcome {} {class}", p["status"].as_str().unwrap_or("?")));
+                    if p["receipt"] == haul_core::timers::RECEIPT {
+                        seen.insert("a timer committed with its decision".to_string());
+                    }
                 }
                 if let Some(c) = p["command"]["type"].as_str() {
                     seen.insert(format!("operator {c}"));
@@ -341,6 +346,7 @@ fn the_golden_logs_cover_every_kind_of_record() {
         "operator resolve_ask",
         "a load of many days",
         "an unreadable record",
+        "a timer committed with its decision",
     ];
     let missing: Vec<&str> = want.iter().copied().filter(|w| !seen.contains(*w)).collect();
     assert!(missing.is_empty(), "the golden logs hold no {missing:?}");
@@ -364,24 +370,27 @@ async fn golden_logs_read_the_same_on_sqlite() {
 }
 
 /// The scenarios `haul export-scenario` made of the SOP's golden logs still pass: the
-/// files a user exported from an earlier build run unchanged on this one.
+/// files a user exported from an earlier build run unchanged on this one (timers sent
+/// through the outbox, and timers committed with their decision).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenarios_exported_from_the_golden_logs_still_pass() {
     use haul_harness::eval::{EvalStore, run_scenario};
-    let exported = std::fs::read_to_string(expected_path("sop", "export.toml")).unwrap();
-    let mut failed = Vec::new();
-    let mut ran = 0;
-    for piece in exported.split("# ---- ").skip(1) {
-        let (load, text) = piece.split_once('\n').unwrap();
-        let scenario = haul_harness::eval::scenario::parse(text).unwrap_or_else(|e| panic!("{load}: {e}"));
-        let report = run_scenario(&scenario, load, &EvalStore::SqliteMemory, Default::default()).await;
-        ran += 1;
-        if !report.passed {
-            failed.push(report.line());
+    for set in ["sop", "timers"] {
+        let exported = std::fs::read_to_string(expected_path(set, "export.toml")).unwrap();
+        let mut failed = Vec::new();
+        let mut ran = 0;
+        for piece in exported.split("# ---- ").skip(1) {
+            let (load, text) = piece.split_once('\n').unwrap();
+            let scenario = haul_harness::eval::scenario::parse(text).unwrap_or_else(|e| panic!("{load}: {e}"));
+            let report = run_scenario(&scenario, load, &EvalStore::SqliteMemory, Default::default()).await;
+            ran += 1;
+            if !report.passed {
+                failed.push(report.line());
+            }
         }
+        assert_eq!(ran, read_set(set).loads.len(), "{set}: one scenario per load");
+        assert!(failed.is_empty(), "{set}: {}", failed.join("\n"));
     }
-    assert_eq!(ran, read_set("sop").loads.len(), "one scenario per load");
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
