@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use haul_core::AskStatus;
 use haul_core::BadInput;
+use haul_core::decision::InboxState;
 use haul_core::event::OperatorAction;
 use haul_core::ids::{AskId, LoadId};
 use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record};
@@ -144,6 +145,11 @@ pub struct StateView {
     pub asks: BTreeMap<AskId, OpenAsk>,
     /// The latest outcome per action key, most recent first; at most [`STATE_ENTRIES_MAX`].
     pub outcomes: BTreeMap<String, OutcomeSeen>,
+    /// The dead rows taken out of the operators' inbox (`handled`, `dismissed`) by
+    /// outbox id; a dead row not here is open. At most [`STATE_ENTRIES_MAX`]; left out
+    /// when none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub inbox: BTreeMap<String, InboxState>,
     pub unreadable: u64,
     pub last_recorded_at: Option<Timestamp>,
     pub totals: StateTotals,
@@ -156,6 +162,8 @@ pub struct StateTotals {
     pub outcomes: usize,
     pub processed: usize,
     pub decided: usize,
+    /// Dead rows out of the inbox.
+    pub inbox: usize,
 }
 
 impl StateView {
@@ -166,6 +174,7 @@ impl StateView {
             outcomes: state.outcomes.len(),
             processed: state.processed.len(),
             decided: state.decided.len(),
+            inbox: state.inbox.len(),
         };
         let mut asks: Vec<(&AskId, &OpenAsk)> = state.asks.iter().collect();
         asks.sort_by_key(|(_, a)| (a.status != AskStatus::Open, Reverse(a.step_decided_at)));
@@ -181,6 +190,7 @@ impl StateView {
             next_stop: state.next_stop.clone(),
             asks: asks.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             outcomes: outcomes.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            inbox: state.inbox.iter().take(STATE_ENTRIES_MAX).map(|(k, v)| (k.clone(), *v)).collect(),
             unreadable: state.unreadable,
             last_recorded_at: state.last_recorded_at,
             totals,

@@ -370,6 +370,8 @@ async fn dead_rows_and_unmatched_sms_leave_the_inbox_when_dismissed(backend: Bac
     let (status, open, _) = api.get("/v1/ops/dead?inbox=open").await;
     assert_eq!((status, ids(&open, "rows")), (StatusCode::OK, vec![DEAD.to_owned()]), "{open}");
     assert_eq!(open["rows"][0]["inbox"], json!({"state": "open", "by": null, "at": null}));
+    let (_, load, _) = api.get("/v1/loads/L1").await;
+    assert!(load["state"].get("inbox").is_none(), "nothing out of the inbox yet: {load}");
 
     let path = "/v1/operator/dismiss";
     let body = |request: &str, key: &str| with(who(request), json!({"outbox_id": key, "wait_s": 5}));
@@ -403,6 +405,9 @@ async fn dead_rows_and_unmatched_sms_leave_the_inbox_when_dismissed(backend: Bac
     );
     let (_, all, _) = api.get("/v1/ops/dead").await;
     assert_eq!(ids(&all, "rows"), vec![DEAD.to_owned()], "without inbox, every state, as before");
+    let (_, load, _) = api.get("/v1/loads/L1").await;
+    assert_eq!(load["state"]["inbox"], json!({DEAD: "dismissed"}), "the load's own view says so too");
+    assert_eq!(load["state"]["totals"]["inbox"], 1);
     let (status, v, _) = api.get("/v1/ops/dead?inbox=closed").await;
     check((status, v), StatusCode::BAD_REQUEST, "bad_query");
 

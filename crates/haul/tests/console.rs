@@ -431,6 +431,8 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     let overflow = b.run("return document.documentElement.scrollWidth - document.documentElement.clientWidth").await;
     assert!(overflow.as_i64().is_some_and(|o| o <= 0), "the page scrolls sideways by {overflow} px at phone width");
     assert!(b.text().await.contains("Requeued as"), "the dead row says it was requeued");
+    let inbox = "return Array.from(document.querySelectorAll(\"table[aria-labelledby='dead-h'] tbody td:nth-child(3)\")).map(td => td.textContent).join(',')";
+    assert_eq!(b.run(inbox).await, json!("handled"), "the load page says where its dead row stands in the inbox");
     shots.push(b.screenshot("load-phone").await);
     b.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": 1280, "height": 900}))).await;
 

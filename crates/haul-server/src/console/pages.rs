@@ -748,28 +748,46 @@ pub fn summary(ctx: &Ctx, v: &LoadView, new_request: &mut dyn FnMut() -> String)
     let dead: Vec<&OutboxRow> = v.outbox.iter().filter(|r| r.status == OutboxStatus::Dead).collect();
     if !dead.is_empty() {
         body.push_str("<h2 id=\"dead-h\">Dead rows of this load</h2><div class=\"scroll\"><table aria-labelledby=\"dead-h\"><thead><tr>\
-            <th scope=\"col\">Row</th><th scope=\"col\">State</th>");
+            <th scope=\"col\">Row</th><th scope=\"col\">State</th><th scope=\"col\">Inbox</th>");
         if ctx.operator() {
-            body.push_str("<th scope=\"col\">Requeue</th>");
+            body.push_str("<th scope=\"col\">Act</th>");
         }
         body.push_str("</tr></thead><tbody>");
         // A dead row requeued already (on this page of rows) says by which row.
         let copies: HashMap<&str, &str> =
             v.outbox.iter().filter_map(|r| Some((r.action.get("requeue_of")?.as_str()?, r.id.as_str()))).collect();
         for (i, row) in dead.iter().enumerate() {
-            let _ = write!(body, "<tr><td>{}</td><td>{}</td>", id(&row.id), outbox_state(row));
+            // Open unless the log took it out (the fold's inbox, as the inbox lists read it).
+            let inbox = v.state.inbox.get(&row.id).copied().unwrap_or(InboxState::Open);
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td>{}</td><td>{}</td>",
+                id(&row.id),
+                outbox_state(row),
+                status_badge(inbox.as_str())
+            );
             if let Some(copy) = copies.get(row.id.as_str()) {
                 let _ = write!(body, "<td>Requeued as <a href=\"#{}\">{}</a></td>", anchor(copy), esc(copy));
-            } else if ctx.operator() {
+            } else if ctx.operator() && inbox == InboxState::Open {
                 let _ = write!(
                     body,
                     "<td><form method=\"post\" action=\"/console/dead/requeue\">{}{}\
-                     <input type=\"hidden\" name=\"outbox_id\" value=\"{}\">{} <button type=\"submit\">Requeue</button></form></td>",
+                     <input type=\"hidden\" name=\"outbox_id\" value=\"{}\">{} <button type=\"submit\">Requeue</button></form>{}</td>",
                     ctx.hidden(),
                     request_field(&new_request()),
                     esc(&row.id),
                     reason_field(&format!("load-{i}")),
+                    dismiss_form(
+                        ctx,
+                        "/console/dead/dismiss",
+                        "outbox_id",
+                        &row.id,
+                        &format!("load-d{i}"),
+                        &new_request()
+                    ),
                 );
+            } else if ctx.operator() {
+                body.push_str("<td>–</td>");
             }
             body.push_str("</tr>");
         }
