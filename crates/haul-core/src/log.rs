@@ -104,6 +104,21 @@ impl Record {
         ]
     }
 
+    /// The records of a run's whole append: each event with its decision in order
+    /// (the run's own, then the outcomes it settled, `crate::timers`), `seq` going on
+    /// from `version` without a gap.
+    pub fn appended_all<'a>(
+        version: u64,
+        pairs: impl IntoIterator<Item = (&'a InboundEvent, &'a Decision)>,
+        recorded_at: Timestamp,
+    ) -> Vec<Record> {
+        let mut records = Vec::new();
+        for (event, d) in pairs {
+            records.extend(Record::appended(version + records.len() as u64, event, d, recorded_at));
+        }
+        records
+    }
+
     pub fn kind(&self) -> &str {
         self.entry.kind()
     }
@@ -193,14 +208,23 @@ mod tests {
     fn appended_records_continue_from_the_version() {
         let at: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
         let load = crate::ids::LoadId::parse("L1").unwrap();
-        let event =
-            InboundEvent::from_json(load, json!({"event_id": "e3", "kind": "load_update", "stage": "at_pickup"}))
-                .unwrap();
+        let event = InboundEvent::from_json(
+            load.clone(),
+            json!({"event_id": "e3", "kind": "load_update", "stage": "at_pickup"}),
+        )
+        .unwrap();
         let d = Decision::new(&event.event_id, at, "sop", vec![], vec![], "nothing to do");
         let [e, dr] = Record::appended(7, &event, &d, at);
         assert_eq!((e.seq, e.entry_id.as_str(), e.kind(), e.recorded_at), (8, "e3", "load_update", at));
         assert_eq!((dr.seq, dr.kind(), dr.decision()), (9, DECISION_RECORDED, Some(&d)));
         assert_eq!(e.event(), Some((&event.event_id, &event.body)));
         assert_eq!((e.decision(), dr.event()), (None, None));
+        let other =
+            InboundEvent::from_json(load, json!({"event_id": "e4", "kind": "load_update", "stage": "delivered"}))
+                .unwrap();
+        let d2 = Decision::new(&other.event_id, at, "sop", vec![], vec![], "nothing to do");
+        let all = Record::appended_all(7, [(&event, &d), (&other, &d2)], at);
+        let seqs: Vec<(u64, &str)> = all.iter().map(|r| (r.seq, r.entry_id.as_str())).collect();
+        assert_eq!(seqs, [(8, "e3"), (9, d.decision_id.as_str()), (10, "e4"), (11, d2.decision_id.as_str())]);
     }
 }

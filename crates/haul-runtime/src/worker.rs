@@ -427,10 +427,8 @@ impl Worker {
                 }
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
                 let Prepared { state, decision, version, now } = *p;
-                let mut records = Record::appended(version, event, &decision, now).to_vec();
-                for (e, d) in &settled {
-                    records.extend(Record::appended(version + records.len() as u64, e, d, now));
-                }
+                let pairs = std::iter::once((event, &decision)).chain(settled.iter().map(|(e, d)| (e, d)));
+                let records = Record::appended_all(version, pairs, now);
                 let committed = Committed { before: state, decision, records };
                 return Ok((Happened::Appended { with_ack }, Some(committed)));
             }

@@ -283,8 +283,11 @@ async fn an_operator_decision_that_does_not_validate_gives_the_fallback() {
     assert!(d.rationale.contains("the operator decision did not validate: send_sms body is empty"), "{}", d.rationale);
 }
 
+/// The dispatcher is woken by a commit that wrote outbox rows: not by one with no
+/// action, nor by one whose only action its own append carried out (the answer's
+/// cancel_timer).
 #[tokio::test]
-async fn a_commit_with_actions_wakes_the_dispatcher_and_one_without_does_not() {
+async fn a_commit_with_outbox_rows_wakes_the_dispatcher_and_one_without_does_not() {
     let rig = Rig::new().await;
     let worker = rig.worker();
     let wake = Arc::new(tokio::sync::Notify::new());
@@ -294,7 +297,11 @@ async fn a_commit_with_actions_wakes_the_dispatcher_and_one_without_does_not() {
     assert!(!woken(&wake).await, "no rows, no wake-up");
     rig.publish("L1", ping("ping_0700")).await;
     rig.settle(&worker).await;
-    assert!(woken(&wake).await);
+    assert!(woken(&wake).await, "the SMS's row");
+    rig.publish("L1", json!({"event_id": "sms_1", "kind": "inbound_sms", "from": DRIVER, "body": "ETA 8:10"})).await;
+    assert_eq!(rig.settle(&worker).await, vec![committed(1)], "the answer cancels the timer");
+    assert_eq!(rig.rows("L1").await.len(), 1, "and writes no row");
+    assert!(!woken(&wake).await, "a timer canceled in the append wakes no dispatcher");
 }
 
 #[tokio::test]
