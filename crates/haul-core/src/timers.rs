@@ -53,42 +53,43 @@ impl TimerRoute {
             })
             .collect()
     }
+
+    /// The outcomes that settle `d`'s timer actions the append carries out, each with
+    /// the filter's decision on it, decided on `after` (the load's state after `d`; the
+    /// decision's keys are distinct, so one outcome never bears on another's); none
+    /// through the outbox. `Err(key)` when an action's outcome is in the log already:
+    /// the decision reused that key, as a taken outbox key would have said.
+    pub fn settled(
+        self,
+        load: &LoadId,
+        after: &LoadState,
+        d: &Decision,
+        now: Timestamp,
+    ) -> Result<Vec<(InboundEvent, Decision)>, String> {
+        let mut out = Vec::new();
+        for a in d.actions.iter().filter(|a| self.in_append(a)) {
+            let row = Row {
+                outbox_id: a.key.clone(),
+                load_id: load.clone(),
+                action_type: a.action_type(),
+                attempts: 0,
+                first_attempt_at: None,
+            };
+            let outcome = outcome_event(&row, OutcomeStatus::Delivered, Some(RECEIPT), None);
+            if after.processed.contains(&outcome.event_id) {
+                return Err(a.key.clone());
+            }
+            let noop = filter::delivered(after, &outcome.event_id, &a.key, now);
+            out.push((outcome, noop));
+        }
+        Ok(out)
+    }
 }
 
 /// The receipt of a timer action the append carried out: the TimerStore's write is
 /// the decision's commit. Whether a cancel found its timer still scheduled (one that
 /// fired first stays fired) is the TimerStore's to say.
 pub const RECEIPT: &str = "committed with its decision";
-
-/// The outcomes that settle `d`'s timer actions in its own append, each with the
-/// filter's decision on it, decided on `after` (the load's state after `d`; the
-/// decision's keys are distinct, so one outcome never bears on another's). `Err(key)`
-/// when an action's outcome is in the log already: the decision reused that key, as a
-/// taken outbox key would have said.
-pub fn settled(
-    load: &LoadId,
-    after: &LoadState,
-    d: &Decision,
-    now: Timestamp,
-) -> Result<Vec<(InboundEvent, Decision)>, String> {
-    let mut out = Vec::new();
-    for a in d.actions.iter().filter(|a| TimerRoute::WithDecision.in_append(a)) {
-        let row = Row {
-            outbox_id: a.key.clone(),
-            load_id: load.clone(),
-            action_type: a.action_type(),
-            attempts: 0,
-            first_attempt_at: None,
-        };
-        let outcome = outcome_event(&row, OutcomeStatus::Delivered, Some(RECEIPT), None);
-        if after.processed.contains(&outcome.event_id) {
-            return Err(a.key.clone());
-        }
-        let noop = filter::delivered(after, &outcome.event_id, &a.key, now);
-        out.push((outcome, noop));
-    }
-    Ok(out)
-}
 
 #[cfg(test)]
 mod tests {
@@ -151,7 +152,8 @@ mod tests {
     /// delivered outcome, then the filter's noop on it.
     #[test]
     fn timer_actions_settle_as_delivered_outcomes_the_filter_takes() {
-        let settled = settled(&load(), &LoadState::default(), &decision(), now()).unwrap();
+        let settled = TimerRoute::WithDecision.settled(&load(), &LoadState::default(), &decision(), now()).unwrap();
+        assert_eq!(TimerRoute::Outbox.settled(&load(), &LoadState::default(), &decision(), now()), Ok(vec![]));
         let got: Vec<(String, String, bool, usize)> = settled
             .iter()
             .map(|(e, d)| (e.event_id.to_string(), d.decider.clone(), d.filtered, d.actions.len()))
@@ -170,15 +172,16 @@ mod tests {
     /// the outbox refuses a taken key.
     #[test]
     fn a_reused_timer_key_is_refused() {
-        let first = settled(&load(), &LoadState::default(), &decision(), now()).unwrap();
+        let settled = |state: &LoadState| TimerRoute::WithDecision.settled(&load(), state, &decision(), now());
+        let first = settled(&LoadState::default()).unwrap();
         let mut records = vec![];
         for (e, d) in &first {
             records.extend(Record::appended(records.len() as u64, e, d, now()));
         }
         let mut state = project(&records);
-        assert_eq!(settled(&load(), &state, &decision(), now()), Err(SET.to_owned()));
+        assert_eq!(settled(&state), Err(SET.to_owned()));
         // The first one new, the second taken: still refused, by the second's key.
         state.processed.remove(&first[0].0.event_id);
-        assert_eq!(settled(&load(), &state, &decision(), now()), Err(CANCEL.to_owned()));
+        assert_eq!(settled(&state), Err(CANCEL.to_owned()));
     }
 }

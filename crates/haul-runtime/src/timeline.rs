@@ -132,7 +132,8 @@ mod tests {
         ];
         let d = Decision::new(&ping.event_id, at, "sop", actions, vec![], "ask");
         let mut records = Record::appended(0, &ping, &d, at).to_vec();
-        let (mut outcome, noop) = timers::settled(&load, &LoadState::default(), &d, at).unwrap().remove(0);
+        let (mut outcome, noop) =
+            timers::TimerRoute::WithDecision.settled(&load, &LoadState::default(), &d, at).unwrap().remove(0);
         if let EventBody::ActionOutcome(o) = &mut outcome.body {
             o.receipt = Some(receipt.to_owned());
         }

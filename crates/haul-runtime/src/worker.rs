@@ -16,7 +16,7 @@ use haul_core::disposition::{self, Disposition, End, Finish, Happened, Message, 
 use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
-use haul_core::timers::{self, TimerRoute};
+use haul_core::timers::TimerRoute;
 use haul_core::validate::validate_decision;
 use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
@@ -410,7 +410,10 @@ impl Worker {
                 return Ok((Happened::DuplicateActionKey(key), None));
             }
         };
-        let (entries, outbox) = match rows(&msg.load_id, route, event, &p.decision, &settled) {
+        // The run's event and decision, then each settled timer's outcome and noop.
+        let pairs: Vec<(&InboundEvent, &Decision)> =
+            std::iter::once((event, &p.decision)).chain(settled.iter().map(|(e, d)| (e, d))).collect();
+        let (entries, outbox) = match rows(&msg.load_id, route, &pairs) {
             Ok(r) => r,
             Err(e) => return Ok((Happened::Unencodable(e), None)),
         };
@@ -426,9 +429,8 @@ impl Worker {
                     return Ok((Happened::AnswerLost, None));
                 }
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
-                let Prepared { state, decision, version, now } = *p;
-                let pairs = std::iter::once((event, &decision)).chain(settled.iter().map(|(e, d)| (e, d)));
-                let records = Record::appended_all(version, pairs, now);
+                let records = Record::appended_all(p.version, pairs, p.now);
+                let Prepared { state, decision, .. } = *p;
                 let committed = Committed { before: state, decision, records };
                 return Ok((Happened::Appended { with_ack }, Some(committed)));
             }
@@ -646,20 +648,19 @@ fn settle_timers(
     for r in Record::appended(p.version, event, &p.decision, p.now) {
         after.apply(&r);
     }
-    timers::settled(load, &after, &p.decision, p.now)
+    route.settled(load, &after, &p.decision, p.now)
 }
 
-/// The log entries and the outbox rows of one run: the event, its decision (with the
-/// timers it writes in the append), then each settled timer's outcome and noop.
+/// The log entries and the outbox rows of one run from its events and decisions (the
+/// run's own, then each settled timer's outcome and noop): a row for each action the
+/// append does not carry out itself, and the timers it does in its decision's delta.
 fn rows(
     load: &LoadId,
     route: TimerRoute,
-    event: &InboundEvent,
-    d: &Decision,
-    settled: &[(InboundEvent, Decision)],
+    pairs: &[(&InboundEvent, &Decision)],
 ) -> Result<(Vec<NewEntry>, Vec<NewOutboxRow>), String> {
-    let mut entries = Vec::with_capacity(2 + 2 * settled.len());
-    for (e, d) in std::iter::once((event, d)).chain(settled.iter().map(|(e, d)| (e, d))) {
+    let mut entries = Vec::with_capacity(2 * pairs.len());
+    for &(e, d) in pairs {
         let decision = serde_json::to_value(d).map_err(|e| format!("cannot encode the decision: {e}"))?;
         let mut derived = Derived::of_decision(d);
         derived.timers = route.writes(load, d);
@@ -677,8 +678,8 @@ fn rows(
             derived,
         });
     }
-    let mut outbox = Vec::with_capacity(d.actions.len());
-    for a in d.actions.iter().filter(|a| !route.in_append(a)) {
+    let mut outbox = Vec::new();
+    for a in pairs.iter().flat_map(|(_, d)| &d.actions).filter(|a| !route.in_append(a)) {
         let action = serde_json::to_value(a).map_err(|e| format!("cannot encode action {}: {e}", a.key))?;
         outbox.push(NewOutboxRow { id: a.key.clone(), action_type: a.action_type(), action });
     }
