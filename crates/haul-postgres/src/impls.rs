@@ -349,10 +349,11 @@ impl TimerStore for PgStore {
     async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError> {
         let (load_id, _, _) = timer_id.parts();
         let client = self.client().await?;
+        let (timers, loads, fire_at) = ([timer_id.as_str()], [load_id.as_str()], [to_ms(fire_at)]);
         let n = client
             .execute(
-                &client.prepare_cached(TIMER_SCHEDULE).await.map_err(pg)?,
-                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(fire_at), &to_ms(now)],
+                &client.prepare_cached(TIMERS_SCHEDULE_ALL).await.map_err(pg)?,
+                &[&&timers[..], &&loads[..], &&fire_at[..], &to_ms(now)],
             )
             .await
             .map_err(pg)?;
@@ -362,17 +363,15 @@ impl TimerStore for PgStore {
     async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
         let (load_id, _, _) = timer_id.parts();
         let client = self.client().await?;
-        // A cancel that arrives before its schedule leaves a canceled row behind, so the
-        // late schedule is a noop. The upsert's WHERE makes it change only a scheduled
-        // timer; a fired or canceled one stays as it is.
-        let row = client
-            .query_opt(
-                &client.prepare_cached(TIMER_CANCEL).await.map_err(pg)?,
-                &[&timer_id.as_str(), &load_id.as_str(), &to_ms(now)],
+        let (timers, loads) = ([timer_id.as_str()], [load_id.as_str()]);
+        let n = client
+            .execute(
+                &client.prepare_cached(TIMERS_CANCEL_ALL).await.map_err(pg)?,
+                &[&&timers[..], &&loads[..], &to_ms(now)],
             )
             .await
             .map_err(pg)?;
-        Ok(row.is_some())
+        Ok(n == 1)
     }
 
     async fn mark_fired(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {

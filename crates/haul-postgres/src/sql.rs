@@ -164,21 +164,17 @@ pub const OUTBOX_COUNT_DEAD: &str = "SELECT count(*) FROM outbox WHERE status = 
 // ---------------------------------------------------------------------------------
 // Timers.
 
-/// `$1` timer, `$2` load, `$3` fire at, `$4` now.
-pub const TIMER_SCHEDULE: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at)
-     VALUES ($1, $2, $3, 'scheduled', $4) ON CONFLICT (timer_id) DO NOTHING";
-/// `$1` timer, `$2` load, `$3` now.
-pub const TIMER_CANCEL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
-     VALUES ($1, $2, 0, 'canceled', $3, $3)
-     ON CONFLICT (timer_id) DO UPDATE SET status = 'canceled', canceled_at = $3 WHERE timers.status = 'scheduled'
-     RETURNING timer_id";
-/// An append's schedules (`TimerRoute::WithDecision`), as `TIMER_SCHEDULE` each: `$1`
-/// timers, `$2` their loads, `$3` their fire_at, `$4` now.
+/// Timers scheduled: `TimerStore::schedule` (one) and an append's schedules
+/// (`TimerRoute::WithDecision`). Idempotent on the timer id. `$1` timers, `$2` their
+/// loads, `$3` their fire_at, `$4` now.
 pub const TIMERS_SCHEDULE_ALL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at)
      SELECT t, l, f, 'scheduled', $4 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS s(t, l, f)
      ON CONFLICT (timer_id) DO NOTHING";
-/// An append's cancels, as `TIMER_CANCEL` each (the timers distinct): `$1` timers, `$2`
-/// their loads, `$3` now.
+/// Timers canceled: `TimerStore::cancel` (one) and an append's cancels (the timers
+/// distinct). A cancel that arrives before its schedule leaves a canceled row behind,
+/// so the late schedule is a noop; the upsert's WHERE changes only a scheduled timer
+/// (a fired or canceled one stays as it is), so a row counts when this canceled it.
+/// `$1` timers, `$2` their loads, `$3` now.
 pub const TIMERS_CANCEL_ALL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, canceled_at)
      SELECT t, l, 0, 'canceled', $3, $3 FROM unnest($1::text[], $2::text[]) AS s(t, l)
      ON CONFLICT (timer_id) DO UPDATE SET status = 'canceled', canceled_at = $3 WHERE timers.status = 'scheduled'";

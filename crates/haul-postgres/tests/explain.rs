@@ -134,6 +134,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let entry_ids = vec!["e1", "dec:e1"];
     let keys = vec![key];
     let (loads, nows) = (vec![l], vec![now]);
+    let (timers, fire_ats) = (vec![timer], vec![later]);
     let seqs = vec![3i64, 4];
     let texts = vec!["x", "y"];
     let (pending, empty, hero) = ("pending", "", "create_hero_task");
@@ -173,8 +174,8 @@ async fn every_hot_query_is_served_by_an_index() {
         case("ops alerts page", OPS_ALERT_PAGE, vec![&zero, &key, &limit]),
         case("count pending", OUTBOX_COUNT_PENDING, vec![]),
         case("count dead (/metrics)", OUTBOX_COUNT_DEAD, vec![]),
-        case("timer schedule", TIMER_SCHEDULE, vec![&timer, &l, &later, &now]),
-        case("timer cancel", TIMER_CANCEL, vec![&timer, &l, &now]),
+        case("timer schedule", TIMERS_SCHEDULE_ALL, vec![&timers, &loads, &fire_ats, &now]),
+        case("timer cancel", TIMERS_CANCEL_ALL, vec![&timers, &loads, &now]),
         case("timer mark_fired", TIMER_MARK_FIRED, vec![&timer, &now]),
         case("timers due", TIMERS_DUE, vec![&later, &limit]),
         case("timers_for_load", TIMERS_FOR_LOAD, vec![&l]),
