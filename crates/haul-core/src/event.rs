@@ -120,6 +120,10 @@ pub enum OperatorCommand {
     /// The dead row `outbox_id` (with the rest of its requeue chain) leaves the
     /// operators' inbox: nothing more is to be done about it, for the reason given.
     Dismiss { outbox_id: String },
+    /// The SMS `message_sid` an operator assigned to this load is load `to_load`'s
+    /// (a wrong assignment undone): the asks it answered here are unanswered again
+    /// and take their next step, as if their timers had fired.
+    UnassignSms { message_sid: String, to_load: LoadId },
 }
 
 impl OperatorCommand {
@@ -129,6 +133,7 @@ impl OperatorCommand {
             OperatorCommand::AssignSms { .. } => "assign_sms",
             OperatorCommand::ResolveAsk { .. } => "resolve_ask",
             OperatorCommand::Dismiss { .. } => "dismiss",
+            OperatorCommand::UnassignSms { .. } => "unassign_sms",
         }
     }
 }
@@ -448,12 +453,7 @@ fn validate_operator_action(op: &OperatorAction) -> Result<(), BadInput> {
             }
         }
         OperatorCommand::AssignSms { message_sid, from, body } => {
-            if !crate::ids::is_message_sid(message_sid) {
-                return Err(BadInput::new(
-                    "bad_message_sid",
-                    format!("MessageSid {:?} is not a Twilio message id", clip(message_sid)),
-                ));
-            }
+            validate_message_sid(message_sid)?;
             validate_text("from", from, MAX_SMS_FROM_CHARS)?;
             if from.is_empty() {
                 return Err(BadInput::new("bad_payload", "assign_sms from is empty"));
@@ -463,7 +463,18 @@ fn validate_operator_action(op: &OperatorAction) -> Result<(), BadInput> {
         OperatorCommand::Dismiss { outbox_id } => {
             validate_text("outbox_id", outbox_id, crate::ids::MAX_DERIVED_ID_LEN)?;
         }
+        OperatorCommand::UnassignSms { message_sid, .. } => validate_message_sid(message_sid)?,
         OperatorCommand::ResolveAsk { .. } => {}
+    }
+    Ok(())
+}
+
+fn validate_message_sid(message_sid: &str) -> Result<(), BadInput> {
+    if !crate::ids::is_message_sid(message_sid) {
+        return Err(BadInput::new(
+            "bad_message_sid",
+            format!("MessageSid {:?} is not a Twilio message id", clip(message_sid)),
+        ));
     }
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! What cannot be done is a noop decision that says why, never an error: the event
 //! is in the log either way.
 
-use crate::action::{Action, ActionKind};
+use crate::action::{Action, ActionKind, Urgency};
 use crate::decision::{AskChange, AskStatus, Decision, InboxChange, InboxState};
 use crate::event::{InboundEvent, InboundSms, OperatorAction, OperatorCommand};
 use crate::ids::{LoadId, TimerId, ask_action_key, event_action_key};
@@ -118,7 +118,67 @@ pub fn decide(load: &LoadId, state: &LoadState, event: &InboundEvent, op: &Opera
             let why = format!("{by}: {ask_id} closed by hand at step {}", ask.step);
             Decision::new(&event.event_id, now, OPERATOR_DECIDER, actions, vec![change], why)
         }
+        OperatorCommand::UnassignSms { message_sid, to_load } => {
+            if to_load == load {
+                return noop(format!("refused: SMS {message_sid} cannot move to the load it is on"));
+            }
+            let Some(assigned_by) = state.assigned_sms_by.get(message_sid) else {
+                return noop(format!("refused: SMS {message_sid} was not assigned to load {load} by an operator"));
+            };
+            let why = format!("{by}: SMS {message_sid} is load {to_load}'s, not this load's");
+            unassign(load, state, event, assigned_by, now, why)
+        }
     }
+}
+
+/// The decision that takes the SMS an operator assigned here (by `assigned_by`) away
+/// to `to_load`. The asks it answered are unanswered again: the driver of this load
+/// never replied to them. They go to a person (a Hero task each, the ask escalated)
+/// rather than to the SOP's next step, because the person who moved the SMS is the one
+/// who knows whether to ask again, and the next step's timing is a client policy the
+/// operator's rules do not read. What the SMS made here (a Hero task) went out already.
+fn unassign(
+    load: &LoadId,
+    state: &LoadState,
+    event: &InboundEvent,
+    assigned_by: &crate::ids::EventId,
+    now: Timestamp,
+    why: String,
+) -> Decision {
+    let answered: Vec<_> = state
+        .asks
+        .values()
+        .filter(|a| a.status == AskStatus::Answered && a.answered_by.as_ref() == Some(assigned_by))
+        .collect();
+    let mut actions = vec![];
+    let mut asks = vec![];
+    for ask in &answered {
+        let step = ask.step + 1;
+        let kind = ActionKind::CreateHeroTask {
+            title: format!("ETA answer withdrawn on load {load}"),
+            body: format!(
+                "{why}. It answered {} here, so this load's driver has not answered it: call them.",
+                ask.ask_id
+            ),
+            urgency: Urgency::Urgent,
+        };
+        actions.push(Action {
+            key: ask_action_key(load, &ask.ask_id, step, kind.action_type().as_str()),
+            kind,
+            ask_id: Some(ask.ask_id.clone()),
+            step: Some(step),
+            requeue_of: None,
+        });
+        asks.push(AskChange { ask_id: ask.ask_id.clone(), step, status: AskStatus::Escalated });
+    }
+    let undone = if answered.is_empty() {
+        "it answered no ask here".to_owned()
+    } else {
+        let ids: Vec<&str> = answered.iter().map(|a| a.ask_id.as_str()).collect();
+        format!("{} unanswered again, to a person", ids.join(", "))
+    };
+    let why = format!("{why}: {undone}");
+    Decision::new(&event.event_id, now, OPERATOR_DECIDER, actions, asks, why)
 }
 
 #[cfg(test)]
@@ -126,7 +186,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::action::{ActionType, Urgency};
+    use crate::action::ActionType;
     use crate::decision::DECISION_RECORDED;
     use crate::event::EventBody;
     use crate::ids::{AskId, EventId};
@@ -290,6 +350,10 @@ mod tests {
         ]
     }
 
+    const ASK: &str = "ask:eta_request:p";
+    const TIMER_1: &str = "481207/ask:eta_request:p/1/cancel_timer";
+    const HERO_2: &str = "481207/ask:eta_request:p/2/create_hero_task";
+
     fn state_of(entries: &[(String, &'static str, serde_json::Value)]) -> LoadState {
         let borrowed: Vec<(&str, &str, serde_json::Value)> =
             entries.iter().map(|(id, kind, p)| (id.as_str(), *kind, p.clone())).collect();
@@ -422,5 +486,72 @@ mod tests {
         );
         let sms = json!({"from": PHONE, "body": "ETA 9:15"});
         check(&state(&[load_update(), ask("open", 1), ("sms:SM1", "inbound_sms", sms)]), assign(PHONE, "x"), &[], &[]);
+    }
+
+    /// An SMS assigned here by mistake and moved to its load: the ask it answered goes
+    /// to a person, once; an SMS the webhook routed here, or one not here, is refused.
+    #[test]
+    fn unassigned_sms_hands_its_answered_asks_to_a_person() {
+        let assign = OperatorCommand::AssignSms { message_sid: "SM1".into(), from: PHONE.into(), body: "ETA 9".into() };
+        let unassign = |sid: &str, to: &str| OperatorCommand::UnassignSms {
+            message_sid: sid.into(),
+            to_load: LoadId::parse(to).unwrap(),
+        };
+        let mut log: Vec<(String, &'static str, serde_json::Value)> =
+            [load_update(), ask("open", 1)].into_iter().map(|(id, kind, p)| (id.to_owned(), kind, p)).collect();
+        let answered = check(
+            &state_of(&log),
+            assign.clone(),
+            &[(TIMER_1, ActionType::CancelTimer)],
+            &[(ASK, AskStatus::Answered)],
+        );
+        log.extend(appended("r1", assign.clone(), &answered));
+        let s = state_of(&log);
+        assert_eq!(s.asks.values().next().unwrap().answered_by.as_ref().map(|e| e.as_str()), Some("op:r1"));
+
+        let d = check(
+            &s,
+            unassign("SM1", "481208"),
+            &[(HERO_2, ActionType::CreateHeroTask)],
+            &[(ASK, AskStatus::Escalated)],
+        );
+        assert!(d.rationale.contains("SMS SM1 is load 481208's") && d.rationale.contains(ASK), "{}", d.rationale);
+        let ActionKind::CreateHeroTask { body, .. } = &d.actions[0].kind else { unreachable!() };
+        assert!(body.contains("call them"), "{body}");
+        for (command, why) in [
+            (unassign("SM1", LOAD), "cannot move to the load it is on"),
+            (unassign("SM2", "481208"), "was not assigned to load 481207 by an operator"),
+        ] {
+            let d = check(&s, command, &[], &[]);
+            assert!(d.rationale.contains(why), "{}", d.rationale);
+        }
+        let mut moved = log.clone();
+        moved.extend(appended("r1", unassign("SM1", "481208"), &d));
+        let after = state_of(&moved);
+        assert!(!after.has_sms("SM1") && after.assigned_sms_by.is_empty());
+        let again = check(&after, unassign("SM1", "481208"), &[], &[]);
+        assert!(again.rationale.contains("was not assigned"), "{}", again.rationale);
+        // Assigned back: the SMS is this load's again and the SOP takes it (no ask is open now).
+        let back = check(&after, assign, &[("481207/op:r1/create_hero_task", ActionType::CreateHeroTask)], &[]);
+        assert!(back.rationale.contains("SMS SM1 is this load's"), "{}", back.rationale);
+
+        // The webhook routed it here: not an operator's to move; an SMS that answered nothing moves alone.
+        let sms = json!({"from": PHONE, "body": "ETA 9"});
+        let routed = state(&[load_update(), ask("open", 1), ("sms:SM1", "inbound_sms", sms)]);
+        check(&routed, unassign("SM1", "481208"), &[], &[]);
+        let mut idle: Vec<_> = vec![(String::from("load:init"), "load_update", load_update().2)];
+        let rule5 = check(
+            &state_of(&idle),
+            OperatorCommand::AssignSms { message_sid: "SM1".into(), from: PHONE.into(), body: "hi".into() },
+            &[("481207/op:r1/create_hero_task", ActionType::CreateHeroTask)],
+            &[],
+        );
+        idle.extend(appended(
+            "r1",
+            OperatorCommand::AssignSms { message_sid: "SM1".into(), from: PHONE.into(), body: "hi".into() },
+            &rule5,
+        ));
+        let d = check(&state_of(&idle), unassign("SM1", "481208"), &[], &[]);
+        assert!(d.rationale.ends_with("it answered no ask here"), "{}", d.rationale);
     }
 }

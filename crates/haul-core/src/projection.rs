@@ -26,6 +26,10 @@ pub struct OpenAsk {
     /// `decided_at` of the decision that took the current step: the timer anchor.
     pub step_decided_at: Timestamp,
     pub status: AskStatus,
+    /// The event whose decision answered it, while it stays answered: what an
+    /// operator's `unassign_sms` finds to undo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_by: Option<EventId>,
 }
 
 impl OpenAsk {
@@ -69,6 +73,9 @@ pub struct LoadState {
     /// handled once however many requests assign it.
     #[serde(default)]
     pub assigned_sms: BTreeSet<String>,
+    /// The operator event that assigned each of `assigned_sms` here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub assigned_sms_by: BTreeMap<String, EventId>,
     /// Dead rows taken out of the operators' inbox, and how (handled or dismissed);
     /// a dead row not here is open.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -127,8 +134,18 @@ impl LoadState {
                 }
             }
             EventBody::OperatorAction(op) => {
-                if let OperatorCommand::AssignSms { message_sid, .. } = &op.command {
-                    self.assigned_sms.insert(message_sid.clone());
+                match &op.command {
+                    OperatorCommand::AssignSms { message_sid, .. } => {
+                        self.assigned_sms.insert(message_sid.clone());
+                        self.assigned_sms_by.insert(message_sid.clone(), event_id.clone());
+                    }
+                    // The SMS is another load's now: assigned here again later, it is
+                    // handled again.
+                    OperatorCommand::UnassignSms { message_sid, .. } => {
+                        self.assigned_sms.remove(message_sid);
+                        self.assigned_sms_by.remove(message_sid);
+                    }
+                    _ => {}
                 }
             }
             EventBody::LocationPing(_) | EventBody::InboundSms(_) | EventBody::TimerFired(_) => {}
@@ -196,12 +213,14 @@ impl LoadState {
                 opened_at: d.decided_at,
                 step_decided_at: d.decided_at,
                 status: change.status,
+                answered_by: None,
             });
             if ask.step != change.step {
                 ask.step = change.step;
                 ask.step_decided_at = d.decided_at;
             }
             ask.status = change.status;
+            ask.answered_by = (change.status == AskStatus::Answered).then(|| d.event_id.clone());
         }
     }
 }

@@ -12,8 +12,8 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms};
 use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
     delivery_row, inbox_alert_row, inbox_sms_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
-    parse_receipt, queue_message_row, record_row, shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_route,
-    sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
+    parse_receipt, queue_message_row, record_row, shadow_params, shadow_row, sms_assignment, sms_dismissal,
+    sms_move_step, sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -22,7 +22,8 @@ use haul_store::{
     AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
     NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError,
     QueueMessage, RecordedDelivery, RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment,
-    SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
+    SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
+    outbox_key_load,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -630,6 +631,46 @@ impl LoadIndex for PgStore {
             Some(row) => sms_assignment(&PgRow(&row), load_id, event_id),
             None => Ok(SmsAssignment::NotFound),
         }
+    }
+
+    async fn move_assigned_sms(
+        &self,
+        message_sid: &str,
+        to: &LoadId,
+        event_id: &str,
+        now: Timestamp,
+    ) -> Result<SmsMove, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        // The row's lock first: a racing move of the same SMS (a retry of this request
+        // too) waits here, then sees the move the other committed.
+        let Some(row) = tx
+            .query_opt(&tx.prepare_cached(UNMATCHED_SMS_LOCK).await.map_err(pg)?, &[&message_sid])
+            .await
+            .map_err(pg)?
+        else {
+            return Ok(SmsMove::NotFound);
+        };
+        let before = tx
+            .query_opt(&tx.prepare_cached(SMS_MOVED_BEFORE).await.map_err(pg)?, &[&message_sid, &event_id])
+            .await
+            .map_err(pg)?;
+        let moved_before: Option<String> = before.map(|r| col(&r, 0)).transpose()?;
+        let (from, sms) = match sms_move_step(&PgRow(&row), moved_before.as_deref(), to, event_id)? {
+            Ok(answer) => return Ok(answer),
+            Err(moving) => moving,
+        };
+        let now = to_ms(now);
+        tx.execute(
+            &tx.prepare_cached(UNMATCHED_SMS_MOVE).await.map_err(pg)?,
+            &[&message_sid, &to.as_str(), &event_id, &now],
+        )
+        .await
+        .map_err(pg)?;
+        let record = tx.prepare_cached(SMS_MOVE_RECORD).await.map_err(pg)?;
+        tx.execute(&record, &[&message_sid, &event_id, &from.as_str(), &to.as_str(), &now]).await.map_err(pg)?;
+        tx.commit().await.map_err(pg)?;
+        Ok(SmsMove::Moved { from, sms })
     }
 
     async fn unmatched_sms(&self, limit: usize) -> Result<Vec<UnmatchedSms>, StoreError> {

@@ -372,6 +372,20 @@ pub const UNMATCHED_SMS_ASSIGNED: &str = concat!(
     columns!(unmatched_sms),
     ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = $1"
 );
+/// The SMS and whose it is, locked for a move: `$1` sid.
+pub const UNMATCHED_SMS_LOCK: &str = concat!(
+    "SELECT ",
+    columns!(unmatched_sms),
+    ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = $1 FOR UPDATE"
+);
+/// The load this operator event moved the SMS from, if it did: `$1` sid, `$2` event.
+pub const SMS_MOVED_BEFORE: &str = "SELECT from_load FROM sms_moves WHERE message_sid = $1 AND event_id = $2";
+/// Moves the SMS (locked) to another load: `$1` sid, `$2` load, `$3` event, `$4` now.
+pub const UNMATCHED_SMS_MOVE: &str =
+    "UPDATE unmatched_sms SET assigned_load = $2, assigned_event = $3, assigned_at = $4 WHERE message_sid = $1";
+/// Keeps the move by its event: `$1` sid, `$2` event, `$3` from, `$4` to, `$5` now.
+pub const SMS_MOVE_RECORD: &str =
+    "INSERT INTO sms_moves (message_sid, event_id, from_load, to_load, moved_at) VALUES ($1, $2, $3, $4, $5)";
 /// The newest first: `$1` limit.
 pub const UNMATCHED_SMS_LIST: &str = concat!(
     "SELECT ",

@@ -575,6 +575,7 @@ mod tests {
                 opened_at: at(n),
                 step_decided_at: at(n),
                 status,
+                answered_by: None,
             };
             state.asks.insert(ask_id, ask);
             let seen = OutcomeSeen { status: OutcomeStatus::Delivered, event_id: format!("evt:{n}"), at: at(n) };

@@ -18,7 +18,8 @@ use haul_core::ids::{AskId, EventId, LoadId, check_request_id};
 use haul_core::time::Timestamp;
 use haul_core::{BadInput, EventBody, InboundEvent};
 use haul_store::{
-    EdgeStore, OutboxRow, OutboxStatus, Published, RequestClaim, SmsAssignment, SmsDismissal, Store, StoreError,
+    EdgeStore, OutboxRow, OutboxStatus, Published, RequestClaim, SmsAssignment, SmsDismissal, SmsMove, Store,
+    StoreError, UnmatchedSms,
 };
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +54,8 @@ pub enum OperatorError {
     NoSuchSms(String),
     #[error("SMS {message_sid} was assigned to load {load_id} by {event_id} already")]
     SmsAssigned { message_sid: String, load_id: LoadId, event_id: String },
+    #[error("SMS {0} is not assigned to a load: assign it instead")]
+    SmsNotAssigned(String),
     #[error("SMS {message_sid} was dismissed by {by}: it goes to no load")]
     SmsDismissed { message_sid: String, by: String },
     #[error("request id {request_id} was already used for another operator action on load {load_id}")]
@@ -72,6 +75,7 @@ impl OperatorError {
             OperatorError::NoSuchSms(_) => "no_such_sms",
             OperatorError::SmsAssigned { .. } => "sms_assigned",
             OperatorError::SmsDismissed { .. } => "sms_dismissed",
+            OperatorError::SmsNotAssigned(_) => "sms_not_assigned",
             OperatorError::RequestIdReused { .. } => "request_id_reused",
             OperatorError::Store(_) => "store_unavailable",
         }
@@ -82,9 +86,10 @@ impl OperatorError {
         match self {
             OperatorError::BadInput(_) => 400,
             OperatorError::NoSuchRow(_) | OperatorError::NoSuchLoad(_) | OperatorError::NoSuchSms(_) => 404,
-            OperatorError::NotDead { .. } | OperatorError::SmsAssigned { .. } | OperatorError::SmsDismissed { .. } => {
-                409
-            }
+            OperatorError::NotDead { .. }
+            | OperatorError::SmsAssigned { .. }
+            | OperatorError::SmsDismissed { .. }
+            | OperatorError::SmsNotAssigned(_) => 409,
             OperatorError::RequestIdReused { .. } => 422,
             OperatorError::Store(_) => 503,
         }
@@ -154,18 +159,41 @@ async fn publish(
     request_id: &str,
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
-    let reused =
-        || OperatorError::RequestIdReused { request_id: request_id.to_owned(), load_id: event.load_id.clone() };
-    let claimed = claim(store, event, now).await?;
-    if claimed == RequestClaim::Other {
-        return Err(reused());
+    let claimed = claim_request(store, event, request_id, now).await?;
+    publish_claimed(queue, event, claimed, request_id, now).await
+}
+
+/// [`claim`], refused when the request id was used for another action on the load.
+async fn claim_request(
+    store: &dyn EdgeStore,
+    event: &InboundEvent,
+    request_id: &str,
+    now: Timestamp,
+) -> Result<RequestClaim, OperatorError> {
+    match claim(store, event, now).await? {
+        RequestClaim::Other => Err(reused(request_id, &event.load_id)),
+        claimed => Ok(claimed),
     }
+}
+
+fn reused(request_id: &str, load_id: &LoadId) -> OperatorError {
+    OperatorError::RequestIdReused { request_id: request_id.to_owned(), load_id: load_id.clone() }
+}
+
+/// [`publish`] of an event the store took (`claimed`) already.
+async fn publish_claimed(
+    queue: &EventQueue,
+    event: &InboundEvent,
+    claimed: RequestClaim,
+    request_id: &str,
+    now: Timestamp,
+) -> Result<Queued, OperatorError> {
     let status = match queue.publish(event, now).await? {
         Published::New if claimed == RequestClaim::New => "queued",
         // A queue that cannot tell (SQS FIFO): the store could.
         Published::New => "duplicate",
         Published::Duplicate => match queue.published_event(&event.load_id, &event.event_id).await? {
-            Some(first) if first != *event => return Err(reused()),
+            Some(first) if first != *event => return Err(reused(request_id, &event.load_id)),
             _ => "duplicate",
         },
     };
@@ -247,6 +275,84 @@ pub async fn assign_sms(
     let command = OperatorCommand::AssignSms { message_sid: sms.message_sid, from: sms.from, body: sms.body };
     let event = event(load_id, &event_id, who, command)?;
     publish(store, queue, &event, &who.request_id, now).await
+}
+
+/// What a reassignment published: the assignment on the load the SMS is moved to,
+/// and the undoing on the load it was taken from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reassigned {
+    #[serde(flatten)]
+    pub to: Queued,
+    pub from: Queued,
+}
+
+/// Moves the SMS `message_sid`, assigned to a load by mistake, to `load_id`: that load
+/// takes it as its `inbound_sms` (like an assignment), and the load it came from gets
+/// an `unassign_sms` (its asks the SMS answered go to a person). One event id, the
+/// request's, on both loads; a retry publishes both again.
+pub async fn reassign_sms(
+    store: &dyn Store,
+    queue: &EventQueue,
+    who: &Requester,
+    message_sid: &str,
+    load_id: &LoadId,
+    now: Timestamp,
+) -> Result<Reassigned, OperatorError> {
+    let event_id = EventId::operator(&who.request_id)?;
+    if !haul_core::ids::is_message_sid(message_sid) {
+        return Err(BadInput::new("bad_message_sid", "MessageSid is not of the form [A-Za-z0-9]{1,64}").into());
+    }
+    let unassign = |from: &LoadId| {
+        let command = OperatorCommand::UnassignSms { message_sid: message_sid.into(), to_load: load_id.clone() };
+        event(from, &event_id, who, command)
+    };
+    let assign = |sms: &UnmatchedSms| {
+        let command = OperatorCommand::AssignSms {
+            message_sid: sms.message_sid.clone(),
+            from: sms.from.clone(),
+            body: sms.body.clone(),
+        };
+        event(load_id, &event_id, who, command)
+    };
+    let sid = || message_sid.to_owned();
+    // Checked before the SMS moves, so a bad actor or reason moves nothing.
+    unassign(load_id)?;
+    load_exists(store, load_id).await?;
+    let found = store.unmatched_sms_one(message_sid).await?.ok_or_else(|| OperatorError::NoSuchSms(sid()))?;
+    // Both events taken before the move: a request id used before on either load is
+    // refused with the SMS where it was. (Held by `load_id` already: a retry, whose
+    // events were taken by its first try, or a refusal the move gives.)
+    let mut claims = None;
+    if let Some(holder) = found.assigned_load.as_ref().filter(|l| *l != load_id) {
+        let (old, new) = (unassign(holder)?, assign(&found.sms)?);
+        let old_claim = claim_request(store, &old, &who.request_id, now).await?;
+        claims = Some((holder.clone(), old_claim, claim_request(store, &new, &who.request_id, now).await?));
+    }
+    let (from, sms) = match store.move_assigned_sms(message_sid, load_id, event_id.as_str(), now).await? {
+        SmsMove::Moved { from, sms } => (from, sms),
+        SmsMove::NotFound => return Err(OperatorError::NoSuchSms(sid())),
+        SmsMove::Unassigned => return Err(OperatorError::SmsNotAssigned(sid())),
+        SmsMove::Held { event_id } => {
+            return Err(OperatorError::SmsAssigned { message_sid: sid(), load_id: load_id.clone(), event_id });
+        }
+        SmsMove::Taken { load_id, event_id } => {
+            return Err(OperatorError::SmsAssigned { message_sid: sid(), load_id, event_id });
+        }
+        SmsMove::Dismissed { by } => return Err(OperatorError::SmsDismissed { message_sid: sid(), by }),
+    };
+    let (old, new) = (unassign(&from)?, assign(&sms)?);
+    let (old_claim, new_claim) = match claims {
+        Some((holder, old_claim, new_claim)) if holder == from => (old_claim, new_claim),
+        // A retry, or another move came between the read and this one.
+        _ => (
+            claim_request(store, &old, &who.request_id, now).await?,
+            claim_request(store, &new, &who.request_id, now).await?,
+        ),
+    };
+    // The old load first: were the new one told and this not, the SMS would count on both.
+    let from = publish_claimed(queue, &old, old_claim, &who.request_id, now).await?;
+    let to = publish_claimed(queue, &new, new_claim, &who.request_id, now).await?;
+    Ok(Reassigned { to, from })
 }
 
 /// Takes the dead row `outbox_id` (and the rest of its requeue chain) out of the

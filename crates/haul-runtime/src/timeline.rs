@@ -90,7 +90,9 @@ fn item<'a>(carried: &HashMap<&str, Carried<'a>>, r: &'a Record) -> Item<'a> {
 pub fn target(command: &OperatorCommand) -> &str {
     match command {
         OperatorCommand::Requeue { outbox_id, .. } => outbox_id,
-        OperatorCommand::AssignSms { message_sid, .. } => message_sid,
+        OperatorCommand::AssignSms { message_sid, .. } | OperatorCommand::UnassignSms { message_sid, .. } => {
+            message_sid
+        }
         OperatorCommand::ResolveAsk { ask_id } => ask_id.as_str(),
         OperatorCommand::Dismiss { outbox_id } => outbox_id,
     }

@@ -714,6 +714,51 @@ async fn an_sms_id_out_of_form_is_refused() {
     assert_eq!(e.unwrap_err().code(), "sms_dismissed");
 }
 
+/// An SMS an operator assigned to the wrong load, moved to the right one: both loads
+/// asked their driver; the right one's ask is answered by it, and the wrong one's ask
+/// (answered by it before) goes to a person with an urgent Hero task.
+#[tokio::test]
+async fn a_moved_sms_answers_the_right_load_and_hands_the_wrong_ones_ask_to_a_person() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    rig.asked("L2").await;
+    let sms = haul_store::UnmatchedSms {
+        message_sid: "SM7".into(),
+        from: DRIVER.into(),
+        to: "+15555550000".into(),
+        body: "ETA 10:30".into(),
+        received_at: rig.now(),
+        reason: "2 active loads have this driver phone".into(),
+    };
+    rig.store.record_unmatched_sms(&sms).await.unwrap();
+    let ask = |id: &str| AskId::parse(id).unwrap();
+    let status = |state: &LoadState| -> &'static str { state.asks[&ask("ask:eta_request:ping_0700")].status.as_str() };
+    let state = |l: &'static str| {
+        let rig = &rig;
+        async move { haul_core::projection::project(&rig.log(l).await) }
+    };
+    operator::assign_sms(&*rig.store, &rig.events(), &requester("a1"), "SM7", &load("L1"), rig.now()).await.unwrap();
+    rig.settle(&rig.worker()).await;
+    assert_eq!(status(&state("L1").await), "answered");
+
+    let (events, who, to) = (rig.events(), requester("m1"), load("L2"));
+    let moved = operator::reassign_sms(&*rig.store, &events, &who, "SM7", &to, rig.now()).await.unwrap();
+    assert_eq!((moved.from.load_id.as_str(), moved.to.load_id.as_str()), ("L1", "L2"));
+    rig.settle(&rig.worker()).await;
+    let (l1, l2) = (state("L1").await, state("L2").await);
+    assert_eq!((status(&l1), status(&l2)), ("escalated", "answered"));
+    assert!(!l1.has_sms("SM7") && l2.has_sms("SM7"));
+    let hero = rig.row("L1", "create_hero_task").await;
+    assert_eq!(hero.id, "L1/ask:eta_request:ping_0700/2/create_hero_task");
+    assert_eq!(hero.action["params"]["urgency"], "urgent", "{}", hero.action);
+    // The retry publishes nothing new and decides nothing twice.
+    let again = operator::reassign_sms(&*rig.store, &events, &who, "SM7", &to, rig.now()).await.unwrap();
+    assert_eq!((again.from.status, again.to.status), ("duplicate", "duplicate"));
+    rig.settle(&rig.worker()).await;
+    assert_eq!(rig.rows("L1").await.iter().filter(|r| r.action_type == ActionType::CreateHeroTask).count(), 1);
+    assert_eq!(state("L1").await.version, l1.version);
+}
+
 /// A rig whose loads each asked their driver by SMS, and whose SMS service refused
 /// each for good: one dead `send_sms` row a load, its failed outcome decided.
 async fn with_dead_sms(loads: &[&str]) -> Rig {

@@ -80,6 +80,7 @@ pub const ROUTES: &[Route] = &[
     api("POST", "/v1/operator/requeue", true, true, || post(crate::operator::requeue)),
     api("POST", "/v1/operator/bulk-requeue", true, true, || post(crate::operator::bulk_requeue)),
     api("POST", "/v1/operator/assign-sms", true, true, || post(crate::operator::assign_sms)),
+    api("POST", "/v1/operator/reassign-sms", true, true, || post(crate::operator::reassign_sms)),
     api("POST", "/v1/operator/resolve-ask", true, true, || post(crate::operator::resolve_ask)),
     api("POST", "/v1/operator/dismiss", true, true, || post(crate::operator::dismiss)),
     api("POST", "/v1/operator/dismiss-sms", true, true, || post(crate::operator::dismiss_sms)),

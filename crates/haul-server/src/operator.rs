@@ -115,6 +115,51 @@ pub(crate) async fn assign_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>
     answer(&s, &who, "assign_sms", q, b.wait_s).await
 }
 
+/// Moves an SMS assigned to the wrong load to `load_id` (the same body as an
+/// assignment): 202 with the new load's event and, under `from`, the old load's
+/// `unassign_sms`; with `wait_s`, each load's decision (`decision`, `from.decision`).
+pub(crate) async fn reassign_sms(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    ApiBody(body): ApiBody,
+) -> Response {
+    let b: AssignSmsBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if let Some(r) = refused_wait(b.wait_s) {
+        return r;
+    }
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let r = match operator::reassign_sms(s.store.as_ref(), &s.queue, &who, &b.message_sid, &b.load_id, s.clock.now())
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return refused(e),
+    };
+    info!(action = "reassign_sms", actor = %who.actor, request_id = %who.request_id, load_id = %r.to.load_id, from_load_id = %r.from.load_id, event_id = %r.to.event_id, status = r.to.status, "operator action");
+    let status = if r.to.is_new() || r.from.is_new() {
+        if let Some(w) = &s.wake_worker {
+            w.notify_one();
+        }
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    let mut body = serde_json::to_value(&r).unwrap_or_default();
+    if let Some(wait_s) = b.wait_s {
+        let wait = std::time::Duration::from_secs(wait_s);
+        let store = s.store.as_ref();
+        let (to, from) = tokio::join!(
+            operator::decided(store, &r.to.load_id, r.to.event_id.as_str(), wait),
+            operator::decided(store, &r.from.load_id, r.from.event_id.as_str(), wait)
+        );
+        body["decision"] = serde_json::to_value(&to).unwrap_or_default();
+        body["from"]["decision"] = serde_json::to_value(&from).unwrap_or_default();
+    }
+    (status, axum::Json(body)).into_response()
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ResolveAskBody {

@@ -260,6 +260,63 @@ async fn an_unmatched_sms_is_assigned_to_one_load_once(backend: Backend) {
     assert_eq!(api.store.depth().await.unwrap(), 1);
 }
 
+/// An SMS assigned to the wrong load moves to the right one: the old load is told
+/// (`unassign_sms`), then the new one takes it (`assign_sms`), under one request id; a
+/// retry answers `duplicate` for both, and what cannot move is refused with nothing
+/// published.
+async fn an_assigned_sms_is_moved_to_the_right_load(backend: Backend) {
+    let api = api(backend).await;
+    let form = [("From", "+15555550100"), ("To", "+15555550000"), ("Body", "ETA 9:15"), ("MessageSid", "SMm1")];
+    assert_eq!(api.twilio(&form).await.0, StatusCode::OK);
+    for load in ["L1", "L2", "L3"] {
+        rows(&api, load, "p", &[]).await;
+    }
+    let path = "/v1/operator/reassign-sms";
+    let body = |request: &str, load: &str| with(who(request), json!({"message_sid": "SMm1", "load_id": load}));
+    // Not assigned yet: an assignment is what it needs.
+    check(api.post_as(Some(OPERATOR), path, &body("m0", "L2")).await, StatusCode::CONFLICT, "sms_not_assigned");
+    check(
+        api.post_as(Some(OPERATOR), "/v1/operator/assign-sms", &body("a1", "L1")).await,
+        StatusCode::ACCEPTED,
+        "queued",
+    );
+    assert_eq!(api.store.depth().await.unwrap(), 1);
+    check(api.post_as(Some(TOKEN), path, &body("m1", "L2")).await, StatusCode::FORBIDDEN, "operator_token_required");
+    check(api.post_as(Some(OPERATOR), path, &body("m1", "L9")).await, StatusCode::NOT_FOUND, "no_such_load");
+    check(api.post_as(Some(OPERATOR), path, &body("m1", "L1")).await, StatusCode::CONFLICT, "sms_assigned");
+    // The request id a1 was the assignment's on L1: refused before anything moves.
+    check(
+        api.post_as(Some(OPERATOR), path, &body("a1", "L2")).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "request_id_reused",
+    );
+    assert_eq!(api.store.depth().await.unwrap(), 1, "nothing published by a refusal");
+
+    let v = check(api.post_as(Some(OPERATOR), path, &body("m1", "L2")).await, StatusCode::ACCEPTED, "queued");
+    assert_eq!((v["load_id"].as_str(), v["event_id"].as_str()), (Some("L2"), Some("op:m1")), "{v}");
+    assert_eq!(v["from"], json!({"load_id": "L1", "event_id": "op:m1", "status": "queued"}), "{v}");
+    let old = published(&api, "L1", "op:m1").await;
+    assert_eq!(old["command"], json!({"type": "unassign_sms", "message_sid": "SMm1", "to_load": "L2"}));
+    let new = published(&api, "L2", "op:m1").await;
+    assert_eq!(
+        new["command"],
+        json!({"type": "assign_sms", "message_sid": "SMm1", "from": "+15555550100", "body": "ETA 9:15"})
+    );
+    assert_eq!(api.store.depth().await.unwrap(), 3);
+    let v = check(api.post_as(Some(OPERATOR), path, &body("m1", "L2")).await, StatusCode::OK, "duplicate");
+    assert_eq!(v["from"]["status"], "duplicate", "{v}");
+    // Moved once more, from where it is now; the first request's retry moves nothing.
+    let v = check(api.post_as(Some(OPERATOR), path, &body("m2", "L3")).await, StatusCode::ACCEPTED, "queued");
+    assert_eq!(v["from"]["load_id"], "L2", "{v}");
+    check(api.post_as(Some(OPERATOR), path, &body("m1", "L2")).await, StatusCode::CONFLICT, "sms_assigned");
+    assert_eq!(api.store.depth().await.unwrap(), 5);
+    let none = with(who("m3"), json!({"message_sid": "SMnone", "load_id": "L1"}));
+    check(api.post_as(Some(OPERATOR), path, &none).await, StatusCode::NOT_FOUND, "no_such_sms");
+    let no_reason = with(body("m4", "L1"), json!({"reason": ""}));
+    check(api.post_as(Some(OPERATOR), path, &no_reason).await, StatusCode::BAD_REQUEST, "bad_payload");
+    assert_eq!(api.store.depth().await.unwrap(), 5);
+}
+
 async fn resolve_ask_refuses_a_load_with_no_records(backend: Backend) {
     let api = api(backend).await;
     let path = "/v1/operator/resolve-ask";
@@ -446,5 +503,6 @@ on_both_backends!(
     operator_actions_on_the_ingestion_route_need_an_operator_token,
     bulk_requeue_is_bounded_and_its_dry_run_publishes_nothing,
     an_unmatched_sms_is_assigned_to_one_load_once,
+    an_assigned_sms_is_moved_to_the_right_load,
     resolve_ask_refuses_a_load_with_no_records,
 );

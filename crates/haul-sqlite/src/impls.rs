@@ -16,8 +16,8 @@ use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, inbox_alert_row, inbox_sms_row,
     load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row,
-    shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_route, sms_route_load, timer_row, type_count_row,
-    unmatched_sms_row, unsettled_row,
+    shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row,
+    type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -26,7 +26,7 @@ use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
     Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
-    RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsRoute, StaleClaimError,
+    RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError,
     StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
@@ -1173,6 +1173,57 @@ impl LoadIndex for SqliteStore {
                     Some(row) => sms_assignment(&SqliteRow(row), &load_id, &event_id),
                     None => Ok(SmsAssignment::NotFound),
                 }
+            })
+            .await
+    }
+
+    async fn move_assigned_sms(
+        &self,
+        message_sid: &str,
+        to: &LoadId,
+        event_id: &str,
+        now: Timestamp,
+    ) -> Result<SmsMove, StoreError> {
+        let (sid, to, event_id, now) = (message_sid.to_owned(), to.clone(), event_id.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let moved_before: Option<String> = conn
+                    .prepare_cached("SELECT from_load FROM sms_moves WHERE message_sid = ?1 AND event_id = ?2")
+                    .and_then(|mut st| st.query_row(params![sid, event_id], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                let step = {
+                    let mut stmt = conn
+                        .prepare_cached(concat!(
+                            "SELECT ",
+                            columns!(unmatched_sms),
+                            ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = ?1"
+                        ))
+                        .map_err(db)?;
+                    let mut found = stmt.query([&sid]).map_err(db)?;
+                    match found.next().map_err(db)? {
+                        Some(row) => sms_move_step(&SqliteRow(row), moved_before.as_deref(), &to, &event_id)?,
+                        None => Ok(SmsMove::NotFound),
+                    }
+                };
+                let (from, sms) = match step {
+                    Ok(answer) => return Ok(answer),
+                    Err(moving) => moving,
+                };
+                exec(
+                    conn,
+                    "UPDATE unmatched_sms SET assigned_load = ?2, assigned_event = ?3, assigned_at = ?4
+                     WHERE message_sid = ?1",
+                    params![sid, to.as_str(), event_id, now],
+                )
+                .map_err(db)?;
+                exec(
+                    conn,
+                    "INSERT INTO sms_moves (message_sid, event_id, from_load, to_load, moved_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![sid, event_id, from.as_str(), to.as_str(), now],
+                )
+                .map_err(db)?;
+                Ok(SmsMove::Moved { from, sms })
             })
             .await
     }

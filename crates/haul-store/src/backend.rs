@@ -26,8 +26,8 @@ use serde_json::Value;
 use crate::{
     AlertState, AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary,
     NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery,
-    ShadowDecision, SmsAssignment, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled,
-    is_key_of_load, ops::ConflictLoad, ops::InboxAlert, ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
+    ShadowDecision, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms,
+    Unsettled, is_key_of_load, ops::ConflictLoad, ops::InboxAlert, ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
 };
 
 // ---------------------------------------------------------------------------------
@@ -465,6 +465,39 @@ pub fn sms_assignment(r: &dyn Columns, load_id: &LoadId, event_id: &str) -> Resu
         },
         _ => Err(CorruptRowError::value("assigned_load", "set without its event").into()),
     }
+}
+
+/// What a move of an assigned SMS to `to` by `event_id` does, from the SMS's row
+/// (`columns!(unmatched_sms), assigned_load, assigned_event, dismissed_by`, read under
+/// the write's lock) and the load this event moved it from before, if it did: answer
+/// now, or move it (the SMS) from the load that holds it. One rule for every backend.
+pub fn sms_move_step(
+    r: &dyn Columns,
+    moved_before: Option<&str>,
+    to: &LoadId,
+    event_id: &str,
+) -> Result<Result<SmsMove, (LoadId, UnmatchedSms)>, StoreError> {
+    let sms = unmatched_sms_row(r)?;
+    let holder = match (r.opt_string(6)?, r.opt_string(7)?) {
+        (Some(l), Some(e)) => Some((parse_load_id(&l)?, e)),
+        (None, None) => None,
+        _ => return Err(CorruptRowError::value("assigned_load", "set without its event").into()),
+    };
+    if let Some(from) = moved_before {
+        return Ok(Ok(match holder {
+            Some((l, e)) if l == *to && e == event_id => SmsMove::Moved { from: parse_load_id(from)?, sms },
+            Some((load_id, event_id)) => SmsMove::Taken { load_id, event_id },
+            None => return Err(CorruptRowError::value("assigned_load", "NULL after a move").into()),
+        }));
+    }
+    Ok(match holder {
+        Some((l, event_id)) if l == *to => Ok(SmsMove::Held { event_id }),
+        Some((from, _)) => Err((from, sms)),
+        None => Ok(match r.opt_string(8)? {
+            Some(by) => SmsMove::Dismissed { by },
+            None => SmsMove::Unassigned,
+        }),
+    })
 }
 
 /// The route a `message_sids` row names by its `load_id` (NULL: unmatched).

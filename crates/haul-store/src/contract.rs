@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::{
     AlertState, AppendError, Claim, ClaimCursor, ClaimError, InboxAlert, InboxCounts, InboxMark, NewEntry,
     NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, ShadowCursor, ShadowDecision, SidClaim,
-    SmsAssignment, SmsDismissal, SmsRoute, Store, TimerStatus, UnmatchedSms,
+    SmsAssignment, SmsDismissal, SmsMove, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -75,6 +75,8 @@ macro_rules! contract_tests {
             racing_claims_of_one_message_sid_have_one_winner,
             an_unmatched_sms_is_assigned_to_one_load_by_one_event,
             racing_assignments_of_one_sms_have_one_winner,
+            an_assigned_sms_moves_once_per_event,
+            racing_moves_of_one_sms_take_turns,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
             a_received_message_carries_its_loads_log_version,
@@ -1102,6 +1104,67 @@ pub async fn an_unmatched_sms_is_assigned_to_one_load_by_one_event(s: DynStore) 
     let second = s.assign_unmatched_sms("SM2", &load("L2"), "op:r3", at(8)).await.unwrap();
     assert_eq!(second, SmsAssignment::Assigned(unmatched("SM2", 2)));
     assert_eq!(s.unmatched_sms(10).await.unwrap().len(), 2);
+}
+
+pub async fn an_assigned_sms_moves_once_per_event(s: DynStore) {
+    let mv = |to: &str, event: &str, t: u64| {
+        let (s, to, event) = (s.clone(), load(to), event.to_owned());
+        async move { s.move_assigned_sms("SM1", &to, &event, at(t)).await.unwrap() }
+    };
+    assert_eq!(mv("L2", "op:m1", 1).await, SmsMove::NotFound);
+    s.record_unmatched_sms(&unmatched("SM1", 1)).await.unwrap();
+    assert_eq!(mv("L2", "op:m1", 2).await, SmsMove::Unassigned);
+    s.assign_unmatched_sms("SM1", &load("L1"), "op:r1", at(3)).await.unwrap();
+    assert_eq!(mv("L1", "op:m1", 4).await, SmsMove::Held { event_id: "op:r1".into() });
+    let moved = SmsMove::Moved { from: load("L1"), sms: unmatched("SM1", 1) };
+    assert_eq!(mv("L2", "op:m1", 5).await, moved);
+    // A retry finds its own move, and where from; the SMS is the new load's.
+    assert_eq!(mv("L2", "op:m1", 6).await, moved);
+    let taken = SmsAssignment::Taken { load_id: load("L2"), event_id: "op:m1".into() };
+    assert_eq!(s.assign_unmatched_sms("SM1", &load("L1"), "op:r1", at(7)).await.unwrap(), taken);
+    // Moved on by another request: a late retry of the first moves nothing.
+    assert_eq!(mv("L3", "op:m2", 8).await, SmsMove::Moved { from: load("L2"), sms: unmatched("SM1", 1) });
+    assert_eq!(mv("L2", "op:m1", 9).await, SmsMove::Taken { load_id: load("L3"), event_id: "op:m2".into() });
+    assert_eq!(mv("L3", "op:m3", 10).await, SmsMove::Held { event_id: "op:m2".into() });
+    // A dismissed SMS goes to no load.
+    s.record_unmatched_sms(&unmatched("SM2", 2)).await.unwrap();
+    s.dismiss_unmatched_sms("SM2", "ops1", "spam", at(3)).await.unwrap();
+    let dismissed = s.move_assigned_sms("SM2", &load("L2"), "op:m4", at(11)).await.unwrap();
+    assert_eq!(dismissed, SmsMove::Dismissed { by: "ops1".into() });
+}
+
+/// Moves of one SMS to different loads at once: each is taken in turn, and each one's
+/// `from` is the load the one before left it on, so every load it passed through is
+/// told once.
+pub async fn racing_moves_of_one_sms_take_turns(s: DynStore) {
+    s.record_unmatched_sms(&unmatched("SMmv", 1)).await.unwrap();
+    s.assign_unmatched_sms("SMmv", &load("L0"), "op:r0", at(1)).await.unwrap();
+    let movers = 6;
+    let barrier = Arc::new(tokio::sync::Barrier::new(movers));
+    let mut tasks = Vec::new();
+    for c in 1..=movers {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let to = load(&format!("L{c}"));
+            (to.clone(), s.move_assigned_sms("SMmv", &to, &format!("op:m{c}"), at(2)).await.unwrap())
+        }));
+    }
+    let mut froms = Vec::new();
+    let mut tos = std::collections::BTreeSet::new();
+    for t in tasks {
+        let (to, got) = t.await.unwrap();
+        let SmsMove::Moved { from, .. } = got else { panic!("{to}: {got:?}") };
+        froms.push(from);
+        tos.insert(to);
+    }
+    // A chain from L0: every from is L0 or a load moved to, each once.
+    let mut seen = std::collections::BTreeSet::new();
+    for f in &froms {
+        assert!(f.as_str() == "L0" || tos.contains(f), "{froms:?}");
+        assert!(seen.insert(f.clone()), "{f} left twice: {froms:?}");
+    }
+    assert!(seen.contains(&load("L0")), "{froms:?}");
 }
 
 pub async fn racing_assignments_of_one_sms_have_one_winner(s: DynStore) {

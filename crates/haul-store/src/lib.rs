@@ -838,6 +838,24 @@ pub enum SmsAssignment {
     Dismissed { by: String },
 }
 
+/// What [`LoadIndex::move_assigned_sms`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SmsMove {
+    /// The SMS is the new load's now, by this event, taken from `from` (moved now, or
+    /// by the same event before: a retried request).
+    Moved { from: LoadId, sms: UnmatchedSms },
+    /// Held by the new load already, by another operator event: nothing to move.
+    Held { event_id: String },
+    /// Taken by this event before and moved on since by another.
+    Taken { load_id: LoadId, event_id: String },
+    /// Not assigned to any load: an assignment, not a move, is what it needs.
+    Unassigned,
+    /// No unmatched SMS has this MessageSid.
+    NotFound,
+    /// An operator dismissed it (`by`): it goes to no load.
+    Dismissed { by: String },
+}
+
 /// Where the Twilio webhook sent an inbound SMS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SmsRoute {
@@ -894,6 +912,18 @@ pub trait LoadIndex: Send + Sync {
         event_id: &str,
         now: Timestamp,
     ) -> Result<SmsAssignment, StoreError>;
+
+    /// Moves the SMS `message_sid`, assigned to a load, to `to` for the operator event
+    /// `event_id` (a wrong assignment undone), keeping the load it came from. A retry
+    /// (same load, same event) finds it moved by itself and where from, so the old
+    /// load is told again; racing moves are taken one after the other.
+    async fn move_assigned_sms(
+        &self,
+        message_sid: &str,
+        to: &LoadId,
+        event_id: &str,
+        now: Timestamp,
+    ) -> Result<SmsMove, StoreError>;
 }
 
 // ---------------------------------------------------------------------------------

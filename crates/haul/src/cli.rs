@@ -468,6 +468,22 @@ pub enum OperatorCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Move an SMS assigned to the wrong load to the right one: the wrong load's asks
+    /// it answered go to a person (a Hero task), and the right load takes it.
+    ReassignSms {
+        /// The SMS's MessageSid.
+        message_sid: String,
+        /// The load that takes it now.
+        #[arg(long)]
+        load: String,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Take a dead row (with the rest of its requeue chain) out of the inbox:
     /// nothing more is to be done about it, for the reason given (kept in the log).
     Dismiss {

@@ -37,6 +37,32 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
             let q = operator::assign_sms(store.as_ref(), &queue, &who, &message_sid, &load, SystemClock.now()).await;
             queued(store.as_ref(), q, json, &format!("assignment of SMS {message_sid}"), wait).await
         }
+        OperatorCommand::ReassignSms { message_sid, load, who, settings, json } => {
+            let load = LoadId::parse(&load).map_err(|e| anyhow::anyhow!("--load: {}", e.message))?;
+            let (store, queue) = open(&settings).await?;
+            let (who, wait) = requester(who);
+            let r = match operator::reassign_sms(store.as_ref(), &queue, &who, &message_sid, &load, SystemClock.now())
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => return refused(e, json),
+            };
+            if json {
+                let (mut to, mut from) = (None, None);
+                if !wait.is_zero() {
+                    to = operator::decided(store.as_ref(), &r.to.load_id, r.to.event_id.as_str(), wait).await;
+                    from = operator::decided(store.as_ref(), &r.from.load_id, r.from.event_id.as_str(), wait).await;
+                }
+                let mut answer = serde_json::to_value(&r)?;
+                answer["decision"] = serde_json::to_value(&to)?;
+                answer["from"]["decision"] = serde_json::to_value(&from)?;
+                say(serde_json::to_string_pretty(&answer)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let what = format!("SMS {message_sid} taken back (load {} has it now)", r.to.load_id);
+            queued(store.as_ref(), Ok(r.from), false, &what, wait).await?;
+            queued(store.as_ref(), Ok(r.to), false, &format!("assignment of SMS {message_sid}"), wait).await
+        }
         OperatorCommand::ResolveAsk { load_id, ask_id, who, settings, json } => {
             let load = LoadId::parse(&load_id).map_err(|e| anyhow::anyhow!("LOAD_ID: {}", e.message))?;
             let ask = AskId::parse(&ask_id).map_err(|e| anyhow::anyhow!("ASK_ID: {}", e.message))?;

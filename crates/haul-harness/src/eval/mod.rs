@@ -488,6 +488,11 @@ impl Run {
                     let q = ops::assign_sms(store, &self.queue, &op.who, message_sid, load, now).await;
                     q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?
                 }
+                OperatorAsk::ReassignSms { message_sid, load } => {
+                    let r = ops::reassign_sms(store, &self.queue, &op.who, message_sid, load, now).await;
+                    let r = r.map_err(|e| e.to_string())?;
+                    vec![(r.from.load_id, r.from.event_id.to_string()), (r.to.load_id, r.to.event_id.to_string())]
+                }
                 OperatorAsk::ResolveAsk { load, ask_id } => {
                     let q = ops::resolve_ask(store, &self.queue, &op.who, load, ask_id, now).await;
                     q.map(|q| vec![(q.load_id, q.event_id.to_string())]).map_err(|e| e.to_string())?

@@ -112,6 +112,7 @@ pub enum OperatorAsk {
     Requeue { outbox_id: String },
     BulkRequeue { filter: haul_runtime::operator::DeadFilter, dry_run: bool },
     AssignSms { message_sid: String, load: LoadId },
+    ReassignSms { message_sid: String, load: LoadId },
     ResolveAsk { load: LoadId, ask_id: haul_core::ids::AskId },
     Dismiss { outbox_id: String },
     DismissSms { message_sid: String },
@@ -350,12 +351,14 @@ fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) 
         "requeue" => (&["outbox_id"], &["outbox_id"]),
         "bulk_requeue" => (&["action_type", "since", "limit", "dry_run"], &["action_type", "since"]),
         "assign_sms" => (&["message_sid", "load"], &["message_sid"]),
+        "reassign_sms" => (&["message_sid", "load"], &["message_sid", "load"]),
         "resolve_ask" => (&["ask_id", "load"], &["ask_id"]),
         "dismiss" => (&["outbox_id"], &["outbox_id"]),
         "dismiss_sms" => (&["message_sid"], &["message_sid"]),
         other => {
             return Err(format!(
-                "action {other:?} is not requeue, bulk_requeue, assign_sms, resolve_ask, dismiss or dismiss_sms"
+                "action {other:?} is not requeue, bulk_requeue, assign_sms, reassign_sms, resolve_ask, dismiss or \
+                 dismiss_sms"
             ));
         }
     };
@@ -386,6 +389,9 @@ fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) 
         }
         "assign_sms" => {
             OperatorAsk::AssignSms { message_sid: op.message_sid.clone().unwrap_or_default(), load: load()? }
+        }
+        "reassign_sms" => {
+            OperatorAsk::ReassignSms { message_sid: op.message_sid.clone().unwrap_or_default(), load: load()? }
         }
         "resolve_ask" => {
             let ask_id = op.ask_id.as_deref().unwrap_or_default();

@@ -80,6 +80,7 @@ pub const CONSOLE_ROUTES: &[(&str, &str, Handler)] = &[
     ("GET", "/console/timers", || get(timers)),
     ("GET", "/console/unmatched", || get(unmatched)),
     ("POST", "/console/unmatched/assign", || post(assign_sms)),
+    ("POST", "/console/unmatched/reassign", || post(reassign_sms)),
     ("POST", "/console/unmatched/dismiss", || post(dismiss_sms)),
     ("GET", "/console/alerts", || get(alerts)),
     ("GET", "/console/assets/console.css", || get(|| async { asset("text/css; charset=utf-8", CSS) })),
@@ -791,6 +792,43 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
             let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::NOT_FOUND);
             let mut ids = new_request_id;
             html(status, pages::assign_refused(&ctx, &e.to_string(), sid, &who.reason, &loads, &mut ids))
+        }
+        Err(e) => refused_page(&ctx, &e),
+    }
+}
+
+/// Moves an SMS assigned to the wrong load: the page says both halves, the old load
+/// told first, and what the new load decided.
+async fn reassign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+    let form = Form::parse(&body).unwrap_or(Form(vec![]));
+    let (session, key) = match acting(&s, &headers, &form).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
+    let back = [("/console/unmatched".into(), "Unmatched SMS")];
+    let load = match LoadId::parse(form.get("load_id")) {
+        Ok(l) => l,
+        Err(e) => return html(StatusCode::BAD_REQUEST, pages::refused(&ctx, &e.message, &back)),
+    };
+    let who = requester(&session, &form);
+    let sid = form.get("message_sid");
+    match operator::reassign_sms(s.store.as_ref(), &s.queue, &who, sid, &load, s.clock.now()).await {
+        Ok(r) => {
+            let text = format!(
+                "SMS {sid} {} from load {} to load {} as event {}: load {}'s asks it answered go to a person.",
+                if r.to.is_new() { "moved" } else { "was moved already" },
+                r.from.load_id,
+                r.to.load_id,
+                r.to.event_id,
+                r.from.load_id,
+            );
+            if r.from.is_new() {
+                wake(&s);
+            }
+            let mut back = back.to_vec();
+            back.push((format!("/console/loads/{}", html::seg(r.from.load_id.as_str())), "Open the load it left"));
+            acted(&s, &ctx, &who, "reassign_sms", &r.to, "Moved", text, &back).await
         }
         Err(e) => refused_page(&ctx, &e),
     }

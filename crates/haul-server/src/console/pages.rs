@@ -1100,7 +1100,21 @@ pub fn unmatched(
                 (None, None) => String::new(),
             },
         );
-        if ctx.operator() && entry.inbox.state != InboxState::Open {
+        if let (true, Some(_)) = (ctx.operator(), &entry.assigned_load) {
+            // Assigned by mistake: moved to the right load (the wrong one's asks it
+            // answered go to a person).
+            let _ = write!(
+                body,
+                "<td data-label=\"Assign to a load\"><form method=\"post\" action=\"/console/unmatched/reassign\">{}{}\
+                 <input type=\"hidden\" name=\"message_sid\" value=\"{}\">\
+                 <label for=\"move-{i}\">Move to load</label> <input id=\"move-{i}\" name=\"load_id\" required \
+                 maxlength=\"64\"> {} <button type=\"submit\">Move</button></form></td>",
+                ctx.hidden(),
+                request_field(&new_request()),
+                esc(&u.message_sid),
+                reason_field(&format!("m{i}")),
+            );
+        } else if ctx.operator() && entry.inbox.state != InboxState::Open {
             body.push_str("<td data-label=\"Assign to a load\">–</td>");
         } else if ctx.operator() {
             let options: String = loads.iter().map(|l| format!("<option value=\"{}\">", esc(l.as_str()))).collect();
@@ -1468,5 +1482,36 @@ mod tests {
         let page = unmatched(&ctx, &[], Ok(&unmatched_rows), &[], &mut ids);
         assert!(!page.contains("/console/unmatched/assign") && !page.contains("/console/unmatched/dismiss"), "{page}");
         assert!(!dead(&ctx, &[], Ok(&dead_rows), &mut ids, t).contains("/console/dead/dismiss"));
+    }
+
+    /// Each SMS offers what can be done with it: an open one an assignment, an
+    /// assigned one a move to another load, a dismissed one nothing.
+    #[test]
+    fn an_sms_offers_what_can_be_done_with_it() {
+        let (s, key) = session(Role::Operator);
+        let ctx = Ctx { session: &s, csrf: s.csrf(&key), inbox: None };
+        let mut ids = || "console-1".to_string();
+        let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let sms = UnmatchedSms {
+            message_sid: "SM1".into(),
+            from: "+15555550100".into(),
+            to: "+15555550000".into(),
+            body: "ETA 9".into(),
+            received_at: t,
+            reason: "r".into(),
+        };
+        let handled = InboxMark { state: InboxState::Handled, by: Some("op:a1".into()), at: Some(t) };
+        let dismissed = InboxMark { state: InboxState::Dismissed, by: Some("ana".into()), at: Some(t) };
+        for (inbox, assigned, offers) in [
+            (InboxMark::OPEN, None, Some("/console/unmatched/assign")),
+            (handled, Some(LoadId::parse("L1").unwrap()), Some("/console/unmatched/reassign")),
+            (dismissed, None, None),
+        ] {
+            let entry = InboxSms { sms: sms.clone(), inbox, assigned_load: assigned, dismissed_reason: None };
+            let page = unmatched(&ctx, &[], Ok(&QueryPage { rows: vec![entry], next: None, now: t }), &[], &mut ids);
+            for form in ["/console/unmatched/assign", "/console/unmatched/reassign"] {
+                assert_eq!(page.contains(form), offers == Some(form), "{form}: {page}");
+            }
+        }
     }
 }
