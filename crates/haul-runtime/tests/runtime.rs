@@ -744,6 +744,7 @@ async fn a_moved_sms_answers_the_right_load_and_hands_the_wrong_ones_ask_to_a_pe
     let (events, who, to) = (rig.events(), requester("m1"), load("L2"));
     let moved = operator::reassign_sms(&*rig.store, &events, &who, "SM7", &to, rig.now()).await.unwrap();
     assert_eq!((moved.from.load_id.as_str(), moved.to.load_id.as_str()), ("L1", "L2"));
+    assert_eq!((moved.from.status, moved.to.status), ("queued", "queued"));
     rig.settle(&rig.worker()).await;
     let (l1, l2) = (state("L1").await, state("L2").await);
     assert_eq!((status(&l1), status(&l2)), ("escalated", "answered"));
