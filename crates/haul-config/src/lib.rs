@@ -444,6 +444,16 @@ impl ChannelsConfig {
             Channel::Ops => &self.ops,
         }
     }
+
+    pub fn get_mut(&mut self, channel: Channel) -> &mut ChannelConfig {
+        match channel {
+            Channel::Sms => &mut self.sms,
+            Channel::Hero => &mut self.hero,
+            Channel::Slack => &mut self.slack,
+            Channel::Tms => &mut self.tms,
+            Channel::Ops => &mut self.ops,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -455,6 +465,30 @@ pub struct ChannelConfig {
     pub token_env: Option<String>,
     #[serde(with = "opt_duration")]
     pub timeout: Option<Duration>,
+    /// The most the channel's service takes, `N/s`, `N/min` or `N/h` (`haul_core::limit`),
+    /// across every dispatcher; unset: no limit.
+    pub rate: Option<String>,
+    /// Sends at once after a quiet spell, 1 to 10000; unset: 1 (sends evenly spaced).
+    pub burst: Option<i64>,
+}
+
+impl ChannelConfig {
+    /// The send limit `rate` and `burst` make, or what is wrong with them (the
+    /// message names the setting under `channels.{name}`).
+    pub fn limit(&self, name: &str) -> anyhow::Result<Option<haul_core::limit::Limit>> {
+        let Some(rate) = &self.rate else {
+            if self.burst.is_some() {
+                bail!("channels.{name}.burst is set without channels.{name}.rate: a burst of what rate?");
+            }
+            return Ok(None);
+        };
+        let rate = haul_core::limit::Rate::parse(rate).map_err(|e| anyhow::anyhow!("channels.{name}.rate: {e}"))?;
+        let burst = self.burst.unwrap_or(1);
+        let burst = u32::try_from(burst).map_err(|_| {
+            anyhow::anyhow!("channels.{name}.burst: {burst} is not 1 to {}", haul_core::limit::MAX_BURST)
+        })?;
+        haul_core::limit::Limit::new(rate, burst).map(Some).map_err(|e| anyhow::anyhow!("channels.{name}.burst: {e}"))
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -546,14 +580,20 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
 ];
 
 /// The settings of each channel, `channels.{config name}.{setting}` for every channel.
-const CHANNEL_SETTINGS: [&str; 3] = ["url", "token_env", "timeout"];
+const CHANNEL_SETTINGS: [(&str, Kind); 5] = [
+    ("url", Kind::Text),
+    ("token_env", Kind::Text),
+    ("timeout", Kind::Text),
+    ("rate", Kind::Text),
+    ("burst", Kind::Int),
+];
 
 /// The setting `HAUL_{name}` sets, and its kind.
 /// Every setting a variable can set: [`ENV_SETTINGS`] and each channel's.
 fn env_settings() -> impl Iterator<Item = (String, Kind)> {
     let channels = Channel::ALL
         .into_iter()
-        .flat_map(|c| CHANNEL_SETTINGS.map(|s| (format!("channels.{}.{s}", c.config_name()), Kind::Text)));
+        .flat_map(|c| CHANNEL_SETTINGS.map(|(s, k)| (format!("channels.{}.{s}", c.config_name()), k)));
     ENV_SETTINGS.iter().map(|(p, k)| (p.to_string(), *k)).chain(channels)
 }
 
@@ -903,6 +943,8 @@ impl Config {
             _ if path.starts_with("channels.") && path.ends_with(".url") => Some(format!("record mode for {name}")),
             _ if path.starts_with("channels.") && path.ends_with(".token_env") => Some("no token".into()),
             _ if path.starts_with("channels.") && path.ends_with(".timeout") => Some("5s".into()),
+            _ if path.starts_with("channels.") && path.ends_with(".rate") => Some("no limit".into()),
+            _ if path.starts_with("channels.") && path.ends_with(".burst") => Some("1".into()),
             _ if path.starts_with("clients.") => {
                 let p = EtaPolicy::default();
                 Some(match path.rsplit('.').next().unwrap_or_default() {
@@ -1029,6 +1071,7 @@ impl Config {
             if c.timeout.is_some_and(|t| t.is_zero() || t >= self.dispatcher.lease) {
                 bail!("channels.{name}.timeout must be above zero and well inside dispatcher.lease");
             }
+            c.limit(name.config_name())?;
         }
         Ok(())
     }
@@ -1426,6 +1469,37 @@ mod tests {
         assert!(c.check().unwrap_err().to_string().contains("decider.llm.model"));
         c.model = Some("m".into());
         c.check().unwrap();
+    }
+
+    /// A send limit in a bad form is refused at start, naming the setting; a good one
+    /// reads as a limit.
+    #[test]
+    fn a_send_limit_in_a_bad_form_names_the_setting() {
+        for (toml, says) in [
+            ("rate = \"fast\"", "channels.sms.rate: \"fast\" is not a rate"),
+            ("rate = \"0/s\"", "channels.sms.rate: \"0/s\" allows no send"),
+            ("rate = \"1/s\"\nburst = -1", "channels.sms.burst: -1 is not 1 to 10000"),
+            ("rate = \"1/s\"\nburst = 0", "channels.sms.burst: burst 0 is not 1 to 10000"),
+            ("burst = 5", "channels.sms.burst is set without channels.sms.rate"),
+        ] {
+            let e = Config::from_toml(&format!("[channels.sms]\n{toml}")).unwrap_err().to_string();
+            assert!(e.contains(says), "{toml}: {e}");
+        }
+        let c = Config::from_toml("[channels.hero]\nrate = \"12/min\"\nburst = 3").unwrap();
+        let limit = c.channels.hero.limit("hero").unwrap().unwrap();
+        assert_eq!((limit.rate.to_string(), limit.burst), ("12/min".to_owned(), 3));
+        assert_eq!(c.channels.sms.limit("sms").unwrap(), None);
+        assert_eq!(
+            Config::from_toml("[channels.sms]\nrate = \"1/s\"")
+                .unwrap()
+                .channels
+                .sms
+                .limit("sms")
+                .unwrap()
+                .unwrap()
+                .burst,
+            1
+        );
     }
 
     #[test]

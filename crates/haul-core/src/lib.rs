@@ -31,6 +31,7 @@ pub mod event;
 pub mod filter;
 pub mod html;
 pub mod ids;
+pub mod limit;
 pub mod log;
 pub mod mask;
 pub mod operator;

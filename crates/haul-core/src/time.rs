@@ -18,6 +18,17 @@ pub fn from_ms(ms: i64) -> Timestamp {
     Timestamp::from_millisecond(ms).unwrap_or(if ms < 0 { Timestamp::MIN } else { Timestamp::MAX })
 }
 
+/// Microseconds since the epoch: a send rate's state (`crate::limit`), finer than a
+/// millisecond because a fast rate's interval is (50/s is 20 ms, 3/s 333.333 ms).
+pub fn to_us(t: Timestamp) -> i64 {
+    t.as_microsecond()
+}
+
+/// The inverse of [`to_us`], clamped as [`from_ms`] is.
+pub fn from_us(us: i64) -> Timestamp {
+    Timestamp::from_microsecond(us).unwrap_or(if us < 0 { Timestamp::MIN } else { Timestamp::MAX })
+}
+
 /// `t + d`, saturating at the end of time instead of panicking.
 pub fn add(t: Timestamp, d: Duration) -> Timestamp {
     let d = jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);

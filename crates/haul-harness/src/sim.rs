@@ -407,6 +407,7 @@ impl World {
             retry: config.dispatcher.retry.policy(),
             sequential: true,
             jitter_seed: Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
+            limits: haul_core::PerChannel::from_fn(|_| None),
         };
         let q: Arc<dyn LoadQueue> = queue.clone();
         // The second worker and dispatcher take the store's own queue, as `serve` does:

@@ -7,13 +7,15 @@ use haul_core::InboxState;
 use haul_core::action::ActionType;
 use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
+use haul_core::limit::{Grant, Limit};
 use haul_core::projection::Record;
-use haul_core::time::{Timestamp, add, from_ms, to_ms};
+use haul_core::time::{Timestamp, add, from_ms, to_ms, to_us};
 use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
     delivery_row, inbox_alert_row, inbox_sms_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
-    parse_receipt, queue_message_row, record_row, shadow_params, shadow_row, sms_assignment, sms_dismissal,
-    sms_move_step, sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
+    parse_receipt, queue_message_row, record_row, saturated_row, shadow_params, shadow_row, sms_assignment,
+    sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row,
+    unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -21,8 +23,8 @@ use haul_store::ops::{
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
     NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError,
-    QueueMessage, RecordedDelivery, RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment,
-    SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
+    QueueMessage, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim,
+    SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
     outbox_key_load,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
@@ -204,6 +206,14 @@ impl Outbox for PgStore {
             now: to_ms(now),
         };
         self.group.publish_mark(args).await
+    }
+
+    async fn hold(&self, id: &str, token: &str, until: Timestamp, now: Timestamp) -> Result<(), ClaimError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(OUTBOX_HOLD).await.map_err(pg)?;
+        let params: Params = &[&outbox_key_load(id), &id, &token, &to_ms(until), &to_ms(now)];
+        let n = client.execute(&stmt, params).await.map_err(pg)?;
+        if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
     }
 
     async fn mark_failed(
@@ -579,6 +589,28 @@ impl DeliveryLog for PgStore {
             delivery_row,
         )
         .await
+    }
+}
+
+#[async_trait]
+impl SendRates for PgStore {
+    async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let row = tx.query_one(&tx.prepare_cached(SEND_RATE_LOCK).await.map_err(pg)?, &[&key]).await.map_err(pg)?;
+        let tat: i64 = col(&row, 0)?;
+        let grant = haul_core::limit::take(limit, Some(tat), to_us(now), wanted);
+        let held = (grant.granted < wanted).then_some(to_us(now));
+        if grant.tat_us != tat || held.is_some() {
+            let set = tx.prepare_cached(SEND_RATE_SET).await.map_err(pg)?;
+            tx.execute(&set, &[&key, &grant.tat_us, &held]).await.map_err(pg)?;
+        }
+        tx.commit().await.map_err(pg)?;
+        Ok(grant)
+    }
+
+    async fn saturated(&self, since: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        self.query_rows(SEND_RATES_SATURATED, &[&to_us(since)], saturated_row).await
     }
 }
 

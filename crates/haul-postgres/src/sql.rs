@@ -83,6 +83,22 @@ pub const OUTBOX_MARK_DISPATCHED: &str =
 pub const OUTBOX_MARK_RETRY: &str =
     "UPDATE outbox SET attempts = attempts + 1, last_failure = $4, due_at = $5, claim_token = NULL, lease_until = NULL,
      updated_at = $6 WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// A send rate held the row back: `$1` load, `$2` id, `$3` token, `$4` due again at,
+/// `$5` now. No attempt counted; the budget's start forgotten (never sent) or moved on
+/// by the wait.
+pub const OUTBOX_HOLD: &str = "UPDATE outbox SET due_at = $4, claim_token = NULL, lease_until = NULL, updated_at = $5,
+     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + ($4::bigint - $5::bigint) END
+     WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// A send rate's state, made if new and locked for the transaction: `$1` key.
+pub const SEND_RATE_LOCK: &str = "INSERT INTO send_rates (rate_key, tat_us) VALUES ($1, 0)
+     ON CONFLICT (rate_key) DO UPDATE SET rate_key = send_rates.rate_key RETURNING tat_us";
+/// `$1` key, `$2` the next send's theoretical arrival time (µs), `$3` now if rows
+/// were held back (NULL: none were).
+pub const SEND_RATE_SET: &str =
+    "UPDATE send_rates SET tat_us = $2, held_at_us = coalesce($3, held_at_us) WHERE rate_key = $1";
+/// The keys that held rows back since `$1` (µs), most recent first.
+pub const SEND_RATES_SATURATED: &str =
+    "SELECT rate_key, held_at_us FROM send_rates WHERE held_at_us >= $1 ORDER BY held_at_us DESC, rate_key";
 /// `$1` load, `$2` id, `$3` token, `$4` failure, `$5` now.
 pub const OUTBOX_MARK_DEAD: &str =
     "UPDATE outbox SET attempts = attempts + 1, last_failure = $4, status = 'dead', dead_at = $5, lease_until = NULL,

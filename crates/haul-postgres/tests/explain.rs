@@ -160,6 +160,8 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("mark_dispatched", OUTBOX_MARK_DISPATCHED, vec![&l, &key, &token, &token, &now]),
         per_load("mark_failed (retry)", OUTBOX_MARK_RETRY, vec![&l, &key, &token, &token, &later, &now]),
         per_load("mark_failed (bury)", OUTBOX_MARK_DEAD, vec![&l, &key, &token, &token, &now]),
+        per_load("hold (a send rate)", OUTBOX_HOLD, vec![&l, &key, &token, &later, &now]),
+        case("send rate state", SEND_RATE_SET, vec![&key, &now, &now]),
         per_load("outbox get", OUTBOX_GET, vec![&l, &key]),
         per_load("rows_for_load", OUTBOX_FOR_LOAD, vec![&l]),
         per_load("rows_for_load_page", OUTBOX_PAGE, vec![&l, &zero, &key, &limit]),

@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use haul_core::action::{Action, Request};
 use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, Settled};
+use haul_core::limit::Limit;
 use haul_core::time::Timestamp;
-use haul_core::{Clock, QueueMode, RetryPolicy, retry};
+use haul_core::{Channel, Clock, PerChannel, QueueMode, RetryPolicy, Urgency, retry};
 use haul_store::{AlertState, Claim, ClaimCursor, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::channels::{Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
 use crate::faults::{Crash, FaultPoint, Faults, Observed};
@@ -37,6 +38,9 @@ pub struct DispatcherSettings {
     /// Each row's jitter is a function of the seed, its id and its attempt
     /// (`haul_core::retry::jitter`), never of the order its batch's sends ended in.
     pub jitter_seed: Option<u64>,
+    /// Each channel's send limit (`channels.*.rate`, `burst`), shared with every other
+    /// dispatcher through the store: a claimed row past it is held back, not sent.
+    pub limits: PerChannel<Option<Limit>>,
 }
 
 impl DispatcherSettings {
@@ -49,7 +53,14 @@ impl DispatcherSettings {
             retry: config.retry.policy(),
             sequential: false,
             jitter_seed: None,
+            limits: PerChannel::from_fn(|_| None),
         }
+    }
+
+    /// These settings with the channels' send limits of `channels` (checked at start).
+    pub fn with_limits(self, channels: &haul_config::ChannelsConfig) -> Self {
+        let limits = PerChannel::from_fn(|c| channels.get(c).limit(c.config_name()).ok().flatten());
+        DispatcherSettings { limits, ..self }
     }
 }
 
@@ -58,6 +69,11 @@ impl Default for DispatcherSettings {
         // The settings' defaults (`haul_config::DispatcherConfig`) are the one source.
         DispatcherSettings::from_config(&haul_config::DispatcherConfig::default())
     }
+}
+
+/// True for an urgent Hero task: it goes first when its channel's rate binds.
+fn is_urgent(row: &OutboxRow) -> bool {
+    row.action.pointer("/params/urgency").and_then(|u| u.as_str()) == Some(Urgency::Urgent.as_str())
 }
 
 /// How one claimed row ended.
@@ -116,6 +132,12 @@ impl Dispatcher {
         faults: Faults,
     ) -> Self {
         let jitter_seed = settings.jitter_seed.unwrap_or_else(|| fastrand::u64(..));
+        for channel in Channel::ALL {
+            if let Some(limit) = settings.limits.get(channel) {
+                metrics::gauge!("haul_channel_rate_per_second", "channel" => channel.config_name())
+                    .set(limit.rate.per_second());
+            }
+        }
         Dispatcher {
             queue_mode,
             store,
@@ -187,7 +209,44 @@ impl Dispatcher {
         for c in &claims {
             self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
         }
-        Ok(Ok(claims))
+        Ok(Ok(self.admit(claims, now).await?))
+    }
+
+    /// The claims the channels' send limits let go now; the others are held back in
+    /// the store (`Outbox::hold`), due again when their channel's rate allows them,
+    /// with no attempt spent. Within a channel urgent Hero tasks go first, then claim
+    /// order.
+    async fn admit(&self, claims: Vec<Claim>, now: Timestamp) -> Result<Vec<Claim>, StoreError> {
+        let is_limited = |c: &Claim| c.row.action_type.channel().and_then(|ch| *self.settings.limits.get(ch)).is_some();
+        let (limited, mut admitted): (Vec<Claim>, Vec<Claim>) = claims.into_iter().partition(is_limited);
+        for channel in Channel::ALL {
+            let Some(limit) = *self.settings.limits.get(channel) else { continue };
+            let mut rows: Vec<Claim> =
+                limited.iter().filter(|c| c.row.action_type.channel() == Some(channel)).cloned().collect();
+            if rows.is_empty() {
+                continue;
+            }
+            rows.sort_by_key(|c| !is_urgent(&c.row));
+            let grant = self.store.take_sends(channel.config_name(), &limit, rows.len() as u32, now).await?;
+            let held = rows.split_off(grant.granted as usize);
+            let untils = haul_core::limit::held_until_us(&grant, &limit, held.len());
+            // How far ahead the last held row is due: the channel's backlog, in time.
+            let backlog_us = haul_core::limit::backlog_us(&untils, haul_core::time::to_us(now));
+            metrics::gauge!("haul_channel_held_backlog_seconds", "channel" => channel.config_name())
+                .set(Duration::from_micros(backlog_us as u64).as_secs_f64());
+            for (c, until) in held.iter().zip(untils) {
+                let until = haul_core::time::from_us(until);
+                match self.store.hold(&c.row.id, &c.token, until, now).await {
+                    Ok(()) | Err(ClaimError::Stale(_)) => {}
+                    // Its lease lapses and it is claimed again: held all the same.
+                    Err(ClaimError::Store(e)) => warn!(outbox_id = %c.row.id, error = %e, "holding a row back failed"),
+                }
+            }
+            metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(held.len() as u64);
+            debug!(channel = channel.config_name(), held = held.len(), sent = rows.len(), "send rate");
+            admitted.extend(rows);
+        }
+        Ok(admitted)
     }
 
     /// Dead rows whose failed outcome never reached the queue (it was down when they

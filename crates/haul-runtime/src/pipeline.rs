@@ -84,7 +84,8 @@ impl Pipeline {
             jitter_seed: seed,
             sequential: seed.is_some(),
             ..DispatcherSettings::from_config(&config.dispatcher)
-        };
+        }
+        .with_limits(&config.channels);
         Pipeline {
             worker: Arc::new(Worker::new(
                 store.clone(),

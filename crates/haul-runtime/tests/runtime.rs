@@ -16,7 +16,7 @@ use haul_core::action::ActionType;
 use haul_core::decision::Decision;
 use haul_core::ids::{AskId, EventId, LoadId};
 use haul_core::projection::LoadState;
-use haul_core::time::Timestamp;
+use haul_core::time::{Timestamp, add};
 use haul_core::timers::TimerRoute;
 use haul_core::{Channel, InboundEvent, QueueMode};
 use haul_runtime::decider::Decider;
@@ -590,6 +590,14 @@ fn settings_come_from_the_config() {
         (s.batch, s.in_flight, s.lease, s.sequential, s.jitter_seed),
         (3, 5, Duration::from_secs(42), false, None)
     );
+    assert!(Channel::ALL.iter().all(|c| s.limits.get(*c).is_none()), "no limit unless set");
+    let mut channels = haul_config::ChannelsConfig::default();
+    channels.sms.rate = Some("12/min".into());
+    channels.sms.burst = Some(4);
+    let s = s.with_limits(&channels);
+    assert_eq!(s.limits.get(Channel::Sms).map(|l| (l.rate.to_string(), l.burst)), Some(("12/min".into(), 4)));
+    assert!(s.limits.get(Channel::Hero).is_none());
+    assert_eq!(s.batch, 3, "the rest kept");
 }
 
 // ---------------------------------------------------------------------------------
@@ -758,6 +766,77 @@ async fn a_moved_sms_answers_the_right_load_and_hands_the_wrong_ones_ask_to_a_pe
     rig.settle(&rig.worker()).await;
     assert_eq!(rig.rows("L1").await.iter().filter(|r| r.action_type == ActionType::CreateHeroTask).count(), 1);
     assert_eq!(state("L1").await.version, l1.version);
+}
+
+/// An SMS rate of 2/s (burst 2): five loads ask at once; two SMS go, three are held
+/// back with no attempt spent and go out at the rate, one every half second, each
+/// once. The Hero channel, with no limit, is not held by it.
+#[tokio::test]
+async fn a_send_rate_holds_rows_back_without_spending_attempts() {
+    let rig = Rig::new().await;
+    let loads = ["L1", "L2", "L3", "L4", "L5"];
+    for l in loads {
+        rig.asked(l).await;
+    }
+    let sms = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("2/s").unwrap(), 2).unwrap();
+    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms));
+    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
+    let sent_by = |at_ms: u64| {
+        let rig = &rig;
+        let d = d.clone();
+        async move {
+            rig.clock.set(add(t0(), Duration::from_millis(at_ms)));
+            d.run_once().await.unwrap();
+            rig.services.calls(Channel::Sms).len()
+        }
+    };
+    assert_eq!(sent_by(0).await, 2, "the burst");
+    let held: Vec<_> = rig_rows(&rig, &loads).await.into_iter().filter(|r| r.status == OutboxStatus::Pending).collect();
+    assert_eq!(held.len(), 3);
+    for r in &held {
+        assert_eq!((r.attempts, r.first_attempt_at, r.claim_token.as_deref()), (0, None, None), "{}", r.id);
+    }
+    let mut due: Vec<_> = held.iter().map(|r| r.due_at).collect();
+    due.sort();
+    let ms = |m: u64| add(t0(), Duration::from_millis(m));
+    assert_eq!(due, vec![ms(500), ms(1_000), ms(1_500)]);
+    assert_eq!(sent_by(499).await, 2, "nothing before the rate allows");
+    assert_eq!(sent_by(500).await, 3);
+    assert_eq!(sent_by(1_000).await, 4);
+    assert_eq!(sent_by(1_500).await, 5);
+    assert_eq!(sent_by(60_000).await, 5, "each once");
+    let calls = rig.services.calls(Channel::Sms);
+    assert_eq!(calls.iter().collect::<std::collections::BTreeSet<_>>().len(), 5, "{calls:?}");
+    assert!(rig_rows(&rig, &loads).await.iter().all(|r| r.status == OutboxStatus::Dispatched && r.attempts == 0));
+}
+
+/// When the Hero channel's rate binds, an urgent Hero task goes before a normal one
+/// claimed ahead of it.
+#[tokio::test]
+async fn an_urgent_hero_task_goes_first_when_the_rate_binds() {
+    let rig = Rig::new().await;
+    for (l, urgency) in [("L1", "normal"), ("L2", "urgent"), ("L3", "normal")] {
+        let key = format!("{l}/e1/create_hero_task");
+        let action = json!({"key": key, "type": "create_hero_task",
+            "params": {"title": "t", "body": "b", "urgency": urgency}});
+        let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action };
+        let entries = vec![NewEntry::stored("e1", "location_ping", json!({}))];
+        rig.store.append(&load(l), entries, 0, vec![row], rig.now()).await.unwrap();
+    }
+    let hero = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("1/min").unwrap(), 1).unwrap();
+    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Hero).then_some(hero));
+    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default()).run_once().await.unwrap();
+    assert_eq!(rig.services.calls(Channel::Hero), vec!["L2/e1/create_hero_task"]);
+}
+
+async fn rig_rows(rig: &Rig, loads: &[&str]) -> Vec<haul_store::OutboxRow> {
+    let mut all = vec![];
+    for l in loads {
+        all.extend(rig.rows(l).await.into_iter().filter(|r| r.action_type == ActionType::SendSms));
+    }
+    all
 }
 
 /// A rig whose loads each asked their driver by SMS, and whose SMS service refused

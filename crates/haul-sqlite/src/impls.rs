@@ -9,15 +9,16 @@ use haul_core::action::ActionType;
 use haul_core::derived::{Derived, TimerWrite};
 use haul_core::dispatch::Alert;
 use haul_core::ids::{LoadId, TimerId};
+use haul_core::limit::{Grant, Limit};
 use haul_core::projection::Record;
-use haul_core::time::{Timestamp, add, from_ms, to_ms};
+use haul_core::time::{Timestamp, add, from_ms, to_ms, to_us};
 use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, inbox_alert_row, inbox_sms_row,
     load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row,
-    shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row,
-    type_count_row, unmatched_sms_row, unsettled_row,
+    saturated_row, shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load,
+    timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -26,8 +27,8 @@ use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
     Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
-    RowCursor, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError,
-    StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state,
+    RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute,
+    StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -496,6 +497,24 @@ impl Outbox for SqliteStore {
                         params![id, failure, now],
                     ),
                 }
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn hold(&self, id: &str, token: &str, until: Timestamp, now: Timestamp) -> Result<(), ClaimError> {
+        let (id, token, until, now) = (id.to_owned(), token.to_owned(), to_ms(until), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                owns(conn, &id, &token)?;
+                exec(
+                    conn,
+                    "UPDATE outbox SET due_at = ?2, claim_token = NULL, lease_until = NULL, updated_at = ?3,
+                     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + (?2 - ?3) END
+                     WHERE id = ?1",
+                    params![id, until, now],
+                )
                 .map_err(db)?;
                 Ok(())
             })
@@ -1083,6 +1102,43 @@ impl DeliveryLog for SqliteStore {
             ),
             (load_id, limit as i64),
             delivery_row,
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl SendRates for SqliteStore {
+    async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError> {
+        let (key, limit, now) = (key.to_owned(), *limit, to_us(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let tat: Option<i64> = conn
+                    .prepare_cached("SELECT tat_us FROM send_rates WHERE rate_key = ?1")
+                    .and_then(|mut st| st.query_row([&key], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                let grant = haul_core::limit::take(&limit, tat, now, wanted);
+                let held = (grant.granted < wanted).then_some(now);
+                if Some(grant.tat_us) != tat || held.is_some() {
+                    exec(
+                        conn,
+                        "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES (?1, ?2, ?3)
+                         ON CONFLICT (rate_key) DO UPDATE SET tat_us = excluded.tat_us,
+                         held_at_us = coalesce(excluded.held_at_us, send_rates.held_at_us)",
+                        params![key, grant.tat_us, held],
+                    )
+                    .map_err(db)?;
+                }
+                Ok(grant)
+            })
+            .await
+    }
+
+    async fn saturated(&self, since: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
+        self.query_rows(
+            "SELECT rate_key, held_at_us FROM send_rates WHERE held_at_us >= ?1 ORDER BY held_at_us DESC, rate_key",
+            [to_us(since)],
+            saturated_row,
         )
         .await
     }

@@ -50,6 +50,8 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(13, include_str!("../migrations/0013_inbox.sql")).readable_by(12),
     // A new table only: a haul of schema 13 runs beside (it leaves it alone).
     Migration::new(14, include_str!("../migrations/0014_reassign_sms.sql")).readable_by(13),
+    // A new table only: a haul of schema 14 runs beside (it leaves it alone).
+    Migration::new(15, include_str!("../migrations/0015_send_rates.sql")).readable_by(14),
 ];
 
 /// The newest schema version this build knows.

@@ -467,6 +467,11 @@ pub fn sms_assignment(r: &dyn Columns, load_id: &LoadId, event_id: &str) -> Resu
     }
 }
 
+/// A row of `rate_key, held_at_us` of `send_rates`: a saturated channel and when.
+pub fn saturated_row(r: &dyn Columns) -> Result<(String, Timestamp), StoreError> {
+    Ok((r.string(0)?, haul_core::time::from_us(r.i64(1)?)))
+}
+
 /// What a move of an assigned SMS to `to` by `event_id` does, from the SMS's row
 /// (`columns!(unmatched_sms), assigned_load, assigned_event, dismissed_by`, read under
 /// the write's lock) and the load this event moved it from before, if it did: answer

@@ -77,6 +77,8 @@ macro_rules! contract_tests {
             racing_assignments_of_one_sms_have_one_winner,
             an_assigned_sms_moves_once_per_event,
             racing_moves_of_one_sms_take_turns,
+            a_held_row_spends_no_attempt_and_no_budget,
+            send_rates_are_shared_by_racing_dispatchers,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
             a_received_message_carries_its_loads_log_version,
@@ -647,6 +649,66 @@ pub async fn publish_and_mark_dispatched_publishes_even_when_the_claim_is_stale(
     assert_eq!(p.unwrap(), Published::Duplicate);
     assert_eq!(s.get(&b.row.id).await.unwrap().unwrap().status, OutboxStatus::Dispatched);
     assert_eq!(s.published_body(&load("L1"), "out:b").await.unwrap(), Some(body("out:b")));
+}
+
+/// A row a send rate held back is due again later, unclaimed, with no attempt counted:
+/// never sent, its first claim is forgotten; sent before, its budget's start moves on
+/// by the wait. Only the claim's owner holds it.
+pub async fn a_held_row_spends_no_attempt_and_no_budget(s: DynStore) {
+    commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
+    let c = s.pending(1, at(10), LEASE).await.unwrap().remove(0);
+    let bad = s.hold(&c.row.id, "not-the-token", at(15), at(10)).await;
+    assert!(matches!(bad, Err(ClaimError::Stale(_))), "{bad:?}");
+    s.hold(&c.row.id, &c.token, at(15), at(10)).await.unwrap();
+    let r = s.get(&c.row.id).await.unwrap().unwrap();
+    let fields = (r.status, r.attempts, r.due_at, r.first_attempt_at, r.claim_token.clone(), r.lease_until);
+    assert_eq!(fields, (OutboxStatus::Pending, 0, at(15), None, None, None));
+    assert!(pending_ids(&s, 10, at(14)).await.is_empty(), "held until 15 s");
+    let c = s.pending(1, at(15), LEASE).await.unwrap().remove(0);
+    assert_eq!(c.row.first_attempt_at, Some(at(15)), "the budget starts at the first real claim");
+    s.mark_failed(&c.row.id, &c.token, "503", Some(at(20)), at(16)).await.unwrap();
+    let c = s.pending(1, at(20), LEASE).await.unwrap().remove(0);
+    s.hold(&c.row.id, &c.token, at(50), at(20)).await.unwrap();
+    let r = s.get(&c.row.id).await.unwrap().unwrap();
+    assert_eq!((r.attempts, r.due_at, r.first_attempt_at), (1, at(50), Some(at(45))), "moved on by the 30 s wait");
+    assert!(matches!(s.hold(&c.row.id, &c.token, at(60), at(21)).await, Err(ClaimError::Stale(_))), "given back");
+}
+
+/// Dispatchers taking sends for one key at once never get more between them than the
+/// limit allows; another key has its own.
+pub async fn send_rates_are_shared_by_racing_dispatchers(s: DynStore) {
+    let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("10/s").unwrap(), 3).unwrap();
+    let takers = 8;
+    let barrier = Arc::new(tokio::sync::Barrier::new(takers));
+    let mut tasks = Vec::new();
+    for _ in 0..takers {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            s.take_sends("sms", &limit, 2, at(100)).await.unwrap().granted
+        }));
+    }
+    let mut granted = 0;
+    for t in tasks {
+        granted += t.await.unwrap();
+    }
+    assert_eq!(granted, 3, "the burst, however many asked at once");
+    let g = s.take_sends("sms", &limit, 5, at(100)).await.unwrap();
+    assert_eq!(g.granted, 0);
+    assert_eq!(haul_core::time::from_us(g.next_at_us), add(at(100), Duration::from_millis(100)));
+    assert_eq!(s.take_sends("sms", &limit, 5, add(at(100), Duration::from_millis(250))).await.unwrap().granted, 2);
+    assert_eq!(s.take_sends("sms:+15555550000", &limit, 5, at(100)).await.unwrap().granted, 3, "its own key");
+    // A grant short of what was wanted marks the key saturated, when; a full one does not.
+    let since = |t| s.saturated(t);
+    assert_eq!(since(at(100)).await.unwrap().len(), 2);
+    s.take_sends("hero", &limit, 1, at(100)).await.unwrap();
+    let later = add(at(100), Duration::from_millis(250));
+    assert_eq!(
+        since(at(100)).await.unwrap(),
+        vec![("sms".to_owned(), later), ("sms:+15555550000".to_owned(), at(100))]
+    );
+    s.take_sends("sms", &limit, 9, at(130)).await.unwrap();
+    assert_eq!(since(at(101)).await.unwrap(), vec![("sms".to_owned(), at(130))], "only since then");
 }
 
 pub async fn mark_failed_with_retry_at_reschedules(s: DynStore) {

@@ -13,6 +13,7 @@ use haul_core::action::ActionType;
 use haul_core::derived::Derived;
 use haul_core::dispatch::{Alert, AlertKind};
 use haul_core::ids::{LoadId, TimerId};
+use haul_core::limit::{Grant, Limit};
 use haul_core::log::Entry;
 use haul_core::projection::Record;
 use haul_core::time::Timestamp;
@@ -488,6 +489,12 @@ pub trait Outbox: Send + Sync {
         retry_at: Option<Timestamp>,
         now: Timestamp,
     ) -> Result<(), ClaimError>;
+
+    /// Gives a claimed row back unsent, due again at `until`: a send rate held it back
+    /// (`SendRates`). Waiting is not failing: no attempt is counted and none of the
+    /// retry budget is spent (a row never sent forgets its first claim; one sent before
+    /// has its first attempt moved on by the wait).
+    async fn hold(&self, id: &str, token: &str, until: Timestamp, now: Timestamp) -> Result<(), ClaimError>;
 
     async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError>;
 
@@ -1079,8 +1086,25 @@ pub async fn prune_all(
 }
 
 /// Everything one database provides.
+/// The state of the channels' send rates (`haul_core::limit`), kept in the store so
+/// every dispatcher process shares one limit.
+#[async_trait]
+pub trait SendRates: Send + Sync {
+    /// Takes up to `wanted` sends under `limit` for the channel (or sending number)
+    /// `key` at `now`: `haul_core::limit::take` on the state kept for `key`, read and
+    /// written under its lock, so dispatchers racing for the same key never together
+    /// send more than the limit allows.
+    /// A grant of fewer than `wanted` also keeps `now` as when rows were last held back.
+    async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError>;
+
+    /// The keys whose rate held rows back at or after `since`, most recent first, with
+    /// when: the channels that are saturated.
+    async fn saturated(&self, since: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError>;
+}
+
 pub trait Store:
     EventStore
+    + SendRates
     + Outbox
     + TimerStore
     + LoadQueue
@@ -1099,6 +1123,7 @@ pub trait Store:
 
 impl<
     T: EventStore
+        + SendRates
         + Outbox
         + TimerStore
         + LoadQueue

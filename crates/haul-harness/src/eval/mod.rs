@@ -367,7 +367,7 @@ impl Run {
         for f in &s.faults {
             svc.add_fault(f.clone());
         }
-        let mut config = Config { clients: s.clients.clone(), ..Config::default() };
+        let mut config = Config { clients: s.clients.clone(), channels: s.channels.clone(), ..Config::default() };
         let (llm, llm_decider) = match decider {
             EvalDecider::Sop => (None, None),
             EvalDecider::Llm(answers) => {

@@ -18,6 +18,15 @@ use toml::Spanned;
 use crate::testkit::{FaultKind, FaultRule};
 use haul_config::ClientConfig;
 
+/// A channel's send rate in a scenario: `rate` and `burst` as `channels.*` has them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelSection {
+    rate: String,
+    #[serde(default)]
+    burst: Option<i64>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -29,6 +38,9 @@ struct File {
     description: Option<String>,
     #[serde(default)]
     clients: BTreeMap<String, ClientConfig>,
+    /// `[channels.NAME]`: a channel's send rate, by its scenario name.
+    #[serde(default)]
+    channels: BTreeMap<String, ChannelSection>,
     #[serde(default)]
     load: Option<LoadSection>,
     #[serde(default)]
@@ -257,6 +269,8 @@ pub struct Scenario {
     pub name: String,
     pub start: Timestamp,
     pub clients: BTreeMap<String, ClientConfig>,
+    /// The channels' send limits (`[channels.NAME]`), as the settings have them.
+    pub channels: haul_config::ChannelsConfig,
     pub load: Option<LoadId>,
     /// The `[load]` section as its `load:init` event.
     pub init: Option<InboundEvent>,
@@ -440,6 +454,20 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
             });
         }
     }
+    let mut channels = haul_config::ChannelsConfig::default();
+    for (name, c) in &file.channels {
+        let key = format!("channels.{name}");
+        let channel = Channel::ALL.into_iter().find(|ch| ch.scenario_name() == name).ok_or_else(|| {
+            let all: Vec<&str> = Channel::ALL.iter().map(|c| c.scenario_name()).collect();
+            FileError { line: None, key: key.clone(), message: format!("is not a channel: {}", all.join(", ")) }
+        })?;
+        let setting = channels.get_mut(channel);
+        setting.rate = Some(c.rate.clone());
+        setting.burst = c.burst;
+        if let Err(e) = setting.limit(name) {
+            return Err(FileError { line: None, key, message: e.to_string() });
+        }
+    }
     let (load, init) = match &file.load {
         Some(l) => {
             let id = LoadId::parse(&l.id).map_err(|e| FileError {
@@ -544,7 +572,7 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
         }
         steps.push(Step { at, at_text: s.at.get_ref().clone(), inbound, unmatched_sms, operator, expect });
     }
-    Ok(Scenario { name: file.name, start, clients: file.clients, load, init, faults, steps })
+    Ok(Scenario { name: file.name, start, clients: file.clients, channels, load, init, faults, steps })
 }
 
 /// One inline table of a step's `inbound`, as the event it publishes and how often.

@@ -437,9 +437,12 @@ async fn overview(v: Viewer, State(s): State<Arc<ApiState>>) -> Response {
         .await
         .ok()
         .map(|p| (p.loads.len(), p.next_after.is_some()));
+    // A channel that held rows back within the last minute is saturated.
+    let saturated = s.store.saturated(from_ms(to_ms(now) - pages::SATURATED_WITHIN.as_millis() as i64));
     let figures = Figures {
         inbox: v.inbox.clone(),
         escalated_loads,
+        saturated: saturated.await.ok(),
         oldest_pending: s.store.oldest_pending_created_at().await.ok().flatten(),
         dead_last_hour,
         dead_in_store: s.store.count_by_status(OutboxStatus::Dead).await.ok(),

@@ -249,8 +249,13 @@ pub struct Figures {
     pub inbox: Option<InboxCounts>,
     /// Loads with an escalated ask, counted to a bound (and whether it stopped there).
     pub escalated_loads: Option<(usize, bool)>,
+    /// Send-rate keys that held rows back within [`SATURATED_WITHIN`], with when.
+    pub saturated: Option<Vec<(String, Timestamp)>>,
     pub now: Timestamp,
 }
+
+/// A channel whose send rate held rows back this recently is saturated.
+pub const SATURATED_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub fn overview(f: &Figures) -> String {
     let ago = |t: Option<Timestamp>| match t {
@@ -303,6 +308,18 @@ pub fn overview(f: &Figures) -> String {
             if let Some((n, more)) = f.escalated_loads {
                 let n = if more { INBOX_COUNT_BOUND as u64 } else { n as u64 };
                 item("/console/loads?escalated=true".into(), "loads with an escalated ask".into(), n);
+            }
+            if let Some(keys) = &f.saturated {
+                let label = if keys.is_empty() {
+                    "saturated channels".to_owned()
+                } else {
+                    let held: Vec<String> = keys
+                        .iter()
+                        .map(|(k, at)| format!("{} {} ago", esc(k), age(since(f.now, *at).as_secs_f64())))
+                        .collect();
+                    format!("saturated channels (rows held back: {})", held.join(", "))
+                };
+                item("/console/loads?pending_over=1s".into(), label, keys.len() as u64);
             }
             out.push_str("</ul>");
             out
@@ -1513,5 +1530,34 @@ mod tests {
                 assert_eq!(page.contains(form), offers == Some(form), "{form}: {page}");
             }
         }
+    }
+
+    /// The overview counts a saturated channel (one whose send rate held rows back in
+    /// the last minute) among the open problems, naming it and when.
+    #[test]
+    fn the_overview_counts_saturated_channels() {
+        let now: Timestamp = "2026-03-02T07:00:30Z".parse().unwrap();
+        let figures = |saturated| Figures {
+            oldest_pending: None,
+            dead_last_hour: vec![],
+            dead_in_store: Some(0),
+            oldest_due_timer: None,
+            conflicts: None,
+            conflict_loads: Some(vec![]),
+            queue_depth: Some(0),
+            inbox: Some(InboxCounts { dead: vec![], alerts: 0, unmatched: 0 }),
+            escalated_loads: Some((0, false)),
+            saturated,
+            now,
+        };
+        let held = vec![("sms".to_owned(), "2026-03-02T07:00:25Z".parse().unwrap())];
+        let page = overview(&figures(Some(held)));
+        assert!(page.contains("<li class=\"warn\"><a href=\"/console/loads?pending_over=1s\">saturated channels (rows held back: sms 5s ago): 1</a>"), "{page}");
+        let page = overview(&figures(Some(vec![])));
+        assert!(
+            page.contains("<li class=\"ok\"><a href=\"/console/loads?pending_over=1s\">saturated channels: 0</a>"),
+            "{page}"
+        );
+        assert!(!overview(&figures(None)).contains("saturated"), "unknown: not shown as none");
     }
 }

@@ -1,0 +1,244 @@
+//! Send rates: how fast a channel's service takes calls (docs/design.md, "Send
+//! rates").
+//!
+//! A service on the other side has a rate it can take (a Twilio long code about one
+//! segment a second, a 10DLC brand its trust score's), and past it answers 429; a
+//! dispatcher claiming thousands of rows a second spends rows' retry budgets on those
+//! answers. So a channel may have a [`Limit`]: a rate and a burst. The limiter is the
+//! generic cell rate algorithm (GCRA): its whole state is one instant per channel, the
+//! theoretical arrival time (`tat`) of the next send, so the store can keep it in one
+//! row shared by every dispatcher, and taking permits is one read and one write under
+//! that row's lock. Here are the parsing and the arithmetic; the store keeps `tat` and
+//! the dispatcher holds back what was not granted.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Most sends a rate may allow per period: a bound well past any service's (Twilio's
+/// fastest short code takes 100 a second).
+pub const MAX_SENDS: u32 = 100_000;
+/// Largest burst: as many sends at once as a dispatcher claims in a few batches.
+pub const MAX_BURST: u32 = 10_000;
+
+/// `N/s`, `N/min` (or `N/m`), `N/h`: at most N sends per period, spread evenly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Rate {
+    pub sends: u32,
+    pub per: Duration,
+}
+
+impl Rate {
+    /// Reads `"50/s"`, `"12/min"`, `"3600/h"`; says what is wrong otherwise.
+    pub fn parse(s: &str) -> Result<Rate, String> {
+        let shape = || format!("{s:?} is not a rate: write N/s, N/min or N/h, N from 1 to {MAX_SENDS} (e.g. \"1/s\")");
+        let (n, unit) = s.trim().split_once('/').ok_or_else(shape)?;
+        let sends: u32 = n.trim().parse().map_err(|_| shape())?;
+        let per = match unit.trim() {
+            "s" | "sec" | "second" => Duration::from_secs(1),
+            "m" | "min" | "minute" => Duration::from_secs(60),
+            "h" | "hour" => Duration::from_secs(3600),
+            _ => return Err(shape()),
+        };
+        if sends == 0 {
+            return Err(format!("{s:?} allows no send at all: a rate is at least 1 per period"));
+        }
+        if sends > MAX_SENDS {
+            return Err(shape());
+        }
+        Ok(Rate { sends, per })
+    }
+
+    /// The time between two sends at this rate, in microseconds (at least 1).
+    pub fn interval_us(&self) -> i64 {
+        (self.per.as_micros() as i64 / i64::from(self.sends)).max(1)
+    }
+
+    /// Sends per second, for metrics.
+    pub fn per_second(&self) -> f64 {
+        f64::from(self.sends) / self.per.as_secs_f64()
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = match self.per.as_secs() {
+            1 => "s",
+            60 => "min",
+            _ => "h",
+        };
+        write!(f, "{}/{unit}", self.sends)
+    }
+}
+
+impl TryFrom<String> for Rate {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Rate::parse(&s)
+    }
+}
+
+impl From<Rate> for String {
+    fn from(r: Rate) -> Self {
+        r.to_string()
+    }
+}
+
+/// A channel's limit: sends spread at `rate`, up to `burst` at once after a quiet spell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limit {
+    pub rate: Rate,
+    pub burst: u32,
+}
+
+impl Limit {
+    /// A limit, or why the burst cannot be.
+    pub fn new(rate: Rate, burst: u32) -> Result<Limit, String> {
+        if !(1..=MAX_BURST).contains(&burst) {
+            return Err(format!("burst {burst} is not 1 to {MAX_BURST}"));
+        }
+        Ok(Limit { rate, burst })
+    }
+
+    /// How far ahead of now `tat` may run: the burst's sends less the one being made.
+    fn tolerance_us(&self) -> i64 {
+        self.rate.interval_us() * i64::from(self.burst - 1)
+    }
+}
+
+/// What [`take`] granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Sends allowed now, at most the number wanted.
+    pub granted: u32,
+    /// The state to keep: the theoretical arrival time of the next send (µs).
+    pub tat_us: i64,
+    /// When the next send is allowed (µs): now if some are still, else later.
+    pub next_at_us: i64,
+}
+
+/// Takes up to `wanted` sends at `now_us` from a limiter whose state is `tat_us` (none:
+/// never used). Each granted send moves `tat` one interval on; a send is allowed while
+/// `tat` is no further ahead of now than the burst allows.
+pub fn take(limit: &Limit, tat_us: Option<i64>, now_us: i64, wanted: u32) -> Grant {
+    let interval = limit.rate.interval_us();
+    let tolerance = limit.tolerance_us();
+    let start = tat_us.map_or(now_us, |t| t.max(now_us));
+    // Sends that fit before `start` passes `now + tolerance`.
+    let room = (now_us + tolerance - start).div_euclid(interval) + 1;
+    let granted = room.clamp(0, i64::from(wanted)) as u32;
+    let tat_us = start + interval * i64::from(granted);
+    Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now_us) }
+}
+
+/// When each of `held` rows for one key is due again, after a grant that did not
+/// cover them: one interval apart from when the next send is allowed, so they come
+/// back at the rate and not all at once.
+pub fn held_until_us(grant: &Grant, limit: &Limit, held: usize) -> Vec<i64> {
+    let interval = limit.rate.interval_us();
+    (0..held as i64).map(|i| grant.next_at_us + i * interval).collect()
+}
+
+/// How far ahead of `now_us` the last of the held rows is due (0 when none is): a
+/// channel's backlog at its rate, in time, what the saturation alert watches.
+pub fn backlog_us(held_until_us: &[i64], now_us: i64) -> i64 {
+    held_until_us.last().map_or(0, |last| (last - now_us).max(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_parse(s: &str, want: Result<(u32, u64), &str>) {
+        let got = Rate::parse(s).map(|r| (r.sends, r.per.as_secs()));
+        match want {
+            Ok(w) => assert_eq!(got, Ok(w), "{s}"),
+            Err(part) => assert!(got.as_ref().is_err_and(|e| e.contains(part)), "{s}: {got:?}"),
+        }
+    }
+
+    #[test]
+    fn rates_read_as_people_write_them() {
+        check_parse("1/s", Ok((1, 1)));
+        check_parse(" 50 / s ", Ok((50, 1)));
+        check_parse("12/min", Ok((12, 60)));
+        check_parse("12/m", Ok((12, 60)));
+        check_parse("3600/h", Ok((3600, 3600)));
+        check_parse("100000/s", Ok((100_000, 1)));
+        check_parse("fast", Err("is not a rate"));
+        check_parse("0/s", Err("allows no send"));
+        check_parse("-1/s", Err("is not a rate"));
+        check_parse("1.5/s", Err("is not a rate"));
+        check_parse("5/day", Err("is not a rate"));
+        check_parse("100001/s", Err("is not a rate"));
+        for s in ["1/s", "12/min", "3600/h"] {
+            assert_eq!(Rate::parse(s).unwrap().to_string(), s);
+        }
+        assert_eq!(Rate::parse("3/s").unwrap().interval_us(), 333_333);
+        assert_eq!(Rate::parse("12/min").unwrap().per_second(), 0.2);
+        assert!(Limit::new(Rate::parse("1/s").unwrap(), 0).unwrap_err().contains("burst 0"));
+        assert!(Limit::new(Rate::parse("1/s").unwrap(), MAX_BURST + 1).is_err());
+    }
+
+    const S: i64 = 1_000_000;
+
+    /// (tat before, now, wanted) → (granted, tat after, next allowed), at 1/s burst 5.
+    fn check(tat: Option<i64>, now: i64, wanted: u32, want: (u32, i64, i64)) {
+        let limit = Limit::new(Rate::parse("1/s").unwrap(), 5).unwrap();
+        let g = take(&limit, tat, now, wanted);
+        assert_eq!((g.granted, g.tat_us, g.next_at_us), want, "tat {tat:?} now {now} wanted {wanted}");
+    }
+
+    #[test]
+    fn a_quiet_channel_sends_its_burst_then_one_an_interval() {
+        // Never used: the burst at once, the next a second later.
+        check(None, 100 * S, 10, (5, 105 * S, 101 * S));
+        check(None, 100 * S, 3, (3, 103 * S, 100 * S));
+        check(None, 100 * S, 0, (0, 100 * S, 100 * S));
+        // Just spent: nothing until an interval has passed, then one.
+        check(Some(105 * S), 100 * S, 1, (0, 105 * S, 101 * S));
+        check(Some(105 * S), 101 * S, 3, (1, 106 * S, 102 * S));
+        check(Some(105 * S), 101 * S - 1, 1, (0, 105 * S, 101 * S));
+        // Half a second on: still one; quiet for long: the burst again, not more.
+        check(Some(105 * S), 101 * S + S / 2, 3, (1, 106 * S, 102 * S));
+        check(Some(105 * S), 1_000 * S, 9, (5, 1_005 * S, 1_001 * S));
+    }
+
+    #[test]
+    fn held_rows_come_back_at_the_rate() {
+        let limit = Limit::new(Rate::parse("4/s").unwrap(), 2).unwrap();
+        let g = take(&limit, None, 10 * S, 5);
+        assert_eq!((g.granted, g.next_at_us), (2, 10 * S + S / 4));
+        assert_eq!(held_until_us(&g, &limit, 3), vec![10 * S + S / 4, 10 * S + S / 2, 10 * S + 3 * S / 4]);
+        assert!(held_until_us(&g, &limit, 0).is_empty());
+        assert_eq!(backlog_us(&held_until_us(&g, &limit, 3), 10 * S), 3 * S / 4);
+        assert_eq!(backlog_us(&[], 10 * S), 0);
+        assert_eq!(backlog_us(&[9 * S], 10 * S), 0, "never negative");
+    }
+
+    /// Over any span, the sends granted are at most the burst plus the rate's share of
+    /// the span, whatever the pattern of asks.
+    #[test]
+    fn no_span_gets_more_than_the_rate_allows() {
+        let limit = Limit::new(Rate::parse("50/s").unwrap(), 5).unwrap();
+        let mut tat = None;
+        let mut sent: Vec<i64> = vec![];
+        let mut now = 0i64;
+        for i in 0..5_000u32 {
+            now += i64::from(i % 7) * 3_000;
+            let g = take(&limit, tat, now, i % 4);
+            assert!(g.next_at_us >= now);
+            tat = Some(g.tat_us);
+            sent.extend(std::iter::repeat_n(now, g.granted as usize));
+        }
+        for (i, t) in sent.iter().enumerate() {
+            let within = sent[i..].iter().take_while(|u| **u < t + S).count();
+            assert!(within <= 50 + 5, "{within} sends in the second from {t}");
+        }
+        // Asked for more than the rate all along: it got the rate, not less.
+        let allowed = now / S * 50;
+        assert!(sent.len() as i64 >= allowed * 95 / 100, "{} sent of {allowed}: starved", sent.len());
+    }
+}
