@@ -174,8 +174,16 @@ mod tests {
         check_parse("5/day", Err("is not a rate"));
         check_parse("100001/s", Err("is not a rate"));
         for s in ["1/s", "12/min", "3600/h"] {
-            assert_eq!(Rate::parse(s).unwrap().to_string(), s);
+            let rate = Rate::parse(s).unwrap();
+            assert_eq!(rate.to_string(), s);
+            // Settings and records carry a rate as people write it.
+            let json = serde_json::to_value(rate).unwrap();
+            assert_eq!(json, serde_json::json!(s));
+            assert_eq!(serde_json::from_value::<Rate>(json).unwrap(), rate);
         }
+        assert!(
+            serde_json::from_value::<Rate>(serde_json::json!("fast")).unwrap_err().to_string().contains("not a rate")
+        );
         assert_eq!(Rate::parse("3/s").unwrap().interval_us(), 333_333);
         assert_eq!(Rate::parse("12/min").unwrap().per_second(), 0.2);
         assert!(Limit::new(Rate::parse("1/s").unwrap(), 0).unwrap_err().contains("burst 0"));

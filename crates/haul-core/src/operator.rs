@@ -497,8 +497,15 @@ mod tests {
             message_sid: sid.into(),
             to_load: LoadId::parse(to).unwrap(),
         };
+        // Another ask, answered by the driver's own SMS: not the assignment's to undo.
+        let other = json!({"decision_id":"dec:q","event_id":"q","decided_at":"2026-03-02T07:00:00Z","filtered":false,
+            "needs_hero_task":false,"actions":[],"rationale":"r","decider":"sop",
+            "asks":[{"ask_id":"ask:eta_request:q","step":1,"status":"answered"}]});
         let mut log: Vec<(String, &'static str, serde_json::Value)> =
-            [load_update(), ask("open", 1)].into_iter().map(|(id, kind, p)| (id.to_owned(), kind, p)).collect();
+            [load_update(), ask("open", 1), ("dec:q", DECISION_RECORDED, other)]
+                .into_iter()
+                .map(|(id, kind, p)| (id.to_owned(), kind, p))
+                .collect();
         let answered = check(
             &state_of(&log),
             assign.clone(),

@@ -533,6 +533,16 @@ async fn an_operator_works_a_dead_escalation_and_an_unmatched_sms_in_the_console
     // The answer comes at the same address as the refusal: wait for its text.
     b.click("ul.choices li:nth-child(2) button[type=submit]").await;
     b.wait_text("SMS SMconsole3 assigned to load 481208", &serve).await;
+    // It was the other load's after all: the assigned SMS is moved, with a reason; the
+    // answer names both loads.
+    b.go(&format!("{base}/console/unmatched?inbox=all")).await;
+    b.type_into("#move-0", "481207").await;
+    b.type_into("#reason-m0", "the 10:40 stop is 481207's").await;
+    b.click("form[action='/console/unmatched/reassign'] button[type=submit]").await;
+    b.wait_text("SMS SMconsole3 moved from load 481208 to load 481207", &serve).await;
+    shots.push(b.screenshot("sms-moved").await);
+    b.go(&format!("{base}/console/unmatched?inbox=all")).await;
+    assert!(b.text().await.contains("assigned to 481207"), "{}", b.text().await);
 
     // With the load's page open, a driver's answer holding HTML arrives: the live refresh
     // brings it into the timeline (the page is not reloaded: the marker set on it
