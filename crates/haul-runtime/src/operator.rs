@@ -131,6 +131,14 @@ fn event(
     Ok(InboundEvent::from_operator(load_id.clone(), draft.to_json())?)
 }
 
+/// Refuses a MessageSid out of Twilio's form before anything is read or taken.
+fn check_message_sid(message_sid: &str) -> Result<(), OperatorError> {
+    if !haul_core::ids::is_message_sid(message_sid) {
+        return Err(BadInput::new("bad_message_sid", "MessageSid is not of the form [A-Za-z0-9]{1,64}").into());
+    }
+    Ok(())
+}
+
 /// Refuses a load with no records: a mistyped load id must not make a new load (with
 /// a Hero task for an SMS nobody expects) and take the SMS from the right one.
 async fn load_exists(store: &dyn Store, load_id: &LoadId) -> Result<(), OperatorError> {
@@ -251,9 +259,7 @@ pub async fn assign_sms(
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
     let event_id = EventId::operator(&who.request_id)?;
-    if !haul_core::ids::is_message_sid(message_sid) {
-        return Err(BadInput::new("bad_message_sid", "MessageSid is not of the form [A-Za-z0-9]{1,64}").into());
-    }
+    check_message_sid(message_sid)?;
     // Checked before the SMS is taken, so a bad actor or reason takes nothing.
     event(
         load_id,
@@ -299,9 +305,7 @@ pub async fn reassign_sms(
     now: Timestamp,
 ) -> Result<Reassigned, OperatorError> {
     let event_id = EventId::operator(&who.request_id)?;
-    if !haul_core::ids::is_message_sid(message_sid) {
-        return Err(BadInput::new("bad_message_sid", "MessageSid is not of the form [A-Za-z0-9]{1,64}").into());
-    }
+    check_message_sid(message_sid)?;
     let unassign = |from: &LoadId| {
         let command = OperatorCommand::UnassignSms { message_sid: message_sid.into(), to_load: load_id.clone() };
         event(from, &event_id, who, command)
@@ -392,9 +396,7 @@ pub async fn dismiss_sms(
     now: Timestamp,
 ) -> Result<SmsDismissed, OperatorError> {
     check_request_id(&who.request_id)?;
-    if !haul_core::ids::is_message_sid(message_sid) {
-        return Err(BadInput::new("bad_message_sid", "MessageSid is not of the form [A-Za-z0-9]{1,64}").into());
-    }
+    check_message_sid(message_sid)?;
     haul_core::event::validate_actor_and_reason(&who.actor, &who.reason)?;
     let sms = message_sid.to_owned();
     match store.dismiss_unmatched_sms(message_sid, &who.actor, &who.reason, now).await? {

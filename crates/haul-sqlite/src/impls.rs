@@ -356,6 +356,27 @@ impl SqliteStore {
 }
 
 /// Ok when `token` is the row's live-or-lapsed claim on a pending row.
+/// The unmatched SMS `sid` with whose it is (`columns!(unmatched_sms), assigned_load,
+/// assigned_event, dismissed_by`), read by `f`; `None` when there is no such SMS.
+fn sms_holder<T>(
+    conn: &Connection,
+    sid: &str,
+    f: impl FnOnce(&dyn Columns) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            columns!(unmatched_sms),
+            ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = ?1"
+        ))
+        .map_err(db)?;
+    let mut found = stmt.query([sid]).map_err(db)?;
+    match found.next().map_err(db)? {
+        Some(row) => f(&SqliteRow(row)).map(Some),
+        None => Ok(None),
+    }
+}
+
 fn owns(conn: &Connection, id: &str, token: &str) -> Result<Option<i64>, ClaimError> {
     let lease: Option<Option<i64>> = conn
         .prepare_cached("SELECT lease_until FROM outbox WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'")
@@ -1217,18 +1238,8 @@ impl LoadIndex for SqliteStore {
                     params![sid, load_id.as_str(), event_id, now],
                 )
                 .map_err(db)?;
-                let mut stmt = conn
-                    .prepare_cached(concat!(
-                        "SELECT ",
-                        columns!(unmatched_sms),
-                        ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = ?1"
-                    ))
-                    .map_err(db)?;
-                let mut found = stmt.query([&sid]).map_err(db)?;
-                match found.next().map_err(db)? {
-                    Some(row) => sms_assignment(&SqliteRow(row), &load_id, &event_id),
-                    None => Ok(SmsAssignment::NotFound),
-                }
+                let found = sms_holder(conn, &sid, |r| sms_assignment(r, &load_id, &event_id))?;
+                Ok(found.unwrap_or(SmsAssignment::NotFound))
             })
             .await
     }
@@ -1247,20 +1258,8 @@ impl LoadIndex for SqliteStore {
                     .prepare_cached("SELECT from_load FROM sms_moves WHERE message_sid = ?1 AND event_id = ?2")
                     .and_then(|mut st| st.query_row(params![sid, event_id], |r| r.get(0)).optional())
                     .map_err(db)?;
-                let step = {
-                    let mut stmt = conn
-                        .prepare_cached(concat!(
-                            "SELECT ",
-                            columns!(unmatched_sms),
-                            ", assigned_load, assigned_event, dismissed_by FROM unmatched_sms WHERE message_sid = ?1"
-                        ))
-                        .map_err(db)?;
-                    let mut found = stmt.query([&sid]).map_err(db)?;
-                    match found.next().map_err(db)? {
-                        Some(row) => sms_move_step(&SqliteRow(row), moved_before.as_deref(), &to, &event_id)?,
-                        None => Ok(SmsMove::NotFound),
-                    }
-                };
+                let step = sms_holder(conn, &sid, |r| sms_move_step(r, moved_before.as_deref(), &to, &event_id))?
+                    .unwrap_or(Ok(SmsMove::NotFound));
                 let (from, sms) = match step {
                     Ok(answer) => return Ok(answer),
                     Err(moving) => moving,
