@@ -33,6 +33,9 @@ pub struct Row {
     pub attempts: u32,
     /// Set on the row's first claim; the retry budget runs from it.
     pub first_attempt_at: Option<Timestamp>,
+    /// When the worker made it: a 429 holds it back without an attempt only for
+    /// [`THROTTLE_WINDOW`] from here.
+    pub created_at: Timestamp,
 }
 
 /// How a send ended.
@@ -44,7 +47,19 @@ pub enum Sent {
     Retryable(String),
     /// It will not succeed by retrying.
     Permanent(String),
+    /// The service is over its rate (429) and said when to come back (`Retry-After`).
+    Throttled { retry_after: Duration, why: String },
 }
+
+/// The longest `Retry-After` honoured: a longer one holds the row this long and no more.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+/// The shortest wait after a 429, whatever its `Retry-After` says (`0` included), so a
+/// throttled row is never claimed again in the same breath.
+pub const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long after its row was made a 429 holds it back without spending an attempt.
+/// Past it a 429 is a failed attempt like any other: a service that never stops
+/// answering 429 still ends in a dead row (and its Hero task), not a row held forever.
+pub const THROTTLE_WINDOW: Duration = Duration::from_secs(15 * 60);
 
 /// One thing the dispatcher does to the queue, the outbox or the ops service.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +75,12 @@ pub enum Effect {
     MarkRetry { retry_at: Timestamp, attempts: u32, failure: String },
     /// Mark the row dead (needs the claim).
     MarkDead { failure: String },
+    /// Hold the row back until `until` with no attempt spent, `note` saying why (needs
+    /// the claim).
+    Hold { until: Timestamp, note: String },
+    /// Hold the row's channel back until `until` too, when it has a send rate (best
+    /// effort: a failure leaves the other dispatchers to meet the 429 themselves).
+    PauseChannel { until: Timestamp },
     /// Send an OpsAlert to the ops service.
     RaiseAlert(Alert),
     /// Record that a dead row's outcome (and alert) went out, so the sweep leaves it.
@@ -96,7 +117,13 @@ pub struct Step {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Settled {
     Delivered,
-    Retrying { retry_at: Timestamp },
+    Retrying {
+        retry_at: Timestamp,
+    },
+    /// Held back, no attempt spent; due again at `until`.
+    Held {
+        until: Timestamp,
+    },
     Buried,
 }
 
@@ -200,13 +227,45 @@ pub fn claim_needs_check(lease_until: Option<Timestamp>, now: Timestamp, lease: 
 }
 
 /// After a send: a delivery is published and marked, a permanent failure buried, a
-/// retryable one is a failed attempt.
-pub fn after_send(row: &Row, sent: Sent, mode: QueueMode) -> Next {
+/// retryable one is a failed attempt, a throttled one held back ([`throttled`]).
+pub fn after_send(row: &Row, sent: Sent, mode: QueueMode, now: Timestamp) -> Next {
     match sent {
         Sent::Delivered { receipt } => Next::Plan(delivered(row, receipt, mode)),
         Sent::Retryable(why) => Next::AttemptFailed(why),
         Sent::Permanent(why) => Next::Plan(bury(row, why)),
+        Sent::Throttled { retry_after, why } => match throttled(row, retry_after, &why, now) {
+            Some(plan) => Next::Plan(plan),
+            None => Next::AttemptFailed(why),
+        },
     }
+}
+
+/// A 429 with `Retry-After`: waiting for the service's rate is not failing, so the row
+/// is held back for as long as the service asked (bounded by [`MIN_RETRY_AFTER`] and
+/// [`MAX_RETRY_AFTER`]) with no attempt spent and its budget's clock moved on, and its
+/// channel is held back with it, so the other rows do not meet the same 429. `None`
+/// once the row is older than [`THROTTLE_WINDOW`]: the 429 is then a failed attempt.
+pub fn throttled(row: &Row, retry_after: Duration, why: &str, now: Timestamp) -> Option<Plan> {
+    if now >= add(row.created_at, THROTTLE_WINDOW) {
+        return None;
+    }
+    let until = add(now, retry_after.clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER));
+    Some(Plan {
+        steps: vec![
+            step(Effect::Hold { until, note: format!("throttled: {why}") }, IfFailed::Stop),
+            step(Effect::PauseChannel { until }, IfFailed::Stop),
+        ],
+        settled: Settled::Held { until },
+    })
+}
+
+/// Whether a claimed row may have been overtaken while it waited: an ask's SMS that
+/// was held back (by a rate, a 429) or retried before this claim (it is due later than
+/// it was made). If a later step of its ask was decided meanwhile, sending it would
+/// ask the driver a question already asked again, so the store is asked
+/// (`Outbox::supersede`); a row claimed as it was made costs no such check.
+pub fn may_be_superseded(action_type: ActionType, ask_step: bool, created_at: Timestamp, due_at: Timestamp) -> bool {
+    action_type == ActionType::SendSms && ask_step && due_at > created_at
 }
 
 /// Outcome first, mark second; in one transaction on the store's own queue. A failed
@@ -369,6 +428,7 @@ mod tests {
             action_type,
             attempts,
             first_attempt_at: (attempts > 0).then(|| t("07:00:00")),
+            created_at: t("07:00:00"),
         }
     }
 
@@ -396,6 +456,8 @@ mod tests {
                 format!("mark_retry {} #{attempts} {failure}", retry_at.strftime("%H:%M:%S%.3f"))
             }
             Effect::MarkDead { failure } => format!("mark_dead {failure}"),
+            Effect::Hold { until, note } => format!("hold {} {note}", until.strftime("%H:%M:%S%.3f")),
+            Effect::PauseChannel { until } => format!("pause_channel {}", until.strftime("%H:%M:%S%.3f")),
             Effect::RaiseAlert(a) => format!("alert {} {}", a.kind.as_str(), a.failure),
             Effect::MarkOutcomePublished => "mark_outcome_published".into(),
         };
@@ -414,7 +476,7 @@ mod tests {
     }
 
     fn check(row: Row, sent: Sent, mode: QueueMode, expected: Result<(&[&str], Settled), &str>) {
-        match (after_send(&row, sent.clone(), mode), expected) {
+        match (after_send(&row, sent.clone(), mode, t("07:00:10")), expected) {
             (Next::Plan(plan), Ok(want)) => check_plan(plan, want),
             (Next::AttemptFailed(why), Err(want)) => assert_eq!(why, want),
             (got, want) => panic!("{sent:?}: got {got:?}, want {want:?}"),
@@ -477,6 +539,78 @@ mod tests {
                 Settled::Buried,
             )),
         );
+    }
+
+    #[test]
+    fn a_429_holds_the_row_and_its_channel_back_for_a_while() {
+        let check = |now: &str, retry_after_s: u64, expected: Option<(&[&str], Settled)>| {
+            let plan = throttled(&row(ActionType::SendSms, 2), Duration::from_secs(retry_after_s), "HTTP 429", t(now));
+            match (plan, expected) {
+                (Some(plan), Some(want)) => check_plan(plan, want),
+                (None, None) => {}
+                (got, want) => panic!("{now} {retry_after_s}s: got {got:?}, want {want:?}"),
+            }
+        };
+        let held = |at: &str| Settled::Held { until: t(at) };
+        check(
+            "07:00:10",
+            5,
+            Some((
+                &["hold 07:00:15.000 throttled: HTTP 429 | stop", "pause_channel 07:00:15.000 | stop"],
+                held("07:00:15"),
+            )),
+        );
+        // `Retry-After: 0` still waits a second; a day waits five minutes.
+        check(
+            "07:00:10",
+            0,
+            Some((
+                &["hold 07:00:11.000 throttled: HTTP 429 | stop", "pause_channel 07:00:11.000 | stop"],
+                held("07:00:11"),
+            )),
+        );
+        check(
+            "07:00:10",
+            86_400,
+            Some((
+                &["hold 07:05:10.000 throttled: HTTP 429 | stop", "pause_channel 07:05:10.000 | stop"],
+                held("07:05:10"),
+            )),
+        );
+        // Made at 07:00: held until 07:15, a failed attempt from then on.
+        check(
+            "07:14:59",
+            5,
+            Some((
+                &["hold 07:15:04.000 throttled: HTTP 429 | stop", "pause_channel 07:15:04.000 | stop"],
+                held("07:15:04"),
+            )),
+        );
+        check("07:15:00", 5, None);
+        let sent = Sent::Throttled { retry_after: Duration::from_secs(5), why: "HTTP 429".into() };
+        assert!(
+            matches!(after_send(&row(ActionType::SendSms, 0), sent.clone(), QueueMode::Separate, t("07:00:10")), Next::Plan(p) if p.settled == held("07:00:15"))
+        );
+        assert_eq!(
+            after_send(&row(ActionType::SendSms, 0), sent, QueueMode::Separate, t("07:20:00")),
+            Next::AttemptFailed("HTTP 429".into())
+        );
+    }
+
+    #[test]
+    fn only_an_asks_sms_that_waited_is_checked_for_a_later_step() {
+        let check = |action_type: ActionType, ask_step: bool, due: &str, expected: bool| {
+            assert_eq!(
+                may_be_superseded(action_type, ask_step, t("07:00:00"), t(due)),
+                expected,
+                "{action_type} {due}"
+            );
+        };
+        check(ActionType::SendSms, true, "07:00:01", true);
+        check(ActionType::SendSms, true, "07:00:00", false);
+        check(ActionType::SendSms, false, "07:00:01", false);
+        check(ActionType::CreateHeroTask, true, "07:00:01", false);
+        check(ActionType::SetTimer, true, "07:00:01", false);
     }
 
     #[test]

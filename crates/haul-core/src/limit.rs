@@ -133,6 +133,14 @@ pub fn take(limit: &Limit, tat_us: Option<i64>, now_us: i64, wanted: u32) -> Gra
     Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now_us) }
 }
 
+/// The state after the service asked the channel to wait until `until_us` (a 429's
+/// `Retry-After`): no send before it, then one an interval, no burst (the service has
+/// just said it is full). A limiter already further ahead stays as it is.
+pub fn paused(limit: &Limit, tat_us: Option<i64>, until_us: i64) -> i64 {
+    let paused = until_us + limit.tolerance_us();
+    tat_us.map_or(paused, |t| t.max(paused))
+}
+
 /// When each of `held` rows for one key is due again, after a grant that did not
 /// cover them: one interval apart from when the next send is allowed, so they come
 /// back at the rate and not all at once.
@@ -224,6 +232,19 @@ mod tests {
         assert_eq!(backlog_us(&held_until_us(&g, &limit, 3), 10 * S), 3 * S / 4);
         assert_eq!(backlog_us(&[], 10 * S), 0);
         assert_eq!(backlog_us(&[9 * S], 10 * S), 0, "never negative");
+    }
+
+    #[test]
+    fn a_pause_lets_nothing_through_before_its_end_then_one_at_a_time() {
+        let limit = Limit::new(Rate::parse("1/s").unwrap(), 5).unwrap();
+        let tat = paused(&limit, None, 110 * S);
+        assert_eq!(tat, 114 * S);
+        assert_eq!(take(&limit, Some(tat), 110 * S - 1, 5).granted, 0);
+        let g = take(&limit, Some(tat), 110 * S, 5);
+        assert_eq!((g.granted, g.next_at_us), (1, 111 * S));
+        // Already further ahead than the pause: unchanged; behind it: moved on.
+        assert_eq!(paused(&limit, Some(200 * S), 110 * S), 200 * S);
+        assert_eq!(paused(&limit, Some(100 * S), 110 * S), 114 * S);
     }
 
     /// Over any span, the sends granted are at most the burst plus the rate's share of

@@ -74,6 +74,7 @@ impl TimerRoute {
                 action_type: a.action_type(),
                 attempts: 0,
                 first_attempt_at: None,
+                created_at: now,
             };
             let outcome = outcome_event(&row, OutcomeStatus::Delivered, Some(RECEIPT), None);
             if after.processed.contains(&outcome.event_id) {

@@ -11,6 +11,9 @@
 //!   retries is played as one at the first attempt (the outcome's text is the recorded
 //!   one, so the Hero task it makes reads the same). An action's delivered outcome comes
 //!   at that step too (a transient failure the log does not show is not played).
+//! - An ask's SMS with no outcome, whose ask took a later step, was superseded while it
+//!   was held back (docs/design.md): it becomes a `rate_limited` fault whose
+//!   `retry_after` reaches that step, so the replay holds it until it is superseded.
 //! - The expectations are what the recorded decisions imply, at each step: the
 //!   decisions (decider, filtered, action types), exactly the calls the services took
 //!   (the delivered outcomes), the dead rows (the failed ones), the timers scheduled and
@@ -170,6 +173,40 @@ pub fn scenario(
             f.insert("kind".into(), s("permanent"));
             faults.push(Value::Table(f));
         }
+    }
+    // An ask's SMS with no outcome at all, whose ask took a later step: it was held back
+    // (a send rate, a 429) until it was superseded, never sent. The log does not say by
+    // what; the scenario plays a 429 whose `Retry-After` reaches the later step, so the
+    // replay holds it and supersedes it too (up to the dispatcher's bounds: a gap past
+    // 15 minutes ends in attempts, not a supersession).
+    let outcomes: BTreeSet<&str> = logged
+        .iter()
+        .filter_map(|l| match &l.event.body {
+            EventBody::ActionOutcome(o) => Some(o.outbox_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    for (key, a) in &actions {
+        let (ActionKind::SendSms { .. }, Some(ask), Some(step), Some(at)) =
+            (&a.kind, &a.ask_id, a.step, decided.get(key))
+        else {
+            continue;
+        };
+        let later = actions
+            .values()
+            .filter(|b| b.ask_id.as_ref() == Some(ask) && b.step.is_some_and(|s| s > step))
+            .filter_map(|b| decided.get(&b.key))
+            .min();
+        if outcomes.contains(key.as_str()) || later.is_none() {
+            continue;
+        }
+        let gap_ms = later.map_or(0, |l| l.as_millisecond() - at.as_millisecond()).max(0);
+        let mut f = Table::new();
+        f.insert("channel".into(), s("sms"));
+        f.insert("key".into(), s(key.clone()));
+        f.insert("kind".into(), s("rate_limited"));
+        f.insert("retry_after".into(), s(format!("{}s", (gap_ms + 999) / 1000)));
+        faults.push(Value::Table(f));
     }
     if !faults.is_empty() {
         doc.insert("fault".into(), Value::Array(faults));

@@ -225,6 +225,22 @@ pub fn outbox_settled(
                     );
                 }
             }
+            OutboxStatus::Superseded => {
+                // Settled unsent only because a later step of its own ask is on the load.
+                let ask_step =
+                    |r: &OutboxRow| (r.action.get("ask_id").cloned(), r.action.get("step").and_then(|s| s.as_u64()));
+                let (ask, step) = ask_step(row);
+                let later = rows.iter().any(|r| {
+                    let (a, s) = ask_step(r);
+                    ask.is_some() && a == ask && s > step
+                });
+                if !later {
+                    return broke(
+                        Invariant::NothingPending,
+                        format!("row {} of load {load} was superseded with no later step of its ask", row.id),
+                    );
+                }
+            }
         }
     }
     Ok(())

@@ -343,7 +343,8 @@ impl World {
                 let r = s.rng.f64();
                 let kind = match r {
                     r if r < 0.05 => FaultKind::Retryable,
-                    r if r < 0.07 => FaultKind::RateLimited,
+                    r if r < 0.065 => FaultKind::RateLimited,
+                    r if r < 0.07 => FaultKind::Throttled(Duration::from_secs(2)),
                     r if r < 0.08 => FaultKind::Permanent,
                     r if r < 0.10 => FaultKind::LostAnswer,
                     r if r < 0.102 => FaultKind::Slow(Duration::from_millis(400)),
@@ -359,6 +360,7 @@ impl World {
                 let name = match &kind {
                     FaultKind::Retryable => "service:5xx",
                     FaultKind::RateLimited => "service:429",
+                    FaultKind::Throttled(_) => "service:429_retry_after",
                     FaultKind::Permanent => "service:4xx",
                     FaultKind::LostAnswer => "service:lost_answer",
                     FaultKind::Slow(_) => "service:timeout",

@@ -40,6 +40,8 @@ pub enum FaultKind {
     Retryable,
     /// 429, nothing applied.
     RateLimited,
+    /// 429 with `Retry-After` (whole seconds), nothing applied.
+    Throttled(Duration),
     /// 422, nothing applied.
     Permanent,
     /// Waits (real time), then answers normally.
@@ -339,7 +341,7 @@ async fn handle(
     };
     let refuse = match &fault {
         Some(FaultKind::Retryable) => Some(StatusCode::SERVICE_UNAVAILABLE),
-        Some(FaultKind::RateLimited) => Some(StatusCode::TOO_MANY_REQUESTS),
+        Some(FaultKind::RateLimited | FaultKind::Throttled(_)) => Some(StatusCode::TOO_MANY_REQUESTS),
         Some(FaultKind::Permanent) => Some(StatusCode::UNPROCESSABLE_ENTITY),
         Some(FaultKind::Slow(d)) => {
             tokio::time::sleep(*d).await;
@@ -354,7 +356,11 @@ async fn handle(
     let mut s = lock();
     if let Some(status) = refuse {
         s.calls.push(Call { channel, key, status: status.as_u16(), taken: false });
-        return answer(status, json!({"error": "injected fault"}));
+        let mut refused = answer(status, json!({"error": "injected fault"}));
+        if let Some(FaultKind::Throttled(wait)) = &fault {
+            refused.headers_mut().insert(axum::http::header::RETRY_AFTER, wait.as_secs().into());
+        }
+        return refused;
     }
     let answered = match s.answers.get(&(channel.clone(), key.clone())).cloned() {
         Some((first_payload, first_answer)) => {

@@ -298,14 +298,21 @@ fn channels_sms(store: &Arc<dyn Store>) -> RecordChannel {
 /// A service answering the status its path names, to check the classification.
 #[tokio::test]
 async fn http_channel_classifies_statuses_as_api_md_says() {
-    let app = Router::new().route(
-        "/{status}/v1/messages",
-        post(|Path(status): Path<u16>, headers: axum::http::HeaderMap| async move {
-            assert_eq!(headers["idempotency-key"], "k1");
-            assert_eq!(headers["authorization"], "Bearer t0k");
-            (StatusCode::from_u16(status).unwrap(), axum::Json(json!({"id": "rcpt-1"})))
-        }),
-    );
+    let app = Router::new()
+        .route(
+            "/{status}/v1/messages",
+            post(|Path(status): Path<u16>, headers: axum::http::HeaderMap| async move {
+                assert_eq!(headers["idempotency-key"], "k1");
+                assert_eq!(headers["authorization"], "Bearer t0k");
+                (StatusCode::from_u16(status).unwrap(), axum::Json(json!({"id": "rcpt-1"})))
+            }),
+        )
+        .route(
+            "/wait/{retry_after}/v1/messages",
+            post(|Path(retry_after): Path<String>| async move {
+                (StatusCode::TOO_MANY_REQUESTS, [("retry-after", retry_after)], "slow down")
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -338,9 +345,28 @@ async fn http_channel_classifies_statuses_as_api_md_says() {
             }
             Err(DeliveryError::Retryable(_)) => "retryable",
             Err(DeliveryError::Permanent(_)) => "permanent",
+            Err(DeliveryError::Throttled(_)) => "throttled",
         };
         assert_eq!(got, expected, "HTTP {status}");
     }
+    // A 429 that says when to come back is throttled, for that long; one whose
+    // `Retry-After` is a date (or nonsense) is an ordinary retryable failure.
+    let wait = |retry_after: &'static str| {
+        let load = load.clone();
+        async move {
+            let c =
+                HttpChannel::new(&format!("http://{addr}/wait/{retry_after}"), None, Duration::from_secs(5)).unwrap();
+            c.send("k1", &load, "/v1/messages", &json!({}), t0()).await
+        }
+    };
+    match wait("7").await {
+        Err(DeliveryError::Throttled(t)) => {
+            assert_eq!(t.retry_after, Duration::from_secs(7));
+            assert!(t.why.starts_with("HTTP 429 Too Many Requests: slow down"), "{}", t.why);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(wait("soon").await, Err(DeliveryError::Retryable(_))));
     // Nobody listening: retryable.
     let closed = HttpChannel::new("http://127.0.0.1:9", None, Duration::from_secs(2)).unwrap();
     assert!(matches!(

@@ -13,9 +13,9 @@ use haul_core::time::{Timestamp, add, from_ms, to_ms, to_us};
 use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
     delivery_row, inbox_alert_row, inbox_sms_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
-    parse_receipt, queue_message_row, record_row, saturated_row, shadow_params, shadow_row, sms_assignment,
-    sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row,
-    unsettled_row,
+    parse_receipt, queue_message_row, rate_change_row, record_row, saturated_row, shadow_params, shadow_row,
+    sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row,
+    unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -27,7 +27,7 @@ use haul_store::{
     SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
     outbox_key_load,
 };
-use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
 
 use crate::rows::{Params, PgRow, col, rows_on, sql_limit};
@@ -208,12 +208,34 @@ impl Outbox for PgStore {
         self.group.publish_mark(args).await
     }
 
-    async fn hold(&self, id: &str, token: &str, until: Timestamp, now: Timestamp) -> Result<(), ClaimError> {
+    async fn hold(
+        &self,
+        id: &str,
+        token: &str,
+        until: Timestamp,
+        note: Option<&str>,
+        now: Timestamp,
+    ) -> Result<(), ClaimError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(OUTBOX_HOLD).await.map_err(pg)?;
-        let params: Params = &[&outbox_key_load(id), &id, &token, &to_ms(until), &to_ms(now)];
+        let params: Params = &[&outbox_key_load(id), &id, &token, &to_ms(until), &to_ms(now), &note];
         let n = client.execute(&stmt, params).await.map_err(pg)?;
         if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
+    }
+
+    async fn supersede(
+        &self,
+        id: &str,
+        token: &str,
+        ask_id: &str,
+        step: u32,
+        now: Timestamp,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(OUTBOX_SUPERSEDE).await.map_err(pg)?;
+        let params: Params = &[&outbox_key_load(id), &id, &token, &ask_id, &i64::from(step), &to_ms(now)];
+        let row = client.query_opt(&stmt, params).await.map_err(pg)?;
+        Ok(row.map(|r| col::<String>(&r, 0)).transpose()?)
     }
 
     async fn mark_failed(
@@ -348,6 +370,7 @@ impl Outbox for PgStore {
             OutboxStatus::Pending => OUTBOX_COUNT_PENDING,
             OutboxStatus::Dispatched => OUTBOX_COUNT_DISPATCHED,
             OutboxStatus::Dead => OUTBOX_COUNT_DEAD,
+            OutboxStatus::Superseded => OUTBOX_COUNT_SUPERSEDED,
         };
         let client = self.client().await?;
         let row = client.query_one(&client.prepare_cached(sql).await.map_err(pg)?, &[]).await.map_err(pg)?;
@@ -609,8 +632,36 @@ impl SendRates for PgStore {
         Ok(grant)
     }
 
+    async fn pause_sends(&self, key: &str, limit: &Limit, until: Timestamp, now: Timestamp) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let tat = haul_core::limit::paused(limit, None, to_us(until));
+        let stmt = client.prepare_cached(SEND_RATE_PAUSE).await.map_err(pg)?;
+        client.execute(&stmt, &[&key, &tat, &to_us(now)]).await.map_err(pg)?;
+        Ok(())
+    }
+
     async fn saturated(&self, since: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
         self.query_rows(SEND_RATES_SATURATED, &[&to_us(since)], saturated_row).await
+    }
+
+    async fn change_rate(&self, change: &RateChange) -> Result<(RateChange, bool), StoreError> {
+        let client = self.client().await?;
+        let c = change;
+        let (rate, burst) = (c.limit.map(|l| l.rate.to_string()), c.limit.map(|l| i64::from(l.burst)));
+        let stmt = client.prepare_cached(RATE_CHANGE_INSERT).await.map_err(pg)?;
+        let params: Params = &[&c.request_id, &c.channel, &rate, &burst, &c.actor, &c.reason, &to_ms(c.changed_at)];
+        let made = client.execute(&stmt, params).await.map_err(pg)? == 1;
+        let mut rows = self.query_rows(RATE_CHANGE_GET, &[&c.request_id], rate_change_row).await?;
+        let kept = rows.pop().ok_or_else(|| StoreError::new("a rate change was recorded and then not found"))?;
+        Ok((kept, made))
+    }
+
+    async fn current_rates(&self) -> Result<Vec<RateChange>, StoreError> {
+        self.query_rows(RATE_CHANGES_CURRENT, &[], rate_change_row).await
+    }
+
+    async fn rate_changes(&self, limit: usize) -> Result<Vec<RateChange>, StoreError> {
+        self.query_rows(RATE_CHANGES_LATEST, &[&sql_limit(limit)], rate_change_row).await
     }
 }
 

@@ -51,6 +51,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(14, include_str!("../migrations/0014_reassign_sms.sql")).readable_by(13),
     // A new table only: a haul of schema 14 runs beside (it leaves it alone).
     Migration::new(15, include_str!("../migrations/0015_send_rates.sql")).readable_by(14),
+    Migration::new(16, include_str!("../migrations/0016_rate_changes.sql")).readable_by(15),
 ];
 
 /// The newest schema version this build knows.

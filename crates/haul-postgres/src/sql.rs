@@ -87,8 +87,34 @@ pub const OUTBOX_MARK_RETRY: &str =
 /// `$5` now. No attempt counted; the budget's start forgotten (never sent) or moved on
 /// by the wait.
 pub const OUTBOX_HOLD: &str = "UPDATE outbox SET due_at = $4, claim_token = NULL, lease_until = NULL, updated_at = $5,
-     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + ($4::bigint - $5::bigint) END
+     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + ($4::bigint - $5::bigint) END,
+     last_failure = coalesce($6, last_failure)
      WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// A claimed row settled unsent because a later step of its ask was decided: `$1` load,
+/// `$2` id, `$3` token, `$4` ask id, `$5` step, `$6` now. Returns the later row's id.
+pub const OUTBOX_SUPERSEDE: &str = "WITH later AS (
+       SELECT id FROM outbox WHERE load_id = $1 AND action::jsonb ->> 'ask_id' = $4
+         AND (action::jsonb ->> 'step')::bigint > $5 ORDER BY created_at, id LIMIT 1)
+     UPDATE outbox o SET status = 'superseded', claim_token = NULL, lease_until = NULL, updated_at = $6,
+       outcome_published_at = $6, last_failure = 'not sent: its ask moved on (' || later.id || ')'
+     FROM later WHERE o.load_id = $1 AND o.id = $2 AND o.claim_token = $3 AND o.status = 'pending'
+     RETURNING later.id";
+/// An operator's change of a channel's limit, once per request id.
+pub const RATE_CHANGE_INSERT: &str =
+    "INSERT INTO rate_changes (request_id, channel, rate, burst, actor, reason, changed_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (request_id) DO NOTHING";
+/// The change made with request id `$1`.
+pub const RATE_CHANGE_GET: &str = concat!("SELECT ", columns!(rate_change), " FROM rate_changes WHERE request_id = $1");
+/// Each channel's latest change.
+pub const RATE_CHANGES_CURRENT: &str =
+    concat!("SELECT DISTINCT ON (channel) ", columns!(rate_change), " FROM rate_changes ORDER BY channel, seq DESC");
+/// The latest `$1` changes, newest first.
+pub const RATE_CHANGES_LATEST: &str =
+    concat!("SELECT ", columns!(rate_change), " FROM rate_changes ORDER BY seq DESC LIMIT $1");
+/// The service behind `$1` asked to wait: `$2` the paused state (µs), `$3` now (µs).
+pub const SEND_RATE_PAUSE: &str = "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES ($1, $2, $3)
+     ON CONFLICT (rate_key) DO UPDATE SET tat_us = greatest(send_rates.tat_us, excluded.tat_us),
+     held_at_us = excluded.held_at_us";
 /// A send rate's state, made if new and locked for the transaction: `$1` key.
 pub const SEND_RATE_LOCK: &str = "INSERT INTO send_rates (rate_key, tat_us) VALUES ($1, 0)
      ON CONFLICT (rate_key) DO UPDATE SET rate_key = send_rates.rate_key RETURNING tat_us";
@@ -176,6 +202,7 @@ pub const OPS_ALERT_PAGE: &str = concat!(
 pub const OUTBOX_COUNT_PENDING: &str = "SELECT count(*) FROM outbox WHERE status = 'pending'";
 pub const OUTBOX_COUNT_DISPATCHED: &str = "SELECT count(*) FROM outbox WHERE status = 'dispatched'";
 pub const OUTBOX_COUNT_DEAD: &str = "SELECT count(*) FROM outbox WHERE status = 'dead'";
+pub const OUTBOX_COUNT_SUPERSEDED: &str = "SELECT count(*) FROM outbox WHERE status = 'superseded'";
 
 // ---------------------------------------------------------------------------------
 // Timers.

@@ -4,7 +4,9 @@
 //! Every call carries `Idempotency-Key: {outbox id}` and a bearer token; the services
 //! dedupe on the key. Status classification: 2xx is a delivery (its JSON `id` is the
 //! receipt); 408, 425, 429, 5xx, connection errors and timeouts are retryable; every
-//! other status is permanent. A channel with no URL is in record mode: the delivery is
+//! other status is permanent. A 429 with a `Retry-After` in seconds is throttled: the
+//! dispatcher holds the row (and its channel) back that long instead of spending an
+//! attempt. A channel with no URL is in record mode: the delivery is
 //! recorded in the store, deduped by key, so a fresh machine shows what it would send.
 
 use std::sync::Arc;
@@ -30,12 +32,32 @@ pub struct RetryableDeliveryError(pub String);
 #[error("permanent: {0}")]
 pub struct PermanentDeliveryError(pub String);
 
+/// The service is over its rate (429) and said when to come back.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("throttled for {}s: {why}", retry_after.as_secs())]
+pub struct ThrottledDeliveryError {
+    pub why: String,
+    pub retry_after: Duration,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeliveryError {
     #[error(transparent)]
     Retryable(#[from] RetryableDeliveryError),
     #[error(transparent)]
     Permanent(#[from] PermanentDeliveryError),
+    #[error(transparent)]
+    Throttled(#[from] ThrottledDeliveryError),
+}
+
+/// A `Retry-After` in its delta-seconds form (`"7"`). The HTTP-date form, or anything
+/// else, is `None`: the 429 is then an ordinary retryable failure.
+pub fn retry_after(value: &str) -> Option<Duration> {
+    let v = value.trim();
+    if v.is_empty() || v.len() > 9 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok().map(Duration::from_secs)
 }
 
 #[async_trait]
@@ -118,6 +140,7 @@ impl ChannelClient for HttpChannel {
         }
         let mut resp = req.send().await.map_err(|e| RetryableDeliveryError(describe(&e, &self.masker)))?;
         let status = resp.status();
+        let wait = resp.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(retry_after);
         let mut answer = Vec::new();
         loop {
             match resp.chunk().await {
@@ -139,9 +162,10 @@ impl ChannelClient for HttpChannel {
         // phone numbers, and may quote a credential in any form.
         let snippet: String = self.masker.mask(&String::from_utf8_lossy(&answer)).chars().take(200).collect();
         let failure = format!("HTTP {status}: {snippet}");
-        match status.as_u16() {
-            408 | 425 | 429 | 500..=599 => Err(RetryableDeliveryError(failure).into()),
-            _ => Err(PermanentDeliveryError(failure).into()),
+        match (status.as_u16(), wait) {
+            (429, Some(retry_after)) => Err(ThrottledDeliveryError { why: failure, retry_after }.into()),
+            (408 | 425 | 429 | 500..=599, _) => Err(RetryableDeliveryError(failure).into()),
+            (_, _) => Err(PermanentDeliveryError(failure).into()),
         }
     }
 
@@ -228,6 +252,7 @@ impl ChannelClient for Timed {
             Ok(_) => "delivered",
             Err(DeliveryError::Retryable(_)) => "retryable",
             Err(DeliveryError::Permanent(_)) => "permanent",
+            Err(DeliveryError::Throttled(_)) => "throttled",
         };
         metrics::histogram!(
             "haul_channel_call_duration_seconds",
@@ -291,5 +316,24 @@ impl Channels {
 
     pub fn iter(&self) -> impl Iterator<Item = (Channel, &Arc<dyn ChannelClient>)> {
         self.clients.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_nothing_else() {
+        let check = |v: &str, want: Option<u64>| assert_eq!(retry_after(v), want.map(Duration::from_secs), "{v:?}");
+        check("7", Some(7));
+        check(" 120 ", Some(120));
+        check("0", Some(0));
+        check("999999999", Some(999_999_999));
+        check("1000000000", None);
+        check("", None);
+        check("-1", None);
+        check("1.5", None);
+        check("Wed, 21 Oct 2026 07:28:00 GMT", None);
     }
 }

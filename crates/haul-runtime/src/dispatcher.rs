@@ -19,7 +19,9 @@ use haul_store::{AlertState, Claim, ClaimCursor, ClaimError, LoadQueue, OutboxRo
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::channels::{Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
+use crate::channels::{
+    Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError, ThrottledDeliveryError,
+};
 use crate::faults::{Crash, FaultPoint, Faults, Observed};
 use crate::queue::{EventQueue, body_of};
 
@@ -39,7 +41,8 @@ pub struct DispatcherSettings {
     /// (`haul_core::retry::jitter`), never of the order its batch's sends ended in.
     pub jitter_seed: Option<u64>,
     /// Each channel's send limit (`channels.*.rate`, `burst`), shared with every other
-    /// dispatcher through the store: a claimed row past it is held back, not sent.
+    /// dispatcher through the store: a claimed row past it is held back, not sent. An
+    /// operator's change in the store overrides it (`crate::rates`).
     pub limits: PerChannel<Option<Limit>>,
 }
 
@@ -86,6 +89,12 @@ pub enum Dispatched {
     },
     /// Dead: permanent failure or attempts spent.
     Buried,
+    /// The service answered 429 with `Retry-After`: held back until `until`, no
+    /// attempt spent.
+    Held {
+        until: Timestamp,
+    },
+
     /// Another dispatcher owns the row: nothing changed.
     Stale,
     /// The store failed around the send; the lease lapses and the row is tried again.
@@ -99,6 +108,7 @@ impl Dispatched {
             Dispatched::Delivered => "delivered",
             Dispatched::Retrying { .. } => "retrying",
             Dispatched::Buried => "buried",
+            Dispatched::Held { .. } => "held",
             Dispatched::Stale => "stale",
             Dispatched::Unsettled(_) => "unsettled",
             Dispatched::Crashed(_) => "crashed",
@@ -119,6 +129,9 @@ pub struct Dispatcher {
     /// On the store's own queue a delivered outcome's publish and the row's mark go in
     /// one transaction (`Outbox::publish_and_mark_dispatched`); any other queue: two steps.
     queue_mode: QueueMode,
+    /// The limits in force: the settings' with the operators' changes over them, and
+    /// when the changes were last read (`crate::rates::REFRESH`).
+    limits: std::sync::Mutex<(PerChannel<Option<Limit>>, Option<Timestamp>)>,
 }
 
 impl Dispatcher {
@@ -139,6 +152,7 @@ impl Dispatcher {
             }
         }
         Dispatcher {
+            limits: std::sync::Mutex::new((settings.limits.clone(), None)),
             queue_mode,
             store,
             queue: EventQueue::new(queue),
@@ -209,18 +223,87 @@ impl Dispatcher {
         for c in &claims {
             self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
         }
-        Ok(Ok(self.admit(claims, now).await?))
+        let claims = self.drop_superseded(claims, now).await;
+        let limits = self.limits(now).await;
+        Ok(Ok(self.admit(claims, &limits, now).await?))
+    }
+
+    /// The limits in force at `now`: the operators' changes are read again when the
+    /// last read is [`crate::rates::REFRESH`] old. A store that cannot say keeps the
+    /// limits last read.
+    pub async fn limits(&self, now: Timestamp) -> PerChannel<Option<Limit>> {
+        let (limits, read_at) = self.limits.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if read_at.is_some_and(|at| now < haul_core::time::add(at, crate::rates::REFRESH)) {
+            return limits;
+        }
+        let fresh = match self.store.current_rates().await {
+            Ok(current) => crate::rates::effective(&self.settings.limits, &current),
+            Err(e) => {
+                warn!(error = %e, "reading the operators' send limits failed; the last ones read stay in force");
+                limits.clone()
+            }
+        };
+        for channel in Channel::ALL {
+            let (was, is) = (limits.get(channel), fresh.get(channel));
+            if was != is {
+                let rate = is.map(|l| l.rate.to_string());
+                info!(channel = channel.config_name(), rate, burst = is.map(|l| l.burst), "send limit in force");
+                metrics::gauge!("haul_channel_rate_per_second", "channel" => channel.config_name())
+                    .set(is.map_or(0.0, |l| l.rate.per_second()));
+            }
+        }
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner()) = (fresh.clone(), Some(now));
+        fresh
+    }
+
+    /// The claims still to send: an ask's SMS that waited (held back or retried) is
+    /// settled unsent when a later step of its ask was decided meanwhile
+    /// (`Outbox::supersede`), before it takes a send from its channel's rate. One the
+    /// store cannot check is left out, unsent: its lease lapses and it is claimed again.
+    async fn drop_superseded(&self, claims: Vec<Claim>, now: Timestamp) -> Vec<Claim> {
+        let mut kept = Vec::with_capacity(claims.len());
+        for c in claims {
+            let row = &c.row;
+            let ask = row.action.get("ask_id").and_then(|a| a.as_str());
+            let step = row.action.get("step").and_then(|s| s.as_u64()).and_then(|s| u32::try_from(s).ok());
+            let (Some(ask), Some(step)) = (ask, step) else {
+                kept.push(c);
+                continue;
+            };
+            if !dispatch::may_be_superseded(row.action_type, true, row.created_at, row.due_at) {
+                kept.push(c);
+                continue;
+            }
+            match self.store.supersede(&row.id, &c.token, ask, step, now).await {
+                Ok(None) => kept.push(c),
+                Ok(Some(by)) => {
+                    let channel = row.action_type.channel().map_or("internal", Channel::config_name);
+                    metrics::counter!("haul_sends_superseded_total", "channel" => channel).increment(1);
+                    metrics::counter!("haul_dispatches_total", "result" => "superseded").increment(1);
+                    info!(load_id = %row.load_id, outbox_id = %row.id, by, "not sent: its ask moved on while it waited");
+                }
+                Err(e) => {
+                    warn!(outbox_id = %row.id, error = %e, "checking whether its ask moved on failed; left for its lease to lapse")
+                }
+            }
+        }
+        kept
     }
 
     /// The claims the channels' send limits let go now; the others are held back in
     /// the store (`Outbox::hold`), due again when their channel's rate allows them,
     /// with no attempt spent. Within a channel urgent Hero tasks go first, then claim
     /// order.
-    async fn admit(&self, claims: Vec<Claim>, now: Timestamp) -> Result<Vec<Claim>, StoreError> {
-        let is_limited = |c: &Claim| c.row.action_type.channel().and_then(|ch| *self.settings.limits.get(ch)).is_some();
+    async fn admit(
+        &self,
+        claims: Vec<Claim>,
+        limits: &PerChannel<Option<Limit>>,
+        now: Timestamp,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let is_limited = |c: &Claim| c.row.action_type.channel().and_then(|ch| *limits.get(ch)).is_some();
         let (limited, mut admitted): (Vec<Claim>, Vec<Claim>) = claims.into_iter().partition(is_limited);
         for channel in Channel::ALL {
-            let Some(limit) = *self.settings.limits.get(channel) else { continue };
+            let Some(limit) = *limits.get(channel) else { continue };
             let mut rows: Vec<Claim> =
                 limited.iter().filter(|c| c.row.action_type.channel() == Some(channel)).cloned().collect();
             if rows.is_empty() {
@@ -236,7 +319,7 @@ impl Dispatcher {
                 .set(Duration::from_micros(backlog_us as u64).as_secs_f64());
             for (c, until) in held.iter().zip(untils) {
                 let until = haul_core::time::from_us(until);
-                match self.store.hold(&c.row.id, &c.token, until, now).await {
+                match self.store.hold(&c.row.id, &c.token, until, None, now).await {
                     Ok(()) | Err(ClaimError::Stale(_)) => {}
                     // Its lease lapses and it is claimed again: held all the same.
                     Err(ClaimError::Store(e)) => warn!(outbox_id = %c.row.id, error = %e, "holding a row back failed"),
@@ -315,6 +398,10 @@ impl Dispatcher {
             Dispatched::Crashed(c) => {
                 info!(load_id, outbox_id, action_type, outcome, attempt, %c, duration_ms, "dispatch crashed at a fault point")
             }
+            Dispatched::Held { until } => {
+                info!(load_id, outbox_id, action_type, outcome, attempt, %until, duration_ms, "dispatch: the service is over its rate (429); held back, no attempt spent")
+            }
+
             _ => info!(load_id, outbox_id, action_type, outcome, attempt, duration_ms, "dispatch"),
         }
         metrics::counter!("haul_dispatches_total", "result" => result.label()).increment(1);
@@ -347,7 +434,7 @@ impl Dispatcher {
                 }
                 let sent = self.apply(row, &action).await;
                 self.faults.check(FaultPoint::AfterSend, &row.id)?;
-                dispatch::after_send(&facts, sent, mode)
+                dispatch::after_send(&facts, sent, mode, self.clock.now())
             }
         };
         // This attempt's draw, whatever the order the batch's sends ended in.
@@ -407,6 +494,7 @@ impl Dispatcher {
         Ok(Ran::Done(match plan.settled {
             Settled::Delivered => Dispatched::Delivered,
             Settled::Retrying { retry_at } => Dispatched::Retrying { retry_at },
+            Settled::Held { until } => Dispatched::Held { until },
             Settled::Buried => Dispatched::Buried,
         }))
     }
@@ -451,6 +539,20 @@ impl Dispatcher {
                 warn!(why = failure, action_type = %row.action_type, "row buried");
                 Ok(())
             }
+            Effect::Hold { until, note } => {
+                let channel = row.action_type.channel().map_or("internal", Channel::config_name);
+                metrics::counter!("haul_sends_throttled_total", "channel" => channel).increment(1);
+                marked(self.store.hold(id, token, *until, Some(note), now).await)
+            }
+            Effect::PauseChannel { until } => {
+                let Some(channel) = row.action_type.channel() else { return Ok(()) };
+                let Some(limit) = *self.limits(now).await.get(channel) else { return Ok(()) };
+                // Best effort: the row is held already; another dispatcher meets the 429 itself.
+                if let Err(e) = self.store.pause_sends(channel.config_name(), &limit, *until, now).await {
+                    warn!(error = %e, channel = channel.config_name(), "holding the channel back after a 429 failed");
+                }
+                Ok(())
+            }
             Effect::RaiseAlert(alert) => self.alert(alert).await,
             Effect::MarkOutcomePublished => Ok(self.store.mark_outcome_published(id, now).await?),
         }
@@ -487,6 +589,9 @@ impl Dispatcher {
             Ok(receipt) => Sent::Delivered { receipt },
             Err(DeliveryError::Retryable(RetryableDeliveryError(why))) => Sent::Retryable(why),
             Err(DeliveryError::Permanent(PermanentDeliveryError(why))) => Sent::Permanent(why),
+            Err(DeliveryError::Throttled(ThrottledDeliveryError { why, retry_after })) => {
+                Sent::Throttled { retry_after, why }
+            }
         }
     }
 
@@ -510,7 +615,10 @@ impl Dispatcher {
         let (state, error) = match &sent {
             Ok(_) => (AlertState::Delivered, None),
             Err(e @ DeliveryError::Permanent(_)) => (AlertState::Refused, Some(clip(&e.to_string()))),
-            Err(e @ DeliveryError::Retryable(_)) => (AlertState::Pending, Some(clip(&e.to_string()))),
+            // A throttled alert waits for the sweep's backoff like any other not delivered.
+            Err(e @ (DeliveryError::Retryable(_) | DeliveryError::Throttled(_))) => {
+                (AlertState::Pending, Some(clip(&e.to_string())))
+            }
         };
         let recorded = self.store.record_ops_alert(alert, state, error.as_deref(), now).await?;
         let failed = |reason: &'static str| {
@@ -582,6 +690,8 @@ impl EffectError {
             Effect::MarkDispatched { .. } => format!("mark_dispatched failed: {self}"),
             Effect::MarkRetry { .. } => format!("mark_failed failed: {self}"),
             Effect::MarkDead { .. } => format!("burying failed: {self}"),
+            Effect::Hold { .. } => format!("holding it back failed: {self}"),
+            Effect::PauseChannel { .. } => format!("holding the channel back failed: {self}"),
             Effect::RaiseAlert(_) | Effect::MarkOutcomePublished => self.to_string(),
         }
     }
@@ -594,6 +704,8 @@ fn fault_point_after(effect: &Effect) -> Option<FaultPoint> {
         Effect::MarkDispatched { .. } | Effect::MarkDead { .. } => Some(FaultPoint::AfterMark),
         Effect::PublishAndMark { .. }
         | Effect::MarkRetry { .. }
+        | Effect::Hold { .. }
+        | Effect::PauseChannel { .. }
         | Effect::RaiseAlert(_)
         | Effect::MarkOutcomePublished => None,
     }
@@ -617,6 +729,7 @@ fn row_facts(row: &OutboxRow) -> Row {
         action_type: row.action_type,
         attempts: row.attempts,
         first_attempt_at: row.first_attempt_at,
+        created_at: row.created_at,
     }
 }
 
@@ -632,6 +745,7 @@ mod tests {
             (Dispatched::Delivered, "delivered"),
             (Dispatched::Retrying { retry_at: haul_core::time::from_ms(0) }, "retrying"),
             (Dispatched::Buried, "buried"),
+            (Dispatched::Held { until: haul_core::time::from_ms(0) }, "held"),
             (Dispatched::Stale, "stale"),
             (Dispatched::Unsettled(String::new()), "unsettled"),
             (Dispatched::Crashed(crash), "crashed"),

@@ -20,6 +20,7 @@ pub mod projector;
 pub mod pump;
 pub mod queries;
 pub mod queue;
+pub mod rates;
 pub mod secrets;
 pub mod shadow;
 pub mod timeline;

@@ -60,6 +60,8 @@ pub enum OperatorError {
     SmsDismissed { message_sid: String, by: String },
     #[error("request id {request_id} was already used for another operator action on load {load_id}")]
     RequestIdReused { request_id: String, load_id: LoadId },
+    #[error("request id {0} was already used for another rate change")]
+    RateRequestReused(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -76,7 +78,7 @@ impl OperatorError {
             OperatorError::SmsAssigned { .. } => "sms_assigned",
             OperatorError::SmsDismissed { .. } => "sms_dismissed",
             OperatorError::SmsNotAssigned(_) => "sms_not_assigned",
-            OperatorError::RequestIdReused { .. } => "request_id_reused",
+            OperatorError::RequestIdReused { .. } | OperatorError::RateRequestReused(_) => "request_id_reused",
             OperatorError::Store(_) => "store_unavailable",
         }
     }
@@ -90,7 +92,7 @@ impl OperatorError {
             | OperatorError::SmsAssigned { .. }
             | OperatorError::SmsDismissed { .. }
             | OperatorError::SmsNotAssigned(_) => 409,
-            OperatorError::RequestIdReused { .. } => 422,
+            OperatorError::RequestIdReused { .. } | OperatorError::RateRequestReused(_) => 422,
             OperatorError::Store(_) => 503,
         }
     }
@@ -584,6 +586,7 @@ mod tests {
                 409,
             ),
             (OperatorError::RequestIdReused { request_id: "r".into(), load_id: load }, "request_id_reused", 422),
+            (OperatorError::RateRequestReused("r".into()), "request_id_reused", 422),
             (OperatorError::Store(StoreError::new("down")), "store_unavailable", 503),
         ];
         for (e, code, status) in cases {

@@ -831,6 +831,41 @@ async fn an_urgent_hero_task_goes_first_when_the_rate_binds() {
     assert_eq!(rig.services.calls(Channel::Hero), vec!["L2/e1/create_hero_task"]);
 }
 
+/// An operator's rate change is in force at a running dispatcher within a second,
+/// and sends at the new rate; a change with no rate puts the settings' back.
+#[tokio::test]
+async fn a_rate_changed_while_it_runs_is_in_force_within_a_second() {
+    use haul_runtime::rates::{self, RateRequest};
+    let rig = Rig::new().await;
+    let loads = ["L1", "L2", "L3", "L4"];
+    for l in loads {
+        rig.asked(l).await;
+    }
+    let limit =
+        |r: &str, b: u32| Some(haul_core::limit::Limit::new(haul_core::limit::Rate::parse(r).unwrap(), b).unwrap());
+    let limits = haul_core::PerChannel::from_fn(|c| if c == Channel::Sms { limit("1/min", 1) } else { None });
+    let settings =
+        DispatcherSettings { sequential: true, jitter_seed: Some(7), limits: limits.clone(), ..Default::default() };
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
+    let ms = |m: u64| add(t0(), Duration::from_millis(m));
+    assert_eq!(*d.limits(ms(0)).await.get(Channel::Sms), limit("1/min", 1));
+    d.run_once().await.unwrap();
+    assert_eq!(rig.services.calls(Channel::Sms).len(), 1, "one a minute");
+    let faster = RateRequest { channel: "sms".into(), rate: Some("10/s".into()), burst: Some(3) };
+    let changed = rates::change_rate(&*rig.store, &limits, &requester("rate1"), &faster, ms(100)).await.unwrap();
+    assert_eq!((changed.status, changed.previous, changed.effective), ("changed", limit("1/min", 1), limit("10/s", 3)));
+    assert_eq!(*d.limits(ms(999)).await.get(Channel::Sms), limit("1/min", 1), "read at most once a second");
+    assert_eq!(*d.limits(ms(1_000)).await.get(Channel::Sms), limit("10/s", 3), "in force within a second");
+    // The held rows were due at the old rate (a minute apart); once due they go at the
+    // new one, three at once.
+    rig.clock.set(add(t0(), Duration::from_secs(180)));
+    d.run_once().await.unwrap();
+    assert_eq!(rig.services.calls(Channel::Sms).len(), 4, "the rest at once, within the new burst");
+    let back = RateRequest { channel: "sms".into(), rate: None, burst: None };
+    rates::change_rate(&*rig.store, &limits, &requester("rate2"), &back, ms(181_000)).await.unwrap();
+    assert_eq!(*d.limits(ms(182_000)).await.get(Channel::Sms), limit("1/min", 1), "the settings' again");
+}
+
 async fn rig_rows(rig: &Rig, loads: &[&str]) -> Vec<haul_store::OutboxRow> {
     let mut all = vec![];
     for l in loads {

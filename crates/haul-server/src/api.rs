@@ -84,6 +84,8 @@ pub const ROUTES: &[Route] = &[
     api("POST", "/v1/operator/resolve-ask", true, true, || post(crate::operator::resolve_ask)),
     api("POST", "/v1/operator/dismiss", true, true, || post(crate::operator::dismiss)),
     api("POST", "/v1/operator/dismiss-sms", true, true, || post(crate::operator::dismiss_sms)),
+    api("POST", "/v1/operator/channel-rate", true, true, || post(crate::operator::channel_rate)),
+    api("GET", "/v1/operator/channel-rates", true, false, || get(crate::operator::channel_rates)),
     api("GET", "/v1/ops/loads", true, false, || ops(OpsQuery::Loads)),
     api("GET", "/v1/ops/dead", true, false, || ops(OpsQuery::Dead)),
     api("GET", "/v1/ops/timers", true, false, || ops(OpsQuery::Timers)),

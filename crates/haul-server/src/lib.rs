@@ -184,6 +184,7 @@ pub async fn serve(
     state.trusted_proxies = config.server.trusted_proxy_ranges();
     state.stopping = Some(stop_rx.clone());
     state.store_figures = roles.api;
+    state.configured_limits = pipeline.dispatcher.settings().limits.clone();
     let state = Arc::new(state);
     let mut tasks = JoinSet::new();
     if roles.worker {

@@ -280,3 +280,49 @@ pub(crate) async fn bulk_requeue(
         Err(e) => refused(e),
     }
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChannelRateBody {
+    request_id: String,
+    actor: String,
+    reason: String,
+    channel: String,
+    /// `null` or absent: the settings' limit again.
+    #[serde(default)]
+    rate: Option<String>,
+    #[serde(default)]
+    burst: Option<u32>,
+}
+
+/// Changes a channel's send limit while haul runs: 200 `changed` (in force at every
+/// dispatcher within a second) or `duplicate` (a retry), with the limit before and
+/// after.
+pub(crate) async fn channel_rate(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    ApiBody(body): ApiBody,
+) -> Response {
+    let b: ChannelRateBody = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let request = haul_runtime::rates::RateRequest { channel: b.channel, rate: b.rate, burst: b.burst };
+    match haul_runtime::rates::change_rate(s.store.as_ref(), &s.configured_limits, &who, &request, s.clock.now()).await
+    {
+        Ok(changed) => (StatusCode::OK, axum::Json(changed)).into_response(),
+        Err(e) => refused(e),
+    }
+}
+
+/// Every channel's send limit in force, the settings' beside it, and the latest
+/// changes, newest first.
+pub(crate) async fn channel_rates(_: crate::state::ApiCaller, State(s): State<Arc<ApiState>>) -> Response {
+    match haul_runtime::rates::channel_rates(s.store.as_ref(), &s.configured_limits).await {
+        Ok((channels, changes)) => {
+            axum::Json(serde_json::json!({"channels": channels, "changes": changes})).into_response()
+        }
+        Err(e) => refused(e),
+    }
+}

@@ -76,6 +76,9 @@ pub struct ApiState {
     /// The store figures' last values (`metrics::STORE_FIGURES` order), kept for a
     /// scrape the store cannot answer.
     pub(crate) store_figures_last: Mutex<[f64; 4]>,
+    /// The channels' send limits of the settings (`channels.*.rate`), what an
+    /// operator's rate change overrides and what a change with no rate puts back.
+    pub configured_limits: haul_core::PerChannel<Option<haul_core::limit::Limit>>,
 }
 
 impl ApiState {
@@ -106,6 +109,7 @@ impl ApiState {
             trusted_proxies: Vec::new(),
             store_figures: true,
             store_figures_last: Mutex::new([0.0; 4]),
+            configured_limits: haul_core::PerChannel::from_fn(|_| None),
         }
     }
 

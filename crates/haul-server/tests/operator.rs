@@ -495,7 +495,62 @@ async fn dead_rows_and_unmatched_sms_leave_the_inbox_when_dismissed(backend: Bac
     );
 }
 
+/// A channel's send limit changed while haul runs: only with an operator's token, once
+/// per request id, bad input refused naming what is wrong (and nothing kept), the
+/// history and what is in force listed; no rate puts the settings' limit back.
+async fn a_channel_rate_is_changed_once_with_who_and_why(backend: Backend) {
+    let api = api(backend).await;
+    let path = "/v1/operator/channel-rate";
+    let rate = |request: &str, extra: Value| with(with(who(request), json!({"channel": "sms"})), extra);
+    let sms_10 = rate("r1", json!({"rate": "10/s", "burst": 5}));
+    check(api.post_as(Some(TOKEN), path, &sms_10).await, StatusCode::FORBIDDEN, "operator_token_required");
+    for (bad, code, says) in [
+        (rate("r1", json!({"rate": "fast"})), "bad_rate", "rate: \"fast\" is not a rate"),
+        (rate("r1", json!({"rate": "0/s"})), "bad_rate", "allows no send"),
+        (rate("r1", json!({"rate": "1/s", "burst": 0})), "bad_rate", "burst 0"),
+        (rate("r1", json!({"burst": 3})), "bad_rate", "burst without a rate"),
+        (rate("r1", json!({"channel": "fax", "rate": "1/s"})), "bad_channel", "\"fax\" is not one of"),
+        (rate("r 1", json!({"rate": "1/s"})), "bad_request_id", "request"),
+        (rate("r1", json!({"rate": "1/s", "reason": " "})), "bad_payload", "say why"),
+    ] {
+        let v = check(api.post_as(Some(OPERATOR), path, &bad).await, StatusCode::BAD_REQUEST, code);
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{v}");
+    }
+    let (_, listed, _) = api.get("/v1/operator/channel-rates").await;
+    assert_eq!(listed["changes"], json!([]), "nothing refused was kept");
+    let v = check(api.post_as(Some(OPERATOR), path, &sms_10).await, StatusCode::OK, "changed");
+    assert_eq!(
+        (&v["channel"], &v["limit"], &v["actor"], &v["previous"], &v["effective"], &v["configured"]),
+        (
+            &json!("sms"),
+            &json!({"rate": "10/s", "burst": 5}),
+            &json!("ana"),
+            &Value::Null,
+            &json!({"rate": "10/s", "burst": 5}),
+            &Value::Null
+        )
+    );
+    let again = check(api.post_as(Some(OPERATOR), path, &sms_10).await, StatusCode::OK, "duplicate");
+    assert_eq!(again["changed_at"], v["changed_at"]);
+    let other = rate("r1", json!({"rate": "1/s"}));
+    check(api.post_as(Some(OPERATOR), path, &other).await, StatusCode::UNPROCESSABLE_ENTITY, "request_id_reused");
+    let back =
+        check(api.post_as(Some(OPERATOR), path, &rate("r2", json!({"rate": null}))).await, StatusCode::OK, "changed");
+    assert_eq!(
+        (&back["previous"], &back["effective"], &back["limit"]),
+        (&json!({"rate": "10/s", "burst": 5}), &Value::Null, &Value::Null)
+    );
+    let (status, listed, _) = api.get("/v1/operator/channel-rates").await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> =
+        listed["changes"].as_array().unwrap().iter().map(|c| c["request_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec!["r2", "r1"]);
+    let sms = listed["channels"].as_array().unwrap().iter().find(|c| c["channel"] == "sms").unwrap().clone();
+    assert_eq!(sms, json!({"channel": "sms", "effective": null, "configured": null, "changed": null}));
+}
+
 on_both_backends!(
+    a_channel_rate_is_changed_once_with_who_and_why,
     dead_rows_and_unmatched_sms_leave_the_inbox_when_dismissed,
     an_answer_with_wait_s_holds_the_loads_decision,
     a_requeue_of_a_huge_unknown_id_answers_a_short_404,

@@ -16,9 +16,9 @@ use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, inbox_alert_row, inbox_sms_row,
-    load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row, receipt, record_row,
-    saturated_row, shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load,
-    timer_row, type_count_row, unmatched_sms_row, unsettled_row,
+    load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row, rate_change_row,
+    receipt, record_row, saturated_row, shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_move_step,
+    sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -26,9 +26,10 @@ use haul_store::ops::{
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
     DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
-    Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery,
-    RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute,
-    StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state,
+    Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RateChange,
+    RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment,
+    SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns,
+    sms_inbox_state,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -524,20 +525,63 @@ impl Outbox for SqliteStore {
             .await
     }
 
-    async fn hold(&self, id: &str, token: &str, until: Timestamp, now: Timestamp) -> Result<(), ClaimError> {
+    async fn hold(
+        &self,
+        id: &str,
+        token: &str,
+        until: Timestamp,
+        note: Option<&str>,
+        now: Timestamp,
+    ) -> Result<(), ClaimError> {
         let (id, token, until, now) = (id.to_owned(), token.to_owned(), to_ms(until), to_ms(now));
+        let note = note.map(str::to_owned);
         self.writer
             .run(move |conn: &Connection| {
                 owns(conn, &id, &token)?;
                 exec(
                     conn,
                     "UPDATE outbox SET due_at = ?2, claim_token = NULL, lease_until = NULL, updated_at = ?3,
-                     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + (?2 - ?3) END
+                     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + (?2 - ?3) END,
+                     last_failure = coalesce(?4, last_failure)
                      WHERE id = ?1",
-                    params![id, until, now],
+                    params![id, until, now, note],
                 )
                 .map_err(db)?;
                 Ok(())
+            })
+            .await
+    }
+
+    async fn supersede(
+        &self,
+        id: &str,
+        token: &str,
+        ask_id: &str,
+        step: u32,
+        now: Timestamp,
+    ) -> Result<Option<String>, StoreError> {
+        let (id, token, ask_id, now) = (id.to_owned(), token.to_owned(), ask_id.to_owned(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let later: Option<String> = conn
+                    .prepare_cached(
+                        "SELECT l.id FROM outbox o JOIN outbox l ON l.load_id = o.load_id
+                         WHERE o.id = ?1 AND o.claim_token = ?2 AND o.status = 'pending'
+                           AND json_extract(l.action, '$.ask_id') = ?3 AND json_extract(l.action, '$.step') > ?4
+                         ORDER BY l.created_at, l.id LIMIT 1",
+                    )
+                    .and_then(|mut st| st.query_row(params![id, token, ask_id, step], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                if let Some(later) = &later {
+                    exec(
+                        conn,
+                        "UPDATE outbox SET status = 'superseded', claim_token = NULL, lease_until = NULL,
+                         updated_at = ?2, outcome_published_at = ?2, last_failure = ?3 WHERE id = ?1",
+                        params![id, now, format!("not sent: its ask moved on ({later})")],
+                    )
+                    .map_err(db)?;
+                }
+                Ok(later)
             })
             .await
     }
@@ -1155,11 +1199,75 @@ impl SendRates for SqliteStore {
             .await
     }
 
+    async fn pause_sends(&self, key: &str, limit: &Limit, until: Timestamp, now: Timestamp) -> Result<(), StoreError> {
+        let (key, now) = (key.to_owned(), to_us(now));
+        let tat = haul_core::limit::paused(limit, None, to_us(until));
+        self.writer
+            .run(move |conn: &Connection| {
+                exec(
+                    conn,
+                    "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (rate_key) DO UPDATE SET tat_us = max(send_rates.tat_us, excluded.tat_us),
+                     held_at_us = excluded.held_at_us",
+                    params![key, tat, now],
+                )
+                .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
     async fn saturated(&self, since: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError> {
         self.query_rows(
             "SELECT rate_key, held_at_us FROM send_rates WHERE held_at_us >= ?1 ORDER BY held_at_us DESC, rate_key",
             [to_us(since)],
             saturated_row,
+        )
+        .await
+    }
+
+    async fn change_rate(&self, change: &RateChange) -> Result<(RateChange, bool), StoreError> {
+        let c = change.clone();
+        let request_id = c.request_id.clone();
+        let made = self
+            .writer
+            .run(move |conn: &Connection| {
+                let (rate, burst) = (c.limit.map(|l| l.rate.to_string()), c.limit.map(|l| i64::from(l.burst)));
+                let n = exec(
+                    conn,
+                    "INSERT INTO rate_changes (request_id, channel, rate, burst, actor, reason, changed_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (request_id) DO NOTHING",
+                    params![c.request_id, c.channel, rate, burst, c.actor, c.reason, to_ms(c.changed_at)],
+                )
+                .map_err(db)?;
+                Ok::<bool, StoreError>(n == 1)
+            })
+            .await?;
+        let sql = concat!("SELECT ", columns!(rate_change), " FROM rate_changes WHERE request_id = ?1");
+        let mut rows = self.query_rows(sql, [request_id], rate_change_row).await?;
+        let kept = rows.pop().ok_or_else(|| StoreError::new("a rate change was recorded and then not found"))?;
+        Ok((kept, made))
+    }
+
+    async fn current_rates(&self) -> Result<Vec<RateChange>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(rate_change),
+                " FROM rate_changes r WHERE seq = (SELECT max(seq) FROM rate_changes l WHERE l.channel = r.channel)
+                 ORDER BY channel"
+            ),
+            [],
+            rate_change_row,
+        )
+        .await
+    }
+
+    async fn rate_changes(&self, limit: usize) -> Result<Vec<RateChange>, StoreError> {
+        self.query_rows(
+            concat!("SELECT ", columns!(rate_change), " FROM rate_changes ORDER BY seq DESC LIMIT CAST(?1 AS INTEGER)"),
+            [limit as i64],
+            rate_change_row,
         )
         .await
     }

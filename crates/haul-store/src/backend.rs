@@ -19,15 +19,17 @@ use std::time::Duration;
 use haul_core::action::ActionType;
 use haul_core::dispatch::AlertKind;
 use haul_core::ids::{LoadId, TimerId};
+use haul_core::limit::Limit;
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, from_ms, to_ms};
 use serde_json::Value;
 
 use crate::{
     AlertState, AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary,
-    NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RecordedDelivery,
-    ShadowDecision, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms,
-    Unsettled, is_key_of_load, ops::ConflictLoad, ops::InboxAlert, ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
+    NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RateChange,
+    RecordedDelivery, ShadowDecision, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Timer,
+    TimerStatus, UnmatchedSms, Unsettled, is_key_of_load, ops::ConflictLoad, ops::InboxAlert, ops::InboxMark,
+    ops::InboxSms, ops::SmsDismissal,
 };
 
 // ---------------------------------------------------------------------------------
@@ -187,6 +189,9 @@ macro_rules! columns {
     };
     (conflict_load) => {
         "load_id, conflicts, last_conflict_at"
+    };
+    (rate_change) => {
+        "request_id, channel, rate, burst, actor, reason, changed_at"
     };
     (shadow) => {
         "load_id, event_id, shadow, event_seq, event, rule, primary_decision, shadow_decision, agreement, error, \
@@ -468,6 +473,27 @@ pub fn sms_assignment(r: &dyn Columns, load_id: &LoadId, event_id: &str) -> Resu
 }
 
 /// A row of `rate_key, held_at_us` of `send_rates`: a saturated channel and when.
+/// A row of `columns!(rate_change)`.
+pub fn rate_change_row(r: &dyn Columns) -> Result<RateChange, StoreError> {
+    let limit = match r.opt_string(2)? {
+        None => None,
+        Some(rate) => {
+            let parsed = haul_core::limit::Rate::parse(&rate).map_err(|_| CorruptRowError::value("rate", &rate))?;
+            let burst = r.opt_i64(3)?.unwrap_or(1);
+            let limit = u32::try_from(burst).ok().and_then(|b| Limit::new(parsed, b).ok());
+            Some(limit.ok_or_else(|| CorruptRowError::value("burst", &burst.to_string()))?)
+        }
+    };
+    Ok(RateChange {
+        request_id: r.string(0)?,
+        channel: r.string(1)?,
+        limit,
+        actor: r.string(4)?,
+        reason: r.string(5)?,
+        changed_at: from_ms(r.i64(6)?),
+    })
+}
+
 pub fn saturated_row(r: &dyn Columns) -> Result<(String, Timestamp), StoreError> {
     Ok((r.string(0)?, haul_core::time::from_us(r.i64(1)?)))
 }

@@ -78,6 +78,9 @@ macro_rules! contract_tests {
             an_assigned_sms_moves_once_per_event,
             racing_moves_of_one_sms_take_turns,
             a_held_row_spends_no_attempt_and_no_budget,
+            a_row_whose_ask_moved_on_is_superseded,
+            a_paused_key_sends_nothing_until_the_pause_ends,
+            rate_changes_are_kept_once_per_request_and_the_latest_wins,
             send_rates_are_shared_by_racing_dispatchers,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
@@ -657,9 +660,9 @@ pub async fn publish_and_mark_dispatched_publishes_even_when_the_claim_is_stale(
 pub async fn a_held_row_spends_no_attempt_and_no_budget(s: DynStore) {
     commit(&s, "L1", "e1", 0, &["L1/a/send_sms"]).await;
     let c = s.pending(1, at(10), LEASE).await.unwrap().remove(0);
-    let bad = s.hold(&c.row.id, "not-the-token", at(15), at(10)).await;
+    let bad = s.hold(&c.row.id, "not-the-token", at(15), None, at(10)).await;
     assert!(matches!(bad, Err(ClaimError::Stale(_))), "{bad:?}");
-    s.hold(&c.row.id, &c.token, at(15), at(10)).await.unwrap();
+    s.hold(&c.row.id, &c.token, at(15), None, at(10)).await.unwrap();
     let r = s.get(&c.row.id).await.unwrap().unwrap();
     let fields = (r.status, r.attempts, r.due_at, r.first_attempt_at, r.claim_token.clone(), r.lease_until);
     assert_eq!(fields, (OutboxStatus::Pending, 0, at(15), None, None, None));
@@ -668,10 +671,68 @@ pub async fn a_held_row_spends_no_attempt_and_no_budget(s: DynStore) {
     assert_eq!(c.row.first_attempt_at, Some(at(15)), "the budget starts at the first real claim");
     s.mark_failed(&c.row.id, &c.token, "503", Some(at(20)), at(16)).await.unwrap();
     let c = s.pending(1, at(20), LEASE).await.unwrap().remove(0);
-    s.hold(&c.row.id, &c.token, at(50), at(20)).await.unwrap();
+    s.hold(&c.row.id, &c.token, at(50), Some("throttled: HTTP 429"), at(20)).await.unwrap();
     let r = s.get(&c.row.id).await.unwrap().unwrap();
     assert_eq!((r.attempts, r.due_at, r.first_attempt_at), (1, at(50), Some(at(45))), "moved on by the 30 s wait");
-    assert!(matches!(s.hold(&c.row.id, &c.token, at(60), at(21)).await, Err(ClaimError::Stale(_))), "given back");
+    assert_eq!(r.last_failure.as_deref(), Some("throttled: HTTP 429"), "a 429's hold says why");
+    assert!(matches!(s.hold(&c.row.id, &c.token, at(60), None, at(21)).await, Err(ClaimError::Stale(_))), "given back");
+    let c = s.pending(1, at(50), LEASE).await.unwrap().remove(0);
+    s.hold(&c.row.id, &c.token, at(60), None, at(50)).await.unwrap();
+    let r = s.get(&c.row.id).await.unwrap().unwrap();
+    assert_eq!(r.last_failure.as_deref(), Some("throttled: HTTP 429"), "a rate's hold keeps the last failure");
+}
+
+/// An ask's SMS that waited is settled unsent once a later step of its ask is on its
+/// load (and only then, only by its claim's owner); other loads and asks do not count.
+pub async fn a_row_whose_ask_moved_on_is_superseded(s: DynStore) {
+    let ask = |id: &str, ask: &str, step: u32| NewOutboxRow {
+        id: id.into(),
+        action_type: ActionType::SendSms,
+        action: json!({"key": id, "type": "send_sms", "ask_id": ask, "step": step, "params": {}}),
+    };
+    let step1 = "L1/ask:eta_request:p1/1/send_sms";
+    let rows =
+        vec![ask(step1, "ask:eta_request:p1", 1), ask("L1/ask:eta_request:p9/2/send_sms", "ask:eta_request:p9", 2)];
+    s.append(&load("L1"), vec![entry("e1")], 0, rows, at(0)).await.unwrap();
+    let other = vec![ask("L2/ask:eta_request:p1/2/send_sms", "ask:eta_request:p1", 2)];
+    s.append(&load("L2"), vec![entry("e1")], 0, other, at(0)).await.unwrap();
+    let claim = |s: DynStore| async move {
+        s.pending(10, at(1), LEASE).await.unwrap().into_iter().find(|c| c.row.id == step1).unwrap()
+    };
+    let c = claim(s.clone()).await;
+    assert_eq!(s.supersede(&c.row.id, &c.token, "ask:eta_request:p1", 1, at(1)).await.unwrap(), None, "not moved on");
+    assert_eq!(s.get(step1).await.unwrap().unwrap().status, OutboxStatus::Pending);
+    // Step 2 of its ask, and a timer of step 1 (not later).
+    let later = vec![
+        ask("L1/ask:eta_request:p1/1/set_timer", "ask:eta_request:p1", 1),
+        ask("L1/ask:eta_request:p1/2/send_sms", "ask:eta_request:p1", 2),
+    ];
+    s.append(&load("L1"), vec![entry("e2")], 1, later, at(2)).await.unwrap();
+    assert_eq!(s.supersede(&c.row.id, "not-the-token", "ask:eta_request:p1", 1, at(3)).await.unwrap(), None);
+    assert_eq!(s.get(step1).await.unwrap().unwrap().status, OutboxStatus::Pending, "not its claim: nothing changed");
+    let by = s.supersede(&c.row.id, &c.token, "ask:eta_request:p1", 1, at(3)).await.unwrap();
+    assert_eq!(by.as_deref(), Some("L1/ask:eta_request:p1/2/send_sms"));
+    let r = s.get(step1).await.unwrap().unwrap();
+    let fields = (r.status, r.attempts, r.claim_token, r.lease_until, r.last_failure.as_deref());
+    let note = "not sent: its ask moved on (L1/ask:eta_request:p1/2/send_sms)";
+    assert_eq!(fields, (OutboxStatus::Superseded, 0, None, None, Some(note)));
+    assert!(!pending_ids(&s, 10, at(1000)).await.contains(&step1.to_owned()), "never claimed again");
+    assert_eq!(s.count_by_status(OutboxStatus::Superseded).await.unwrap(), 1);
+    assert_eq!(s.supersede(&c.row.id, &c.token, "ask:eta_request:p1", 1, at(4)).await.unwrap(), None, "once");
+}
+
+/// A 429's pause: no send on its key before it ends, then one at a time; a pause
+/// shorter than what the key already waits changes nothing; the key shows saturated.
+pub async fn a_paused_key_sends_nothing_until_the_pause_ends(s: DynStore) {
+    let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("10/s").unwrap(), 3).unwrap();
+    s.pause_sends("sms", &limit, at(110), at(100)).await.unwrap();
+    assert_eq!(s.saturated(at(100)).await.unwrap(), vec![("sms".to_owned(), at(100))]);
+    let just_before = add(at(109), Duration::from_millis(999));
+    assert_eq!(s.take_sends("sms", &limit, 5, just_before).await.unwrap().granted, 0);
+    assert_eq!(s.take_sends("sms", &limit, 5, at(110)).await.unwrap().granted, 1, "one, not the burst");
+    s.pause_sends("sms", &limit, at(105), at(106)).await.unwrap();
+    assert_eq!(s.take_sends("sms", &limit, 5, add(at(110), Duration::from_millis(100))).await.unwrap().granted, 1);
+    assert_eq!(s.take_sends("hero", &limit, 5, at(100)).await.unwrap().granted, 3, "its own key");
 }
 
 /// Dispatchers taking sends for one key at once never get more between them than the
@@ -709,6 +770,35 @@ pub async fn send_rates_are_shared_by_racing_dispatchers(s: DynStore) {
     );
     s.take_sends("sms", &limit, 9, at(130)).await.unwrap();
     assert_eq!(since(at(101)).await.unwrap(), vec![("sms".to_owned(), at(130))], "only since then");
+}
+
+/// An operator's rate changes: one per request id (a retry answers the first), each
+/// channel's latest is its current one, a change back to the settings (no limit) is
+/// kept as such, and the history reads newest first.
+pub async fn rate_changes_are_kept_once_per_request_and_the_latest_wins(s: DynStore) {
+    use haul_core::limit::{Limit, Rate};
+    let limit = |r: &str, b: u32| Some(Limit::new(Rate::parse(r).unwrap(), b).unwrap());
+    let change = |id: &str, channel: &str, l: Option<Limit>, t: u64| crate::RateChange {
+        request_id: id.into(),
+        channel: channel.into(),
+        limit: l,
+        actor: "dana@ops".into(),
+        reason: format!("{id}: carrier asked"),
+        changed_at: at(t),
+    };
+    assert!(s.current_rates().await.unwrap().is_empty());
+    let first = change("r1", "sms", limit("10/s", 5), 1);
+    assert_eq!(s.change_rate(&first).await.unwrap(), (first.clone(), true));
+    // A retry, or one with other fields, answers the change as first made.
+    assert_eq!(s.change_rate(&first).await.unwrap(), (first.clone(), false));
+    assert_eq!(s.change_rate(&change("r1", "sms", limit("1/s", 1), 2)).await.unwrap(), (first, false));
+    s.change_rate(&change("r2", "hero", limit("12/min", 1), 3)).await.unwrap();
+    s.change_rate(&change("r3", "sms", None, 4)).await.unwrap();
+    let current = s.current_rates().await.unwrap();
+    assert_eq!(current, vec![change("r2", "hero", limit("12/min", 1), 3), change("r3", "sms", None, 4)]);
+    let ids: Vec<String> = s.rate_changes(10).await.unwrap().into_iter().map(|c| c.request_id).collect();
+    assert_eq!(ids, vec!["r3", "r2", "r1"]);
+    assert_eq!(s.rate_changes(1).await.unwrap().len(), 1);
 }
 
 pub async fn mark_failed_with_retry_at_reschedules(s: DynStore) {

@@ -371,6 +371,8 @@ pub enum OutboxStatus {
     Pending,
     Dispatched,
     Dead,
+    /// Never sent: its ask moved on to a later step while it waited (`Outbox::supersede`).
+    Superseded,
 }
 
 impl OutboxStatus {
@@ -379,11 +381,14 @@ impl OutboxStatus {
             OutboxStatus::Pending => "pending",
             OutboxStatus::Dispatched => "dispatched",
             OutboxStatus::Dead => "dead",
+            OutboxStatus::Superseded => "superseded",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [OutboxStatus::Pending, OutboxStatus::Dispatched, OutboxStatus::Dead].into_iter().find(|v| v.as_str() == s)
+        [OutboxStatus::Pending, OutboxStatus::Dispatched, OutboxStatus::Dead, OutboxStatus::Superseded]
+            .into_iter()
+            .find(|v| v.as_str() == s)
     }
 }
 
@@ -491,10 +496,33 @@ pub trait Outbox: Send + Sync {
     ) -> Result<(), ClaimError>;
 
     /// Gives a claimed row back unsent, due again at `until`: a send rate held it back
-    /// (`SendRates`). Waiting is not failing: no attempt is counted and none of the
-    /// retry budget is spent (a row never sent forgets its first claim; one sent before
-    /// has its first attempt moved on by the wait).
-    async fn hold(&self, id: &str, token: &str, until: Timestamp, now: Timestamp) -> Result<(), ClaimError>;
+    /// (`SendRates`), or the service answered 429 (`note` then says so and is kept as
+    /// the row's last failure). Waiting is not failing: no attempt is counted and none
+    /// of the retry budget is spent (a row never sent forgets its first claim; one sent
+    /// before has its first attempt moved on by the wait).
+    async fn hold(
+        &self,
+        id: &str,
+        token: &str,
+        until: Timestamp,
+        note: Option<&str>,
+        now: Timestamp,
+    ) -> Result<(), ClaimError>;
+
+    /// Settles a claimed row unsent if a later step of its ask (`ask_id`, `step`) was
+    /// decided on its load meanwhile: a row of that load whose action has the same
+    /// `ask_id` and a greater `step`. The row becomes `superseded`, settled (nothing is
+    /// published for it), with that later row's id in its last failure; the later
+    /// row's id is returned. `None`: its ask has not moved on (or the claim is no
+    /// longer this token's), and nothing changed.
+    async fn supersede(
+        &self,
+        id: &str,
+        token: &str,
+        ask_id: &str,
+        step: u32,
+        now: Timestamp,
+    ) -> Result<Option<String>, StoreError>;
 
     async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError>;
 
@@ -1085,7 +1113,21 @@ pub async fn prune_all(
     Ok(sum)
 }
 
-/// Everything one database provides.
+/// A change of a channel's send limit made while haul runs, by an operator
+/// (`SendRates::change_rate`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RateChange {
+    /// The operator request's id: a retry with it is the same change.
+    pub request_id: String,
+    /// The channel's settings name (`sms`, `hero`, …).
+    pub channel: String,
+    /// The limit from now on; `None`: the settings' (`channels.*.rate`) again.
+    pub limit: Option<Limit>,
+    pub actor: String,
+    pub reason: String,
+    pub changed_at: Timestamp,
+}
+
 /// The state of the channels' send rates (`haul_core::limit`), kept in the store so
 /// every dispatcher process shares one limit.
 #[async_trait]
@@ -1097,11 +1139,29 @@ pub trait SendRates: Send + Sync {
     /// A grant of fewer than `wanted` also keeps `now` as when rows were last held back.
     async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError>;
 
+    /// The service behind `key` asked to wait until `until` (a 429's `Retry-After`):
+    /// its state becomes `haul_core::limit::paused`, so no dispatcher sends on it before
+    /// then, and `now` is kept as when it last held rows back.
+    async fn pause_sends(&self, key: &str, limit: &Limit, until: Timestamp, now: Timestamp) -> Result<(), StoreError>;
+
     /// The keys whose rate held rows back at or after `since`, most recent first, with
     /// when: the channels that are saturated.
     async fn saturated(&self, since: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError>;
+
+    /// Records an operator's change of a channel's send limit and answers the change
+    /// as stored, and whether this call made it: the first one made with its request
+    /// id (a retry finds that one and records nothing more; the caller compares to
+    /// tell a retry from a reuse).
+    async fn change_rate(&self, change: &RateChange) -> Result<(RateChange, bool), StoreError>;
+
+    /// Each channel's latest change, by channel name: what overrides its settings.
+    async fn current_rates(&self) -> Result<Vec<RateChange>, StoreError>;
+
+    /// The latest `limit` changes of every channel, newest first.
+    async fn rate_changes(&self, limit: usize) -> Result<Vec<RateChange>, StoreError>;
 }
 
+/// Everything one database provides.
 pub trait Store:
     EventStore
     + SendRates

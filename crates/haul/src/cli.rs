@@ -468,6 +468,38 @@ pub enum OperatorCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Change a channel's send limit while haul runs: in force at every dispatcher
+    /// within a second, kept with who and why. `--reset` puts the settings' limit
+    /// (channels.*.rate) back.
+    SetRate {
+        /// The channel: sms, hero, slack, tms or ops.
+        channel: String,
+        /// At most N sends per second, minute or hour: N/s, N/min, N/h.
+        #[arg(long, required_unless_present = "reset", conflicts_with = "reset")]
+        rate: Option<String>,
+        /// Sends at once after a quiet spell (1 when not given).
+        #[arg(long, requires = "rate")]
+        burst: Option<u32>,
+        /// Back to the settings' limit.
+        #[arg(long)]
+        reset: bool,
+        #[command(flatten)]
+        who: Requester,
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Each channel's send limit in force, its settings' beside it, and the latest
+    /// changes.
+    Rates {
+        #[command(flatten)]
+        settings: ConfigArgs,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Move an SMS assigned to the wrong load to the right one: the wrong load's asks
     /// it answered go to a person (a Hero task), and the right load takes it.
     ReassignSms {

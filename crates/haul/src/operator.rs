@@ -16,6 +16,7 @@ use haul_core::{Clock, Timestamp};
 use haul_runtime::clock::SystemClock;
 use haul_runtime::operator::{self, BulkAnswer, DeadFilter, OperatorError, Queued, Requester};
 use haul_runtime::queue::EventQueue;
+use haul_runtime::rates;
 use haul_store::{LoadQueue, Store};
 use serde_json::json;
 
@@ -99,6 +100,64 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
                 Err(e) => refused(e, json),
             }
         }
+        OperatorCommand::SetRate { channel, rate, burst, reset: _, who, settings, json } => {
+            let (store, configured) = open_rates(&settings).await?;
+            let (who, _) = requester(who);
+            let request = rates::RateRequest { channel, rate, burst };
+            match rates::change_rate(store.as_ref(), &configured, &who, &request, SystemClock.now()).await {
+                Ok(c) if json => {
+                    say(serde_json::to_string_pretty(&c)?);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Ok(c) => {
+                    let now = c.effective.map_or("no limit".to_owned(), |l| limit_text(&l));
+                    let before = c.previous.map_or("no limit".to_owned(), |l| limit_text(&l));
+                    if c.status == "changed" {
+                        say(format_args!(
+                            "{}: {now} (was {before}); in force at every dispatcher within a second",
+                            c.change.channel
+                        ));
+                    } else {
+                        say(format_args!(
+                            "duplicate: request {} was made at {} by {}; nothing new ({}: {now})",
+                            c.change.request_id, c.change.changed_at, c.change.actor, c.change.channel
+                        ));
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => refused(e, json),
+            }
+        }
+        OperatorCommand::Rates { settings, json } => {
+            let (store, configured) = open_rates(&settings).await?;
+            let (channels, changes) = match rates::channel_rates(store.as_ref(), &configured).await {
+                Ok(r) => r,
+                Err(e) => return refused(e, json),
+            };
+            if json {
+                say(serde_json::to_string_pretty(&json!({"channels": channels, "changes": changes}))?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for c in &channels {
+                let text = |l: &Option<haul_core::limit::Limit>| l.as_ref().map_or("no limit".to_owned(), limit_text);
+                let source = match &c.changed {
+                    Some(ch) => format!("set by {} at {}: {}", ch.actor, ch.changed_at, ch.reason),
+                    None => "the settings'".to_owned(),
+                };
+                say(format_args!("{:<6} {:<18} {source}", c.channel, text(&c.effective)));
+            }
+            if !changes.is_empty() {
+                say("latest changes:");
+            }
+            for ch in &changes {
+                let l = ch.limit.as_ref().map_or("back to the settings".to_owned(), limit_text);
+                say(format_args!(
+                    "  {} {} {:<18} by {} ({}): {}",
+                    ch.changed_at, ch.channel, l, ch.actor, ch.request_id, ch.reason
+                ));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         OperatorCommand::BulkRequeue { action_type, since, limit, dry_run, who, settings, json } => {
             let action_type = ActionType::parse(&action_type).with_context(|| {
                 let all: Vec<&str> = ActionType::ALL.iter().map(|t| t.as_str()).collect();
@@ -122,6 +181,20 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
 
 fn requester(r: RequesterArgs) -> (Requester, Duration) {
     (Requester { request_id: r.request_id, actor: r.actor, reason: r.reason }, r.wait)
+}
+
+fn limit_text(l: &haul_core::limit::Limit) -> String {
+    format!("{} (burst {})", l.rate, l.burst)
+}
+
+/// The store of the settings and the channels' limits the settings give.
+async fn open_rates(
+    settings: &ConfigArgs,
+) -> anyhow::Result<(Arc<dyn Store>, haul_core::PerChannel<Option<haul_core::limit::Limit>>)> {
+    let config = load_config(settings, None)?;
+    let store = store::open(&config.store.url, None).await.context("store.url")?;
+    let limits = haul_runtime::dispatcher::DispatcherSettings::default().with_limits(&config.channels).limits;
+    Ok((store, limits))
 }
 
 /// The store of the settings and the load queue serve uses with it.

@@ -66,6 +66,8 @@ struct FaultSection {
     key: String,
     kind: String,
     times: Option<u32>,
+    /// With `rate_limited`: the 429 says `Retry-After` (whole seconds).
+    retry_after: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -508,7 +510,16 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
         let kind = match f.kind.as_str() {
             "retryable" => FaultKind::Retryable,
             "permanent" => FaultKind::Permanent,
-            "rate_limited" => FaultKind::RateLimited,
+            "rate_limited" => match &f.retry_after {
+                None => FaultKind::RateLimited,
+                Some(d) => match parse_duration(d) {
+                    Ok(d) if d.subsec_nanos() == 0 => FaultKind::Throttled(d),
+                    _ => {
+                        let message = format!("{d:?} is not a whole number of seconds (\"5s\", \"2m\")");
+                        return Err(err(span, "fault.retry_after", message));
+                    }
+                },
+            },
             "lost_answer" => FaultKind::LostAnswer,
             other => {
                 return Err(err(
@@ -518,6 +529,10 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
                 ));
             }
         };
+        if f.retry_after.is_some() && !matches!(kind, FaultKind::Throttled(_)) {
+            let message = format!("retry_after goes with kind = \"rate_limited\", not {:?}", f.kind);
+            return Err(err(span, "fault.retry_after", message));
+        }
         faults.push(FaultRule { channel: channel.config_name().into(), key: f.key.clone(), kind, times: f.times });
     }
     if file.step.len() > MAX_STEPS {

@@ -440,7 +440,9 @@ fn outbox_state(row: &OutboxRow) -> String {
         let _ = write!(s, " · receipt <code>{}</code>", esc(r));
     }
     if let Some(f) = &row.last_failure {
-        let _ = write!(s, " · last failure: <q>{}</q>", esc(f));
+        // A superseded row did not fail: the text says why it was not sent.
+        let label = if row.status == OutboxStatus::Superseded { "why" } else { "last failure" };
+        let _ = write!(s, " · {label}: <q>{}</q>", esc(f));
     }
     s
 }
