@@ -8,6 +8,7 @@
 //! still be pending; the simulator and the crash test check once everything drained.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use haul_core::Channel;
 use haul_core::OutcomeStatus;
@@ -16,6 +17,7 @@ use haul_core::decision::DECISION_RECORDED;
 use haul_core::event::{EventBody, EventKind};
 use haul_core::ids::{EventId, LoadId, action_outcome_event_id, decision_entry_id, ops_alert_key};
 use haul_core::projection::Record;
+use haul_core::time::Timestamp;
 
 use haul_store::{AlertState, Outbox, OutboxRow, OutboxStatus, RowCursor, StoreError};
 
@@ -45,6 +47,8 @@ pub enum Invariant {
     /// An operator's requeue re-drives a dead row of its load, and a dead row is
     /// requeued at most once however many requests ask.
     RequeuedOnce,
+    /// A channel with a send rate saw no more calls in any second than the rate allows.
+    SendRateKept,
 }
 
 impl Invariant {
@@ -62,6 +66,7 @@ impl Invariant {
             Invariant::DispatchedOnce => "dispatched once",
             Invariant::DeadRowSettled => "dead row settled",
             Invariant::RequeuedOnce => "requeued once",
+            Invariant::SendRateKept => "send rate kept",
         }
     }
 }
@@ -82,6 +87,43 @@ impl std::error::Error for Violation {}
 
 fn broke(invariant: Invariant, message: String) -> Result<(), Violation> {
     Err(Violation { invariant, message })
+}
+
+/// A channel's calls (`at`, in any order) under `limit`: no window of one second holds
+/// more than the burst, the rate's sends in a second, and `in_flight` more (sends
+/// granted before a clock jump that reach the service after it, in a simulator whose
+/// clock moves while a batch is sent).
+pub fn sends_within_rate(
+    channel: &str,
+    at: &[Timestamp],
+    limit: &haul_core::limit::Limit,
+    in_flight: u32,
+) -> Result<(), Violation> {
+    let mut at = at.to_vec();
+    at.sort();
+    let per_second = limit.rate.per_second().ceil() as usize;
+    let allowed = limit.burst as usize + per_second + in_flight as usize;
+    let second = Duration::from_secs(1);
+    let mut end = 0;
+    for (i, start) in at.iter().enumerate() {
+        let until = haul_core::time::add(*start, second);
+        end = end.max(i);
+        while end < at.len() && at[end] < until {
+            end += 1;
+        }
+        if end - i > allowed {
+            return broke(
+                Invariant::SendRateKept,
+                format!(
+                    "{} {channel} calls in the second from {start}: the rate {} (burst {}) allows {allowed}",
+                    end - i,
+                    limit.rate,
+                    limit.burst
+                ),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Invariant 1 for one load: each of `events` (inbound event ids) is in `log` once.
@@ -277,6 +319,31 @@ mod tests {
 
     fn load() -> LoadId {
         LoadId::parse("481207").unwrap()
+    }
+
+    #[test]
+    fn a_second_with_more_calls_than_the_rate_allows_is_caught() {
+        let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("2/s").unwrap(), 3).unwrap();
+        let ms = |m: &[u64]| -> Vec<Timestamp> {
+            let t0: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+            m.iter().map(|m| haul_core::time::add(t0, Duration::from_millis(*m))).collect()
+        };
+        let check = |calls: &[u64], in_flight: u32, ok: bool| {
+            let got = sends_within_rate("sms", &ms(calls), &limit, in_flight);
+            assert_eq!(got.is_ok(), ok, "{calls:?} +{in_flight}: {got:?}");
+        };
+        // Burst 3 and 2 a second: 5 in any second.
+        check(&[0, 0, 0, 500, 999], 0, true);
+        check(&[0, 0, 0, 500, 999, 999], 0, false);
+        check(&[999, 0, 0, 500, 0, 999], 1, true);
+        // Any second, not only whole ones: 100 ms to 1.1 s holds six.
+        check(&[100, 500, 999, 1000, 1000, 1001], 0, false);
+        check(&[0, 0, 0, 1000, 1000, 1000, 2000, 2000, 2000], 0, true);
+        check(&[], 0, true);
+        let v = sends_within_rate("sms", &ms(&[0; 7]), &limit, 1).unwrap_err();
+        assert_eq!(v.invariant, Invariant::SendRateKept);
+        assert!(v.message.starts_with("7 sms calls in the second from 2026-03-02T07:00:00Z"), "{v}");
+        assert!(v.message.ends_with("allows 6"), "{v}");
     }
 
     fn rec(seq: u64, entry_id: &str, entry: Entry) -> Record {

@@ -22,7 +22,7 @@ use haul_core::projection::{LoadState, Record};
 use haul_core::sop::Policies;
 use haul_core::time::{Timestamp, add, since};
 use haul_core::timers::TimerRoute;
-use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_store::{LoadQueue, OutboxStatus, Store, TimerStatus};
 use serde_json::json;
 
@@ -142,6 +142,9 @@ struct Shared {
     latest_claim: HashMap<String, String>,
     stale_marks: Vec<String>,
     trace: Vec<String>,
+    /// When each SMS call reached the service (fake time), taken or refused: what the
+    /// send rate invariant counts.
+    sms_calls: Vec<Timestamp>,
 }
 
 impl Shared {
@@ -255,6 +258,17 @@ struct Drained {
 }
 
 const LEASE: Duration = Duration::from_secs(90);
+
+/// The SMS channel's send rate in every seed: one a second, one at once. Low enough
+/// that the generator's bursts meet it, so rows are held back, throttled and
+/// superseded under every fault.
+fn sms_limit() -> haul_core::limit::Limit {
+    haul_core::limit::Limit::new(haul_core::limit::Rate::parse("1/s").expect("a rate"), 1).expect("a limit")
+}
+
+/// SMS a dispatcher may have been granted and not yet sent when the clock jumps (a
+/// call answered after the lease moves it 91 s on).
+const SMS_IN_FLIGHT: u32 = 0;
 const VISIBILITY: Duration = Duration::from_secs(360);
 const STRANGER: &str = "+15555559999";
 
@@ -303,6 +317,7 @@ impl World {
             latest_claim: HashMap::new(),
             stale_marks: Vec::new(),
             trace: Vec::new(),
+            sms_calls: Vec::new(),
         }));
         let hook = {
             let shared = shared.clone();
@@ -337,6 +352,9 @@ impl World {
             let (shared, clock) = (shared.clone(), clock.clone());
             move |channel: &str, key: &str| -> Option<FaultKind> {
                 let mut s = lock(&shared);
+                if channel == Channel::Sms.config_name() {
+                    s.sms_calls.push(clock.now());
+                }
                 if !(s.on && s.faults.service) {
                     return None;
                 }
@@ -409,7 +427,7 @@ impl World {
             retry: config.dispatcher.retry.policy(),
             sequential: true,
             jitter_seed: Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
-            limits: haul_core::PerChannel::from_fn(|_| None),
+            limits: haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms_limit())),
         };
         let q: Arc<dyn LoadQueue> = queue.clone();
         // The second worker and dispatcher take the store's own queue, as `serve` does:
@@ -864,6 +882,9 @@ impl World {
                 return Ok(Some(why));
             }
             let rows = s.rows_for_load(l).await?;
+            for _ in rows.iter().filter(|r| r.status == OutboxStatus::Superseded) {
+                lock(&self.shared).count("outbox:superseded");
+            }
             let effects = |c: haul_core::Channel, key: &str| self.svc.deduped_effects(c.config_name(), key);
             if let Err(v) = invariants::outbox_settled(l, recs, &rows, &refused, effects)
                 .and_then(|()| invariants::requeued_once(l, &rows))
@@ -872,6 +893,10 @@ impl World {
             }
         }
         if let Err(v) = invariants::one_payload_per_key(&self.svc.conflicts()) {
+            return Ok(Some(v.message));
+        }
+        let sms_calls = lock(&self.shared).sms_calls.clone();
+        if let Err(v) = invariants::sends_within_rate("sms", &sms_calls, &sms_limit(), SMS_IN_FLIGHT) {
             return Ok(Some(v.message));
         }
         if let Some(id) = lock(&self.shared).stale_marks.first() {

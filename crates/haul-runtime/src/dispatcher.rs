@@ -326,6 +326,12 @@ impl Dispatcher {
                 }
             }
             metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(held.len() as u64);
+            // How long the rows let go waited for it: since they were made (a row held
+            // back is due later, so `due_at` no longer says).
+            let waited = metrics::histogram!("haul_send_wait_seconds", "channel" => channel.config_name());
+            for c in &rows {
+                waited.record(haul_core::time::since(now, c.row.created_at).as_secs_f64());
+            }
             debug!(channel = channel.config_name(), held = held.len(), sent = rows.len(), "send rate");
             admitted.extend(rows);
         }
