@@ -866,6 +866,85 @@ async fn a_rate_changed_while_it_runs_is_in_force_within_a_second() {
     assert_eq!(*d.limits(ms(182_000)).await.get(Channel::Sms), limit("1/min", 1), "the settings' again");
 }
 
+/// A 429 with `Retry-After`: the rows are held back that long with no attempt spent,
+/// their last failure saying so, and their channel with them: after the wait one goes,
+/// not the burst. Past the row's 15 minutes a 429 is a failed attempt.
+#[tokio::test]
+async fn a_429_with_retry_after_holds_the_rows_and_their_channel_back() {
+    let rig = Rig::new().await;
+    let loads = ["L1", "L2"];
+    for l in loads {
+        rig.asked(l).await;
+    }
+    let sms = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("10/s").unwrap(), 5).unwrap();
+    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms));
+    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
+    rig.services.answer(Channel::Sms, Answer::Throttled(5));
+    let out = d.run_once().await.unwrap();
+    let held = Dispatched::Held { until: add(t0(), Duration::from_secs(5)) };
+    assert_eq!(out.iter().filter(|d| **d == held).count(), 2, "{out:?}");
+    for r in rig_rows(&rig, &loads).await {
+        let fields = (r.status, r.attempts, r.first_attempt_at, r.due_at, r.claim_token.as_deref());
+        assert_eq!(fields, (OutboxStatus::Pending, 0, None, add(t0(), Duration::from_secs(5)), None), "{}", r.id);
+        assert_eq!(r.last_failure.as_deref(), Some("throttled: HTTP 429 Too Many Requests"));
+    }
+    rig.services.answer(Channel::Sms, Answer::Delivered);
+    let sent_at = |ms: u64| {
+        let (rig, d) = (&rig, d.clone());
+        async move {
+            rig.clock.set(add(t0(), Duration::from_millis(ms)));
+            d.run_once().await.unwrap();
+            rig.services.calls(Channel::Sms).len()
+        }
+    };
+    assert_eq!(sent_at(4_999).await, 2, "nothing before the wait ends");
+    assert_eq!(sent_at(5_000).await, 3, "then one: the channel waited too, no burst");
+    assert_eq!(sent_at(5_100).await, 4, "and the next an interval on");
+    assert!(rig_rows(&rig, &loads).await.iter().all(|r| r.status == OutboxStatus::Dispatched && r.attempts == 0));
+    // Made 20 minutes ago: a 429 now is a failed attempt.
+    rig.asked("L3").await;
+    rig.clock.set(add(t0(), Duration::from_secs(20 * 60)));
+    rig.services.answer(Channel::Sms, Answer::Throttled(5));
+    let out = d.run_once().await.unwrap();
+    assert!(out.iter().any(|d| matches!(d, Dispatched::Retrying { .. })), "{out:?}");
+    assert_eq!(rig.row("L3", "send_sms").await.attempts, 1);
+}
+
+/// An ask's SMS held back until its ask took its next step is settled unsent
+/// (superseded), before it takes a send from its channel's rate; the next step's goes.
+#[tokio::test]
+async fn an_sms_held_past_its_asks_next_step_is_superseded_not_sent() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    let step1 = rig.row("L1", "send_sms").await;
+    // Held back by a rate once: due later than it was made.
+    let c = rig.store.pending(10, rig.now(), Duration::from_secs(90)).await.unwrap();
+    for c in &c {
+        rig.store.hold(&c.row.id, &c.token, add(t0(), Duration::from_secs(60)), None, rig.now()).await.unwrap();
+    }
+    let ask = step1.action["ask_id"].as_str().unwrap().to_owned();
+    let key = format!("L1/{ask}/2/send_sms");
+    let action = json!({"key": key, "type": "send_sms", "ask_id": ask, "step": 2,
+        "params": {"to": "+15555550100", "body": "ETA?"}});
+    let row = haul_store::NewOutboxRow { id: key.clone(), action_type: ActionType::SendSms, action };
+    let version = rig.store.read(&load("L1")).await.unwrap().1;
+    let entries = vec![NewEntry::stored("t2", "timer_fired", json!({}))];
+    rig.store.append(&load("L1"), entries, version, vec![row], add(t0(), Duration::from_secs(30))).await.unwrap();
+    let sms = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("1/min").unwrap(), 1).unwrap();
+    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms));
+    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
+    rig.clock.set(add(t0(), Duration::from_secs(60)));
+    d.run_once().await.unwrap();
+    assert_eq!(rig.services.calls(Channel::Sms), vec![key.clone()], "the one send the rate allows goes to step 2");
+    let r = rig.row("L1", "send_sms").await;
+    assert_eq!((r.id.as_str(), r.status, r.attempts), (step1.id.as_str(), OutboxStatus::Superseded, 0));
+    assert_eq!(r.last_failure, Some(format!("not sent: its ask moved on ({key})")));
+    // A row claimed as it was made is not checked: step 2's own row went as it was.
+    assert_eq!(rig.store.get(&key).await.unwrap().unwrap().status, OutboxStatus::Dispatched);
+}
+
 async fn rig_rows(rig: &Rig, loads: &[&str]) -> Vec<haul_store::OutboxRow> {
     let mut all = vec![];
     for l in loads {

@@ -55,6 +55,8 @@ pub enum Answer {
     Delivered,
     Retryable,
     Permanent,
+    /// 429 with `Retry-After` of this many seconds.
+    Throttled(u64),
 }
 
 /// The channel services: one answer per channel, and every call they got.
@@ -91,6 +93,11 @@ impl ChannelClient for Client {
             Answer::Permanent => {
                 Err(PermanentDeliveryError(format!("HTTP 422: {}", "no such number ".repeat(100))).into())
             }
+            Answer::Throttled(secs) => Err(haul_runtime::channels::ThrottledDeliveryError {
+                why: "HTTP 429 Too Many Requests".into(),
+                retry_after: Duration::from_secs(secs),
+            }
+            .into()),
         }
     }
 
