@@ -778,9 +778,7 @@ async fn a_send_rate_holds_rows_back_without_spending_attempts() {
     for l in loads {
         rig.asked(l).await;
     }
-    let sms = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("2/s").unwrap(), 2).unwrap();
-    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms));
-    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let settings = rated(Channel::Sms, "2/s", 2);
     let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
     let sent_by = |at_ms: u64| {
         let rig = &rig;
@@ -824,9 +822,7 @@ async fn an_urgent_hero_task_goes_first_when_the_rate_binds() {
         let entries = vec![NewEntry::stored("e1", "location_ping", json!({}))];
         rig.store.append(&load(l), entries, 0, vec![row], rig.now()).await.unwrap();
     }
-    let hero = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("1/min").unwrap(), 1).unwrap();
-    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Hero).then_some(hero));
-    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let settings = rated(Channel::Hero, "1/min", 1);
     rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default()).run_once().await.unwrap();
     assert_eq!(rig.services.calls(Channel::Hero), vec!["L2/e1/create_hero_task"]);
 }
@@ -876,9 +872,7 @@ async fn a_429_with_retry_after_holds_the_rows_and_their_channel_back() {
     for l in loads {
         rig.asked(l).await;
     }
-    let sms = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("10/s").unwrap(), 5).unwrap();
-    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms));
-    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let settings = rated(Channel::Sms, "10/s", 5);
     let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
     rig.services.answer(Channel::Sms, Answer::Throttled(5));
     let out = d.run_once().await.unwrap();
@@ -931,9 +925,7 @@ async fn an_sms_held_past_its_asks_next_step_is_superseded_not_sent() {
     let version = rig.store.read(&load("L1")).await.unwrap().1;
     let entries = vec![NewEntry::stored("t2", "timer_fired", json!({}))];
     rig.store.append(&load("L1"), entries, version, vec![row], add(t0(), Duration::from_secs(30))).await.unwrap();
-    let sms = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("1/min").unwrap(), 1).unwrap();
-    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms));
-    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let settings = rated(Channel::Sms, "1/min", 1);
     let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
     rig.clock.set(add(t0(), Duration::from_secs(60)));
     d.run_once().await.unwrap();
@@ -943,6 +935,13 @@ async fn an_sms_held_past_its_asks_next_step_is_superseded_not_sent() {
     assert_eq!(r.last_failure, Some(format!("not sent: its ask moved on ({key})")));
     // A row claimed as it was made is not checked: step 2's own row went as it was.
     assert_eq!(rig.store.get(&key).await.unwrap().unwrap().status, OutboxStatus::Dispatched);
+}
+
+/// The evals' dispatcher settings with a send limit on `channel`.
+fn rated(channel: Channel, rate: &str, burst: u32) -> DispatcherSettings {
+    let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse(rate).unwrap(), burst).unwrap();
+    let limits = haul_core::PerChannel::from_fn(|c| (c == channel).then_some(limit));
+    DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() }
 }
 
 async fn rig_rows(rig: &Rig, loads: &[&str]) -> Vec<haul_store::OutboxRow> {
