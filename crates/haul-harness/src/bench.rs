@@ -38,8 +38,8 @@ use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
 
 mod e2e_http;
 
-pub const WORKLOADS: [&str; 8] =
-    ["append", "projection", "contention", "e2e", "e2e-http", "dispatch", "timers", "replay"];
+pub const WORKLOADS: [&str; 9] =
+    ["append", "projection", "contention", "e2e", "e2e-http", "dispatch", "timers", "replay", "burst"];
 
 /// Figures of one workload: name → number.
 pub type Figures = BTreeMap<String, f64>;
@@ -429,6 +429,7 @@ pub async fn run_workload(name: &str, store: &BenchStore, quick: bool) -> anyhow
         "dispatch" => dispatch(store, if quick { 2_000 } else { 20_000 }).await,
         "timers" => timers(store, if quick { 50_000 } else { 1_000_000 }, if quick { 1_000 } else { 10_000 }).await,
         "replay" => replay(store, if quick { 1_000 } else { 10_000 }).await,
+        "burst" => burst(store, if quick { 500 } else { 5_000 }).await,
         other => anyhow::bail!("unknown workload {other:?} (one of {})", WORKLOADS.join(", ")),
     }
     .with_context(|| format!("workload {name}"));
@@ -749,6 +750,109 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
     let raw = raw.iter().sum::<f64>() / raw.len() as f64;
     f.insert("raw_posts_per_s".into(), raw);
     f.insert("ratio_4_dispatchers".into(), f["rows_per_s_4_dispatchers"] / raw);
+    Ok(f)
+}
+
+/// `burst`: a morning burst against an SMS rate (docs/design.md, "Send rates"): `a_rows`
+/// routine SMS of client A and 10 of client B, all due at once, B's last in claim
+/// order, sent by 2 dispatchers (sharing the rate through the store, as processes
+/// would) at 50/s, burst 5; 2 s in, an urgent Hero task (a channel with no rate). At
+/// the sink, counted per second of real time: the most SMS any second saw (against
+/// the rate's own bound, burst + 50), when B's last SMS and the Hero task arrived,
+/// and how many rows died (none should).
+async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
+    const B_ROWS: usize = 10;
+    let rate = haul_core::limit::Rate::parse("50/s").map_err(anyhow::Error::msg)?;
+    let limit = haul_core::limit::Limit::new(rate, 5).map_err(anyhow::Error::msg)?;
+    let mut f = Figures::new();
+    let sink = crate::testkit::FakeServices::start(None).await?;
+    let (s, _) = fresh_store(store, "burst").await?;
+    let now = SystemClock.now();
+    let client_load = |client: &str, i: usize| LoadId::parse(&format!("C{client}{i}")).expect("valid load id");
+    let mut appends = tokio::task::JoinSet::new();
+    for (client, rows) in [("A", a_rows), ("B", B_ROWS)] {
+        for i in 0..rows {
+            if appends.len() >= 32
+                && let Some(r) = appends.join_next().await
+            {
+                r??;
+            }
+            let (s, l) = (s.clone(), client_load(client, i));
+            appends.spawn(async move {
+                let (entries, outbox) = run_rows(&l, i, now);
+                let sms = outbox.into_iter().filter(|o| o.action_type == ActionType::SendSms).collect();
+                s.append(&l, entries, 0, sms, now).await.map(drop)
+            });
+        }
+    }
+    while let Some(r) = appends.join_next().await {
+        r??;
+    }
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let channels = sink.channels(None, Duration::from_secs(5))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for d in 0..2u64 {
+        let settings = haul_runtime::dispatcher::DispatcherSettings {
+            jitter_seed: Some(d),
+            limits: haul_core::PerChannel::from_fn(|c| (c == haul_core::Channel::Sms).then_some(limit)),
+            ..haul_runtime::dispatcher::DispatcherSettings::default()
+        };
+        let disp = Arc::new(haul_runtime::dispatcher::Dispatcher::new(
+            s.clone(),
+            s.clone() as Arc<dyn LoadQueue>,
+            QueueMode::StoreQueue,
+            channels.clone(),
+            clock.clone(),
+            settings,
+            Faults::default(),
+        ));
+        let (wake, stop) = (Arc::new(tokio::sync::Notify::new()), stop_rx.clone());
+        tasks.spawn(haul_runtime::loops::dispatcher_loop(disp, wake, stop));
+    }
+    // The urgent Hero task, 2 s into the burst.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let hero_load = LoadId::parse("CHERO")?;
+    let key = format!("{hero_load}/ask:eta_request:p/2/create_hero_task");
+    let action = json!({"key": key, "type": "create_hero_task", "ask_id": "ask:eta_request:p", "step": 2,
+        "params": {"title": "Driver not answering", "body": "Call the driver", "urgency": "urgent"}});
+    let entries = vec![NewEntry::stored("p", "location_ping", json!({}))];
+    let hero_row = NewOutboxRow { id: key.clone(), action_type: ActionType::CreateHeroTask, action };
+    let hero_made = Instant::now();
+    s.append(&hero_load, entries, 0, vec![hero_row], SystemClock.now()).await?;
+    let all = a_rows + B_ROWS + 1;
+    let deadline = Instant::now() + Duration::from_secs((a_rows / 50) as u64 + 120);
+    while sink.effect_count() < all {
+        anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not send the burst");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while s.count_by_status(OutboxStatus::Pending).await? > 0 {
+        anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not mark the burst");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = stop_tx.send(true);
+    while let Some(r) = tasks.join_next().await {
+        r?;
+    }
+    let effects = sink.effects();
+    let mut sms: Vec<Instant> = effects.iter().filter(|e| e.channel == "sms").map(|e| e.at).collect();
+    sms.sort();
+    let most = (0..sms.len())
+        .map(|i| sms[i..].iter().take_while(|t| **t < sms[i] + Duration::from_secs(1)).count())
+        .max()
+        .unwrap_or(0);
+    let since_start = |t: Instant| t.duration_since(started).as_secs_f64();
+    let b_last = effects.iter().filter(|e| e.key.starts_with("CB")).map(|e| e.at).max();
+    let hero_at = effects.iter().find(|e| e.key == key).map(|e| e.at);
+    f.insert("sms_rate_per_s".into(), limit.rate.per_second());
+    f.insert("sms_max_in_any_second".into(), most as f64);
+    f.insert("sms_allowed_in_any_second".into(), f64::from(limit.burst) + limit.rate.per_second());
+    f.insert("sms_sent_per_s".into(), sms.len() as f64 / sms.last().map_or(1.0, |t| since_start(*t)));
+    f.insert("b_last_sms_s".into(), b_last.map_or(f64::NAN, since_start));
+    f.insert("urgent_hero_after_s".into(), hero_at.map_or(f64::NAN, |t| t.duration_since(hero_made).as_secs_f64()));
+    f.insert("dead_rows".into(), s.count_by_status(OutboxStatus::Dead).await? as f64);
+    f.insert("rows".into(), all as f64);
     Ok(f)
 }
 

@@ -107,6 +107,8 @@ pub struct Effect {
     pub channel: String,
     pub key: String,
     pub payload: Value,
+    /// When the service took it (real time: what a benchmark counts per second).
+    pub at: std::time::Instant,
 }
 
 /// One request, whatever its answer.
@@ -373,7 +375,12 @@ async fn handle(
             s.next_id += 1;
             let reply = json!({"id": format!("{channel}-{}", s.next_id)});
             s.answers.insert((channel.clone(), key.clone()), (payload.clone(), reply.clone()));
-            s.effects.push(Effect { channel: channel.clone(), key: key.clone(), payload });
+            s.effects.push(Effect {
+                channel: channel.clone(),
+                key: key.clone(),
+                payload,
+                at: std::time::Instant::now(),
+            });
             reply
         }
     };
