@@ -753,6 +753,60 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
     Ok(f)
 }
 
+/// One SMS row per load of `loads` (a ping, its decision, the row), appended 32 at a time.
+async fn append_sms_rows(s: &Arc<dyn Store>, loads: Vec<LoadId>, now: Timestamp) -> anyhow::Result<()> {
+    let mut appends = tokio::task::JoinSet::new();
+    for (i, l) in loads.into_iter().enumerate() {
+        if appends.len() >= 32
+            && let Some(r) = appends.join_next().await
+        {
+            r??;
+        }
+        let s = s.clone();
+        appends.spawn(async move {
+            let (entries, outbox) = run_rows(&l, i, now);
+            let sms = outbox.into_iter().filter(|o| o.action_type == ActionType::SendSms).collect();
+            s.append(&l, entries, 0, sms, now).await.map(drop)
+        });
+    }
+    while let Some(r) = appends.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+/// `n` dispatcher loops on `s`, `sms` the SMS channel's limit, stopped by `stop`.
+fn spawn_dispatchers(
+    s: &Arc<dyn Store>,
+    sink: &crate::testkit::FakeServices,
+    n: u64,
+    sms: Option<haul_core::limit::Limit>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinSet<()>> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let channels = sink.channels(None, Duration::from_secs(5))?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for d in 0..n {
+        let settings = haul_runtime::dispatcher::DispatcherSettings {
+            jitter_seed: Some(d),
+            limits: haul_core::PerChannel::from_fn(|c| if c == haul_core::Channel::Sms { sms } else { None }),
+            ..haul_runtime::dispatcher::DispatcherSettings::default()
+        };
+        let disp = Arc::new(haul_runtime::dispatcher::Dispatcher::new(
+            s.clone(),
+            s.clone() as Arc<dyn LoadQueue>,
+            QueueMode::StoreQueue,
+            channels.clone(),
+            clock.clone(),
+            settings,
+            Faults::default(),
+        ));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        tasks.spawn(haul_runtime::loops::dispatcher_loop(disp, wake, stop.clone()));
+    }
+    Ok(tasks)
+}
+
 /// `burst`: a morning burst against an SMS rate (docs/design.md, "Send rates"): `a_rows`
 /// routine SMS of client A and 10 of client B, all due at once, B's last in claim
 /// order, sent by 2 dispatchers (sharing the rate through the store, as processes
@@ -769,48 +823,11 @@ async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
     let (s, _) = fresh_store(store, "burst").await?;
     let now = SystemClock.now();
     let client_load = |client: &str, i: usize| LoadId::parse(&format!("C{client}{i}")).expect("valid load id");
-    let mut appends = tokio::task::JoinSet::new();
-    for (client, rows) in [("A", a_rows), ("B", B_ROWS)] {
-        for i in 0..rows {
-            if appends.len() >= 32
-                && let Some(r) = appends.join_next().await
-            {
-                r??;
-            }
-            let (s, l) = (s.clone(), client_load(client, i));
-            appends.spawn(async move {
-                let (entries, outbox) = run_rows(&l, i, now);
-                let sms = outbox.into_iter().filter(|o| o.action_type == ActionType::SendSms).collect();
-                s.append(&l, entries, 0, sms, now).await.map(drop)
-            });
-        }
-    }
-    while let Some(r) = appends.join_next().await {
-        r??;
-    }
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let channels = sink.channels(None, Duration::from_secs(5))?;
+    let loads = (0..a_rows).map(|i| client_load("A", i)).chain((0..B_ROWS).map(|i| client_load("B", i))).collect();
+    append_sms_rows(&s, loads, now).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
     let started = Instant::now();
-    for d in 0..2u64 {
-        let settings = haul_runtime::dispatcher::DispatcherSettings {
-            jitter_seed: Some(d),
-            limits: haul_core::PerChannel::from_fn(|c| (c == haul_core::Channel::Sms).then_some(limit)),
-            ..haul_runtime::dispatcher::DispatcherSettings::default()
-        };
-        let disp = Arc::new(haul_runtime::dispatcher::Dispatcher::new(
-            s.clone(),
-            s.clone() as Arc<dyn LoadQueue>,
-            QueueMode::StoreQueue,
-            channels.clone(),
-            clock.clone(),
-            settings,
-            Faults::default(),
-        ));
-        let (wake, stop) = (Arc::new(tokio::sync::Notify::new()), stop_rx.clone());
-        tasks.spawn(haul_runtime::loops::dispatcher_loop(disp, wake, stop));
-    }
+    let mut tasks = spawn_dispatchers(&s, &sink, 2, Some(limit), &stop_rx)?;
     // The urgent Hero task, 2 s into the burst.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let hero_load = LoadId::parse("CHERO")?;
@@ -853,7 +870,56 @@ async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
     f.insert("urgent_hero_after_s".into(), hero_at.map_or(f64::NAN, |t| t.duration_since(hero_made).as_secs_f64()));
     f.insert("dead_rows".into(), s.count_by_status(OutboxStatus::Dead).await? as f64);
     f.insert("rows".into(), all as f64);
+    // What the limiter costs when it never binds: the same rows sent by 2 dispatchers
+    // with no rate and with one far above what they reach, alternated (this machine's
+    // speed drifts), the best of each.
+    let rows = a_rows * 4;
+    let loose =
+        haul_core::limit::Limit::new(haul_core::limit::Rate::parse("100000/s").map_err(anyhow::Error::msg)?, 10_000)
+            .map_err(anyhow::Error::msg)?;
+    let (mut free, mut rated) = (0f64, 0f64);
+    for round in 0..4 {
+        let limit = if round % 2 == 0 { None } else { Some(loose) };
+        let per_s = unbound_pass(store, &sink, rows, limit).await?;
+        let best = if limit.is_none() { &mut free } else { &mut rated };
+        *best = best.max(per_s);
+    }
+    f.insert("unbound_rows_per_s_no_rate".into(), free);
+    f.insert("unbound_rows_per_s_rate_not_binding".into(), rated);
+    f.insert("limiter_cost_pct".into(), (1.0 - rated / free) * 100.0);
     Ok(f)
+}
+
+/// `rows` SMS rows sent by 2 dispatchers with `limit` on the SMS channel: rows per second.
+async fn unbound_pass(
+    store: &BenchStore,
+    sink: &crate::testkit::FakeServices,
+    rows: usize,
+    limit: Option<haul_core::limit::Limit>,
+) -> anyhow::Result<f64> {
+    let (s, _) = fresh_store(store, "burst-unbound").await?;
+    let tag = fastrand::u32(..);
+    let loads = (0..rows).map(|i| LoadId::parse(&format!("U{tag}x{i}")).expect("valid load id")).collect();
+    append_sms_rows(&s, loads, SystemClock.now()).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let before = sink.effect_count();
+    let started = Instant::now();
+    let mut tasks = spawn_dispatchers(&s, sink, 2, limit, &stop_rx)?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while sink.effect_count() - before < rows {
+        anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not send the rows");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    while s.count_by_status(OutboxStatus::Pending).await? > 0 {
+        anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not mark the rows");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    while let Some(r) = tasks.join_next().await {
+        r?;
+    }
+    Ok(rows as f64 / secs)
 }
 
 /// The physical limit of a sink: `posts` POSTs of `body` to `url`, 32 at a time, with
