@@ -851,7 +851,11 @@ async fn a_rate_changed_while_it_runs_is_in_force_within_a_second() {
     let changed = rates::change_rate(&*rig.store, &limits, &requester("rate1"), &faster, ms(100)).await.unwrap();
     assert_eq!((changed.status, changed.previous, changed.effective), ("changed", limit("1/min", 1), limit("10/s", 3)));
     assert_eq!(*d.limits(ms(999)).await.get(Channel::Sms), limit("1/min", 1), "read at most once a second");
-    assert_eq!(*d.limits(ms(1_000)).await.get(Channel::Sms), limit("10/s", 3), "in force within a second");
+    let (now_in_force, logs) = logs_of(d.limits(ms(1_000))).await;
+    assert_eq!(*now_in_force.get(Channel::Sms), limit("10/s", 3), "in force within a second");
+    assert!(logs.contains("send limit in force") && logs.contains("rate=\"10/s\""), "said once: {logs}");
+    let (_, logs) = logs_of(d.limits(ms(2_000))).await;
+    assert!(!logs.contains("send limit in force"), "read again, unchanged: nothing said: {logs}");
     // The held rows were due at the old rate (a minute apart); once due they go at the
     // new one, three at once.
     rig.clock.set(add(t0(), Duration::from_secs(180)));
@@ -875,7 +879,9 @@ async fn a_429_with_retry_after_holds_the_rows_and_their_channel_back() {
     let settings = rated(Channel::Sms, "10/s", 5);
     let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
     rig.services.answer(Channel::Sms, Answer::Throttled(5));
-    let out = d.run_once().await.unwrap();
+    let (out, logs) = logs_of(d.run_once()).await;
+    let out = out.unwrap();
+    assert!(logs.contains("over its rate (429); held back, no attempt spent"), "{logs}");
     let held = Dispatched::Held { until: add(t0(), Duration::from_secs(5)) };
     assert_eq!(out.iter().filter(|d| **d == held).count(), 2, "{out:?}");
     for r in rig_rows(&rig, &loads).await {
