@@ -501,6 +501,9 @@ pub struct LoadLockConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     pub eta_request: EtaRequestConfig,
+    /// The client's share of a saturated channel against a client of weight 1 (read
+    /// signed, so a negative one is refused naming the setting).
+    pub send_weight: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -616,6 +619,7 @@ const FILE_SETTINGS: &[&str] = &[
     "clients.<name>.eta_request.retry_after",
     "clients.<name>.eta_request.max_attempts",
     "clients.<name>.eta_request.trigger_risk",
+    "clients.<name>.send_weight",
 ];
 
 /// Flags of `haul serve` (and the commands that open the store) over a setting.
@@ -1060,6 +1064,11 @@ impl Config {
             if c.eta_request.retry_after.is_some_and(|d| d < Duration::from_secs(1)) {
                 bail!("clients.{name}.eta_request.retry_after must be at least 1s");
             }
+            if let Some(w) = c.send_weight
+                && !(1..=i64::from(haul_core::limit::MAX_WEIGHT)).contains(&w)
+            {
+                bail!("clients.{name}.send_weight must be 1 to {}, not {w}", haul_core::limit::MAX_WEIGHT);
+            }
         }
         for name in Channel::ALL {
             let c = self.channels.get(name);
@@ -1500,6 +1509,23 @@ mod tests {
                 .burst,
             1
         );
+    }
+
+    /// A client's weight outside 1 to 100 is refused naming the setting.
+    #[test]
+    fn a_send_weight_out_of_bounds_names_the_setting() {
+        for (w, ok) in [("0", false), ("1", true), ("100", true), ("101", false)] {
+            let got = Config::from_toml(&format!("[clients.acme]\nsend_weight = {w}"));
+            match got {
+                Ok(c) => assert!(ok && c.clients["acme"].send_weight == w.parse().ok(), "{w}"),
+                Err(e) => assert!(
+                    !ok && e.to_string().contains(&format!("clients.acme.send_weight must be 1 to 100, not {w}")),
+                    "{w}: {e}"
+                ),
+            }
+        }
+        let e = Config::from_toml("[clients.acme]\nsend_weight = -1").unwrap_err().to_string();
+        assert!(e.contains("clients.acme.send_weight must be 1 to 100, not -1"), "{e}");
     }
 
     #[test]

@@ -104,6 +104,10 @@ impl<T> PerChannel<T> {
         &self.0[c.index()]
     }
 
+    pub fn get_mut(&mut self, c: Channel) -> &mut T {
+        &mut self.0[c.index()]
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (Channel, &T)> {
         Channel::ALL.into_iter().zip(self.0.iter())
     }
@@ -143,5 +147,11 @@ mod tests {
         let e: Result<PerChannel<u8>, Channel> =
             PerChannel::try_from_fn(|c| if c == Channel::Slack { Err(c) } else { Ok(0) });
         assert_eq!(e, Err(Channel::Slack));
+        let mut n = PerChannel::from_fn(|_| 0);
+        *n.get_mut(Channel::Hero) += 2;
+        assert_eq!(
+            n.iter().map(|(_, v)| *v).collect::<Vec<_>>(),
+            Channel::ALL.map(|c| u8::from(c == Channel::Hero) * 2)
+        );
     }
 }

@@ -42,6 +42,9 @@ pub struct Derived {
     pub stage: Option<String>,
     /// The driver phone a `load_update` set.
     pub driver_phone: Option<String>,
+    /// The client a `load_update` set: whose fair share of a saturated channel the
+    /// load's sends take (docs/design.md, "Send rates").
+    pub client: Option<String>,
     /// Each ask's status a decision gave, `(ask_id, status)`, in order.
     pub asks: Vec<(String, String)>,
     /// The dead rows a decision took out of the operators' inbox: `(outbox_id, state,
@@ -62,11 +65,12 @@ impl Derived {
         }
     }
 
-    /// What an event changes: a `load_update`'s stage and phone.
+    /// What an event changes: a `load_update`'s stage, phone and client.
     pub fn of_event(body: &EventBody) -> Derived {
         match body {
             EventBody::LoadUpdate(u) => {
-                Derived { stage: u.stage.clone(), driver_phone: u.driver_phone.clone(), ..Derived::default() }
+                let (stage, driver_phone, client) = (u.stage.clone(), u.driver_phone.clone(), u.client.clone());
+                Derived { stage, driver_phone, client, ..Derived::default() }
             }
             _ => Derived::default(),
         }
@@ -84,7 +88,7 @@ impl Derived {
         Derived { asks, inbox, ..Derived::default() }
     }
 
-    /// What the entries change together, in order: a later stage or phone wins, and
+    /// What the entries change together, in order: a later stage, phone or client wins, and
     /// the asks' statuses follow one another.
     pub fn merged<'a>(deltas: impl IntoIterator<Item = &'a Derived>) -> Derived {
         let mut out = Derived::default();
@@ -94,6 +98,9 @@ impl Derived {
             }
             if d.driver_phone.is_some() {
                 out.driver_phone.clone_from(&d.driver_phone);
+            }
+            if d.client.is_some() {
+                out.client.clone_from(&d.client);
             }
             out.asks.extend(d.asks.iter().cloned());
             out.inbox.extend(d.inbox.iter().cloned());
@@ -107,9 +114,9 @@ impl Derived {
         self.stage.as_deref().map(|s| s != STAGE_DELIVERED)
     }
 
-    /// True when the load's facts (phone, active) change.
+    /// True when the load's facts (phone, active, client) change.
     pub fn changes_facts(&self) -> bool {
-        self.stage.is_some() || self.driver_phone.is_some()
+        self.stage.is_some() || self.driver_phone.is_some() || self.client.is_some()
     }
 
     /// True when no ask changes (the stage, if any, is a plain overwrite).
@@ -154,43 +161,49 @@ mod tests {
         )
     }
 
-    fn check(entries: Vec<Entry>, before: &str, want: (Option<&str>, Option<&str>, Value, i64, i64)) {
+    /// (stage, phone, client, asks, open, escalated) after `entries` over `before`.
+    type Want<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, Value, i64, i64);
+
+    fn check(entries: Vec<Entry>, before: &str, want: Want) {
         let deltas: Vec<Derived> = entries.iter().map(Derived::of).collect();
         let d = Derived::merged(&deltas);
         let (text, open, escalated) = d.fold_asks(before);
         let asks = serde_json::from_str::<Value>(&text).unwrap();
-        assert_eq!((d.stage.as_deref(), d.driver_phone.as_deref(), asks, open, escalated), want, "{entries:?}");
+        let got = (d.stage.as_deref(), d.driver_phone.as_deref(), d.client.as_deref(), asks, open, escalated);
+        assert_eq!(got, want, "{entries:?}");
+        assert_eq!(d.changes_facts(), d.stage.is_some() || d.driver_phone.is_some() || d.client.is_some());
     }
 
     #[test]
-    fn the_delta_is_the_last_stage_and_phone_and_each_asks_last_status() {
+    fn the_delta_is_the_last_stage_phone_and_client_and_each_asks_last_status() {
         let update = |p: Value| entry("load_update", p);
-        check(vec![], "{}", (None, None, json!({}), 0, 0));
-        check(vec![update(json!({"stage": "in_transit"}))], "{}", (Some("in_transit"), None, json!({}), 0, 0));
-        check(vec![update(json!({"client": "c"}))], "{}", (None, None, json!({}), 0, 0));
+        check(vec![], "{}", (None, None, None, json!({}), 0, 0));
+        check(vec![update(json!({"stage": "in_transit"}))], "{}", (Some("in_transit"), None, None, json!({}), 0, 0));
+        check(vec![update(json!({"client": "c"}))], "{}", (None, None, Some("c"), json!({}), 0, 0));
         check(
             vec![
-                update(json!({"driver_phone": "+15555550100", "stage": "at_pickup"})),
+                update(json!({"driver_phone": "+15555550100", "stage": "at_pickup", "client": "a"})),
+                update(json!({"stage": "delivered", "client": "b"})),
                 update(json!({"stage": "delivered"})),
             ],
             "{}",
-            (Some("delivered"), Some("+15555550100"), json!({}), 0, 0),
+            (Some("delivered"), Some("+15555550100"), Some("b"), json!({}), 0, 0),
         );
         check(
             vec![decision(json!([{"ask_id": "ask:eta_request:p1", "step": 1, "status": "open"}]))],
             r#"{"ask:eta_request:p0":"escalated"}"#,
-            (None, None, json!({"ask:eta_request:p0": "escalated", "ask:eta_request:p1": "open"}), 1, 1),
+            (None, None, None, json!({"ask:eta_request:p0": "escalated", "ask:eta_request:p1": "open"}), 1, 1),
         );
         check(
             vec![decision(json!([{"ask_id": "ask:eta_request:p1", "step": 2, "status": "answered"}]))],
             r#"{"ask:eta_request:p1":"open"}"#,
-            (None, None, json!({"ask:eta_request:p1": "answered"}), 0, 0),
+            (None, None, None, json!({"ask:eta_request:p1": "answered"}), 0, 0),
         );
         // What this build cannot read changes nothing; a broken summary counts as none.
         check(
             vec![entry("load_update", json!({"stage": 3})), decision(json!("x"))],
             "not json",
-            (None, None, json!({}), 0, 0),
+            (None, None, None, json!({}), 0, 0),
         );
     }
 

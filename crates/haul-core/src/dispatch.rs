@@ -264,8 +264,8 @@ pub fn throttled(row: &Row, retry_after: Duration, why: &str, now: Timestamp) ->
 /// it was made). If a later step of its ask was decided meanwhile, sending it would
 /// ask the driver a question already asked again, so the store is asked
 /// (`Outbox::supersede`); a row claimed as it was made costs no such check.
-pub fn may_be_superseded(action_type: ActionType, ask_step: bool, created_at: Timestamp, due_at: Timestamp) -> bool {
-    action_type == ActionType::SendSms && ask_step && due_at > created_at
+pub fn may_be_superseded(action_type: ActionType, created_at: Timestamp, due_at: Timestamp) -> bool {
+    action_type == ActionType::SendSms && due_at > created_at
 }
 
 /// Outcome first, mark second; in one transaction on the store's own queue. A failed
@@ -599,18 +599,13 @@ mod tests {
 
     #[test]
     fn only_an_asks_sms_that_waited_is_checked_for_a_later_step() {
-        let check = |action_type: ActionType, ask_step: bool, due: &str, expected: bool| {
-            assert_eq!(
-                may_be_superseded(action_type, ask_step, t("07:00:00"), t(due)),
-                expected,
-                "{action_type} {due}"
-            );
+        let check = |action_type: ActionType, due: &str, expected: bool| {
+            assert_eq!(may_be_superseded(action_type, t("07:00:00"), t(due)), expected, "{action_type} {due}");
         };
-        check(ActionType::SendSms, true, "07:00:01", true);
-        check(ActionType::SendSms, true, "07:00:00", false);
-        check(ActionType::SendSms, false, "07:00:01", false);
-        check(ActionType::CreateHeroTask, true, "07:00:01", false);
-        check(ActionType::SetTimer, true, "07:00:01", false);
+        check(ActionType::SendSms, "07:00:01", true);
+        check(ActionType::SendSms, "07:00:00", false);
+        check(ActionType::CreateHeroTask, "07:00:01", false);
+        check(ActionType::SetTimer, "07:00:01", false);
     }
 
     #[test]

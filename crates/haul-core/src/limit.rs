@@ -149,10 +149,43 @@ pub fn held_until_us(grant: &Grant, limit: &Limit, held: usize) -> Vec<i64> {
     (0..held as i64).map(|i| grant.next_at_us + i * interval).collect()
 }
 
-/// How far ahead of `now_us` the last of the held rows is due (0 when none is): a
-/// channel's backlog at its rate, in time, what the saturation alert watches.
-pub fn backlog_us(held_until_us: &[i64], now_us: i64) -> i64 {
-    held_until_us.last().map_or(0, |last| (last - now_us).max(0))
+/// Most a client's weight may be: its share of a saturated channel against a client of
+/// weight 1 (the default).
+pub const MAX_WEIGHT: u32 = 100;
+
+/// The store key of one client's queue on the rate kept under `rate_key` (none: the
+/// loads with no client, one queue together).
+pub fn queue_key(rate_key: &str, client: Option<&str>) -> String {
+    format!("{rate_key}|{}", client.unwrap_or(""))
+}
+
+/// How far apart a client's held rows are queued: the rate's interval over the
+/// client's weight, so a client of weight 2 has twice as many rows come due as one of
+/// weight 1 and, the grants going to rows in the order they come due, about twice the
+/// sends while both wait.
+pub fn spacing_us(limit: &Limit, weight: u32) -> i64 {
+    (limit.rate.interval_us() / i64::from(weight.max(1))).max(1)
+}
+
+/// Where `n` (at least 1) more held rows join a client's queue whose last slot is
+/// `tail_us` (none: never used): the first one spacing after it, or at `from_us` (when
+/// the channel's next send is allowed) if that is later, the rest one spacing apart.
+/// Answers the first slot and the queue's new last slot.
+///
+/// Each client's rows are queued behind its own, not behind every client's, so a
+/// client's 10 asks made behind another's 5,000 are due within 10 spacings, not after
+/// the 5,000: fairness is in when rows come due, and each row is held once to its own
+/// slot rather than all to the next free one (where they would meet and be held again).
+pub fn queued(tail_us: Option<i64>, from_us: i64, spacing_us: i64, n: u32) -> (i64, i64) {
+    let first = tail_us.map_or(from_us, |t| (t + spacing_us).max(from_us));
+    (first, first + spacing_us * (i64::from(n.max(1)) - 1))
+}
+
+/// How far ahead of `now_us` the last of the held rows is due (0 when none is, or it
+/// is due already): a channel's backlog at its rate, in time, what the saturation
+/// alert watches.
+pub fn backlog_us(last_until_us: Option<i64>, now_us: i64) -> i64 {
+    last_until_us.map_or(0, |last| (last - now_us).max(0))
 }
 
 #[cfg(test)]
@@ -229,9 +262,31 @@ mod tests {
         assert_eq!((g.granted, g.next_at_us), (2, 10 * S + S / 4));
         assert_eq!(held_until_us(&g, &limit, 3), vec![10 * S + S / 4, 10 * S + S / 2, 10 * S + 3 * S / 4]);
         assert!(held_until_us(&g, &limit, 0).is_empty());
-        assert_eq!(backlog_us(&held_until_us(&g, &limit, 3), 10 * S), 3 * S / 4);
-        assert_eq!(backlog_us(&[], 10 * S), 0);
-        assert_eq!(backlog_us(&[9 * S], 10 * S), 0, "never negative");
+        assert_eq!(backlog_us(held_until_us(&g, &limit, 3).last().copied(), 10 * S), 3 * S / 4);
+        assert_eq!(backlog_us(None, 10 * S), 0);
+        assert_eq!(backlog_us(Some(9 * S), 10 * S), 0, "never negative");
+    }
+
+    /// (tail, from, spacing, n) → (first slot, new tail).
+    fn check_queued(tail: Option<i64>, from: i64, spacing: i64, n: u32, want: (i64, i64)) {
+        assert_eq!(queued(tail, from, spacing, n), want, "tail {tail:?} from {from} spacing {spacing} n {n}");
+    }
+
+    #[test]
+    fn each_clients_held_rows_queue_behind_its_own() {
+        check_queued(None, 100, 10, 3, (100, 120));
+        check_queued(Some(150), 100, 10, 3, (160, 180));
+        // A queue that ran dry starts again where the channel's next send is allowed.
+        check_queued(Some(50), 100, 10, 1, (100, 100));
+        check_queued(Some(90), 100, 10, 2, (100, 110));
+        check_queued(Some(95), 100, 10, 2, (105, 115));
+        check_queued(Some(0), 100, 10, 0, (100, 100));
+        let limit = Limit::new(Rate::parse("50/s").unwrap(), 5).unwrap();
+        assert_eq!((spacing_us(&limit, 1), spacing_us(&limit, 2), spacing_us(&limit, 0)), (20_000, 10_000, 20_000));
+        let fast = Limit::new(Rate::parse("100000/s").unwrap(), 1).unwrap();
+        assert_eq!(spacing_us(&fast, MAX_WEIGHT), 1, "never zero: the slots would all be one");
+        assert_eq!(queue_key("sms", Some("acme")), "sms|acme");
+        assert_eq!(queue_key("sms", None), "sms|");
     }
 
     #[test]

@@ -755,6 +755,15 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
 
 /// One SMS row per load of `loads` (a ping, its decision, the row), appended 32 at a time.
 async fn append_sms_rows(s: &Arc<dyn Store>, loads: Vec<LoadId>, now: Timestamp) -> anyhow::Result<()> {
+    append_client_sms_rows(s, loads.into_iter().map(|l| (l, None)).collect(), now).await
+}
+
+/// [`append_sms_rows`], each load with its client (named by a `load_update` first).
+async fn append_client_sms_rows(
+    s: &Arc<dyn Store>,
+    loads: Vec<(LoadId, Option<&'static str>)>,
+    now: Timestamp,
+) -> anyhow::Result<()> {
     let mut appends = tokio::task::JoinSet::new();
     for (i, l) in loads.into_iter().enumerate() {
         if appends.len() >= 32
@@ -763,8 +772,12 @@ async fn append_sms_rows(s: &Arc<dyn Store>, loads: Vec<LoadId>, now: Timestamp)
             r??;
         }
         let s = s.clone();
+        let (l, client) = l;
         appends.spawn(async move {
-            let (entries, outbox) = run_rows(&l, i, now);
+            let (mut entries, outbox) = run_rows(&l, i, now);
+            if let Some(client) = client {
+                entries.insert(0, NewEntry::stored("load:init", "load_update", json!({"client": client})));
+            }
             let sms = outbox.into_iter().filter(|o| o.action_type == ActionType::SendSms).collect();
             s.append(&l, entries, 0, sms, now).await.map(drop)
         });
@@ -808,9 +821,10 @@ fn spawn_dispatchers(
 }
 
 /// `burst`: a morning burst against an SMS rate (docs/design.md, "Send rates"): `a_rows`
-/// routine SMS of client A and 10 of client B, all due at once, B's last in claim
-/// order, sent by 2 dispatchers (sharing the rate through the store, as processes
-/// would) at 50/s, burst 5; 2 s in, an urgent Hero task (a channel with no rate). At
+/// routine SMS of client_a and 10 of client_b (each load's client named by a
+/// `load_update`), all due at once, client_b's last in claim order, sent by 2
+/// dispatchers (sharing the rate and the clients' queues through the store, as
+/// processes would) at 50/s, burst 5; 2 s in, an urgent Hero task (a channel with no rate). At
 /// the sink, counted per second of real time: the most SMS any second saw (against
 /// the rate's own bound, burst + 50), when B's last SMS and the Hero task arrived,
 /// and how many rows died (none should).
@@ -822,9 +836,15 @@ async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
     let sink = crate::testkit::FakeServices::start(None).await?;
     let (s, _) = fresh_store(store, "burst").await?;
     let now = SystemClock.now();
-    let client_load = |client: &str, i: usize| LoadId::parse(&format!("C{client}{i}")).expect("valid load id");
-    let loads = (0..a_rows).map(|i| client_load("A", i)).chain((0..B_ROWS).map(|i| client_load("B", i))).collect();
-    append_sms_rows(&s, loads, now).await?;
+    let client_load = |client: &'static str, i: usize| {
+        let tag = if client == "client_a" { "A" } else { "B" };
+        (LoadId::parse(&format!("C{tag}{i}")).expect("valid load id"), Some(client))
+    };
+    let loads = (0..a_rows)
+        .map(|i| client_load("client_a", i))
+        .chain((0..B_ROWS).map(|i| client_load("client_b", i)))
+        .collect();
+    append_client_sms_rows(&s, loads, now).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let started = Instant::now();
     let mut tasks = spawn_dispatchers(&s, &sink, 2, Some(limit), &stop_rx)?;
@@ -872,13 +892,13 @@ async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
     f.insert("rows".into(), all as f64);
     // What the limiter costs when it never binds: the same rows sent by 2 dispatchers
     // with no rate and with one far above what they reach, alternated (this machine's
-    // speed drifts), the best of each.
+    // speed drifts), the best of four each.
     let rows = a_rows * 4;
     let loose =
         haul_core::limit::Limit::new(haul_core::limit::Rate::parse("100000/s").map_err(anyhow::Error::msg)?, 10_000)
             .map_err(anyhow::Error::msg)?;
     let (mut free, mut rated) = (0f64, 0f64);
-    for round in 0..4 {
+    for round in 0..8 {
         let limit = if round % 2 == 0 { None } else { Some(loose) };
         let per_s = unbound_pass(store, &sink, rows, limit).await?;
         let best = if limit.is_none() { &mut free } else { &mut rated };

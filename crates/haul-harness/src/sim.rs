@@ -399,6 +399,8 @@ impl World {
                     max_attempts: Some(2),
                     trigger_risk: Some(haul_core::Risk::Medium),
                 },
+                // Twice the others' share of the SMS rate when both wait.
+                send_weight: Some(2),
             },
         );
         let config = Config { clients, ..Config::default() };
@@ -428,6 +430,7 @@ impl World {
             sequential: true,
             jitter_seed: Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
             limits: haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms_limit())),
+            weights: DispatcherSettings::default().with_weights(&config.clients).weights,
         };
         let q: Arc<dyn LoadQueue> = queue.clone();
         // The second worker and dispatcher take the store's own queue, as `serve` does:

@@ -12,9 +12,9 @@ use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms, to_us};
 use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
-    delivery_row, inbox_alert_row, inbox_sms_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
-    parse_receipt, queue_message_row, rate_change_row, record_row, saturated_row, shadow_params, shadow_row,
-    sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row,
+    delivery_row, inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row,
+    outbox_row, parse_receipt, queue_message_row, rate_change_row, record_row, saturated_row, shadow_params,
+    shadow_row, sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row,
     unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
@@ -22,10 +22,10 @@ use haul_store::ops::{
 };
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
-    NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError,
-    QueueMessage, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim,
-    SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, columns,
-    outbox_key_load,
+    MAX_CLIENTS_OF, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport,
+    Published, QueueError, QueueMessage, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision,
+    ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded, Timer,
+    TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -230,12 +230,13 @@ impl Outbox for PgStore {
         ask_id: &str,
         step: u32,
         now: Timestamp,
-    ) -> Result<Option<String>, StoreError> {
+    ) -> Result<Option<Superseded>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(OUTBOX_SUPERSEDE).await.map_err(pg)?;
         let params: Params = &[&outbox_key_load(id), &id, &token, &ask_id, &i64::from(step), &to_ms(now)];
-        let row = client.query_opt(&stmt, params).await.map_err(pg)?;
-        Ok(row.map(|r| col::<String>(&r, 0)).transpose()?)
+        let Some(row) = client.query_opt(&stmt, params).await.map_err(pg)? else { return Ok(None) };
+        let by_was_due = col::<Option<i64>>(&row, 1)?.map(from_ms);
+        Ok(Some(Superseded { by: col(&row, 0)?, by_was_due }))
     }
 
     async fn mark_failed(
@@ -632,6 +633,23 @@ impl SendRates for PgStore {
         Ok(grant)
     }
 
+    async fn queue_sends(&self, key: &str, from_us: i64, spacing_us: i64, n: u32) -> Result<i64, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SEND_QUEUE_JOIN).await.map_err(pg)?;
+        let row = client.query_one(&stmt, &[&key, &from_us, &spacing_us, &i64::from(n.max(1))]).await.map_err(pg)?;
+        Ok(col(&row, 0)?)
+    }
+
+    async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError> {
+        self.query_rows(SEND_QUEUE_TAILS, &[&keys], |r: &dyn Columns| Ok((r.string(0)?, r.i64(1)?))).await
+    }
+
+    async fn unqueue_send(&self, key: &str, slot_us: i64, spacing_us: i64) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SEND_QUEUE_GIVE_BACK).await.map_err(pg)?;
+        Ok(client.execute(&stmt, &[&key, &slot_us, &spacing_us]).await.map_err(pg)? == 1)
+    }
+
     async fn pause_sends(&self, key: &str, limit: &Limit, until: Timestamp, now: Timestamp) -> Result<(), StoreError> {
         let client = self.client().await?;
         let tat = haul_core::limit::paused(limit, None, to_us(until));
@@ -674,6 +692,11 @@ impl LoadIndex for PgStore {
             load_id_row,
         )
         .await
+    }
+
+    async fn clients_of(&self, load_ids: &[LoadId]) -> Result<Vec<(LoadId, String)>, StoreError> {
+        let ids: Vec<&str> = load_ids.iter().take(MAX_CLIENTS_OF).map(LoadId::as_str).collect();
+        self.query_rows(LOAD_CLIENTS, &[&ids], load_client_row).await
     }
 
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {

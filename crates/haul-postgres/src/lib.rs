@@ -52,6 +52,9 @@ const MIGRATIONS: &[Migration] = &[
     // A new table only: a haul of schema 14 runs beside (it leaves it alone).
     Migration::new(15, include_str!("../migrations/0015_send_rates.sql")).readable_by(14),
     Migration::new(16, include_str!("../migrations/0016_rate_changes.sql")).readable_by(15),
+    // A new column only, written with COALESCE: a haul of schema 16 runs beside (its
+    // appends leave a load's client as it was).
+    Migration::new(17, include_str!("../migrations/0017_client_shares.sql")).readable_by(16),
 ];
 
 /// The newest schema version this build knows.

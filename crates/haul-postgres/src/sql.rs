@@ -91,14 +91,23 @@ pub const OUTBOX_HOLD: &str = "UPDATE outbox SET due_at = $4, claim_token = NULL
      last_failure = coalesce($6, last_failure)
      WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
 /// A claimed row settled unsent because a later step of its ask was decided: `$1` load,
-/// `$2` id, `$3` token, `$4` ask id, `$5` step, `$6` now. Returns the later row's id.
+/// `$2` id, `$3` token, `$4` ask id, `$5` step, `$6` now. Returns the later row's id
+/// and, if it waited (never tried, unclaimed, due after now) and is now due, when it
+/// was due.
 pub const OUTBOX_SUPERSEDE: &str = "WITH later AS (
-       SELECT id FROM outbox WHERE load_id = $1 AND action::jsonb ->> 'ask_id' = $4
-         AND (action::jsonb ->> 'step')::bigint > $5 ORDER BY created_at, id LIMIT 1)
-     UPDATE outbox o SET status = 'superseded', claim_token = NULL, lease_until = NULL, updated_at = $6,
-       outcome_published_at = $6, last_failure = 'not sent: its ask moved on (' || later.id || ')'
-     FROM later WHERE o.load_id = $1 AND o.id = $2 AND o.claim_token = $3 AND o.status = 'pending'
-     RETURNING later.id";
+       SELECT id, due_at, status = 'pending' AND attempts = 0 AND due_at > $6
+           AND (lease_until IS NULL OR lease_until <= $6) AS waits
+         FROM outbox WHERE load_id = $1 AND action::jsonb ->> 'ask_id' = $4
+         AND (action::jsonb ->> 'step')::bigint > $5 ORDER BY created_at, id LIMIT 1),
+     done AS (
+       UPDATE outbox o SET status = 'superseded', claim_token = NULL, lease_until = NULL, updated_at = $6,
+         outcome_published_at = $6, last_failure = 'not sent: its ask moved on (' || later.id || ')'
+       FROM later WHERE o.load_id = $1 AND o.id = $2 AND o.claim_token = $3 AND o.status = 'pending'
+       RETURNING later.id, later.due_at, later.waits),
+     moved AS (
+       UPDATE outbox l SET due_at = $6, updated_at = $6 FROM done
+       WHERE l.load_id = $1 AND l.id = done.id AND done.waits)
+     SELECT id, CASE WHEN waits THEN due_at END FROM done";
 /// An operator's change of a channel's limit, once per request id.
 pub const RATE_CHANGE_INSERT: &str =
     "INSERT INTO rate_changes (request_id, channel, rate, burst, actor, reason, changed_at)
@@ -122,6 +131,22 @@ pub const SEND_RATE_LOCK: &str = "INSERT INTO send_rates (rate_key, tat_us) VALU
 /// were held back (NULL: none were).
 pub const SEND_RATE_SET: &str =
     "UPDATE send_rates SET tat_us = $2, held_at_us = coalesce($3, held_at_us) WHERE rate_key = $1";
+/// Joins `$4` (at least 1) held rows to the queue `$1` (`haul_core::limit::queued` in
+/// one statement, the row locked by the upsert): the first slot one spacing `$3` after
+/// the queue's last, or `$2` if later; answers the first slot (µs).
+pub const SEND_QUEUE_JOIN: &str =
+    "INSERT INTO send_rates (rate_key, tat_us) VALUES ($1, $2::bigint + $3::bigint * ($4::bigint - 1))
+     ON CONFLICT (rate_key) DO UPDATE
+       SET tat_us = greatest(send_rates.tat_us + $3::bigint, $2::bigint) + $3::bigint * ($4::bigint - 1)
+     RETURNING tat_us - $3::bigint * ($4::bigint - 1)";
+/// The last slot of each queue in `$1`.
+pub const SEND_QUEUE_TAILS: &str = "SELECT rate_key, tat_us FROM send_rates WHERE rate_key = ANY($1)";
+/// Gives back the queue `$1`'s last slot `$2` (µs, kept by the row to the ms), `$3`
+/// the spacing.
+pub const SEND_QUEUE_GIVE_BACK: &str = "UPDATE send_rates SET tat_us = tat_us - $3::bigint
+     WHERE rate_key = $1 AND tat_us >= $2::bigint AND tat_us < $2::bigint + 1000";
+/// The client of each load in `$1` that has one.
+pub const LOAD_CLIENTS: &str = "SELECT load_id, client FROM load_facts WHERE load_id = ANY($1) AND client IS NOT NULL";
 /// The keys that held rows back since `$1` (µs), most recent first.
 pub const SEND_RATES_SATURATED: &str =
     "SELECT rate_key, held_at_us FROM send_rates WHERE held_at_us >= $1 ORDER BY held_at_us DESC, rate_key";
@@ -447,11 +472,12 @@ pub const LOAD_SUMMARY_SET: &str = "UPDATE loads SET stage = COALESCE($2, stage)
        open_asks = COALESCE($4, open_asks), escalated_asks = COALESCE($5, escalated_asks)
      WHERE load_id = $1";
 /// What an append's entries change in the load's facts (the webhook's route by phone):
-/// `$1` load, `$2` driver phone, `$3` active (each NULL: unchanged), `$4` now (ms).
-pub const LOAD_FACTS_SET: &str = "INSERT INTO load_facts (load_id, driver_phone, active, updated_at)
-       VALUES ($1, $2, COALESCE($3, TRUE), $4)
+/// `$1` load, `$2` driver phone, `$3` active, `$5` client (each NULL: unchanged), `$4`
+/// now (ms).
+pub const LOAD_FACTS_SET: &str = "INSERT INTO load_facts (load_id, driver_phone, active, updated_at, client)
+       VALUES ($1, $2, COALESCE($3, TRUE), $4, $5)
      ON CONFLICT (load_id) DO UPDATE SET driver_phone = COALESCE($2, load_facts.driver_phone),
-       active = COALESCE($3, load_facts.active), updated_at = $4";
+       active = COALESCE($3, load_facts.active), updated_at = $4, client = COALESCE($5, load_facts.client)";
 /// The summary with the asks folded in SQL, so an append whose decision changes asks
 /// needs no read first (one round trip): `$1` load, `$2` stage (NULL: unchanged), `$3`
 /// the asks' new statuses (`{ask_id: status}`, JSON). The same fold as

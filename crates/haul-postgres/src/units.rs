@@ -233,7 +233,7 @@ pub(crate) async fn append_body(
     };
     let active = delta.active();
     let set_facts = async || match &facts_stmt {
-        Some(stmt) => tx.execute(stmt, &[&lid, &delta.driver_phone, &active, &now]).await,
+        Some(stmt) => tx.execute(stmt, &[&lid, &delta.driver_phone, &active, &now, &delta.client]).await,
         None => Ok(0),
     };
     // The dead rows the decisions took out of the inbox: each row's last change.

@@ -7,12 +7,14 @@
 //! through the load worker, the one writer per load. Several dispatchers may run at
 //! once; claims and tokens keep them apart.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use haul_core::action::{Action, Request};
 use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, Settled};
-use haul_core::limit::Limit;
+use haul_core::ids::LoadId;
+use haul_core::limit::{self, Limit};
 use haul_core::time::Timestamp;
 use haul_core::{Channel, Clock, PerChannel, QueueMode, RetryPolicy, Urgency, retry};
 use haul_store::{AlertState, Claim, ClaimCursor, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
@@ -44,6 +46,9 @@ pub struct DispatcherSettings {
     /// dispatcher through the store: a claimed row past it is held back, not sent. An
     /// operator's change in the store overrides it (`crate::rates`).
     pub limits: PerChannel<Option<Limit>>,
+    /// Each client's weight (`clients.*.send_weight`): its share of a saturated
+    /// channel against a client of weight 1, the default.
+    pub weights: BTreeMap<String, u32>,
 }
 
 impl DispatcherSettings {
@@ -57,7 +62,15 @@ impl DispatcherSettings {
             sequential: false,
             jitter_seed: None,
             limits: PerChannel::from_fn(|_| None),
+            weights: BTreeMap::new(),
         }
+    }
+
+    /// These settings with the clients' weights of `clients` (checked at start).
+    pub fn with_weights(self, clients: &BTreeMap<String, haul_config::ClientConfig>) -> Self {
+        let weight = |c: &haul_config::ClientConfig| u32::try_from(c.send_weight?).ok();
+        let weights = clients.iter().filter_map(|(name, c)| Some((name.clone(), weight(c)?))).collect();
+        DispatcherSettings { weights, ..self }
     }
 
     /// These settings with the channels' send limits of `channels` (checked at start).
@@ -94,7 +107,8 @@ pub enum Dispatched {
     Held {
         until: Timestamp,
     },
-
+    /// Settled unsent when claimed: its ask moved on while it waited.
+    Superseded,
     /// Another dispatcher owns the row: nothing changed.
     Stale,
     /// The store failed around the send; the lease lapses and the row is tried again.
@@ -109,6 +123,7 @@ impl Dispatched {
             Dispatched::Retrying { .. } => "retrying",
             Dispatched::Buried => "buried",
             Dispatched::Held { .. } => "held",
+            Dispatched::Superseded => "superseded",
             Dispatched::Stale => "stale",
             Dispatched::Unsettled(_) => "unsettled",
             Dispatched::Crashed(_) => "crashed",
@@ -174,10 +189,12 @@ impl Dispatcher {
     /// the failed outcomes that an earlier burial could not.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = self.sweep_dead().await?;
-        let claims = match self.claim(self.settings.batch, None).await? {
-            Ok(claims) => claims,
+        let (claims, superseded) = match self.claim_rows(self.settings.batch, None).await? {
+            Ok(claimed) => claimed,
             Err(crash) => return Ok(vec![Dispatched::Crashed(crash)]),
         };
+        // Settled too: the row the later step was due in place of may be due now.
+        out.extend(std::iter::repeat_n(Dispatched::Superseded, superseded));
         if self.settings.sequential {
             for claim in claims {
                 out.push(self.dispatch(claim).await);
@@ -210,6 +227,15 @@ impl Dispatcher {
         max: usize,
         after: Option<&ClaimCursor>,
     ) -> Result<Result<Vec<Claim>, Crash>, StoreError> {
+        Ok(self.claim_rows(max, after).await?.map(|(claims, _)| claims))
+    }
+
+    /// [`Dispatcher::claim`], with how many claimed rows were superseded.
+    async fn claim_rows(
+        &self,
+        max: usize,
+        after: Option<&ClaimCursor>,
+    ) -> Result<Result<(Vec<Claim>, usize), Crash>, StoreError> {
         let (now, lease) = (self.clock.now(), self.settings.lease);
         let claims = match after {
             Some(after) => self.store.pending_after(max, now, lease, after).await?,
@@ -223,9 +249,9 @@ impl Dispatcher {
         for c in &claims {
             self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
         }
-        let claims = self.drop_superseded(claims, now).await;
         let limits = self.limits(now).await;
-        Ok(Ok(self.admit(claims, &limits, now).await?))
+        let (claims, superseded) = self.drop_superseded(claims, &limits, now).await;
+        Ok(Ok((self.admit(claims, &limits, now).await?, superseded)))
     }
 
     /// The limits in force at `now`: the operators' changes are read again when the
@@ -260,65 +286,160 @@ impl Dispatcher {
     /// settled unsent when a later step of its ask was decided meanwhile
     /// (`Outbox::supersede`), before it takes a send from its channel's rate. One the
     /// store cannot check is left out, unsent: its lease lapses and it is claimed again.
-    async fn drop_superseded(&self, claims: Vec<Claim>, now: Timestamp) -> Vec<Claim> {
-        let mut kept = Vec::with_capacity(claims.len());
+    /// Answers the claims kept and how many were superseded.
+    async fn drop_superseded(
+        &self,
+        claims: Vec<Claim>,
+        limits: &PerChannel<Option<Limit>>,
+        now: Timestamp,
+    ) -> (Vec<Claim>, usize) {
+        let (mut kept, mut superseded) = (Vec::with_capacity(claims.len()), 0);
         for c in claims {
             let row = &c.row;
+            if !dispatch::may_be_superseded(row.action_type, row.created_at, row.due_at) {
+                kept.push(c);
+                continue;
+            }
             let ask = row.action.get("ask_id").and_then(|a| a.as_str());
             let step = row.action.get("step").and_then(|s| s.as_u64()).and_then(|s| u32::try_from(s).ok());
             let (Some(ask), Some(step)) = (ask, step) else {
                 kept.push(c);
                 continue;
             };
-            if !dispatch::may_be_superseded(row.action_type, true, row.created_at, row.due_at) {
-                kept.push(c);
-                continue;
-            }
             match self.store.supersede(&row.id, &c.token, ask, step, now).await {
                 Ok(None) => kept.push(c),
-                Ok(Some(by)) => {
+                Ok(Some(s)) => {
+                    superseded += 1;
                     let channel = row.action_type.channel().map_or("internal", Channel::config_name);
                     metrics::counter!("haul_sends_superseded_total", "channel" => channel).increment(1);
                     metrics::counter!("haul_dispatches_total", "result" => "superseded").increment(1);
-                    info!(load_id = %row.load_id, outbox_id = %row.id, by, "not sent: its ask moved on while it waited");
+                    info!(load_id = %row.load_id, outbox_id = %row.id, by = s.by, "not sent: its ask moved on while it waited");
+                    let limit = row.action_type.channel().and_then(|ch| *limits.get(ch));
+                    if let (Some(limit), Some(was_due)) = (limit, s.by_was_due) {
+                        self.give_back(row, &limit, was_due).await;
+                    }
                 }
                 Err(e) => {
                     warn!(outbox_id = %row.id, error = %e, "checking whether its ask moved on failed; left for its lease to lapse")
                 }
             }
         }
-        kept
+        (kept, superseded)
+    }
+
+    /// The clients of the claims' loads; a store that cannot say has them all queue as
+    /// loads with no client (fair to none, lost by none).
+    async fn clients(&self, claims: &[Claim]) -> HashMap<LoadId, String> {
+        let loads: Vec<LoadId> = claims.iter().map(|c| c.row.load_id.clone()).collect();
+        match self.store.clients_of(&loads).await {
+            Ok(clients) => clients.into_iter().collect(),
+            Err(e) => {
+                warn!(error = %e, "reading the held rows' clients failed; they queue as one");
+                HashMap::new()
+            }
+        }
+    }
+
+    /// Orders `rows` (urgent first already) for a grant that cannot cover them: among
+    /// routine rows, the client whose queue reaches least far ahead goes first (its
+    /// backlog in time, which a weight already shortens), claim order within a client.
+    /// So a client with a few asks is not kept waiting behind one with thousands whose
+    /// rows come due at every interval: it wins those instants, and the big client's
+    /// row it beat joins the end of its own queue. A store that cannot say keeps claim
+    /// order.
+    async fn fair_order(
+        &self,
+        channel: Channel,
+        rows: &mut [Claim],
+        clients: &HashMap<LoadId, String>,
+        now: Timestamp,
+    ) {
+        let client_of = |c: &Claim| clients.get(&c.row.load_id).map(String::as_str);
+        let mut keys: Vec<String> =
+            rows.iter().map(|c| limit::queue_key(channel.config_name(), client_of(c))).collect();
+        keys.sort();
+        keys.dedup();
+        if keys.len() < 2 {
+            return;
+        }
+        let tails: HashMap<String, i64> = match self.store.queue_tails(&keys).await {
+            Ok(tails) => tails.into_iter().collect(),
+            Err(e) => return warn!(error = %e, "reading the clients' queues failed; claim order stands"),
+        };
+        let now_us = haul_core::time::to_us(now);
+        rows.sort_by_cached_key(|c| {
+            let tail = tails.get(&limit::queue_key(channel.config_name(), client_of(c))).copied();
+            (!is_urgent(&c.row), limit::backlog_us(tail, now_us))
+        });
+    }
+
+    /// The later row that took `row`'s place was queued on its client's queue at
+    /// `was_due`: gives that slot back if it is the queue's last, so the client's next
+    /// held row does not wait a spacing more for a slot no row uses. A slot further in
+    /// (other rows queued behind it) stays: they keep their places.
+    async fn give_back(&self, row: &OutboxRow, limit: &Limit, was_due: Timestamp) {
+        let Some(channel) = row.action_type.channel() else { return };
+        let client = match self.store.clients_of(std::slice::from_ref(&row.load_id)).await {
+            Ok(mut clients) => clients.pop().map(|(_, c)| c),
+            Err(e) => {
+                return warn!(load_id = %row.load_id, error = %e, "reading a load's client failed; its slot stays");
+            }
+        };
+        let weight = client.as_deref().and_then(|c| self.settings.weights.get(c)).copied().unwrap_or(1);
+        let key = limit::queue_key(channel.config_name(), client.as_deref());
+        let (slot_us, spacing_us) = (haul_core::time::to_us(was_due), limit::spacing_us(limit, weight));
+        if let Err(e) = self.store.unqueue_send(&key, slot_us, spacing_us).await {
+            warn!(key, error = %e, "giving a queue's slot back failed; it stays");
+        }
     }
 
     /// The claims the channels' send limits let go now; the others are held back in
     /// the store (`Outbox::hold`), due again when their channel's rate allows them,
     /// with no attempt spent. Within a channel urgent Hero tasks go first, then claim
-    /// order.
+    /// order; held, an urgent one waits for the channel's very next sends and a routine
+    /// one joins its client's queue (`Dispatcher::queue`).
     async fn admit(
         &self,
         claims: Vec<Claim>,
         limits: &PerChannel<Option<Limit>>,
         now: Timestamp,
     ) -> Result<Vec<Claim>, StoreError> {
-        let is_limited = |c: &Claim| c.row.action_type.channel().and_then(|ch| *limits.get(ch)).is_some();
-        let (limited, mut admitted): (Vec<Claim>, Vec<Claim>) = claims.into_iter().partition(is_limited);
+        let mut admitted = Vec::with_capacity(claims.len());
+        let mut limited: PerChannel<Vec<Claim>> = PerChannel::from_fn(|_| Vec::new());
+        for c in claims {
+            match c.row.action_type.channel().filter(|ch| limits.get(*ch).is_some()) {
+                Some(channel) => limited.get_mut(channel).push(c),
+                None => admitted.push(c),
+            }
+        }
         for channel in Channel::ALL {
             let Some(limit) = *limits.get(channel) else { continue };
-            let mut rows: Vec<Claim> =
-                limited.iter().filter(|c| c.row.action_type.channel() == Some(channel)).cloned().collect();
+            let mut rows = std::mem::take(limited.get_mut(channel));
             if rows.is_empty() {
                 continue;
             }
             rows.sort_by_key(|c| !is_urgent(&c.row));
             let grant = self.store.take_sends(channel.config_name(), &limit, rows.len() as u32, now).await?;
-            let held = rows.split_off(grant.granted as usize);
-            let untils = haul_core::limit::held_until_us(&grant, &limit, held.len());
+            // Short: who goes is decided by client, the shortest queue first.
+            let clients = if (grant.granted as usize) < rows.len() {
+                let clients = self.clients(&rows).await;
+                self.fair_order(channel, &mut rows, &clients, now).await;
+                clients
+            } else {
+                HashMap::new()
+            };
+            let (urgent, routine): (Vec<Claim>, Vec<Claim>) =
+                rows.split_off(grant.granted as usize).into_iter().partition(|c| is_urgent(&c.row));
+            let urgent_untils = limit::held_until_us(&grant, &limit, urgent.len());
+            let mut held: Vec<(Claim, i64)> = urgent.into_iter().zip(urgent_untils).collect();
+            held.extend(self.queue(channel, &limit, grant.next_at_us, routine, &clients).await);
             // How far ahead the last held row is due: the channel's backlog, in time.
-            let backlog_us = haul_core::limit::backlog_us(&untils, haul_core::time::to_us(now));
+            let last = held.iter().map(|(_, until)| *until).max();
+            let backlog_us = limit::backlog_us(last, haul_core::time::to_us(now));
             metrics::gauge!("haul_channel_held_backlog_seconds", "channel" => channel.config_name())
                 .set(Duration::from_micros(backlog_us as u64).as_secs_f64());
-            for (c, until) in held.iter().zip(untils) {
-                let until = haul_core::time::from_us(until);
+            for (c, until) in &held {
+                let until = haul_core::time::from_us(*until);
                 match self.store.hold(&c.row.id, &c.token, until, None, now).await {
                     Ok(()) | Err(ClaimError::Stale(_)) => {}
                     // Its lease lapses and it is claimed again: held all the same.
@@ -336,6 +457,42 @@ impl Dispatcher {
             admitted.extend(rows);
         }
         Ok(admitted)
+    }
+
+    /// When each held routine row of `channel` is due again: behind the rows of its own
+    /// client held before it (`haul_core::limit::queued`, kept in the store so every
+    /// dispatcher shares each queue), one spacing apart, from `from_us` (when the
+    /// channel next sends) at the earliest. One client's burst so queues behind itself,
+    /// not in front of another client's rows. A store that cannot say a load's client,
+    /// or keep a queue, has its rows wait for the channel's next sends instead: late
+    /// rows are held again, never lost.
+    async fn queue(
+        &self,
+        channel: Channel,
+        limit: &Limit,
+        from_us: i64,
+        rows: Vec<Claim>,
+        clients: &HashMap<LoadId, String>,
+    ) -> Vec<(Claim, i64)> {
+        let mut queues: BTreeMap<Option<&str>, Vec<Claim>> = BTreeMap::new();
+        for c in rows {
+            queues.entry(clients.get(&c.row.load_id).map(String::as_str)).or_default().push(c);
+        }
+        let mut out = Vec::new();
+        for (client, rows) in queues {
+            let weight = client.and_then(|c| self.settings.weights.get(c)).copied().unwrap_or(1);
+            let spacing = limit::spacing_us(limit, weight);
+            let key = limit::queue_key(channel.config_name(), client);
+            let first = match self.store.queue_sends(&key, from_us, spacing, rows.len() as u32).await {
+                Ok(first) => first,
+                Err(e) => {
+                    warn!(key, error = %e, "queueing held rows failed; they wait for the channel's next sends");
+                    from_us
+                }
+            };
+            out.extend(rows.into_iter().zip((0..).map(|i| first + i * spacing)));
+        }
+        out
     }
 
     /// Dead rows whose failed outcome never reached the queue (it was down when they

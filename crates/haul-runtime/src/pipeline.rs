@@ -85,7 +85,8 @@ impl Pipeline {
             sequential: seed.is_some(),
             ..DispatcherSettings::from_config(&config.dispatcher)
         }
-        .with_limits(&config.channels);
+        .with_limits(&config.channels)
+        .with_weights(&config.clients);
         Pipeline {
             worker: Arc::new(Worker::new(
                 store.clone(),

@@ -944,6 +944,41 @@ async fn an_sms_held_past_its_asks_next_step_is_superseded_not_sent() {
 }
 
 /// The evals' dispatcher settings with a send limit on `channel`.
+/// Fair shares of a saturated channel: client_a's five loads and client_b's two ask at
+/// once at 1 SMS/s. Held, each client's rows queue behind its own, so client_b's are
+/// due 1 s and 2 s in, not behind client_a's; where a second has a row of each, the
+/// client with the shorter queue (client_b) goes, and client_a's row it beat joins
+/// the end of client_a's queue. client_b is done 2 s in; client_a's last goes at 6 s.
+#[tokio::test]
+async fn a_small_clients_asks_are_not_kept_behind_a_big_ones() {
+    let rig = Rig::new().await;
+    let (a, b) = (["A1", "A2", "A3", "A4", "A5"], ["B1", "B2"]);
+    for l in a {
+        rig.asked(l).await;
+    }
+    for l in b {
+        rig.publish(
+            l,
+            json!({"event_id": "load:init", "kind": "load_update", "client": "client_b",
+            "driver_phone": "+15555550123", "stage": "in_transit"}),
+        )
+        .await;
+        rig.publish(l, ping("ping_0700")).await;
+    }
+    let settings = WorkerSettings { timers: TimerRoute::Outbox, ..WorkerSettings::default() };
+    rig.settle(&rig.worker_with(sop(), settings, Faults::default())).await;
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, rated(Channel::Sms, "1/s", 1), Faults::default());
+    let mut sent = vec![];
+    for second in 0..8u64 {
+        rig.clock.set(add(t0(), Duration::from_secs(second)));
+        d.run_once().await.unwrap();
+        let calls = rig.services.calls(Channel::Sms);
+        sent.extend(calls[sent.len()..].iter().map(|c| format!("{second}:{}", &c[..2])));
+    }
+    // A2 and A3, beaten at 1 s and 2 s, went to the end of client_a's queue.
+    assert_eq!(sent, ["0:A1", "1:B1", "2:B2", "3:A4", "4:A5", "5:A2", "6:A3"]);
+}
+
 fn rated(channel: Channel, rate: &str, burst: u32) -> DispatcherSettings {
     let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse(rate).unwrap(), burst).unwrap();
     let limits = haul_core::PerChannel::from_fn(|c| (c == channel).then_some(limit));

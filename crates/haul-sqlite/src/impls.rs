@@ -16,20 +16,20 @@ use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
     conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, inbox_alert_row, inbox_sms_row,
-    load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row, rate_change_row,
-    receipt, record_row, saturated_row, shadow_params, shadow_row, sms_assignment, sms_dismissal, sms_move_step,
-    sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
+    load_client_row, load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row,
+    rate_change_row, receipt, record_row, saturated_row, shadow_params, shadow_row, sms_assignment, sms_dismissal,
+    sms_move_step, sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
 };
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, NewEntry, NewOutboxRow, OpsAlertRecord,
-    Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RateChange,
-    RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment,
-    SmsMove, SmsRoute, StaleClaimError, StoreError, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns,
-    sms_inbox_state,
+    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, MAX_CLIENTS_OF, NewEntry, NewOutboxRow,
+    OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage,
+    RateChange, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim,
+    SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms,
+    Unsettled, alert_inbox, columns, sms_inbox_state,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -284,11 +284,11 @@ impl SqliteStore {
                 if delta.changes_facts() {
                     exec(
                         conn,
-                        "INSERT INTO load_facts (load_id, driver_phone, active, updated_at)
-                           VALUES (?1, ?2, COALESCE(?3, 1), ?4)
+                        "INSERT INTO load_facts (load_id, driver_phone, active, updated_at, client)
+                           VALUES (?1, ?2, COALESCE(?3, 1), ?4, ?5)
                          ON CONFLICT (load_id) DO UPDATE SET driver_phone = COALESCE(?2, driver_phone),
-                           active = COALESCE(?3, active), updated_at = ?4",
-                        params![lid, delta.driver_phone, delta.active(), now],
+                           active = COALESCE(?3, active), updated_at = ?4, client = COALESCE(?5, client)",
+                        params![lid, delta.driver_phone, delta.active(), now, delta.client],
                     )
                     .map_err(db)?;
                 }
@@ -559,29 +559,37 @@ impl Outbox for SqliteStore {
         ask_id: &str,
         step: u32,
         now: Timestamp,
-    ) -> Result<Option<String>, StoreError> {
+    ) -> Result<Option<Superseded>, StoreError> {
         let (id, token, ask_id, now) = (id.to_owned(), token.to_owned(), ask_id.to_owned(), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
-                let later: Option<String> = conn
+                let later: Option<(String, i64, bool)> = conn
                     .prepare_cached(
-                        "SELECT l.id FROM outbox o JOIN outbox l ON l.load_id = o.load_id
+                        "SELECT l.id, l.due_at, l.status = 'pending' AND l.attempts = 0 AND l.due_at > ?5
+                           AND (l.lease_until IS NULL OR l.lease_until <= ?5)
+                         FROM outbox o JOIN outbox l ON l.load_id = o.load_id
                          WHERE o.id = ?1 AND o.claim_token = ?2 AND o.status = 'pending'
                            AND json_extract(l.action, '$.ask_id') = ?3 AND json_extract(l.action, '$.step') > ?4
                          ORDER BY l.created_at, l.id LIMIT 1",
                     )
-                    .and_then(|mut st| st.query_row(params![id, token, ask_id, step], |r| r.get(0)).optional())
+                    .and_then(|mut st| {
+                        st.query_row(params![id, token, ask_id, step, now], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                            .optional()
+                    })
                     .map_err(db)?;
-                if let Some(later) = &later {
-                    exec(
-                        conn,
-                        "UPDATE outbox SET status = 'superseded', claim_token = NULL, lease_until = NULL,
-                         updated_at = ?2, outcome_published_at = ?2, last_failure = ?3 WHERE id = ?1",
-                        params![id, now, format!("not sent: its ask moved on ({later})")],
-                    )
-                    .map_err(db)?;
+                let Some((later, was_due, waits)) = later else { return Ok(None) };
+                exec(
+                    conn,
+                    "UPDATE outbox SET status = 'superseded', claim_token = NULL, lease_until = NULL,
+                     updated_at = ?2, outcome_published_at = ?2, last_failure = ?3 WHERE id = ?1",
+                    params![id, now, format!("not sent: its ask moved on ({later})")],
+                )
+                .map_err(db)?;
+                if waits {
+                    exec(conn, "UPDATE outbox SET due_at = ?2, updated_at = ?2 WHERE id = ?1", params![later, now])
+                        .map_err(db)?;
                 }
-                Ok(later)
+                Ok(Some(Superseded { by: later, by_was_due: waits.then(|| from_ms(was_due)) }))
             })
             .await
     }
@@ -1199,6 +1207,52 @@ impl SendRates for SqliteStore {
             .await
     }
 
+    async fn queue_sends(&self, key: &str, from_us: i64, spacing_us: i64, n: u32) -> Result<i64, StoreError> {
+        let key = key.to_owned();
+        self.writer
+            .run(move |conn: &Connection| {
+                let tail: Option<i64> = conn
+                    .prepare_cached("SELECT tat_us FROM send_rates WHERE rate_key = ?1")
+                    .and_then(|mut st| st.query_row([&key], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                let (first, tail) = haul_core::limit::queued(tail, from_us, spacing_us, n);
+                exec(
+                    conn,
+                    "INSERT INTO send_rates (rate_key, tat_us) VALUES (?1, ?2)
+                     ON CONFLICT (rate_key) DO UPDATE SET tat_us = excluded.tat_us",
+                    params![key, tail],
+                )
+                .map_err(db)?;
+                Ok(first)
+            })
+            .await
+    }
+
+    async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError> {
+        let keys = serde_json::Value::from(keys.to_vec()).to_string();
+        self.query_rows(
+            "SELECT rate_key, tat_us FROM send_rates WHERE rate_key IN (SELECT value FROM json_each(?1))",
+            [keys],
+            |r: &dyn Columns| Ok((r.string(0)?, r.i64(1)?)),
+        )
+        .await
+    }
+
+    async fn unqueue_send(&self, key: &str, slot_us: i64, spacing_us: i64) -> Result<bool, StoreError> {
+        let key = key.to_owned();
+        self.writer
+            .run(move |conn: &Connection| {
+                let n = exec(
+                    conn,
+                    "UPDATE send_rates SET tat_us = tat_us - ?3 WHERE rate_key = ?1 AND tat_us >= ?2 AND tat_us < ?2 + 1000",
+                    params![key, slot_us, spacing_us],
+                )
+                .map_err(db)?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
     async fn pause_sends(&self, key: &str, limit: &Limit, until: Timestamp, now: Timestamp) -> Result<(), StoreError> {
         let (key, now) = (key.to_owned(), to_us(now));
         let tat = haul_core::limit::paused(limit, None, to_us(until));
@@ -1281,6 +1335,18 @@ impl LoadIndex for SqliteStore {
             "SELECT load_id FROM load_facts WHERE driver_phone = ?1 AND active = 1 ORDER BY load_id LIMIT 100",
             [phone],
             load_id_row,
+        )
+        .await
+    }
+
+    async fn clients_of(&self, load_ids: &[LoadId]) -> Result<Vec<(LoadId, String)>, StoreError> {
+        let ids: Vec<&str> = load_ids.iter().take(MAX_CLIENTS_OF).map(LoadId::as_str).collect();
+        let ids = serde_json::Value::from(ids).to_string();
+        self.query_rows(
+            "SELECT load_id, client FROM load_facts
+             WHERE load_id IN (SELECT value FROM json_each(?1)) AND client IS NOT NULL",
+            [ids],
+            load_client_row,
         )
         .await
     }

@@ -552,6 +552,11 @@ pub fn load_id_row(r: &dyn Columns) -> Result<LoadId, StoreError> {
     Ok(parse_load_id(&r.string(0)?)?)
 }
 
+/// A `(load_id, client)` row.
+pub fn load_client_row(r: &dyn Columns) -> Result<(LoadId, String), StoreError> {
+    Ok((parse_load_id(&r.string(0)?)?, r.string(1)?))
+}
+
 /// The receipt of a recorded delivery: its row id.
 pub fn delivery_receipt(id: i64) -> String {
     format!("rec:{id}")

@@ -70,6 +70,7 @@ macro_rules! contract_tests {
             a_deferred_dead_row_waits_and_never_holds_up_the_others,
             ops_alerts_are_kept_with_their_state_and_read_in_pages,
             loads_are_found_by_active_driver_phone,
+            a_loads_client_is_kept_with_its_facts,
             unmatched_sms_is_kept_once,
             message_sids_are_taken_once_across_loads,
             racing_claims_of_one_message_sid_have_one_winner,
@@ -78,6 +79,7 @@ macro_rules! contract_tests {
             an_assigned_sms_moves_once_per_event,
             racing_moves_of_one_sms_take_turns,
             a_held_row_spends_no_attempt_and_no_budget,
+            racing_holds_queue_each_clients_rows_on_their_own_slots,
             a_row_whose_ask_moved_on_is_superseded,
             a_paused_key_sends_nothing_until_the_pause_ends,
             rate_changes_are_kept_once_per_request_and_the_latest_wins,
@@ -684,6 +686,7 @@ pub async fn a_held_row_spends_no_attempt_and_no_budget(s: DynStore) {
 
 /// An ask's SMS that waited is settled unsent once a later step of its ask is on its
 /// load (and only then, only by its claim's owner); other loads and asks do not count.
+/// The later step, if it waits too (held, never tried), takes its place: due now.
 pub async fn a_row_whose_ask_moved_on_is_superseded(s: DynStore) {
     let ask = |id: &str, ask: &str, step: u32| NewOutboxRow {
         id: id.into(),
@@ -708,14 +711,21 @@ pub async fn a_row_whose_ask_moved_on_is_superseded(s: DynStore) {
         ask("L1/ask:eta_request:p1/2/send_sms", "ask:eta_request:p1", 2),
     ];
     s.append(&load("L1"), vec![entry("e2")], 1, later, at(2)).await.unwrap();
+    // Step 2 is held back by the rate, to at(100).
+    let step2 = "L1/ask:eta_request:p1/2/send_sms";
+    let c2 = s.pending(10, at(2), LEASE).await.unwrap().into_iter().find(|c| c.row.id == step2).unwrap();
+    s.hold(step2, &c2.token, at(100), None, at(2)).await.unwrap();
     assert_eq!(s.supersede(&c.row.id, "not-the-token", "ask:eta_request:p1", 1, at(3)).await.unwrap(), None);
     assert_eq!(s.get(step1).await.unwrap().unwrap().status, OutboxStatus::Pending, "not its claim: nothing changed");
     let by = s.supersede(&c.row.id, &c.token, "ask:eta_request:p1", 1, at(3)).await.unwrap();
-    assert_eq!(by.as_deref(), Some("L1/ask:eta_request:p1/2/send_sms"));
+    let by_was_due = Some(at(100));
+    assert_eq!(by, Some(crate::Superseded { by: step2.into(), by_was_due }), "it waited: when, it says");
     let r = s.get(step1).await.unwrap().unwrap();
     let fields = (r.status, r.attempts, r.claim_token, r.lease_until, r.last_failure.as_deref());
     let note = "not sent: its ask moved on (L1/ask:eta_request:p1/2/send_sms)";
     assert_eq!(fields, (OutboxStatus::Superseded, 0, None, None, Some(note)));
+    // The later step takes its place: held and never tried, it is due now.
+    assert_eq!(s.get(step2).await.unwrap().unwrap().due_at, at(3), "step 2 due when step 1 would have gone");
     assert!(!pending_ids(&s, 10, at(1000)).await.contains(&step1.to_owned()), "never claimed again");
     assert_eq!(s.count_by_status(OutboxStatus::Superseded).await.unwrap(), 1);
     assert_eq!(s.supersede(&c.row.id, &c.token, "ask:eta_request:p1", 1, at(4)).await.unwrap(), None, "once");
@@ -770,6 +780,59 @@ pub async fn send_rates_are_shared_by_racing_dispatchers(s: DynStore) {
     );
     s.take_sends("sms", &limit, 9, at(130)).await.unwrap();
     assert_eq!(since(at(101)).await.unwrap(), vec![("sms".to_owned(), at(130))], "only since then");
+}
+
+/// Held rows join their client's queue (`queue_sends`): dispatchers holding rows of
+/// one client at once get slots that never meet, one spacing apart, after the queue's
+/// last or from when the channel next sends; each client's queue is its own.
+pub async fn racing_holds_queue_each_clients_rows_on_their_own_slots(s: DynStore) {
+    let (holders, n, spacing) = (8u32, 3u32, 20_000i64);
+    let barrier = Arc::new(tokio::sync::Barrier::new(holders as usize));
+    let mut tasks = Vec::new();
+    for _ in 0..holders {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            s.queue_sends("sms|a", 1_000_000, spacing, n).await.unwrap()
+        }));
+    }
+    let mut firsts = Vec::new();
+    for t in tasks {
+        firsts.push(t.await.unwrap());
+    }
+    firsts.sort();
+    let want: Vec<i64> = (0..i64::from(holders)).map(|i| 1_000_000 + i * spacing * i64::from(n)).collect();
+    assert_eq!(firsts, want, "each holder its own run of slots, back to back");
+    let last = want[want.len() - 1] + spacing * i64::from(n - 1);
+    assert_eq!(s.queue_sends("sms|a", 0, spacing, 1).await.unwrap(), last + spacing, "behind its own queue");
+    assert_eq!(s.queue_sends("sms|b", 1_000_000, spacing, 2).await.unwrap(), 1_000_000, "another client's is its own");
+    assert_eq!(s.queue_sends("sms|b", 1_000_000, spacing, 1).await.unwrap(), 1_000_000 + 2 * spacing);
+    // A queue that ran dry starts again when the channel next sends.
+    assert_eq!(s.queue_sends("sms|b", 9_000_000, spacing, 1).await.unwrap(), 9_000_000);
+    // Its last slot given back (its row left before its time): the next row takes it.
+    assert!(!s.unqueue_send("sms|b", 8_000_000, spacing).await.unwrap(), "not its last: nothing");
+    assert!(s.unqueue_send("sms|b", 9_000_000, spacing).await.unwrap());
+    assert!(!s.unqueue_send("sms|b", 9_000_000, spacing).await.unwrap(), "once");
+    assert_eq!(s.queue_sends("sms|b", 0, spacing, 1).await.unwrap(), 9_000_000);
+    // A slot off the millisecond is named by the millisecond its row keeps.
+    assert_eq!(s.queue_sends("sms|c", 1_000_400, 333_333, 1).await.unwrap(), 1_000_400);
+    assert!(!s.unqueue_send("sms|c", 1_001_000, 333_333).await.unwrap(), "the next millisecond is not it");
+    assert!(s.unqueue_send("sms|c", 1_000_000, 333_333).await.unwrap());
+    assert_eq!(s.queue_sends("sms|c", 0, 333_333, 1).await.unwrap(), 1_000_400);
+    let tails = |keys: &[&str]| {
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let s = s.clone();
+        async move {
+            let mut got = s.queue_tails(&keys).await.unwrap();
+            got.sort();
+            got
+        }
+    };
+    let want = vec![("sms|a".to_owned(), last + spacing), ("sms|c".to_owned(), 1_000_400)];
+    assert_eq!(tails(&["sms|a", "sms|c", "sms|z"]).await, want, "a queue never used has none");
+    assert!(tails(&[]).await.is_empty());
+    // A queue is not a rate: it never shows as a saturated channel.
+    assert!(s.saturated(at(0)).await.unwrap().is_empty());
 }
 
 /// An operator's rate changes: one per request id (a retry answers the first), each
@@ -1196,6 +1259,33 @@ pub async fn loads_are_found_by_active_driver_phone(s: DynStore) {
     assert!(s.loads_by_phone(phone).await.unwrap().is_empty());
     assert_eq!(s.loads_by_phone("+15555550122").await.unwrap(), vec![load("L1")]);
     assert!(s.loads_by_phone("' OR 1=1 --").await.unwrap().is_empty());
+}
+
+/// A load's client is kept with its facts by the append of the load_update naming it
+/// (a later one that names another replaces it, one naming none leaves it), and read
+/// back for a batch of loads, those with none left out.
+pub async fn a_loads_client_is_kept_with_its_facts(s: DynStore) {
+    let update = async |l: &str, v: u64, payload: serde_json::Value| {
+        let id = format!("u{v}");
+        let entries = vec![NewEntry::stored(&id, "load_update", payload), entry(&format!("dec:{id}"))];
+        s.append(&load(l), entries, v, vec![], at(v)).await.unwrap();
+    };
+    update("L1", 0, json!({"client": "acme", "stage": "in_transit"})).await;
+    update("L2", 0, json!({"client": "bolt"})).await;
+    update("L3", 0, json!({"stage": "in_transit"})).await;
+    let loads = [load("L1"), load("L2"), load("L3"), load("L9")];
+    let clients = async || {
+        let mut got = s.clients_of(&loads).await.unwrap();
+        got.sort();
+        got.into_iter().map(|(l, c)| format!("{l}={c}")).collect::<Vec<_>>()
+    };
+    assert_eq!(clients().await, ["L1=acme", "L2=bolt"]);
+    update("L1", 2, json!({"stage": "at_pickup"})).await;
+    update("L2", 2, json!({"client": "acme"})).await;
+    update("L3", 2, json!({"client": "bolt", "driver_phone": "+15555550100"})).await;
+    assert_eq!(clients().await, ["L1=acme", "L2=acme", "L3=bolt"]);
+    assert!(s.clients_of(&[]).await.unwrap().is_empty());
+    assert_eq!(s.loads_by_phone("+15555550100").await.unwrap(), vec![load("L3")], "the phone kept beside it");
 }
 
 pub async fn unmatched_sms_is_kept_once(s: DynStore) {

@@ -20,6 +20,9 @@ use haul_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Most loads one `LoadIndex::clients_of` asks about: a claim's batch (at most 1,000).
+pub const MAX_CLIENTS_OF: usize = 1_000;
+
 pub mod backend;
 pub mod contract;
 pub mod ops;
@@ -412,6 +415,15 @@ pub struct OutboxRow {
     pub updated_at: Timestamp,
 }
 
+/// What `Outbox::supersede` did: the later row that overtook the claimed one, and when
+/// that later row was due before it took the claimed row's place (it was waiting), if
+/// it was moved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superseded {
+    pub by: String,
+    pub by_was_due: Option<Timestamp>,
+}
+
 /// A row handed to one dispatcher, with the token that proves the claim.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claim {
@@ -513,8 +525,12 @@ pub trait Outbox: Send + Sync {
     /// decided on its load meanwhile: a row of that load whose action has the same
     /// `ask_id` and a greater `step`. The row becomes `superseded`, settled (nothing is
     /// published for it), with that later row's id in its last failure; the later
-    /// row's id is returned. `None`: its ask has not moved on (or the claim is no
-    /// longer this token's), and nothing changed.
+    /// row is returned. That later row, if it waits too (pending, never tried,
+    /// unclaimed, due after `now`), takes its place: it is due at `now`, so a rate's
+    /// send meant for the step overtaken goes to the step that overtook it, and when it
+    /// was due before is returned too. `None`: its
+    /// ask has not moved on (or the claim is no longer this token's), and nothing
+    /// changed.
     async fn supersede(
         &self,
         id: &str,
@@ -522,7 +538,7 @@ pub trait Outbox: Send + Sync {
         ask_id: &str,
         step: u32,
         now: Timestamp,
-    ) -> Result<Option<String>, StoreError>;
+    ) -> Result<Option<Superseded>, StoreError>;
 
     async fn get(&self, id: &str) -> Result<Option<OutboxRow>, StoreError>;
 
@@ -918,6 +934,10 @@ pub trait LoadIndex: Send + Sync {
     /// Active loads whose driver phone is `phone`.
     async fn loads_by_phone(&self, phone: &str) -> Result<Vec<LoadId>, StoreError>;
 
+    /// The client of each of `load_ids` that has one (a `load_update` named it), in no
+    /// particular order; at most [`MAX_CLIENTS_OF`] loads are asked at once.
+    async fn clients_of(&self, load_ids: &[LoadId]) -> Result<Vec<(LoadId, String)>, StoreError>;
+
     /// Keeps an unmatched SMS (idempotent on `message_sid`); true when new.
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError>;
 
@@ -1138,6 +1158,25 @@ pub trait SendRates: Send + Sync {
     /// send more than the limit allows.
     /// A grant of fewer than `wanted` also keeps `now` as when rows were last held back.
     async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError>;
+
+    /// Queues `n` (at least 1) held rows on the queue `key` (a client's on a channel,
+    /// `haul_core::limit::queue_key`): `haul_core::limit::queued` on the last slot kept
+    /// for it, read and written under its lock, so dispatchers holding the same
+    /// client's rows at once hand out different slots. Answers the first slot (µs);
+    /// the others follow `spacing_us` apart.
+    async fn queue_sends(&self, key: &str, from_us: i64, spacing_us: i64, n: u32) -> Result<i64, StoreError>;
+
+    /// The last slot (µs) of each of the queues `keys` that has one: how far behind
+    /// its client's held rows reach, what orders clients when a grant falls short.
+    async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError>;
+
+    /// Gives back the slot `slot_us` of the queue `key` when it is the queue's last
+    /// (the row queued on it left before its time, by taking an earlier row's place),
+    /// so the next row queued there is not put a spacing further on for nothing. True
+    /// when it was given back; a slot no longer last changes nothing. `slot_us` is
+    /// the row's due time, which a row keeps to the millisecond: the slot within that
+    /// millisecond is meant.
+    async fn unqueue_send(&self, key: &str, slot_us: i64, spacing_us: i64) -> Result<bool, StoreError>;
 
     /// The service behind `key` asked to wait until `until` (a 429's `Retry-After`):
     /// its state becomes `haul_core::limit::paused`, so no dispatcher sends on it before

@@ -455,6 +455,14 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
                 message: "must be 1 to 20".into(),
             });
         }
+        let most = i64::from(haul_core::limit::MAX_WEIGHT);
+        if c.send_weight.is_some_and(|w| !(1..=most).contains(&w)) {
+            return Err(FileError {
+                line: None,
+                key: format!("clients.{name}.send_weight"),
+                message: format!("must be 1 to {most}"),
+            });
+        }
     }
     let mut channels = haul_config::ChannelsConfig::default();
     for (name, c) in &file.channels {
@@ -883,6 +891,8 @@ mod tests {
             Err(("fault.channel", Some(5))),
         );
         check(&format!("{head}[clients.a.eta_request]\nretry_after = \"soon\"\n"), Err(("toml", Some(6))));
+        check(&format!("{head}[clients.a]\nsend_weight = 0\n"), Err(("clients.a.send_weight", None)));
+        check(&format!("{head}[clients.a]\nsend_weight = 2\n[[step]]\nat = \"07:00\"\n{ok}"), Ok(1));
         check("name = \"x\"\nstart = \"yesterday\"\n", Err(("start", Some(2))));
         check(
             "name = \"x\"\nstart = \"2026-03-02T07:00:00Z\"\n[[step]]\nat = \"07:00\"\ninbound = [{ kind = \"inbound_sms\", event_id = \"s\", from = \"+1\", body = \"x\" }]\nexpect.sent = []\n",
