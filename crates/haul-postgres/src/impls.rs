@@ -22,10 +22,10 @@ use haul_store::ops::{
 };
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
-    MAX_CLIENTS_OF, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport,
-    Published, QueueError, QueueMessage, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision,
-    ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded, Timer,
-    TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
+    MAX_CLIENTS_OF, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune,
+    PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor, SendRates, ShadowCursor,
+    ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded,
+    Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load, too_many,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -221,6 +221,20 @@ impl Outbox for PgStore {
         let params: Params = &[&outbox_key_load(id), &id, &token, &to_ms(until), &to_ms(now), &note];
         let n = client.execute(&stmt, params).await.map_err(pg)?;
         if n == 1 { Ok(()) } else { Err(StaleClaimError { outbox_id: id.to_owned() }.into()) }
+    }
+
+    async fn hold_all(&self, holds: &[(String, String, Timestamp)], now: Timestamp) -> Result<usize, StoreError> {
+        if holds.len() > MAX_HOLDS {
+            return Err(too_many("holds", holds.len(), MAX_HOLDS));
+        }
+        let loads: Vec<&str> = holds.iter().map(|(id, _, _)| outbox_key_load(id)).collect();
+        let ids: Vec<&str> = holds.iter().map(|(id, _, _)| id.as_str()).collect();
+        let tokens: Vec<&str> = holds.iter().map(|(_, token, _)| token.as_str()).collect();
+        let untils: Vec<i64> = holds.iter().map(|(_, _, until)| to_ms(*until)).collect();
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(OUTBOX_HOLD_ALL).await.map_err(pg)?;
+        let n = client.execute(&stmt, &[&loads, &ids, &tokens, &untils, &to_ms(now)]).await.map_err(pg)?;
+        Ok(n as usize)
     }
 
     async fn supersede(

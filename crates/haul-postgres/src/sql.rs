@@ -90,6 +90,13 @@ pub const OUTBOX_HOLD: &str = "UPDATE outbox SET due_at = $4, claim_token = NULL
      first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + ($4::bigint - $5::bigint) END,
      last_failure = coalesce($6, last_failure)
      WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";
+/// [`OUTBOX_HOLD`] for many rows, no note: `$1` loads, `$2` ids, `$3` tokens, `$4` due
+/// again at (ms), one element a row; `$5` now.
+pub const OUTBOX_HOLD_ALL: &str = "UPDATE outbox o SET due_at = h.until, claim_token = NULL, lease_until = NULL,
+       updated_at = $5,
+       first_attempt_at = CASE WHEN o.attempts = 0 THEN NULL ELSE o.first_attempt_at + (h.until - $5::bigint) END
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS h(load_id, id, token, until)
+     WHERE o.load_id = h.load_id AND o.id = h.id AND o.claim_token = h.token AND o.status = 'pending'";
 /// A claimed row settled unsent because a later step of its ask was decided: `$1` load,
 /// `$2` id, `$3` token, `$4` ask id, `$5` step, `$6` now. Returns the later row's id
 /// and, if it waited (never tried, unclaimed, due after now) and is now due, when it

@@ -133,6 +133,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let (now, later, zero, limit, one, version) = (to_ms(at(50)), to_ms(at(140)), 0i64, 32i64, 1i64, 2i64);
     let entry_ids = vec!["e1", "dec:e1"];
     let keys = vec![key];
+    let tokens = vec![token];
     let (loads, nows) = (vec![l], vec![now]);
     let (timers, fire_ats) = (vec![timer], vec![later]);
     let seqs = vec![3i64, 4];
@@ -161,6 +162,7 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("mark_failed (retry)", OUTBOX_MARK_RETRY, vec![&l, &key, &token, &token, &later, &now]),
         per_load("mark_failed (bury)", OUTBOX_MARK_DEAD, vec![&l, &key, &token, &token, &now]),
         per_load("hold (a send rate)", OUTBOX_HOLD, vec![&l, &key, &token, &later, &now, &no_text]),
+        case("hold all (a send rate; rows of many loads)", OUTBOX_HOLD_ALL, vec![&loads, &keys, &tokens, &nows, &now]),
         per_load("supersede (its ask moved on)", OUTBOX_SUPERSEDE, vec![&l, &key, &token, &key, &zero, &now]),
         case("send rate state", SEND_RATE_SET, vec![&key, &now, &now]),
         case("a client's queue on a send rate", SEND_QUEUE_JOIN, vec![&key, &now, &now, &one]),

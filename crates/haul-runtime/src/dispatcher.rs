@@ -438,13 +438,14 @@ impl Dispatcher {
             let backlog_us = limit::backlog_us(last, haul_core::time::to_us(now));
             metrics::gauge!("haul_channel_held_backlog_seconds", "channel" => channel.config_name())
                 .set(Duration::from_micros(backlog_us as u64).as_secs_f64());
-            for (c, until) in &held {
-                let until = haul_core::time::from_us(*until);
-                match self.store.hold(&c.row.id, &c.token, until, None, now).await {
-                    Ok(()) | Err(ClaimError::Stale(_)) => {}
-                    // Its lease lapses and it is claimed again: held all the same.
-                    Err(ClaimError::Store(e)) => warn!(outbox_id = %c.row.id, error = %e, "holding a row back failed"),
-                }
+            let holds: Vec<(String, String, Timestamp)> = held
+                .iter()
+                .map(|(c, until)| (c.row.id.clone(), c.token.clone(), haul_core::time::from_us(*until)))
+                .collect();
+            // Not held (the store failed): their leases lapse and they are claimed again,
+            // held all the same.
+            if let Err(e) = self.store.hold_all(&holds, now).await {
+                warn!(channel = channel.config_name(), rows = holds.len(), error = %e, "holding rows back failed");
             }
             metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(held.len() as u64);
             // How long the rows let go waited for it: since they were made (a row held

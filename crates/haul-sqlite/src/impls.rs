@@ -25,11 +25,11 @@ use haul_store::ops::{
 };
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, MAX_CLIENTS_OF, NewEntry, NewOutboxRow,
-    OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage,
-    RateChange, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim,
-    SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms,
-    Unsettled, alert_inbox, columns, sms_inbox_state,
+    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, MAX_CLIENTS_OF, MAX_HOLDS, NewEntry,
+    NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError,
+    QueueMessage, RateChange, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore,
+    SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded, Timer, TimerStore,
+    UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state, too_many,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -548,6 +548,29 @@ impl Outbox for SqliteStore {
                 )
                 .map_err(db)?;
                 Ok(())
+            })
+            .await
+    }
+
+    async fn hold_all(&self, holds: &[(String, String, Timestamp)], now: Timestamp) -> Result<usize, StoreError> {
+        if holds.len() > MAX_HOLDS {
+            return Err(too_many("holds", holds.len(), MAX_HOLDS));
+        }
+        let (holds, now) = (holds.to_vec(), to_ms(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                let mut st = conn
+                    .prepare_cached(
+                        "UPDATE outbox SET due_at = ?3, claim_token = NULL, lease_until = NULL, updated_at = ?4,
+                         first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + (?3 - ?4) END
+                         WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+                    )
+                    .map_err(db)?;
+                let mut held = 0;
+                for (id, token, until) in &holds {
+                    held += st.execute(params![id, token, to_ms(*until), now]).map_err(db)?;
+                }
+                Ok(held)
             })
             .await
     }

@@ -79,6 +79,7 @@ macro_rules! contract_tests {
             an_assigned_sms_moves_once_per_event,
             racing_moves_of_one_sms_take_turns,
             a_held_row_spends_no_attempt_and_no_budget,
+            rows_held_together_are_each_held_as_alone,
             racing_holds_queue_each_clients_rows_on_their_own_slots,
             a_row_whose_ask_moved_on_is_superseded,
             a_paused_key_sends_nothing_until_the_pause_ends,
@@ -682,6 +683,42 @@ pub async fn a_held_row_spends_no_attempt_and_no_budget(s: DynStore) {
     s.hold(&c.row.id, &c.token, at(60), None, at(50)).await.unwrap();
     let r = s.get(&c.row.id).await.unwrap().unwrap();
     assert_eq!(r.last_failure.as_deref(), Some("throttled: HTTP 429"), "a rate's hold keeps the last failure");
+}
+
+/// `hold_all`: each row as `hold` would leave it (its own due time, no attempt, the
+/// budget forgotten or moved on), in one write, across loads; a row no longer its
+/// token's is left alone; past its bound nothing is held.
+pub async fn rows_held_together_are_each_held_as_alone(s: DynStore) {
+    commit(&s, "L1", "e1", 0, &["L1/a/send_sms", "L1/b/send_sms"]).await;
+    commit(&s, "L2", "e1", 0, &["L2/a/send_sms"]).await;
+    let mut claims = s.pending(10, at(10), LEASE).await.unwrap();
+    claims.sort_by(|a, b| a.row.id.cmp(&b.row.id));
+    // L1/b was tried once: its budget's start moves on by the wait.
+    s.mark_failed(&claims[1].row.id, &claims[1].token, "503", Some(at(20)), at(11)).await.unwrap();
+    let b = s.pending(10, at(20), LEASE).await.unwrap().remove(0);
+    let holds = vec![
+        (claims[0].row.id.clone(), claims[0].token.clone(), at(30)),
+        (b.row.id.clone(), b.token.clone(), at(40)),
+        (claims[2].row.id.clone(), "not-the-token".to_owned(), at(50)),
+    ];
+    assert_eq!(s.hold_all(&holds, at(20)).await.unwrap(), 2);
+    let row = async |id: &str| {
+        let r = s.get(id).await.unwrap().unwrap();
+        (r.status, r.attempts, r.due_at, r.first_attempt_at, r.claim_token.is_some(), r.last_failure)
+    };
+    assert_eq!(row("L1/a/send_sms").await, (OutboxStatus::Pending, 0, at(30), None, false, None));
+    let moved_on = Some(at(30));
+    assert_eq!(row("L1/b/send_sms").await, (OutboxStatus::Pending, 1, at(40), moved_on, false, Some("503".into())));
+    assert_eq!(
+        row("L2/a/send_sms").await,
+        (OutboxStatus::Pending, 0, at(0), Some(at(10)), true, None),
+        "not its token"
+    );
+    assert_eq!(pending_ids(&s, 10, at(39)).await, vec!["L1/a/send_sms".to_owned()], "each due at its own time");
+    let many = vec![(claims[2].row.id.clone(), claims[2].token.clone(), at(60)); crate::MAX_HOLDS + 1];
+    assert!(s.hold_all(&many, at(20)).await.unwrap_err().to_string().contains("at most 1000"));
+    assert_eq!(row("L2/a/send_sms").await.2, at(0), "past its bound nothing is held");
+    assert_eq!(s.hold_all(&[], at(20)).await.unwrap(), 0);
 }
 
 /// An ask's SMS that waited is settled unsent once a later step of its ask is on its

@@ -22,6 +22,13 @@ use serde_json::Value;
 
 /// Most loads one `LoadIndex::clients_of` asks about: a claim's batch (at most 1,000).
 pub const MAX_CLIENTS_OF: usize = 1_000;
+/// Most rows one `Outbox::hold_all` holds: a claim's batch (at most 1,000).
+pub const MAX_HOLDS: usize = 1_000;
+
+/// The error of a call given more than its bound.
+pub fn too_many(what: &str, n: usize, most: usize) -> StoreError {
+    StoreError::new(format!("{n} {what} at once; at most {most}"))
+}
 
 pub mod backend;
 pub mod contract;
@@ -520,6 +527,12 @@ pub trait Outbox: Send + Sync {
         note: Option<&str>,
         now: Timestamp,
     ) -> Result<(), ClaimError>;
+
+    /// [`Outbox::hold`] for many claimed rows at once, each `(id, token, until)`, no
+    /// note, in one write: what a claim whose rate's grant fell short gives back. A row
+    /// no longer its token's is left as it is. Answers how many were held. At most
+    /// [`MAX_HOLDS`] at a time (a claim's batch); more is an error, nothing held.
+    async fn hold_all(&self, holds: &[(String, String, Timestamp)], now: Timestamp) -> Result<usize, StoreError>;
 
     /// Settles a claimed row unsent if a later step of its ask (`ask_id`, `step`) was
     /// decided on its load meanwhile: a row of that load whose action has the same
