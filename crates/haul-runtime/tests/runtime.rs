@@ -943,23 +943,22 @@ async fn an_sms_held_past_its_asks_next_step_is_superseded_not_sent() {
     assert_eq!(rig.store.get(&key).await.unwrap().unwrap().status, OutboxStatus::Dispatched);
 }
 
-/// The evals' dispatcher settings with a send limit on `channel`.
-/// Fair shares of a saturated channel: client_a's five loads and client_b's two ask at
-/// once at 1 SMS/s. Held, each client's rows queue behind its own, so client_b's are
-/// due 1 s and 2 s in, not behind client_a's; where a second has a row of each, the
-/// client with the shorter queue (client_b) goes, and client_a's row it beat joins
-/// the end of client_a's queue. client_b is done 2 s in; client_a's last goes at 6 s.
+/// Fair shares of a saturated channel: five loads of client_a, two of client_b and one
+/// of client_c ask at once at 1 SMS/s. Held, each client's rows queue behind its own
+/// (client_a's 1 s to 4 s in, client_b's 1 s and 2 s, client_c's 1 s), not behind
+/// another client's; where a second has rows of several, the client whose queue
+/// reaches least far ahead goes, and each row it beat joins the end of its own
+/// client's queue. client_c is done 1 s in and client_b 3 s in, not after client_a's.
 #[tokio::test]
 async fn a_small_clients_asks_are_not_kept_behind_a_big_ones() {
     let rig = Rig::new().await;
-    let (a, b) = (["A1", "A2", "A3", "A4", "A5"], ["B1", "B2"]);
-    for l in a {
+    for l in ["A1", "A2", "A3", "A4", "A5"] {
         rig.asked(l).await;
     }
-    for l in b {
+    for (l, client) in [("B1", "client_b"), ("B2", "client_b"), ("C1", "client_c")] {
         rig.publish(
             l,
-            json!({"event_id": "load:init", "kind": "load_update", "client": "client_b",
+            json!({"event_id": "load:init", "kind": "load_update", "client": client,
             "driver_phone": "+15555550123", "stage": "in_transit"}),
         )
         .await;
@@ -969,16 +968,91 @@ async fn a_small_clients_asks_are_not_kept_behind_a_big_ones() {
     rig.settle(&rig.worker_with(sop(), settings, Faults::default())).await;
     let d = rig.dispatcher_with(QueueMode::StoreQueue, rated(Channel::Sms, "1/s", 1), Faults::default());
     let mut sent = vec![];
-    for second in 0..8u64 {
+    for second in 0..10u64 {
         rig.clock.set(add(t0(), Duration::from_secs(second)));
         d.run_once().await.unwrap();
         let calls = rig.services.calls(Channel::Sms);
         sent.extend(calls[sent.len()..].iter().map(|c| format!("{second}:{}", &c[..2])));
     }
-    // A2 and A3, beaten at 1 s and 2 s, went to the end of client_a's queue.
-    assert_eq!(sent, ["0:A1", "1:B1", "2:B2", "3:A4", "4:A5", "5:A2", "6:A3"]);
+    assert_eq!(sent, ["0:A1", "1:C1", "2:B2", "3:B1", "4:A5", "5:A2", "6:A3", "7:A4"]);
 }
 
+/// Urgent Hero tasks go before routine ones when the Hero channel's rate binds,
+/// whichever client's queue is shorter.
+#[tokio::test]
+async fn an_urgent_hero_task_goes_first_on_a_saturated_channel() {
+    let rig = Rig::new().await;
+    let hero = |l: &str, client: &str, urgency: &str| {
+        let key = format!("{l}/ask:eta_request:p/2/create_hero_task");
+        let action = json!({"key": key, "type": "create_hero_task", "ask_id": "ask:eta_request:p", "step": 2,
+            "params": {"title": "Driver not answering", "body": "Call the driver", "urgency": urgency}});
+        let entries = vec![NewEntry::stored("u1", "load_update", json!({"client": client}))];
+        (load(l), entries, haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action })
+    };
+    for (l, client, urgency) in [("A1", "client_a", "normal"), ("B1", "client_b", "urgent")] {
+        let (l, entries, row) = hero(l, client, urgency);
+        rig.store.append(&l, entries, 0, vec![row], rig.now()).await.unwrap();
+    }
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, rated(Channel::Hero, "1/min", 1), Faults::default());
+    d.run_once().await.unwrap();
+    assert_eq!(rig.services.calls(Channel::Hero), vec!["B1/ask:eta_request:p/2/create_hero_task".to_owned()]);
+}
+
+/// An SMS overtaken while it was held hands the send the rate allowed it to the step
+/// that overtook it, which was held too: that step is due at once, and the slot it held
+/// in its client's queue is given back, so the ask's next step is held no longer than
+/// the rate needs.
+#[tokio::test]
+async fn an_overtaken_sms_hands_its_send_and_its_slot_to_the_step_that_overtook_it() {
+    let rig = Rig::new().await;
+    rig.asked("L0").await;
+    rig.asked("L1").await;
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, rated(Channel::Sms, "1/min", 1), Faults::default());
+    let at = |s: u64| add(t0(), Duration::from_secs(s));
+    d.run_once().await.unwrap();
+    let step1 = rig.row("L1", "send_sms").await;
+    assert_eq!(step1.due_at, at(60), "held to client_a's first slot");
+    let ask = step1.action["ask_id"].as_str().unwrap().to_owned();
+    let step = |n: u32, t: u64| {
+        let key = format!("L1/{ask}/{n}/send_sms");
+        let action = json!({"key": key, "type": "send_sms", "ask_id": ask, "step": n,
+            "params": {"to": "+15555550100", "body": "ETA?"}});
+        (key.clone(), haul_store::NewOutboxRow { id: key, action_type: ActionType::SendSms, action }, at(t))
+    };
+    let append = async |row: haul_store::NewOutboxRow, t| {
+        let version = rig.store.read(&load("L1")).await.unwrap().1;
+        let entries = vec![NewEntry::stored(format!("t{version}"), "timer_fired", json!({}))];
+        rig.store.append(&load("L1"), entries, version, vec![row], t).await.unwrap();
+    };
+    let (step2, row, t) = step(2, 30);
+    append(row, t).await;
+    rig.clock.set(at(30));
+    d.run_once().await.unwrap();
+    assert_eq!(rig.store.get(&step2).await.unwrap().unwrap().due_at, at(120), "held behind step 1");
+    rig.clock.set(at(60));
+    let out = d.run_once().await.unwrap();
+    assert_eq!(out, vec![Dispatched::Superseded], "step 1 settled unsent");
+    assert_eq!(rig.store.get(&step2).await.unwrap().unwrap().due_at, at(60), "step 2 takes its place");
+    d.run_once().await.unwrap();
+    assert_eq!(rig.services.calls(Channel::Sms).last(), Some(&step2), "and its send");
+    let (step3, row, t) = step(3, 90);
+    append(row, t).await;
+    rig.clock.set(at(90));
+    d.run_once().await.unwrap();
+    assert_eq!(rig.store.get(&step3).await.unwrap().unwrap().due_at, at(120), "step 2's slot was given back");
+}
+
+/// Each client's weight is read from its settings; a client without one has none.
+#[test]
+fn the_clients_weights_come_from_their_settings() {
+    let config =
+        haul_config::Config::from_toml("[clients.a]\nsend_weight = 3\n[clients.b.eta_request]\nmax_attempts = 2")
+            .unwrap();
+    let weights = DispatcherSettings::default().with_weights(&config.clients).weights;
+    assert_eq!(weights, [("a".to_owned(), 3)].into());
+}
+
+/// The evals' dispatcher settings with a send limit on `channel`.
 fn rated(channel: Channel, rate: &str, burst: u32) -> DispatcherSettings {
     let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse(rate).unwrap(), burst).unwrap();
     let limits = haul_core::PerChannel::from_fn(|c| (c == channel).then_some(limit));
