@@ -654,6 +654,28 @@ impl SendRates for PgStore {
         Ok(col(&row, 0)?)
     }
 
+    async fn requeue_held(
+        &self,
+        rate_key: &str,
+        action_types: &[ActionType],
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let queues = format!("{rate_key}|");
+        let types: Vec<&str> = action_types.iter().map(|t| t.as_str()).collect();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        tx.execute(&tx.prepare_cached(SEND_QUEUES_FORGET).await.map_err(pg)?, &[&queues]).await.map_err(pg)?;
+        tx.execute(&tx.prepare_cached(SEND_RATE_AFRESH).await.map_err(pg)?, &[&rate_key, &to_us(now)])
+            .await
+            .map_err(pg)?;
+        let n = tx
+            .execute(&tx.prepare_cached(OUTBOX_REQUEUE_HELD).await.map_err(pg)?, &[&to_ms(now), &types])
+            .await
+            .map_err(pg)?;
+        tx.commit().await.map_err(pg)?;
+        Ok(n)
+    }
+
     async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError> {
         self.query_rows(SEND_QUEUE_TAILS, &[&keys], |r: &dyn Columns| Ok((r.string(0)?, r.i64(1)?))).await
     }

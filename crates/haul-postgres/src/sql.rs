@@ -146,6 +146,15 @@ pub const SEND_QUEUE_JOIN: &str =
      ON CONFLICT (rate_key) DO UPDATE
        SET tat_us = greatest(send_rates.tat_us + $3::bigint, $2::bigint) + $3::bigint * ($4::bigint - 1)
      RETURNING tat_us - $3::bigint * ($4::bigint - 1)";
+/// Forgets every client's queue on a rate: `$1` the rate's key and `|`.
+pub const SEND_QUEUES_FORGET: &str = "DELETE FROM send_rates WHERE left(rate_key, length($1)) = $1";
+/// A rate starts afresh (its limit changed): `$1` key, `$2` now (µs).
+pub const SEND_RATE_AFRESH: &str = "UPDATE send_rates SET tat_us = least(tat_us, $2) WHERE rate_key = $1";
+/// A channel's held rows due again now (its limit changed): `$1` now (ms), `$2` its
+/// action types. Through the pending rows' due index, from now on.
+pub const OUTBOX_REQUEUE_HELD: &str = "UPDATE outbox SET due_at = $1, updated_at = $1
+     WHERE status = 'pending' AND due_at > $1 AND attempts = 0 AND (lease_until IS NULL OR lease_until <= $1)
+       AND action_type = ANY($2)";
 /// The last slot of each queue in `$1`.
 pub const SEND_QUEUE_TAILS: &str = "SELECT rate_key, tat_us FROM send_rates WHERE rate_key = ANY($1)";
 /// Gives back the queue `$1`'s last slot `$2` (µs, kept by the row to the ms), `$3`

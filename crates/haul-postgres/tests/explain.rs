@@ -168,6 +168,8 @@ async fn every_hot_query_is_served_by_an_index() {
         case("a client's queue on a send rate", SEND_QUEUE_JOIN, vec![&key, &now, &now, &one]),
         case("a queue's last slot given back", SEND_QUEUE_GIVE_BACK, vec![&key, &now, &now]),
         case("the last slots of queues", SEND_QUEUE_TAILS, vec![&keys]),
+        case("a channel's held rows due again (its limit changed)", OUTBOX_REQUEUE_HELD, vec![&now, &keys]),
+        case("a rate afresh (its limit changed)", SEND_RATE_AFRESH, vec![&key, &now]),
         case("send rate pause (a 429)", SEND_RATE_PAUSE, vec![&key, &now, &now]),
         case("rate change of a request", RATE_CHANGE_GET, vec![&key]),
         case("rate changes, latest", RATE_CHANGES_LATEST, vec![&limit]),

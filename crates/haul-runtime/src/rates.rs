@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use haul_core::action::ActionType;
 use haul_core::ids::check_request_id;
 use haul_core::limit::{Limit, Rate};
 use haul_core::time::Timestamp;
@@ -85,6 +86,9 @@ pub struct RateChanged {
     pub effective: Option<Limit>,
     /// The settings' limit (`channels.*.rate`), what a change with no rate puts back.
     pub configured: Option<Limit>,
+    /// The channel's rows held back by its old limit that were made due again, to be
+    /// held anew at the limit now in force (a duplicate does it again).
+    pub held_requeued: u64,
 }
 
 /// Records an operator's change of a channel's limit, once per request id. A retry
@@ -117,9 +121,14 @@ pub async fn change_rate(
     }
     let status = if made { "changed" } else { "duplicate" };
     let after = effective(configured, &store.current_rates().await?);
-    if status == "changed" {
+    // Rows held at the old limit were given slots at its spacing: spaced again at the
+    // new one (a raise would otherwise wait out the old slots). A retry does it again,
+    // so one whose first try failed here finishes the change.
+    let types: Vec<ActionType> = ActionType::ALL.into_iter().filter(|t| t.channel() == Some(channel)).collect();
+    let held_requeued = store.requeue_held(channel.config_name(), &types, now).await?;
+    if made {
         let (rate, burst) = (limit.map(|l| l.rate.to_string()), limit.map(|l| l.burst));
-        info!(channel = channel.config_name(), rate, burst, actor = %who.actor, reason = %who.reason, request_id = %who.request_id, "send limit changed");
+        info!(channel = channel.config_name(), rate, burst, held_requeued, actor = %who.actor, reason = %who.reason, request_id = %who.request_id, "send limit changed");
     }
     Ok(RateChanged {
         status,
@@ -127,6 +136,7 @@ pub async fn change_rate(
         previous: *before.get(channel),
         effective: *after.get(channel),
         configured: *configured.get(channel),
+        held_requeued,
     })
 }
 

@@ -850,15 +850,16 @@ async fn a_rate_changed_while_it_runs_is_in_force_within_a_second() {
     let faster = RateRequest { channel: "sms".into(), rate: Some("10/s".into()), burst: Some(3) };
     let changed = rates::change_rate(&*rig.store, &limits, &requester("rate1"), &faster, ms(100)).await.unwrap();
     assert_eq!((changed.status, changed.previous, changed.effective), ("changed", limit("1/min", 1), limit("10/s", 3)));
+    assert_eq!(changed.held_requeued, 3, "the rows held a minute apart are due again");
     assert_eq!(*d.limits(ms(999)).await.get(Channel::Sms), limit("1/min", 1), "read at most once a second");
     let (now_in_force, logs) = logs_of(d.limits(ms(1_000))).await;
     assert_eq!(*now_in_force.get(Channel::Sms), limit("10/s", 3), "in force within a second");
     assert!(logs.contains("send limit in force") && logs.contains("rate=\"10/s\""), "said once: {logs}");
     let (_, logs) = logs_of(d.limits(ms(2_000))).await;
     assert!(!logs.contains("send limit in force"), "read again, unchanged: nothing said: {logs}");
-    // The held rows were due at the old rate (a minute apart); once due they go at the
-    // new one, three at once.
-    rig.clock.set(add(t0(), Duration::from_secs(180)));
+    // The held rows were due at the old rate (a minute apart): made due again by the
+    // change, they go at the new one, three at once, without waiting out the old slots.
+    rig.clock.set(ms(1_000));
     d.run_once().await.unwrap();
     assert_eq!(rig.services.calls(Channel::Sms).len(), 4, "the rest at once, within the new burst");
     let back = RateRequest { channel: "sms".into(), rate: None, burst: None };

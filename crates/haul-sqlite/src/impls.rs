@@ -1251,6 +1251,35 @@ impl SendRates for SqliteStore {
             .await
     }
 
+    async fn requeue_held(
+        &self,
+        rate_key: &str,
+        action_types: &[ActionType],
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let (key, queues, now_us) = (rate_key.to_owned(), format!("{rate_key}|"), to_us(now));
+        let types = serde_json::Value::from(action_types.iter().map(|t| t.as_str()).collect::<Vec<_>>()).to_string();
+        let now = to_ms(now);
+        self.writer
+            .run(move |conn: &Connection| {
+                exec(conn, "DELETE FROM send_rates WHERE substr(rate_key, 1, length(?1)) = ?1", params![queues])
+                    .map_err(db)?;
+                exec(conn, "UPDATE send_rates SET tat_us = min(tat_us, ?2) WHERE rate_key = ?1", params![key, now_us])
+                    .map_err(db)?;
+                let n = exec(
+                    conn,
+                    "UPDATE outbox SET due_at = ?1, updated_at = ?1
+                     WHERE status = 'pending' AND due_at > ?1 AND attempts = 0
+                       AND (lease_until IS NULL OR lease_until <= ?1)
+                       AND action_type IN (SELECT value FROM json_each(?2))",
+                    params![now, types],
+                )
+                .map_err(db)?;
+                Ok(n as u64)
+            })
+            .await
+    }
+
     async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError> {
         let keys = serde_json::Value::from(keys.to_vec()).to_string();
         self.query_rows(

@@ -80,6 +80,7 @@ macro_rules! contract_tests {
             racing_moves_of_one_sms_take_turns,
             a_held_row_spends_no_attempt_and_no_budget,
             rows_held_together_are_each_held_as_alone,
+            a_changed_limit_makes_its_channels_held_rows_due_again,
             racing_holds_queue_each_clients_rows_on_their_own_slots,
             a_row_whose_ask_moved_on_is_superseded,
             a_paused_key_sends_nothing_until_the_pause_ends,
@@ -719,6 +720,49 @@ pub async fn rows_held_together_are_each_held_as_alone(s: DynStore) {
     assert!(s.hold_all(&many, at(20)).await.unwrap_err().to_string().contains("at most 1000"));
     assert_eq!(row("L2/a/send_sms").await.2, at(0), "past its bound nothing is held");
     assert_eq!(s.hold_all(&[], at(20)).await.unwrap(), 0);
+}
+
+/// A channel's limit changed (`requeue_held`): its rate starts afresh, its clients'
+/// queues are forgotten and its rows that wait for a send are due now; a row of another channel, one in a
+/// retry's backoff, one claimed, one already due, and another rate's queues are left.
+pub async fn a_changed_limit_makes_its_channels_held_rows_due_again(s: DynStore) {
+    let hero =
+        NewOutboxRow { id: "L1/h/create_hero_task".into(), action_type: ActionType::CreateHeroTask, action: json!({}) };
+    let mut rows: Vec<NewOutboxRow> =
+        ["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms", "L1/d/send_sms"].map(row).into();
+    rows.push(hero);
+    s.append(&load("L1"), vec![entry("e1")], 0, rows, at(0)).await.unwrap();
+    let claims = s.pending(10, at(1), LEASE).await.unwrap();
+    let claim = |id: &str| claims.iter().find(|c| c.row.id == id).unwrap();
+    let holds: Vec<(String, String, Timestamp)> = ["L1/a/send_sms", "L1/h/create_hero_task"]
+        .iter()
+        .map(|id| (id.to_string(), claim(id).token.clone(), at(100)))
+        .collect();
+    s.hold_all(&holds, at(1)).await.unwrap();
+    // b waits in a retry's backoff instead: tried once.
+    s.mark_failed("L1/b/send_sms", &claim("L1/b/send_sms").token, "503", Some(at(200)), at(1)).await.unwrap();
+    // c is still claimed (its lease runs to 91 s), d was given back due at once.
+    s.hold_all(&[("L1/d/send_sms".into(), claim("L1/d/send_sms").token.clone(), at(1))], at(1)).await.unwrap();
+    s.queue_sends("sms|acme", 0, 10, 3).await.unwrap();
+    s.queue_sends("smsx|acme", 0, 10, 3).await.unwrap();
+    let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("1/min").unwrap(), 1).unwrap();
+    assert_eq!(s.take_sends("sms", &limit, 1, at(1)).await.unwrap().granted, 1, "next send 61 s in");
+    let held = |id: &str| {
+        let s = s.clone();
+        let id = id.to_owned();
+        async move { s.get(&id).await.unwrap().unwrap().due_at }
+    };
+    let a_was = held("L1/a/send_sms").await;
+    assert_eq!(a_was, at(100));
+    assert_eq!(s.requeue_held("sms", &[ActionType::SendSms], at(50)).await.unwrap(), 1);
+    assert_eq!(held("L1/a/send_sms").await, at(50), "held: due now");
+    assert_eq!(held("L1/h/create_hero_task").await, at(100), "another channel's");
+    assert_eq!(held("L1/b/send_sms").await, at(200), "in its retry's backoff");
+    assert_eq!(held("L1/d/send_sms").await, at(1), "due already");
+    let tails = s.queue_tails(&["sms|acme".to_owned(), "smsx|acme".to_owned()]).await.unwrap();
+    assert_eq!(tails, vec![("smsx|acme".to_owned(), 20)], "its queues forgotten, another rate's kept");
+    assert_eq!(s.take_sends("sms", &limit, 1, at(50)).await.unwrap().granted, 1, "the rate afresh");
+    assert_eq!(s.requeue_held("sms", &[ActionType::SendSms], at(50)).await.unwrap(), 0, "nothing more");
 }
 
 /// An ask's SMS that waited is settled unsent once a later step of its ask is on its

@@ -1179,6 +1179,21 @@ pub trait SendRates: Send + Sync {
     /// the others follow `spacing_us` apart.
     async fn queue_sends(&self, key: &str, from_us: i64, spacing_us: i64, n: u32) -> Result<i64, StoreError>;
 
+    /// A channel's limit changed: its held rows are spaced again at the new rate. The
+    /// rate's state starts afresh (no send before counts against the new limit: its
+    /// `tat` is at most `now`), every client's queue on `rate_key` (`{rate_key}|…`) is
+    /// forgotten, and every row of
+    /// `action_types` that waits for a send (pending, never tried, unclaimed, due after
+    /// `now`) is due at `now`, to be claimed and held again at the rate now in force.
+    /// A row in a retry's backoff (tried before) keeps its time. Answers how many rows
+    /// were made due.
+    async fn requeue_held(
+        &self,
+        rate_key: &str,
+        action_types: &[ActionType],
+        now: Timestamp,
+    ) -> Result<u64, StoreError>;
+
     /// The last slot (µs) of each of the queues `keys` that has one: how far behind
     /// its client's held rows reach, what orders clients when a grant falls short.
     async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError>;

@@ -114,8 +114,8 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
                     let before = c.previous.map_or("no limit".to_owned(), |l| limit_text(&l));
                     if c.status == "changed" {
                         say(format_args!(
-                            "{}: {now} (was {before}); in force at every dispatcher within a second",
-                            c.change.channel
+                            "{}: {now} (was {before}); in force at every dispatcher within a second; {} held row(s) due again, to be held anew at it",
+                            c.change.channel, c.held_requeued
                         ));
                     } else {
                         say(format_args!(
