@@ -103,7 +103,7 @@ impl Limit {
     }
 
     /// How far ahead of now `tat` may run: the burst's sends less the one being made.
-    fn tolerance_us(&self) -> i64 {
+    pub fn tolerance_us(&self) -> i64 {
         self.rate.interval_us() * i64::from(self.burst - 1)
     }
 }

@@ -4,3 +4,7 @@
 -- this has none until its next load_update names one (its rows share the queue of
 -- loads with no client meanwhile); the log is not read back to fill it.
 ALTER TABLE load_facts ADD COLUMN client text;
+
+-- How many sends the last take granted: what lets one statement take sends and say
+-- how many (an upsert answers only the row as it left it).
+ALTER TABLE send_rates ADD COLUMN last_granted bigint;

@@ -633,18 +633,14 @@ impl DeliveryLog for PgStore {
 #[async_trait]
 impl SendRates for PgStore {
     async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        let row = tx.query_one(&tx.prepare_cached(SEND_RATE_LOCK).await.map_err(pg)?, &[&key]).await.map_err(pg)?;
-        let tat: i64 = col(&row, 0)?;
-        let grant = haul_core::limit::take(limit, Some(tat), to_us(now), wanted);
-        let held = (grant.granted < wanted).then_some(to_us(now));
-        if grant.tat_us != tat || held.is_some() {
-            let set = tx.prepare_cached(SEND_RATE_SET).await.map_err(pg)?;
-            tx.execute(&set, &[&key, &grant.tat_us, &held]).await.map_err(pg)?;
-        }
-        tx.commit().await.map_err(pg)?;
-        Ok(grant)
+        let (now, interval, tolerance) = (to_us(now), limit.rate.interval_us(), limit.tolerance_us());
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SEND_RATE_TAKE).await.map_err(pg)?;
+        let row =
+            client.query_one(&stmt, &[&key, &now, &interval, &tolerance, &i64::from(wanted)]).await.map_err(pg)?;
+        let (granted, tat_us): (i64, i64) = (col(&row, 0)?, col(&row, 1)?);
+        let granted = u32::try_from(granted).map_err(|_| StoreError::new(format!("a take granted {granted} sends")))?;
+        Ok(Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now) })
     }
 
     async fn queue_sends(&self, key: &str, from_us: i64, spacing_us: i64, n: u32) -> Result<i64, StoreError> {

@@ -131,13 +131,25 @@ pub const RATE_CHANGES_LATEST: &str =
 pub const SEND_RATE_PAUSE: &str = "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES ($1, $2, $3)
      ON CONFLICT (rate_key) DO UPDATE SET tat_us = greatest(send_rates.tat_us, excluded.tat_us),
      held_at_us = excluded.held_at_us";
-/// A send rate's state, made if new and locked for the transaction: `$1` key.
-pub const SEND_RATE_LOCK: &str = "INSERT INTO send_rates (rate_key, tat_us) VALUES ($1, 0)
-     ON CONFLICT (rate_key) DO UPDATE SET rate_key = send_rates.rate_key RETURNING tat_us";
-/// `$1` key, `$2` the next send's theoretical arrival time (µs), `$3` now if rows
-/// were held back (NULL: none were).
-pub const SEND_RATE_SET: &str =
-    "UPDATE send_rates SET tat_us = $2, held_at_us = coalesce($3, held_at_us) WHERE rate_key = $1";
+/// Takes up to `$5` sends from the rate `$1` at `$2` (µs), `$3` its interval (µs), `$4`
+/// its tolerance (µs): `haul_core::limit::take` in one statement, the row locked by the
+/// upsert (a new key starts at now). Answers how many were granted and the state after.
+/// Each `SET` reads the row as it was, so the grant is written out three times.
+pub const SEND_RATE_TAKE: &str = "INSERT INTO send_rates (rate_key, tat_us, held_at_us, last_granted)
+     VALUES ($1, $2::bigint + $3::bigint * least($4::bigint / $3::bigint + 1, $5::bigint),
+       CASE WHEN $4::bigint / $3::bigint + 1 < $5::bigint THEN $2::bigint END,
+       least($4::bigint / $3::bigint + 1, $5::bigint))
+     ON CONFLICT (rate_key) DO UPDATE SET
+       last_granted = CASE WHEN $2::bigint + $4::bigint < greatest(send_rates.tat_us, $2::bigint) THEN 0
+         ELSE least(($2::bigint + $4::bigint - greatest(send_rates.tat_us, $2::bigint)) / $3::bigint + 1, $5::bigint) END,
+       tat_us = greatest(send_rates.tat_us, $2::bigint) + $3::bigint * CASE
+         WHEN $2::bigint + $4::bigint < greatest(send_rates.tat_us, $2::bigint) THEN 0
+         ELSE least(($2::bigint + $4::bigint - greatest(send_rates.tat_us, $2::bigint)) / $3::bigint + 1, $5::bigint) END,
+       held_at_us = CASE WHEN (CASE
+         WHEN $2::bigint + $4::bigint < greatest(send_rates.tat_us, $2::bigint) THEN 0
+         ELSE least(($2::bigint + $4::bigint - greatest(send_rates.tat_us, $2::bigint)) / $3::bigint + 1, $5::bigint) END)
+         < $5::bigint THEN $2::bigint ELSE send_rates.held_at_us END
+     RETURNING last_granted, tat_us";
 /// Joins `$4` (at least 1) held rows to the queue `$1` (`haul_core::limit::queued` in
 /// one statement, the row locked by the upsert): the first slot one spacing `$3` after
 /// the queue's last, or `$2` if later; answers the first slot (µs).

@@ -164,7 +164,7 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("hold (a send rate)", OUTBOX_HOLD, vec![&l, &key, &token, &later, &now, &no_text]),
         case("hold all (a send rate; rows of many loads)", OUTBOX_HOLD_ALL, vec![&loads, &keys, &tokens, &nows, &now]),
         per_load("supersede (its ask moved on)", OUTBOX_SUPERSEDE, vec![&l, &key, &token, &key, &zero, &now]),
-        case("send rate state", SEND_RATE_SET, vec![&key, &now, &now]),
+        case("send rate take", SEND_RATE_TAKE, vec![&key, &now, &now, &now, &one]),
         case("a client's queue on a send rate", SEND_QUEUE_JOIN, vec![&key, &now, &now, &one]),
         case("a queue's last slot given back", SEND_QUEUE_GIVE_BACK, vec![&key, &now, &now]),
         case("the last slots of queues", SEND_QUEUE_TAILS, vec![&keys]),
