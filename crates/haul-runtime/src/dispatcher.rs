@@ -92,6 +92,23 @@ fn is_urgent(row: &OutboxRow) -> bool {
     row.action.pointer("/params/urgency").and_then(|u| u.as_str()) == Some(Urgency::Urgent.as_str())
 }
 
+/// What one claim took: the rows to send now, and how many more it took from the
+/// store and settled unsent (superseded) or held back instead. A claim that sends
+/// nothing may still have moved rows on: it is not an empty one.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub claims: Vec<Claim>,
+    pub superseded: usize,
+    pub held: usize,
+}
+
+impl Claimed {
+    /// Every row the claim took from the store, sent or not.
+    pub fn took(&self) -> usize {
+        self.claims.len() + self.superseded + self.held
+    }
+}
+
 /// How one claimed row ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Dispatched {
@@ -189,7 +206,7 @@ impl Dispatcher {
     /// the failed outcomes that an earlier burial could not.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = self.sweep_dead().await?;
-        let (claims, superseded) = match self.claim_rows(self.settings.batch, None).await? {
+        let Claimed { claims, superseded, .. } = match self.claim_rows(self.settings.batch, None).await? {
             Ok(claimed) => claimed,
             Err(crash) => return Ok(vec![Dispatched::Crashed(crash)]),
         };
@@ -227,15 +244,16 @@ impl Dispatcher {
         max: usize,
         after: Option<&ClaimCursor>,
     ) -> Result<Result<Vec<Claim>, Crash>, StoreError> {
-        Ok(self.claim_rows(max, after).await?.map(|(claims, _)| claims))
+        Ok(self.claim_rows(max, after).await?.map(|c| c.claims))
     }
 
-    /// [`Dispatcher::claim`], with how many claimed rows were superseded.
-    async fn claim_rows(
+    /// [`Dispatcher::claim`], with how many of the rows it took it settled unsent or
+    /// held back instead of handing them out.
+    pub async fn claim_rows(
         &self,
         max: usize,
         after: Option<&ClaimCursor>,
-    ) -> Result<Result<(Vec<Claim>, usize), Crash>, StoreError> {
+    ) -> Result<Result<Claimed, Crash>, StoreError> {
         let (now, lease) = (self.clock.now(), self.settings.lease);
         let claims = match after {
             Some(after) => self.store.pending_after(max, now, lease, after).await?,
@@ -251,7 +269,8 @@ impl Dispatcher {
         }
         let limits = self.limits(now).await;
         let (claims, superseded) = self.drop_superseded(claims, &limits, now).await;
-        Ok(Ok((self.admit(claims, &limits, now).await?, superseded)))
+        let (claims, held) = self.admit(claims, &limits, now).await?;
+        Ok(Ok(Claimed { claims, superseded, held }))
     }
 
     /// The limits in force at `now`: the operators' changes are read again when the
@@ -393,8 +412,8 @@ impl Dispatcher {
         }
     }
 
-    /// The claims the channels' send limits let go now; the others are held back in
-    /// the store (`Outbox::hold`), due again when their channel's rate allows them,
+    /// The claims the channels' send limits let go now, and how many were not: those
+    /// are held back in the store (`Outbox::hold_all`), due again when their channel's rate allows them,
     /// with no attempt spent. Within a channel urgent Hero tasks go first, then claim
     /// order; held, an urgent one waits for the channel's very next sends and a routine
     /// one joins its client's queue (`Dispatcher::queue`).
@@ -403,8 +422,8 @@ impl Dispatcher {
         claims: Vec<Claim>,
         limits: &PerChannel<Option<Limit>>,
         now: Timestamp,
-    ) -> Result<Vec<Claim>, StoreError> {
-        let mut admitted = Vec::with_capacity(claims.len());
+    ) -> Result<(Vec<Claim>, usize), StoreError> {
+        let (mut admitted, mut held_back) = (Vec::with_capacity(claims.len()), 0);
         let mut limited: PerChannel<Vec<Claim>> = PerChannel::from_fn(|_| Vec::new());
         for c in claims {
             match c.row.action_type.channel().filter(|ch| limits.get(*ch).is_some()) {
@@ -447,6 +466,7 @@ impl Dispatcher {
             if let Err(e) = self.store.hold_all(&holds, now).await {
                 warn!(channel = channel.config_name(), rows = holds.len(), error = %e, "holding rows back failed");
             }
+            held_back += held.len();
             metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(held.len() as u64);
             // How long the rows let go waited for it: since they were made (a row held
             // back is due later, so `due_at` no longer says).
@@ -457,7 +477,7 @@ impl Dispatcher {
             debug!(channel = channel.config_name(), held = held.len(), sent = rows.len(), "send rate");
             admitted.extend(rows);
         }
-        Ok(admitted)
+        Ok((admitted, held_back))
     }
 
     /// When each held routine row of `channel` is due again: behind the rows of its own

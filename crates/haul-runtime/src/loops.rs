@@ -187,18 +187,20 @@ pub async fn dispatcher_loop(
         if after.is_none() {
             from_start_at = std::time::Instant::now();
         }
-        match dispatcher.claim(want, after.as_ref()).await {
+        match dispatcher.claim_rows(want, after.as_ref()).await {
             // Nothing past the cursor: claim from the start at once.
-            Ok(Ok(claims)) if claims.is_empty() && after.is_some() => continue,
-            Ok(Ok(claims)) if !claims.is_empty() => {
+            Ok(Ok(c)) if c.took() == 0 && after.is_some() => continue,
+            // Rows taken, even if all were held back by a rate: claim again at once
+            // (a burst's held rows are not an idle store).
+            Ok(Ok(c)) if c.took() > 0 => {
                 idle_for = Duration::from_millis(10);
                 // A claim that came back short reached the end of the due rows.
-                if claims.len() == want {
-                    cursor = haul_store::ClaimCursor::after(&claims);
+                if c.took() == want {
+                    cursor = haul_store::ClaimCursor::after(&c.claims);
                 } else {
                     caught_up = after.is_none();
                 }
-                ahead.extend(claims);
+                ahead.extend(c.claims);
             }
             Ok(Ok(_)) => {
                 idle(idle_for, &wake, &mut stop).await;

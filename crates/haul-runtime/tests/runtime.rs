@@ -1043,6 +1043,22 @@ async fn an_overtaken_sms_hands_its_send_and_its_slot_to_the_step_that_overtook_
     assert_eq!(rig.store.get(&step3).await.unwrap().unwrap().due_at, at(120), "step 2's slot was given back");
 }
 
+/// A claim whose rows a rate holds back took them all the same: it says so, so the
+/// dispatcher's loop claims again at once instead of idling as if nothing were due.
+#[tokio::test]
+async fn a_claim_says_how_many_rows_it_held_back() {
+    let rig = Rig::new().await;
+    for l in ["L1", "L2", "L3", "L4", "L5"] {
+        rig.asked(l).await;
+    }
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, rated(Channel::Sms, "2/s", 2), Faults::default());
+    let c = d.claim_rows(10, None).await.unwrap().unwrap();
+    // Each load's SMS and its set_timer (no rate): 2 SMS and 5 timers go, 3 SMS held.
+    assert_eq!((c.claims.len(), c.held, c.superseded, c.took()), (7, 3, 0, 10));
+    let c = d.claim_rows(10, None).await.unwrap().unwrap();
+    assert_eq!(c.took(), 0, "held: not due again yet");
+}
+
 /// Each client's weight is read from its settings; a client without one has none.
 #[test]
 fn the_clients_weights_come_from_their_settings() {
