@@ -667,49 +667,13 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
         let (s, _) = fresh_store(store, "dispatch").await?;
         let now = SystemClock.now();
         // The rows, appended 32 at a time (the set-up, not measured).
-        let mut appends = tokio::task::JoinSet::new();
-        for i in 0..rows {
-            if appends.len() >= 32
-                && let Some(r) = appends.join_next().await
-            {
-                r??;
-            }
-            let s = s.clone();
-            appends.spawn(async move {
-                let l = load(dispatchers * 1_000_000 + i);
-                let (entries, outbox) = run_rows(&l, i, now);
-                let sms = outbox.into_iter().filter(|o| o.action_type == ActionType::SendSms).collect();
-                s.append(&l, entries, 0, sms, now).await.map(drop)
-            });
-        }
-        while let Some(r) = appends.join_next().await {
-            r??;
-        }
+        append_sms_rows(&s, (0..rows).map(|i| load(dispatchers * 1_000_000 + i)).collect(), now).await?;
         if dispatchers == 4 {
             raw.push(bare_posts(&client, &url, &body, rows).await?);
         }
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let channels = sink.channels(None, Duration::from_secs(5))?;
-        let settings = |d: usize| haul_runtime::dispatcher::DispatcherSettings {
-            jitter_seed: Some(d as u64),
-            ..haul_runtime::dispatcher::DispatcherSettings::default()
-        };
-        let mut tasks = tokio::task::JoinSet::new();
+        // The loop `haul serve` runs (sends kept going, rows claimed as they free).
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        for d in 0..dispatchers {
-            let disp = Arc::new(haul_runtime::dispatcher::Dispatcher::new(
-                s.clone(),
-                s.clone() as Arc<dyn LoadQueue>,
-                QueueMode::StoreQueue,
-                channels.clone(),
-                clock.clone(),
-                settings(d),
-                Faults::default(),
-            ));
-            // The loop `haul serve` runs (sends kept going, rows claimed as they free).
-            let (wake, stop) = (Arc::new(tokio::sync::Notify::new()), stop_rx.clone());
-            tasks.spawn(haul_runtime::loops::dispatcher_loop(disp, wake, stop));
-        }
+        let tasks = spawn_dispatchers(&s, &sink, dispatchers as u64, None, &stop_rx)?;
         // Progress is counted at the sink (a query of the outbox every few milliseconds
         // would be the store's busiest client); the clock stops when the last row is
         // marked, which the store is asked only once the sink holds every row.
@@ -729,15 +693,9 @@ async fn dispatch(store: &BenchStore, rows: usize) -> anyhow::Result<Figures> {
         while sent < rows {
             sent = delivered().await?;
         }
-        while s.count_by_status(OutboxStatus::Pending).await? > 0 {
-            anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not mark the rows");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until_marked(&s, deadline, Duration::from_millis(1)).await?;
         let secs = started.elapsed().as_secs_f64();
-        let _ = stop_tx.send(true);
-        while let Some(r) = tasks.join_next().await {
-            r?;
-        }
+        stop_dispatchers(stop_tx, tasks).await?;
         if dispatchers == 4 {
             raw.push(bare_posts(&client, &url, &body, rows).await?);
         }
@@ -847,7 +805,7 @@ async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
     append_client_sms_rows(&s, loads, now).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let started = Instant::now();
-    let mut tasks = spawn_dispatchers(&s, &sink, 2, Some(limit), &stop_rx)?;
+    let tasks = spawn_dispatchers(&s, &sink, 2, Some(limit), &stop_rx)?;
     // The urgent Hero task, 2 s into the burst.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let hero_load = LoadId::parse("CHERO")?;
@@ -864,14 +822,8 @@ async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
         anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not send the burst");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    while s.count_by_status(OutboxStatus::Pending).await? > 0 {
-        anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not mark the burst");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let _ = stop_tx.send(true);
-    while let Some(r) = tasks.join_next().await {
-        r?;
-    }
+    until_marked(&s, deadline, Duration::from_millis(5)).await?;
+    stop_dispatchers(stop_tx, tasks).await?;
     let effects = sink.effects();
     let mut sms: Vec<Instant> = effects.iter().filter(|e| e.channel == "sms").map(|e| e.at).collect();
     sms.sort();
@@ -924,22 +876,37 @@ async fn unbound_pass(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let before = sink.effect_count();
     let started = Instant::now();
-    let mut tasks = spawn_dispatchers(&s, sink, 2, limit, &stop_rx)?;
+    let tasks = spawn_dispatchers(&s, sink, 2, limit, &stop_rx)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     while sink.effect_count() - before < rows {
         anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not send the rows");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    until_marked(&s, deadline, Duration::from_millis(1)).await?;
+    let secs = started.elapsed().as_secs_f64();
+    stop_dispatchers(stop_tx, tasks).await?;
+    Ok(rows as f64 / secs)
+}
+
+/// Waits, asking every `poll`, until no row of `s` is pending: every one marked.
+async fn until_marked(s: &Arc<dyn Store>, deadline: Instant, poll: Duration) -> anyhow::Result<()> {
     while s.count_by_status(OutboxStatus::Pending).await? > 0 {
         anyhow::ensure!(Instant::now() < deadline, "the dispatchers did not mark the rows");
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(poll).await;
     }
-    let secs = started.elapsed().as_secs_f64();
-    let _ = stop_tx.send(true);
+    Ok(())
+}
+
+/// Stops the dispatcher loops of [`spawn_dispatchers`] and waits for them to end.
+async fn stop_dispatchers(
+    stop: tokio::sync::watch::Sender<bool>,
+    mut tasks: tokio::task::JoinSet<()>,
+) -> anyhow::Result<()> {
+    let _ = stop.send(true);
     while let Some(r) = tasks.join_next().await {
         r?;
     }
-    Ok(rows as f64 / secs)
+    Ok(())
 }
 
 /// The physical limit of a sink: `posts` POSTs of `body` to `url`, 32 at a time, with
