@@ -206,7 +206,7 @@ impl Dispatcher {
     /// the failed outcomes that an earlier burial could not.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = self.sweep_dead().await?;
-        let Claimed { claims, superseded, .. } = match self.claim_rows(self.settings.batch, None).await? {
+        let Claimed { claims, superseded, .. } = match self.claim(self.settings.batch, None).await? {
             Ok(claimed) => claimed,
             Err(crash) => return Ok(vec![Dispatched::Crashed(crash)]),
         };
@@ -238,22 +238,9 @@ impl Dispatcher {
     }
 
     /// Claims up to `max` due rows, only those past `after` when given (the inner
-    /// error: a fault point stopped it there).
-    pub async fn claim(
-        &self,
-        max: usize,
-        after: Option<&ClaimCursor>,
-    ) -> Result<Result<Vec<Claim>, Crash>, StoreError> {
-        Ok(self.claim_rows(max, after).await?.map(|c| c.claims))
-    }
-
-    /// [`Dispatcher::claim`], with how many of the rows it took it settled unsent or
-    /// held back instead of handing them out.
-    pub async fn claim_rows(
-        &self,
-        max: usize,
-        after: Option<&ClaimCursor>,
-    ) -> Result<Result<Claimed, Crash>, StoreError> {
+    /// error: a fault point stopped it there): the rows to send, and how many of the
+    /// rows it took it settled unsent or held back instead of handing them out.
+    pub async fn claim(&self, max: usize, after: Option<&ClaimCursor>) -> Result<Result<Claimed, Crash>, StoreError> {
         let (now, lease) = (self.clock.now(), self.settings.lease);
         let claims = match after {
             Some(after) => self.store.pending_after(max, now, lease, after).await?,

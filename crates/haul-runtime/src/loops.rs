@@ -187,7 +187,7 @@ pub async fn dispatcher_loop(
         if after.is_none() {
             from_start_at = std::time::Instant::now();
         }
-        match dispatcher.claim_rows(want, after.as_ref()).await {
+        match dispatcher.claim(want, after.as_ref()).await {
             // Nothing past the cursor: claim from the start at once.
             Ok(Ok(c)) if c.took() == 0 && after.is_some() => continue,
             // Rows taken, even if all were held back by a rate: claim again at once

@@ -478,10 +478,10 @@ async fn a_claim_another_dispatcher_took_over_changes_nothing() {
         .batch,
         3
     );
-    let mut old = dispatcher.claim(1, None).await.unwrap().unwrap();
+    let mut old = dispatcher.claim(1, None).await.unwrap().unwrap().claims;
     assert_eq!(old.len(), 1);
     rig.clock.advance(dispatcher.settings().lease + Duration::from_secs(1));
-    let new = dispatcher.claim(1, None).await.unwrap().unwrap();
+    let new = dispatcher.claim(1, None).await.unwrap().unwrap().claims;
     assert_eq!(new[0].row.id, old[0].row.id, "the lapsed lease is claimed again");
     let (out, logs) = logs_of(dispatcher.dispatch(old.remove(0))).await;
     assert_eq!(out, Dispatched::Stale);
@@ -1031,7 +1031,7 @@ async fn an_overtaken_sms_hands_its_send_and_its_slot_to_the_step_that_overtook_
     d.run_once().await.unwrap();
     assert_eq!(rig.store.get(&step2).await.unwrap().unwrap().due_at, at(120), "held behind step 1");
     rig.clock.set(at(60));
-    let c = d.claim_rows(10, None).await.unwrap().unwrap();
+    let c = d.claim(10, None).await.unwrap().unwrap();
     assert_eq!((c.claims.len(), c.superseded, c.held, c.took()), (0, 1, 0, 1), "step 1 settled unsent");
     assert_eq!(rig.store.get(&step2).await.unwrap().unwrap().due_at, at(60), "step 2 takes its place");
     let out = d.run_once().await.unwrap();
@@ -1053,10 +1053,10 @@ async fn a_claim_says_how_many_rows_it_held_back() {
         rig.asked(l).await;
     }
     let d = rig.dispatcher_with(QueueMode::StoreQueue, rated(Channel::Sms, "2/s", 2), Faults::default());
-    let c = d.claim_rows(10, None).await.unwrap().unwrap();
+    let c = d.claim(10, None).await.unwrap().unwrap();
     // Each load's SMS and its set_timer (no rate): 2 SMS and 5 timers go, 3 SMS held.
     assert_eq!((c.claims.len(), c.held, c.superseded, c.took()), (7, 3, 0, 10));
-    let c = d.claim_rows(10, None).await.unwrap().unwrap();
+    let c = d.claim(10, None).await.unwrap().unwrap();
     assert_eq!(c.took(), 0, "held: not due again yet");
 }
 
