@@ -265,7 +265,14 @@ pub fn throttled(row: &Row, retry_after: Duration, why: &str, now: Timestamp) ->
 /// ask the driver a question already asked again, so the store is asked
 /// (`Outbox::supersede`); a row claimed as it was made costs no such check.
 pub fn may_be_superseded(action_type: ActionType, created_at: Timestamp, due_at: Timestamp) -> bool {
-    action_type == ActionType::SendSms && due_at > created_at
+    action_type == ActionType::SendSms && !as_made(created_at, due_at)
+}
+
+/// Whether a row is claimed as it was made: due when it was made, never held back or
+/// retried. Such a row cannot have been overtaken, so a claim takes its send from the
+/// channel's rate in the claim's own transaction (`SendRates::claim_taking`).
+pub fn as_made(created_at: Timestamp, due_at: Timestamp) -> bool {
+    due_at <= created_at
 }
 
 /// Outcome first, mark second; in one transaction on the store's own queue. A failed
@@ -606,6 +613,9 @@ mod tests {
         check(ActionType::SendSms, "07:00:00", false);
         check(ActionType::CreateHeroTask, "07:00:01", false);
         check(ActionType::SetTimer, "07:00:01", false);
+        assert!(as_made(t("07:00:00"), t("07:00:00")));
+        assert!(as_made(t("07:00:01"), t("07:00:00")), "due before it was made: as made");
+        assert!(!as_made(t("07:00:00"), t("07:00:01")));
     }
 
     #[test]

@@ -133,6 +133,14 @@ pub fn take(limit: &Limit, tat_us: Option<i64>, now_us: i64, wanted: u32) -> Gra
     Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now_us) }
 }
 
+/// Two grants one claim took in turn from one limiter (`first` with the claim, if it
+/// took any, `then` after): the sends of both, the state and next send as the later
+/// left them.
+pub fn after_both(first: Option<Grant>, then: Grant) -> Grant {
+    let granted = first.map_or(0, |g| g.granted) + then.granted;
+    Grant { granted, ..then }
+}
+
 /// The state after the service asked the channel to wait until `until_us` (a 429's
 /// `Retry-After`): no send before it, then one an interval, no burst (the service has
 /// just said it is full). A limiter already further ahead stays as it is.
@@ -253,6 +261,17 @@ mod tests {
         // Half a second on: still one; quiet for long: the burst again, not more.
         check(Some(105 * S), 101 * S + S / 2, 3, (1, 106 * S, 102 * S));
         check(Some(105 * S), 1_000 * S, 9, (5, 1_005 * S, 1_001 * S));
+    }
+
+    #[test]
+    fn a_claims_two_takes_add_up_to_one() {
+        let limit = Limit::new(Rate::parse("1/s").unwrap(), 5).unwrap();
+        let first = take(&limit, None, 100 * S, 3);
+        let then = take(&limit, Some(first.tat_us), 100 * S, 4);
+        let both = after_both(Some(first), then);
+        assert_eq!(both, Grant { granted: 5, ..then }, "the burst between them, as one take of 7");
+        assert_eq!(both, take(&limit, None, 100 * S, 7));
+        assert_eq!(after_both(None, then), then);
     }
 
     #[test]

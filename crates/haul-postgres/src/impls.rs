@@ -1,5 +1,6 @@
 //! The storage contracts on PostgreSQL.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,6 +18,7 @@ use haul_store::backend::{
     shadow_row, sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row,
     unmatched_sms_row, unsettled_row,
 };
+use haul_store::backend::{check_takes, counted};
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
 };
@@ -27,7 +29,9 @@ use haul_store::{
     ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded,
     Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load, too_many,
 };
-use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange};
+use haul_store::{
+    ClaimCursor, ClaimTake, ClaimedTaking, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange,
+};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
 
 use crate::rows::{Params, PgRow, col, rows_on, sql_limit};
@@ -641,6 +645,69 @@ impl SendRates for PgStore {
         let (granted, tat_us): (i64, i64) = (col(&row, 0)?, col(&row, 1)?);
         let granted = u32::try_from(granted).map_err(|_| StoreError::new(format!("a take granted {granted} sends")))?;
         Ok(Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now) })
+    }
+
+    async fn claim_taking(
+        &self,
+        max: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: Option<&ClaimCursor>,
+        takes: &[ClaimTake],
+    ) -> Result<ClaimedTaking, StoreError> {
+        check_takes(takes)?;
+        let token = self.tokens.next();
+        let (now_us, until, now, limit) = (to_us(now), to_ms(add(now, lease)), to_ms(now), max as i64);
+        let (mut types, mut keys, mut intervals, mut tolerances) = (vec![], vec![], vec![], vec![]);
+        for take in takes {
+            for t in &take.action_types {
+                types.push(t.as_str());
+                keys.push(take.key.as_str());
+                intervals.push(take.limit.rate.interval_us());
+                tolerances.push(take.limit.tolerance_us());
+            }
+        }
+        let client = self.lease_client().await?;
+        let rows = match after {
+            None => {
+                let params: Params = &[&token, &until, &now, &limit, &types, &keys, &intervals, &tolerances, &now_us];
+                let stmt = client.prepare_cached(OUTBOX_CLAIM_TAKING).await.map_err(pg)?;
+                client.query(&stmt, params).await.map_err(pg)?
+            }
+            Some(after) => {
+                let (due_at, id) = (to_ms(after.due_at), &after.id);
+                let params: Params =
+                    &[&token, &until, &now, &limit, &due_at, id, &types, &keys, &intervals, &tolerances, &now_us];
+                let stmt = client.prepare_cached(OUTBOX_CLAIM_AFTER_TAKING).await.map_err(pg)?;
+                client.query(&stmt, params).await.map_err(pg)?
+            }
+        };
+        let claimed: Vec<OutboxRow> = rows.iter().map(|r| outbox_row(&PgRow(r))).collect::<Result<_, _>>()?;
+        // The grants, the same on every row (none when no row was claimed).
+        let mut took: HashMap<String, (i64, i64)> = HashMap::new();
+        if let Some(r) = rows.first() {
+            let (keys, granted, tats): (Option<Vec<String>>, Option<Vec<i64>>, Option<Vec<i64>>) =
+                (col(r, 14)?, col(r, 15)?, col(r, 16)?);
+            let (keys, granted, tats) =
+                (keys.unwrap_or_default(), granted.unwrap_or_default(), tats.unwrap_or_default());
+            took = keys.into_iter().zip(granted.into_iter().zip(tats)).collect();
+        }
+        let mut grants = Vec::with_capacity(takes.len());
+        for take in takes {
+            let (counted, tolerance) = (counted(&claimed, take), take.limit.tolerance_us());
+            grants.push(match (counted, took.get(&take.key)) {
+                (0, _) => None,
+                (n, Some(&(granted, tat_us))) => {
+                    let granted = u32::try_from(granted)
+                        .map_err(|_| StoreError::new(format!("a take granted {granted} sends")))?;
+                    Some((n, Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now_us) }))
+                }
+                (n, None) => {
+                    return Err(StoreError::new(format!("a claim counted {n} sends on {} but took none", take.key)));
+                }
+            });
+        }
+        Ok(ClaimedTaking { claims: claims(claimed, &token), grants })
     }
 
     async fn queue_sends(&self, key: &str, from_us: i64, spacing_us: i64, n: u32) -> Result<i64, StoreError> {

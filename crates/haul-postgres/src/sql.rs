@@ -72,6 +72,68 @@ pub const OUTBOX_CLAIM: &str = outbox_claim!("");
 /// The claim past a cursor (`pending_after`): `$5` due_at, `$6` id of the last row a
 /// claim before took.
 pub const OUTBOX_CLAIM_AFTER: &str = outbox_claim!(" AND (due_at, id) > ($5, $6)");
+/// [`OUTBOX_CLAIM`] (or `_AFTER`) and, in the same statement, `SEND_RATE_TAKE` for
+/// each rate's rows claimed as made (`due_at <= created_at`): `$types`, `$keys`,
+/// `$intervals`, `$tolerances` one element an action type (its rate's key, interval
+/// and tolerance, µs), `$now_us` now. Each claimed row also carries the grants, as
+/// arrays of keys, sends granted and the new `tat_us`: none when no row was counted.
+macro_rules! outbox_claim_taking {
+    ($past:literal, $types:literal, $keys:literal, $intervals:literal, $tolerances:literal, $now_us:literal) => {
+        concat!(
+            "WITH claimed AS (",
+            outbox_claim!($past),
+            "), wants AS (
+               SELECT t.rate_key, t.interval_us, t.tolerance_us, count(*) AS wanted FROM claimed c
+               JOIN unnest(",
+            $types,
+            "::text[], ",
+            $keys,
+            "::text[], ",
+            $intervals,
+            "::bigint[], ",
+            $tolerances,
+            "::bigint[]) AS t(action_type, rate_key, interval_us, tolerance_us) ON c.action_type = t.action_type
+               WHERE c.due_at <= c.created_at GROUP BY t.rate_key, t.interval_us, t.tolerance_us
+             ), took AS (
+               INSERT INTO send_rates AS r (rate_key, tat_us, held_at_us, last_granted)
+               SELECT rate_key, ",
+            $now_us,
+            "::bigint + interval_us * least(tolerance_us / interval_us + 1, wanted),
+                 CASE WHEN tolerance_us / interval_us + 1 < wanted THEN ",
+            $now_us,
+            "::bigint END, least(tolerance_us / interval_us + 1, wanted) FROM wants
+               ON CONFLICT (rate_key) DO UPDATE SET (last_granted, tat_us, held_at_us) = (
+                 SELECT g, greatest(r.tat_us, ",
+            $now_us,
+            "::bigint) + w.interval_us * g,
+                   CASE WHEN g < w.wanted THEN ",
+            $now_us,
+            "::bigint ELSE r.held_at_us END
+                 FROM wants w, LATERAL (SELECT CASE WHEN ",
+            $now_us,
+            "::bigint + w.tolerance_us < greatest(r.tat_us, ",
+            $now_us,
+            "::bigint) THEN 0
+                   ELSE least((",
+            $now_us,
+            "::bigint + w.tolerance_us - greatest(r.tat_us, ",
+            $now_us,
+            "::bigint)) / w.interval_us + 1, w.wanted) END AS g) AS x
+                 WHERE w.rate_key = excluded.rate_key)
+               RETURNING r.rate_key, r.last_granted, r.tat_us
+             )
+             SELECT ",
+            columns!(outbox),
+            ", (SELECT array_agg(rate_key) FROM took), (SELECT array_agg(last_granted) FROM took),
+               (SELECT array_agg(tat_us) FROM took) FROM claimed"
+        )
+    };
+}
+/// The claim from the start taking sends: `$5..$9` the takes.
+pub const OUTBOX_CLAIM_TAKING: &str = outbox_claim_taking!("", "$5", "$6", "$7", "$8", "$9");
+/// The claim past a cursor taking sends: `$5`, `$6` the cursor, `$7..$11` the takes.
+pub const OUTBOX_CLAIM_AFTER_TAKING: &str =
+    outbox_claim_taking!(" AND (due_at, id) > ($5, $6)", "$7", "$8", "$9", "$10", "$11");
 /// `check_claim` and the stale-claim test: `$1` load, `$2` id, `$3` token.
 pub const OUTBOX_OWNS: &str =
     "SELECT lease_until FROM outbox WHERE load_id = $1 AND id = $2 AND claim_token = $3 AND status = 'pending'";

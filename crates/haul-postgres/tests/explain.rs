@@ -144,6 +144,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let (no_text, no_ms, no, yes) = (None::<&str>, None::<i64>, false, true);
     let (open, states) = (Some("open"), vec!["dismissed"]);
     let (min, max, types) = (i64::MIN, i64::MAX, ",send_sms,create_hero_task,");
+    let (take_types, take_keys, take_us) = (vec!["send_sms"], vec!["sms"], vec![100_000i64]);
     let cases = vec![
         per_load("read / read_after", READ_AFTER, vec![&l, &zero]),
         per_load("read_page", READ_PAGE, vec![&l, &zero, &limit]),
@@ -157,6 +158,16 @@ async fn every_hot_query_is_served_by_an_index() {
         case("load_ids", LOAD_IDS, vec![&empty, &limit]),
         case("outbox claim of due rows", OUTBOX_CLAIM, vec![&token, &later, &now, &limit]),
         case("outbox claim after a cursor", OUTBOX_CLAIM_AFTER, vec![&token, &later, &now, &limit, &now, &key]),
+        case(
+            "outbox claim taking sends",
+            OUTBOX_CLAIM_TAKING,
+            vec![&token, &later, &now, &limit, &take_types, &take_keys, &take_us, &take_us, &now],
+        ),
+        case(
+            "outbox claim after a cursor taking sends",
+            OUTBOX_CLAIM_AFTER_TAKING,
+            vec![&token, &later, &now, &limit, &now, &key, &take_types, &take_keys, &take_us, &take_us, &now],
+        ),
         per_load("check_claim", OUTBOX_OWNS, vec![&l, &key, &token]),
         per_load("mark_dispatched", OUTBOX_MARK_DISPATCHED, vec![&l, &key, &token, &token, &now]),
         per_load("mark_failed (retry)", OUTBOX_MARK_RETRY, vec![&l, &key, &token, &token, &later, &now]),
@@ -342,6 +353,12 @@ async fn the_claim_and_the_receive_join_by_key_on_large_tables() {
     for (name, sql, args) in [
         ("claim", OUTBOX_CLAIM, "'t', 2000000::bigint, 1000000::bigint, 8::bigint"),
         ("claim_after", OUTBOX_CLAIM_AFTER, "'t', 2000000::bigint, 1000000::bigint, 8::bigint, 1005::bigint, 'L5/a'"),
+        (
+            "claim_taking",
+            OUTBOX_CLAIM_TAKING,
+            "'t', 2000000::bigint, 1000000::bigint, 8::bigint, ARRAY['send_sms'], ARRAY['sms'], ARRAY[100000]::bigint[],
+             ARRAY[100000]::bigint[], 1000000000::bigint",
+        ),
         ("receive", QUEUE_RECEIVE, "1000000::bigint, 8::bigint, 2000000::bigint, 't'"),
         (
             "publish_set",

@@ -11,13 +11,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use haul_core::action::{Action, Request};
+use haul_core::action::{Action, ActionType, Request};
 use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, Settled};
 use haul_core::ids::LoadId;
-use haul_core::limit::{self, Limit};
+use haul_core::limit::{self, Grant, Limit};
 use haul_core::time::Timestamp;
 use haul_core::{Channel, Clock, PerChannel, QueueMode, RetryPolicy, Urgency, retry};
-use haul_store::{AlertState, Claim, ClaimCursor, ClaimError, LoadQueue, OutboxRow, Store, StoreError};
+use haul_store::{AlertState, Claim, ClaimCursor, ClaimError, ClaimTake, LoadQueue, OutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -85,6 +85,20 @@ impl Default for DispatcherSettings {
         // The settings' defaults (`haul_config::DispatcherConfig`) are the one source.
         DispatcherSettings::from_config(&haul_config::DispatcherConfig::default())
     }
+}
+
+/// What a claim takes from the channels' rates in its own transaction: one take per
+/// channel with a limit in force, keyed by the channel's name, and the channels in
+/// the same order.
+fn claim_takes(limits: &PerChannel<Option<Limit>>) -> (Vec<Channel>, Vec<ClaimTake>) {
+    Channel::ALL
+        .into_iter()
+        .filter_map(|channel| {
+            let limit = (*limits.get(channel))?;
+            let action_types = ActionType::ALL.into_iter().filter(|t| t.channel() == Some(channel)).collect();
+            Some((channel, ClaimTake { key: channel.config_name().to_owned(), action_types, limit }))
+        })
+        .unzip()
 }
 
 /// True for an urgent Hero task: it goes first when its channel's rate binds.
@@ -242,9 +256,21 @@ impl Dispatcher {
     /// rows it took it settled unsent or held back instead of handing them out.
     pub async fn claim(&self, max: usize, after: Option<&ClaimCursor>) -> Result<Result<Claimed, Crash>, StoreError> {
         let (now, lease) = (self.clock.now(), self.settings.lease);
-        let claims = match after {
-            Some(after) => self.store.pending_after(max, now, lease, after).await?,
-            None => self.store.pending(max, now, lease).await?,
+        let limits = self.limits(now).await;
+        let (channels, takes) = claim_takes(&limits);
+        let (claims, taken) = if takes.is_empty() {
+            let claims = match after {
+                Some(after) => self.store.pending_after(max, now, lease, after).await?,
+                None => self.store.pending(max, now, lease).await?,
+            };
+            (claims, PerChannel::from_fn(|_| None))
+        } else {
+            let t = self.store.claim_taking(max, now, lease, after, &takes).await?;
+            let mut taken = PerChannel::from_fn(|_| None);
+            for (channel, grant) in channels.into_iter().zip(t.grants) {
+                *taken.get_mut(channel) = grant;
+            }
+            (t.claims, taken)
         };
         if let Some(first) = claims.first()
             && let Err(crash) = self.faults.check(FaultPoint::AfterClaim, &first.row.id)
@@ -254,9 +280,8 @@ impl Dispatcher {
         for c in &claims {
             self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
         }
-        let limits = self.limits(now).await;
         let (claims, superseded) = self.drop_superseded(claims, &limits, now).await;
-        let (claims, held) = self.admit(claims, &limits, now).await?;
+        let (claims, held) = self.admit(claims, &limits, &taken, now).await?;
         Ok(Ok(Claimed { claims, superseded, held }))
     }
 
@@ -408,6 +433,7 @@ impl Dispatcher {
         &self,
         claims: Vec<Claim>,
         limits: &PerChannel<Option<Limit>>,
+        taken: &PerChannel<Option<(u32, Grant)>>,
         now: Timestamp,
     ) -> Result<(Vec<Claim>, usize), StoreError> {
         let (mut admitted, mut held_back) = (Vec::with_capacity(claims.len()), 0);
@@ -425,7 +451,17 @@ impl Dispatcher {
                 continue;
             }
             rows.sort_by_key(|c| !is_urgent(&c.row));
-            let grant = self.store.take_sends(channel.config_name(), &limit, rows.len() as u32, now).await?;
+            // The rows claimed as made took their sends with the claim; the others
+            // (they waited, and were not overtaken meanwhile) take theirs now.
+            let (counted, pretaken) = taken.get(channel).map_or((0, None), |(n, g)| (n, Some(g)));
+            let more = (rows.len() as u32).saturating_sub(counted);
+            let grant = match (pretaken, more) {
+                (Some(g), 0) => g,
+                (pretaken, more) => {
+                    let g = self.store.take_sends(channel.config_name(), &limit, more, now).await?;
+                    limit::after_both(pretaken, g)
+                }
+            };
             // Short: who goes is decided by client, the shortest queue first.
             let clients = if (grant.granted as usize) < rows.len() {
                 let clients = self.clients(&rows).await;

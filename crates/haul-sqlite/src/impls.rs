@@ -14,22 +14,23 @@ use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms, to_us};
 use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
-    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease, claims,
-    conflict_load_row, dead_row, deadline_ms, delivery_receipt, delivery_row, inbox_alert_row, inbox_sms_row,
-    load_client_row, load_id_row, load_summary_row, ops_alert_row, outbox_row, parse_receipt, queue_message_row,
-    rate_change_row, receipt, record_row, saturated_row, shadow_params, shadow_row, sms_assignment, sms_dismissal,
-    sms_move_step, sms_route, sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
+    Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease,
+    check_takes, claims, conflict_load_row, counted, dead_row, deadline_ms, delivery_receipt, delivery_row,
+    inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
+    parse_receipt, queue_message_row, rate_change_row, receipt, record_row, saturated_row, shadow_params, shadow_row,
+    sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row,
+    unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
 };
 use haul_store::{
-    AlertState, AppendError, Claim, ClaimError, ConcurrencyConflictError, DeliveryLog, DuplicateActionKeyError,
-    DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue, MAX_CLIENTS_OF, MAX_HOLDS, NewEntry,
-    NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune, PruneReport, Published, QueueError,
-    QueueMessage, RateChange, RecordedDelivery, RowCursor, SendRates, ShadowCursor, ShadowDecision, ShadowStore,
-    SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded, Timer, TimerStore,
-    UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state, too_many,
+    AlertState, AppendError, Claim, ClaimError, ClaimTake, ClaimedTaking, ConcurrencyConflictError, DeliveryLog,
+    DuplicateActionKeyError, DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
+    MAX_CLIENTS_OF, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune,
+    PruneReport, Published, QueueError, QueueMessage, RateChange, RecordedDelivery, RowCursor, SendRates, ShadowCursor,
+    ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded,
+    Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state, too_many,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -1203,29 +1204,66 @@ impl DeliveryLog for SqliteStore {
     }
 }
 
+/// `SendRates::take_sends` inside a writer unit: `haul_core::limit::take` on the
+/// state kept for `key`, written back when it moved or fell short.
+fn take_in(conn: &Connection, key: &str, limit: &Limit, wanted: u32, now_us: i64) -> Result<Grant, StoreError> {
+    let tat: Option<i64> = conn
+        .prepare_cached("SELECT tat_us FROM send_rates WHERE rate_key = ?1")
+        .and_then(|mut st| st.query_row([key], |r| r.get(0)).optional())
+        .map_err(db)?;
+    let grant = haul_core::limit::take(limit, tat, now_us, wanted);
+    let held = (grant.granted < wanted).then_some(now_us);
+    if Some(grant.tat_us) != tat || held.is_some() {
+        exec(
+            conn,
+            "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES (?1, ?2, ?3)
+             ON CONFLICT (rate_key) DO UPDATE SET tat_us = excluded.tat_us,
+             held_at_us = coalesce(excluded.held_at_us, send_rates.held_at_us)",
+            params![key, grant.tat_us, held],
+        )
+        .map_err(db)?;
+    }
+    Ok(grant)
+}
+
 #[async_trait]
 impl SendRates for SqliteStore {
     async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError> {
         let (key, limit, now) = (key.to_owned(), *limit, to_us(now));
+        self.writer.run(move |conn: &Connection| take_in(conn, &key, &limit, wanted, now)).await
+    }
+
+    async fn claim_taking(
+        &self,
+        max: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: Option<&ClaimCursor>,
+        takes: &[ClaimTake],
+    ) -> Result<ClaimedTaking, StoreError> {
+        check_takes(takes)?;
+        let token = self.tokens.next();
+        let (now_us, lease_until, limit) = (to_us(now), to_ms(add(now, lease)), max as i64);
+        let (now, after) = (to_ms(now), after.map(|a| (to_ms(a.due_at), a.id.clone())));
+        let takes = takes.to_vec();
         self.writer
             .run(move |conn: &Connection| {
-                let tat: Option<i64> = conn
-                    .prepare_cached("SELECT tat_us FROM send_rates WHERE rate_key = ?1")
-                    .and_then(|mut st| st.query_row([&key], |r| r.get(0)).optional())
-                    .map_err(db)?;
-                let grant = haul_core::limit::take(&limit, tat, now, wanted);
-                let held = (grant.granted < wanted).then_some(now);
-                if Some(grant.tat_us) != tat || held.is_some() {
-                    exec(
-                        conn,
-                        "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES (?1, ?2, ?3)
-                         ON CONFLICT (rate_key) DO UPDATE SET tat_us = excluded.tat_us,
-                         held_at_us = coalesce(excluded.held_at_us, send_rates.held_at_us)",
-                        params![key, grant.tat_us, held],
-                    )
-                    .map_err(db)?;
+                let rows = match after {
+                    None => rows(conn, outbox_claim!(""), (token.clone(), lease_until, now, limit), outbox_row)?,
+                    Some((due_at, id)) => {
+                        let sql = outbox_claim!(" AND (due_at, id) > (?5, ?6)");
+                        rows(conn, sql, (token.clone(), lease_until, now, limit, due_at, id), outbox_row)?
+                    }
+                };
+                let mut grants = Vec::with_capacity(takes.len());
+                for take in &takes {
+                    let counted = counted(&rows, take);
+                    grants.push(match counted {
+                        0 => None,
+                        n => Some((n, take_in(conn, &take.key, &take.limit, n, now_us)?)),
+                    });
                 }
-                Ok(grant)
+                Ok(ClaimedTaking { claims: claims(rows, &token), grants })
             })
             .await
     }

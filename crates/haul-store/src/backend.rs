@@ -25,11 +25,11 @@ use haul_core::time::{Timestamp, from_ms, to_ms};
 use serde_json::Value;
 
 use crate::{
-    AlertState, AppendError, Claim, ClaimError, DeadRow, DuplicateActionKeyError, DuplicateEntryError, LoadSummary,
-    NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError, QueueMessage, RateChange,
-    RecordedDelivery, ShadowDecision, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Timer,
-    TimerStatus, UnmatchedSms, Unsettled, is_key_of_load, ops::ConflictLoad, ops::InboxAlert, ops::InboxMark,
-    ops::InboxSms, ops::SmsDismissal,
+    AlertState, AppendError, Claim, ClaimError, ClaimTake, DeadRow, DuplicateActionKeyError, DuplicateEntryError,
+    LoadSummary, MAX_CLAIM_TAKES, NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError,
+    QueueMessage, RateChange, RecordedDelivery, ShadowDecision, SmsAssignment, SmsMove, SmsRoute, StaleClaimError,
+    StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load, ops::ConflictLoad, ops::InboxAlert,
+    ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
 };
 
 // ---------------------------------------------------------------------------------
@@ -609,6 +609,29 @@ pub fn parse_receipt(receipt: &str) -> Option<i64> {
 pub fn claims(mut rows: Vec<OutboxRow>, token: &str) -> Vec<Claim> {
     rows.sort_by(|a, b| (a.due_at, &a.id).cmp(&(b.due_at, &b.id)));
     rows.into_iter().map(|row| Claim { row, token: token.to_owned() }).collect()
+}
+
+/// The rows of `rows` a claim takes sends for under `take`: of its action types and
+/// claimed as made (`haul_core::dispatch::as_made`).
+pub fn counted(rows: &[OutboxRow], take: &ClaimTake) -> u32 {
+    let n = rows
+        .iter()
+        .filter(|r| take.action_types.contains(&r.action_type) && haul_core::dispatch::as_made(r.created_at, r.due_at))
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// `SendRates::claim_taking`'s bounds: at most `MAX_CLAIM_TAKES` takes, each key once
+/// (one claim cannot take twice from one rate in one statement).
+pub fn check_takes(takes: &[ClaimTake]) -> Result<(), StoreError> {
+    if takes.len() > MAX_CLAIM_TAKES {
+        return Err(crate::too_many("takes", takes.len(), MAX_CLAIM_TAKES));
+    }
+    let keys: BTreeSet<&str> = takes.iter().map(|t| t.key.as_str()).collect();
+    if keys.len() < takes.len() {
+        return Err(StoreError::new("a claim takes from one send rate once; a key was given twice"));
+    }
+    Ok(())
 }
 
 /// `check_claim`'s answer once the store found the row's lease for the token

@@ -16,7 +16,7 @@ use haul_core::time::{Timestamp, add};
 use serde_json::json;
 
 use crate::{
-    AlertState, AppendError, Claim, ClaimCursor, ClaimError, InboxAlert, InboxCounts, InboxMark, NewEntry,
+    AlertState, AppendError, Claim, ClaimCursor, ClaimError, ClaimTake, InboxAlert, InboxCounts, InboxMark, NewEntry,
     NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, ShadowCursor, ShadowDecision, SidClaim,
     SmsAssignment, SmsDismissal, SmsMove, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
@@ -86,6 +86,7 @@ macro_rules! contract_tests {
             a_paused_key_sends_nothing_until_the_pause_ends,
             rate_changes_are_kept_once_per_request_and_the_latest_wins,
             send_rates_are_shared_by_racing_dispatchers,
+            a_claim_takes_sends_for_the_rows_it_claims_as_made,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
             a_received_message_carries_its_loads_log_version,
@@ -861,6 +862,62 @@ pub async fn send_rates_are_shared_by_racing_dispatchers(s: DynStore) {
     );
     s.take_sends("sms", &limit, 9, at(130)).await.unwrap();
     assert_eq!(since(at(101)).await.unwrap(), vec![("sms".to_owned(), at(130))], "only since then");
+}
+
+/// A claim takes its rates' sends in its own transaction (`claim_taking`): for each
+/// take, the claimed rows of its types made due at once, as `take_sends` would for
+/// them on the state kept; a row that waited (held back) is not counted, a take with
+/// no row takes nothing, a short grant marks the key saturated. Past a cursor too; a
+/// key given twice is refused before anything is claimed.
+pub async fn a_claim_takes_sends_for_the_rows_it_claims_as_made(s: DynStore) {
+    use haul_core::limit::{Limit, Rate, take};
+    let limit = Limit::new(Rate::parse("10/s").unwrap(), 3).unwrap();
+    let takes = [
+        ClaimTake { key: "sms".into(), action_types: vec![ActionType::SendSms], limit },
+        ClaimTake { key: "hero".into(), action_types: vec![ActionType::CreateHeroTask], limit },
+        ClaimTake { key: "slack".into(), action_types: vec![ActionType::PostHeroSlack], limit },
+    ];
+    // L2's row waited: held back from 0 s to 1 s.
+    s.append(&load("L2"), vec![entry("e1")], 0, vec![row("L2/w/send_sms")], at(0)).await.unwrap();
+    let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
+    s.hold_all(&[(c.row.id.clone(), c.token.clone(), at(1))], at(0)).await.unwrap();
+    let hero =
+        NewOutboxRow { id: "L1/h/create_hero_task".into(), action_type: ActionType::CreateHeroTask, action: json!({}) };
+    let mut rows: Vec<NewOutboxRow> =
+        ["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms", "L1/d/send_sms"].map(row).into();
+    rows.push(hero);
+    s.append(&load("L1"), vec![entry("e1")], 0, rows, at(1)).await.unwrap();
+    let refused = s.claim_taking(10, at(1), LEASE, None, &[takes[0].clone(), takes[0].clone()]).await;
+    assert!(refused.unwrap_err().to_string().contains("given twice"));
+    assert_eq!(pending_ids(&s, 10, at(1)).await.len(), 6, "nothing claimed by a refused claim");
+    // Those pending_ids claimed them: a claim after their leases.
+    let now = add(at(1), LEASE);
+    let now_us = haul_core::time::to_us(now);
+    let first = s.claim_taking(3, now, LEASE, None, &takes).await.unwrap();
+    let ids: Vec<&str> = first.claims.iter().map(|c| c.row.id.as_str()).collect();
+    assert_eq!(ids, ["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms"]);
+    let sms = take(&limit, None, now_us, 3);
+    assert_eq!(first.grants, vec![Some((3, sms)), None, None]);
+    assert_eq!(sms.granted, 3, "the burst");
+    assert!(s.saturated(now).await.unwrap().is_empty(), "not short");
+    // Past the cursor: d (one more send, none left), the Hero task, and L2's held row
+    // (not counted).
+    let after = ClaimCursor::after(&first.claims).unwrap();
+    let second = s.claim_taking(10, now, LEASE, Some(&after), &takes).await.unwrap();
+    let mut ids: Vec<&str> = second.claims.iter().map(|c| c.row.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["L1/d/send_sms", "L1/h/create_hero_task", "L2/w/send_sms"]);
+    let (sms, hero) = (take(&limit, Some(sms.tat_us), now_us, 1), take(&limit, None, now_us, 1));
+    assert_eq!(sms.granted, 0, "the burst is spent");
+    assert_eq!(second.grants, vec![Some((1, sms)), Some((1, hero)), None]);
+    assert_eq!(s.saturated(now).await.unwrap(), vec![("sms".to_owned(), now)], "short: saturated");
+    // The state kept: take_sends goes on from it.
+    let later = add(now, Duration::from_millis(100));
+    let kept = take(&limit, Some(sms.tat_us), haul_core::time::to_us(later), 5);
+    assert_eq!(s.take_sends("sms", &limit, 5, later).await.unwrap(), kept);
+    assert_eq!(kept.granted, 1);
+    let none = s.claim_taking(10, now, LEASE, None, &takes).await.unwrap();
+    assert_eq!((none.claims.len(), none.grants), (0, vec![None, None, None]), "nothing due: nothing taken");
 }
 
 /// Held rows join their client's queue (`queue_sends`): dispatchers holding rows of

@@ -1161,6 +1161,27 @@ pub struct RateChange {
     pub changed_at: Timestamp,
 }
 
+/// A send rate a claim takes from (`SendRates::claim_taking`): the rate's key, the
+/// action types sent on it, and its limit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimTake {
+    pub key: String,
+    pub action_types: Vec<ActionType>,
+    pub limit: Limit,
+}
+
+/// What `SendRates::claim_taking` did: the rows claimed, and for each take (in the
+/// order given) the claimed rows it counted and what they were granted; `None` when
+/// it counted none (nothing was taken).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimedTaking {
+    pub claims: Vec<Claim>,
+    pub grants: Vec<Option<(u32, Grant)>>,
+}
+
+/// Most takes one claim makes: one a channel.
+pub const MAX_CLAIM_TAKES: usize = 16;
+
 /// The state of the channels' send rates (`haul_core::limit`), kept in the store so
 /// every dispatcher process shares one limit.
 #[async_trait]
@@ -1171,6 +1192,22 @@ pub trait SendRates: Send + Sync {
     /// send more than the limit allows.
     /// A grant of fewer than `wanted` also keeps `now` as when rows were last held back.
     async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError>;
+
+    /// `Outbox::pending` (or `pending_after` when `after` is given) and, in the same
+    /// transaction, `take_sends` on each of `takes` for the claimed rows it counts:
+    /// those of its action types that are claimed as they were made (`due_at` not
+    /// after `created_at`, `haul_core::dispatch::as_made`). A row that waited (held
+    /// back, retried) is not counted: the dispatcher first checks whether its ask moved
+    /// on, and takes for it after. One store call for the common claim instead of two.
+    /// At most [`MAX_CLAIM_TAKES`] takes, each key once.
+    async fn claim_taking(
+        &self,
+        max: usize,
+        now: Timestamp,
+        lease: Duration,
+        after: Option<&ClaimCursor>,
+        takes: &[ClaimTake],
+    ) -> Result<ClaimedTaking, StoreError>;
 
     /// Queues `n` (at least 1) held rows on the queue `key` (a client's on a channel,
     /// `haul_core::limit::queue_key`): `haul_core::limit::queued` on the last slot kept
