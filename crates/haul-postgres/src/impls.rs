@@ -231,6 +231,9 @@ impl Outbox for PgStore {
         if holds.len() > MAX_HOLDS {
             return Err(too_many("holds", holds.len(), MAX_HOLDS));
         }
+        if holds.is_empty() {
+            return Ok(0);
+        }
         let loads: Vec<&str> = holds.iter().map(|(id, _, _)| outbox_key_load(id)).collect();
         let ids: Vec<&str> = holds.iter().map(|(id, _, _)| id.as_str()).collect();
         let tokens: Vec<&str> = holds.iter().map(|(_, token, _)| token.as_str()).collect();

@@ -485,12 +485,16 @@ impl Dispatcher {
                 .map(|(c, until)| (c.row.id.clone(), c.token.clone(), haul_core::time::from_us(*until)))
                 .collect();
             // Not held (the store failed): their leases lapse and they are claimed again,
-            // held all the same.
-            if let Err(e) = self.store.hold_all(&holds, now).await {
-                warn!(channel = channel.config_name(), rows = holds.len(), error = %e, "holding rows back failed");
-            }
+            // held all the same. The counter says what the store held.
+            let kept = match holds.is_empty() {
+                true => 0,
+                false => self.store.hold_all(&holds, now).await.unwrap_or_else(|e| {
+                    warn!(channel = channel.config_name(), rows = holds.len(), error = %e, "holding rows back failed");
+                    0
+                }),
+            };
             held_back += held.len();
-            metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(held.len() as u64);
+            metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(kept as u64);
             // How long the rows let go waited for it: since they were made (a row held
             // back is due later, so `due_at` no longer says).
             let waited = metrics::histogram!("haul_send_wait_seconds", "channel" => channel.config_name());

@@ -557,6 +557,9 @@ impl Outbox for SqliteStore {
         if holds.len() > MAX_HOLDS {
             return Err(too_many("holds", holds.len(), MAX_HOLDS));
         }
+        if holds.is_empty() {
+            return Ok(0);
+        }
         let (holds, now) = (holds.to_vec(), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
