@@ -281,7 +281,9 @@ impl Dispatcher {
             self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
         }
         let (claims, superseded) = self.drop_superseded(claims, &limits, now).await;
-        let (claims, held) = self.admit(claims, &limits, &taken, now).await?;
+        // The clock again: a grant's instant is as close as it can be to its sends, so
+        // the time the supersede checks took does not bunch them at the service.
+        let (claims, held) = self.admit(claims, &limits, &taken, self.clock.now()).await?;
         Ok(Ok(Claimed { claims, superseded, held }))
     }
 
@@ -471,7 +473,7 @@ impl Dispatcher {
                 HashMap::new()
             };
             let (urgent, routine): (Vec<Claim>, Vec<Claim>) =
-                rows.split_off(grant.granted as usize).into_iter().partition(|c| is_urgent(&c.row));
+                rows.split_off((grant.granted as usize).min(rows.len())).into_iter().partition(|c| is_urgent(&c.row));
             let urgent_untils = limit::held_until_us(&grant, &limit, urgent.len());
             let mut held: Vec<(Claim, i64)> = urgent.into_iter().zip(urgent_untils).collect();
             held.extend(self.queue(channel, &limit, grant.next_at_us, routine, &clients).await);
