@@ -157,6 +157,13 @@ pub fn held_until_us(grant: &Grant, limit: &Limit, held: usize) -> Vec<i64> {
     (0..held as i64).map(|i| grant.next_at_us + i * interval).collect()
 }
 
+/// The key under which a rate's last pause is kept (`{rate_key}!paused`, its state
+/// when paused): a change of the rate's limit starts it afresh, but not before a pause
+/// the service asked for ends.
+pub fn pause_key(rate_key: &str) -> String {
+    format!("{rate_key}!paused")
+}
+
 /// Most a client's weight may be: its share of a saturated channel against a client of
 /// weight 1 (the default).
 pub const MAX_WEIGHT: u32 = 100;
@@ -306,6 +313,7 @@ mod tests {
         assert_eq!(spacing_us(&fast, MAX_WEIGHT), 1, "never zero: the slots would all be one");
         assert_eq!(queue_key("sms", Some("acme")), "sms|acme");
         assert_eq!(queue_key("sms", None), "sms|");
+        assert_eq!(pause_key("sms"), "sms!paused", "not a queue of the rate: forgetting its queues keeps it");
     }
 
     #[test]

@@ -731,7 +731,8 @@ impl SendRates for PgStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         tx.execute(&tx.prepare_cached(SEND_QUEUES_FORGET).await.map_err(pg)?, &[&queues]).await.map_err(pg)?;
-        tx.execute(&tx.prepare_cached(SEND_RATE_AFRESH).await.map_err(pg)?, &[&rate_key, &to_us(now)])
+        let pause_key = haul_core::limit::pause_key(rate_key);
+        tx.execute(&tx.prepare_cached(SEND_RATE_AFRESH).await.map_err(pg)?, &[&rate_key, &to_us(now), &pause_key])
             .await
             .map_err(pg)?;
         let n = tx
@@ -756,7 +757,7 @@ impl SendRates for PgStore {
         let client = self.client().await?;
         let tat = haul_core::limit::paused(limit, None, to_us(until));
         let stmt = client.prepare_cached(SEND_RATE_PAUSE).await.map_err(pg)?;
-        client.execute(&stmt, &[&key, &tat, &to_us(now)]).await.map_err(pg)?;
+        client.execute(&stmt, &[&key, &tat, &to_us(now), &haul_core::limit::pause_key(key)]).await.map_err(pg)?;
         Ok(())
     }
 

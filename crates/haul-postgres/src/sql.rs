@@ -189,8 +189,10 @@ pub const RATE_CHANGES_CURRENT: &str =
 /// The latest `$1` changes, newest first.
 pub const RATE_CHANGES_LATEST: &str =
     concat!("SELECT ", columns!(rate_change), " FROM rate_changes ORDER BY seq DESC LIMIT $1");
-/// The service behind `$1` asked to wait: `$2` the paused state (µs), `$3` now (µs).
-pub const SEND_RATE_PAUSE: &str = "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES ($1, $2, $3)
+/// The service behind `$1` asked to wait: `$2` the paused state (µs), `$3` now (µs),
+/// `$4` the key its pause is kept under (`haul_core::limit::pause_key`, never held).
+pub const SEND_RATE_PAUSE: &str =
+    "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES ($1, $2, $3), ($4, $2, NULL)
      ON CONFLICT (rate_key) DO UPDATE SET tat_us = greatest(send_rates.tat_us, excluded.tat_us),
      held_at_us = excluded.held_at_us";
 /// Takes up to `$5` sends from the rate `$1` at `$2` (µs), `$3` its interval (µs), `$4`
@@ -222,8 +224,11 @@ pub const SEND_QUEUE_JOIN: &str =
      RETURNING tat_us - $3::bigint * ($4::bigint - 1)";
 /// Forgets every client's queue on a rate: `$1` the rate's key and `|`.
 pub const SEND_QUEUES_FORGET: &str = "DELETE FROM send_rates WHERE left(rate_key, length($1)) = $1";
-/// A rate starts afresh (its limit changed): `$1` key, `$2` now (µs).
-pub const SEND_RATE_AFRESH: &str = "UPDATE send_rates SET tat_us = least(tat_us, $2) WHERE rate_key = $1";
+/// A rate starts afresh (its limit changed): `$1` key, `$2` now (µs), `$3` the key its
+/// last pause is kept under: not before that pause ends.
+pub const SEND_RATE_AFRESH: &str = "UPDATE send_rates SET tat_us = least(tat_us,
+       greatest($2::bigint, coalesce((SELECT p.tat_us FROM send_rates p WHERE p.rate_key = $3), $2::bigint)))
+     WHERE rate_key = $1";
 /// A channel's held rows due again now (its limit changed): `$1` now (ms), `$2` its
 /// action types. Through the pending rows' due index, from now on.
 pub const OUTBOX_REQUEUE_HELD: &str = "UPDATE outbox SET due_at = $1, updated_at = $1

@@ -1299,14 +1299,22 @@ impl SendRates for SqliteStore {
         now: Timestamp,
     ) -> Result<u64, StoreError> {
         let (key, queues, now_us) = (rate_key.to_owned(), format!("{rate_key}|"), to_us(now));
+        let pause_key = haul_core::limit::pause_key(rate_key);
         let types = serde_json::Value::from(action_types.iter().map(|t| t.as_str()).collect::<Vec<_>>()).to_string();
         let now = to_ms(now);
         self.writer
             .run(move |conn: &Connection| {
                 exec(conn, "DELETE FROM send_rates WHERE substr(rate_key, 1, length(?1)) = ?1", params![queues])
                     .map_err(db)?;
-                exec(conn, "UPDATE send_rates SET tat_us = min(tat_us, ?2) WHERE rate_key = ?1", params![key, now_us])
-                    .map_err(db)?;
+                // Afresh, but not before a pause the service asked for ends.
+                exec(
+                    conn,
+                    "UPDATE send_rates SET tat_us = min(tat_us,
+                       max(?2, coalesce((SELECT p.tat_us FROM send_rates p WHERE p.rate_key = ?3), ?2)))
+                     WHERE rate_key = ?1",
+                    params![key, now_us, pause_key],
+                )
+                .map_err(db)?;
                 let n = exec(
                     conn,
                     "UPDATE outbox SET due_at = ?1, updated_at = ?1
@@ -1347,16 +1355,16 @@ impl SendRates for SqliteStore {
     }
 
     async fn pause_sends(&self, key: &str, limit: &Limit, until: Timestamp, now: Timestamp) -> Result<(), StoreError> {
-        let (key, now) = (key.to_owned(), to_us(now));
+        let (key, now, pause_key) = (key.to_owned(), to_us(now), haul_core::limit::pause_key(key));
         let tat = haul_core::limit::paused(limit, None, to_us(until));
         self.writer
             .run(move |conn: &Connection| {
                 exec(
                     conn,
-                    "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES (?1, ?2, ?3)
+                    "INSERT INTO send_rates (rate_key, tat_us, held_at_us) VALUES (?1, ?2, ?3), (?4, ?2, NULL)
                      ON CONFLICT (rate_key) DO UPDATE SET tat_us = max(send_rates.tat_us, excluded.tat_us),
                      held_at_us = excluded.held_at_us",
-                    params![key, tat, now],
+                    params![key, tat, now, pause_key],
                 )
                 .map_err(db)?;
                 Ok(())

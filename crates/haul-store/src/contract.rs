@@ -87,6 +87,7 @@ macro_rules! contract_tests {
             rate_changes_are_kept_once_per_request_and_the_latest_wins,
             send_rates_are_shared_by_racing_dispatchers,
             a_claim_takes_sends_for_the_rows_it_claims_as_made,
+            a_changed_limit_keeps_a_pause_the_service_asked_for,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
             a_received_message_carries_its_loads_log_version,
@@ -918,6 +919,26 @@ pub async fn a_claim_takes_sends_for_the_rows_it_claims_as_made(s: DynStore) {
     assert_eq!(kept.granted, 1);
     let none = s.claim_taking(10, now, LEASE, None, &takes).await.unwrap();
     assert_eq!((none.claims.len(), none.grants), (0, vec![None, None, None]), "nothing due: nothing taken");
+}
+
+/// A changed limit starts its rate afresh (`requeue_held`), but not before a pause the
+/// service asked for (a 429's) ends: then one send, not the burst. Once the pause is
+/// over, afresh is from now. The pause's own key is never shown saturated.
+pub async fn a_changed_limit_keeps_a_pause_the_service_asked_for(s: DynStore) {
+    use haul_core::limit::{Limit, Rate};
+    let limit = Limit::new(Rate::parse("10/s").unwrap(), 3).unwrap();
+    s.pause_sends("sms", &limit, at(110), at(100)).await.unwrap();
+    assert_eq!(s.requeue_held("sms", &[ActionType::SendSms], at(105)).await.unwrap(), 0);
+    assert_eq!(s.take_sends("sms", &limit, 5, at(106)).await.unwrap().granted, 0, "still paused");
+    assert_eq!(s.take_sends("sms", &limit, 5, at(110)).await.unwrap().granted, 1, "then one, not the burst");
+    // A slow limit's send puts the rate a minute ahead; the pause is long over.
+    let slow = Limit::new(Rate::parse("1/min").unwrap(), 1).unwrap();
+    assert_eq!(s.take_sends("sms", &slow, 1, at(120)).await.unwrap().granted, 1);
+    assert_eq!(s.take_sends("sms", &limit, 1, at(121)).await.unwrap().granted, 0, "a minute ahead");
+    s.requeue_held("sms", &[ActionType::SendSms], at(121)).await.unwrap();
+    assert_eq!(s.take_sends("sms", &limit, 5, at(121)).await.unwrap().granted, 3, "afresh: the burst");
+    let saturated: Vec<String> = s.saturated(at(0)).await.unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(saturated, ["sms"]);
 }
 
 /// Held rows join their client's queue (`queue_sends`): dispatchers holding rows of

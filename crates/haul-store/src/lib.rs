@@ -1218,7 +1218,8 @@ pub trait SendRates: Send + Sync {
 
     /// A channel's limit changed: its held rows are spaced again at the new rate. The
     /// rate's state starts afresh (no send before counts against the new limit: its
-    /// `tat` is at most `now`), every client's queue on `rate_key` (`{rate_key}|…`) is
+    /// `tat` is at most `now`, or the state its last pause left when that pause runs
+    /// past `now`, kept under `haul_core::limit::pause_key`), every client's queue on `rate_key` (`{rate_key}|…`) is
     /// forgotten, and every row of
     /// `action_types` that waits for a send (pending, never tried, unclaimed, due after
     /// `now`) is due at `now`, to be claimed and held again at the rate now in force.
@@ -1245,7 +1246,8 @@ pub trait SendRates: Send + Sync {
 
     /// The service behind `key` asked to wait until `until` (a 429's `Retry-After`):
     /// its state becomes `haul_core::limit::paused`, so no dispatcher sends on it before
-    /// then, and `now` is kept as when it last held rows back.
+    /// then, and `now` is kept as when it last held rows back. The paused state is also
+    /// kept under `haul_core::limit::pause_key`, so a changed limit keeps the pause.
     async fn pause_sends(&self, key: &str, limit: &Limit, until: Timestamp, now: Timestamp) -> Result<(), StoreError>;
 
     /// The keys whose rate held rows back at or after `since`, most recent first, with
