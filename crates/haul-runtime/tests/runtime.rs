@@ -1060,6 +1060,31 @@ async fn a_claim_says_how_many_rows_it_held_back() {
     assert_eq!(c.took(), 0, "held: not due again yet");
 }
 
+/// A claim takes its sends from a channel's rate for that channel's rows only: the
+/// Hero tasks and the timer claimed beside an SMS spend none of the SMS burst, which
+/// is left for the next asks.
+#[tokio::test]
+async fn a_claim_takes_sends_for_its_channels_rows_only() {
+    let rig = Rig::new().await;
+    rig.asked("L1").await;
+    for l in ["L2", "L3", "L4"] {
+        let key = format!("{l}/e1/create_hero_task");
+        let action = json!({"key": key, "type": "create_hero_task",
+            "params": {"title": "t", "body": "b", "urgency": "normal"}});
+        let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action };
+        let entries = vec![NewEntry::stored("e1", "location_ping", json!({}))];
+        rig.store.append(&load(l), entries, 0, vec![row], rig.now()).await.unwrap();
+    }
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, rated(Channel::Sms, "1/min", 3), Faults::default());
+    d.run_once().await.unwrap();
+    assert_eq!((rig.services.calls(Channel::Sms).len(), rig.services.calls(Channel::Hero).len()), (1, 3));
+    for l in ["L5", "L6"] {
+        rig.asked(l).await;
+    }
+    d.run_once().await.unwrap();
+    assert_eq!(rig.services.calls(Channel::Sms).len(), 3, "the burst's other two");
+}
+
 /// Each client's weight is read from its settings; a client without one has none.
 #[test]
 fn the_clients_weights_come_from_their_settings() {
