@@ -72,30 +72,15 @@ pub const OUTBOX_CLAIM: &str = outbox_claim!("");
 /// The claim past a cursor (`pending_after`): `$5` due_at, `$6` id of the last row a
 /// claim before took.
 pub const OUTBOX_CLAIM_AFTER: &str = outbox_claim!(" AND (due_at, id) > ($5, $6)");
-/// [`OUTBOX_CLAIM`] (or `_AFTER`) and, in the same statement, `SEND_RATE_TAKE` for
-/// each rate's rows claimed as made (`due_at <= created_at`): `$types`, `$keys`,
-/// `$intervals`, `$tolerances` one element an action type (its rate's key, interval
-/// and tolerance, µs), `$now_us` now. Each claimed row also carries the grants, as
-/// arrays of keys, sends granted and the new `tat_us`: none when no row was counted.
-macro_rules! outbox_claim_taking {
-    ($past:literal, $types:literal, $keys:literal, $intervals:literal, $tolerances:literal, $now_us:literal) => {
+/// `haul_core::limit::take` for each rate of a CTE `wants (rate_key, interval_us,
+/// tolerance_us, wanted)` at `$now_us` (µs), in one upsert of `send_rates` that locks
+/// each rate's row (a new key starts at now): its grant kept in `last_granted`, `now`
+/// kept as when it held rows back when it fell short. Returns `rate_key`,
+/// `last_granted` (the grant) and `tat_us` (the state after).
+macro_rules! send_rate_upsert {
+    ($now_us:literal) => {
         concat!(
-            "WITH claimed AS (",
-            outbox_claim!($past),
-            "), wants AS (
-               SELECT t.rate_key, t.interval_us, t.tolerance_us, count(*) AS wanted FROM claimed c
-               JOIN unnest(",
-            $types,
-            "::text[], ",
-            $keys,
-            "::text[], ",
-            $intervals,
-            "::bigint[], ",
-            $tolerances,
-            "::bigint[]) AS t(action_type, rate_key, interval_us, tolerance_us) ON c.action_type = t.action_type
-               WHERE c.due_at <= c.created_at GROUP BY t.rate_key, t.interval_us, t.tolerance_us
-             ), took AS (
-               INSERT INTO send_rates AS r (rate_key, tat_us, held_at_us, last_granted)
+            "INSERT INTO send_rates AS r (rate_key, tat_us, held_at_us, last_granted)
                SELECT rate_key, ",
             $now_us,
             "::bigint + interval_us * least(tolerance_us / interval_us + 1, wanted),
@@ -120,8 +105,36 @@ macro_rules! outbox_claim_taking {
             $now_us,
             "::bigint)) / w.interval_us + 1, w.wanted) END AS g) AS x
                  WHERE w.rate_key = excluded.rate_key)
-               RETURNING r.rate_key, r.last_granted, r.tat_us
-             )
+               RETURNING r.rate_key, r.last_granted, r.tat_us"
+        )
+    };
+}
+
+/// [`OUTBOX_CLAIM`] (or `_AFTER`) and, in the same statement, `send_rate_upsert!` for
+/// each rate's rows claimed as made (`due_at <= created_at`): `$types`, `$keys`,
+/// `$intervals`, `$tolerances` one element an action type (its rate's key, interval
+/// and tolerance, µs), `$now_us` now. Each claimed row also carries the grants, as
+/// arrays of keys, sends granted and the new `tat_us`: none when no row was counted.
+macro_rules! outbox_claim_taking {
+    ($past:literal, $types:literal, $keys:literal, $intervals:literal, $tolerances:literal, $now_us:literal) => {
+        concat!(
+            "WITH claimed AS (",
+            outbox_claim!($past),
+            "), wants AS (
+               SELECT t.rate_key, t.interval_us, t.tolerance_us, count(*) AS wanted FROM claimed c
+               JOIN unnest(",
+            $types,
+            "::text[], ",
+            $keys,
+            "::text[], ",
+            $intervals,
+            "::bigint[], ",
+            $tolerances,
+            "::bigint[]) AS t(action_type, rate_key, interval_us, tolerance_us) ON c.action_type = t.action_type
+               WHERE c.due_at <= c.created_at GROUP BY t.rate_key, t.interval_us, t.tolerance_us
+             ), took AS (",
+            send_rate_upsert!($now_us),
+            ")
              SELECT ",
             columns!(outbox),
             ", (SELECT array_agg(rate_key) FROM took), (SELECT array_agg(last_granted) FROM took),
@@ -196,24 +209,14 @@ pub const SEND_RATE_PAUSE: &str =
      ON CONFLICT (rate_key) DO UPDATE SET tat_us = greatest(send_rates.tat_us, excluded.tat_us),
      held_at_us = excluded.held_at_us";
 /// Takes up to `$5` sends from the rate `$1` at `$2` (µs), `$3` its interval (µs), `$4`
-/// its tolerance (µs): `haul_core::limit::take` in one statement, the row locked by the
-/// upsert (a new key starts at now). Answers how many were granted and the state after.
-/// Each `SET` reads the row as it was, so the grant is written out three times.
-pub const SEND_RATE_TAKE: &str = "INSERT INTO send_rates (rate_key, tat_us, held_at_us, last_granted)
-     VALUES ($1, $2::bigint + $3::bigint * least($4::bigint / $3::bigint + 1, $5::bigint),
-       CASE WHEN $4::bigint / $3::bigint + 1 < $5::bigint THEN $2::bigint END,
-       least($4::bigint / $3::bigint + 1, $5::bigint))
-     ON CONFLICT (rate_key) DO UPDATE SET
-       last_granted = CASE WHEN $2::bigint + $4::bigint < greatest(send_rates.tat_us, $2::bigint) THEN 0
-         ELSE least(($2::bigint + $4::bigint - greatest(send_rates.tat_us, $2::bigint)) / $3::bigint + 1, $5::bigint) END,
-       tat_us = greatest(send_rates.tat_us, $2::bigint) + $3::bigint * CASE
-         WHEN $2::bigint + $4::bigint < greatest(send_rates.tat_us, $2::bigint) THEN 0
-         ELSE least(($2::bigint + $4::bigint - greatest(send_rates.tat_us, $2::bigint)) / $3::bigint + 1, $5::bigint) END,
-       held_at_us = CASE WHEN (CASE
-         WHEN $2::bigint + $4::bigint < greatest(send_rates.tat_us, $2::bigint) THEN 0
-         ELSE least(($2::bigint + $4::bigint - greatest(send_rates.tat_us, $2::bigint)) / $3::bigint + 1, $5::bigint) END)
-         < $5::bigint THEN $2::bigint ELSE send_rates.held_at_us END
-     RETURNING last_granted, tat_us";
+/// its tolerance (µs): `send_rate_upsert!` for one rate. Answers how many were
+/// granted and the state after.
+pub const SEND_RATE_TAKE: &str = concat!(
+    "WITH wants AS (SELECT $1::text AS rate_key, $3::bigint AS interval_us, $4::bigint AS tolerance_us,
+       $5::bigint AS wanted), took AS (",
+    send_rate_upsert!("$2"),
+    ") SELECT last_granted, tat_us FROM took"
+);
 /// Joins `$4` (at least 1) held rows to the queue `$1` (`haul_core::limit::queued` in
 /// one statement, the row locked by the upsert): the first slot one spacing `$3` after
 /// the queue's last, or `$2` if later; answers the first slot (µs).
