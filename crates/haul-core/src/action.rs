@@ -89,6 +89,11 @@ impl ActionType {
             Target::TimerStore => None,
         }
     }
+
+    /// The types `channel` applies: what its send rate counts.
+    pub fn of_channel(channel: Channel) -> Vec<ActionType> {
+        ActionType::ALL.into_iter().filter(|t| t.channel() == Some(channel)).collect()
+    }
 }
 
 impl fmt::Display for ActionType {
@@ -316,6 +321,8 @@ mod tests {
         for (t, channel) in want {
             assert_eq!(t.channel(), channel, "{t}");
         }
+        assert_eq!(ActionType::of_channel(Channel::Sms), [SendSms]);
+        assert_eq!(ActionType::of_channel(Channel::Tms), [UpdateStage]);
         for u in [Urgency::Normal, Urgency::Urgent] {
             assert_eq!(json!(u.as_str()), serde_json::to_value(u).unwrap());
         }

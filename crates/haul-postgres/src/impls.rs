@@ -659,6 +659,9 @@ impl SendRates for PgStore {
         takes: &[ClaimTake],
     ) -> Result<ClaimedTaking, StoreError> {
         check_takes(takes)?;
+        if takes.is_empty() {
+            return Ok(ClaimedTaking { claims: self.claim_due(max, now, lease, after).await?, grants: vec![] });
+        }
         let token = self.tokens.next();
         let (now_us, until, now, limit) = (to_us(now), to_ms(add(now, lease)), to_ms(now), max as i64);
         let (mut types, mut keys, mut intervals, mut tolerances) = (vec![], vec![], vec![], vec![]);

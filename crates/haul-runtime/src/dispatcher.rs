@@ -17,7 +17,9 @@ use haul_core::ids::LoadId;
 use haul_core::limit::{self, Grant, Limit};
 use haul_core::time::Timestamp;
 use haul_core::{Channel, Clock, PerChannel, QueueMode, RetryPolicy, Urgency, retry};
-use haul_store::{AlertState, Claim, ClaimCursor, ClaimError, ClaimTake, LoadQueue, OutboxRow, Store, StoreError};
+use haul_store::{
+    AlertState, Claim, ClaimCursor, ClaimError, ClaimTake, ClaimedTaking, LoadQueue, OutboxRow, Store, StoreError,
+};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -95,7 +97,7 @@ fn claim_takes(limits: &PerChannel<Option<Limit>>) -> (Vec<Channel>, Vec<ClaimTa
         .into_iter()
         .filter_map(|channel| {
             let limit = (*limits.get(channel))?;
-            let action_types = ActionType::ALL.into_iter().filter(|t| t.channel() == Some(channel)).collect();
+            let action_types = ActionType::of_channel(channel);
             Some((channel, ClaimTake { key: channel.config_name().to_owned(), action_types, limit }))
         })
         .unzip()
@@ -258,20 +260,11 @@ impl Dispatcher {
         let (now, lease) = (self.clock.now(), self.settings.lease);
         let limits = self.limits(now).await;
         let (channels, takes) = claim_takes(&limits);
-        let (claims, taken) = if takes.is_empty() {
-            let claims = match after {
-                Some(after) => self.store.pending_after(max, now, lease, after).await?,
-                None => self.store.pending(max, now, lease).await?,
-            };
-            (claims, PerChannel::from_fn(|_| None))
-        } else {
-            let t = self.store.claim_taking(max, now, lease, after, &takes).await?;
-            let mut taken = PerChannel::from_fn(|_| None);
-            for (channel, grant) in channels.into_iter().zip(t.grants) {
-                *taken.get_mut(channel) = grant;
-            }
-            (t.claims, taken)
-        };
+        let ClaimedTaking { claims, grants } = self.store.claim_taking(max, now, lease, after, &takes).await?;
+        let mut taken = PerChannel::from_fn(|_| None);
+        for (channel, grant) in channels.into_iter().zip(grants) {
+            *taken.get_mut(channel) = grant;
+        }
         if let Some(first) = claims.first()
             && let Err(crash) = self.faults.check(FaultPoint::AfterClaim, &first.row.id)
         {

@@ -124,7 +124,7 @@ pub async fn change_rate(
     // Rows held at the old limit were given slots at its spacing: spaced again at the
     // new one (a raise would otherwise wait out the old slots). A retry does it again,
     // so one whose first try failed here finishes the change.
-    let types: Vec<ActionType> = ActionType::ALL.into_iter().filter(|t| t.channel() == Some(channel)).collect();
+    let types = ActionType::of_channel(channel);
     let held_requeued = store.requeue_held(channel.config_name(), &types, now).await?;
     if made {
         let (rate, burst) = (limit.map(|l| l.rate.to_string()), limit.map(|l| l.burst));

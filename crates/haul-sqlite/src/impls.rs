@@ -429,15 +429,31 @@ impl SqliteStore {
     ) -> Result<Vec<Claim>, StoreError> {
         let token = self.tokens.next();
         let (now, lease_until, limit) = (to_ms(now), to_ms(add(now, lease)), limit as i64);
-        let rows = match after {
-            None => self.write_rows(outbox_claim!(""), (token.clone(), lease_until, now, limit), outbox_row).await?,
-            Some(after) => {
-                let sql = outbox_claim!(" AND (due_at, id) > (?5, ?6)");
-                let params = (token.clone(), lease_until, now, limit, to_ms(after.due_at), after.id.clone());
-                self.write_rows(sql, params, outbox_row).await?
-            }
-        };
+        let after = after.map(|a| (to_ms(a.due_at), a.id.clone()));
+        let claim = ClaimArgs { token: token.clone(), lease_until, now, limit, after };
+        let rows = self.writer.run(move |conn: &Connection| claim_in(conn, claim)).await?;
         Ok(claims(rows, &token))
+    }
+}
+
+/// One claim's parameters (ms): its token, lease, now, most rows, and the cursor
+/// `(due_at, id)` it claims past, if any.
+struct ClaimArgs {
+    token: String,
+    lease_until: i64,
+    now: i64,
+    limit: i64,
+    after: Option<(i64, String)>,
+}
+
+/// The claim of `pending` / `pending_after` inside a writer unit.
+fn claim_in(conn: &Connection, c: ClaimArgs) -> Result<Vec<OutboxRow>, StoreError> {
+    match c.after {
+        None => rows(conn, outbox_claim!(""), (c.token, c.lease_until, c.now, c.limit), outbox_row),
+        Some((due_at, id)) => {
+            let sql = outbox_claim!(" AND (due_at, id) > (?5, ?6)");
+            rows(conn, sql, (c.token, c.lease_until, c.now, c.limit, due_at, id), outbox_row)
+        }
     }
 }
 
@@ -1248,16 +1264,11 @@ impl SendRates for SqliteStore {
         let token = self.tokens.next();
         let (now_us, lease_until, limit) = (to_us(now), to_ms(add(now, lease)), max as i64);
         let (now, after) = (to_ms(now), after.map(|a| (to_ms(a.due_at), a.id.clone())));
+        let claim = ClaimArgs { token: token.clone(), lease_until, now, limit, after };
         let takes = takes.to_vec();
         self.writer
             .run(move |conn: &Connection| {
-                let rows = match after {
-                    None => rows(conn, outbox_claim!(""), (token.clone(), lease_until, now, limit), outbox_row)?,
-                    Some((due_at, id)) => {
-                        let sql = outbox_claim!(" AND (due_at, id) > (?5, ?6)");
-                        rows(conn, sql, (token.clone(), lease_until, now, limit, due_at, id), outbox_row)?
-                    }
-                };
+                let rows = claim_in(conn, claim)?;
                 let mut grants = Vec::with_capacity(takes.len());
                 for take in &takes {
                     let counted = counted(&rows, take);

@@ -1199,7 +1199,8 @@ pub trait SendRates: Send + Sync {
     /// after `created_at`, `haul_core::dispatch::as_made`). A row that waited (held
     /// back, retried) is not counted: the dispatcher first checks whether its ask moved
     /// on, and takes for it after. One store call for the common claim instead of two.
-    /// At most [`MAX_CLAIM_TAKES`] takes, each key once.
+    /// At most [`MAX_CLAIM_TAKES`] takes, each key once; with none, it is the plain
+    /// claim.
     async fn claim_taking(
         &self,
         max: usize,
