@@ -411,9 +411,8 @@ impl Dispatcher {
                 return warn!(load_id = %row.load_id, error = %e, "reading a load's client failed; its slot stays");
             }
         };
-        let weight = client.as_deref().and_then(|c| self.settings.weights.get(c)).copied().unwrap_or(1);
         let key = limit::queue_key(channel.config_name(), client.as_deref());
-        let (slot_us, spacing_us) = (haul_core::time::to_us(was_due), limit::spacing_us(limit, weight));
+        let (slot_us, spacing_us) = (haul_core::time::to_us(was_due), self.spacing_us(limit, client.as_deref()));
         if let Err(e) = self.store.unqueue_send(&key, slot_us, spacing_us).await {
             warn!(key, error = %e, "giving a queue's slot back failed; it stays");
         }
@@ -502,6 +501,13 @@ impl Dispatcher {
         Ok((admitted, held_back))
     }
 
+    /// How far apart `client`'s held rows are queued under `limit`, by its weight (1
+    /// for a client without one, and for loads with no client).
+    fn spacing_us(&self, limit: &Limit, client: Option<&str>) -> i64 {
+        let weight = client.and_then(|c| self.settings.weights.get(c)).copied().unwrap_or(1);
+        limit::spacing_us(limit, weight)
+    }
+
     /// When each held routine row of `channel` is due again: behind the rows of its own
     /// client held before it (`haul_core::limit::queued`, kept in the store so every
     /// dispatcher shares each queue), one spacing apart, from `from_us` (when the
@@ -523,8 +529,7 @@ impl Dispatcher {
         }
         let mut out = Vec::new();
         for (client, rows) in queues {
-            let weight = client.and_then(|c| self.settings.weights.get(c)).copied().unwrap_or(1);
-            let spacing = limit::spacing_us(limit, weight);
+            let spacing = self.spacing_us(limit, client);
             let key = limit::queue_key(channel.config_name(), client);
             let first = match self.store.queue_sends(&key, from_us, spacing, rows.len() as u32).await {
                 Ok(first) => first,
