@@ -401,6 +401,14 @@ fn mark_dispatched_in(conn: &Connection, id: &str, token: &str, receipt: &str, n
     Ok(())
 }
 
+/// A claimed row held back unsent (`Outbox::hold`, `hold_all`): `?1` id, `?2` token,
+/// `?3` due again at, `?4` now, `?5` a note for its last failure (none: kept). No
+/// attempt counted; the budget's start forgotten (never sent) or moved on by the wait.
+const OUTBOX_HOLD: &str = "UPDATE outbox SET due_at = ?3, claim_token = NULL, lease_until = NULL, updated_at = ?4,
+     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + (?3 - ?4) END,
+     last_failure = coalesce(?5, last_failure)
+     WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'";
+
 /// The dispatcher's claim of due rows, in due order, `$past` narrowing the rows it
 /// takes: `?1` token, `?2` lease until, `?3` now, `?4` limit.
 macro_rules! outbox_claim {
@@ -555,15 +563,7 @@ impl Outbox for SqliteStore {
         self.writer
             .run(move |conn: &Connection| {
                 owns(conn, &id, &token)?;
-                exec(
-                    conn,
-                    "UPDATE outbox SET due_at = ?2, claim_token = NULL, lease_until = NULL, updated_at = ?3,
-                     first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + (?2 - ?3) END,
-                     last_failure = coalesce(?4, last_failure)
-                     WHERE id = ?1",
-                    params![id, until, now, note],
-                )
-                .map_err(db)?;
+                exec(conn, OUTBOX_HOLD, params![id, token, until, now, note]).map_err(db)?;
                 Ok(())
             })
             .await
@@ -579,16 +579,10 @@ impl Outbox for SqliteStore {
         let (holds, now) = (holds.to_vec(), to_ms(now));
         self.writer
             .run(move |conn: &Connection| {
-                let mut st = conn
-                    .prepare_cached(
-                        "UPDATE outbox SET due_at = ?3, claim_token = NULL, lease_until = NULL, updated_at = ?4,
-                         first_attempt_at = CASE WHEN attempts = 0 THEN NULL ELSE first_attempt_at + (?3 - ?4) END
-                         WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
-                    )
-                    .map_err(db)?;
+                let mut st = conn.prepare_cached(OUTBOX_HOLD).map_err(db)?;
                 let mut held = 0;
                 for (id, token, until) in &holds {
-                    held += st.execute(params![id, token, to_ms(*until), now]).map_err(db)?;
+                    held += st.execute(params![id, token, to_ms(*until), now, None::<String>]).map_err(db)?;
                 }
                 Ok(held)
             })
@@ -1223,13 +1217,18 @@ impl DeliveryLog for SqliteStore {
     }
 }
 
+/// The instant kept under `key` in `send_rates` (a rate's `tat`, a queue's last
+/// slot), if any.
+fn rate_state(conn: &Connection, key: &str) -> Result<Option<i64>, StoreError> {
+    conn.prepare_cached("SELECT tat_us FROM send_rates WHERE rate_key = ?1")
+        .and_then(|mut st| st.query_row([key], |r| r.get(0)).optional())
+        .map_err(db)
+}
+
 /// `SendRates::take_sends` inside a writer unit: `haul_core::limit::take` on the
 /// state kept for `key`, written back when it moved or fell short.
 fn take_in(conn: &Connection, key: &str, limit: &Limit, wanted: u32, now_us: i64) -> Result<Grant, StoreError> {
-    let tat: Option<i64> = conn
-        .prepare_cached("SELECT tat_us FROM send_rates WHERE rate_key = ?1")
-        .and_then(|mut st| st.query_row([key], |r| r.get(0)).optional())
-        .map_err(db)?;
+    let tat = rate_state(conn, key)?;
     let grant = haul_core::limit::take(limit, tat, now_us, wanted);
     let held = (grant.granted < wanted).then_some(now_us);
     if Some(grant.tat_us) != tat || held.is_some() {
@@ -1286,10 +1285,7 @@ impl SendRates for SqliteStore {
         let key = key.to_owned();
         self.writer
             .run(move |conn: &Connection| {
-                let tail: Option<i64> = conn
-                    .prepare_cached("SELECT tat_us FROM send_rates WHERE rate_key = ?1")
-                    .and_then(|mut st| st.query_row([&key], |r| r.get(0)).optional())
-                    .map_err(db)?;
+                let tail = rate_state(conn, &key)?;
                 let (first, tail) = haul_core::limit::queued(tail, from_us, spacing_us, n);
                 exec(
                     conn,
