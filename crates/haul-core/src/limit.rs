@@ -119,6 +119,14 @@ pub struct Grant {
     pub next_at_us: i64,
 }
 
+impl Grant {
+    /// `granted` sends taken at `now_us` that left the limiter's state at `tat_us`: the
+    /// next send is allowed once `tat` is within the burst's tolerance of now.
+    pub fn kept(limit: &Limit, granted: u32, tat_us: i64, now_us: i64) -> Grant {
+        Grant { granted, tat_us, next_at_us: (tat_us - limit.tolerance_us()).max(now_us) }
+    }
+}
+
 /// Takes up to `wanted` sends at `now_us` from a limiter whose state is `tat_us` (none:
 /// never used). Each granted send moves `tat` one interval on; a send is allowed while
 /// `tat` is no further ahead of now than the burst allows.
@@ -129,8 +137,7 @@ pub fn take(limit: &Limit, tat_us: Option<i64>, now_us: i64, wanted: u32) -> Gra
     // Sends that fit before `start` passes `now + tolerance`.
     let room = (now_us + tolerance - start).div_euclid(interval) + 1;
     let granted = room.clamp(0, i64::from(wanted)) as u32;
-    let tat_us = start + interval * i64::from(granted);
-    Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now_us) }
+    Grant::kept(limit, granted, start + interval * i64::from(granted), now_us)
 }
 
 /// Two grants one claim took in turn from one limiter (`first` with the claim, if it

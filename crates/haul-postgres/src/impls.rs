@@ -637,6 +637,12 @@ impl DeliveryLog for PgStore {
     }
 }
 
+/// A take's answer as the store returned it (`last_granted`, `tat_us`) at `now_us`.
+fn grant(limit: &Limit, granted: i64, tat_us: i64, now_us: i64) -> Result<Grant, StoreError> {
+    let granted = u32::try_from(granted).map_err(|_| StoreError::new(format!("a take granted {granted} sends")))?;
+    Ok(Grant::kept(limit, granted, tat_us, now_us))
+}
+
 #[async_trait]
 impl SendRates for PgStore {
     async fn take_sends(&self, key: &str, limit: &Limit, wanted: u32, now: Timestamp) -> Result<Grant, StoreError> {
@@ -645,9 +651,7 @@ impl SendRates for PgStore {
         let stmt = client.prepare_cached(SEND_RATE_TAKE).await.map_err(pg)?;
         let row =
             client.query_one(&stmt, &[&key, &now, &interval, &tolerance, &i64::from(wanted)]).await.map_err(pg)?;
-        let (granted, tat_us): (i64, i64) = (col(&row, 0)?, col(&row, 1)?);
-        let granted = u32::try_from(granted).map_err(|_| StoreError::new(format!("a take granted {granted} sends")))?;
-        Ok(Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now) })
+        grant(limit, col(&row, 0)?, col(&row, 1)?, now)
     }
 
     async fn claim_taking(
@@ -700,14 +704,9 @@ impl SendRates for PgStore {
         }
         let mut grants = Vec::with_capacity(takes.len());
         for take in takes {
-            let (counted, tolerance) = (counted(&claimed, take), take.limit.tolerance_us());
-            grants.push(match (counted, took.get(&take.key)) {
+            grants.push(match (counted(&claimed, take), took.get(&take.key)) {
                 (0, _) => None,
-                (n, Some(&(granted, tat_us))) => {
-                    let granted = u32::try_from(granted)
-                        .map_err(|_| StoreError::new(format!("a take granted {granted} sends")))?;
-                    Some((n, Grant { granted, tat_us, next_at_us: (tat_us - tolerance).max(now_us) }))
-                }
+                (n, Some(&(granted, tat_us))) => Some((n, grant(&take.limit, granted, tat_us, now_us)?)),
                 (n, None) => {
                     return Err(StoreError::new(format!("a claim counted {n} sends on {} but took none", take.key)));
                 }
