@@ -148,6 +148,7 @@ pub struct Config {
     pub dispatcher: DispatcherConfig,
     pub timers: TimersConfig,
     pub channels: ChannelsConfig,
+    pub twilio: TwilioConfig,
     pub load_lock: LoadLockConfig,
     pub clients: BTreeMap<String, ClientConfig>,
 }
@@ -456,10 +457,25 @@ impl ChannelsConfig {
     }
 }
 
+named_kind!(
+    /// What a channel's service speaks.
+    ChannelKind, "channels.*.kind", {
+        /// haul's own JSON contract (docs/api.md), for every channel.
+        Generic = "generic",
+        /// Twilio's Messages API (`[twilio]`), for `channels.sms` only.
+        Twilio = "twilio",
+    }
+);
+
+/// Twilio's Messages API, where it answers unless `channels.sms.url` says otherwise.
+pub const TWILIO_API_URL: &str = "https://api.twilio.com";
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ChannelConfig {
-    /// None: record mode.
+    /// What the service speaks; unset: `generic`.
+    pub kind: Option<ChannelKind>,
+    /// None: record mode (a `twilio` channel: Twilio's own API).
     pub url: Option<String>,
     /// The environment variable holding the bearer token.
     pub token_env: Option<String>,
@@ -473,6 +489,20 @@ pub struct ChannelConfig {
 }
 
 impl ChannelConfig {
+    pub fn kind(&self) -> ChannelKind {
+        self.kind.unwrap_or(ChannelKind::Generic)
+    }
+
+    /// Where the service answers: `url`, or Twilio's API for a `twilio` channel; `None`
+    /// is record mode.
+    pub fn service_url(&self) -> Option<&str> {
+        match (&self.url, self.kind()) {
+            (Some(url), _) => Some(url),
+            (None, ChannelKind::Twilio) => Some(TWILIO_API_URL),
+            (None, ChannelKind::Generic) => None,
+        }
+    }
+
     /// The send limit `rate` and `burst` make, or what is wrong with them (the
     /// message names the setting under `channels.{name}`).
     pub fn limit(&self, name: &str) -> anyhow::Result<Option<haul_core::limit::Limit>> {
@@ -489,6 +519,41 @@ impl ChannelConfig {
         })?;
         haul_core::limit::Limit::new(rate, burst).map(Some).map_err(|e| anyhow::anyhow!("channels.{name}.burst: {e}"))
     }
+}
+
+/// The Twilio account `channels.sms.kind = "twilio"` sends from. Its secret (the
+/// Auth Token, or the API key's secret) is read from the variable
+/// `channels.sms.token_env` names, `HAUL_TWILIO_AUTH_TOKEN` when unset.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TwilioConfig {
+    /// `AC` and 32 hex digits: the account in the API's paths.
+    pub account_sid: Option<String>,
+    /// `SK` and 32 hex digits: an API key to sign in with instead of the account.
+    pub api_key_sid: Option<String>,
+    /// The sending number, E.164 (`+15555550000`); or `messaging_service_sid`.
+    pub from: Option<String>,
+    /// `MG` and 32 hex digits: a Messaging Service, which picks the sending number.
+    pub messaging_service_sid: Option<String>,
+    /// How long Twilio may keep a message queued before it gives up on it, 1s to 10h;
+    /// unset: the shortest ETA ask interval less a minute, so an ask never arrives
+    /// after the next one was decided.
+    #[serde(with = "opt_duration")]
+    pub validity_period: Option<Duration>,
+}
+
+/// Twilio's longest `ValidityPeriod`, in seconds.
+pub const TWILIO_MAX_VALIDITY_S: u64 = 36_000;
+
+/// Whether `s` is `prefix` and 32 hex digits, the form of Twilio's SIDs.
+pub fn is_twilio_sid(s: &str, prefix: &str) -> bool {
+    s.len() == 34 && s.starts_with(prefix) && s[2..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `s` is an E.164 number: `+` and 8 to 15 digits, the first not 0.
+pub fn is_e164(s: &str) -> bool {
+    let Some(digits) = s.strip_prefix('+') else { return false };
+    (8..=15).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()) && !digits.starts_with('0')
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -579,11 +644,17 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("dispatcher.retry.max_attempts", Kind::Int),
     ("dispatcher.retry.budget", Kind::Text),
     ("timers.poll", Kind::Text),
+    ("twilio.account_sid", Kind::Text),
+    ("twilio.api_key_sid", Kind::Text),
+    ("twilio.from", Kind::Text),
+    ("twilio.messaging_service_sid", Kind::Text),
+    ("twilio.validity_period", Kind::Text),
     ("load_lock.enabled", Kind::Bool),
 ];
 
 /// The settings of each channel, `channels.{config name}.{setting}` for every channel.
-const CHANNEL_SETTINGS: [(&str, Kind); 5] = [
+const CHANNEL_SETTINGS: [(&str, Kind); 6] = [
+    ("kind", Kind::Text),
     ("url", Kind::Text),
     ("token_env", Kind::Text),
     ("timeout", Kind::Text),
@@ -944,6 +1015,19 @@ impl Config {
             "queue.url" => Some("needed when queue.kind = \"sqs\"".into()),
             "queue.endpoint" => Some("AWS's own".into()),
             "queue.region" => Some("the AWS SDK's default chain".into()),
+            "channels.sms.url" if self.channels.sms.kind() == ChannelKind::Twilio => Some(TWILIO_API_URL.into()),
+            "channels.sms.token_env" if self.channels.sms.kind() == ChannelKind::Twilio => {
+                Some("HAUL_TWILIO_AUTH_TOKEN".into())
+            }
+            "twilio.validity_period" => Some(format!(
+                "the shortest ETA ask interval less a minute = {}",
+                format_duration(self.twilio_validity())
+            )),
+            "twilio.account_sid" | "twilio.from" | "twilio.messaging_service_sid" => {
+                Some("needed when channels.sms.kind = \"twilio\"".into())
+            }
+            "twilio.api_key_sid" => Some("the account's own Auth Token".into()),
+            _ if path.starts_with("channels.") && path.ends_with(".kind") => Some("generic".into()),
             _ if path.starts_with("channels.") && path.ends_with(".url") => Some(format!("record mode for {name}")),
             _ if path.starts_with("channels.") && path.ends_with(".token_env") => Some("no token".into()),
             _ if path.starts_with("channels.") && path.ends_with(".timeout") => Some("5s".into()),
@@ -971,6 +1055,9 @@ impl Config {
                 out.push((v.clone(), format!("channels.{name}.token_env")));
             }
         }
+        if self.channels.sms.kind() == ChannelKind::Twilio && self.channels.sms.token_env.is_none() {
+            out.push(("HAUL_TWILIO_AUTH_TOKEN".into(), "channels.sms.token_env (unset with kind \"twilio\")".into()));
+        }
         if self.decider.kind == DeciderKind::Llm {
             out.push((self.decider.llm.api_key_env.clone(), "decider.llm.api_key_env".into()));
         }
@@ -981,6 +1068,19 @@ impl Config {
             out.push((shadow.decider.llm.api_key_env.clone(), "decider.shadow's decider.llm.api_key_env".into()));
         }
         out
+    }
+
+    /// How long Twilio may keep an SMS queued: `twilio.validity_period`, or the
+    /// shortest ETA ask interval (of any client) less a minute, at least 1s and at most
+    /// Twilio's 10h. An ask that waited longer would arrive after the next was decided.
+    pub fn twilio_validity(&self) -> Duration {
+        if let Some(d) = self.twilio.validity_period {
+            return d;
+        }
+        let policies = policies(&self.clients);
+        let shortest = policies.clients.values().chain([&policies.default]).map(|p| p.retry_after).min();
+        let less_a_minute = shortest.unwrap_or_default().saturating_sub(Duration::from_secs(60));
+        less_a_minute.clamp(Duration::from_secs(1), Duration::from_secs(TWILIO_MAX_VALIDITY_S))
     }
 
     /// The visibility timeout: the run timeout plus a minute, so a run that is still
@@ -1081,6 +1181,42 @@ impl Config {
                 bail!("channels.{name}.timeout must be above zero and well inside dispatcher.lease");
             }
             c.limit(name.config_name())?;
+            if c.kind() == ChannelKind::Twilio && name != Channel::Sms {
+                bail!("channels.{name}.kind: \"twilio\" is for channels.sms only");
+            }
+        }
+        self.validate_twilio()
+    }
+
+    /// `[twilio]`: each SID in its form, a sender when SMS goes through Twilio.
+    fn validate_twilio(&self) -> anyhow::Result<()> {
+        let t = &self.twilio;
+        for (setting, value, prefix) in [
+            ("account_sid", &t.account_sid, "AC"),
+            ("api_key_sid", &t.api_key_sid, "SK"),
+            ("messaging_service_sid", &t.messaging_service_sid, "MG"),
+        ] {
+            if let Some(v) = value
+                && !is_twilio_sid(v, prefix)
+            {
+                bail!("twilio.{setting}: {v:?} is not {prefix} and 32 hex digits");
+            }
+        }
+        if let Some(from) = &t.from
+            && !is_e164(from)
+        {
+            bail!("twilio.from: {from:?} is not a phone number in E.164 form (+ and 8 to 15 digits)");
+        }
+        if t.validity_period.is_some_and(|d| !(1..=TWILIO_MAX_VALIDITY_S).contains(&d.as_secs())) {
+            bail!("twilio.validity_period must be 1s to 10h (Twilio's range)");
+        }
+        if self.channels.sms.kind() == ChannelKind::Twilio {
+            if t.account_sid.is_none() {
+                bail!("channels.sms.kind = \"twilio\" needs twilio.account_sid");
+            }
+            if t.from.is_none() && t.messaging_service_sid.is_none() {
+                bail!("channels.sms.kind = \"twilio\" needs twilio.from or twilio.messaging_service_sid (who sends)");
+            }
         }
         Ok(())
     }
@@ -1137,6 +1273,43 @@ mod tests {
             (Err(e), Some(want)) => assert!(format!("{e:#}").contains(want), "{toml}: {e:#} lacks {want:?}"),
             (got, want) => panic!("{toml}: got {got:?}, want error {want:?}"),
         }
+    }
+
+    #[test]
+    fn twilio_settings_are_checked_where_they_are_read() {
+        const AC: &str = "account_sid = \"AC0123456789abcdef0123456789ABCDEF\"";
+        let twilio = |rest: &str| format!("[channels.sms]\nkind = \"twilio\"\n[twilio]\n{rest}");
+        check(&twilio(&format!("{AC}\nfrom = \"+15555550000\"")), None);
+        check(&twilio(&format!("{AC}\nmessaging_service_sid = \"MG0123456789abcdef0123456789abcdef\"")), None);
+        check(&twilio("from = \"+15555550000\""), Some("channels.sms.kind = \"twilio\" needs twilio.account_sid"));
+        check(&twilio(AC), Some("needs twilio.from or twilio.messaging_service_sid"));
+        check(&twilio("account_sid = \"AC123\""), Some("twilio.account_sid: \"AC123\" is not AC and 32 hex digits"));
+        check(
+            &twilio(&format!("{AC}\nfrom = \"+1\"\napi_key_sid = \"SK0123456789abcdef0123456789abcdeg\"")),
+            Some("twilio.api_key_sid: \"SK0123456789abcdef0123456789abcdeg\" is not SK and 32 hex digits"),
+        );
+        check(
+            &twilio(&format!("{AC}\nfrom = \"5555550000\"")),
+            Some("twilio.from: \"5555550000\" is not a phone number"),
+        );
+        check(&twilio(&format!("{AC}\nfrom = \"+15555550000\"\nvalidity_period = \"11h\"")), Some("1s to 10h"));
+        check("[channels.hero]\nkind = \"twilio\"", Some("channels.hero.kind: \"twilio\" is for channels.sms only"));
+        check(
+            "[channels.sms]\nkind = \"smpp\"",
+            Some("channels.*.kind must be \"generic\" or \"twilio\", not \"smpp\""),
+        );
+        // [twilio] alone is checked, and used by nothing.
+        check("[twilio]\nfrom = \"+15555550000\"", None);
+
+        let c = Config::from_toml(&twilio(&format!("{AC}\nfrom = \"+15555550000\""))).unwrap();
+        assert_eq!(c.channels.sms.service_url(), Some(TWILIO_API_URL));
+        assert_eq!(Config::default().channels.sms.service_url(), None, "a generic channel without a url records");
+        let validity = |toml: &str| Config::from_toml(toml).unwrap().twilio_validity().as_secs();
+        assert_eq!(validity(""), 29 * 60, "the default ask interval less a minute");
+        assert_eq!(validity("[clients.a.eta_request]\nretry_after = \"10m\""), 9 * 60, "the shortest client's");
+        assert_eq!(validity("[clients.a.eta_request]\nretry_after = \"30s\""), 1, "at least a second");
+        assert_eq!(validity("[clients.a.eta_request]\nretry_after = \"1d\""), 29 * 60, "the default is shorter");
+        assert_eq!(validity("[twilio]\nvalidity_period = \"2h\""), 7200, "as set");
     }
 
     #[test]

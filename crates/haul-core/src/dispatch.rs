@@ -226,6 +226,23 @@ pub fn claim_needs_check(lease_until: Option<Timestamp>, now: Timestamp, lease: 
     }
 }
 
+/// When a call of a claimed row may first have reached its service, if one may have
+/// before this claim: an attempt failed (`attempts > 0`), or an earlier claim lapsed
+/// mid-call (`first_attempt_at` is older than this claim, which began `lease` before
+/// `lease_until`). A claim's own first try is `None`: nothing can be there yet. A
+/// service that honours no idempotency key (Twilio) is asked what it has before it is
+/// called again.
+pub fn tried_since(
+    attempts: u32,
+    first_attempt_at: Option<Timestamp>,
+    lease_until: Option<Timestamp>,
+    lease: Duration,
+) -> Option<Timestamp> {
+    let first = first_attempt_at?;
+    let claimed_before = lease_until.is_none_or(|until| crate::time::add(first, lease) < until);
+    (attempts > 0 || claimed_before).then_some(first)
+}
+
 /// After a send: a delivery is published and marked, a permanent failure buried, a
 /// retryable one is a failed attempt, a throttled one held back ([`throttled`]).
 pub fn after_send(row: &Row, sent: Sent, mode: QueueMode, now: Timestamp) -> Next {
@@ -773,5 +790,31 @@ mod tests {
             let kind = AlertKind::for_class(t.class());
             assert_eq!(kind.is_none(), t.class() == ChannelClass::External, "{t}");
         }
+    }
+
+    #[test]
+    fn a_call_may_have_reached_the_service_after_a_failure_or_a_lapsed_claim() {
+        let lease = Duration::from_secs(90);
+        let t = |s: u64| crate::time::add(Timestamp::UNIX_EPOCH, Duration::from_secs(s));
+        let check = |attempts: u32, first: Option<u64>, until: Option<u64>, want: Option<u64>| {
+            assert_eq!(
+                tried_since(attempts, first.map(t), until.map(t), lease),
+                want.map(t),
+                "{attempts} {first:?} {until:?}"
+            );
+        };
+        // This claim's own first try: first_attempt_at is when it claimed.
+        check(0, Some(100), Some(190), None);
+        // Never tried (a row not yet claimed).
+        check(0, None, Some(190), None);
+        check(3, None, Some(190), None);
+        // A failed attempt before.
+        check(1, Some(100), Some(500), Some(100));
+        check(1, Some(100), Some(190), Some(100));
+        // An earlier claim lapsed mid-call: first tried a millisecond or more before this claim.
+        check(0, Some(100), Some(191), Some(100));
+        check(0, Some(100), Some(400), Some(100));
+        // No lease to tell by: assume it may have.
+        check(0, Some(100), None, Some(100));
     }
 }

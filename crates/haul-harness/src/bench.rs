@@ -525,7 +525,7 @@ async fn e2e_round(
     let (s, _) = fresh_store(store, "e2e").await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let config = haul_config::Config::default();
-    let channels = haul_runtime::channels::Channels::from_config(&config.channels, s.clone(), &Default::default())?;
+    let channels = haul_runtime::channels::Channels::from_config(&config, s.clone(), &Default::default())?;
     let parts = haul_runtime::pipeline::Parts {
         store: s.clone(),
         queue: s.clone(),

@@ -793,7 +793,12 @@ impl Dispatcher {
                 .map(|canceled| if canceled { "canceled" } else { "not scheduled" }.to_owned())
                 .map_err(|e| DeliveryError::from(RetryableDeliveryError(e.to_string()))),
             Request::Send(call) => {
-                self.channels.get(call.channel).send(&row.id, &row.load_id, &call.path, &call.body, now).await
+                let channel = self.channels.get(call.channel);
+                let lease = self.settings.lease;
+                match dispatch::tried_since(row.attempts, row.first_attempt_at, row.lease_until, lease) {
+                    None => channel.send(&row.id, &row.load_id, &call.path, &call.body, now).await,
+                    Some(since) => channel.resend(&row.id, &row.load_id, &call.path, &call.body, now, since).await,
+                }
             }
         };
         match sent {

@@ -126,7 +126,7 @@ pub async fn serve(
     };
     let (queue, queue_mode) = backends.queue(&store).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let channels = Channels::from_config(&config.channels, store.clone(), &secrets)?;
+    let channels = Channels::from_config(&config, store.clone(), &secrets)?;
     let modes: Vec<String> = channels.iter().map(|(n, c)| format!("{n}={}", c.mode())).collect();
     let pipeline = Pipeline::new(
         &config,

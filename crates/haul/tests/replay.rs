@@ -202,7 +202,7 @@ async fn replay_shadow_reports_the_stored_disagreements() {
             store: store.clone(),
             queue: store.clone(),
             queue_mode: QueueMode::StoreQueue,
-            channels: Channels::from_config(&config.channels, store.clone(), &Default::default()).unwrap(),
+            channels: Channels::from_config(&config, store.clone(), &Default::default()).unwrap(),
             clock: clock.clone(),
             faults: Default::default(),
             seed: Some(3),

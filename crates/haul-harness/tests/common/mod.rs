@@ -9,9 +9,9 @@ use haul_config::Config;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record, project};
 use haul_core::time::{Timestamp, add};
-use haul_core::{Clock, FakeClock, InboundEvent, QueueMode};
+use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_harness::testkit::{FakeServices, FlakyQueue};
-use haul_runtime::channels::Channels;
+use haul_runtime::channels::{ChannelClient, Channels};
 use haul_runtime::decider::Decider;
 use haul_runtime::dispatcher::{Dispatcher, DispatcherSettings};
 use haul_runtime::faults::Faults;
@@ -94,8 +94,27 @@ pub struct H {
 
 pub async fn harness(store: Arc<dyn Store>, config: Config, faults: Faults, decider: Option<Arc<dyn Decider>>) -> H {
     let clock = Arc::new(FakeClock::new(t0()));
+    harness_on(store, config, faults, decider, clock, None).await
+}
+
+/// As [`harness`], on `clock`, with `sms` (a Twilio channel on its double) instead of
+/// the fake services' SMS channel when given.
+pub async fn harness_on(
+    store: Arc<dyn Store>,
+    config: Config,
+    faults: Faults,
+    decider: Option<Arc<dyn Decider>>,
+    clock: Arc<FakeClock>,
+    sms: Option<Arc<dyn ChannelClient>>,
+) -> H {
     let svc = FakeServices::start(Some("svc-token".into())).await.unwrap();
     let channels = svc.channels(Some("svc-token".into()), Duration::from_secs(5)).unwrap();
+    let channels = match sms {
+        None => channels,
+        Some(sms) => {
+            Channels::build(|c| Ok(if c == Channel::Sms { sms.clone() } else { channels.get(c).clone() })).unwrap()
+        }
+    };
     let queue = Arc::new(FlakyQueue::new(store.clone() as Arc<dyn LoadQueue>));
     let parts = Parts {
         store: store.clone(),

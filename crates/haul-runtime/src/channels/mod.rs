@@ -20,7 +20,43 @@ use haul_core::{Channel, PerChannel};
 use haul_store::DeliveryLog;
 use serde_json::Value;
 
-use haul_config::{ChannelConfig, ChannelsConfig};
+use haul_config::{ChannelConfig, ChannelKind, Config};
+
+pub mod twilio;
+
+use twilio::{Sender, TwilioChannel, TwilioSettings};
+
+/// The SMS channel on Twilio's API, from `[twilio]` and `channels.sms`; its secret from `channels.sms.token_env`, or
+/// `HAUL_TWILIO_AUTH_TOKEN` when that is unset.
+fn twilio(
+    config: &Config,
+    client: reqwest::Client,
+    url: &str,
+    timeout: Duration,
+    secrets: &Masker,
+) -> anyhow::Result<TwilioChannel> {
+    let t = &config.twilio;
+    let var = config.channels.sms.token_env.as_deref().unwrap_or("HAUL_TWILIO_AUTH_TOKEN");
+    let secret = std::env::var(var).map_err(|_| {
+        anyhow::anyhow!("channels.sms.kind = \"twilio\" signs in with the secret in {var}, which is not set")
+    })?;
+    let account_sid = t
+        .account_sid
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("channels.sms.kind = \"twilio\" needs twilio.account_sid"))?;
+    let settings = TwilioSettings {
+        base_url: url.to_owned(),
+        account_sid,
+        api_key_sid: t.api_key_sid.clone(),
+        secret,
+        sender: Sender { from: t.from.clone(), messaging_service_sid: t.messaging_service_sid.clone() },
+        // haul has no route for delivery receipts yet: it asks Twilio for none.
+        status_callback: None,
+        validity: config.twilio_validity(),
+        timeout,
+    };
+    Ok(TwilioChannel::new(client, settings, secrets))
+}
 
 /// A failure worth retrying: the service may accept the same call later.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -72,7 +108,24 @@ pub trait ChannelClient: Send + Sync {
         now: Timestamp,
     ) -> Result<String, DeliveryError>;
 
-    /// `http` or `record`, for logs.
+    /// As [`ChannelClient::send`], for a call of `key` that may have reached the
+    /// service before, since `tried_since` (an attempt failed, or a claim lapsed
+    /// mid-call). A service that dedupes on the key is simply called again; one that
+    /// honours no key (Twilio) looks for the earlier call's result first.
+    async fn resend(
+        &self,
+        key: &str,
+        load_id: &LoadId,
+        path: &str,
+        body: &Value,
+        now: Timestamp,
+        tried_since: Timestamp,
+    ) -> Result<String, DeliveryError> {
+        let _ = tried_since;
+        self.send(key, load_id, path, body, now).await
+    }
+
+    /// `http`, `twilio` or `record`, for logs.
     fn mode(&self) -> &'static str;
 }
 
@@ -141,15 +194,11 @@ impl ChannelClient for HttpChannel {
         let mut resp = req.send().await.map_err(|e| RetryableDeliveryError(describe(&e, &self.masker)))?;
         let status = resp.status();
         let wait = resp.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(retry_after);
-        let mut answer = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(chunk)) if answer.len() + chunk.len() <= MAX_ANSWER_BYTES => answer.extend_from_slice(&chunk),
-                Ok(Some(_)) | Ok(None) => break,
-                Err(e) if status.is_success() => return Err(RetryableDeliveryError(describe(&e, &self.masker)).into()),
-                Err(_) => break,
-            }
-        }
+        let answer = match read_capped(&mut resp).await {
+            Ok(answer) => answer,
+            Err(e) if status.is_success() => return Err(RetryableDeliveryError(describe(&e, &self.masker)).into()),
+            Err(_) => Vec::new(),
+        };
         if status.is_success() {
             let id = serde_json::from_slice::<Value>(&answer).ok().and_then(|v| match v.get("id") {
                 Some(Value::String(s)) => Some(s.clone()),
@@ -172,6 +221,18 @@ impl ChannelClient for HttpChannel {
     fn mode(&self) -> &'static str {
         "http"
     }
+}
+
+/// An answer's body, the first [`MAX_ANSWER_BYTES`] of it: the rest is not read.
+pub(crate) async fn read_capped(resp: &mut reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
+    let mut answer = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if answer.len() + chunk.len() > MAX_ANSWER_BYTES {
+            break;
+        }
+        answer.extend_from_slice(&chunk);
+    }
+    Ok(answer)
 }
 
 /// A failed request in one line, down to its root cause: reqwest's own Display stops
@@ -248,6 +309,30 @@ impl ChannelClient for Timed {
     ) -> Result<String, DeliveryError> {
         let started = std::time::Instant::now();
         let sent = self.inner.send(key, load_id, path, body, now).await;
+        self.timed(started, sent)
+    }
+
+    async fn resend(
+        &self,
+        key: &str,
+        load_id: &LoadId,
+        path: &str,
+        body: &Value,
+        now: Timestamp,
+        tried_since: Timestamp,
+    ) -> Result<String, DeliveryError> {
+        let started = std::time::Instant::now();
+        let sent = self.inner.resend(key, load_id, path, body, now, tried_since).await;
+        self.timed(started, sent)
+    }
+
+    fn mode(&self) -> &'static str {
+        self.inner.mode()
+    }
+}
+
+impl Timed {
+    fn timed(&self, started: std::time::Instant, sent: Result<String, DeliveryError>) -> Result<String, DeliveryError> {
         let result = match &sent {
             Ok(_) => "delivered",
             Err(DeliveryError::Retryable(_)) => "retryable",
@@ -261,10 +346,6 @@ impl ChannelClient for Timed {
         )
         .record(started.elapsed().as_secs_f64());
         sent
-    }
-
-    fn mode(&self) -> &'static str {
-        self.inner.mode()
     }
 }
 
@@ -285,16 +366,21 @@ impl Channels {
         Ok(Channels { clients })
     }
 
-    /// HTTP clients for the channels with a URL, record mode for the others. Tokens are
-    /// read from the environment variables the config names; a named variable that is
-    /// unset is an error (a token that silently goes missing would fail every send).
-    /// Each client masks `secrets` (the process's, [`crate::secrets::configured`]) and
-    /// its own token in what its failures quote.
-    pub fn from_config(config: &ChannelsConfig, log: Arc<dyn DeliveryLog>, secrets: &Masker) -> anyhow::Result<Self> {
+    /// HTTP clients for the channels with a URL (Twilio's API for a `twilio` SMS
+    /// channel), record mode for the others. Tokens are read from the environment
+    /// variables the config names; a named variable that is unset is an error (a token
+    /// that silently goes missing would fail every send). Each client masks `secrets`
+    /// (the process's, [`crate::secrets::configured`]) and its own token in what its
+    /// failures quote.
+    pub fn from_config(config: &Config, log: Arc<dyn DeliveryLog>, secrets: &Masker) -> anyhow::Result<Self> {
         let client = http_client()?;
         let make = |channel: Channel| -> anyhow::Result<Arc<dyn ChannelClient>> {
-            let c: &ChannelConfig = config.get(channel);
-            let Some(url) = &c.url else { return Ok(Arc::new(RecordChannel::new(channel, log.clone()))) };
+            let c: &ChannelConfig = config.channels.get(channel);
+            let Some(url) = c.service_url() else { return Ok(Arc::new(RecordChannel::new(channel, log.clone()))) };
+            let timeout = c.timeout.unwrap_or(Duration::from_secs(5));
+            if c.kind() == ChannelKind::Twilio {
+                return Ok(Arc::new(twilio(config, client.clone(), url, timeout, secrets)?));
+            }
             let token = match &c.token_env {
                 Some(var) => Some(
                     std::env::var(var)
@@ -302,10 +388,7 @@ impl Channels {
                 ),
                 None => None,
             };
-            Ok(Arc::new(
-                HttpChannel::with_client(client.clone(), url, token, c.timeout.unwrap_or(Duration::from_secs(5)))
-                    .masking(secrets),
-            ))
+            Ok(Arc::new(HttpChannel::with_client(client.clone(), url, token, timeout).masking(secrets)))
         };
         Self::build(make)
     }
@@ -322,6 +405,29 @@ impl Channels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_twilio_sms_channel_is_built_from_its_settings() {
+        let config = haul_sqlite::SqliteConfig::from_url("sqlite::memory:").unwrap();
+        let log: Arc<dyn DeliveryLog> = Arc::new(haul_sqlite::SqliteStore::open(&config).unwrap());
+        let twilio = |token_env: &str| {
+            let toml = format!(
+                "[channels.sms]\nkind = \"twilio\"\ntoken_env = \"{token_env}\"\n\
+                 [twilio]\naccount_sid = \"AC0123456789abcdef0123456789abcdef\"\nfrom = \"+15555550000\""
+            );
+            Config::from_toml(&toml).unwrap()
+        };
+        // PATH is set wherever tests run; its value stands in for the Auth Token.
+        let channels = Channels::from_config(&twilio("PATH"), log.clone(), &Masker::default()).unwrap();
+        let modes: Vec<_> = channels.iter().map(|(c, client)| (c.config_name(), client.mode())).collect();
+        assert_eq!(
+            modes,
+            [("sms", "twilio"), ("hero", "record"), ("slack", "record"), ("tms", "record"), ("ops", "record")]
+        );
+        let unset = "HAUL_TEST_NO_SUCH_VARIABLE_SET";
+        let err = Channels::from_config(&twilio(unset), log, &Masker::default()).err().unwrap().to_string();
+        assert!(err.contains(unset) && err.contains("twilio"), "{err}");
+    }
 
     #[test]
     fn retry_after_reads_seconds_and_nothing_else() {
