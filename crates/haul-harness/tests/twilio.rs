@@ -10,14 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haul_config::Config;
+use haul_core::dispatch::{Row, outcome_event};
 use haul_core::ids::LoadId;
 use haul_core::mask::Masker;
-use haul_core::{Clock, FakeClock};
+use haul_core::outcome::OutcomeStatus;
+use haul_core::{Clock, FakeClock, InboundEvent};
 use haul_harness::testkit_twilio::{TwilioDouble, prism_url};
 use haul_runtime::channels::twilio::{Sender, TwilioChannel, TwilioSettings};
 use haul_runtime::channels::{ChannelClient, DeliveryError, http_client};
 use haul_runtime::faults::Faults;
-use haul_store::{OutboxStatus, Store};
+use haul_store::{LoadQueue, OutboxStatus, Store};
 use serde_json::json;
 
 use common::{DRIVER, H, SMS1, harness_on, init, ping, t0};
@@ -109,7 +111,11 @@ async fn a_first_send_asks_nothing_first(store: Arc<dyn Store>) {
     assert_eq!((m.to.as_str(), m.from.as_deref()), (DRIVER, Some(HAUL_NUMBER)));
     let form = |name: &str| m.form.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
     assert_eq!(form("ValidityPeriod").as_deref(), Some("1740"));
-    assert_eq!(form("StatusCallback").as_deref(), Some("https://haul.example.com/v1/webhooks/twilio/status"));
+    let callback = format!(
+        "https://haul.example.com/v1/webhooks/twilio/status?key={}",
+        SMS1.replace('/', "%2F").replace(':', "%3A")
+    );
+    assert_eq!(form("StatusCallback"), Some(callback), "the row's key rides in the URL Twilio signs");
     let row = h.row(SMS1).await;
     assert_eq!((row.status, row.receipt.as_deref()), (OutboxStatus::Dispatched, Some(m.sid.as_str())));
 }
@@ -145,7 +151,71 @@ async fn a_refusal_keeps_twilios_error_code(store: Arc<dyn Store>) {
     assert!(d.messages().is_empty());
 }
 
+/// What the status route queues when Twilio reports `row`'s message undelivered
+/// (haul-server's tests hold the route to it).
+fn undelivered(row: &haul_store::OutboxRow, code: &str) -> InboundEvent {
+    let facts = Row {
+        outbox_id: row.id.clone(),
+        load_id: row.load_id.clone(),
+        action_type: row.action_type,
+        attempts: row.attempts,
+        first_attempt_at: row.first_attempt_at,
+        created_at: row.created_at,
+    };
+    let sid = row.receipt.as_deref();
+    outcome_event(&facts, OutcomeStatus::Failed, sid, Some(&format!("twilio status undelivered: error {code}")))
+}
+
+/// Minutes from the ETA ask until a person has an urgent Hero task about the load,
+/// advancing the clock a minute at a time; `receipt_after_s`: when Twilio reports the
+/// ask undelivered, if it does.
+async fn minutes_to_a_person(h: &H, receipt_after_s: Option<u64>) -> f64 {
+    h.publish(init()).await;
+    h.publish(ping("ping_0700")).await;
+    h.settle().await;
+    let asked_at = h.now();
+    assert_eq!(h.row(SMS1).await.status, OutboxStatus::Dispatched);
+    if let Some(after) = receipt_after_s {
+        h.advance(after);
+        let event = undelivered(&h.row(SMS1).await, "30006");
+        h.queue.publish(&event.load_id, event.event_id.as_str(), &event.to_json().to_string(), h.now()).await.unwrap();
+        h.settle().await;
+    }
+    for _ in 0..(4 * 60) {
+        let urgent = h.svc.effects().iter().any(|e| e.channel == "hero" && e.payload["urgency"] == "urgent");
+        if urgent {
+            return haul_core::time::since(h.now(), asked_at).as_secs_f64() / 60.0;
+        }
+        h.advance(60);
+        h.settle().await;
+    }
+    panic!("no person heard of it in four hours");
+}
+
+/// A landline (Twilio's 30006): Twilio takes the ask, then reports it undelivered.
+/// With the receipt, a person has the urgent Hero task as soon as it comes; without
+/// one, the SOP asks again into the same void until its asks run out.
+async fn a_landline_reaches_a_person_as_soon_as_twilio_says_so(store: Arc<dyn Store>) {
+    let (h, _double) = on_twilio(store).await;
+    let with_receipt = minutes_to_a_person(&h, Some(5)).await;
+    assert!(with_receipt <= 5.0 / 60.0 + 1e-9, "{with_receipt} min");
+    let task = format!("{}/evt:out:{SMS1}:failed/create_hero_task", h.load);
+    assert_eq!(h.svc.sends("hero", &task), 1, "the SOP's SMS-failed rule");
+}
+
+async fn without_receipts_a_landline_waits_for_the_asks_to_run_out(store: Arc<dyn Store>) {
+    let (h, double) = on_twilio(store).await;
+    let without = minutes_to_a_person(&h, None).await;
+    eprintln!(
+        "without delivery receipts: {without} min of fake clock to a person; {} asks texted",
+        double.messages().len()
+    );
+    assert!(without >= 60.0, "{without} min");
+}
+
 on_both_backends!(
+    a_landline_reaches_a_person_as_soon_as_twilio_says_so,
+    without_receipts_a_landline_waits_for_the_asks_to_run_out,
     a_first_send_asks_nothing_first,
     an_answer_lost_after_twilio_made_the_message_texts_once,
     a_refusal_keeps_twilios_error_code,

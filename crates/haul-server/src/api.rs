@@ -75,6 +75,7 @@ pub const ROUTES: &[Route] = &[
     api("POST", "/v1/loads/{load_id}/events", true, false, || post(post_event)),
     api("GET", "/v1/loads/{load_id}", true, false, || get(get_load)),
     api("POST", "/v1/webhooks/twilio/sms", false, false, || post(twilio_sms)),
+    api("POST", "/v1/webhooks/twilio/status", false, false, || post(crate::twilio::twilio_status)),
     api("GET", "/v1/webhooks/twilio/unmatched", true, false, || get(unmatched)),
     api("GET", "/v1/openapi.json", false, false, || get(openapi)),
     api("POST", "/v1/operator/requeue", true, true, || post(crate::operator::requeue)),

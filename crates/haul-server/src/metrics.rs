@@ -77,6 +77,12 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("haul_twilio_bad_signatures_total", Kind::Counter, "Webhook calls refused for their signature."),
     ("haul_unmatched_sms_total", Kind::Counter, "Distinct inbound SMS kept as unmatched."),
     ("haul_twilio_replays_total", Kind::Counter, "Webhook requests for a MessageSid already taken."),
+    ("haul_twilio_status_callbacks_total", Kind::Counter, "Twilio's delivery receipts taken, by MessageStatus."),
+    (
+        "haul_twilio_status_unmatched_total",
+        Kind::Counter,
+        "Twilio delivery receipts that name no SMS of haul's (an unknown row, another message).",
+    ),
     ("haul_http_connections_open", Kind::Gauge, "HTTP connections open now."),
     ("haul_http_connections_refused_total", Kind::Counter, "Connections turned away over server.max_connections."),
     (
@@ -216,6 +222,10 @@ pub fn zero_series() {
     metrics::counter!("haul_twilio_bad_signatures_total").absolute(0);
     metrics::counter!("haul_unmatched_sms_total").absolute(0);
     metrics::counter!("haul_twilio_replays_total").absolute(0);
+    for status in ["delivered", "undelivered", "failed"] {
+        metrics::counter!("haul_twilio_status_callbacks_total", "status" => status).absolute(0);
+    }
+    metrics::counter!("haul_twilio_status_unmatched_total").absolute(0);
     metrics::gauge!("haul_http_connections_open").increment(0.0);
     metrics::counter!("haul_http_connections_refused_total").absolute(0);
     metrics::counter!("haul_http_connections_evicted_total").absolute(0);

@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use haul_core::action::ActionType;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
-use haul_store::{LoadQueue, NewEntry, Published, QueueError, QueueMessage, Store, StoreError};
+use haul_store::{LoadQueue, NewEntry, NewOutboxRow, Published, QueueError, QueueMessage, Store, StoreError};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -300,7 +301,104 @@ async fn bad_webhook_inputs_are_kept_as_unmatched(backend: Backend) {
     }
 }
 
+/// A `send_sms` row of `load`, sent: Twilio's sid `receipt` kept with it.
+async fn a_sent_sms(a: &Api, load: &str, row_id: &str, receipt: Option<&str>) {
+    let version = a.store.read(&l(load)).await.unwrap().1;
+    let update =
+        NewEntry::stored(format!("u{version}"), "load_update", json!({"driver_phone": DRIVER, "stage": "in_transit"}));
+    let action = json!({"key": row_id, "type": "send_sms", "ask_id": "eta_request:p1", "step": 1,
+                        "params": {"to": DRIVER, "body": "What is your ETA?"}});
+    let row = NewOutboxRow { id: row_id.into(), action_type: ActionType::SendSms, action };
+    a.store.append(&l(load), vec![update], version, vec![row], t0()).await.unwrap();
+    if let Some(receipt) = receipt {
+        let claims = a.store.pending(10, t0(), Duration::from_secs(90)).await.unwrap();
+        let claim = claims.iter().find(|c| c.row.id == row_id).unwrap();
+        a.store.mark_dispatched(row_id, &claim.token, receipt, t0()).await.unwrap();
+    }
+}
+
+fn status(sid: &str, status: &str, code: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut form =
+        vec![("MessageSid", sid.to_owned()), ("MessageStatus", status.to_owned()), ("AccountSid", "AC1".to_owned())];
+    if let Some(code) = code {
+        form.push(("ErrorCode", code.to_owned()));
+    }
+    form
+}
+
+async fn post_status(a: &Api, row_id: &str, form: &[(&str, String)]) -> StatusCode {
+    let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    a.twilio_status(&key_query(row_id), &pairs, None).await
+}
+
+fn key_query(row_id: &str) -> String {
+    serde_urlencoded::to_string([("key", row_id)]).unwrap()
+}
+
+/// Twilio's delivery receipts: a message that will not arrive becomes its row's failed
+/// outcome, once however many callbacks say so; other statuses, forged, malformed and
+/// foreign callbacks queue nothing.
+async fn a_failed_delivery_receipt_is_the_rows_failed_outcome_once(backend: Backend) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let a = api(backend).await;
+    let row = "L1/ask:eta_request:p1/1/send_sms";
+    a_sent_sms(&a, "L1", row, Some("SM1")).await;
+    let outcome = |a: &Api| {
+        let a_store = a.store.clone();
+        async move { a_store.published_body(&l("L1"), &format!("evt:out:{row}:failed")).await.unwrap() }
+    };
+
+    assert_eq!(post_status(&a, row, &status("SM1", "sent", None)).await, StatusCode::OK);
+    assert_eq!(post_status(&a, row, &status("SM1", "delivered", None)).await, StatusCode::OK);
+    assert_eq!(outcome(&a).await, None, "a delivered message queues nothing");
+
+    // Forged or malformed: refused, nothing queued.
+    let forged = status("SM1", "undelivered", Some("30006"));
+    let pairs: Vec<(&str, &str)> = forged.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(a.twilio_status(&key_query(row), &pairs, Some("Zm9yZ2Vk")).await, StatusCode::FORBIDDEN);
+    let other_row = key_query("L1/ask:eta_request:p1/2/send_sms");
+    let signed_for_another = a.twilio_status(&other_row, &pairs, None).await;
+    assert_eq!(signed_for_another, StatusCode::OK, "signed, for a row that does not exist: unmatched");
+    assert_eq!(post_status(&a, row, &[("MessageStatus", "failed".into())]).await, StatusCode::BAD_REQUEST);
+    assert_eq!(post_status(&a, row, &status("SM1", "lost", None)).await, StatusCode::BAD_REQUEST);
+    assert_eq!(outcome(&a).await, None);
+
+    // Another message's sid on this row's URL: not this row's.
+    let unmatched = a.metric("haul_twilio_status_unmatched_total").await;
+    assert_eq!(post_status(&a, row, &status("SM2", "failed", Some("30003"))).await, StatusCode::OK);
+    assert_eq!(a.metric("haul_twilio_status_unmatched_total").await, unmatched + 1.0);
+    assert_eq!(outcome(&a).await, None);
+
+    // Undelivered: the failed outcome, with Twilio's code and the sid.
+    assert_eq!(post_status(&a, row, &status("SM1", "undelivered", Some("30006"))).await, StatusCode::OK);
+    let body: Value = serde_json::from_str(&outcome(&a).await.expect("the failed outcome is queued")).unwrap();
+    assert_eq!((body["kind"].as_str(), body["status"].as_str()), (Some("action_outcome"), Some("failed")), "{body}");
+    assert_eq!((body["outbox_id"].as_str(), body["receipt"].as_str()), (Some(row), Some("SM1")), "{body}");
+    let failure = body["failure"].as_str().unwrap_or_default();
+    assert!(failure.contains("error 30006") && failure.contains("landline"), "{failure}");
+
+    // Twilio's later callbacks for it, and a replay: the same one outcome.
+    assert_eq!(post_status(&a, row, &status("SM1", "failed", Some("30006"))).await, StatusCode::OK);
+    assert_eq!(post_status(&a, row, &status("SM1", "undelivered", Some("30006"))).await, StatusCode::OK);
+    let again: Value = serde_json::from_str(&outcome(&a).await.unwrap()).unwrap();
+    assert_eq!(again, body, "one failed outcome");
+}
+
+/// A callback that beats the send's own answer (the sid not kept yet) is vouched for
+/// by its row's key in the signed URL.
+async fn a_receipt_before_the_sends_answer_is_matched_by_its_key(backend: Backend) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let a = api(backend).await;
+    let row = "L2/ask:eta_request:p1/1/send_sms";
+    a_sent_sms(&a, "L2", row, None).await;
+    assert_eq!(post_status(&a, row, &status("SM9", "failed", Some("30005"))).await, StatusCode::OK);
+    let body = a.store.published_body(&l("L2"), &format!("evt:out:{row}:failed")).await.unwrap();
+    assert!(body.is_some_and(|b| b.contains("30005")));
+}
+
 on_both_backends!(
+    a_failed_delivery_receipt_is_the_rows_failed_outcome_once,
+    a_receipt_before_the_sends_answer_is_matched_by_its_key,
     a_replayed_sms_never_reaches_another_load,
     the_api_refuses_sms_event_ids_so_the_real_sms_gets_through,
     a_publish_that_failed_goes_through_on_twilios_retry,

@@ -26,7 +26,8 @@ pub mod twilio;
 
 use twilio::{Sender, TwilioChannel, TwilioSettings};
 
-/// The SMS channel on Twilio's API, from `[twilio]` and `channels.sms`; its secret from `channels.sms.token_env`, or
+/// The SMS channel on Twilio's API, from `[twilio]`, `channels.sms` and
+/// `server.public_url` (where delivery receipts go); its secret from `channels.sms.token_env`, or
 /// `HAUL_TWILIO_AUTH_TOKEN` when that is unset.
 fn twilio(
     config: &Config,
@@ -50,8 +51,12 @@ fn twilio(
         api_key_sid: t.api_key_sid.clone(),
         secret,
         sender: Sender { from: t.from.clone(), messaging_service_sid: t.messaging_service_sid.clone() },
-        // haul has no route for delivery receipts yet: it asks Twilio for none.
-        status_callback: None,
+        // Only a URL set for the world: the default (the listen address) is not one Twilio can reach.
+        status_callback: config
+            .server
+            .public_url
+            .as_deref()
+            .map(|u| format!("{}/v1/webhooks/twilio/status", u.trim_end_matches('/'))),
         validity: config.twilio_validity(),
         timeout,
     };

@@ -4,8 +4,8 @@
 //! The dispatcher's SMS call (`{to, body, load_id}`, docs/api.md) becomes
 //! `POST /2010-04-01/Accounts/{AccountSid}/Messages.json`, form-encoded, with basic
 //! auth (the account, or an API key), `From` or `MessagingServiceSid`,
-//! `ValidityPeriod`, and a `StatusCallback` when one is given. Twilio's `sid` is the
-//! receipt.
+//! `ValidityPeriod`, and a `StatusCallback` naming the row when haul has a public URL.
+//! Twilio's `sid` is the receipt.
 //!
 //! Twilio honours no idempotency key on a message's creation, so a re-send after a
 //! lost answer could text the driver twice. A call that may have reached Twilio
@@ -61,7 +61,9 @@ pub struct TwilioSettings {
     /// The Auth Token, or the API key's secret.
     pub secret: String,
     pub sender: Sender,
-    /// Where Twilio posts the message's delivery status, if anywhere.
+    /// Where Twilio posts the message's delivery status, if anywhere
+    /// (`{server.public_url}/v1/webhooks/twilio/status`); each message's adds its
+    /// row's key ([`status_callback`]).
     pub status_callback: Option<String>,
     pub validity: Duration,
     pub timeout: Duration,
@@ -191,6 +193,17 @@ impl ListedMessage {
     }
 }
 
+/// The query parameter of a status callback's URL naming the outbox row it reports on.
+pub const STATUS_KEY_PARAM: &str = "key";
+
+/// `url` with the row's key as its query: Twilio calls the URL as given and signs it
+/// whole, so the key comes back with the message's status, vouched for by the
+/// signature, even when the answer that carried the message's sid was lost.
+pub fn status_callback(url: &str, key: &str) -> String {
+    let query = serde_urlencoded::to_string([(STATUS_KEY_PARAM, key)]).unwrap_or_default();
+    format!("{url}?{query}")
+}
+
 /// The SMS call's `to` and `body`.
 fn sms_of(body: &Value) -> Result<(&str, &str), DeliveryError> {
     let field = |name: &str| {
@@ -205,7 +218,7 @@ fn sms_of(body: &Value) -> Result<(&str, &str), DeliveryError> {
 impl ChannelClient for TwilioChannel {
     async fn send(
         &self,
-        _key: &str,
+        key: &str,
         _load_id: &LoadId,
         _path: &str,
         body: &Value,
@@ -221,7 +234,8 @@ impl ChannelClient for TwilioChannel {
         if let Some(from) = &sender.from {
             form.push(("From", from));
         }
-        if let Some(url) = &self.settings.status_callback {
+        let callback = self.settings.status_callback.as_deref().map(|url| status_callback(url, key));
+        if let Some(url) = &callback {
             form.push(("StatusCallback", url));
         }
         let req = self
@@ -301,6 +315,15 @@ mod tests {
             None,
             r#"{"code": 20003, "message": "Authenticate s3cret"}"#,
             "permanent permanent: HTTP 401: twilio error 20003: Authenticate ***",
+        );
+    }
+
+    #[test]
+    fn a_status_callback_names_its_row() {
+        let url = "https://haul.example.com/v1/webhooks/twilio/status";
+        assert_eq!(
+            status_callback(url, "481207/ask:eta_request:ping_0700/1/send_sms"),
+            "https://haul.example.com/v1/webhooks/twilio/status?key=481207%2Fask%3Aeta_request%3Aping_0700%2F1%2Fsend_sms"
         );
     }
 

@@ -130,6 +130,24 @@ impl Api {
         (status, resp.text().await.unwrap_or_default())
     }
 
+    /// Posts a Twilio status callback form to the status route with `query` (as the
+    /// StatusCallback gave it), signed as Twilio signs it, or with `signature`.
+    pub async fn twilio_status(&self, query: &str, params: &[(&str, &str)], signature: Option<&str>) -> StatusCode {
+        let pairs: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let url = format!("{}/v1/webhooks/twilio/status?{query}", self.base);
+        let signature = signature.map_or_else(|| twilio::signature(TWILIO, &url, &pairs), str::to_owned);
+        let resp = self
+            .client
+            .post(url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("X-Twilio-Signature", signature)
+            .body(serde_urlencoded::to_string(&pairs).unwrap())
+            .send()
+            .await
+            .unwrap();
+        resp.status()
+    }
+
     /// The unmatched list, newest first.
     pub async fn unmatched(&self) -> Vec<Value> {
         let (status, v, _) = self.get("/v1/webhooks/twilio/unmatched?limit=1000").await;
