@@ -25,6 +25,8 @@ use common::{Api, Backend, api, api_with_queue};
 
 const DRIVER: &str = "+15555550100";
 const HAUL_NUMBER: &str = "+15555550000";
+/// The token the test server checks signatures with (`common::TWILIO`).
+const TWILIO_TOKEN: &str = common::TWILIO;
 
 fn l(s: &str) -> LoadId {
     LoadId::parse(s).unwrap()
@@ -394,6 +396,94 @@ async fn a_receipt_before_the_sends_answer_is_matched_by_its_key(backend: Backen
     assert_eq!(post_status(&a, row, &status("SM9", "failed", Some("30005"))).await, StatusCode::OK);
     let body = a.store.published_body(&l("L2"), &format!("evt:out:{row}:failed")).await.unwrap();
     assert!(body.is_some_and(|b| b.contains("30005")));
+}
+
+/// What Twilio's own helper library (twilio-python's `RequestValidator`, the version
+/// scripts/requirements-test.txt pins) says of each case: its signature, and whether
+/// it validates haul's. Run by scripts/test-python, which installs it when missing.
+fn twilio_python_says(cases: &Value) -> Vec<Value> {
+    let script = r#"
+import json, sys
+from twilio.request_validator import RequestValidator
+out = []
+for case in json.load(sys.stdin):
+    v = RequestValidator(case["token"])
+    out.append({"signature": v.compute_signature(case["url"], case["params"]),
+                "validates_haul": v.validate(case["url"], case["params"], case["haul"])})
+print(json.dumps(out))
+"#;
+    let tool = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-python");
+    let mut child = std::process::Command::new(tool)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("scripts/test-python runs (it needs python3 and PyPI the first time)");
+    use std::io::Write as _;
+    child.stdin.take().unwrap().write_all(cases.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "twilio-python failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// haul's signatures (what it checks, and what these tests sign with) are the ones
+/// Twilio's own library computes, for both webhooks' URLs, a status callback's key in
+/// its query, a port, and text from outside ASCII.
+#[test]
+fn haul_signs_as_twilios_own_library_does() {
+    let status_url = format!(
+        "https://haul.example.com/v1/webhooks/twilio/status?{}",
+        serde_urlencoded::to_string([("key", "481207/ask:eta_request:ping_0700/1/send_sms")]).unwrap()
+    );
+    /// The token, the URL Twilio called, the form.
+    type Case<'a> = (&'a str, String, Vec<(&'a str, &'a str)>);
+    let cases: Vec<Case> = vec![
+        (
+            TWILIO_TOKEN,
+            "https://haul.example.com/v1/webhooks/twilio/sms".into(),
+            vec![
+                ("From", DRIVER),
+                ("To", HAUL_NUMBER),
+                ("Body", "ETA 9:15, traffic on I-94 🚚"),
+                ("MessageSid", "SM1"),
+            ],
+        ),
+        (
+            TWILIO_TOKEN,
+            status_url,
+            vec![("MessageSid", "SM1"), ("MessageStatus", "undelivered"), ("ErrorCode", "30006")],
+        ),
+        (
+            "12345",
+            "http://127.0.0.1:8080/v1/webhooks/twilio/sms".into(),
+            vec![("Body", "Ça roule, j'arrive à 10h"), ("From", "+33612345678")],
+        ),
+        ("another token", "https://haul.example.com:8443/x?a=1&b=%20".into(), vec![]),
+    ];
+    let json_cases: Vec<Value> = cases
+        .iter()
+        .map(|(token, url, params)| {
+            let pairs: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let haul = haul_server::twilio::signature(token, url, &pairs);
+            let params: serde_json::Map<String, Value> =
+                params.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+            json!({"token": token, "url": url, "params": params, "haul": haul})
+        })
+        .collect();
+    let said = twilio_python_says(&json!(json_cases));
+    for (case, theirs) in json_cases.iter().zip(&said) {
+        assert_eq!(case["haul"], theirs["signature"], "{case}");
+        assert_eq!(theirs["validates_haul"], true, "{case}");
+        let pairs: Vec<(String, String)> = case["params"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect();
+        let url = case["url"].as_str().unwrap();
+        let token = case["token"].as_str().unwrap();
+        assert!(haul_server::twilio::validate(token, url, &pairs, theirs["signature"].as_str().unwrap()), "{case}");
+    }
 }
 
 on_both_backends!(
