@@ -38,6 +38,7 @@ pub mod operator;
 pub mod outcome;
 pub mod projection;
 pub mod queue_mode;
+pub mod receipt;
 pub mod redact;
 pub mod replay;
 pub mod retry;

@@ -10,10 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haul_config::Config;
-use haul_core::dispatch::{Row, outcome_event};
 use haul_core::ids::LoadId;
 use haul_core::mask::Masker;
-use haul_core::outcome::OutcomeStatus;
+use haul_core::receipt::DeliveryReport;
 use haul_core::{Clock, FakeClock, InboundEvent};
 use haul_harness::testkit_twilio::{TwilioDouble, prism_url};
 use haul_runtime::channels::twilio::{Sender, TwilioChannel, TwilioSettings};
@@ -151,19 +150,11 @@ async fn a_refusal_keeps_twilios_error_code(store: Arc<dyn Store>) {
     assert!(d.messages().is_empty());
 }
 
-/// What the status route queues when Twilio reports `row`'s message undelivered
-/// (haul-server's tests hold the route to it).
+/// What the status route queues when Twilio reports `row`'s message undelivered.
 fn undelivered(row: &haul_store::OutboxRow, code: &str) -> InboundEvent {
-    let facts = Row {
-        outbox_id: row.id.clone(),
-        load_id: row.load_id.clone(),
-        action_type: row.action_type,
-        attempts: row.attempts,
-        first_attempt_at: row.first_attempt_at,
-        created_at: row.created_at,
-    };
     let sid = row.receipt.as_deref();
-    outcome_event(&facts, OutcomeStatus::Failed, sid, Some(&format!("twilio status undelivered: error {code}")))
+    let report = DeliveryReport::new(sid, Some("undelivered"), Some(code)).unwrap();
+    report.outcome(&row.facts()).unwrap()
 }
 
 /// Minutes from the ETA ask until a person has an urgent Hero task about the load,

@@ -17,11 +17,10 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use haul_core::action::ActionType;
-use haul_core::dispatch::{Row, outcome_event};
 use haul_core::event::{MAX_SMS_BODY_CHARS, MAX_SMS_FROM_CHARS, is_refused_control};
 use haul_core::ids::{EventId, is_message_sid};
 use haul_core::mask::mask_phone;
-use haul_core::outcome::OutcomeStatus;
+use haul_core::receipt::DeliveryReport;
 use haul_core::{EventBody, InboundEvent};
 use haul_runtime::channels::twilio::STATUS_KEY_PARAM;
 use haul_store::{SidClaim, SmsRoute, UnmatchedSms};
@@ -287,92 +286,9 @@ pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMa
 // failed row (`action_outcome_event_id`): the several callbacks of one message, a
 // replay, and a row the dispatcher buried itself make one failed outcome, not two.
 
-/// Every `MessageStatus` Twilio sends for an outbound message.
-const MESSAGE_STATUSES: &[&str] = &[
-    "accepted",
-    "scheduled",
-    "canceled",
-    "queued",
-    "sending",
-    "sent",
-    "failed",
-    "delivered",
-    "undelivered",
-    "receiving",
-    "received",
-    "read",
-    "partially_delivered",
-];
-
-/// What a person reads for Twilio's commonest delivery errors.
-fn delivery_error_meaning(code: &str) -> &'static str {
-    match code {
-        "30003" => "unreachable handset (off or out of coverage)",
-        "30004" => "message blocked by the handset or the carrier",
-        "30005" => "unknown number: it may no longer be in service",
-        "30006" => "landline or unreachable carrier: call instead",
-        "30007" => "filtered by the carrier",
-        "30008" => "unknown carrier error",
-        "21610" => "the driver opted out (replied STOP)",
-        _ => "see Twilio's error reference",
-    }
-}
-
-/// A status callback's fields, checked: the sid, the status, Twilio's error code.
-#[derive(Debug, PartialEq)]
-struct StatusReport {
-    sid: String,
-    status: String,
-    error_code: Option<String>,
-}
-
-impl StatusReport {
-    /// The fields or the first one that is wrong, named.
-    fn check(params: &[(String, String)]) -> Result<StatusReport, String> {
-        let field = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-        let sid = match field("MessageSid") {
-            None | Some("") => return Err("MessageSid is missing".into()),
-            Some(sid) if !is_message_sid(sid) => return Err("MessageSid is not a message SID".into()),
-            Some(sid) => sid.to_owned(),
-        };
-        let status = match field("MessageStatus") {
-            None | Some("") => return Err("MessageStatus is missing".into()),
-            Some(status) if !MESSAGE_STATUSES.contains(&status) => {
-                let shown: String = status.chars().take(40).collect();
-                return Err(format!("MessageStatus {shown:?} is not a status Twilio sends"));
-            }
-            Some(status) => status.to_owned(),
-        };
-        let error_code = match field("ErrorCode") {
-            None | Some("") => None,
-            Some(code) if code.len() <= 10 && code.bytes().all(|b| b.is_ascii_digit()) => Some(code.to_owned()),
-            Some(_) => return Err("ErrorCode is not a number".into()),
-        };
-        Ok(StatusReport { sid, status, error_code })
-    }
-
-    /// Whether the message will not arrive.
-    fn failed(&self) -> bool {
-        matches!(self.status.as_str(), "failed" | "undelivered")
-    }
-
-    /// The failure a failed outcome carries.
-    fn failure(&self) -> String {
-        match &self.error_code {
-            Some(code) => format!(
-                "twilio status {}: error {code}, {} (message {})",
-                self.status,
-                delivery_error_meaning(code),
-                self.sid
-            ),
-            None => format!("twilio status {} (message {})", self.status, self.sid),
-        }
-    }
-}
-
 /// A callback that names no row of haul's (an unknown key, another message's sid):
 /// counted and logged for a person, answered 200 so Twilio does not retry it.
-fn unmatched_status(report: &StatusReport, why: &str) -> Response {
+fn unmatched_status(report: &DeliveryReport, why: &str) -> Response {
     metrics::counter!("haul_twilio_status_unmatched_total").increment(1);
     warn!(sid = %report.sid, status = %report.status, why, "Twilio status callback matches no SMS of haul's");
     StatusCode::OK.into_response()
@@ -401,11 +317,11 @@ pub(crate) async fn twilio_status(
         metrics::counter!("haul_twilio_bad_signatures_total").increment(1);
         return error(StatusCode::FORBIDDEN, "bad_signature", "X-Twilio-Signature does not match");
     }
-    let report = match StatusReport::check(&params) {
+    let report = match DeliveryReport::from_form(&params) {
         Ok(report) => report,
         Err(problem) => return error(StatusCode::BAD_REQUEST, "bad_status_callback", problem),
     };
-    metrics::counter!("haul_twilio_status_callbacks_total", "status" => MESSAGE_STATUSES.iter().find(|s| **s == report.status).copied().unwrap_or("other")).increment(1);
+    metrics::counter!("haul_twilio_status_callbacks_total", "status" => report.status.clone()).increment(1);
     let key = query
         .as_deref()
         .and_then(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).ok())
@@ -423,19 +339,10 @@ pub(crate) async fn twilio_status(
     if row.receipt.as_deref().is_some_and(|r| r != report.sid) {
         return unmatched_status(&report, "its row's SMS is another message");
     }
-    if !report.failed() {
+    let Some(event) = report.outcome(&row.facts()) else {
         info!(load_id = %row.load_id, outbox_id = %row.id, status = %report.status, "SMS status");
         return StatusCode::OK.into_response();
-    }
-    let facts = Row {
-        outbox_id: row.id.clone(),
-        load_id: row.load_id.clone(),
-        action_type: row.action_type,
-        attempts: row.attempts,
-        first_attempt_at: row.first_attempt_at,
-        created_at: row.created_at,
     };
-    let event = outcome_event(&facts, OutcomeStatus::Failed, Some(&report.sid), Some(&report.failure()));
     let answer = accept(&s, &event, false).await;
     if answer.status().is_server_error() {
         return answer;
@@ -540,50 +447,6 @@ mod tests {
         assert_eq!(Inbound::check(&params).key, bad.key, "a replay finds the same key");
         let other = Inbound::check(&form(&[("From", "+1\u{0}5"), ("Body", "other")]));
         assert_ne!(other.key, bad.key);
-    }
-
-    #[test]
-    fn a_status_callback_is_checked_field_by_field() {
-        let check = |pairs: &[(&str, &str)], want: Result<(&str, &str, Option<&str>), &str>| {
-            let got = StatusReport::check(&form(pairs));
-            let want = want
-                .map(|(sid, status, code)| StatusReport {
-                    sid: sid.into(),
-                    status: status.into(),
-                    error_code: code.map(str::to_owned),
-                })
-                .map_err(str::to_owned);
-            assert_eq!(got, want, "{pairs:?}");
-        };
-        check(&[("MessageSid", "SM1"), ("MessageStatus", "delivered")], Ok(("SM1", "delivered", None)));
-        check(
-            &[("MessageSid", "SM1"), ("MessageStatus", "undelivered"), ("ErrorCode", "30006")],
-            Ok(("SM1", "undelivered", Some("30006"))),
-        );
-        check(&[("MessageSid", "SM1"), ("MessageStatus", "sent"), ("ErrorCode", "")], Ok(("SM1", "sent", None)));
-        check(&[("MessageStatus", "failed")], Err("MessageSid is missing"));
-        check(&[("MessageSid", "SM/1"), ("MessageStatus", "failed")], Err("MessageSid is not a message SID"));
-        check(&[("MessageSid", "SM1")], Err("MessageStatus is missing"));
-        check(
-            &[("MessageSid", "SM1"), ("MessageStatus", "lost")],
-            Err("MessageStatus \"lost\" is not a status Twilio sends"),
-        );
-        check(
-            &[("MessageSid", "SM1"), ("MessageStatus", "failed"), ("ErrorCode", "3x")],
-            Err("ErrorCode is not a number"),
-        );
-        let failed = |status: &str, code: Option<&str>| StatusReport {
-            sid: "SM1".into(),
-            status: status.into(),
-            error_code: code.map(str::to_owned),
-        };
-        assert!(failed("failed", None).failed() && failed("undelivered", None).failed());
-        assert!(!failed("delivered", None).failed() && !failed("sent", None).failed());
-        assert_eq!(
-            failed("undelivered", Some("30006")).failure(),
-            "twilio status undelivered: error 30006, landline or unreachable carrier: call instead (message SM1)"
-        );
-        assert_eq!(failed("failed", None).failure(), "twilio status failed (message SM1)");
     }
 
     #[test]

@@ -422,6 +422,20 @@ pub struct OutboxRow {
     pub updated_at: Timestamp,
 }
 
+impl OutboxRow {
+    /// What the pure core's dispatch plans read of the row.
+    pub fn facts(&self) -> haul_core::dispatch::Row {
+        haul_core::dispatch::Row {
+            outbox_id: self.id.clone(),
+            load_id: self.load_id.clone(),
+            action_type: self.action_type,
+            attempts: self.attempts,
+            first_attempt_at: self.first_attempt_at,
+            created_at: self.created_at,
+        }
+    }
+}
+
 /// What `Outbox::supersede` did: the later row that overtook the claimed one, and when
 /// that later row was due before it took the claimed row's place (it was waiting), if
 /// it was moved.

@@ -124,6 +124,7 @@ fn scenario_keys() -> Vec<String> {
         format!("{head}[clients.a.eta_request]\nzz_probe = 1\n"),
         format!("{head}{step}unmatched_sms = [{{ zz_probe = 1 }}]\n"),
         format!("{head}{step}operator = [{{ zz_probe = 1 }}]\n"),
+        format!("{head}{step}sms_status = [{{ zz_probe = 1 }}]\n"),
     ];
     let mut keys = Vec::new();
     for probe in &probes {

@@ -436,6 +436,9 @@ impl Run {
             for op in &step.operator {
                 self.operate(op).await.map_err(|m| fail(here, "operator", m))?;
             }
+            for report in &step.sms_status {
+                self.report_status(report).await.map_err(|m| fail(here, "sms_status", m))?;
+            }
             self.settle().await.map_err(|m| fail(here, "pipeline", m))?;
             self.llm_ok().map_err(|(k, m)| fail(here, &k, m))?;
             if let Some(expect) = &step.expect {
@@ -469,6 +472,24 @@ impl Run {
             reason: "no single active load has this driver phone".into(),
         };
         self.store.record_unmatched_sms(&kept).await.map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// A delivery receipt for an SMS row, taken as `POST /v1/webhooks/twilio/status`
+    /// takes one for it: a message that will not arrive is the row's failed outcome.
+    async fn report_status(&mut self, st: &scenario::SmsStatusStep) -> Result<(), String> {
+        let row = self.store.get(&st.key).await.map_err(|e| e.to_string())?;
+        let row = row.ok_or_else(|| format!("no outbox row {:?} to report on", st.key))?;
+        if row.action_type != haul_core::ActionType::SendSms {
+            return Err(format!("{:?} is a {}, not an SMS", st.key, row.action_type));
+        }
+        let receipt: String =
+            row.receipt.as_deref().unwrap_or("SM0").chars().filter(char::is_ascii_alphanumeric).collect();
+        let sid = st.message_sid.clone().unwrap_or(receipt);
+        let report = haul_core::receipt::DeliveryReport::new(Some(&sid), Some(&st.status), st.error_code.as_deref())?;
+        if let Some(event) = report.outcome(&row.facts()) {
+            self.publish(&event, 1).await?;
+        }
         Ok(())
     }
 

@@ -82,8 +82,30 @@ struct StepSection {
     /// Operator actions, as `POST /v1/operator/*` makes them.
     #[serde(default)]
     operator: Vec<Spanned<OperatorSection>>,
+    /// Delivery receipts, as Twilio's status callbacks bring them.
+    #[serde(default)]
+    sms_status: Vec<Spanned<SmsStatusSection>>,
     #[serde(default)]
     expect: Option<ExpectSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SmsStatusSection {
+    key: String,
+    status: String,
+    error_code: Option<String>,
+    message_sid: Option<String>,
+}
+
+/// A delivery receipt for the SMS of outbox row `key`, as the status webhook takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmsStatusStep {
+    pub key: String,
+    pub status: String,
+    pub error_code: Option<String>,
+    /// Unset: the row's receipt, as far as it is of a MessageSid's form.
+    pub message_sid: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -289,6 +311,7 @@ pub struct Step {
     pub inbound: Vec<(InboundEvent, u32)>,
     pub unmatched_sms: Vec<UnmatchedStep>,
     pub operator: Vec<OperatorStep>,
+    pub sms_status: Vec<SmsStatusStep>,
     pub expect: Option<Expect>,
 }
 
@@ -343,6 +366,21 @@ pub fn parse_at(s: &str, start: Timestamp) -> Result<Timestamp, String> {
 }
 
 /// An operator action as written: the keys its `action` takes, and only those.
+/// A delivery receipt, checked as the status webhook checks its form.
+fn sms_status_step(st: &SmsStatusSection) -> Result<SmsStatusStep, String> {
+    if st.key.is_empty() {
+        return Err("key is empty: it names the SMS's outbox row".into());
+    }
+    let sid = st.message_sid.as_deref().unwrap_or("SM0");
+    haul_core::receipt::DeliveryReport::new(Some(sid), Some(&st.status), st.error_code.as_deref())?;
+    Ok(SmsStatusStep {
+        key: st.key.clone(),
+        status: st.status.clone(),
+        error_code: st.error_code.clone(),
+        message_sid: st.message_sid.clone(),
+    })
+}
+
 fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) -> Result<OperatorStep, String> {
     let who = haul_runtime::operator::Requester {
         request_id: op.request_id.clone(),
@@ -593,7 +631,13 @@ pub fn parse(text: &str) -> Result<Scenario, FileError> {
             let key = format!("step {n}.operator");
             operator.push(operator_step(op.get_ref(), load.as_ref(), start).map_err(|m| err(op.span(), &key, m))?);
         }
-        steps.push(Step { at, at_text: s.at.get_ref().clone(), inbound, unmatched_sms, operator, expect });
+        let mut sms_status = Vec::new();
+        for st in &s.sms_status {
+            let key = format!("step {n}.sms_status");
+            sms_status.push(sms_status_step(st.get_ref()).map_err(|m| err(st.span(), &key, m))?);
+        }
+        let at_text = s.at.get_ref().clone();
+        steps.push(Step { at, at_text, inbound, unmatched_sms, operator, sms_status, expect });
     }
     Ok(Scenario { name: file.name, start, clients: file.clients, channels, load, init, faults, steps })
 }
