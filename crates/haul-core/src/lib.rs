@@ -22,6 +22,7 @@ macro_rules! listed_enum {
 pub mod action;
 pub mod channel;
 pub mod clock;
+pub mod consent;
 pub mod decision;
 pub mod derived;
 pub mod dispatch;

@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::action::ActionType;
+use crate::consent::Keyword;
 use crate::decision::{AskStatus, Decision, InboxState};
 use crate::event::{EventBody, OperatorCommand, TimerFired};
 use crate::ids::{AskId, EventId};
@@ -81,6 +83,18 @@ pub struct LoadState {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inbox: BTreeMap<String, InboxState>,
     pub last_recorded_at: Option<Timestamp>,
+    /// The driver phone that opted out of SMS (an inbound STOP, or the service's
+    /// refusal of an opted-out number), until it opts in again (`crate::consent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sms_opt_out: Option<SmsOptOut>,
+}
+
+/// A phone's opt-out of SMS: which phone, by which event, when.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmsOptOut {
+    pub phone: String,
+    pub event_id: String,
+    pub at: Option<Timestamp>,
 }
 
 pub const STAGE_DELIVERED: &str = "delivered";
@@ -88,6 +102,16 @@ pub const STAGE_DELIVERED: &str = "delivered";
 impl LoadState {
     pub fn is_delivered(&self) -> bool {
         self.stage.as_deref() == Some(STAGE_DELIVERED)
+    }
+
+    /// Whether the load's driver phone opted out of SMS.
+    pub fn sms_opted_out(&self) -> bool {
+        self.sms_opt_out.as_ref().is_some_and(|o| self.driver_phone.as_deref() == Some(o.phone.as_str()))
+    }
+
+    /// The phone an SMS to the driver may go to: the driver's, unless it opted out.
+    pub fn sms_phone(&self) -> Option<&str> {
+        self.driver_phone.as_deref().filter(|_| !self.sms_opted_out())
     }
 
     pub fn open_asks(&self) -> impl Iterator<Item = &OpenAsk> {
@@ -124,6 +148,10 @@ impl LoadState {
                 replace(&mut self.next_stop, &u.next_stop);
             }
             EventBody::ActionOutcome(o) => {
+                let refused = o.failure.as_deref().is_some_and(crate::consent::refused_as_opted_out);
+                if o.status == OutcomeStatus::Failed && o.action_type == ActionType::SendSms && refused {
+                    self.opt_out(event_id, recorded_at);
+                }
                 let seen = OutcomeSeen { status: o.status, event_id: event_id.to_string(), at: recorded_at };
                 // A delivered outcome proves the effect happened; a later failed one
                 // (a second dispatcher's late attempt) does not undo that.
@@ -148,8 +176,24 @@ impl LoadState {
                     _ => {}
                 }
             }
+            EventBody::InboundSms(sms) if self.driver_phone.as_deref() == Some(sms.from.as_str()) => {
+                match crate::consent::keyword(&sms.body) {
+                    Some(Keyword::OptOut) => self.opt_out(event_id, recorded_at),
+                    Some(Keyword::OptIn) => self.sms_opt_out = None,
+                    Some(Keyword::Help) | None => {}
+                }
+            }
             EventBody::LocationPing(_) | EventBody::InboundSms(_) | EventBody::TimerFired(_) => {}
         }
+    }
+
+    /// The driver's phone opts out of SMS (kept from the first opt-out on).
+    fn opt_out(&mut self, event_id: &EventId, at: Timestamp) {
+        let Some(phone) = self.driver_phone.clone() else { return };
+        if self.sms_opted_out() {
+            return;
+        }
+        self.sms_opt_out = Some(SmsOptOut { phone, event_id: event_id.to_string(), at: Some(at) });
     }
 
     /// True when the SMS with this MessageSid was handled on this load already: it came

@@ -30,6 +30,15 @@ pub const MESSAGE_STATUSES: &[&str] = &[
     "partially_delivered",
 ];
 
+/// How a failure a delivery report made begins (`twilio status undelivered: …`).
+pub const FAILURE_PREFIX: &str = "twilio status ";
+
+/// Whether an outcome's failure came from a delivery report, not from a send: the
+/// service took the message, then reported it undelivered.
+pub fn is_report_failure(failure: &str) -> bool {
+    failure.starts_with(FAILURE_PREFIX)
+}
+
 /// Longest error code taken, in digits.
 const MAX_ERROR_CODE_DIGITS: usize = 10;
 
@@ -97,9 +106,10 @@ impl DeliveryReport {
     pub fn failure(&self) -> String {
         match &self.error_code {
             Some(code) => {
-                format!("twilio status {}: error {code}, {} (message {})", self.status, error_meaning(code), self.sid)
+                let meaning = error_meaning(code);
+                format!("{FAILURE_PREFIX}{}: error {code}, {meaning} (message {})", self.status, self.sid)
             }
-            None => format!("twilio status {} (message {})", self.status, self.sid),
+            None => format!("{FAILURE_PREFIX}{} (message {})", self.status, self.sid),
         }
     }
 
@@ -187,6 +197,8 @@ mod tests {
             Some("twilio status undelivered: error 30006, landline or unreachable carrier: call instead (message SM1)")
         );
         assert_eq!(report("failed", None).failure(), "twilio status failed (message SM1)");
+        assert!(is_report_failure(&report("failed", None).failure()));
+        assert!(!is_report_failure("HTTP 400: twilio error 21610: unsubscribed"));
         assert_eq!(
             report("failed", Some("99999")).failure(),
             "twilio status failed: error 99999, see Twilio's error reference (message SM1)"

@@ -186,6 +186,18 @@ impl Sop<'_> {
                 if let Some(ask) = state.open_ask_of_kind(ETA_REQUEST) {
                     return format!("risk {} but {} is already open", p.risk.as_str(), ask.ask_id);
                 }
+                if state.sms_opted_out() {
+                    self.event_task(
+                        "Driver opted out of SMS, call them for an ETA",
+                        format!(
+                            "Load {} is at {} risk of arriving late. Its driver opted out of SMS (STOP): call them.",
+                            self.load,
+                            p.risk.as_str()
+                        ),
+                        Urgency::Urgent,
+                    );
+                    return format!("risk {} but the driver opted out of SMS: a person must call", p.risk.as_str());
+                }
                 let Some(phone) = state.driver_phone.clone() else {
                     self.event_task(
                         "No driver phone to ask for an ETA",
@@ -209,7 +221,7 @@ impl Sop<'_> {
                 let Some(ask) = state.asks.get(&t.ask_id).filter(|a| a.is_timer_current(t)) else {
                     return format!("timer {} is not current", t.timer_id);
                 };
-                match state.driver_phone.clone() {
+                match state.sms_phone().map(str::to_owned) {
                     // Rule 2.
                     Some(phone) if ask.step < self.policy.max_attempts => {
                         self.rule = Rule::Rule2;
@@ -217,10 +229,16 @@ impl Sop<'_> {
                         self.take_step(&ask.ask_id, step, &phone);
                         format!("no answer to {}: ask again (step {step} of {})", ask.ask_id, self.policy.max_attempts)
                     }
-                    // Rule 3 (and a lost phone number, which also needs a person).
+                    // Rule 3 (and a lost phone number or an opted-out one, which also need a person).
                     _ => {
                         self.rule = Rule::Rule3;
                         self.escalate(ask);
+                        if state.sms_opted_out() {
+                            return format!(
+                                "the driver opted out of SMS after {} attempts: escalate to a person",
+                                ask.step
+                            );
+                        }
                         format!("no answer after {} attempts: escalate to a person", ask.step)
                     }
                 }

@@ -220,7 +220,7 @@ pub fn prompt_input(
         }
         _ => {}
     }
-    json!({
+    let mut input = json!({
         "prompt_version": PROMPT_VERSION,
         "now": now,
         "load_id": load,
@@ -238,7 +238,12 @@ pub fn prompt_input(
             "recent_outcomes": outcomes,
         },
         "event": Value::Object(ev),
-    })
+    });
+    // Only when it holds, so the prompts of loads that never opted out stay as they were.
+    if state.sms_opted_out() {
+        input["state"]["sms_opted_out"] = json!(true);
+    }
+    input
 }
 
 /// One tool call of the model's answer: the function name and its arguments (JSON text).

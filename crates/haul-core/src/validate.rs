@@ -65,6 +65,9 @@ pub fn validate_decision(load: &LoadId, state: &LoadState, event: &InboundEvent,
                 if Some(to.as_str()) != driver_phone {
                     return Err(format!("send_sms {} is not to the driver's phone", a.key));
                 }
+                if state.sms_opt_out.as_ref().is_some_and(|o| o.phone == *to) {
+                    return Err(format!("send_sms {} is to a phone that opted out of SMS (STOP)", a.key));
+                }
                 bounded("send_sms body", body, 1600)?;
             }
             ActionKind::CreateHeroTask { title, body, .. } => {

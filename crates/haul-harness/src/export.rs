@@ -164,6 +164,7 @@ pub fn scenario(
     for l in &logged {
         if let EventBody::ActionOutcome(o) = &l.event.body
             && o.status == OutcomeStatus::Failed
+            && !from_a_report(o)
             && actions.contains_key(&o.outbox_id)
             && let Some(channel) = o.action_type.channel()
         {
@@ -271,6 +272,13 @@ fn inbound(event: &InboundEvent, with_load: bool, opts: ExportOptions) -> Value 
     serde_json::from_value(v).unwrap_or(Value::Table(Table::new()))
 }
 
+/// Whether a failed outcome came from a delivery report (the service took the message,
+/// then said it was not delivered): played as the event it is, not as a fault, and the
+/// row it names was sent, not dead.
+fn from_a_report(o: &ActionOutcome) -> bool {
+    o.failure.as_deref().is_some_and(haul_core::receipt::is_report_failure)
+}
+
 /// Whether a delivered `cancel_timer` found its timer scheduled. The dispatcher's
 /// receipt says; a cancel committed with its decision (`haul_core::timers`) found it
 /// scheduled when it was decided before the timer's fire_at: at or after it, the pump,
@@ -302,7 +310,9 @@ fn expect(group: &[&Logged], actions: &BTreeMap<String, Action>) -> Table {
         }
         let EventBody::ActionOutcome(o) = &l.event.body else { continue };
         match o.status {
-            OutcomeStatus::Failed if actions.contains_key(&o.outbox_id) => dead.push(s(o.outbox_id.clone())),
+            OutcomeStatus::Failed if actions.contains_key(&o.outbox_id) && !from_a_report(o) => {
+                dead.push(s(o.outbox_id.clone()))
+            }
             OutcomeStatus::Failed => {}
             OutcomeStatus::Delivered => {
                 let Some(a) = actions.get(&o.outbox_id) else { continue };

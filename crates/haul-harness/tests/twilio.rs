@@ -148,6 +148,14 @@ async fn a_refusal_keeps_twilios_error_code(store: Arc<dyn Store>) {
     let failure = row.last_failure.unwrap_or_default();
     assert!(failure.starts_with("HTTP 400: twilio error 21610: "), "{failure}");
     assert!(d.messages().is_empty());
+    // 21610 is Twilio saying the number opted out: the load knows it, and the step-1
+    // timer escalates to a person instead of texting again.
+    assert!(h.state().await.sms_opted_out(), "a 21610 refusal opts the phone out");
+    h.advance(30 * 60);
+    h.settle().await;
+    assert_eq!(d.calls().0, 1, "no follow-up SMS is sent to an opted-out phone");
+    let escalation = format!("{}/ask:eta_request:ping_0700/2/create_hero_task", h.load);
+    assert_eq!(h.svc.sends("hero", &escalation), 1, "a person calls instead");
 }
 
 /// What the status route queues when Twilio reports `row`'s message undelivered.

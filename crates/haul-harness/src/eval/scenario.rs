@@ -868,7 +868,8 @@ fn decisions_of(list: &[Spanned<DecisionExpect>], cx: &Ctx<'_>) -> Result<Vec<De
         if let Some(decider) = &d.decider
             && decider.strip_prefix("llm:").is_none_or(str::is_empty)
         {
-            one_of(decider, "decider", &["sop", "filter", "operator", "fallback", "llm:MODEL"]).map_err(bad)?;
+            one_of(decider, "decider", &["sop", "filter", "operator", "consent", "fallback", "llm:MODEL"])
+                .map_err(bad)?;
         }
         for t in d.actions.iter().flatten() {
             one_of(t, "action type", &types).map_err(bad)?;
