@@ -24,7 +24,7 @@ use haul_core::BadInput;
 use haul_core::decision::InboxState;
 use haul_core::event::OperatorAction;
 use haul_core::ids::{AskId, LoadId};
-use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record};
+use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record, SmsOptOut};
 use haul_core::time::Timestamp;
 use haul_store::{OutboxRow, RecordedDelivery, RowCursor, Store, StoreError, Timer};
 use serde::Serialize;
@@ -152,6 +152,10 @@ pub struct StateView {
     pub inbox: BTreeMap<String, InboxState>,
     pub unreadable: u64,
     pub last_recorded_at: Option<Timestamp>,
+    /// The driver phone's opt-out of SMS while it holds (`haul_core::consent`); left
+    /// out when the driver can be texted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sms_opt_out: Option<SmsOptOut>,
     pub totals: StateTotals,
 }
 
@@ -193,6 +197,7 @@ impl StateView {
             inbox: state.inbox.iter().take(STATE_ENTRIES_MAX).map(|(k, v)| (k.clone(), *v)).collect(),
             unreadable: state.unreadable,
             last_recorded_at: state.last_recorded_at,
+            sms_opt_out: state.sms_opt_out.clone().filter(|_| state.sms_opted_out()),
             totals,
         }
     }
@@ -404,6 +409,10 @@ pub fn timeline(v: &LoadView) -> String {
         or_dash(&s.driver_phone),
         or_dash(&s.next_stop)
     );
+    if let Some(o) = &s.sms_opt_out {
+        let at = o.at.map(|t| t.to_string()).unwrap_or_else(|| "-".into());
+        let _ = writeln!(out, "sms: the driver opted out ({} at {at}): no SMS until they reply START", o.event_id);
+    }
     if s.unreadable > 0 {
         let _ = writeln!(out, "warning: {} record(s) could not be read", s.unreadable);
     }

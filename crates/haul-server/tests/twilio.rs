@@ -486,7 +486,26 @@ fn haul_signs_as_twilios_own_library_does() {
     }
 }
 
+/// A load's view says when its driver opted out of SMS, and stops saying it after START.
+async fn a_loads_view_shows_the_drivers_opt_out(backend: Backend) {
+    let a = api(backend).await;
+    assign(&a, "L3", DRIVER, true).await;
+    let sms =
+        |id: &str, body: &str| NewEntry::stored(id.to_owned(), "inbound_sms", json!({"from": DRIVER, "body": body}));
+    let version = a.store.read(&l("L3")).await.unwrap().1;
+    a.store.append(&l("L3"), vec![sms("sms:SMa", "STOP")], version, vec![], t0()).await.unwrap();
+    let (status, view, _) = a.get("/v1/loads/L3").await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["state"]["sms_opt_out"]["event_id"], "sms:SMa", "{view}");
+    assert_eq!(view["state"]["sms_opt_out"]["phone"], DRIVER, "{view}");
+    let version = a.store.read(&l("L3")).await.unwrap().1;
+    a.store.append(&l("L3"), vec![sms("sms:SMb", "start")], version, vec![], t0()).await.unwrap();
+    let (_, view, _) = a.get("/v1/loads/L3").await;
+    assert!(view["state"].get("sms_opt_out").is_none(), "{view}");
+}
+
 on_both_backends!(
+    a_loads_view_shows_the_drivers_opt_out,
     a_failed_delivery_receipt_is_the_rows_failed_outcome_once,
     a_receipt_before_the_sends_answer_is_matched_by_its_key,
     a_replayed_sms_never_reaches_another_load,

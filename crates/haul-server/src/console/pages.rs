@@ -736,6 +736,14 @@ pub fn summary(ctx: &Ctx, v: &LoadView, new_request: &mut dyn FnMut() -> String)
         dash(&s.next_stop),
         v.version,
     );
+    if let Some(o) = &s.sms_opt_out {
+        let since = o.at.map(time).unwrap_or_else(|| "–".into());
+        let _ = write!(
+            body,
+            "<p class=\"opted-out\" role=\"status\">The driver opted out of SMS (STOP) {since}: haul texts them nothing \
+             until they reply START. Call them.</p>"
+        );
+    }
     if let Some((at, text)) = last_driver_message(v) {
         let _ = write!(
             body,
