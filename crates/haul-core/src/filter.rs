@@ -32,10 +32,9 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
         {
             format!("SMS {} was assigned to this load by an operator already", event.event_id)
         }
-        // STOP, START and HELP from the driver: consent, whichever decider the load runs under.
-        EventBody::InboundSms(sms) if crate::consent::keyword(&sms.body).is_some() => {
-            return consent(load, state, event, sms, now);
-        }
+        // STOP, START and HELP from the driver: consent, whichever decider the load runs
+        // under; any other SMS is the decider's.
+        EventBody::InboundSms(sms) => return consent(load, state, event, sms, now),
         EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Delivered => {
             return Some(delivered(state, &event.event_id, &o.outbox_id, now));
         }

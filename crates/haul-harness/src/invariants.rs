@@ -49,6 +49,8 @@ pub enum Invariant {
     RequeuedOnce,
     /// A channel with a send rate saw no more calls in any second than the rate allows.
     SendRateKept,
+    /// No `send_sms` was decided to a phone that had opted out of SMS.
+    NoSmsAfterOptOut,
 }
 
 impl Invariant {
@@ -67,6 +69,7 @@ impl Invariant {
             Invariant::DeadRowSettled => "dead row settled",
             Invariant::RequeuedOnce => "requeued once",
             Invariant::SendRateKept => "send rate kept",
+            Invariant::NoSmsAfterOptOut => "no sms after opt-out",
         }
     }
 }
@@ -174,6 +177,23 @@ pub fn log_is_sound(load: &LoadId, log: &[Record]) -> Result<(), Violation> {
                 ),
             );
         }
+    }
+    // The state each decision was made on: the log up to its event.
+    let mut state = haul_core::projection::LoadState::default();
+    for r in log {
+        if let Some(d) = r.decision() {
+            let opted_out = state.sms_opt_out.as_ref().map(|o| o.phone.as_str());
+            let to_opted_out = d.actions.iter().find(
+                |a| matches!(&a.kind, haul_core::ActionKind::SendSms { to, .. } if Some(to.as_str()) == opted_out),
+            );
+            if let Some(a) = to_opted_out {
+                return broke(
+                    Invariant::NoSmsAfterOptOut,
+                    format!("{} of load {load} was decided to a phone that opted out of SMS", a.key),
+                );
+            }
+        }
+        state.apply(r);
     }
     let mut fired = BTreeSet::new();
     for r in log.iter().filter(|r| r.kind() == EventKind::TimerFired.as_str()) {
@@ -407,6 +427,27 @@ mod tests {
         let fired = |seq| of_kind(seq, "evt:tmr:481207:a:1", "timer_fired");
         let dec = |seq| decision(seq, "evt:tmr:481207:a:1", &[]);
         check(vec![fired(1), dec(2), fired(3), dec(4)], Some(Invariant::DecisionFollows));
+        // An SMS decided to a phone after its STOP, and after its START.
+        let event = |seq, id: &str, v: serde_json::Value| {
+            let e = haul_core::InboundEvent::from_json(load(), v).unwrap();
+            rec(seq, id, Entry::Event { event_id: e.event_id.clone(), body: e.body })
+        };
+        let init = event(
+            1,
+            "load:init",
+            json!({"event_id": "load:init", "kind": "load_update", "driver_phone": "+15555550100"}),
+        );
+        let sms = |seq, id: &str, body: &str| {
+            event(seq, id, json!({"event_id": id, "kind": "inbound_sms", "from": "+15555550100", "body": body}))
+        };
+        let opted_out =
+            vec![init, decision(2, "load:init", &[]), sms(3, "sms:SM1", "STOP"), decision(4, "sms:SM1", &[])];
+        let ping = |seq| of_kind(seq, "ping_1", "location_ping");
+        let texted = [ping(5), decision(6, "ping_1", &[ActionType::SendSms])];
+        check([opted_out.clone(), texted.to_vec()].concat(), Some(Invariant::NoSmsAfterOptOut));
+        let started = [sms(5, "sms:SM2", "START"), decision(6, "sms:SM2", &[])];
+        let texted = [ping(7), decision(8, "ping_1", &[ActionType::SendSms])];
+        check([opted_out, started.to_vec(), texted.to_vec()].concat(), None);
     }
 
     #[test]

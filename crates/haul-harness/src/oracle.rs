@@ -2,8 +2,9 @@
 //! `docs/design.md` written again, apart from `haul_core::filter` and `haul_core::sop`,
 //! over a state of its own (the driver's phone, the stage, each ask's step and status).
 //! The simulator holds every decision its runs logged to it, so a wrong decision is
-//! caught even when every delivery is right. Decisions it does not model (an
-//! operator's, a fallback) are taken as logged.
+//! caught even when every delivery is right. It reads the driver's consent (STOP,
+//! START, HELP) from the rule table too. Decisions it does not model (an operator's, a
+//! fallback) are taken as logged.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -59,9 +60,38 @@ struct Model {
     /// Ask id → (step, status).
     asks: BTreeMap<String, (u32, String)>,
     assigned_sms: BTreeSet<String>,
+    /// The phone that said STOP (or that Twilio refused as opted out), until START.
+    opted_out: Option<String>,
+}
+
+/// The consent keyword a whole message is: `stop`, `start` or `help`.
+fn consent_word(body: &str) -> Option<&'static str> {
+    let word = body.trim_matches(|c: char| c.is_whitespace() || c.is_ascii_punctuation()).to_uppercase();
+    if ["STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT"].contains(&word.as_str()) {
+        Some("stop")
+    } else if ["START", "UNSTOP", "YES"].contains(&word.as_str()) {
+        Some("start")
+    } else if ["HELP", "INFO"].contains(&word.as_str()) {
+        Some("help")
+    } else {
+        None
+    }
 }
 
 impl Model {
+    /// The consent keyword `sms` is when consent decides it: from the driver, and a
+    /// START only while opted out.
+    fn consent_of(&self, sms: &haul_core::event::InboundSms) -> Option<&'static str> {
+        if self.phone.as_deref() != Some(sms.from.as_str()) {
+            return None;
+        }
+        consent_word(&sms.body).filter(|w| *w != "start" || self.opted_out())
+    }
+
+    fn opted_out(&self) -> bool {
+        self.phone.is_some() && self.opted_out == self.phone
+    }
+
     fn open(&self) -> impl Iterator<Item = (&String, u32)> {
         self.asks.iter().filter(|(_, (_, s))| s == "open").map(|(id, (step, _))| (id, *step))
     }
@@ -82,7 +112,7 @@ impl Model {
                 let current = self.asks.get(t.ask_id.as_str()).filter(|(step, s)| s == "open" && *step == t.step);
                 let Some((step, _)) = current else { return filtered(true) };
                 let ask = t.ask_id.as_str();
-                if *step < policy.max_attempts && self.phone.is_some() {
+                if *step < policy.max_attempts && self.phone.is_some() && !self.opted_out() {
                     keys.extend(step_keys(ask, step + 1));
                     asks.push(format!("{ask} {} open", step + 1));
                 } else {
@@ -93,6 +123,15 @@ impl Model {
             EventBody::InboundSms(_) if ev.strip_prefix("sms:").is_some_and(|sid| self.assigned_sms.contains(sid)) => {
                 return filtered(true);
             }
+            // Consent: the driver's STOP, their START while opted out, HELP.
+            EventBody::InboundSms(sms) if self.consent_of(sms) == Some("stop") && !self.opted_out() => {
+                for (ask, step) in self.open() {
+                    keys.push(format!("{load}/{ask}/{step}/cancel_timer"));
+                    asks.push(format!("{ask} {step} closed"));
+                }
+                keys.push(task);
+            }
+            EventBody::InboundSms(sms) if self.consent_of(sms).is_some() => {}
             EventBody::InboundSms(sms) => {
                 let open: Vec<_> = self.open().collect();
                 if self.phone.as_deref() == Some(sms.from.as_str()) && !open.is_empty() {
@@ -112,6 +151,7 @@ impl Model {
                 match &self.phone {
                     _ if eta_open => {}
                     None => keys.push(task),
+                    Some(_) if self.opted_out() => keys.push(task),
                     Some(_) => {
                         let ask = format!("ask:eta_request:{ev}");
                         keys.extend(step_keys(&ask, 1));
@@ -150,6 +190,20 @@ impl Model {
                     self.assigned_sms.insert(message_sid.clone());
                 }
             }
+            EventBody::InboundSms(sms) if self.phone.as_deref() == Some(sms.from.as_str()) => {
+                match consent_word(&sms.body) {
+                    Some("stop") if !self.opted_out() => self.opted_out.clone_from(&self.phone),
+                    Some("start") => self.opted_out = None,
+                    _ => {}
+                }
+            }
+            EventBody::ActionOutcome(o)
+                if o.status == OutcomeStatus::Failed
+                    && o.failure.as_deref().is_some_and(|f| f.contains("twilio error 21610"))
+                    && !self.opted_out() =>
+            {
+                self.opted_out.clone_from(&self.phone);
+            }
             _ => {}
         }
     }
@@ -175,7 +229,7 @@ pub fn check(load: &LoadId, log: &[Record], policy: impl Fn(Option<&str>) -> Pol
             }
             Entry::Decision(d) => {
                 let Some(event) = events.get(d.event_id.as_str()) else { continue };
-                if matches!(d.decider.as_str(), "sop" | "filter") {
+                if matches!(d.decider.as_str(), "sop" | "filter" | "consent") {
                     let want = model.expect(load, event, policy(model.client.as_deref()));
                     let got = Expected::of(d);
                     if got != want {

@@ -291,6 +291,9 @@ struct World {
     rng: fastrand::Rng,
     loads: Vec<LoadId>,
     published: Vec<(LoadId, String)>,
+    /// SMS rows a delivery report said were not delivered: each must have exactly one
+    /// failed outcome in its log, however many reports came.
+    failed_reports: std::collections::BTreeSet<(LoadId, String)>,
     /// Events the generator made, published or refused by a queue outage.
     made: u64,
     next_event: u64,
@@ -488,6 +491,7 @@ impl World {
             rng: fastrand::Rng::with_seed(opts.seed),
             loads,
             published: Vec::new(),
+            failed_reports: Default::default(),
             made: 0,
             next_event: 0,
             step: 0,
@@ -528,6 +532,36 @@ impl World {
         Some(Received::of_event(ev, "0.direct", now))
     }
 
+    /// A delivery report (Twilio's status callback) for one of load `i`'s SMS rows, taken
+    /// as the status webhook takes one (`haul_core::receipt`): before the send's answer
+    /// or after it, now and then twice; or for a row haul does not have, which changes
+    /// nothing.
+    async fn report_delivery(&mut self, i: usize) {
+        let load = self.loads[i].clone();
+        let Ok(rows) = self.store.rows_for_load(&load).await else { return };
+        let sms: Vec<_> = rows.into_iter().filter(|r| r.action_type == haul_core::ActionType::SendSms).collect();
+        if sms.is_empty() || self.rng.u32(0..10) == 0 {
+            self.count("report:unknown_row");
+            self.trace(format!("report {load} for a row haul does not have: nothing"));
+            return;
+        }
+        let row = &sms[self.rng.usize(0..sms.len())];
+        let status = ["delivered", "sent", "undelivered", "failed"][self.rng.usize(0..4)];
+        let sid: String = row.receipt.as_deref().unwrap_or("SM0").chars().filter(char::is_ascii_alphanumeric).collect();
+        let Ok(report) = haul_core::receipt::DeliveryReport::new(Some(&sid), Some(status), Some("30006")) else {
+            return;
+        };
+        let when = if row.receipt.is_some() { "after_answer" } else { "before_answer" };
+        self.count(&format!("report:{status}:{when}"));
+        self.trace(format!("report {load} {} {status}", row.id));
+        let Some(event) = report.outcome(&row.facts()) else { return };
+        let times = if self.rng.u32(0..3) == 0 { 2 } else { 1 };
+        // Refused by a queue outage, the webhook answers 503 and nothing is kept.
+        if self.publish(&load, event.to_json(), times).await.is_some() {
+            self.failed_reports.insert((load, row.id.clone()));
+        }
+    }
+
     fn random_event(&mut self, i: usize) -> serde_json::Value {
         self.next_event += 1;
         let id = format!("e{}", self.next_event);
@@ -538,7 +572,13 @@ impl World {
                 json!({"event_id": id, "kind": "location_ping", "lat": 41.0, "lon": -87.0, "risk": risk, "at": self.clock.now().to_string()})
             }
             40..=64 => {
-                let body = if self.rng.bool() { "ETA 9:15" } else { "flat tire, running late" };
+                // Now and then the driver opts out of SMS, or back in.
+                let body = match self.rng.u32(0..20) {
+                    0 => "STOP",
+                    1 => "Start",
+                    2..=10 => "ETA 9:15",
+                    _ => "flat tire, running late",
+                };
                 json!({"event_id": id, "kind": "inbound_sms", "from": phone(i), "body": body})
             }
             65..=74 => json!({"event_id": id, "kind": "inbound_sms", "from": STRANGER, "body": "who is this?"}),
@@ -608,6 +648,10 @@ impl World {
         }
         let r = self.rng.u32(0..100);
         match r {
+            0..=23 if self.rng.u32(0..8) == 0 => {
+                let i = self.rng.usize(0..self.loads.len());
+                self.report_delivery(i).await;
+            }
             0..=23 => {
                 let i = self.rng.usize(0..self.loads.len());
                 let event = self.random_event(i);
@@ -893,6 +937,15 @@ impl World {
                 .and_then(|()| invariants::requeued_once(l, &rows))
             {
                 return Ok(Some(v.message));
+            }
+        }
+        // A message reported undelivered has one failed outcome, however many reports
+        // (and the dispatcher's own failure) said so.
+        for (l, id) in &self.failed_reports {
+            let failed = haul_core::ids::action_outcome_event_id(id, haul_core::OutcomeStatus::Failed);
+            let n = logs.get(l).map_or(0, |recs| recs.iter().filter(|r| r.entry_id == failed.as_str()).count());
+            if n != 1 {
+                return Ok(Some(format!("{id} of {l} was reported undelivered and has {n} failed outcomes")));
             }
         }
         if let Err(v) = invariants::one_payload_per_key(&self.svc.conflicts()) {

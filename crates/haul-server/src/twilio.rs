@@ -26,7 +26,7 @@ use haul_runtime::channels::twilio::STATUS_KEY_PARAM;
 use haul_store::{SidClaim, SmsRoute, UnmatchedSms};
 use serde::Deserialize;
 use serde_json::json;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::events::accept;
 use crate::state::{ApiBody, ApiCaller, ApiQuery, ApiState, error};
@@ -340,7 +340,8 @@ pub(crate) async fn twilio_status(
         return unmatched_status(&report, "its row's SMS is another message");
     }
     let Some(event) = report.outcome(&row.facts()) else {
-        info!(load_id = %row.load_id, outbox_id = %row.id, status = %report.status, "SMS status");
+        // Several per message, most of them good news: counted above, not logged at info.
+        debug!(load_id = %row.load_id, outbox_id = %row.id, status = %report.status, "SMS status");
         return StatusCode::OK.into_response();
     };
     let answer = accept(&s, &event, false).await;

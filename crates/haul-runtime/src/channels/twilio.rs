@@ -39,8 +39,9 @@ use super::{
 const CLOCK_SLACK: Duration = Duration::from_secs(120);
 
 /// Messages listed when looking for an earlier try's (newest first): a driver is
-/// never texted this many times in one retry budget.
-const LOOKUP_PAGE: &str = "50";
+/// never texted this many times in one retry budget, and the page (about a kilobyte a
+/// message) stays well inside the 64 KiB of an answer that is read.
+const LOOKUP_PAGE: &str = "20";
 
 /// Who the messages are sent as: a number, a Messaging Service, or both (the
 /// service's settings with that number).

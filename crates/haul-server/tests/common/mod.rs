@@ -114,9 +114,26 @@ impl Api {
 
     /// Posts a Twilio webhook form, signed as Twilio signs it.
     pub async fn twilio(&self, params: &[(&str, &str)]) -> (StatusCode, String) {
+        self.twilio_signed("/v1/webhooks/twilio/sms", params, None).await
+    }
+
+    /// Posts a Twilio status callback form to the status route with `query` (as the
+    /// StatusCallback gave it), signed as Twilio signs it, or with `signature`.
+    pub async fn twilio_status(&self, query: &str, params: &[(&str, &str)], signature: Option<&str>) -> StatusCode {
+        self.twilio_signed(&format!("/v1/webhooks/twilio/status?{query}"), params, signature).await.0
+    }
+
+    /// Posts `params` to `path` (with its query) as Twilio does: form-encoded, signed
+    /// over the whole URL, or with `signature` instead.
+    async fn twilio_signed(
+        &self,
+        path: &str,
+        params: &[(&str, &str)],
+        signature: Option<&str>,
+    ) -> (StatusCode, String) {
         let pairs: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let url = format!("{}/v1/webhooks/twilio/sms", self.base);
-        let signature = twilio::signature(TWILIO, &url, &pairs);
+        let url = format!("{}{path}", self.base);
+        let signature = signature.map_or_else(|| twilio::signature(TWILIO, &url, &pairs), str::to_owned);
         let resp = self
             .client
             .post(url)
@@ -128,24 +145,6 @@ impl Api {
             .unwrap();
         let status = resp.status();
         (status, resp.text().await.unwrap_or_default())
-    }
-
-    /// Posts a Twilio status callback form to the status route with `query` (as the
-    /// StatusCallback gave it), signed as Twilio signs it, or with `signature`.
-    pub async fn twilio_status(&self, query: &str, params: &[(&str, &str)], signature: Option<&str>) -> StatusCode {
-        let pairs: Vec<(String, String)> = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let url = format!("{}/v1/webhooks/twilio/status?{query}", self.base);
-        let signature = signature.map_or_else(|| twilio::signature(TWILIO, &url, &pairs), str::to_owned);
-        let resp = self
-            .client
-            .post(url)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("X-Twilio-Signature", signature)
-            .body(serde_urlencoded::to_string(&pairs).unwrap())
-            .send()
-            .await
-            .unwrap();
-        resp.status()
     }
 
     /// The unmatched list, newest first.
