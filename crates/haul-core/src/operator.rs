@@ -54,6 +54,12 @@ pub fn decide(load: &LoadId, state: &LoadState, event: &InboundEvent, op: &Opera
             {
                 return noop(format!("refused: {outbox_id} texts a number that is no longer the driver's"));
             }
+            // No operator action overrides an opt-out: a person calls instead.
+            if let ActionKind::SendSms { .. } = &action.kind
+                && state.sms_opted_out()
+            {
+                return noop(format!("refused: the driver opted out of SMS (STOP), so {outbox_id} is not sent again"));
+            }
             let t = action.action_type();
             let copy = Action {
                 key: event_action_key(load, &event.event_id, t.as_str()),
@@ -319,6 +325,15 @@ mod tests {
             &[("481207/op:r1/send_sms", ActionType::SendSms)],
             &[],
         );
+        // An SMS to a driver who opted out (STOP) since: no operator overrides that.
+        let stop = ("sms:SM9", "inbound_sms", json!({"from": PHONE, "body": "STOP"}));
+        let (id, kind, mut payload) = outcome(sms_key, "failed");
+        payload["action_type"] = json!("send_sms");
+        payload["hero_channel"] = json!(false);
+        let opted_out = state(&[load_update(), stop, (&id, kind, payload)]);
+        let requeue_sms = OperatorCommand::Requeue { outbox_id: sms_key.into(), action: sms(PHONE) };
+        let d = check(&opted_out, requeue_sms, &[], &[]);
+        assert!(d.rationale.contains("opted out of SMS"), "{}", d.rationale);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Channel clients (docs/api.md): the SMS, Hero task, Hero Slack and TMS services, and
-//! OpsAlerts.
+//! OpsAlerts; the SMS channel may instead be Twilio's own API ([`twilio`]).
 //!
 //! Every call carries `Idempotency-Key: {outbox id}` and a bearer token; the services
 //! dedupe on the key. Status classification: 2xx is a delivery (its JSON `id` is the
@@ -27,8 +27,8 @@ pub mod twilio;
 use twilio::{Sender, TwilioChannel, TwilioSettings};
 
 /// The SMS channel on Twilio's API, from `[twilio]`, `channels.sms` and
-/// `server.public_url` (where delivery receipts go); its secret from `channels.sms.token_env`, or
-/// `HAUL_TWILIO_AUTH_TOKEN` when that is unset.
+/// `server.public_url` (where delivery receipts go); its secret from
+/// `channels.sms.token_env`, or `HAUL_TWILIO_AUTH_TOKEN` when that is unset.
 fn twilio(
     config: &Config,
     client: reqwest::Client,
