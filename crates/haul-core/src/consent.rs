@@ -205,6 +205,28 @@ mod tests {
     }
 
     #[test]
+    fn an_operators_assigned_stop_is_the_drivers_opt_out() {
+        let mut l = Load::new();
+        l.run(0, ping("ping_0700"));
+        let assign = |id: &str, sid: &str, body: &str| {
+            json!({"event_id": id, "kind": "operator_action", "actor": "ana", "reason": "it is theirs",
+                   "command": {"type": "assign_sms", "message_sid": sid, "from": PHONE, "body": body}})
+        };
+        let (decider, types, d) = l.run(5, assign("op:r1", "SM7", "Stop"));
+        assert_eq!(
+            (decider.as_str(), types),
+            ("operator", vec!["cancel_timer", "create_hero_task"]),
+            "{}",
+            d.rationale
+        );
+        assert!(l.state().sms_opted_out());
+        let (_, types, _) = l.run(10, ping("ping_0710"));
+        assert_eq!(types, ["create_hero_task"]);
+        l.run(12, assign("op:r2", "SM8", "START"));
+        assert!(!l.state().sms_opted_out());
+    }
+
+    #[test]
     fn a_21610_refusal_is_an_opt_out() {
         assert!(refused_as_opted_out("HTTP 400: twilio error 21610: Attempt to send to unsubscribed recipient"));
         assert!(!refused_as_opted_out("HTTP 400: twilio error 21211: invalid To"));

@@ -4,13 +4,11 @@
 //! a Hero-channel or internal failure (the dispatcher has already raised an OpsAlert),
 //! a stale timer, an SMS an operator already assigned to the load, an operator action
 //! (decided by [`crate::operator::decide`]) or the driver's STOP, START or HELP
-//! ([`consent`]), whichever decider the load runs under.
+//! ([`crate::sop::consent`]), whichever decider the load runs under.
 
-use crate::action::{Action, ActionKind, ActionType, Urgency};
-use crate::decision::{AskChange, AskStatus, Decision, InboxChange, InboxState};
-use crate::event::{EventBody, InboundEvent, InboundSms};
-use crate::ids::{EventId, LoadId, TimerId, ask_action_key, event_action_key};
-use crate::mask::mask_phone;
+use crate::decision::{Decision, InboxChange, InboxState};
+use crate::event::{EventBody, InboundEvent};
+use crate::ids::{EventId, LoadId};
 use crate::outcome::OutcomeStatus;
 use crate::projection::LoadState;
 use crate::time::Timestamp;
@@ -34,7 +32,7 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
         }
         // STOP, START and HELP from the driver: consent, whichever decider the load runs
         // under; any other SMS is the decider's.
-        EventBody::InboundSms(sms) => return consent(load, state, event, sms, now),
+        EventBody::InboundSms(sms) => return crate::sop::consent(load, state, event, sms, now),
         EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Delivered => {
             return Some(delivered(state, &event.event_id, &o.outbox_id, now));
         }
@@ -53,72 +51,6 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
         _ => return None,
     };
     Some(Decision::filtered(&event.event_id, now, why))
-}
-
-/// The decision on an SMS from the load's driver that is a keyword; `None` for any
-/// other SMS (a decider's).
-pub fn consent(
-    load: &LoadId,
-    state: &LoadState,
-    event: &InboundEvent,
-    sms: &InboundSms,
-    now: Timestamp,
-) -> Option<Decision> {
-    if state.driver_phone.as_deref() != Some(sms.from.as_str()) {
-        return None;
-    }
-    let (actions, asks, why) = match crate::consent::keyword(&sms.body)? {
-        crate::consent::Keyword::OptOut if state.sms_opted_out() => {
-            (vec![], vec![], "the driver opted out of SMS already".to_owned())
-        }
-        crate::consent::Keyword::OptOut => {
-            let mut actions = Vec::new();
-            let mut asks = Vec::new();
-            for ask in state.open_asks() {
-                asks.push(AskChange { ask_id: ask.ask_id.clone(), step: ask.step, status: AskStatus::Closed });
-                let timer_id = TimerId::new(load, &ask.ask_id, ask.step);
-                actions.push(Action {
-                    key: ask_action_key(load, &ask.ask_id, ask.step, ActionType::CancelTimer.as_str()),
-                    kind: ActionKind::CancelTimer { timer_id },
-                    ask_id: Some(ask.ask_id.clone()),
-                    step: Some(ask.step),
-                    requeue_of: None,
-                });
-            }
-            let body = format!(
-                "The driver of load {load} ({}) replied {:?}: haul sends them no SMS until they reply START. {} Call them.",
-                mask_phone(&sms.from),
-                sms.body.trim(),
-                if asks.is_empty() { "No ask was open." } else { "The open ask is closed." }
-            );
-            actions.push(Action {
-                key: event_action_key(load, &event.event_id, ActionType::CreateHeroTask.as_str()),
-                kind: ActionKind::CreateHeroTask {
-                    title: format!("Load {load}: driver opted out of SMS, call them"),
-                    body,
-                    urgency: Urgency::Urgent,
-                },
-                ask_id: None,
-                step: None,
-                requeue_of: None,
-            });
-            (
-                actions,
-                asks,
-                format!(
-                    "the driver opted out of SMS: {} open ask(s) closed, a person calls",
-                    state.open_asks().count()
-                ),
-            )
-        }
-        crate::consent::Keyword::OptIn if state.sms_opted_out() => {
-            (vec![], vec![], "the driver opted in to SMS again".to_owned())
-        }
-        // A YES with nothing to opt back in to is the driver talking: the decider's.
-        crate::consent::Keyword::OptIn => return None,
-        crate::consent::Keyword::Help => (vec![], vec![], "the driver asked for help: Twilio answers HELP".to_owned()),
-    };
-    Some(Decision::new(&event.event_id, now, crate::consent::CONSENT_DECIDER, actions, asks, why))
 }
 
 /// The filtered noop on a delivered outcome of `outbox_id`. A requeued copy

@@ -163,9 +163,10 @@ impl LoadState {
             }
             EventBody::OperatorAction(op) => {
                 match &op.command {
-                    OperatorCommand::AssignSms { message_sid, .. } => {
+                    OperatorCommand::AssignSms { message_sid, from, body } => {
                         self.assigned_sms.insert(message_sid.clone());
                         self.assigned_sms_by.insert(message_sid.clone(), event_id.clone());
+                        self.consent_of(event_id, recorded_at, from, body);
                     }
                     // The SMS is another load's now: assigned here again later, it is
                     // handled again.
@@ -176,14 +177,21 @@ impl LoadState {
                     _ => {}
                 }
             }
-            EventBody::InboundSms(sms) if self.driver_phone.as_deref() == Some(sms.from.as_str()) => {
-                match crate::consent::keyword(&sms.body) {
-                    Some(Keyword::OptOut) => self.opt_out(event_id, recorded_at),
-                    Some(Keyword::OptIn) => self.sms_opt_out = None,
-                    Some(Keyword::Help) | None => {}
-                }
-            }
-            EventBody::LocationPing(_) | EventBody::InboundSms(_) | EventBody::TimerFired(_) => {}
+            EventBody::InboundSms(sms) => self.consent_of(event_id, recorded_at, &sms.from, &sms.body),
+            EventBody::LocationPing(_) | EventBody::TimerFired(_) => {}
+        }
+    }
+
+    /// An SMS `from` the driver that is STOP or START (`crate::consent`), however it
+    /// reached the load: the webhook's, or one an operator assigned.
+    fn consent_of(&mut self, event_id: &EventId, at: Timestamp, from: &str, body: &str) {
+        if self.driver_phone.as_deref() != Some(from) {
+            return;
+        }
+        match crate::consent::keyword(body) {
+            Some(Keyword::OptOut) => self.opt_out(event_id, at),
+            Some(Keyword::OptIn) => self.sms_opt_out = None,
+            Some(Keyword::Help) | None => {}
         }
     }
 

@@ -12,6 +12,7 @@ use crate::action::{Action, ActionKind, ActionType, Urgency};
 use crate::decision::{AskChange, AskStatus, Decision};
 use crate::event::{EventBody, InboundEvent, InboundSms, Risk};
 use crate::ids::{AskId, LoadId, TimerId, ask_action_key, event_action_key};
+use crate::mask::mask_phone;
 use crate::outcome::OutcomeStatus;
 use crate::projection::{LoadState, OpenAsk};
 use crate::time::{Timestamp, add};
@@ -159,10 +160,80 @@ pub fn decide_sms(
     sms: &InboundSms,
     now: Timestamp,
 ) -> Decision {
+    // An operator's SMS is the driver's consent as much as the webhook's is.
+    if let Some(d) = consent(load, state, event, sms, now) {
+        return d;
+    }
     let mut d =
         Sop { load, state, event, now, policy: EtaPolicy::default(), actions: vec![], asks: vec![], rule: Rule::Rule8 };
     let rationale = d.sms(sms);
     Decision::new(&event.event_id, now, "sop", d.actions, d.asks, rationale)
+}
+
+/// The decision on an SMS from the load's driver that is a keyword; `None` for any
+/// other SMS (a decider's).
+pub fn consent(
+    load: &LoadId,
+    state: &LoadState,
+    event: &InboundEvent,
+    sms: &InboundSms,
+    now: Timestamp,
+) -> Option<Decision> {
+    if state.driver_phone.as_deref() != Some(sms.from.as_str()) {
+        return None;
+    }
+    let (actions, asks, why) = match crate::consent::keyword(&sms.body)? {
+        crate::consent::Keyword::OptOut if state.sms_opted_out() => {
+            (vec![], vec![], "the driver opted out of SMS already".to_owned())
+        }
+        crate::consent::Keyword::OptOut => {
+            let mut actions = Vec::new();
+            let mut asks = Vec::new();
+            for ask in state.open_asks() {
+                asks.push(AskChange { ask_id: ask.ask_id.clone(), step: ask.step, status: AskStatus::Closed });
+                let timer_id = TimerId::new(load, &ask.ask_id, ask.step);
+                actions.push(Action {
+                    key: ask_action_key(load, &ask.ask_id, ask.step, ActionType::CancelTimer.as_str()),
+                    kind: ActionKind::CancelTimer { timer_id },
+                    ask_id: Some(ask.ask_id.clone()),
+                    step: Some(ask.step),
+                    requeue_of: None,
+                });
+            }
+            let body = format!(
+                "The driver of load {load} ({}) replied {:?}: haul sends them no SMS until they reply START. {} Call them.",
+                mask_phone(&sms.from),
+                sms.body.trim(),
+                if asks.is_empty() { "No ask was open." } else { "The open ask is closed." }
+            );
+            actions.push(Action {
+                key: event_action_key(load, &event.event_id, ActionType::CreateHeroTask.as_str()),
+                kind: ActionKind::CreateHeroTask {
+                    title: format!("Load {load}: driver opted out of SMS, call them"),
+                    body,
+                    urgency: Urgency::Urgent,
+                },
+                ask_id: None,
+                step: None,
+                requeue_of: None,
+            });
+            (
+                actions,
+                asks,
+                format!(
+                    "the driver opted out of SMS: {} open ask(s) closed, a person calls",
+                    state.open_asks().count()
+                ),
+            )
+        }
+        crate::consent::Keyword::OptIn if state.sms_opted_out() => {
+            (vec![], vec![], "the driver opted in to SMS again".to_owned())
+        }
+        // A YES with nothing to opt back in to is the driver talking: the decider's.
+        crate::consent::Keyword::OptIn => return None,
+        crate::consent::Keyword::Help => (vec![], vec![], "the driver asked for help: Twilio answers HELP".to_owned()),
+    };
+    Some(Decision::new(&event.event_id, now, crate::consent::CONSENT_DECIDER, actions, asks, why))
 }
 
 struct Sop<'a> {

@@ -186,17 +186,12 @@ impl Model {
                 }
             }
             EventBody::OperatorAction(op) => {
-                if let OperatorCommand::AssignSms { message_sid, .. } = &op.command {
+                if let OperatorCommand::AssignSms { message_sid, from, body } = &op.command {
                     self.assigned_sms.insert(message_sid.clone());
+                    self.consent(from, body);
                 }
             }
-            EventBody::InboundSms(sms) if self.phone.as_deref() == Some(sms.from.as_str()) => {
-                match consent_word(&sms.body) {
-                    Some("stop") if !self.opted_out() => self.opted_out.clone_from(&self.phone),
-                    Some("start") => self.opted_out = None,
-                    _ => {}
-                }
-            }
+            EventBody::InboundSms(sms) => self.consent(&sms.from, &sms.body),
             EventBody::ActionOutcome(o)
                 if o.status == OutcomeStatus::Failed
                     && o.failure.as_deref().is_some_and(|f| f.contains("twilio error 21610"))
@@ -204,6 +199,18 @@ impl Model {
             {
                 self.opted_out.clone_from(&self.phone);
             }
+            _ => {}
+        }
+    }
+
+    /// An SMS `from` the driver that is STOP or START, however it reached the load.
+    fn consent(&mut self, from: &str, body: &str) {
+        if self.phone.as_deref() != Some(from) {
+            return;
+        }
+        match consent_word(body) {
+            Some("stop") if !self.opted_out() => self.opted_out.clone_from(&self.phone),
+            Some("start") => self.opted_out = None,
             _ => {}
         }
     }
