@@ -760,6 +760,13 @@ impl Loaded {
                 self.config.store.url
             ));
         }
+        if self.config.channels.sms.kind() == ChannelKind::Twilio && self.config.server.public_url.is_none() {
+            notes.push(
+                "channels.sms.kind = \"twilio\" without server.public_url: Twilio is asked for no delivery receipts, \
+                 so an SMS it cannot deliver is seen only when the driver does not answer (docs/twilio.md)"
+                    .into(),
+            );
+        }
         notes
     }
 }

@@ -124,8 +124,12 @@ fn config_check(args: &ConfigArgs, listen: Option<String>) -> anyhow::Result<Exi
         (Some(s), Some(file)) => format!(", shadow {} ({})", s.decider.kind, file.display()),
         _ => String::new(),
     };
+    let sms = match c.channels.sms.kind() {
+        haul_config::ChannelKind::Twilio => ", sms through twilio",
+        haul_config::ChannelKind::Generic => "",
+    };
     say(format_args!(
-        "ok: store {}, queue {}, decider {}{shadow}, listening on {}",
+        "ok: store {}, queue {}, decider {}{shadow}{sms}, listening on {}",
         store::describe(&c.store.url),
         c.queue.kind,
         c.decider.kind,

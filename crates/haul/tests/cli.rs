@@ -203,6 +203,26 @@ fn config_check_says_ok_or_one_line_naming_the_variable() {
     assert!(ok && !err.contains("HAUL_SQS_ENDPOINT"), "{err}");
 }
 
+/// `config check` with SMS through Twilio: its secret must be set, the answer says
+/// where SMS goes, and a missing public URL (no delivery receipts) is a warning.
+#[test]
+fn config_check_says_sms_goes_through_twilio_and_warns_without_receipts() {
+    let twilio = [
+        ("HAUL_CHANNELS_SMS_KIND", "twilio"),
+        ("HAUL_TWILIO_ACCOUNT_SID", "AC0123456789abcdef0123456789abcdef"),
+        ("HAUL_TWILIO_FROM", "+15555550000"),
+    ];
+    let (ok, _, err) = haul(&["config", "check"], &twilio);
+    assert!(!ok && err.contains("HAUL_TWILIO_AUTH_TOKEN"), "{err}");
+    let with_token = [twilio.as_slice(), &[("HAUL_TWILIO_AUTH_TOKEN", "tok")]].concat();
+    let (ok, out, err) = haul(&["config", "check"], &with_token);
+    assert!(ok && out.contains("sms through twilio"), "{out}{err}");
+    assert!(err.contains("without server.public_url") && !err.contains("tok\n"), "{err}");
+    let public = [with_token.as_slice(), &[("HAUL_SERVER_PUBLIC_URL", "https://haul.example.com")]].concat();
+    let (ok, _, err) = haul(&["config", "check"], &public);
+    assert!(ok && !err.contains("public_url"), "{err}");
+}
+
 #[test]
 fn config_show_says_where_each_value_came_from_and_masks_secrets() {
     let dir = scratch("show");
