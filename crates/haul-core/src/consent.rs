@@ -19,6 +19,10 @@ pub const CONSENT_DECIDER: &str = "consent";
 /// Twilio's refusal of a send to a number that opted out.
 pub const OPTED_OUT_REFUSAL: &str = "twilio error 21610";
 
+/// The dispatcher's refusal of a send to a phone the consent ledger has opted out
+/// (a STOP that reached another load, or none): what Twilio would answer, said first.
+pub const LEDGER_REFUSAL: &str = "not sent: the phone opted out of SMS (consent ledger)";
+
 /// What a keyword SMS asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keyword {
@@ -38,9 +42,38 @@ pub fn keyword(body: &str) -> Option<Keyword> {
     }
 }
 
-/// Whether a send's failure is the service refusing an opted-out number.
+/// The failure of an SMS the dispatcher did not send: the ledger's opt-out, and the
+/// event that made it.
+pub fn ledger_refusal(event_id: &str, at: crate::time::Timestamp) -> String {
+    format!("{LEDGER_REFUSAL}: {event_id} at {at}")
+}
+
+/// Whether a send's failure is the service, or the dispatcher, refusing an opted-out
+/// number.
 pub fn refused_as_opted_out(failure: &str) -> bool {
-    failure.contains(OPTED_OUT_REFUSAL)
+    failure.contains(OPTED_OUT_REFUSAL) || failure.starts_with(LEDGER_REFUSAL)
+}
+
+/// What an SMS does to its sender's consent across loads (the per-phone ledger the
+/// store keeps, `sms_consent`): STOP opts the phone out, START opts it back in; HELP
+/// and any other text change nothing. The ledger is what a load the STOP never reached
+/// (a later load of the same driver) learns it from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsentChange {
+    pub phone: String,
+    pub opted_out: bool,
+}
+
+impl ConsentChange {
+    /// The change an SMS `from` with `body` makes, when it makes one.
+    pub fn of_sms(from: &str, body: &str) -> Option<ConsentChange> {
+        let opted_out = match keyword(body)? {
+            Keyword::OptOut => true,
+            Keyword::OptIn => false,
+            Keyword::Help => return None,
+        };
+        (!from.is_empty()).then(|| ConsentChange { phone: from.to_owned(), opted_out })
+    }
 }
 
 #[cfg(test)]
@@ -61,6 +94,33 @@ mod tests {
         for other in ["", "please stop texting me", "STOP IT", "stopp", "ETA 9:15", "no", "S T O P"] {
             check(other, None);
         }
+    }
+
+    #[test]
+    fn an_sms_changes_its_senders_consent_only_when_it_is_stop_or_start() {
+        let check = |from: &str, body: &str, want: Option<bool>| {
+            let got = ConsentChange::of_sms(from, body);
+            assert_eq!(got.as_ref().map(|c| c.opted_out), want, "{from:?} {body:?}");
+            if let Some(c) = got {
+                assert_eq!(c.phone, from);
+            }
+        };
+        check(PHONE, "Stop", Some(true));
+        check(PHONE, "unsubscribe.", Some(true));
+        check(PHONE, "START", Some(false));
+        check(PHONE, "yes", Some(false));
+        check(PHONE, "HELP", None);
+        check(PHONE, "ETA 9:15", None);
+        check("", "STOP", None);
+    }
+
+    #[test]
+    fn both_refusals_are_opt_outs_and_nothing_else_is() {
+        assert!(refused_as_opted_out("HTTP 400: twilio error 21610: Attempt to send to unsubscribed recipient"));
+        assert!(refused_as_opted_out(&ledger_refusal("sms:SM1", at(0))));
+        assert_eq!(ledger_refusal("sms:SM1", at(0)), format!("{LEDGER_REFUSAL}: sms:SM1 at 2026-03-02T07:00:00Z"));
+        assert!(!refused_as_opted_out("HTTP 400: twilio error 21211: invalid To"));
+        assert!(!refused_as_opted_out(&format!("timeout; {LEDGER_REFUSAL}")));
     }
 
     use crate::action::{ActionKind, ActionType, Urgency};

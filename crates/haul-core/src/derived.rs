@@ -13,9 +13,10 @@
 
 use serde_json::{Map, Value};
 
+use crate::consent::ConsentChange;
 use crate::decision::Decision;
 use crate::event::EventBody;
-use crate::ids::TimerId;
+use crate::ids::{EventId, TimerId};
 use crate::log::Entry;
 use crate::projection::STAGE_DELIVERED;
 use crate::time::Timestamp;
@@ -53,25 +54,34 @@ pub struct Derived {
     /// The timers a decision schedules and cancels in its append, in its actions'
     /// order; empty unless the worker commits timers with their decision.
     pub timers: Vec<TimerWrite>,
+    /// What an inbound STOP or START changed in its sender's consent, and the event's
+    /// id: written to the store's per-phone ledger, which loads the SMS never reached
+    /// go by (`crate::consent::ConsentChange`).
+    pub consent: Option<(ConsentChange, String)>,
 }
 
 impl Derived {
     /// What `entry` changes.
     pub fn of(entry: &Entry) -> Derived {
         match entry {
-            Entry::Event { body, .. } => Derived::of_event(body),
+            Entry::Event { event_id, body } => Derived::of_event(event_id, body),
             Entry::Decision(d) => Derived::of_decision(d),
             Entry::Unreadable { .. } => Derived::default(),
         }
     }
 
-    /// What an event changes: a `load_update`'s stage, phone and client.
-    pub fn of_event(body: &EventBody) -> Derived {
+    /// What an event changes: a `load_update`'s stage, phone and client; an inbound
+    /// STOP's or START's sender's consent.
+    pub fn of_event(event_id: &EventId, body: &EventBody) -> Derived {
         match body {
             EventBody::LoadUpdate(u) => {
                 let (stage, driver_phone, client) = (u.stage.clone(), u.driver_phone.clone(), u.client.clone());
                 Derived { stage, driver_phone, client, ..Derived::default() }
             }
+            EventBody::InboundSms(sms) => Derived {
+                consent: ConsentChange::of_sms(&sms.from, &sms.body).map(|c| (c, event_id.to_string())),
+                ..Derived::default()
+            },
             _ => Derived::default(),
         }
     }
@@ -105,6 +115,9 @@ impl Derived {
             out.asks.extend(d.asks.iter().cloned());
             out.inbox.extend(d.inbox.iter().cloned());
             out.timers.extend(d.timers.iter().cloned());
+            if d.consent.is_some() {
+                out.consent.clone_from(&d.consent);
+            }
         }
         out
     }
@@ -217,6 +230,27 @@ mod tests {
         assert!(schedule.is_schedule() && !cancel.is_schedule());
         let d = |t: &TimerWrite| Derived { timers: vec![t.clone()], ..Derived::default() };
         assert_eq!(Derived::merged(&[d(&schedule), Derived::default(), d(&cancel)]).timers, [schedule, cancel]);
+    }
+
+    /// An inbound STOP or START is its sender's consent, whichever load it reached; the
+    /// last in an append wins.
+    #[test]
+    fn an_inbound_stop_or_start_changes_its_senders_consent() {
+        let sms =
+            |id: &str, body: &str| Entry::decode(id, "inbound_sms", json!({"from": "+15555550100", "body": body}));
+        let consent = |entries: &[Entry]| {
+            let deltas: Vec<Derived> = entries.iter().map(Derived::of).collect();
+            Derived::merged(&deltas).consent.map(|(c, id)| (c.phone, c.opted_out, id))
+        };
+        let phone = "+15555550100".to_owned();
+        assert_eq!(consent(&[sms("e1", " stop ")]), Some((phone.clone(), true, "e1".into())));
+        assert_eq!(
+            consent(&[sms("e1", "STOP"), sms("e2", "eta 9"), sms("e3", "START")]),
+            Some((phone.clone(), false, "e3".into()))
+        );
+        assert_eq!(consent(&[sms("e1", "STOP"), sms("e2", "HELP")]), Some((phone, true, "e1".into())));
+        assert_eq!(consent(&[sms("e1", "running late")]), None);
+        assert_eq!(consent(&[entry("load_update", json!({"driver_phone": "+15555550100"}))]), None);
     }
 
     #[test]

@@ -15,8 +15,8 @@ use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
     delivery_row, inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row,
     outbox_row, parse_receipt, queue_message_row, rate_change_row, record_row, saturated_row, shadow_params,
-    shadow_row, sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row,
-    unmatched_sms_row, unsettled_row,
+    shadow_row, sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row,
+    type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::backend::{check_takes, counted};
 use haul_store::ops::{
@@ -24,10 +24,10 @@ use haul_store::ops::{
 };
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
-    MAX_CLIENTS_OF, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune,
-    PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor, SendRates, ShadowCursor,
-    ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded,
-    Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load, too_many,
+    MAX_CLIENTS_OF, MAX_CONSENT_ASKED, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow,
+    OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor, SendRates,
+    ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsRoute, StaleClaimError,
+    StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load, too_many,
 };
 use haul_store::{
     ClaimCursor, ClaimTake, ClaimedTaking, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange,
@@ -804,6 +804,20 @@ impl LoadIndex for PgStore {
         self.query_rows(LOAD_CLIENTS, &[&ids], load_client_row).await
     }
 
+    async fn record_consent(&self, c: &SmsConsent) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(CONSENT_SET).await.map_err(pg)?;
+        let (opted_out, load_id) = (i32::from(c.opted_out), c.load_id.as_ref().map(LoadId::as_str));
+        let params: Params = &[&c.phone, &opted_out, &c.event_id, &load_id, &to_ms(c.changed_at)];
+        client.execute(&stmt, params).await.map_err(pg)?;
+        Ok(())
+    }
+
+    async fn opted_out_among(&self, phones: &[String]) -> Result<Vec<SmsConsent>, StoreError> {
+        let phones = &phones[..phones.len().min(MAX_CONSENT_ASKED)];
+        self.query_rows(CONSENT_OPTED_OUT_AMONG, &[&phones], sms_consent_row).await
+    }
+
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(UNMATCHED_SMS_RECORD).await.map_err(pg)?;
@@ -972,6 +986,11 @@ impl OpsQueries for PgStore {
     ) -> Result<Vec<InboxSms>, StoreError> {
         let (at, id) = position(before, i64::MAX);
         self.query_rows(UNMATCHED_SMS_PAGE, &[&at, &id, &sql_limit(limit), &state_param(state)], inbox_sms_row).await
+    }
+
+    async fn opted_out_page(&self, before: Option<&RowCursor>, limit: usize) -> Result<Vec<SmsConsent>, StoreError> {
+        let (at, phone) = position(before, i64::MAX);
+        self.query_rows(CONSENT_OPTED_OUT_PAGE, &[&at, &phone, &sql_limit(limit)], sms_consent_row).await
     }
 
     async fn ops_alerts_page(

@@ -55,6 +55,9 @@ const MIGRATIONS: &[Migration] = &[
     // A new column only, written with COALESCE: a haul of schema 16 runs beside (its
     // appends leave a load's client as it was).
     Migration::new(17, include_str!("../migrations/0017_client_shares.sql")).readable_by(16),
+    // A new table only: a haul of schema 17 runs beside (its appends leave the consent
+    // ledger alone; the loads' logs still have every STOP).
+    Migration::new(18, include_str!("../migrations/0018_sms_consent.sql")).readable_by(17),
 ];
 
 /// The newest schema version this build knows.

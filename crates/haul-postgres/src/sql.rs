@@ -660,6 +660,25 @@ pub const TIMERS_OVERDUE_PAGE: &str = concat!(
 );
 /// Unmatched SMS, newest first: `$1` before received_at, `$2` before sid, `$3` limit,
 /// `$4` inbox state (NULL: any).
+/// What an SMS changed in its phone's consent (`$1` phone, `$2` 1 opted out or 0, `$3`
+/// event, `$4` load or NULL, `$5` now, ms): an opt-out kept until an opt-in clears it,
+/// an opt-in kept only over an opt-out.
+pub const CONSENT_SET: &str = "INSERT INTO sms_consent (phone, opted_out, event_id, load_id, changed_at)
+       SELECT $1::text, $2::integer, $3::text, $4::text, $5::bigint
+       WHERE $2::integer = 1 OR EXISTS (SELECT 1 FROM sms_consent WHERE phone = $1::text)
+     ON CONFLICT (phone) DO UPDATE SET opted_out = excluded.opted_out, event_id = excluded.event_id,
+       load_id = excluded.load_id, changed_at = excluded.changed_at
+     WHERE sms_consent.opted_out <> excluded.opted_out";
+/// The opted-out phones among `$1`.
+pub const CONSENT_OPTED_OUT_AMONG: &str =
+    concat!("SELECT ", columns!(sms_consent), " FROM sms_consent WHERE phone = ANY($1) AND opted_out = 1");
+/// The opted-out phones, the latest first, before `($1, $2)`, at most `$3`.
+pub const CONSENT_OPTED_OUT_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(sms_consent),
+    " FROM sms_consent WHERE opted_out = 1 AND (changed_at, phone) < ($1, $2)
+     ORDER BY changed_at DESC, phone DESC LIMIT $3"
+);
 pub const UNMATCHED_SMS_PAGE: &str = concat!(
     "SELECT ",
     columns!(inbox_sms),

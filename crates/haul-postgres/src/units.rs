@@ -18,9 +18,10 @@ use tokio_postgres::error::SqlState;
 
 use crate::rows::{Params, col, constraint};
 use crate::sql::{
-    ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS, LOAD_SUMMARY_FOLD,
-    LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED,
-    QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH, TIMERS_CANCEL_ALL, TIMERS_SCHEDULE_ALL,
+    CONSENT_SET, ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS,
+    LOAD_SUMMARY_FOLD, LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN,
+    OUTBOX_MARK_DISPATCHED, QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH, TIMERS_CANCEL_ALL,
+    TIMERS_SCHEDULE_ALL,
 };
 use crate::{pg, pool_client};
 
@@ -116,6 +117,7 @@ pub(crate) struct AppendStatements {
     summary: Option<Statement>,
     fold: Option<Statement>,
     facts: Option<Statement>,
+    consent: Option<Statement>,
     inbox: Option<Statement>,
     schedule: Option<Statement>,
     cancel: Option<Statement>,
@@ -141,6 +143,7 @@ impl AppendStatements {
             summary: prepare(delta.stage.is_some() || !delta.asks_unchanged(), LOAD_SUMMARY_SET).await?,
             fold: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_FOLD).await?,
             facts: prepare(delta.changes_facts(), LOAD_FACTS_SET).await?,
+            consent: prepare(delta.consent.is_some(), CONSENT_SET).await?,
             inbox: prepare(!delta.inbox.is_empty(), OUTBOX_INBOX_SET).await?,
             schedule: prepare(delta.timers.iter().any(TimerWrite::is_schedule), TIMERS_SCHEDULE_ALL).await?,
             cancel: prepare(!delta.timers.iter().all(TimerWrite::is_schedule), TIMERS_CANCEL_ALL).await?,
@@ -193,6 +196,7 @@ pub(crate) async fn append_body(
         summary: summary_stmt,
         fold: fold_stmt,
         facts: facts_stmt,
+        consent: consent_stmt,
         inbox: inbox_stmt,
         schedule: schedule_stmt,
         cancel: cancel_stmt,
@@ -232,9 +236,22 @@ pub(crate) async fn append_body(
         None => Ok(0),
     };
     let active = delta.active();
-    let set_facts = async || match &facts_stmt {
-        Some(stmt) => tx.execute(stmt, &[&lid, &delta.driver_phone, &active, &now, &delta.client]).await,
-        None => Ok(0),
+    // The load's facts and the sender's consent (a STOP or START): derived data both,
+    // sent together.
+    let consent = delta.consent.as_ref().map(|(c, event_id)| (c.phone.as_str(), i32::from(c.opted_out), event_id));
+    let set_facts = async || {
+        let facts = async || match &facts_stmt {
+            Some(stmt) => tx.execute(stmt, &[&lid, &delta.driver_phone, &active, &now, &delta.client]).await,
+            None => Ok(0),
+        };
+        let consent = async || match (&consent_stmt, &consent) {
+            (Some(stmt), Some((phone, opted_out, event_id))) => {
+                tx.execute(stmt, &[phone, opted_out, event_id, &lid, &now]).await
+            }
+            _ => Ok(0),
+        };
+        let (facts, consent) = tokio::join!(facts(), consent());
+        facts.and(consent)
     };
     // The dead rows the decisions took out of the inbox: each row's last change.
     let mut inbox: Vec<&(String, String, String)> = Vec::with_capacity(delta.inbox.len());

@@ -122,7 +122,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let client = client_in_schema(&options.url, &schema).await;
     client
         .batch_execute(
-            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms, ops_alerts;
+            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms, ops_alerts, sms_consent;
              SET enable_seqscan = off;",
         )
         .await
@@ -140,6 +140,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let texts = vec!["x", "y"];
     let (pending, empty, hero) = ("pending", "", "create_hero_task");
     let (sid, phone) = ("SM8a1f", "+15555550100");
+    let phones = vec![phone];
     let (stage, asks, count, window, last) = (Some("in_transit"), Some(r#"{"a":"open"}"#), Some(1i32), 5000i64, "L9");
     let (no_text, no_ms, no, yes) = (None::<&str>, None::<i64>, false, true);
     let (open, states) = (Some("open"), vec!["dismissed"]);
@@ -240,6 +241,8 @@ async fn every_hot_query_is_served_by_an_index() {
         case("open dead rows across loads", OUTBOX_DEAD_PAGE, vec![&types, &max, &empty, &limit, &open]),
         case("overdue timers", TIMERS_OVERDUE_PAGE, vec![&later, &min, &empty, &limit]),
         case("unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit, &no_text]),
+        case("the opted-out among a claim's phones", CONSENT_OPTED_OUT_AMONG, vec![&phones]),
+        case("opted-out pages", CONSENT_OPTED_OUT_PAGE, vec![&max, &empty, &limit]),
         case("open unmatched SMS pages", UNMATCHED_SMS_PAGE, vec![&max, &empty, &limit, &open]),
         case("ops alerts, newest first", OPS_ALERTS_NEWEST, vec![&max, &empty, &limit, &no_text]),
         case("open ops alerts, newest first", OPS_ALERTS_NEWEST, vec![&max, &empty, &limit, &open]),

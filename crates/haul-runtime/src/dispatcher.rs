@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haul_core::action::{Action, ActionType, Request};
+use haul_core::consent;
 use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, Settled};
 use haul_core::ids::LoadId;
 use haul_core::limit::{self, Grant, Limit};
@@ -116,12 +117,14 @@ pub struct Claimed {
     pub claims: Vec<Claim>,
     pub superseded: usize,
     pub held: usize,
+    /// SMS buried unsent: their phone opted out (the consent ledger).
+    pub refused: usize,
 }
 
 impl Claimed {
     /// Every row the claim took from the store, sent or not.
     pub fn took(&self) -> usize {
-        self.claims.len() + self.superseded + self.held
+        self.claims.len() + self.superseded + self.held + self.refused
     }
 }
 
@@ -222,12 +225,13 @@ impl Dispatcher {
     /// the failed outcomes that an earlier burial could not.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = self.sweep_dead().await?;
-        let Claimed { claims, superseded, .. } = match self.claim(self.settings.batch, None).await? {
+        let Claimed { claims, superseded, refused, .. } = match self.claim(self.settings.batch, None).await? {
             Ok(claimed) => claimed,
             Err(crash) => return Ok(vec![Dispatched::Crashed(crash)]),
         };
         // Settled too: the row the later step was due in place of may be due now.
         out.extend(std::iter::repeat_n(Dispatched::Superseded, superseded));
+        out.extend(std::iter::repeat_n(Dispatched::Buried, refused));
         if self.settings.sequential {
             for claim in claims {
                 out.push(self.dispatch(claim).await);
@@ -274,10 +278,14 @@ impl Dispatcher {
             self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
         }
         let (claims, superseded) = self.drop_superseded(claims, &limits, now).await;
+        let (claims, refused) = match self.refuse_opted_out(claims).await {
+            Ok(kept) => kept,
+            Err(crash) => return Ok(Err(crash)),
+        };
         // The clock again: a grant's instant is as close as it can be to its sends, so
         // the time the supersede checks took does not bunch them at the service.
         let (claims, held) = self.admit(claims, &limits, &taken, self.clock.now()).await?;
-        Ok(Ok(Claimed { claims, superseded, held }))
+        Ok(Ok(Claimed { claims, superseded, held, refused }))
     }
 
     /// The limits in force at `now`: the operators' changes are read again when the
@@ -351,6 +359,47 @@ impl Dispatcher {
             }
         }
         (kept, superseded)
+    }
+
+    /// The claims still to send: an SMS to a phone the consent ledger has opted out (a
+    /// STOP that reached another load of the driver's, or none) is buried unsent with
+    /// `consent::LEDGER_REFUSAL`, so its load learns the opt-out from the failed outcome
+    /// as it would from Twilio's 21610. One read of the ledger per claim with SMS in
+    /// it; a ledger that cannot be read sends none of them (consent is not guessed):
+    /// their leases lapse and they are claimed again. Answers the claims kept and how
+    /// many were refused.
+    async fn refuse_opted_out(&self, claims: Vec<Claim>) -> Result<(Vec<Claim>, usize), Crash> {
+        let mut phones: Vec<String> = claims.iter().filter_map(|c| sms_to(&c.row)).map(str::to_owned).collect();
+        if phones.is_empty() {
+            return Ok((claims, 0));
+        }
+        phones.sort_unstable();
+        phones.dedup();
+        let opted_out = match self.store.opted_out_among(&phones).await {
+            Ok(opted_out) => opted_out,
+            Err(e) => {
+                warn!(error = %e, "reading the consent ledger failed; the claimed SMS are left for their leases to lapse");
+                return Ok((claims.into_iter().filter(|c| sms_to(&c.row).is_none()).collect(), 0));
+            }
+        };
+        let (mut kept, mut refused) = (Vec::with_capacity(claims.len()), 0);
+        for c in claims {
+            let Some(consent) = sms_to(&c.row).and_then(|to| opted_out.iter().find(|o| o.phone == to)) else {
+                kept.push(c);
+                continue;
+            };
+            let why = consent::ledger_refusal(&consent.event_id, consent.changed_at);
+            info!(load_id = %c.row.load_id, outbox_id = %c.row.id, stop = %consent.event_id, "not sent: the phone opted out of SMS");
+            let facts = row_facts(&c.row);
+            let next = dispatch::after_send(&facts, Sent::Permanent(why), self.mode(), self.clock.now());
+            match self.settle(&facts, &c.token, next).await? {
+                Dispatched::Buried => refused += 1,
+                other => {
+                    debug!(outbox_id = %c.row.id, outcome = other.label(), "refused SMS not settled; its lease lapses")
+                }
+            }
+        }
+        Ok((kept, refused))
     }
 
     /// The clients of the claims' loads; a store that cannot say has them all queue as
@@ -627,11 +676,10 @@ impl Dispatcher {
             return Ok(Dispatched::Unsettled("the planted never_reclaim bug gave the row up".into()));
         }
         let facts = row_facts(row);
-        // The planted bug publishes with the mark in two steps, in the wrong order.
-        let mode = if self.faults.bugs.mark_before_publish { QueueMode::Separate } else { self.queue_mode };
+        let mode = self.mode();
         // Read from the row's JSON in place: a copy of it per send (allocated, then
         // dropped) showed in a busy dispatcher's profile.
-        let mut next = match <Action as serde::Deserialize>::deserialize(&row.action) {
+        let next = match <Action as serde::Deserialize>::deserialize(&row.action) {
             Err(e) => Next::Plan(dispatch::bury(&facts, format!("unreadable action: {e}"))),
             Ok(action) => {
                 if dispatch::claim_needs_check(row.lease_until, self.clock.now(), self.settings.lease) {
@@ -648,19 +696,31 @@ impl Dispatcher {
                 dispatch::after_send(&facts, sent, mode, self.clock.now())
             }
         };
+        self.settle(&facts, token, next).await
+    }
+
+    /// How an outcome's publish goes with its row's mark.
+    fn mode(&self) -> QueueMode {
+        // The planted bug publishes with the mark in two steps, in the wrong order.
+        if self.faults.bugs.mark_before_publish { QueueMode::Separate } else { self.queue_mode }
+    }
+
+    /// Runs the plan `next` is, then the plans of any step that failed on the way,
+    /// until the row is settled.
+    async fn settle(&self, facts: &Row, token: &str, mut next: Next) -> Result<Dispatched, Crash> {
         // This attempt's draw, whatever the order the batch's sends ended in.
         let jitter = retry::jitter(self.jitter_seed, &facts.outbox_id, facts.attempts.saturating_add(1));
         let policy = &self.settings.retry;
         loop {
             let mut plan = match next {
                 Next::Plan(plan) => plan,
-                Next::AttemptFailed(why) => dispatch::after_failure(&facts, &why, self.clock.now(), policy, jitter),
-                Next::MarkFailed(why) => dispatch::after_mark_failure(&facts, &why, self.clock.now(), policy, jitter),
+                Next::AttemptFailed(why) => dispatch::after_failure(facts, &why, self.clock.now(), policy, jitter),
+                Next::MarkFailed(why) => dispatch::after_mark_failure(facts, &why, self.clock.now(), policy, jitter),
             };
             if self.faults.bugs.mark_before_publish {
                 mark_before_publish(&mut plan);
             }
-            match self.execute(&facts, token, plan).await? {
+            match self.execute(facts, token, plan).await? {
                 Ran::Done(d) => return Ok(d),
                 Ran::Again(n) => next = n,
             }
@@ -936,6 +996,11 @@ fn mark_before_publish(plan: &mut Plan) {
     {
         plan.steps.swap(publish, mark);
     }
+}
+
+/// The phone an SMS row texts; `None` for any other row.
+fn sms_to(row: &OutboxRow) -> Option<&str> {
+    (row.action_type == ActionType::SendSms).then(|| row.action.pointer("/params/to")?.as_str()).flatten()
 }
 
 fn row_facts(row: &OutboxRow) -> Row {

@@ -17,7 +17,7 @@ use haul_core::decision::InboxState;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, since, to_ms};
 use haul_store::ops::{ConflictLoad, DEFAULT_PAGE, DeadRow, LoadSummary, MAX_PAGE, class_types};
-use haul_store::{InboxAlert, InboxSms, LoadFilter, RowCursor, Store, StoreError, Timer};
+use haul_store::{InboxAlert, InboxSms, LoadFilter, RowCursor, SmsConsent, Store, StoreError, Timer};
 
 /// One of the queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,11 +35,13 @@ pub enum Query {
     Alerts,
     /// The loads whose appends the version check refused most often.
     Conflicts,
+    /// Phones opted out of SMS (the consent ledger), the latest opt-out first.
+    OptedOut,
 }
 
 impl Query {
-    pub const ALL: [Query; 6] =
-        [Query::Loads, Query::Dead, Query::Timers, Query::Unmatched, Query::Alerts, Query::Conflicts];
+    pub const ALL: [Query; 7] =
+        [Query::Loads, Query::Dead, Query::Timers, Query::Unmatched, Query::Alerts, Query::Conflicts, Query::OptedOut];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -49,6 +51,7 @@ impl Query {
             Query::Unmatched => "unmatched",
             Query::Alerts => "alerts",
             Query::Conflicts => "conflicts",
+            Query::OptedOut => "opted-out",
         }
     }
 
@@ -75,6 +78,7 @@ impl Query {
             Query::Timers => &["overdue_over", "after", "limit"],
             Query::Unmatched | Query::Alerts => &["inbox", "before", "limit"],
             Query::Conflicts => &["limit"],
+            Query::OptedOut => &["before", "limit"],
         }
     }
 }
@@ -217,6 +221,7 @@ pub enum Answer {
     Alerts(Page<InboxAlert>),
     /// The loads that lost most races; one page only (`next` is always `None`).
     Conflicts(Page<ConflictLoad>),
+    OptedOut(Page<SmsConsent>),
 }
 
 impl Answer {
@@ -232,6 +237,7 @@ impl Answer {
             Answer::Unmatched(p) => of(p),
             Answer::Alerts(p) => of(p),
             Answer::Conflicts(p) => of(p),
+            Answer::OptedOut(p) => of(p),
         }
     }
 
@@ -265,6 +271,7 @@ pub async fn run(
         Query::Unmatched => Answer::Unmatched(unmatched(store, pairs, now).await?),
         Query::Alerts => Answer::Alerts(alerts(store, pairs, now).await?),
         Query::Conflicts => Answer::Conflicts(conflicts(store, pairs, now).await?),
+        Query::OptedOut => Answer::OptedOut(opted_out(store, pairs, now).await?),
     })
 }
 
@@ -350,6 +357,19 @@ pub async fn timers(store: &dyn Store, pairs: &[(String, String)], now: Timestam
     Ok(Page { rows, next, now })
 }
 
+/// Phones opted out of SMS, the latest opt-out first.
+pub async fn opted_out(
+    store: &dyn Store,
+    pairs: &[(String, String)],
+    now: Timestamp,
+) -> Result<Page<SmsConsent>, QueryError> {
+    let p = Params::new(Query::OptedOut, pairs)?;
+    let limit = p.limit()?;
+    let rows = store.opted_out_page(p.cursor("before")?.as_ref(), limit).await?;
+    let next = next_of(&rows, limit, |c| RowCursor { created_at: c.changed_at, id: c.phone.clone() }.to_string());
+    Ok(Page { rows, next, now })
+}
+
 /// Inbound SMS that went to no load, newest first.
 pub async fn unmatched(
     store: &dyn Store,
@@ -414,6 +434,9 @@ mod tests {
         check(Query::Timers, &[("after", "L1")], Err("not a cursor"));
         check(Query::Dead, &[("before", "x.y")], Err("not a cursor"));
         check(Query::Unmatched, &[("stage", "x")], Err("one of inbox, before, limit"));
+        check(Query::OptedOut, &[("before", "1772434800000.+15555550100"), ("limit", "10")], Ok(()));
+        check(Query::OptedOut, &[("inbox", "open")], Err("one of before, limit"));
+        check(Query::OptedOut, &[("before", "+15555550100")], Err("not a cursor"));
         for state in ["open", "handled", "dismissed", "all"] {
             check(Query::Dead, &[("inbox", state)], Ok(()));
             check(Query::Alerts, &[("inbox", state)], Ok(()));

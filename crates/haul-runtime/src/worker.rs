@@ -669,7 +669,7 @@ fn rows(
             entry_id: e.event_id.to_string(),
             kind: e.kind().into(),
             payload: e.body.payload(),
-            derived: Derived::of_event(&e.body),
+            derived: Derived::of_event(&e.event_id, &e.body),
         });
         entries.push(NewEntry {
             entry_id: d.decision_id.clone(),

@@ -1229,3 +1229,46 @@ async fn an_answer_waits_for_the_loads_decision_but_not_past_its_bound() {
     // Asked again later, the first read finds it: no wait is needed.
     assert!(operator::decided(&*rig.store, &load("L1"), "op:r1", Duration::ZERO).await.is_some());
 }
+
+/// A STOP the driver sent on another load, or on none, is in the consent ledger: the
+/// dispatcher sends no SMS to that phone. The row is buried unsent, its load learns
+/// the opt-out from the failed outcome, and the SOP asks a person to call instead.
+#[tokio::test]
+async fn no_sms_goes_to_a_phone_the_consent_ledger_opted_out() {
+    let rig = Rig::new().await;
+    let stop = haul_store::SmsConsent {
+        phone: DRIVER.into(),
+        opted_out: true,
+        event_id: "sms:SMstop".into(),
+        load_id: None,
+        changed_at: t0(),
+    };
+    rig.store.record_consent(&stop).await.unwrap();
+    rig.asked("L1").await;
+    let dispatcher = rig.dispatcher(QueueMode::Separate, Faults::default());
+    let claimed = dispatcher.claim(10, None).await.unwrap().unwrap();
+    assert_eq!((claimed.refused, claimed.took()), (1, claimed.claims.len() + 1), "{claimed:?}");
+    assert!(claimed.claims.iter().all(|c| c.row.action_type != ActionType::SendSms), "{claimed:?}");
+    assert!(rig.services.calls(Channel::Sms).is_empty(), "texted an opted-out phone");
+    let sms = rig.row("L1", "send_sms").await;
+    assert_eq!(sms.status, OutboxStatus::Dead);
+    let failure = sms.last_failure.unwrap();
+    assert_eq!(failure, haul_core::consent::ledger_refusal("sms:SMstop", t0()));
+
+    rig.settle(&rig.worker()).await;
+    let state = haul_core::projection::project(&rig.log("L1").await);
+    assert!(state.sms_opted_out(), "the load learned the opt-out from the failed outcome");
+    let hero = rig.row("L1", "create_hero_task").await;
+    assert!(hero.action.to_string().contains("opted out"), "{}", hero.action);
+
+    // The driver's next load: its ask is refused the same way by a whole run.
+    rig.asked("L2").await;
+    let out = dispatcher.run_once().await.unwrap();
+    assert!(out.contains(&Dispatched::Buried), "{out:?}");
+    assert!(rig.services.calls(Channel::Sms).is_empty(), "texted an opted-out phone");
+
+    // Opted back in: the next SMS goes out.
+    let start = haul_store::SmsConsent { opted_out: false, event_id: "sms:SMstart".into(), ..stop };
+    rig.store.record_consent(&start).await.unwrap();
+    assert!(rig.store.opted_out_among(&[DRIVER.to_owned()]).await.unwrap().is_empty());
+}

@@ -5,7 +5,7 @@
 
 use haul_runtime::queries::{Answer, Page};
 use haul_store::ops::{ConflictLoad, DeadRow, LoadSummary, class_name};
-use haul_store::{InboxAlert, InboxMark, InboxSms, Timer};
+use haul_store::{InboxAlert, InboxMark, InboxSms, SmsConsent, Timer};
 use serde_json::{Value, json};
 
 /// `answer` as the API writes it: the page's rows under the query's list name, and
@@ -18,6 +18,7 @@ pub fn answer_json(answer: &Answer) -> Value {
         Answer::Unmatched(p) => json!({"unmatched": rows(p, unmatched), "next_before": p.next}),
         Answer::Alerts(p) => json!({"alerts": rows(p, alert), "next_before": p.next}),
         Answer::Conflicts(p) => json!({"loads": rows(p, conflict)}),
+        Answer::OptedOut(p) => json!({"opted_out": rows(p, opted_out), "next_before": p.next}),
     }
 }
 
@@ -69,6 +70,16 @@ fn timer(p: &Page<Timer>, t: &Timer) -> Value {
         "fire_at": t.fire_at,
         "overdue_s": p.age_s(t.fire_at),
         "created_at": t.created_at,
+    })
+}
+
+fn opted_out(p: &Page<SmsConsent>, c: &SmsConsent) -> Value {
+    json!({
+        "phone": c.phone,
+        "event_id": c.event_id,
+        "load_id": c.load_id,
+        "opted_out_at": c.changed_at,
+        "age_s": p.age_s(c.changed_at),
     })
 }
 

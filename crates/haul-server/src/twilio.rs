@@ -17,13 +17,14 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use haul_core::action::ActionType;
+use haul_core::consent::ConsentChange;
 use haul_core::event::{MAX_SMS_BODY_CHARS, MAX_SMS_FROM_CHARS, is_refused_control};
-use haul_core::ids::{EventId, is_message_sid};
+use haul_core::ids::{EventId, LoadId, is_message_sid};
 use haul_core::mask::mask_phone;
 use haul_core::receipt::DeliveryReport;
 use haul_core::{EventBody, InboundEvent};
 use haul_runtime::channels::twilio::STATUS_KEY_PARAM;
-use haul_store::{SidClaim, SmsRoute, UnmatchedSms};
+use haul_store::{SidClaim, SmsConsent, SmsRoute, UnmatchedSms};
 use serde::Deserialize;
 use serde_json::json;
 use tracing::{debug, error, info, warn};
@@ -197,6 +198,40 @@ fn store_unavailable(what: &str, e: &haul_store::StoreError) -> Response {
     error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")
 }
 
+/// A consent keyword's other doors: the driver's other active loads each get it (the
+/// same event, so a retry is one per load), and the ledger keeps one that reached no
+/// load at all.
+async fn share_consent(
+    s: &ApiState,
+    consent: &ConsentChange,
+    event_id: &EventId,
+    sms: &Inbound,
+    loads: &[LoadId],
+) -> Result<(), Response> {
+    let Ok((_, body)) = &sms.checked else { return Ok(()) };
+    if loads.is_empty() {
+        let kept = SmsConsent {
+            phone: consent.phone.clone(),
+            opted_out: consent.opted_out,
+            event_id: event_id.to_string(),
+            load_id: None,
+            changed_at: s.clock.now(),
+        };
+        s.store.record_consent(&kept).await.map_err(|e| store_unavailable("keeping the sender's consent", &e))?;
+        info!(from = %mask_phone(&sms.from), opted_out = consent.opted_out, "consent of a phone with no active load kept");
+        return Ok(());
+    }
+    for load in loads.iter().skip(1) {
+        let event = InboundEvent { load_id: load.clone(), event_id: event_id.clone(), body: body.clone() };
+        let answer = accept(s, &event, false).await;
+        if answer.status().is_server_error() {
+            return Err(answer);
+        }
+        info!(load_id = %load, from = %mask_phone(&sms.from), opted_out = consent.opted_out, "consent shared with another load of the driver's");
+    }
+    Ok(())
+}
+
 pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
     let Ok(params) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&body) else {
         return error(StatusCode::BAD_REQUEST, "bad_form", "the body is not form-encoded UTF-8");
@@ -217,28 +252,49 @@ pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMa
         return error(StatusCode::TOO_MANY_REQUESTS, "rate_limited", "too many messages from this number");
     }
 
-    // Where it would go now.
-    let (route, reason) = match &sms.checked {
-        Err(problems) => (SmsRoute::Unmatched, problems.clone()),
+    // Where it would go now. A STOP, or a START from a phone the consent ledger has
+    // opted out, is the driver's on every load of theirs: it goes to each active one
+    // (the first is its route), and one that reached none is kept in the ledger, which
+    // the dispatcher sends no SMS against.
+    let loads = match &sms.checked {
+        Err(_) => vec![],
         Ok(_) => match s.store.loads_by_phone(&sms.from).await {
-            Ok(loads) => match loads.as_slice() {
-                [load] => (SmsRoute::Load(load.clone()), String::new()),
-                others => (SmsRoute::Unmatched, no_single_load(others.len())),
-            },
+            Ok(loads) => loads,
             Err(e) => return store_unavailable("looking up the sender's load", &e),
         },
     };
+    let consent = match sms.checked.as_ref().ok().and_then(|_| ConsentChange::of_sms(&sms.from, &sms.body)) {
+        Some(c) if !c.opted_out => match s.store.opted_out_among(std::slice::from_ref(&c.phone)).await {
+            Ok(kept) => (!kept.is_empty()).then_some(c),
+            Err(e) => return store_unavailable("reading the sender's consent", &e),
+        },
+        other => other,
+    };
+    let (route, reason) = match (&sms.checked, loads.as_slice()) {
+        (Err(problems), _) => (SmsRoute::Unmatched, problems.clone()),
+        (Ok(_), [load]) => (SmsRoute::Load(load.clone()), String::new()),
+        (Ok(_), [first, ..]) if consent.is_some() => (SmsRoute::Load(first.clone()), String::new()),
+        (Ok(_), others) => (SmsRoute::Unmatched, no_single_load(others.len())),
+    };
     // Where it goes: its sid's first route. Taken before delivering, so a failed
     // delivery is retried to the same place and a replay never reaches a new one.
-    let route = match s.store.claim_message_sid(&sms.key, &route, s.clock.now()).await {
-        Ok(SidClaim::New) => route,
+    let (route, first_time) = match s.store.claim_message_sid(&sms.key, &route, s.clock.now()).await {
+        Ok(SidClaim::New) => (route, true),
         Ok(SidClaim::Taken(first)) => {
             metrics::counter!("haul_twilio_replays_total").increment(1);
             info!(from = %mask_phone(&sms.from), "inbound SMS seen before: it goes where its MessageSid went");
-            first
+            (first, false)
         }
         Err(e) => return store_unavailable("taking a MessageSid", &e),
     };
+    if first_time && let (Some(consent), Ok((event_id, _))) = (&consent, &sms.checked) {
+        // Only the first time: a replayed STOP must not opt out a load made since,
+        // nor an old START undo a later STOP. A fan-out cut short is made good by the
+        // ledger, which the route's append writes.
+        if let Err(answer) = share_consent(&s, consent, event_id, &sms, &loads).await {
+            return answer;
+        }
+    }
     match (route, &sms.checked) {
         (SmsRoute::Load(load), Ok((event_id, body))) => {
             let event = InboundEvent { load_id: load.clone(), event_id: event_id.clone(), body: body.clone() };

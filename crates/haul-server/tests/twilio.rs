@@ -504,7 +504,46 @@ async fn a_loads_view_shows_the_drivers_opt_out(backend: Backend) {
     assert!(view["state"].get("sms_opt_out").is_none(), "{view}");
 }
 
+/// A STOP is the driver's on every load of theirs: the webhook queues it to each active
+/// one, and the consent ledger keeps one that reached no load (so the driver's next
+/// load sends nothing); START from an opted-out phone clears it. Any other SMS from a
+/// phone on two loads is unmatched, as before; a replayed keyword changes nothing.
+async fn a_stop_reaches_every_load_of_the_driver_or_the_ledger(backend: Backend) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let a = api(backend).await;
+    assign(&a, "L1", DRIVER, true).await;
+    assign(&a, "L2", DRIVER, true).await;
+    assert_eq!(a.twilio(&sms(DRIVER, "Stop.", "SMs1")).await.0, StatusCode::OK);
+    for load in ["L1", "L2"] {
+        assert_eq!(queued(&a, load, "SMs1").await.unwrap()["body"], "Stop.", "{load}");
+    }
+    assert_eq!(a.twilio(&sms(DRIVER, "ETA 9:15", "SMs2")).await.0, StatusCode::OK);
+    assert_eq!(a.twilio(&sms(DRIVER, "yes", "SMs3")).await.0, StatusCode::OK, "not opted out in the ledger yet");
+    let unmatched: Vec<String> = a.unmatched().await.iter().map(|u| u["message_sid"].to_string()).collect();
+    assert_eq!(unmatched, ["\"SMs3\"", "\"SMs2\""]);
+
+    let other = "+15555550177";
+    let opted_out = async || {
+        let (status, page, _) = a.get("/v1/ops/opted-out").await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        page["opted_out"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["phone"].clone(), c["load_id"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(a.twilio(&sms(other, "UNSUBSCRIBE", "SMs4")).await.0, StatusCode::OK);
+    assert_eq!(opted_out().await, [(json!(other), Value::Null)], "kept with no load");
+    assert_eq!(a.twilio(&sms(other, "START", "SMs5")).await.0, StatusCode::OK);
+    assert!(opted_out().await.is_empty(), "opted back in");
+    assert_eq!(a.twilio(&sms(other, "UNSUBSCRIBE", "SMs4")).await.0, StatusCode::OK);
+    assert!(opted_out().await.is_empty(), "a replayed STOP opted the phone out again");
+    assert_eq!(a.store.depth().await.unwrap(), 2, "the STOP on each load, nothing else");
+}
+
 on_both_backends!(
+    a_stop_reaches_every_load_of_the_driver_or_the_ledger,
     a_loads_view_shows_the_drivers_opt_out,
     a_failed_delivery_receipt_is_the_rows_failed_outcome_once,
     a_receipt_before_the_sends_answer_is_matched_by_its_key,

@@ -18,8 +18,8 @@ use haul_store::backend::{
     check_takes, claims, conflict_load_row, counted, dead_row, deadline_ms, delivery_receipt, delivery_row,
     inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
     parse_receipt, queue_message_row, rate_change_row, receipt, record_row, saturated_row, shadow_params, shadow_row,
-    sms_assignment, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row, type_count_row,
-    unmatched_sms_row, unsettled_row,
+    sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row,
+    type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -27,10 +27,11 @@ use haul_store::ops::{
 use haul_store::{
     AlertState, AppendError, Claim, ClaimError, ClaimTake, ClaimedTaking, ConcurrencyConflictError, DeliveryLog,
     DuplicateActionKeyError, DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
-    MAX_CLIENTS_OF, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow, OutboxStatus, Prune,
-    PruneReport, Published, QueueError, QueueMessage, RateChange, RecordedDelivery, RowCursor, SendRates, ShadowCursor,
-    ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsMove, SmsRoute, StaleClaimError, StoreError, Superseded,
-    Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns, sms_inbox_state, too_many,
+    MAX_CLIENTS_OF, MAX_CONSENT_ASKED, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow,
+    OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RateChange, RecordedDelivery, RowCursor,
+    SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsRoute,
+    StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns,
+    sms_inbox_state, too_many,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -293,6 +294,9 @@ impl SqliteStore {
                     )
                     .map_err(db)?;
                 }
+                if let Some((consent, event_id)) = &delta.consent {
+                    exec(conn, CONSENT_SET, params![consent.phone, consent.opted_out, event_id, lid, now]).map_err(db)?;
+                }
                 if delta.stage.is_some() || !delta.asks_unchanged() {
                     let (mut asks, mut open, mut escalated) = (None, None, None);
                     if !delta.asks_unchanged() {
@@ -356,6 +360,15 @@ impl SqliteStore {
             .await
     }
 }
+
+/// What an SMS changed in its phone's consent (`?1` phone, `?2` opted out, `?3`
+/// event, `?4` load or NULL, `?5` now, ms): an opt-out kept until an opt-in clears
+/// it, an opt-in kept only over an opt-out.
+const CONSENT_SET: &str = "INSERT INTO sms_consent (phone, opted_out, event_id, load_id, changed_at)
+       SELECT ?1, ?2, ?3, ?4, ?5 WHERE ?2 = 1 OR EXISTS (SELECT 1 FROM sms_consent WHERE phone = ?1)
+     ON CONFLICT (phone) DO UPDATE SET opted_out = excluded.opted_out, event_id = excluded.event_id,
+       load_id = excluded.load_id, changed_at = excluded.changed_at
+     WHERE sms_consent.opted_out <> excluded.opted_out";
 
 /// Ok when `token` is the row's live-or-lapsed claim on a pending row.
 /// The unmatched SMS `sid` with whose it is (`columns!(unmatched_sms), assigned_load,
@@ -1459,6 +1472,32 @@ impl LoadIndex for SqliteStore {
         .await
     }
 
+    async fn record_consent(&self, consent: &SmsConsent) -> Result<(), StoreError> {
+        let c = consent.clone();
+        self.writer
+            .run(move |conn: &Connection| {
+                let load_id = c.load_id.as_ref().map(LoadId::as_str);
+                exec(conn, CONSENT_SET, params![c.phone, c.opted_out, c.event_id, load_id, to_ms(c.changed_at)])
+                    .map_err(db)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn opted_out_among(&self, phones: &[String]) -> Result<Vec<SmsConsent>, StoreError> {
+        let phones = serde_json::Value::from(&phones[..phones.len().min(MAX_CONSENT_ASKED)]).to_string();
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(sms_consent),
+                " FROM sms_consent WHERE phone IN (SELECT value FROM json_each(?1)) AND opted_out = 1"
+            ),
+            [phones],
+            sms_consent_row,
+        )
+        .await
+    }
+
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {
         let sms = sms.clone();
         self.writer
@@ -1722,6 +1761,21 @@ impl OpsQueries for SqliteStore {
             ),
             (at, id, sql_limit(limit), state_param(state)),
             inbox_sms_row,
+        )
+        .await
+    }
+
+    async fn opted_out_page(&self, before: Option<&RowCursor>, limit: usize) -> Result<Vec<SmsConsent>, StoreError> {
+        let (at, phone) = position(before, i64::MAX);
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(sms_consent),
+                " FROM sms_consent WHERE opted_out = 1 AND (changed_at, phone) < (?1, ?2)
+                 ORDER BY changed_at DESC, phone DESC LIMIT CAST(?3 AS INTEGER)"
+            ),
+            (at, phone, sql_limit(limit)),
+            sms_consent_row,
         )
         .await
     }

@@ -27,9 +27,9 @@ use serde_json::Value;
 use crate::{
     AlertState, AppendError, Claim, ClaimError, ClaimTake, DeadRow, DuplicateActionKeyError, DuplicateEntryError,
     LoadSummary, MAX_CLAIM_TAKES, NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError,
-    QueueMessage, RateChange, RecordedDelivery, ShadowDecision, SmsAssignment, SmsMove, SmsRoute, StaleClaimError,
-    StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load, ops::ConflictLoad, ops::InboxAlert,
-    ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
+    QueueMessage, RateChange, RecordedDelivery, ShadowDecision, SmsAssignment, SmsConsent, SmsMove, SmsRoute,
+    StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load, ops::ConflictLoad,
+    ops::InboxAlert, ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
 };
 
 // ---------------------------------------------------------------------------------
@@ -152,6 +152,9 @@ macro_rules! columns {
     (outbox) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
          lease_until, last_failure, receipt, created_at, updated_at"
+    };
+    (sms_consent) => {
+        "phone, opted_out, event_id, load_id, changed_at"
     };
     (timer) => {
         "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at"
@@ -353,6 +356,17 @@ pub fn unmatched_sms_row(r: &dyn Columns) -> Result<UnmatchedSms, StoreError> {
         body: r.string(3)?,
         received_at: from_ms(r.i64(4)?),
         reason: r.string(5)?,
+    })
+}
+
+/// A row of `columns!(sms_consent)`.
+pub fn sms_consent_row(r: &dyn Columns) -> Result<SmsConsent, StoreError> {
+    Ok(SmsConsent {
+        phone: r.string(0)?,
+        opted_out: r.u32(1)? != 0,
+        event_id: r.string(2)?,
+        load_id: r.opt_string(3)?.map(|l| parse_load_id(&l)).transpose()?,
+        changed_at: from_ms(r.i64(4)?),
     })
 }
 

@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::{
     AlertState, AppendError, Claim, ClaimCursor, ClaimError, ClaimTake, InboxAlert, InboxCounts, InboxMark, NewEntry,
     NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, ShadowCursor, ShadowDecision, SidClaim,
-    SmsAssignment, SmsDismissal, SmsMove, SmsRoute, Store, TimerStatus, UnmatchedSms,
+    SmsAssignment, SmsConsent, SmsDismissal, SmsMove, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -72,6 +72,7 @@ macro_rules! contract_tests {
             loads_are_found_by_active_driver_phone,
             a_loads_client_is_kept_with_its_facts,
             unmatched_sms_is_kept_once,
+            the_consent_ledger_keeps_each_phones_last_stop_or_start,
             message_sids_are_taken_once_across_loads,
             racing_claims_of_one_message_sid_have_one_winner,
             an_unmatched_sms_is_assigned_to_one_load_by_one_event,
@@ -1462,6 +1463,62 @@ pub async fn unmatched_sms_is_kept_once(s: DynStore) {
     let got = s.unmatched_sms(10).await.unwrap();
     assert_eq!(got.iter().map(|u| u.message_sid.as_str()).collect::<Vec<_>>(), vec!["SM2", "SM1"]);
     assert_eq!(got[1], sms("SM1", 1));
+}
+
+/// The consent ledger: an append's inbound STOP opts its sender's phone out, whichever
+/// load it reached, in the append's transaction; a second STOP keeps the first; START
+/// clears it; an opt-in of a phone that never opted out is not kept. The webhook's
+/// record of a STOP that reached no load does the same. Read back for a batch of
+/// phones, and in pages, the latest opt-out first.
+pub async fn the_consent_ledger_keeps_each_phones_last_stop_or_start(s: DynStore) {
+    let (a, b, c) = ("+15555550101", "+15555550102", "+15555550103");
+    let sms =
+        |id: &str, from: &str, body: &str| NewEntry::stored(id, "inbound_sms", json!({"from": from, "body": body}));
+    let append = async |l: &str, v: u64, e: NewEntry, t: u64| {
+        let dec = entry(&format!("dec:{}", e.entry_id));
+        s.append(&load(l), vec![e, dec], v, vec![], at(t)).await.unwrap()
+    };
+    let opted = async |phones: &[&str]| {
+        let phones: Vec<String> = phones.iter().map(|p| p.to_string()).collect();
+        let mut got = s.opted_out_among(&phones).await.unwrap();
+        got.sort_by(|x, y| x.phone.cmp(&y.phone));
+        got.into_iter()
+            .map(|c| (c.phone, c.event_id, c.load_id.map(|l| l.to_string()), c.changed_at))
+            .collect::<Vec<_>>()
+    };
+    let kept = |phone: &str, event: &str, l: Option<&str>, t: u64| {
+        (phone.to_owned(), event.to_owned(), l.map(str::to_owned), at(t))
+    };
+    append("L1", 0, sms("e1", a, " STOP "), 1).await;
+    append("L2", 0, sms("e1", a, "stop!"), 2).await;
+    append("L2", 2, sms("e2", b, "YES"), 3).await;
+    append("L2", 4, sms("e3", c, "running late, eta 5"), 4).await;
+    assert_eq!(opted(&[a, b, c]).await, vec![kept(a, "e1", Some("L1"), 1)], "the first STOP is kept");
+    assert!(s.opted_out_among(&[]).await.unwrap().is_empty());
+
+    let no_load =
+        SmsConsent { phone: b.into(), opted_out: true, event_id: "sms:SM2".into(), load_id: None, changed_at: at(5) };
+    s.record_consent(&no_load).await.unwrap();
+    s.record_consent(&SmsConsent { event_id: "sms:SM3".into(), changed_at: at(6), ..no_load.clone() }).await.unwrap();
+    assert_eq!(opted(&[a, b]).await, vec![kept(a, "e1", Some("L1"), 1), kept(b, "sms:SM2", None, 5)]);
+
+    let first = s.opted_out_page(None, 1).await.unwrap();
+    assert_eq!(first, vec![no_load.clone()], "the latest opt-out first");
+    let cursor = RowCursor { created_at: first[0].changed_at, id: first[0].phone.clone() };
+    let rest = s.opted_out_page(Some(&cursor), 10).await.unwrap();
+    assert_eq!(rest.iter().map(|c| c.phone.as_str()).collect::<Vec<_>>(), [a]);
+
+    // START on any load of the phone's clears it; the webhook's does too.
+    append("L1", 2, sms("e2", a, "Start"), 7).await;
+    assert_eq!(opted(&[a, b]).await, vec![kept(b, "sms:SM2", None, 5)]);
+    s.record_consent(&SmsConsent { opted_out: false, event_id: "sms:SM4".into(), changed_at: at(8), ..no_load })
+        .await
+        .unwrap();
+    assert!(opted(&[a, b, c]).await.is_empty());
+    assert!(s.opted_out_page(None, 10).await.unwrap().is_empty());
+    // Opted out again: the new STOP is the one kept.
+    append("L2", 6, sms("e4", a, "UNSUBSCRIBE"), 9).await;
+    assert_eq!(opted(&[a]).await, vec![kept(a, "e4", Some("L2"), 9)]);
 }
 
 pub async fn message_sids_are_taken_once_across_loads(s: DynStore) {

@@ -902,6 +902,23 @@ pub struct UnmatchedSms {
     pub reason: String,
 }
 
+/// A phone's consent to SMS as the per-phone ledger keeps it (`sms_consent`): the STOP
+/// or START that last changed it, whichever load it reached (none: the webhook kept it
+/// unmatched). Only phones that ever opted out are kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmsConsent {
+    pub phone: String,
+    pub opted_out: bool,
+    /// The event that changed it (`sms:{MessageSid}` from the webhook).
+    pub event_id: String,
+    /// The load whose log has that event; `None` when it reached no load.
+    pub load_id: Option<LoadId>,
+    pub changed_at: Timestamp,
+}
+
+/// Most phones [`LoadIndex::opted_out_among`] is asked about at once.
+pub const MAX_CONSENT_ASKED: usize = 1_000;
+
 /// What [`LoadIndex::assign_unmatched_sms`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SmsAssignment {
@@ -964,6 +981,16 @@ pub trait LoadIndex: Send + Sync {
     /// The client of each of `load_ids` that has one (a `load_update` named it), in no
     /// particular order; at most [`MAX_CLIENTS_OF`] loads are asked at once.
     async fn clients_of(&self, load_ids: &[LoadId]) -> Result<Vec<(LoadId, String)>, StoreError>;
+
+    /// Writes what a STOP or START that reached no load (the webhook's, kept unmatched)
+    /// changed in its phone's consent, as an append writes its own
+    /// (`Derived::consent`): an opt-out is kept until an opt-in clears it (a second
+    /// STOP changes nothing), and an opt-in of a phone that never opted out is not kept.
+    async fn record_consent(&self, consent: &SmsConsent) -> Result<(), StoreError>;
+
+    /// The ledger's rows of those of `phones` that are opted out now; at most
+    /// [`MAX_CONSENT_ASKED`] phones are asked at once.
+    async fn opted_out_among(&self, phones: &[String]) -> Result<Vec<SmsConsent>, StoreError>;
 
     /// Keeps an unmatched SMS (idempotent on `message_sid`); true when new.
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError>;

@@ -17,7 +17,7 @@ use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::{OpsAlertRecord, OutboxRow, RowCursor, StoreError, Timer, UnmatchedSms};
+use crate::{OpsAlertRecord, OutboxRow, RowCursor, SmsConsent, StoreError, Timer, UnmatchedSms};
 
 /// Items per page when the caller names no limit.
 pub const DEFAULT_PAGE: usize = 50;
@@ -242,6 +242,10 @@ pub trait OpsQueries: Send + Sync {
         after: Option<&RowCursor>,
         limit: usize,
     ) -> Result<Vec<Timer>, StoreError>;
+
+    /// The phones opted out of SMS now, the latest opt-out first (`changed_at`, then
+    /// phone, descending), before the position `before`, at most `limit`.
+    async fn opted_out_page(&self, before: Option<&RowCursor>, limit: usize) -> Result<Vec<SmsConsent>, StoreError>;
 
     /// Unmatched SMS in this inbox state (any when `None`), newest first
     /// (`received_at`, then sid, descending), before the position `before`, at most

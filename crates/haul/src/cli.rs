@@ -684,6 +684,15 @@ pub enum QueryCommand {
         #[arg(long, value_name = "CURSOR")]
         before: Option<String>,
     },
+    /// Drivers' phones opted out of SMS (they replied STOP, on any load), the latest
+    /// first: no SMS goes to them until they reply START.
+    OptedOut {
+        #[command(flatten)]
+        args: QueryArgs,
+        /// The page after this cursor (the previous page's next).
+        #[arg(long, value_name = "CURSOR")]
+        before: Option<String>,
+    },
     /// The loads whose appends the version check refused most often (workers racing
     /// on one load), most first.
     Conflicts {
@@ -748,6 +757,10 @@ impl QueryCommand {
                 opt("inbox", inbox);
                 opt("before", before);
                 (Query::Alerts, args)
+            }
+            QueryCommand::OptedOut { args, before } => {
+                opt("before", before);
+                (Query::OptedOut, args)
             }
             QueryCommand::Conflicts { args } => (Query::Conflicts, args),
         };

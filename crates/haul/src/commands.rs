@@ -374,6 +374,19 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
                 )
             })
             .collect(),
+        Answer::OptedOut(p) => p
+            .rows
+            .iter()
+            .map(|c| {
+                let load = c.load_id.as_ref().map_or_else(|| "no load".to_owned(), |l| format!("load {l}"));
+                format!(
+                    "{}  opted out {} ago  by {} ({load}): no SMS until they reply START",
+                    haul_core::mask::mask_phone(&c.phone),
+                    ago(p.age_s(c.changed_at)),
+                    c.event_id
+                )
+            })
+            .collect(),
         Answer::Conflicts(p) => p
             .rows
             .iter()
@@ -392,6 +405,7 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
         Query::Unmatched => ("--before", "no unmatched SMS"),
         Query::Alerts => ("--before", "no OpsAlert raised (within retention)"),
         Query::Conflicts => ("", "no load has had a conflict"),
+        Query::OptedOut => ("--before", "no phone is opted out of SMS"),
     };
     match (answer.is_empty(), answer.next()) {
         (true, None) => say(empty),

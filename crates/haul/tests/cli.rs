@@ -368,7 +368,7 @@ fn queries_open_only_a_store_that_exists_and_never_create_one() {
     let dir = scratch("query-missing");
     let db = dir.join("nothing-here.db");
     let url = format!("sqlite://{}", db.display());
-    for q in ["loads", "dead", "timers", "unmatched", "alerts", "conflicts"] {
+    for q in ["loads", "dead", "timers", "unmatched", "alerts", "conflicts", "opted-out"] {
         let (ok, _, err) = haul(&["query", q, "--db", &url], &[]);
         assert!(!ok, "{q}");
         assert!(err.contains("no SQLite database at") && err.contains("haul migrate"), "{q}: {err}");
@@ -482,6 +482,14 @@ async fn fill_for_queries(url: &str) {
         reason: "no single active load has this driver phone".into(),
     };
     s.record_unmatched_sms(&sms).await.unwrap();
+    let stop = haul_store::SmsConsent {
+        phone: "+15555550188".into(),
+        opted_out: true,
+        event_id: "sms:SM2".into(),
+        load_id: Some(l2.clone()),
+        changed_at: t(200),
+    };
+    s.record_consent(&stop).await.unwrap();
 }
 
 #[test]
@@ -521,6 +529,7 @@ fn queries_show_each_row_in_one_line() {
         ],
     );
     check(&["conflicts"], &["L2  1 conflicts, the last … ago"]);
+    check(&["opted-out"], &["***0188  opted out … ago  by sms:SM2 (load L2): no SMS until they reply START"]);
     check(&["loads", "--stage", "delivered"], &["no load matches"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -537,7 +546,7 @@ fn queries_page_a_migrated_store_in_text_and_json() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v, serde_json::json!({"rows": [], "next_before": null}));
-    for q in ["timers", "unmatched", "alerts", "conflicts"] {
+    for q in ["timers", "unmatched", "alerts", "conflicts", "opted-out"] {
         let (ok, out, err) = haul(&["query", q, "--db", &url, "--json", "--limit", "500"], &[]);
         assert!(ok, "{q}: {err}");
         assert!(serde_json::from_str::<serde_json::Value>(&out).is_ok(), "{q}: {out}");
@@ -546,6 +555,9 @@ fn queries_page_a_migrated_store_in_text_and_json() {
     let (ok, out, err) = haul(&["query", "conflicts", "--db", &url], &[]);
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "no load has had a conflict");
+    let (ok, out, err) = haul(&["query", "opted-out", "--db", &url], &[]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "no phone is opted out of SMS");
     let (ok, _, err) = haul(&["query", "loads", "--db", &url, "--limit", "501"], &[]);
     assert!(!ok && err.contains("from 1 to 500"), "{err}");
     let (ok, _, err) = haul(&["query", "dead", "--db", &url, "--class", "nope"], &[]);
