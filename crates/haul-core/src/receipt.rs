@@ -102,6 +102,12 @@ impl DeliveryReport {
         matches!(self.status.as_str(), "failed" | "undelivered")
     }
 
+    /// Whether it says how the message ended (arrived, or will not): the reports kept;
+    /// the others (queued, sent, …) are steps on the way, counted only.
+    pub fn is_final(&self) -> bool {
+        self.failed() || self.status == "delivered"
+    }
+
     /// The failure a failed outcome carries: the status, the code and what it means.
     pub fn failure(&self) -> String {
         match &self.error_code {
@@ -172,6 +178,17 @@ mod tests {
 
     fn report(status: &str, code: Option<&str>) -> DeliveryReport {
         DeliveryReport { sid: "SM1".into(), status: status.into(), error_code: code.map(str::to_owned) }
+    }
+
+    /// The reports kept are those that say how the message ended; the steps on the way
+    /// are counted only.
+    #[test]
+    fn a_report_is_final_when_the_message_arrived_or_never_will() {
+        for status in MESSAGE_STATUSES {
+            let report = DeliveryReport::new(Some("SM1"), Some(status), None).unwrap();
+            let want = matches!(*status, "delivered" | "undelivered" | "failed");
+            assert_eq!(report.is_final(), want, "{status}");
+        }
     }
 
     #[test]

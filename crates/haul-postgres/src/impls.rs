@@ -15,8 +15,8 @@ use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
     delivery_row, inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row,
     outbox_row, parse_receipt, queue_message_row, rate_change_row, record_row, saturated_row, shadow_params,
-    shadow_row, sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row,
-    type_count_row, unmatched_sms_row, unsettled_row,
+    shadow_row, sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_report_row, sms_route,
+    sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::backend::{check_takes, counted};
 use haul_store::ops::{
@@ -26,8 +26,9 @@ use haul_store::{
     AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
     MAX_CLIENTS_OF, MAX_CONSENT_ASKED, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow,
     OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor, SendRates,
-    ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsRoute, StaleClaimError,
-    StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load, too_many,
+    ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsReport, SmsRoute,
+    StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
+    too_many,
 };
 use haul_store::{
     ClaimCursor, ClaimTake, ClaimedTaking, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange,
@@ -816,6 +817,23 @@ impl LoadIndex for PgStore {
     async fn opted_out_among(&self, phones: &[String]) -> Result<Vec<SmsConsent>, StoreError> {
         let phones = &phones[..phones.len().min(MAX_CONSENT_ASKED)];
         self.query_rows(CONSENT_OPTED_OUT_AMONG, &[&phones], sms_consent_row).await
+    }
+
+    async fn record_sms_report(&self, r: &SmsReport) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SMS_REPORT_RECORD).await.map_err(pg)?;
+        let (outbox_id, load_id) = (r.outbox_id.as_deref().unwrap_or_default(), r.load_id.as_ref().map(LoadId::as_str));
+        let params: Params =
+            &[&r.message_sid, &r.status, &r.error_code, &outbox_id, &load_id, &r.reason, &to_ms(r.reported_at)];
+        Ok(client.execute(&stmt, params).await.map_err(pg)? == 1)
+    }
+
+    async fn sms_reports_for_load(&self, load_id: &LoadId, limit: usize) -> Result<Vec<SmsReport>, StoreError> {
+        self.query_rows(SMS_REPORTS_OF_LOAD, &[&load_id.as_str(), &sql_limit(limit)], sms_report_row).await
+    }
+
+    async fn unmatched_sms_reports(&self, limit: usize) -> Result<Vec<SmsReport>, StoreError> {
+        self.query_rows(SMS_REPORTS_UNMATCHED, &[&sql_limit(limit)], sms_report_row).await
     }
 
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError> {

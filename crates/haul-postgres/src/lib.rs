@@ -58,6 +58,8 @@ const MIGRATIONS: &[Migration] = &[
     // A new table only: a haul of schema 17 runs beside (its appends leave the consent
     // ledger alone; the loads' logs still have every STOP).
     Migration::new(18, include_str!("../migrations/0018_sms_consent.sql")).readable_by(17),
+    // A new table only: a haul of schema 18 runs beside (it leaves it alone).
+    Migration::new(19, include_str!("../migrations/0019_sms_reports.sql")).readable_by(18),
 ];
 
 /// The newest schema version this build knows.

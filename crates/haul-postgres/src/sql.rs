@@ -669,6 +669,22 @@ pub const CONSENT_SET: &str = "INSERT INTO sms_consent (phone, opted_out, event_
      ON CONFLICT (phone) DO UPDATE SET opted_out = excluded.opted_out, event_id = excluded.event_id,
        load_id = excluded.load_id, changed_at = excluded.changed_at
      WHERE sms_consent.opted_out <> excluded.opted_out";
+/// A delivery report, once per message, status and row (`$4`: '' for none).
+pub const SMS_REPORT_RECORD: &str =
+    "INSERT INTO sms_reports (message_sid, status, error_code, outbox_id, load_id, reason, reported_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (message_sid, status, outbox_id) DO NOTHING";
+/// A load's delivery reports, the latest first: `$1` load, `$2` limit.
+pub const SMS_REPORTS_OF_LOAD: &str = concat!(
+    "SELECT ",
+    columns!(sms_report),
+    " FROM sms_reports WHERE load_id = $1 ORDER BY reported_at DESC, message_sid DESC, status DESC LIMIT $2"
+);
+/// The delivery reports that matched no row, the latest first: `$1` limit.
+pub const SMS_REPORTS_UNMATCHED: &str = concat!(
+    "SELECT ",
+    columns!(sms_report),
+    " FROM sms_reports WHERE load_id IS NULL ORDER BY reported_at DESC, message_sid DESC, status DESC LIMIT $1"
+);
 /// The opted-out phones among `$1`.
 pub const CONSENT_OPTED_OUT_AMONG: &str =
     concat!("SELECT ", columns!(sms_consent), " FROM sms_consent WHERE phone = ANY($1) AND opted_out = 1");

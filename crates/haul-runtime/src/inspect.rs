@@ -26,7 +26,7 @@ use haul_core::event::OperatorAction;
 use haul_core::ids::{AskId, LoadId};
 use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record, SmsOptOut};
 use haul_core::time::Timestamp;
-use haul_store::{OutboxRow, RecordedDelivery, RowCursor, Store, StoreError, Timer};
+use haul_store::{OutboxRow, RecordedDelivery, RowCursor, SmsReport, Store, StoreError, Timer};
 use serde::Serialize;
 
 use crate::timeline::{self, What};
@@ -128,6 +128,16 @@ pub struct LoadView {
     /// What record mode kept in place of calls to unconfigured channels (the first
     /// `limit`).
     pub recorded: Vec<RecordedDelivery>,
+    /// The delivery reports that said how the load's SMS ended (Twilio's `delivered`,
+    /// `undelivered`, `failed`), the latest `limit` first.
+    pub sms_reports: Vec<SmsReport>,
+}
+
+impl LoadView {
+    /// What the delivery reports said of the row `outbox_id`, the earliest first.
+    pub fn reports_of(&self, outbox_id: &str) -> Vec<&SmsReport> {
+        self.sms_reports.iter().rev().filter(|r| r.outbox_id.as_deref() == Some(outbox_id)).collect()
+    }
 }
 
 /// A load's state as a view shows it: the projection's facts, its open asks and most
@@ -357,6 +367,7 @@ async fn view_from(
         None
     };
     let recorded = store.deliveries(Some(load_id), limit).await?;
+    let sms_reports = store.sms_reports_for_load(load_id, limit).await?;
     Ok(Some(LoadView {
         load_id: load_id.clone(),
         version,
@@ -368,6 +379,7 @@ async fn view_from(
         timers,
         next_timers_after,
         recorded,
+        sms_reports,
     }))
 }
 
@@ -468,6 +480,10 @@ pub fn timeline(v: &LoadView) -> String {
         };
         if let Some(dead) = o.action.get("requeue_of").and_then(|d| d.as_str()) {
             detail = format!("{detail}  (requeues {dead})");
+        }
+        for r in v.reports_of(&o.id) {
+            let code = r.error_code.as_deref().map(|c| format!(" (error {c})")).unwrap_or_default();
+            detail = format!("{detail}  {}{code} at {}", r.status, hms(r.reported_at));
         }
         let _ = writeln!(
             out,
@@ -639,8 +655,24 @@ mod tests {
             timers: vec![],
             next_timers_after: None,
             recorded: vec![],
+            // The latest first, as the store reads them; a row lists its own in order.
+            sms_reports: ["delivered", "sent"]
+                .iter()
+                .zip(["07:03:00", "07:02:00"])
+                .map(|(status, at)| SmsReport {
+                    message_sid: "SM1".into(),
+                    status: (*status).into(),
+                    error_code: None,
+                    outbox_id: Some("481207/a/send_sms".into()),
+                    load_id: Some(load.clone()),
+                    reason: None,
+                    reported_at: t(at),
+                })
+                .collect(),
         };
         let text = timeline(&view);
+        let a = text.lines().find(|l| l.contains("481207/a/send_sms")).unwrap();
+        assert!(a.ends_with("sent at 2026-03-02 07:02:00 UTC  delivered at 2026-03-02 07:03:00 UTC"), "{a}");
         assert!(text.contains("#1    2026-03-02 07:01:00 UTC  action_outcome"), "{text}");
         assert!(!text.contains("unreadable"), "{text}");
         assert!(text.contains(&format!("outbox_id=\"{long_key}\"")), "the id is whole: {text}");

@@ -24,7 +24,7 @@ use haul_core::mask::mask_phone;
 use haul_core::receipt::DeliveryReport;
 use haul_core::{EventBody, InboundEvent};
 use haul_runtime::channels::twilio::STATUS_KEY_PARAM;
-use haul_store::{SidClaim, SmsConsent, SmsRoute, UnmatchedSms};
+use haul_store::{SidClaim, SmsConsent, SmsReport, SmsRoute, UnmatchedSms};
 use serde::Deserialize;
 use serde_json::json;
 use tracing::{debug, error, info, warn};
@@ -343,11 +343,41 @@ pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMa
 // replay, and a row the dispatcher buried itself make one failed outcome, not two.
 
 /// A callback that names no row of haul's (an unknown key, another message's sid):
-/// counted and logged for a person, answered 200 so Twilio does not retry it.
-fn unmatched_status(report: &DeliveryReport, why: &str) -> Response {
+/// counted and logged, kept for a person when it says how the message ended
+/// (`GET /v1/webhooks/twilio/unmatched`), answered 200 so Twilio does not retry it.
+async fn unmatched_status(s: &ApiState, report: &DeliveryReport, why: &str) -> Response {
     metrics::counter!("haul_twilio_status_unmatched_total").increment(1);
     warn!(sid = %report.sid, status = %report.status, why, "Twilio status callback matches no SMS of haul's");
+    if let Err(answer) = keep_report(s, report, None, Some(why)).await {
+        return answer;
+    }
     StatusCode::OK.into_response()
+}
+
+/// Keeps a report that says how a message ended: on its row (`row`), or for a person
+/// with the reason it matched none. Twilio's repeats are kept once.
+async fn keep_report(
+    s: &ApiState,
+    report: &DeliveryReport,
+    row: Option<&haul_store::OutboxRow>,
+    why: Option<&str>,
+) -> Result<(), Response> {
+    if !report.is_final() {
+        return Ok(());
+    }
+    let kept = SmsReport {
+        message_sid: report.sid.clone(),
+        status: report.status.clone(),
+        error_code: report.error_code.clone(),
+        outbox_id: row.map(|r| r.id.clone()),
+        load_id: row.map(|r| r.load_id.clone()),
+        reason: why.map(str::to_owned),
+        reported_at: s.clock.now(),
+    };
+    match s.store.record_sms_report(&kept).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(store_unavailable("keeping a delivery report", &e)),
+    }
 }
 
 pub(crate) async fn twilio_status(
@@ -382,18 +412,21 @@ pub(crate) async fn twilio_status(
         .as_deref()
         .and_then(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).ok())
         .and_then(|q| q.into_iter().find(|(k, _)| k == STATUS_KEY_PARAM).map(|(_, v)| v));
-    let Some(key) = key else { return unmatched_status(&report, "its URL names no outbox row") };
+    let Some(key) = key else { return unmatched_status(&s, &report, "its URL names no outbox row").await };
     let row = match s.store.get(&key).await {
         Ok(Some(row)) => row,
-        Ok(None) => return unmatched_status(&report, "no outbox row has its key"),
+        Ok(None) => return unmatched_status(&s, &report, "no outbox row has its key").await,
         Err(e) => return store_unavailable("reading the SMS a status callback reports on", &e),
     };
     if row.action_type != ActionType::SendSms {
-        return unmatched_status(&report, "its row is not an SMS");
+        return unmatched_status(&s, &report, "its row is not an SMS").await;
     }
     // The receipt is kept once the send's answer is; until then the key alone vouches.
     if row.receipt.as_deref().is_some_and(|r| r != report.sid) {
-        return unmatched_status(&report, "its row's SMS is another message");
+        return unmatched_status(&s, &report, "its row's SMS is another message").await;
+    }
+    if let Err(answer) = keep_report(&s, &report, Some(&row), None).await {
+        return answer;
     }
     let Some(event) = report.outcome(&row.facts()) else {
         // Several per message, most of them good news: counted above, not logged at info.
@@ -419,8 +452,13 @@ pub(crate) struct Limit {
 }
 
 pub(crate) async fn unmatched(_: ApiCaller, State(s): State<Arc<ApiState>>, ApiQuery(q): ApiQuery<Limit>) -> Response {
-    match s.store.unmatched_sms(q.limit.unwrap_or(100).min(1000)).await {
-        Ok(list) => axum::Json(json!({"unmatched": list})).into_response(),
+    let limit = q.limit.unwrap_or(100).min(1000);
+    let reports = match s.store.unmatched_sms_reports(limit).await {
+        Ok(reports) => reports,
+        Err(e) => return store_unavailable("listing unmatched delivery reports", &e),
+    };
+    match s.store.unmatched_sms(limit).await {
+        Ok(list) => axum::Json(json!({"unmatched": list, "status_callbacks": reports})).into_response(),
         Err(e) => {
             error!(error = %e, "listing unmatched SMS failed");
             error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")

@@ -384,6 +384,28 @@ async fn a_failed_delivery_receipt_is_the_rows_failed_outcome_once(backend: Back
     assert_eq!(post_status(&a, row, &status("SM1", "undelivered", Some("30006"))).await, StatusCode::OK);
     let again: Value = serde_json::from_str(&outcome(&a).await.unwrap()).unwrap();
     assert_eq!(again, body, "one failed outcome");
+
+    // The reports that said how it ended are kept on its load, each once (Twilio's
+    // `sent` is not); the foreign one is kept apart for a person, with why.
+    let (status_code, view, _) = a.get("/v1/loads/L1").await;
+    assert_eq!(status_code, StatusCode::OK, "{view}");
+    let mut kept: Vec<(String, String)> = view["sms_reports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["status"].as_str().unwrap().to_owned(), r["outbox_id"].as_str().unwrap().to_owned()))
+        .collect();
+    kept.sort();
+    let on_row = |status: &str| (status.to_owned(), row.to_owned());
+    assert_eq!(kept, [on_row("delivered"), on_row("failed"), on_row("undelivered")], "{view}");
+    let (_, list, _) = a.get("/v1/webhooks/twilio/unmatched").await;
+    let apart: Vec<(&str, &str)> = list["status_callbacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["message_sid"].as_str().unwrap(), r["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(apart, [("SM2", "its row's SMS is another message"), ("SM1", "no outbox row has its key")], "{list}");
 }
 
 /// A callback that beats the send's own answer (the sid not kept yet) is vouched for

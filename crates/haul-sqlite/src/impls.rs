@@ -18,8 +18,8 @@ use haul_store::backend::{
     check_takes, claims, conflict_load_row, counted, dead_row, deadline_ms, delivery_receipt, delivery_row,
     inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
     parse_receipt, queue_message_row, rate_change_row, receipt, record_row, saturated_row, shadow_params, shadow_row,
-    sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_route, sms_route_load, timer_row,
-    type_count_row, unmatched_sms_row, unsettled_row,
+    sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_report_row, sms_route, sms_route_load,
+    timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -29,9 +29,9 @@ use haul_store::{
     DuplicateActionKeyError, DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
     MAX_CLIENTS_OF, MAX_CONSENT_ASKED, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow,
     OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RateChange, RecordedDelivery, RowCursor,
-    SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsRoute,
-    StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox, columns,
-    sms_inbox_state, too_many,
+    SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsReport,
+    SmsRoute, StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox,
+    columns, sms_inbox_state, too_many,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -1494,6 +1494,53 @@ impl LoadIndex for SqliteStore {
             ),
             [phones],
             sms_consent_row,
+        )
+        .await
+    }
+
+    async fn record_sms_report(&self, report: &SmsReport) -> Result<bool, StoreError> {
+        let r = report.clone();
+        self.writer
+            .run(move |conn: &Connection| {
+                let load_id = r.load_id.as_ref().map(LoadId::as_str);
+                // '' for a report that matched no row: apart from a row's own.
+                let outbox_id = r.outbox_id.as_deref().unwrap_or_default();
+                let n = exec(
+                    conn,
+                    "INSERT INTO sms_reports (message_sid, status, error_code, outbox_id, load_id, reason, reported_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (message_sid, status, outbox_id) DO NOTHING",
+                    params![r.message_sid, r.status, r.error_code, outbox_id, load_id, r.reason, to_ms(r.reported_at)],
+                )
+                .map_err(db)?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn sms_reports_for_load(&self, load_id: &LoadId, limit: usize) -> Result<Vec<SmsReport>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(sms_report),
+                " FROM sms_reports WHERE load_id = ?1
+                 ORDER BY reported_at DESC, message_sid DESC, status DESC LIMIT CAST(?2 AS INTEGER)"
+            ),
+            (load_id.to_string(), sql_limit(limit)),
+            sms_report_row,
+        )
+        .await
+    }
+
+    async fn unmatched_sms_reports(&self, limit: usize) -> Result<Vec<SmsReport>, StoreError> {
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(sms_report),
+                " FROM sms_reports WHERE load_id IS NULL
+                 ORDER BY reported_at DESC, message_sid DESC, status DESC LIMIT CAST(?1 AS INTEGER)"
+            ),
+            [sql_limit(limit)],
+            sms_report_row,
         )
         .await
     }

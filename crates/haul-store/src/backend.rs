@@ -27,9 +27,9 @@ use serde_json::Value;
 use crate::{
     AlertState, AppendError, Claim, ClaimError, ClaimTake, DeadRow, DuplicateActionKeyError, DuplicateEntryError,
     LoadSummary, MAX_CLAIM_TAKES, NewEntry, NewOutboxRow, OpsAlertRecord, OutboxRow, OutboxStatus, QueueError,
-    QueueMessage, RateChange, RecordedDelivery, ShadowDecision, SmsAssignment, SmsConsent, SmsMove, SmsRoute,
-    StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load, ops::ConflictLoad,
-    ops::InboxAlert, ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
+    QueueMessage, RateChange, RecordedDelivery, ShadowDecision, SmsAssignment, SmsConsent, SmsMove, SmsReport,
+    SmsRoute, StaleClaimError, StoreError, Timer, TimerStatus, UnmatchedSms, Unsettled, is_key_of_load,
+    ops::ConflictLoad, ops::InboxAlert, ops::InboxMark, ops::InboxSms, ops::SmsDismissal,
 };
 
 // ---------------------------------------------------------------------------------
@@ -152,6 +152,9 @@ macro_rules! columns {
     (outbox) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
          lease_until, last_failure, receipt, created_at, updated_at"
+    };
+    (sms_report) => {
+        "message_sid, status, error_code, NULLIF(outbox_id, ''), load_id, reason, reported_at"
     };
     (sms_consent) => {
         "phone, opted_out, event_id, load_id, changed_at"
@@ -367,6 +370,19 @@ pub fn sms_consent_row(r: &dyn Columns) -> Result<SmsConsent, StoreError> {
         event_id: r.string(2)?,
         load_id: r.opt_string(3)?.map(|l| parse_load_id(&l)).transpose()?,
         changed_at: from_ms(r.i64(4)?),
+    })
+}
+
+/// A row of `columns!(sms_report)`.
+pub fn sms_report_row(r: &dyn Columns) -> Result<SmsReport, StoreError> {
+    Ok(SmsReport {
+        message_sid: r.string(0)?,
+        status: r.string(1)?,
+        error_code: r.opt_string(2)?,
+        outbox_id: r.opt_string(3)?,
+        load_id: r.opt_string(4)?.map(|l| parse_load_id(&l)).transpose()?,
+        reason: r.opt_string(5)?,
+        reported_at: from_ms(r.i64(6)?),
     })
 }
 

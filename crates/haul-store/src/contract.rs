@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::{
     AlertState, AppendError, Claim, ClaimCursor, ClaimError, ClaimTake, InboxAlert, InboxCounts, InboxMark, NewEntry,
     NewOutboxRow, OutboxStatus, PruneReport, Published, RowCursor, ShadowCursor, ShadowDecision, SidClaim,
-    SmsAssignment, SmsConsent, SmsDismissal, SmsMove, SmsRoute, Store, TimerStatus, UnmatchedSms,
+    SmsAssignment, SmsConsent, SmsDismissal, SmsMove, SmsReport, SmsRoute, Store, TimerStatus, UnmatchedSms,
 };
 
 /// Expands to one test per contract case. `$factory` is an async fn (or closure)
@@ -73,6 +73,7 @@ macro_rules! contract_tests {
             a_loads_client_is_kept_with_its_facts,
             unmatched_sms_is_kept_once,
             the_consent_ledger_keeps_each_phones_last_stop_or_start,
+            delivery_reports_are_kept_once_per_message_and_status,
             message_sids_are_taken_once_across_loads,
             racing_claims_of_one_message_sid_have_one_winner,
             an_unmatched_sms_is_assigned_to_one_load_by_one_event,
@@ -1519,6 +1520,39 @@ pub async fn the_consent_ledger_keeps_each_phones_last_stop_or_start(s: DynStore
     // Opted out again: the new STOP is the one kept.
     append("L2", 6, sms("e4", a, "UNSUBSCRIBE"), 9).await;
     assert_eq!(opted(&[a]).await, vec![kept(a, "e4", Some("L2"), 9)]);
+}
+
+/// Delivery reports: kept once per message and status (Twilio repeats them), read back
+/// per load and, for those that matched no row, apart, the latest first.
+pub async fn delivery_reports_are_kept_once_per_message_and_status(s: DynStore) {
+    let report = |sid: &str, status: &str, l: Option<&str>, t: u64| SmsReport {
+        message_sid: sid.into(),
+        status: status.into(),
+        error_code: (status != "delivered").then(|| "30006".to_owned()),
+        outbox_id: l.map(|l| format!("{l}/e1/send_sms")),
+        load_id: l.map(load),
+        reason: l.is_none().then(|| "no outbox row has its key".to_owned()),
+        reported_at: at(t),
+    };
+    assert!(s.record_sms_report(&report("SM1", "delivered", Some("L1"), 1)).await.unwrap());
+    assert!(!s.record_sms_report(&report("SM1", "delivered", Some("L1"), 2)).await.unwrap(), "a repeat");
+    assert!(s.record_sms_report(&report("SM2", "undelivered", Some("L1"), 3)).await.unwrap());
+    assert!(s.record_sms_report(&report("SM3", "delivered", Some("L2"), 4)).await.unwrap());
+    assert!(s.record_sms_report(&report("SM9", "failed", None, 5)).await.unwrap());
+    assert!(s.record_sms_report(&report("SM8", "delivered", None, 6)).await.unwrap());
+    // One message reported on a URL that named no row, then on its own row: both kept.
+    assert!(s.record_sms_report(&report("SM3", "delivered", None, 7)).await.unwrap());
+    assert!(!s.record_sms_report(&report("SM3", "delivered", None, 8)).await.unwrap());
+    let l1 = s.sms_reports_for_load(&load("L1"), 10).await.unwrap();
+    assert_eq!(l1, vec![report("SM2", "undelivered", Some("L1"), 3), report("SM1", "delivered", Some("L1"), 1)]);
+    assert_eq!(s.sms_reports_for_load(&load("L1"), 1).await.unwrap().len(), 1);
+    assert!(s.sms_reports_for_load(&load("L3"), 10).await.unwrap().is_empty());
+    let apart = s.unmatched_sms_reports(10).await.unwrap();
+    let want =
+        [report("SM3", "delivered", None, 7), report("SM8", "delivered", None, 6), report("SM9", "failed", None, 5)];
+    assert_eq!(apart, want);
+    assert_eq!(s.sms_reports_for_load(&load("L2"), 10).await.unwrap(), [report("SM3", "delivered", Some("L2"), 4)]);
+    assert_eq!(s.unmatched_sms_reports(1).await.unwrap().len(), 1);
 }
 
 pub async fn message_sids_are_taken_once_across_loads(s: DynStore) {

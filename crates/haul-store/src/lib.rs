@@ -916,6 +916,23 @@ pub struct SmsConsent {
     pub changed_at: Timestamp,
 }
 
+/// A delivery report that said how a message ended (Twilio's `delivered`,
+/// `undelivered` or `failed`), kept once per message and status: on its outbox row's
+/// load for the load's view, or, when it named no SMS of haul's, for a person with the
+/// reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmsReport {
+    pub message_sid: String,
+    pub status: String,
+    pub error_code: Option<String>,
+    /// The outbox row it reported on; `None` when it matched none.
+    pub outbox_id: Option<String>,
+    pub load_id: Option<LoadId>,
+    /// Why it matched no row; `None` when it did.
+    pub reason: Option<String>,
+    pub reported_at: Timestamp,
+}
+
 /// Most phones [`LoadIndex::opted_out_among`] is asked about at once.
 pub const MAX_CONSENT_ASKED: usize = 1_000;
 
@@ -991,6 +1008,15 @@ pub trait LoadIndex: Send + Sync {
     /// The ledger's rows of those of `phones` that are opted out now; at most
     /// [`MAX_CONSENT_ASKED`] phones are asked at once.
     async fn opted_out_among(&self, phones: &[String]) -> Result<Vec<SmsConsent>, StoreError>;
+
+    /// Keeps a delivery report, once per message and status; true when new.
+    async fn record_sms_report(&self, report: &SmsReport) -> Result<bool, StoreError>;
+
+    /// The delivery reports on `load_id`'s rows, the latest first, at most `limit`.
+    async fn sms_reports_for_load(&self, load_id: &LoadId, limit: usize) -> Result<Vec<SmsReport>, StoreError>;
+
+    /// The delivery reports that matched no row, the latest first, at most `limit`.
+    async fn unmatched_sms_reports(&self, limit: usize) -> Result<Vec<SmsReport>, StoreError>;
 
     /// Keeps an unmatched SMS (idempotent on `message_sid`); true when new.
     async fn record_unmatched_sms(&self, sms: &UnmatchedSms) -> Result<bool, StoreError>;

@@ -646,9 +646,15 @@ pub fn timeline(v: &LoadView, page_query: &str, order: Order) -> String {
             .and_then(|d| d.as_str())
             .map(|d| format!("<br><span class=\"sub\">requeues <a href=\"#{}\">{}</a></span>", anchor(d), esc(d)))
             .unwrap_or_default();
+        // What the delivery reports said of its SMS (Twilio's status callbacks).
+        let mut reported = String::new();
+        for r in v.reports_of(&row.id) {
+            let code = r.error_code.as_deref().map(|c| format!(" (error {})", esc(c))).unwrap_or_default();
+            let _ = write!(reported, " · {}{code} {}", status_badge(&r.status), time(r.reported_at));
+        }
         let _ = write!(
             out,
-            "<tr id=\"{}\"><td>{}</td><td>{}{requeue_of}</td><td>{}</td><td>{}</td></tr>",
+            "<tr id=\"{}\"><td>{}</td><td>{}{requeue_of}</td><td>{}{reported}</td><td>{}</td></tr>",
             anchor(&row.id),
             esc(row.action_type.as_str()),
             id(&row.id),
@@ -1403,10 +1409,20 @@ mod tests {
             timers: vec![],
             next_timers_after: None,
             recorded: vec![],
+            sms_reports: vec![haul_store::SmsReport {
+                message_sid: "SM1".into(),
+                status: "undelivered".into(),
+                error_code: Some("30006".into()),
+                outbox_id: Some(key_id.into()),
+                load_id: Some(load_id.clone()),
+                reason: None,
+                reported_at: t,
+            }],
         };
         let mut ids = || "console-1".to_string();
         let page = load(&ctx, &view, "", Order::NewestFirst, &mut ids);
         assert_inert(&page);
+        assert!(page.contains("s-undelivered\">undelivered</span> (error 30006)"), "the row's delivery report");
         assert!(page.contains("***0100") && !page.contains("+15555550100"), "phones are masked");
         assert!(page.contains("action=\"/console/dead/requeue\""), "an operator may requeue the dead row");
         // The Hero task's content is on the page (escaped), with its urgency, and the
