@@ -303,7 +303,7 @@ impl Sop<'_> {
                     // Rule 3 (and a lost phone number or an opted-out one, which also need a person).
                     _ => {
                         self.rule = Rule::Rule3;
-                        self.escalate(ask);
+                        self.escalate(ask, state.sms_opted_out());
                         if state.sms_opted_out() {
                             return format!(
                                 "the driver opted out of SMS after {} attempts: escalate to a person",
@@ -414,20 +414,22 @@ impl Sop<'_> {
         self.asks.push(AskChange { ask_id: ask.clone(), step, status: AskStatus::Open });
     }
 
-    fn escalate(&mut self, ask: &OpenAsk) {
+    /// The ask goes to a person: the driver did not answer, or (`opted_out`) cannot be
+    /// texted, which the person is told so they call rather than text.
+    fn escalate(&mut self, ask: &OpenAsk, opted_out: bool) {
         let step = ask.step + 1;
-        self.push(
-            &ask.ask_id,
-            step,
-            ActionKind::CreateHeroTask {
-                title: format!("Driver not answering on load {}", self.load),
-                body: format!(
-                    "The driver has not answered {} ETA request(s) for load {}: call them.",
-                    ask.step, self.load
-                ),
-                urgency: Urgency::Urgent,
-            },
-        );
+        let (title, body) = if opted_out {
+            (
+                format!("Driver opted out of SMS on load {}", self.load),
+                format!("The driver opted out of SMS (replied STOP): call them for an ETA on load {}.", self.load),
+            )
+        } else {
+            (
+                format!("Driver not answering on load {}", self.load),
+                format!("The driver has not answered {} ETA request(s) for load {}: call them.", ask.step, self.load),
+            )
+        };
+        self.push(&ask.ask_id, step, ActionKind::CreateHeroTask { title, body, urgency: Urgency::Urgent });
         self.asks.push(AskChange { ask_id: ask.ask_id.clone(), step, status: AskStatus::Escalated });
     }
 

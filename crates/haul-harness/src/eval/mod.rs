@@ -698,6 +698,14 @@ impl Run {
             let got: BTreeSet<String> = self.newly(&rows, OutboxStatus::Dead).into_iter().map(|r| r.id).collect();
             same_set("dead", want.iter().cloned().collect(), got)?;
         }
+        if let Some(want) = &e.opted_out {
+            let kept = self
+                .store
+                .opted_out_page(None, haul_store::ops::MAX_PAGE)
+                .await
+                .map_err(|e| store_err(e.to_string()))?;
+            same_set("opted_out", want.iter().cloned().collect(), kept.into_iter().map(|c| c.phone).collect())?;
+        }
         if e.asks.is_some() || e.open_asks.is_some() || e.stage.is_some() || e.decisions.is_some() {
             let logs = self.logs().await.map_err(store_err)?;
             let mut states: BTreeMap<&LoadId, LoadState> = BTreeMap::new();

@@ -179,6 +179,7 @@ struct ExpectSection {
     dead: Option<Vec<Spanned<String>>>,
     ops_alerts: Option<Vec<Spanned<String>>>,
     llm_calls: Option<usize>,
+    opted_out: Option<Vec<Spanned<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -229,6 +230,8 @@ pub struct Expect {
     pub ops_alerts: Option<Vec<String>>,
     /// Extension: the model calls made since the previous check (0 with the SOP).
     pub llm_calls: Option<usize>,
+    /// Extension: exactly the phones the consent ledger holds opted out of SMS now.
+    pub opted_out: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -739,6 +742,13 @@ fn check_expect(e: &ExpectSection, cx: &Ctx<'_>) -> Result<Expect, FileError> {
     out.open_asks = e.open_asks.as_ref().map(|v| open_asks_of(v, cx)).transpose()?;
     out.stage = e.stage.as_ref().map(|v| stage_of(v, cx)).transpose()?;
     out.decisions = e.decisions.as_deref().map(|l| decisions_of(l, cx)).transpose()?;
+    if let Some(list) = &e.opted_out {
+        for p in list {
+            haul_core::event::validate_phone("opted_out", p.get_ref())
+                .map_err(|e| cx.err(p.span(), "opted_out", e.message))?;
+        }
+        out.opted_out = Some(list.iter().map(|p| p.get_ref().clone()).collect());
+    }
     for (key, list, slot) in [
         ("timers_canceled", &e.timers_canceled, &mut out.timers_canceled),
         ("dead", &e.dead, &mut out.dead),
@@ -1032,6 +1042,9 @@ mod tests {
             ("expect.decisions = [{ event_id = \"p\", inbox = [{ outbox_id = \"L1/x/y\" }] }]", no("toml")),
             ("expect.dead = [\"L1/p/send_sms\"]", Ok(1)),
             ("expect.ops_alerts = [\"alert\"]", no("step 1.expect.ops_alerts")),
+            ("expect.opted_out = [\"+15555550100\"]", Ok(1)),
+            ("expect.opted_out = []", Ok(1)),
+            ("expect.opted_out = [\"driver\"]", no("step 1.expect.opted_out")),
         ] {
             check(&at7(expect), want);
         }
