@@ -3,8 +3,9 @@
 //! It runs before any decider, so no LLM call is ever made for a delivered outcome,
 //! a Hero-channel or internal failure (the dispatcher has already raised an OpsAlert),
 //! a stale timer, an SMS an operator already assigned to the load, an operator action
-//! (decided by [`crate::operator::decide`]) or the driver's STOP, START or HELP
-//! ([`crate::sop::consent`]), whichever decider the load runs under.
+//! (decided by [`crate::operator::decide`]), the driver's STOP, START or HELP
+//! ([`crate::sop::consent`]) or an SMS refused to a driver known to have opted out,
+//! whichever decider the load runs under.
 
 use crate::decision::{Decision, InboxChange, InboxState};
 use crate::event::{EventBody, InboundEvent};
@@ -35,6 +36,19 @@ pub fn filter(load: &LoadId, state: &LoadState, event: &InboundEvent, now: Times
         EventBody::InboundSms(sms) => return crate::sop::consent(load, state, event, sms, now),
         EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Delivered => {
             return Some(delivered(state, &event.event_id, &o.outbox_id, now));
+        }
+        // An SMS refused because the driver opted out (Twilio's 21610, the consent
+        // ledger) on a load that knew it already: its STOP asked a person, and a
+        // second task would say nothing new. Its dead row leaves the inbox with it.
+        EventBody::ActionOutcome(o)
+            if o.status == OutcomeStatus::Failed
+                && state.sms_opted_out()
+                && o.failure.as_deref().is_some_and(crate::consent::refused_as_opted_out) =>
+        {
+            let why = format!("{} not sent: the driver opted out of SMS already, and a person was asked", o.outbox_id);
+            let mut d = Decision::filtered(&event.event_id, now, why);
+            d.inbox = vec![InboxChange { outbox_id: o.outbox_id.clone(), state: InboxState::Handled }];
+            return Some(d);
         }
         EventBody::ActionOutcome(o) if o.hero_channel || o.internal => format!(
             "{} failed on a {} action: an OpsAlert was raised, no Hero task",
@@ -157,5 +171,35 @@ mod tests {
             None,
         );
         check(ev(json!({"event_id": "u1", "kind": "load_update", "stage": "delivered"})), None);
+    }
+
+    /// An SMS refused as opted out is the decider's on a load that did not know (its
+    /// SMS-failed rule asks a person), and a filtered noop, its row handled, on one
+    /// that knew: the STOP asked a person already.
+    #[test]
+    fn a_refusal_of_a_driver_known_to_have_opted_out_is_a_noop() {
+        let refused = |failure: &str| {
+            let id = "481207/ask:eta_request:ping_0700/2/send_sms";
+            ev(json!({"event_id": format!("evt:out:{id}:failed"), "kind": "action_outcome", "outbox_id": id,
+                      "action_type": "send_sms", "status": "failed", "failure": failure,
+                      "hero_channel": false, "internal": false}))
+        };
+        let ledger = crate::consent::ledger_refusal("sms:SMstop", now());
+        let twilio = "HTTP 400: twilio error 21610: Attempt to send to unsubscribed recipient";
+        let mut knew = state();
+        knew.sms_opt_out =
+            Some(crate::projection::SmsOptOut { phone: PHONE.into(), event_id: "sms:SMstop".into(), at: Some(now()) });
+        for failure in [ledger.as_str(), twilio] {
+            assert_eq!(filter(&load(), &state(), &refused(failure), now()), None, "{failure}");
+            let d = filter(&load(), &knew, &refused(failure), now()).expect("a noop");
+            assert!(d.filtered && d.actions.is_empty(), "{d:?}");
+            assert!(d.rationale.contains("opted out of SMS already"), "{}", d.rationale);
+            let handled = InboxChange {
+                outbox_id: "481207/ask:eta_request:ping_0700/2/send_sms".into(),
+                state: InboxState::Handled,
+            };
+            assert_eq!(d.inbox, [handled]);
+        }
+        assert_eq!(filter(&load(), &knew, &refused("HTTP 400: twilio error 21211: invalid To"), now()), None);
     }
 }

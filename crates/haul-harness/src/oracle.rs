@@ -107,6 +107,11 @@ impl Model {
         match &event.body {
             EventBody::ActionOutcome(o) if o.status == OutcomeStatus::Delivered => return filtered(true),
             EventBody::ActionOutcome(o) if o.hero_channel || o.internal => return filtered(true),
+            // An SMS refused as opted out, the driver's STOP known already: a person
+            // was asked then.
+            EventBody::ActionOutcome(o) if refused_as_opted_out(o.failure.as_deref()) && self.opted_out() => {
+                return filtered(true);
+            }
             EventBody::ActionOutcome(_) => keys.push(task),
             EventBody::TimerFired(t) => {
                 let current = self.asks.get(t.ask_id.as_str()).filter(|(step, s)| s == "open" && *step == t.step);
@@ -194,7 +199,7 @@ impl Model {
             EventBody::InboundSms(sms) => self.consent(&sms.from, &sms.body),
             EventBody::ActionOutcome(o)
                 if o.status == OutcomeStatus::Failed
-                    && o.failure.as_deref().is_some_and(|f| f.contains("twilio error 21610"))
+                    && refused_as_opted_out(o.failure.as_deref())
                     && !self.opted_out() =>
             {
                 self.opted_out.clone_from(&self.phone);
@@ -253,4 +258,12 @@ pub fn check(load: &LoadId, log: &[Record], policy: impl Fn(Option<&str>) -> Pol
         }
     }
     Ok(())
+}
+
+/// A send refused because the phone opted out: Twilio's 21610, or the dispatcher's
+/// consent ledger (written here, not taken from haul_core, as the rest of the table).
+fn refused_as_opted_out(failure: Option<&str>) -> bool {
+    failure.is_some_and(|f| {
+        f.contains("twilio error 21610") || f.starts_with("not sent: the phone opted out of SMS (consent ledger)")
+    })
 }
