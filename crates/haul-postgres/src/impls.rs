@@ -1144,6 +1144,7 @@ impl Prune for PgStore {
             timers: run(PRUNE_TIMERS).await?,
             queue: run(PRUNE_QUEUE).await? + run(PRUNE_OPERATOR_REQUESTS).await?,
             shadow: run(PRUNE_SHADOW).await?,
+            reports: run(PRUNE_SMS_REPORTS).await?,
         })
     }
 }

@@ -468,6 +468,12 @@ pub const PRUNE_SHADOW: &str = "DELETE FROM shadow_decisions s USING (
      WHERE s.load_id = d.load_id AND s.event_id = d.event_id AND s.shadow = d.shadow";
 
 /// `$1` cutoff, `$2` batch limit.
+pub const PRUNE_SMS_REPORTS: &str = "DELETE FROM sms_reports r USING (
+       SELECT message_sid, status, outbox_id FROM sms_reports WHERE reported_at < $1
+       ORDER BY reported_at LIMIT $2 FOR UPDATE SKIP LOCKED) d
+     WHERE r.message_sid = d.message_sid AND r.status = d.status AND r.outbox_id = d.outbox_id";
+
+/// `$1` cutoff, `$2` batch limit.
 pub const PRUNE_OPERATOR_REQUESTS: &str = "DELETE FROM operator_requests r USING (
        SELECT load_id, event_id FROM operator_requests WHERE requested_at < $1
        ORDER BY requested_at LIMIT $2 FOR UPDATE SKIP LOCKED) d

@@ -122,7 +122,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let client = client_in_schema(&options.url, &schema).await;
     client
         .batch_execute(
-            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms, ops_alerts, sms_consent;
+            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms, ops_alerts, sms_consent, sms_reports;
              SET enable_seqscan = off;",
         )
         .await
@@ -260,6 +260,7 @@ async fn every_hot_query_is_served_by_an_index() {
         case("prune timers batch", PRUNE_TIMERS, vec![&later, &limit]),
         case("prune queue batch", PRUNE_QUEUE, vec![&later, &limit]),
         case("prune shadow decisions batch", PRUNE_SHADOW, vec![&later, &limit]),
+        case("prune delivery reports batch", PRUNE_SMS_REPORTS, vec![&later, &limit]),
         case(
             "shadow decision record",
             SHADOW_RECORD,

@@ -15,3 +15,5 @@ CREATE TABLE sms_reports (
 ) WITHOUT ROWID;
 CREATE INDEX sms_reports_load ON sms_reports (load_id, reported_at) WHERE load_id IS NOT NULL;
 CREATE INDEX sms_reports_unmatched ON sms_reports (reported_at) WHERE load_id IS NULL;
+-- haul prune: the oldest first.
+CREATE INDEX sms_reports_age ON sms_reports (reported_at);

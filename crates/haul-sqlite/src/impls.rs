@@ -1972,6 +1972,10 @@ const PRUNE_SHADOW: &str = "DELETE FROM shadow_decisions WHERE (load_id, event_i
        SELECT load_id, event_id, shadow FROM shadow_decisions WHERE recorded_at < ?1
        ORDER BY recorded_at LIMIT CAST(?2 AS INTEGER))";
 
+const PRUNE_SMS_REPORTS: &str = "DELETE FROM sms_reports WHERE (message_sid, status, outbox_id) IN (
+       SELECT message_sid, status, outbox_id FROM sms_reports WHERE reported_at < ?1
+       ORDER BY reported_at LIMIT CAST(?2 AS INTEGER))";
+
 /// One load's shadow decisions after a cursor (`?1` load, `?2` seq, `?3` shadow, `?4` limit).
 pub(crate) const SHADOW_PAGE: &str = concat!(
     "SELECT ",
@@ -2104,6 +2108,7 @@ impl Prune for SqliteStore {
                     timers: run(PRUNE_TIMERS)?,
                     queue: run(PRUNE_QUEUE)? + run(PRUNE_OPERATOR_REQUESTS)?,
                     shadow: run(PRUNE_SHADOW)?,
+                    reports: run(PRUNE_SMS_REPORTS)?,
                 })
             })
             .await

@@ -1553,6 +1553,13 @@ pub async fn delivery_reports_are_kept_once_per_message_and_status(s: DynStore) 
     assert_eq!(apart, want);
     assert_eq!(s.sms_reports_for_load(&load("L2"), 10).await.unwrap(), [report("SM3", "delivered", Some("L2"), 4)]);
     assert_eq!(s.unmatched_sms_reports(1).await.unwrap().len(), 1);
+    // Pruned by age, as the rows they report on: the oldest first, a batch at a time.
+    let pruned = |reports| PruneReport { reports, ..PruneReport::default() };
+    assert_eq!(s.prune(at(4), 1).await.unwrap(), pruned(1));
+    assert_eq!(s.prune(at(4), 10).await.unwrap(), pruned(1));
+    assert_eq!(s.sms_reports_for_load(&load("L1"), 10).await.unwrap(), []);
+    assert_eq!(s.prune(at(6), 10).await.unwrap(), pruned(2));
+    assert_eq!(s.unmatched_sms_reports(10).await.unwrap(), want[..2]);
 }
 
 pub async fn message_sids_are_taken_once_across_loads(s: DynStore) {
@@ -1856,7 +1863,7 @@ pub async fn prune_deletes_only_finished_rows_older_than_the_cutoff(s: DynStore)
     retention_fixture(&s).await;
     let log_before = (s.read(&load("L1")).await.unwrap(), s.read(&load("L2")).await.unwrap());
     let report = s.prune(at(100), 1000).await.unwrap();
-    assert_eq!(report, PruneReport { outbox: 2, timers: 3, queue: 1, shadow: 0 });
+    assert_eq!(report, PruneReport { outbox: 2, timers: 3, queue: 1, shadow: 0, reports: 0 });
     for gone in ["L1/disp/send_sms", "L1/dead_pub/send_sms"] {
         assert_eq!(s.get(gone).await.unwrap(), None, "{gone} was finished before the cutoff");
     }
@@ -1885,7 +1892,10 @@ pub async fn prune_deletes_only_finished_rows_older_than_the_cutoff(s: DynStore)
     assert_eq!((s.read(&load("L1")).await.unwrap(), s.read(&load("L2")).await.unwrap()), log_before, "never the log");
     // Nothing is left to prune at that cutoff; a later cutoff takes the newer rows.
     assert_eq!(s.prune(at(100), 1000).await.unwrap(), PruneReport::default());
-    assert_eq!(s.prune(at(300), 1000).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1, shadow: 0 });
+    assert_eq!(
+        s.prune(at(300), 1000).await.unwrap(),
+        PruneReport { outbox: 1, timers: 1, queue: 1, shadow: 0, reports: 0 }
+    );
     assert_eq!(s.count_by_status(OutboxStatus::Pending).await.unwrap(), 4);
 }
 
@@ -1904,11 +1914,14 @@ pub async fn prune_honours_the_batch_bound(s: DynStore) {
         let m = receive_one(&s, at(1)).await;
         s.ack(&m.receipt, at(1)).await.unwrap();
     }
-    let two = PruneReport { outbox: 2, timers: 2, queue: 2, shadow: 0 };
+    let two = PruneReport { outbox: 2, timers: 2, queue: 2, shadow: 0, reports: 0 };
     assert_eq!(s.prune(at(10), 2).await.unwrap(), two);
     assert!(two.full(2));
     assert_eq!(s.prune(at(10), 2).await.unwrap(), two);
-    assert_eq!(s.prune(at(10), 2).await.unwrap(), PruneReport { outbox: 1, timers: 1, queue: 1, shadow: 0 });
+    assert_eq!(
+        s.prune(at(10), 2).await.unwrap(),
+        PruneReport { outbox: 1, timers: 1, queue: 1, shadow: 0, reports: 0 }
+    );
     assert_eq!(s.prune(at(10), 2).await.unwrap(), PruneReport::default());
     assert_eq!(s.prune(at(10), 0).await.unwrap(), PruneReport::default(), "a zero batch deletes nothing");
 

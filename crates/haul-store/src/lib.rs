@@ -1139,17 +1139,25 @@ pub struct PruneReport {
     /// Shadow decisions.
     #[serde(default)]
     pub shadow: u64,
+    /// Delivery reports kept (`sms_reports`).
+    #[serde(default)]
+    pub reports: u64,
 }
 
 impl PruneReport {
     pub fn total(&self) -> u64 {
-        self.outbox + self.timers + self.queue + self.shadow
+        self.outbox + self.timers + self.queue + self.shadow + self.reports
     }
 
     /// True when some table gave a whole batch: another call may find more.
     pub fn full(&self, batch_limit: usize) -> bool {
         let limit = batch_limit as u64;
-        limit > 0 && (self.outbox >= limit || self.timers >= limit || self.queue >= limit || self.shadow >= limit)
+        limit > 0
+            && (self.outbox >= limit
+                || self.timers >= limit
+                || self.queue >= limit
+                || self.shadow >= limit
+                || self.reports >= limit)
     }
 
     fn add(&mut self, other: PruneReport) {
@@ -1157,6 +1165,7 @@ impl PruneReport {
         self.timers += other.timers;
         self.queue += other.queue;
         self.shadow += other.shadow;
+        self.reports += other.reports;
     }
 }
 

@@ -449,13 +449,20 @@ async fn prune(settings: &ConfigArgs, older_than: &str, batch: u32) -> anyhow::R
         batches += 1;
         deleted += b.total();
         progress.update(batches, &format!("{deleted} rows deleted"));
-        tracing::debug!(outbox = b.outbox, timers = b.timers, queue = b.queue, shadow = b.shadow, "prune batch");
+        tracing::debug!(
+            outbox = b.outbox,
+            timers = b.timers,
+            queue = b.queue,
+            shadow = b.shadow,
+            reports = b.reports,
+            "prune batch"
+        );
     })
     .await?;
     progress.finish();
     say(format_args!(
-        "pruned {} outbox rows, {} timers, {} queue messages, {} shadow decisions finished before {cutoff} ({batches} batches of at most {batch} per table)",
-        sum.outbox, sum.timers, sum.queue, sum.shadow
+        "pruned {} outbox rows, {} timers, {} queue messages, {} shadow decisions, {} delivery reports finished before {cutoff} ({batches} batches of at most {batch} per table)",
+        sum.outbox, sum.timers, sum.queue, sum.shadow, sum.reports
     ));
     if batches as usize >= MAX_PRUNE_BATCHES {
         say(format_args!("stopped after {MAX_PRUNE_BATCHES} batches; run it again for the rest"));
