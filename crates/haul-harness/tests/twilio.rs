@@ -151,6 +151,10 @@ async fn a_refusal_keeps_twilios_error_code(store: Arc<dyn Store>) {
     // 21610 is Twilio saying the number opted out: the load knows it, and the step-1
     // timer escalates to a person instead of texting again.
     assert!(h.state().await.sms_opted_out(), "a 21610 refusal opts the phone out");
+    // And the phone, in the consent ledger: the driver's other loads text it no more.
+    let kept = h.store.opted_out_among(&[DRIVER.to_owned()]).await.unwrap();
+    let event_id = format!("evt:out:{SMS1}:failed");
+    assert_eq!(kept.iter().map(|c| c.event_id.as_str()).collect::<Vec<_>>(), [event_id.as_str()]);
     h.advance(30 * 60);
     h.settle().await;
     assert_eq!(d.calls().0, 1, "no follow-up SMS is sent to an opted-out phone");

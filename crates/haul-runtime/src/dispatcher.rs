@@ -402,6 +402,31 @@ impl Dispatcher {
         Ok((kept, refused))
     }
 
+    /// A send the service refused because the phone opted out (Twilio's 21610) opts
+    /// the phone out in the consent ledger too, so the driver's other loads text it no
+    /// more. Best effort: the row's own load learns it from the failed outcome anyway.
+    async fn keep_opt_out(&self, row: &OutboxRow, why: &str) {
+        let Some(phone) = sms_to(row) else { return };
+        if !consent::refused_as_opted_out(why) {
+            return;
+        }
+        let opt_out = haul_store::SmsConsent {
+            phone: phone.to_owned(),
+            opted_out: true,
+            event_id: haul_core::ids::action_outcome_event_id(&row.id, haul_core::OutcomeStatus::Failed).to_string(),
+            load_id: Some(row.load_id.clone()),
+            changed_at: self.clock.now(),
+        };
+        match self.store.record_consent(&opt_out).await {
+            Ok(()) => {
+                info!(load_id = %row.load_id, outbox_id = %row.id, "the SMS service says the phone opted out: kept in the consent ledger")
+            }
+            Err(e) => {
+                warn!(outbox_id = %row.id, error = %e, "keeping an opt-out in the consent ledger failed; the load still learns it")
+            }
+        }
+    }
+
     /// The clients of the claims' loads; a store that cannot say has them all queue as
     /// loads with no client (fair to none, lost by none).
     async fn clients(&self, claims: &[Claim]) -> HashMap<LoadId, String> {
@@ -693,6 +718,9 @@ impl Dispatcher {
                 }
                 let sent = self.apply(row, &action).await;
                 self.faults.check(FaultPoint::AfterSend, &row.id)?;
+                if let Sent::Permanent(why) = &sent {
+                    self.keep_opt_out(row, why).await;
+                }
                 dispatch::after_send(&facts, sent, mode, self.clock.now())
             }
         };

@@ -1272,3 +1272,21 @@ async fn no_sms_goes_to_a_phone_the_consent_ledger_opted_out() {
     rig.store.record_consent(&start).await.unwrap();
     assert!(rig.store.opted_out_among(&[DRIVER.to_owned()]).await.unwrap().is_empty());
 }
+
+/// A send the service refuses because the phone opted out (Twilio's 21610) opts the
+/// phone out in the consent ledger too, by the row's failed outcome; another refusal
+/// does not.
+#[tokio::test]
+async fn a_refusal_as_opted_out_is_kept_in_the_consent_ledger() {
+    for (answer, kept) in [(Answer::Permanent, false), (Answer::OptedOut, true)] {
+        let rig = Rig::new().await;
+        rig.services.answer(Channel::Sms, answer);
+        rig.asked("L1").await;
+        let out = rig.dispatcher(QueueMode::Separate, Faults::default()).run_once().await.unwrap();
+        assert!(out.contains(&Dispatched::Buried), "{out:?}");
+        let ledger = rig.store.opted_out_among(&[DRIVER.to_owned()]).await.unwrap();
+        let sms = rig.row("L1", "send_sms").await.id;
+        let want = if kept { vec![format!("evt:out:{sms}:failed")] } else { vec![] };
+        assert_eq!(ledger.into_iter().map(|c| c.event_id).collect::<Vec<_>>(), want, "{answer:?}");
+    }
+}

@@ -57,6 +57,8 @@ pub enum Answer {
     Permanent,
     /// 429 with `Retry-After` of this many seconds.
     Throttled(u64),
+    /// 400 with Twilio's 21610: the phone opted out.
+    OptedOut,
 }
 
 /// The channel services: one answer per channel, and every call they got.
@@ -93,6 +95,10 @@ impl ChannelClient for Client {
             Answer::Permanent => {
                 Err(PermanentDeliveryError(format!("HTTP 422: {}", "no such number ".repeat(100))).into())
             }
+            Answer::OptedOut => Err(PermanentDeliveryError(
+                "HTTP 400: twilio error 21610: Attempt to send to unsubscribed recipient".into(),
+            )
+            .into()),
             Answer::Throttled(secs) => Err(haul_runtime::channels::ThrottledDeliveryError {
                 why: "HTTP 429 Too Many Requests".into(),
                 retry_after: Duration::from_secs(secs),
