@@ -6,7 +6,8 @@
 //! that can have outages. During the fault phase it injects: process deaths at every
 //! fault point, an append whose answer is lost, duplicate publishes, redeliveries under
 //! a live holder, two runs of one load at once, queue outages, services answering 5xx,
-//! 429, 4xx, timing out, answering slower than the lease or losing the answer after
+//! 429, 4xx (some SMS refused as opted out, Twilio's 21610), timing out, answering
+//! slower than the lease or losing the answer after
 //! the effect, and clock jumps. Then faults stop, the clock runs on until everything
 //! drains, and the invariants are checked. Operations run one at a time in the order
 //! the generator picks, so a seed repeats exactly: the trace digest says so.
@@ -366,6 +367,8 @@ impl World {
                     r if r < 0.05 => FaultKind::Retryable,
                     r if r < 0.065 => FaultKind::RateLimited,
                     r if r < 0.07 => FaultKind::Throttled(Duration::from_secs(2)),
+                    // A driver who opted out with the carrier, not by a reply to haul.
+                    r if r < 0.0775 && channel == Channel::Sms.config_name() => FaultKind::OptedOut,
                     r if r < 0.08 => FaultKind::Permanent,
                     r if r < 0.10 => FaultKind::LostAnswer,
                     r if r < 0.102 => FaultKind::Slow(Duration::from_millis(400)),
@@ -383,6 +386,7 @@ impl World {
                     FaultKind::RateLimited => "service:429",
                     FaultKind::Throttled(_) => "service:429_retry_after",
                     FaultKind::Permanent => "service:4xx",
+                    FaultKind::OptedOut => "service:opted_out",
                     FaultKind::LostAnswer => "service:lost_answer",
                     FaultKind::Slow(_) => "service:timeout",
                     FaultKind::Held(_) => "service:held",

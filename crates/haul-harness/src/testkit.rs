@@ -44,6 +44,9 @@ pub enum FaultKind {
     Throttled(Duration),
     /// 422, nothing applied.
     Permanent,
+    /// 400 with Twilio's refusal of an opted-out number (error 21610) in the body, as a
+    /// gateway in front of Twilio passes it on; nothing applied.
+    OptedOut,
     /// Waits (real time), then answers normally.
     Slow(Duration),
     /// Applies the effect, then answers 503 as if the answer was lost.
@@ -345,6 +348,7 @@ async fn handle(
         Some(FaultKind::Retryable) => Some(StatusCode::SERVICE_UNAVAILABLE),
         Some(FaultKind::RateLimited | FaultKind::Throttled(_)) => Some(StatusCode::TOO_MANY_REQUESTS),
         Some(FaultKind::Permanent) => Some(StatusCode::UNPROCESSABLE_ENTITY),
+        Some(FaultKind::OptedOut) => Some(StatusCode::BAD_REQUEST),
         Some(FaultKind::Slow(d)) => {
             tokio::time::sleep(*d).await;
             None
@@ -358,7 +362,11 @@ async fn handle(
     let mut s = lock();
     if let Some(status) = refuse {
         s.calls.push(Call { channel, key, status: status.as_u16(), taken: false });
-        let mut refused = answer(status, json!({"error": "injected fault"}));
+        let error = match fault {
+            Some(FaultKind::OptedOut) => "twilio error 21610: Attempt to send to unsubscribed recipient",
+            _ => "injected fault",
+        };
+        let mut refused = answer(status, json!({"error": error}));
         if let Some(FaultKind::Throttled(wait)) = &fault {
             refused.headers_mut().insert(axum::http::header::RETRY_AFTER, wait.as_secs().into());
         }
