@@ -204,11 +204,9 @@ fn store_unavailable(what: &str, e: &haul_store::StoreError) -> Response {
 async fn share_consent(
     s: &ApiState,
     consent: &ConsentChange,
-    event_id: &EventId,
-    sms: &Inbound,
+    (event_id, body): (&EventId, &EventBody),
     loads: &[LoadId],
 ) -> Result<(), Response> {
-    let Ok((_, body)) = &sms.checked else { return Ok(()) };
     if loads.is_empty() {
         let kept = SmsConsent {
             phone: consent.phone.clone(),
@@ -218,7 +216,7 @@ async fn share_consent(
             changed_at: s.clock.now(),
         };
         s.store.record_consent(&kept).await.map_err(|e| store_unavailable("keeping the sender's consent", &e))?;
-        info!(from = %mask_phone(&sms.from), opted_out = consent.opted_out, "consent of a phone with no active load kept");
+        info!(from = %mask_phone(&consent.phone), opted_out = consent.opted_out, "consent of a phone with no active load kept");
         return Ok(());
     }
     for load in loads.iter().skip(1) {
@@ -227,7 +225,7 @@ async fn share_consent(
         if answer.status().is_server_error() {
             return Err(answer);
         }
-        info!(load_id = %load, from = %mask_phone(&sms.from), opted_out = consent.opted_out, "consent shared with another load of the driver's");
+        info!(load_id = %load, from = %mask_phone(&consent.phone), opted_out = consent.opted_out, "consent shared with another load of the driver's");
     }
     Ok(())
 }
@@ -287,11 +285,11 @@ pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMa
         }
         Err(e) => return store_unavailable("taking a MessageSid", &e),
     };
-    if first_time && let (Some(consent), Ok((event_id, _))) = (&consent, &sms.checked) {
+    if first_time && let (Some(consent), Ok((event_id, body))) = (&consent, &sms.checked) {
         // Only the first time: a replayed STOP must not opt out a load made since,
         // nor an old START undo a later STOP. A fan-out cut short is made good by the
         // ledger, which the route's append writes.
-        if let Err(answer) = share_consent(&s, consent, event_id, &sms, &loads).await {
+        if let Err(answer) = share_consent(&s, consent, (event_id, body), &loads).await {
             return answer;
         }
     }
