@@ -486,6 +486,9 @@ pub struct ChannelConfig {
     pub rate: Option<String>,
     /// Sends at once after a quiet spell, 1 to 10000; unset: 1 (sends evenly spaced).
     pub burst: Option<i64>,
+    /// The most sends at the service at once, across every dispatcher, 1 to 10000;
+    /// unset: no cap.
+    pub in_flight: Option<i64>,
 }
 
 impl ChannelConfig {
@@ -506,20 +509,47 @@ impl ChannelConfig {
     /// The send limit `rate` and `burst` make, or what is wrong with them (the
     /// message names the setting under `channels.{name}`).
     pub fn limit(&self, name: &str) -> anyhow::Result<Option<haul_core::limit::Limit>> {
-        let Some(rate) = &self.rate else {
-            if self.burst.is_some() {
-                bail!("channels.{name}.burst is set without channels.{name}.rate: a burst of what rate?");
-            }
-            return Ok(None);
-        };
-        let rate = haul_core::limit::Rate::parse(rate).map_err(|e| anyhow::anyhow!("channels.{name}.rate: {e}"))?;
-        let burst = self.burst.unwrap_or(1);
-        let burst = u32::try_from(burst).map_err(|_| {
-            anyhow::anyhow!("channels.{name}.burst: {burst} is not 1 to {}", haul_core::limit::MAX_BURST)
-        })?;
-        haul_core::limit::Limit::new(rate, burst).map(Some).map_err(|e| anyhow::anyhow!("channels.{name}.burst: {e}"))
+        limit_of(self.rate.as_deref(), self.burst, &format!("channels.{name}"))
+    }
+
+    /// The cap `in_flight` sets on sends at once, or what is wrong with it.
+    pub fn in_flight_cap(&self, name: &str) -> anyhow::Result<Option<u32>> {
+        let Some(cap) = self.in_flight else { return Ok(None) };
+        match u32::try_from(cap) {
+            Ok(cap @ 1..=MAX_IN_FLIGHT) => Ok(Some(cap)),
+            _ => bail!("channels.{name}.in_flight: {cap} is not 1 to {MAX_IN_FLIGHT}"),
+        }
     }
 }
+
+/// The send limit a `rate` and `burst` under `at` (the settings' prefix) make, or
+/// what is wrong with them, naming the setting.
+fn limit_of(rate: Option<&str>, burst: Option<i64>, at: &str) -> anyhow::Result<Option<haul_core::limit::Limit>> {
+    let Some(rate) = rate else {
+        if burst.is_some() {
+            bail!("{at}.burst is set without {at}.rate: a burst of what rate?");
+        }
+        return Ok(None);
+    };
+    let rate = haul_core::limit::Rate::parse(rate).map_err(|e| anyhow::anyhow!("{at}.rate: {e}"))?;
+    let burst = burst.unwrap_or(1);
+    let burst = u32::try_from(burst)
+        .map_err(|_| anyhow::anyhow!("{at}.burst: {burst} is not 1 to {}", haul_core::limit::MAX_BURST))?;
+    haul_core::limit::Limit::new(rate, burst).map(Some).map_err(|e| anyhow::anyhow!("{at}.burst: {e}"))
+}
+
+/// A client's own send limit on one channel (`clients.<name>.rates.<channel>`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientRateConfig {
+    /// As `channels.*.rate`, for this client's rows only.
+    pub rate: Option<String>,
+    /// As `channels.*.burst`.
+    pub burst: Option<i64>,
+}
+
+/// Most `channels.*.in_flight` may be.
+pub const MAX_IN_FLIGHT: u32 = 10_000;
 
 /// The Twilio account `channels.sms.kind = "twilio"` sends from. Its secret (the
 /// Auth Token, or the API key's secret) is read from the variable
@@ -569,6 +599,17 @@ pub struct ClientConfig {
     /// The client's share of a saturated channel against a client of weight 1 (read
     /// signed, so a negative one is refused naming the setting).
     pub send_weight: Option<i64>,
+    /// The client's own send limits, by channel name (`[clients.<name>.rates.tms]`):
+    /// its rows of that channel never go faster, whatever the channel allows.
+    pub rates: BTreeMap<String, ClientRateConfig>,
+}
+
+impl ClientConfig {
+    /// The client `name`'s own limit on `channel`, or what is wrong with it.
+    pub fn limit(&self, name: &str, channel: Channel) -> anyhow::Result<Option<haul_core::limit::Limit>> {
+        let Some(r) = self.rates.get(channel.config_name()) else { return Ok(None) };
+        limit_of(r.rate.as_deref(), r.burst, &format!("clients.{name}.rates.{}", channel.config_name()))
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -653,13 +694,14 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
 ];
 
 /// The settings of each channel, `channels.{config name}.{setting}` for every channel.
-const CHANNEL_SETTINGS: [(&str, Kind); 6] = [
+const CHANNEL_SETTINGS: [(&str, Kind); 7] = [
     ("kind", Kind::Text),
     ("url", Kind::Text),
     ("token_env", Kind::Text),
     ("timeout", Kind::Text),
     ("rate", Kind::Text),
     ("burst", Kind::Int),
+    ("in_flight", Kind::Int),
 ];
 
 /// The setting `HAUL_{name}` sets, and its kind.
@@ -691,6 +733,8 @@ const FILE_SETTINGS: &[&str] = &[
     "clients.<name>.eta_request.max_attempts",
     "clients.<name>.eta_request.trigger_risk",
     "clients.<name>.send_weight",
+    "clients.<name>.rates.<channel>.rate",
+    "clients.<name>.rates.<channel>.burst",
 ];
 
 /// Flags of `haul serve` (and the commands that open the store) over a setting.
@@ -1040,6 +1084,7 @@ impl Config {
             _ if path.starts_with("channels.") && path.ends_with(".timeout") => Some("5s".into()),
             _ if path.starts_with("channels.") && path.ends_with(".rate") => Some("no limit".into()),
             _ if path.starts_with("channels.") && path.ends_with(".burst") => Some("1".into()),
+            _ if path.starts_with("channels.") && path.ends_with(".in_flight") => Some("no cap".into()),
             _ if path.starts_with("clients.") => {
                 let p = EtaPolicy::default();
                 Some(match path.rsplit('.').next().unwrap_or_default() {
@@ -1176,6 +1221,14 @@ impl Config {
             {
                 bail!("clients.{name}.send_weight must be 1 to {}, not {w}", haul_core::limit::MAX_WEIGHT);
             }
+            for channel in c.rates.keys() {
+                if !Channel::ALL.iter().any(|ch| ch.config_name() == channel) {
+                    bail!("clients.{name}.rates.{channel}: no such channel (sms, hero, slack, tms, ops)");
+                }
+            }
+            for channel in Channel::ALL {
+                c.limit(name, channel)?;
+            }
         }
         for name in Channel::ALL {
             let c = self.channels.get(name);
@@ -1188,6 +1241,7 @@ impl Config {
                 bail!("channels.{name}.timeout must be above zero and well inside dispatcher.lease");
             }
             c.limit(name.config_name())?;
+            c.in_flight_cap(name.config_name())?;
             if c.kind() == ChannelKind::Twilio && name != Channel::Sms {
                 bail!("channels.{name}.kind: \"twilio\" is for channels.sms only");
             }
@@ -1549,10 +1603,12 @@ mod tests {
             let path = if prefix.is_empty() { f } else { format!("{prefix}.{f}") };
             if path == "clients" {
                 struct_paths("clients.x", out);
+            } else if path == "clients.x.rates" {
+                struct_paths("clients.x.rates.y", out);
             } else if fields_at(&path).is_some() {
                 struct_paths(&path, out);
             } else {
-                out.push(path.replace("clients.x.", "clients.<name>."));
+                out.push(path.replace("clients.x.", "clients.<name>.").replace(".rates.y.", ".rates.<channel>."));
             }
         }
     }
@@ -1593,7 +1649,10 @@ mod tests {
         }
         keys.into_iter()
             .map(|k| match k.strip_prefix("clients.").and_then(|r| r.split_once('.')) {
-                Some((_, rest)) => format!("clients.<name>.{rest}"),
+                Some((_, rest)) => match rest.strip_prefix("rates.").and_then(|r| r.split_once('.')) {
+                    Some((_, setting)) => format!("clients.<name>.rates.<channel>.{setting}"),
+                    None => format!("clients.<name>.{rest}"),
+                },
                 None => k,
             })
             .collect()
@@ -1670,6 +1729,9 @@ mod tests {
             ("rate = \"1/s\"\nburst = -1", "channels.sms.burst: -1 is not 1 to 10000"),
             ("rate = \"1/s\"\nburst = 0", "channels.sms.burst: burst 0 is not 1 to 10000"),
             ("burst = 5", "channels.sms.burst is set without channels.sms.rate"),
+            ("in_flight = 0", "channels.sms.in_flight: 0 is not 1 to 10000"),
+            ("in_flight = -3", "channels.sms.in_flight: -3 is not 1 to 10000"),
+            ("in_flight = 10001", "channels.sms.in_flight: 10001 is not 1 to 10000"),
         ] {
             let e = Config::from_toml(&format!("[channels.sms]\n{toml}")).unwrap_err().to_string();
             assert!(e.contains(says), "{toml}: {e}");
@@ -1678,6 +1740,9 @@ mod tests {
         let limit = c.channels.hero.limit("hero").unwrap().unwrap();
         assert_eq!((limit.rate.to_string(), limit.burst), ("12/min".to_owned(), 3));
         assert_eq!(c.channels.sms.limit("sms").unwrap(), None);
+        assert_eq!(c.channels.sms.in_flight_cap("sms").unwrap(), None);
+        let c = Config::from_toml("[channels.sms]\nin_flight = 10").unwrap();
+        assert_eq!(c.channels.sms.in_flight_cap("sms").unwrap(), Some(10), "a cap needs no rate");
         assert_eq!(
             Config::from_toml("[channels.sms]\nrate = \"1/s\"")
                 .unwrap()
@@ -1689,6 +1754,32 @@ mod tests {
                 .burst,
             1
         );
+    }
+
+    /// A client's own send limit reads as a limit on its channel; a bad one, or one on
+    /// a channel that does not exist, is refused naming the setting.
+    #[test]
+    fn a_clients_own_send_limit_names_the_setting() {
+        for (toml, says) in [
+            ("[clients.acme.rates.tms]\nrate = \"fast\"", "clients.acme.rates.tms.rate: \"fast\" is not a rate"),
+            (
+                "[clients.acme.rates.sms]\nburst = 2",
+                "clients.acme.rates.sms.burst is set without clients.acme.rates.sms.rate",
+            ),
+            (
+                "[clients.acme.rates.sms]\nrate = \"1/s\"\nburst = 0",
+                "clients.acme.rates.sms.burst: burst 0 is not 1 to 10000",
+            ),
+            ("[clients.acme.rates.fax]\nrate = \"1/s\"", "clients.acme.rates.fax: no such channel"),
+            ("[clients.acme.rates.tms]\nrate = \"1/s\"\nspeed = 2", "unknown field `speed`"),
+        ] {
+            let e = Config::from_toml(toml).unwrap_err().to_string();
+            assert!(e.contains(says), "{toml}: {e}");
+        }
+        let c = Config::from_toml("[clients.acme.rates.tms]\nrate = \"5/s\"\nburst = 2").unwrap();
+        let limit = c.clients["acme"].limit("acme", Channel::Tms).unwrap().unwrap();
+        assert_eq!((limit.rate.to_string(), limit.burst), ("5/s".to_owned(), 2));
+        assert_eq!(c.clients["acme"].limit("acme", Channel::Sms).unwrap(), None);
     }
 
     /// A client's weight outside 1 to 100 is refused naming the setting.

@@ -164,6 +164,18 @@ pub fn held_until_us(grant: &Grant, limit: &Limit, held: usize) -> Vec<i64> {
     (0..held as i64).map(|i| grant.next_at_us + i * interval).collect()
 }
 
+/// The rate key of a client's own limit on a channel (`{channel}@{client}`), apart
+/// from the channel's (`{channel}`) and the client's queue on it (`{channel}|{client}`).
+pub fn client_rate_key(channel: &str, client: &str) -> String {
+    format!("{channel}@{client}")
+}
+
+/// The queue of a channel's rows held back by its cap on sends in flight
+/// (`{channel}#in_flight`), apart from its clients' queues (`{channel}|…`).
+pub fn in_flight_queue_key(channel: &str) -> String {
+    format!("{channel}#in_flight")
+}
+
 /// The key under which a rate's last pause is kept (`{rate_key}!paused`, its state
 /// when paused): a change of the rate's limit starts it afresh, but not before a pause
 /// the service asked for ends.

@@ -92,6 +92,28 @@ fn broke(invariant: Invariant, message: String) -> Result<(), Violation> {
     Err(Violation { invariant, message })
 }
 
+/// Calls (`at`, in any order) under a limit of `rate` with no burst: no interval of
+/// the rate holds more than two calls, one the limit granted and one granted before a
+/// clock jump that reached the service after it (a simulator's clock moves while a
+/// batch is sent), as for [`sends_within_rate`].
+pub fn sends_spaced(what: &str, at: &[Timestamp], rate: &haul_core::limit::Rate) -> Result<(), Violation> {
+    let mut at = at.to_vec();
+    at.sort();
+    let interval = Duration::from_micros(rate.interval_us() as u64);
+    for three in at.windows(3) {
+        if haul_core::time::since(three[2], three[0]) < interval {
+            return broke(
+                Invariant::SendRateKept,
+                format!(
+                    "{what} calls at {}, {} and {}: the rate {rate} allows two within {interval:?}",
+                    three[0], three[1], three[2]
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A channel's calls (`at`, in any order) under `limit`: no window of one second holds
 /// more than the burst, the rate's sends in a second, and `in_flight` more (sends
 /// granted before a clock jump that reach the service after it, in a simulator whose

@@ -30,7 +30,7 @@ use serde_json::json;
 use crate::eval::EvalStore;
 use crate::testkit::{FakeServices, FaultKind, FlakyQueue};
 use crate::{invariants, oracle};
-use haul_config::{ClientConfig, Config, EtaRequestConfig, policies};
+use haul_config::{ClientConfig, ClientRateConfig, Config, EtaRequestConfig, policies};
 use haul_runtime::decider::{Decider, SopDecider};
 use haul_runtime::dispatcher::{Dispatcher, DispatcherSettings};
 use haul_runtime::faults::{FaultPoint, Faults, Observed, PlantedBugs};
@@ -146,6 +146,8 @@ struct Shared {
     /// When each SMS call reached the service (fake time), taken or refused: what the
     /// send rate invariant counts.
     sms_calls: Vec<Timestamp>,
+    /// Each Hero task's call: its key (the row's, which starts with its load) and when.
+    hero_calls: Vec<(String, Timestamp)>,
 }
 
 impl Shared {
@@ -270,6 +272,9 @@ fn sms_limit() -> haul_core::limit::Limit {
 /// SMS a dispatcher may have been granted and not yet sent when the clock jumps (a
 /// call answered after the lease moves it 91 s on).
 const SMS_IN_FLIGHT: u32 = 0;
+
+/// client_b's own limit on Hero tasks.
+const CLIENT_B_HERO: &str = "2/min";
 const VISIBILITY: Duration = Duration::from_secs(360);
 const STRANGER: &str = "+15555559999";
 
@@ -322,6 +327,7 @@ impl World {
             stale_marks: Vec::new(),
             trace: Vec::new(),
             sms_calls: Vec::new(),
+            hero_calls: Vec::new(),
         }));
         let hook = {
             let shared = shared.clone();
@@ -358,6 +364,9 @@ impl World {
                 let mut s = lock(&shared);
                 if channel == Channel::Sms.config_name() {
                     s.sms_calls.push(clock.now());
+                }
+                if channel == Channel::Hero.config_name() {
+                    s.hero_calls.push((key.to_owned(), clock.now()));
                 }
                 if !(s.on && s.faults.service) {
                     return None;
@@ -408,6 +417,8 @@ impl World {
                 },
                 // Twice the others' share of the SMS rate when both wait.
                 send_weight: Some(2),
+                // Its own limit on Hero tasks, which no channel rate binds.
+                rates: [("hero".to_owned(), ClientRateConfig { rate: Some(CLIENT_B_HERO.into()), burst: None })].into(),
             },
         );
         let config = Config { clients, ..Config::default() };
@@ -437,7 +448,11 @@ impl World {
             sequential: true,
             jitter_seed: Some(opts.seed.wrapping_mul(31).wrapping_add(i)),
             limits: haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(sms_limit())),
+            // One Hero task at the service at a time across both dispatchers: the cap
+            // holds rows back, and a crash mid-send keeps its slot until its lease lapses.
+            caps: haul_core::PerChannel::from_fn(|c| (c == Channel::Hero).then_some(1)),
             weights: DispatcherSettings::default().with_weights(&config.clients).weights,
+            client_limits: DispatcherSettings::default().with_weights(&config.clients).client_limits,
         };
         let q: Arc<dyn LoadQueue> = queue.clone();
         // The second worker and dispatcher take the store's own queue, as `serve` does:
@@ -957,6 +972,18 @@ impl World {
         }
         let sms_calls = lock(&self.shared).sms_calls.clone();
         if let Err(v) = invariants::sends_within_rate("sms", &sms_calls, &sms_limit(), SMS_IN_FLIGHT) {
+            return Ok(Some(v.message));
+        }
+        // client_b's loads are the odd ones (`init_loads`).
+        let client_b: Vec<String> = self.loads.iter().skip(1).step_by(2).map(|l| format!("{l}/")).collect();
+        let hero_b: Vec<Timestamp> = lock(&self.shared)
+            .hero_calls
+            .iter()
+            .filter(|(key, _)| client_b.iter().any(|l| key.starts_with(l.as_str())))
+            .map(|(_, at)| *at)
+            .collect();
+        let rate = haul_core::limit::Rate::parse(CLIENT_B_HERO).expect("a rate");
+        if let Err(v) = invariants::sends_spaced("client_b's hero", &hero_b, &rate) {
             return Ok(Some(v.message));
         }
         if let Some(id) = lock(&self.shared).stale_marks.first() {

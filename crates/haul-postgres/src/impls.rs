@@ -746,6 +746,37 @@ impl SendRates for PgStore {
         Ok(n)
     }
 
+    async fn take_slots(
+        &self,
+        key: &str,
+        cap: u32,
+        sends: &[(String, String)],
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<Vec<String>, StoreError> {
+        let (ids, tokens): (Vec<&str>, Vec<&str>) = sends.iter().map(|(i, t)| (i.as_str(), t.as_str())).unzip();
+        let (until, now, cap) = (to_us(until), to_us(now), i64::from(cap));
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        tx.execute(&tx.prepare_cached(SEND_SLOTS_LOCK).await.map_err(pg)?, &[&key]).await.map_err(pg)?;
+        tx.execute(&tx.prepare_cached(SEND_SLOTS_EXPIRE).await.map_err(pg)?, &[&key, &now]).await.map_err(pg)?;
+        let retake = tx.prepare_cached(SEND_SLOTS_RETAKE).await.map_err(pg)?;
+        let mut rows = tx.query(&retake, &[&key, &ids, &tokens, &until]).await.map_err(pg)?;
+        let take = tx.prepare_cached(SEND_SLOTS_TAKE).await.map_err(pg)?;
+        rows.extend(tx.query(&take, &[&key, &ids, &tokens, &until, &cap]).await.map_err(pg)?);
+        tx.commit().await.map_err(pg)?;
+        let granted = rows.iter().map(|r| col::<String>(r, 0)).collect::<Result<Vec<_>, _>>()?;
+        Ok(haul_store::backend::in_order_of(sends, granted))
+    }
+
+    async fn free_slots(&self, key: &str, sends: &[(String, String)]) -> Result<(), StoreError> {
+        let (ids, tokens): (Vec<&str>, Vec<&str>) = sends.iter().map(|(i, t)| (i.as_str(), t.as_str())).unzip();
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(SEND_SLOTS_FREE).await.map_err(pg)?;
+        client.execute(&stmt, &[&key, &ids, &tokens]).await.map_err(pg)?;
+        Ok(())
+    }
+
     async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError> {
         self.query_rows(SEND_QUEUE_TAILS, &[&keys], |r: &dyn Columns| Ok((r.string(0)?, r.i64(1)?))).await
     }

@@ -60,6 +60,9 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(18, include_str!("../migrations/0018_sms_consent.sql")).readable_by(17),
     // A new table only: a haul of schema 18 runs beside (it leaves it alone).
     Migration::new(19, include_str!("../migrations/0019_sms_reports.sql")).readable_by(18),
+    // A new table only: a haul of schema 19 runs beside, sending without the cap on
+    // sends in flight until it is stopped.
+    Migration::new(20, include_str!("../migrations/0020_send_slots.sql")).readable_by(19),
 ];
 
 /// The newest schema version this build knows.

@@ -110,6 +110,31 @@ macro_rules! send_rate_upsert {
     };
 }
 
+// A channel's sends in flight (`SendRates::take_slots`), in one transaction under the
+// key's advisory lock, so racing dispatchers count each other's slots.
+
+/// `$1` key.
+pub const SEND_SLOTS_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended('send_slots:' || $1, 0))";
+/// `$1` key, `$2` now (µs): slots whose leases lapsed.
+pub const SEND_SLOTS_EXPIRE: &str = "DELETE FROM send_slots WHERE rate_key = $1 AND until_us <= $2";
+/// `$1` key, `$2` outbox ids, `$3` tokens, `$4` until (µs): sends that hold a slot
+/// already keep it, under their new claim.
+pub const SEND_SLOTS_RETAKE: &str = "UPDATE send_slots s SET token = w.token, until_us = $4
+     FROM unnest($2::text[], $3::text[]) AS w(id, token)
+     WHERE s.rate_key = $1 AND s.outbox_id = w.id RETURNING s.outbox_id";
+/// `$1` key, `$2` outbox ids, `$3` tokens, `$4` until (µs), `$5` cap: the other sends
+/// in order, while slots are free.
+pub const SEND_SLOTS_TAKE: &str = "INSERT INTO send_slots (rate_key, outbox_id, token, until_us)
+     SELECT $1, f.id, f.token, $4 FROM (
+       SELECT w.id, w.token, row_number() OVER (ORDER BY w.n) AS r
+       FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS w(id, token, n)
+       WHERE NOT EXISTS (SELECT 1 FROM send_slots s WHERE s.rate_key = $1 AND s.outbox_id = w.id)) f
+     WHERE f.r <= $5::bigint - (SELECT count(*) FROM send_slots s WHERE s.rate_key = $1)
+     ON CONFLICT (rate_key, outbox_id) DO NOTHING RETURNING outbox_id";
+/// `$1` key, `$2` outbox ids, `$3` tokens: ended sends' slots, each under its own claim.
+pub const SEND_SLOTS_FREE: &str = "DELETE FROM send_slots s USING unnest($2::text[], $3::text[]) AS w(id, token)
+     WHERE s.rate_key = $1 AND s.outbox_id = w.id AND s.token = w.token";
+
 /// [`OUTBOX_CLAIM`] (or `_AFTER`) and, in the same statement, `send_rate_upsert!` for
 /// each rate's rows claimed as made (`due_at <= created_at`): `$types`, `$keys`,
 /// `$intervals`, `$tolerances` one element an action type (its rate's key, interval

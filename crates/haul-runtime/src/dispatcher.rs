@@ -49,9 +49,15 @@ pub struct DispatcherSettings {
     /// dispatcher through the store: a claimed row past it is held back, not sent. An
     /// operator's change in the store overrides it (`crate::rates`).
     pub limits: PerChannel<Option<Limit>>,
+    /// Each channel's cap on sends at the service at once (`channels.*.in_flight`),
+    /// shared with every other dispatcher through the store (`SendRates::take_slots`).
+    pub caps: PerChannel<Option<u32>>,
     /// Each client's weight (`clients.*.send_weight`): its share of a saturated
     /// channel against a client of weight 1, the default.
     pub weights: BTreeMap<String, u32>,
+    /// Each client's own send limits (`clients.*.rates`), shared with every other
+    /// dispatcher through the store, on top of its channels'.
+    pub client_limits: BTreeMap<String, PerChannel<Option<Limit>>>,
 }
 
 impl DispatcherSettings {
@@ -65,21 +71,31 @@ impl DispatcherSettings {
             sequential: false,
             jitter_seed: None,
             limits: PerChannel::from_fn(|_| None),
+            caps: PerChannel::from_fn(|_| None),
             weights: BTreeMap::new(),
+            client_limits: BTreeMap::new(),
         }
     }
 
-    /// These settings with the clients' weights of `clients` (checked at start).
+    /// These settings with the clients' weights and own send limits of `clients`
+    /// (checked at start).
     pub fn with_weights(self, clients: &BTreeMap<String, haul_config::ClientConfig>) -> Self {
         let weight = |c: &haul_config::ClientConfig| u32::try_from(c.send_weight?).ok();
         let weights = clients.iter().filter_map(|(name, c)| Some((name.clone(), weight(c)?))).collect();
-        DispatcherSettings { weights, ..self }
+        let client_limits = clients
+            .iter()
+            .map(|(name, c)| (name.clone(), PerChannel::from_fn(|ch| c.limit(name, ch).ok().flatten())))
+            .filter(|(_, limits)| Channel::ALL.into_iter().any(|ch| limits.get(ch).is_some()))
+            .collect();
+        DispatcherSettings { weights, client_limits, ..self }
     }
 
-    /// These settings with the channels' send limits of `channels` (checked at start).
+    /// These settings with the channels' send limits and caps on sends in flight of
+    /// `channels` (checked at start).
     pub fn with_limits(self, channels: &haul_config::ChannelsConfig) -> Self {
         let limits = PerChannel::from_fn(|c| channels.get(c).limit(c.config_name()).ok().flatten());
-        DispatcherSettings { limits, ..self }
+        let caps = PerChannel::from_fn(|c| channels.get(c).in_flight_cap(c.config_name()).ok().flatten());
+        DispatcherSettings { limits, caps, ..self }
     }
 }
 
@@ -126,6 +142,58 @@ impl Claimed {
     pub fn took(&self) -> usize {
         self.claims.len() + self.superseded + self.held + self.refused
     }
+}
+
+/// The rows a claim let go no further, to be held back by [`Dispatcher::hold`] once
+/// the rows it let go are on their way. Rows not held stay claimed until their leases
+/// lapse, then are claimed and held again: nothing is lost.
+#[derive(Debug, Default)]
+#[must_use = "held rows stay claimed until their leases lapse unless given to Dispatcher::hold"]
+pub struct Holds {
+    rated: Vec<Held>,
+    by_client: Vec<ByClient>,
+    capped: Vec<Capped>,
+}
+
+impl Holds {
+    /// How many rows wait to be held.
+    pub fn len(&self) -> usize {
+        let rated: usize = self.rated.iter().map(|h| h.rows.len()).sum();
+        let by_client: usize = self.by_client.iter().map(|h| h.rows.len()).sum();
+        rated + by_client + self.capped.iter().map(|c| c.rows.len()).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rated.is_empty() && self.by_client.is_empty() && self.capped.is_empty()
+    }
+}
+
+/// One client's rows of one channel past the client's own limit.
+#[derive(Debug)]
+struct ByClient {
+    channel: Channel,
+    limit: Limit,
+    grant: Grant,
+    rows: Vec<Claim>,
+}
+
+/// One channel's rows its cap on sends in flight left without a slot.
+#[derive(Debug)]
+struct Capped {
+    channel: Channel,
+    cap: u32,
+    rows: Vec<Claim>,
+}
+
+/// One channel's rows past its grant.
+#[derive(Debug)]
+struct Held {
+    channel: Channel,
+    limit: Limit,
+    grant: Grant,
+    rows: Vec<Claim>,
+    /// The rows' loads' clients, when the claim read them.
+    clients: HashMap<LoadId, String>,
 }
 
 /// How one claimed row ended.
@@ -183,6 +251,8 @@ pub struct Dispatcher {
     /// The limits in force: the settings' with the operators' changes over them, and
     /// when the changes were last read (`crate::rates::REFRESH`).
     limits: std::sync::Mutex<(PerChannel<Option<Limit>>, Option<Timestamp>)>,
+    /// Each capped channel's call time (µs), a moving average of its sends.
+    call_times: std::sync::Mutex<PerChannel<Option<i64>>>,
 }
 
 impl Dispatcher {
@@ -201,9 +271,13 @@ impl Dispatcher {
                 metrics::gauge!("haul_channel_rate_per_second", "channel" => channel.config_name())
                     .set(limit.rate.per_second());
             }
+            if let Some(cap) = settings.caps.get(channel) {
+                metrics::gauge!("haul_channel_in_flight_cap", "channel" => channel.config_name()).set(f64::from(*cap));
+            }
         }
         Dispatcher {
             limits: std::sync::Mutex::new((settings.limits.clone(), None)),
+            call_times: std::sync::Mutex::new(PerChannel::from_fn(|_| None)),
             queue_mode,
             store,
             queue: EventQueue::new(queue),
@@ -225,14 +299,17 @@ impl Dispatcher {
     /// the failed outcomes that an earlier burial could not.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Dispatched>, StoreError> {
         let mut out = self.sweep_dead().await?;
-        let Claimed { claims, superseded, refused, .. } = match self.claim(self.settings.batch, None).await? {
+        let (claimed, holds) = match self.claim_holding_later(self.settings.batch, None).await? {
             Ok(claimed) => claimed,
             Err(crash) => return Ok(vec![Dispatched::Crashed(crash)]),
         };
+        let Claimed { claims, superseded, refused, .. } = claimed;
         // Settled too: the row the later step was due in place of may be due now.
         out.extend(std::iter::repeat_n(Dispatched::Superseded, superseded));
         out.extend(std::iter::repeat_n(Dispatched::Buried, refused));
         if self.settings.sequential {
+            // Seeded runs: the same store calls in the same order every time.
+            self.hold(holds).await;
             for claim in claims {
                 out.push(self.dispatch(claim).await);
             }
@@ -244,6 +321,7 @@ impl Dispatcher {
             let span = Self::span(&claim);
             sends.spawn(async move { d.dispatch(claim).await }.instrument(span));
         }
+        self.hold(holds).await;
         while let Some(r) = sends.join_next().await {
             match r {
                 Ok(d) => out.push(d),
@@ -261,6 +339,23 @@ impl Dispatcher {
     /// error: a fault point stopped it there): the rows to send, and how many of the
     /// rows it took it settled unsent or held back instead of handing them out.
     pub async fn claim(&self, max: usize, after: Option<&ClaimCursor>) -> Result<Result<Claimed, Crash>, StoreError> {
+        Ok(match self.claim_holding_later(max, after).await? {
+            Ok((claimed, holds)) => {
+                self.hold(holds).await;
+                Ok(claimed)
+            }
+            Err(crash) => Err(crash),
+        })
+    }
+
+    /// [`Dispatcher::claim`], but the rows a send limit held back are left to the
+    /// caller to give to [`Dispatcher::hold`] once it has started the sends: their
+    /// writes do not stand between the sends' permits and the service.
+    pub async fn claim_holding_later(
+        &self,
+        max: usize,
+        after: Option<&ClaimCursor>,
+    ) -> Result<Result<(Claimed, Holds), Crash>, StoreError> {
         let (now, lease) = (self.clock.now(), self.settings.lease);
         let limits = self.limits(now).await;
         let (channels, takes) = claim_takes(&limits);
@@ -282,10 +377,8 @@ impl Dispatcher {
             Ok(kept) => kept,
             Err(crash) => return Ok(Err(crash)),
         };
-        // The clock again: a grant's instant is as close as it can be to its sends, so
-        // the time the supersede checks took does not bunch them at the service.
-        let (claims, held) = self.admit(claims, &limits, &taken, self.clock.now()).await?;
-        Ok(Ok(Claimed { claims, superseded, held, refused }))
+        let (claims, holds) = self.admit(claims, &limits, &taken).await?;
+        Ok(Ok((Claimed { claims, superseded, held: holds.len(), refused }, holds)))
     }
 
     /// The limits in force at `now`: the operators' changes are read again when the
@@ -492,19 +585,20 @@ impl Dispatcher {
         }
     }
 
-    /// The claims the channels' send limits let go now, and how many were not: those
-    /// are held back in the store (`Outbox::hold_all`), due again when their channel's rate allows them,
-    /// with no attempt spent. Within a channel urgent Hero tasks go first, then claim
-    /// order; held, an urgent one waits for the channel's very next sends and a routine
-    /// one joins its client's queue (`Dispatcher::queue`).
+    /// The claims the channels' send limits let go now, and the rest, to be held back
+    /// ([`Dispatcher::hold`]): due again when their channel's rate allows them, with no
+    /// attempt spent. Within a channel urgent Hero tasks go first, then claim order (by
+    /// client when the grant is short, `Dispatcher::fair_order`). The take of a row that
+    /// waited is this claim's last store call before its rows go, so the service meets
+    /// the sends spaced as the rate granted them; the writes that hold the others come
+    /// after.
     async fn admit(
         &self,
         claims: Vec<Claim>,
         limits: &PerChannel<Option<Limit>>,
         taken: &PerChannel<Option<(u32, Grant)>>,
-        now: Timestamp,
-    ) -> Result<(Vec<Claim>, usize), StoreError> {
-        let (mut admitted, mut held_back) = (Vec::with_capacity(claims.len()), 0);
+    ) -> Result<(Vec<Claim>, Holds), StoreError> {
+        let (mut admitted, mut holds) = (Vec::with_capacity(claims.len()), Holds::default());
         let mut limited: PerChannel<Vec<Claim>> = PerChannel::from_fn(|_| Vec::new());
         for c in claims {
             match c.row.action_type.channel().filter(|ch| limits.get(*ch).is_some()) {
@@ -523,23 +617,152 @@ impl Dispatcher {
             // (they waited, and were not overtaken meanwhile) take theirs now.
             let (counted, pretaken) = taken.get(channel).map_or((0, None), |(n, g)| (n, Some(g)));
             let more = (rows.len() as u32).saturating_sub(counted);
+            // Who goes when the grant is short is decided by client, the shortest
+            // queue first. Rows that take their sends now are put in that order before
+            // the take (they are held back rows: the rate is most likely short), so
+            // nothing stands between the take and their sends.
+            let mut clients = None;
+            if more > 0 && rows.len() > 1 {
+                clients = Some(self.fair_clients(channel, &mut rows).await);
+            }
             let grant = match (pretaken, more) {
                 (Some(g), 0) => g,
                 (pretaken, more) => {
-                    let g = self.store.take_sends(channel.config_name(), &limit, more, now).await?;
+                    let g = self.store.take_sends(channel.config_name(), &limit, more, self.clock.now()).await?;
                     limit::after_both(pretaken, g)
                 }
             };
-            // Short: who goes is decided by client, the shortest queue first.
-            let clients = if (grant.granted as usize) < rows.len() {
-                let clients = self.clients(&rows).await;
-                self.fair_order(channel, &mut rows, &clients, now).await;
-                clients
-            } else {
-                HashMap::new()
+            let short = (grant.granted as usize) < rows.len();
+            let clients = match clients {
+                Some(clients) => clients,
+                None if short => self.fair_clients(channel, &mut rows).await,
+                None => HashMap::new(),
             };
-            let (urgent, routine): (Vec<Claim>, Vec<Claim>) =
-                rows.split_off((grant.granted as usize).min(rows.len())).into_iter().partition(|c| is_urgent(&c.row));
+            let held = rows.split_off((grant.granted as usize).min(rows.len()));
+            // How long the rows let go waited for it: since they were made (a row held
+            // back is due later, so `due_at` no longer says).
+            let now = self.clock.now();
+            let waited = metrics::histogram!("haul_send_wait_seconds", "channel" => channel.config_name());
+            for c in &rows {
+                waited.record(haul_core::time::since(now, c.row.created_at).as_secs_f64());
+            }
+            debug!(channel = channel.config_name(), held = held.len(), sent = rows.len(), "send rate");
+            admitted.extend(rows);
+            if held.is_empty() {
+                // Nothing waits on the channel: no backlog.
+                metrics::gauge!("haul_channel_held_backlog_seconds", "channel" => channel.config_name()).set(0.0);
+            } else {
+                holds.rated.push(Held { channel, limit, grant, rows: held, clients });
+            }
+        }
+        let admitted = self.clients_allow(admitted, &mut holds).await?;
+        let admitted = self.take_slots(admitted, &mut holds).await?;
+        Ok((admitted, holds))
+    }
+
+    /// The claims their clients' own send limits let go (`clients.*.rates`: a take
+    /// from `{channel}@{client}`, urgent Hero tasks first), the rest added to `holds`,
+    /// due when the client's limit allows them. Rows of a client without a limit on
+    /// their channel take none; a store that cannot say the loads' clients lets their
+    /// rows go as loads with none.
+    async fn clients_allow(&self, claims: Vec<Claim>, holds: &mut Holds) -> Result<Vec<Claim>, StoreError> {
+        let limits = &self.settings.client_limits;
+        let limited =
+            |c: &Claim| c.row.action_type.channel().is_some_and(|ch| limits.values().any(|l| l.get(ch).is_some()));
+        if !claims.iter().any(limited) {
+            return Ok(claims);
+        }
+        let clients = self.clients(&claims).await;
+        let mut groups: BTreeMap<(Channel, &str), (Limit, Vec<Claim>)> = BTreeMap::new();
+        let mut admitted = Vec::with_capacity(claims.len());
+        for c in claims {
+            let own = c.row.action_type.channel().and_then(|ch| {
+                let client = clients.get(&c.row.load_id)?;
+                let limit = (*limits.get(client)?.get(ch))?;
+                Some((ch, client.as_str(), limit))
+            });
+            match own {
+                Some((channel, client, limit)) => groups.entry((channel, client)).or_insert((limit, vec![])).1.push(c),
+                None => admitted.push(c),
+            }
+        }
+        let now = self.clock.now();
+        for ((channel, client), (limit, mut rows)) in groups {
+            rows.sort_by_key(|c| !is_urgent(&c.row));
+            let key = limit::client_rate_key(channel.config_name(), client);
+            let grant = self.store.take_sends(&key, &limit, rows.len() as u32, now).await?;
+            let held = rows.split_off((grant.granted as usize).min(rows.len()));
+            admitted.extend(rows);
+            if !held.is_empty() {
+                debug!(channel = channel.config_name(), client, held = held.len(), "the client's own send limit");
+                holds.by_client.push(ByClient { channel, limit, grant, rows: held });
+            }
+        }
+        Ok(admitted)
+    }
+
+    /// The claims that got a slot of their channel's cap on sends in flight
+    /// (`SendRates::take_slots`, urgent Hero tasks first), and the rest added to
+    /// `holds`. Rows of a channel without a cap take none.
+    async fn take_slots(&self, claims: Vec<Claim>, holds: &mut Holds) -> Result<Vec<Claim>, StoreError> {
+        let caps = &self.settings.caps;
+        if Channel::ALL.into_iter().all(|c| caps.get(c).is_none()) {
+            return Ok(claims);
+        }
+        let (mut admitted, mut capped) = (Vec::with_capacity(claims.len()), PerChannel::from_fn(|_| Vec::new()));
+        for c in claims {
+            match c.row.action_type.channel().filter(|ch| caps.get(*ch).is_some()) {
+                Some(channel) => capped.get_mut(channel).push(c),
+                None => admitted.push(c),
+            }
+        }
+        let now = self.clock.now();
+        let until = haul_core::time::add(now, self.settings.lease);
+        for channel in Channel::ALL {
+            let (Some(cap), mut rows) = (*caps.get(channel), std::mem::take(capped.get_mut(channel))) else { continue };
+            if rows.is_empty() {
+                continue;
+            }
+            rows.sort_by_key(|c| !is_urgent(&c.row));
+            let sends: Vec<(String, String)> = rows.iter().map(|c| (c.row.id.clone(), c.token.clone())).collect();
+            let granted = self.store.take_slots(channel.config_name(), cap, &sends, until, now).await?;
+            let (got, waits): (Vec<Claim>, Vec<Claim>) = rows.into_iter().partition(|c| granted.contains(&c.row.id));
+            admitted.extend(got);
+            if !waits.is_empty() {
+                debug!(channel = channel.config_name(), cap, held = waits.len(), "sends in flight at the cap");
+                holds.capped.push(Capped { channel, cap, rows: waits });
+            }
+        }
+        Ok(admitted)
+    }
+
+    /// The clients of `rows`' loads, and `rows` in the order a short grant serves them.
+    async fn fair_clients(&self, channel: Channel, rows: &mut [Claim]) -> HashMap<LoadId, String> {
+        let clients = self.clients(rows).await;
+        self.fair_order(channel, rows, &clients, self.clock.now()).await;
+        clients
+    }
+
+    /// Holds back the rows `admit` did not let go (`Outbox::hold_all`). Past a
+    /// channel's rate, an urgent one waits for the channel's very next sends and a
+    /// routine one joins its client's queue (`Dispatcher::queue`); past a client's own
+    /// limit, it waits for the client's next sends; past a cap on sends in flight, see
+    /// `Dispatcher::hold_capped`. Answers how many rows the store held; one it could not is
+    /// left for its lease to lapse, and is claimed and held again.
+    pub async fn hold(&self, holds: Holds) -> usize {
+        let mut kept = 0;
+        for Capped { channel, cap, rows } in holds.capped {
+            kept += self.hold_capped(channel, cap, rows).await;
+        }
+        for ByClient { channel, limit, grant, rows } in holds.by_client {
+            // Due one interval of the client's limit apart, from its next send.
+            let untils = limit::held_until_us(&grant, &limit, rows.len());
+            let held: Vec<(Claim, i64)> = rows.into_iter().zip(untils).collect();
+            kept += self.hold_at(channel, &held).await;
+        }
+        for Held { channel, limit, grant, rows, clients } in holds.rated {
+            let now = self.clock.now();
+            let (urgent, routine): (Vec<Claim>, Vec<Claim>) = rows.into_iter().partition(|c| is_urgent(&c.row));
             let urgent_untils = limit::held_until_us(&grant, &limit, urgent.len());
             let mut held: Vec<(Claim, i64)> = urgent.into_iter().zip(urgent_untils).collect();
             held.extend(self.queue(channel, &limit, grant.next_at_us, routine, &clients).await);
@@ -548,31 +771,75 @@ impl Dispatcher {
             let backlog_us = limit::backlog_us(last, haul_core::time::to_us(now));
             metrics::gauge!("haul_channel_held_backlog_seconds", "channel" => channel.config_name())
                 .set(Duration::from_micros(backlog_us as u64).as_secs_f64());
-            let holds: Vec<(String, String, Timestamp)> = held
-                .iter()
-                .map(|(c, until)| (c.row.id.clone(), c.token.clone(), haul_core::time::from_us(*until)))
-                .collect();
-            // Not held (the store failed): their leases lapse and they are claimed again,
-            // held all the same. The counter says what the store held.
-            let kept = match holds.is_empty() {
-                true => 0,
-                false => self.store.hold_all(&holds, now).await.unwrap_or_else(|e| {
-                    warn!(channel = channel.config_name(), rows = holds.len(), error = %e, "holding rows back failed");
-                    0
-                }),
-            };
-            held_back += held.len();
-            metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(kept as u64);
-            // How long the rows let go waited for it: since they were made (a row held
-            // back is due later, so `due_at` no longer says).
-            let waited = metrics::histogram!("haul_send_wait_seconds", "channel" => channel.config_name());
-            for c in &rows {
-                waited.record(haul_core::time::since(now, c.row.created_at).as_secs_f64());
-            }
-            debug!(channel = channel.config_name(), held = held.len(), sent = rows.len(), "send rate");
-            admitted.extend(rows);
+            kept += self.hold_at(channel, &held).await;
         }
-        Ok((admitted, held_back))
+        kept
+    }
+
+    /// Holds back rows their channel's cap on sends in flight left without a slot, due
+    /// again by the pace sends on the channel end at: `cap` sends end per call time
+    /// (`Dispatcher::call_time_us`), so routine rows are queued one call time / `cap`
+    /// apart, behind the rows any dispatcher held before them (the channel's in-flight
+    /// queue, kept in the store); an urgent one is due after one call time. A row that
+    /// finds the channel still full then is held again, never lost.
+    async fn hold_capped(&self, channel: Channel, cap: u32, rows: Vec<Claim>) -> usize {
+        let now = self.clock.now();
+        let (now_us, call_us) = (haul_core::time::to_us(now), self.call_time_us(channel));
+        let spacing_us = (call_us / i64::from(cap)).max(1);
+        let (urgent, routine): (Vec<Claim>, Vec<Claim>) = rows.into_iter().partition(|c| is_urgent(&c.row));
+        let mut held: Vec<(Claim, i64)> = urgent.into_iter().map(|c| (c, now_us + call_us)).collect();
+        if !routine.is_empty() {
+            let key = limit::in_flight_queue_key(channel.config_name());
+            let first = self.store.queue_sends(&key, now_us + call_us, spacing_us, routine.len() as u32).await;
+            let first = first.unwrap_or_else(|e| {
+                warn!(key, error = %e, "queueing rows past the cap on sends in flight failed; due after one call");
+                now_us + call_us
+            });
+            held.extend(routine.into_iter().zip((0..).map(|i| first + i * spacing_us)));
+        }
+        self.hold_at(channel, &held).await
+    }
+
+    /// Holds `held` (claims of `channel`, each with when it is due again, µs) back in
+    /// the store: no attempt spent. Answers how many it held; one it could not stays
+    /// claimed until its lease lapses, and is claimed and held again.
+    async fn hold_at(&self, channel: Channel, held: &[(Claim, i64)]) -> usize {
+        let holds: Vec<(String, String, Timestamp)> = held
+            .iter()
+            .map(|(c, until)| (c.row.id.clone(), c.token.clone(), haul_core::time::from_us(*until)))
+            .collect();
+        let n = self.store.hold_all(&holds, self.clock.now()).await.unwrap_or_else(|e| {
+            warn!(channel = channel.config_name(), rows = holds.len(), error = %e, "holding rows back failed");
+            0
+        });
+        metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(n as u64);
+        n
+    }
+
+    /// How long one send on `channel` takes, as recent sends went (the store's clock:
+    /// seeded runs repeat), within 10 ms and 10 s; 100 ms before any.
+    fn call_time_us(&self, channel: Channel) -> i64 {
+        let times = self.call_times.lock().unwrap_or_else(|e| e.into_inner());
+        times.get(channel).unwrap_or(100_000).clamp(10_000, 10_000_000)
+    }
+
+    /// Frees `claim`'s slot of its channel's cap on sends in flight, now its send ended,
+    /// and counts the time it took into the channel's call time.
+    async fn free_slot(&self, claim: &Claim, started: Timestamp) {
+        let Some(channel) = claim.row.action_type.channel().filter(|c| self.settings.caps.get(*c).is_some()) else {
+            return;
+        };
+        let took_us = haul_core::time::to_us(self.clock.now()) - haul_core::time::to_us(started);
+        {
+            let mut times = self.call_times.lock().unwrap_or_else(|e| e.into_inner());
+            let time = times.get_mut(channel);
+            // A moving average: a fifth of each new send.
+            *time = Some(time.map_or(took_us, |t| t + (took_us - t) / 5));
+        }
+        let send = [(claim.row.id.clone(), claim.token.clone())];
+        if let Err(e) = self.store.free_slots(channel.config_name(), &send).await {
+            warn!(outbox_id = %claim.row.id, error = %e, "freeing a send's slot failed; it is freed when its lease lapses");
+        }
     }
 
     /// How far apart `client`'s held rows are queued under `limit`, by its weight (1
@@ -656,8 +923,13 @@ impl Dispatcher {
 
     /// Sends one claimed row and settles it.
     pub async fn dispatch(&self, claim: Claim) -> Dispatched {
-        let started = std::time::Instant::now();
+        let (started, began) = (std::time::Instant::now(), self.clock.now());
         let result = self.dispatch_inner(&claim).await.unwrap_or_else(Dispatched::Crashed);
+        // A crash (a fault point) keeps its slot, as a dead dispatcher would, until
+        // its lease lapses.
+        if !matches!(result, Dispatched::Crashed(_)) {
+            self.free_slot(&claim, began).await;
+        }
         // One line per dispatch, its fields at the top level (what a log shipper indexes).
         let row = &claim.row;
         let (load_id, outbox_id, action_type) = (row.load_id.as_str(), row.id.as_str(), row.action_type.as_str());

@@ -187,12 +187,12 @@ pub async fn dispatcher_loop(
         if after.is_none() {
             from_start_at = std::time::Instant::now();
         }
-        match dispatcher.claim(want, after.as_ref()).await {
+        match dispatcher.claim_holding_later(want, after.as_ref()).await {
             // Nothing past the cursor: claim from the start at once.
-            Ok(Ok(c)) if c.took() == 0 && after.is_some() => continue,
+            Ok(Ok((c, _))) if c.took() == 0 && after.is_some() => continue,
             // Rows taken, even if all were held back by a rate: claim again at once
             // (a burst's held rows are not an idle store).
-            Ok(Ok(c)) if c.took() > 0 => {
+            Ok(Ok((c, holds))) if c.took() > 0 => {
                 idle_for = Duration::from_millis(10);
                 // A claim that came back short reached the end of the due rows.
                 if c.took() == want {
@@ -201,6 +201,13 @@ pub async fn dispatcher_loop(
                     caught_up = after.is_none();
                 }
                 ahead.extend(c.claims);
+                // The rows a send rate let go start before the others are held back:
+                // their permits were taken for now.
+                while !ahead.is_empty() {
+                    let Ok(permit) = permits.clone().try_acquire_owned() else { break };
+                    send(ahead.pop_front().expect("a row ahead"), permit);
+                }
+                dispatcher.hold(holds).await;
             }
             Ok(Ok(_)) => {
                 idle(idle_for, &wake, &mut stop).await;

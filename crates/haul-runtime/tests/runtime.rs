@@ -1085,6 +1085,90 @@ async fn a_claim_takes_sends_for_its_channels_rows_only() {
     assert_eq!(rig.services.calls(Channel::Sms).len(), 3, "the burst's other two");
 }
 
+/// A channel's cap on sends in flight holds across dispatchers: rows past it are held
+/// back (no attempt), a send's end frees its slot for the next, and the rows of other
+/// channels are not counted.
+#[tokio::test]
+async fn sends_in_flight_are_capped_across_dispatchers() {
+    let rig = Rig::new().await;
+    for l in ["L1", "L2", "L3", "L4", "L5"] {
+        rig.asked(l).await;
+    }
+    let caps = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(2));
+    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), caps, ..Default::default() };
+    let (d1, d2) = (
+        rig.dispatcher_with(QueueMode::StoreQueue, settings.clone(), Faults::default()),
+        rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default()),
+    );
+    // Each load's SMS and its set_timer (no cap): 2 SMS and 5 timers go, 3 SMS held.
+    let c1 = d1.claim(10, None).await.unwrap().unwrap();
+    assert_eq!((c1.claims.len(), c1.held), (7, 3));
+    rig.clock.advance(Duration::from_secs(1));
+    let c2 = d2.claim(10, None).await.unwrap().unwrap();
+    assert_eq!((c2.claims.len(), c2.held), (0, 3), "the first dispatcher's two sends hold both slots");
+    let sms = |c: &haul_runtime::dispatcher::Claimed| {
+        c.claims.iter().filter(|c| c.row.action_type == ActionType::SendSms).count()
+    };
+    let mut ended = 0;
+    for claim in c1.claims {
+        if claim.row.action_type == ActionType::SendSms && ended == 0 {
+            assert_eq!(d1.dispatch(claim).await, Dispatched::Delivered);
+            ended += 1;
+        }
+    }
+    rig.clock.advance(Duration::from_secs(1));
+    let c3 = d2.claim(10, None).await.unwrap().unwrap();
+    assert_eq!((sms(&c3), c3.held), (1, 2), "one send ended: one slot");
+    let rows = rig_rows(&rig, &["L1", "L2", "L3", "L4", "L5"]).await;
+    assert!(rows.iter().all(|r| r.attempts == 0 && r.status != OutboxStatus::Dead), "waiting is not failing");
+    // The other of the first dispatcher's sends never ends: its slot is freed when
+    // its lease lapses.
+    rig.clock.advance(Duration::from_secs(91));
+    let c4 = d1.claim(10, None).await.unwrap().unwrap();
+    assert_eq!(sms(&c4), 2, "{c4:?}");
+}
+
+/// A client's own send limit (`clients.*.rates`) holds its rows back, no attempt
+/// spent, while another client's rows on the same channel go at once; it is shared by
+/// every dispatcher.
+#[tokio::test]
+async fn a_clients_own_limit_holds_its_rows_only() {
+    let rig = Rig::new().await;
+    for l in ["A1", "A2", "A3", "A4"] {
+        rig.asked(l).await;
+    }
+    for l in ["B1", "B2"] {
+        rig.publish(
+            l,
+            json!({"event_id": "load:init", "kind": "load_update", "client": "client_b",
+            "driver_phone": "+15555550123", "stage": "in_transit"}),
+        )
+        .await;
+        rig.publish(l, ping("ping_0700")).await;
+    }
+    let settings = WorkerSettings { timers: TimerRoute::Outbox, ..WorkerSettings::default() };
+    rig.settle(&rig.worker_with(sop(), settings, Faults::default())).await;
+    let config = haul_config::Config::from_toml("[clients.client_a.rates.sms]\nrate = \"1/s\"").unwrap();
+    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), ..Default::default() };
+    let settings = settings.with_weights(&config.clients);
+    let d1 = rig.dispatcher_with(QueueMode::StoreQueue, settings.clone(), Faults::default());
+    let d2 = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
+    let mut sent = vec![];
+    for second in 0..6u64 {
+        rig.clock.set(add(t0(), Duration::from_secs(second)));
+        let d = if second % 2 == 0 { &d1 } else { &d2 };
+        d.run_once().await.unwrap();
+        let calls = rig.services.calls(Channel::Sms);
+        let mut now: Vec<String> = calls[sent.len()..].iter().map(|c| format!("{second}:{}", &c[..2])).collect();
+        now.sort();
+        sent.extend(now);
+    }
+    assert_eq!(sent, ["0:A1", "0:B1", "0:B2", "1:A2", "2:A3", "3:A4"]);
+    let rows = rig_rows(&rig, &["A1", "A2", "A3", "A4"]).await;
+    let settled: Vec<_> = rows.iter().map(|r| (r.status, r.attempts)).collect();
+    assert_eq!(settled, [(OutboxStatus::Dispatched, 0); 4], "sent, no failed attempt: waiting is not failing");
+}
+
 /// Each client's weight is read from its settings; a client without one has none.
 #[test]
 fn the_clients_weights_come_from_their_settings() {

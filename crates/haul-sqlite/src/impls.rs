@@ -1349,6 +1349,69 @@ impl SendRates for SqliteStore {
             .await
     }
 
+    async fn take_slots(
+        &self,
+        key: &str,
+        cap: u32,
+        sends: &[(String, String)],
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<Vec<String>, StoreError> {
+        let (key, sends, until, now) = (key.to_owned(), sends.to_vec(), to_us(until), to_us(now));
+        self.writer
+            .run(move |conn: &Connection| {
+                exec(conn, "DELETE FROM send_slots WHERE rate_key = ?1 AND until_us <= ?2", params![key, now])
+                    .map_err(db)?;
+                let held: i64 = conn
+                    .prepare_cached("SELECT count(*) FROM send_slots WHERE rate_key = ?1")
+                    .and_then(|mut s| s.query_row([&key], |r| r.get(0)))
+                    .map_err(db)?;
+                let mut free = i64::from(cap) - held;
+                let mut granted = Vec::with_capacity(sends.len());
+                for (id, token) in &sends {
+                    // A send holding a slot keeps it under its new claim; another
+                    // takes one while any is free.
+                    let kept = exec(
+                        conn,
+                        "UPDATE send_slots SET token = ?3, until_us = ?4 WHERE rate_key = ?1 AND outbox_id = ?2",
+                        params![key, id, token, until],
+                    )
+                    .map_err(db)?;
+                    if kept == 0 && free > 0 {
+                        exec(
+                            conn,
+                            "INSERT INTO send_slots (rate_key, outbox_id, token, until_us) VALUES (?1, ?2, ?3, ?4)",
+                            params![key, id, token, until],
+                        )
+                        .map_err(db)?;
+                        free -= 1;
+                    } else if kept == 0 {
+                        continue;
+                    }
+                    granted.push(id.clone());
+                }
+                Ok(granted)
+            })
+            .await
+    }
+
+    async fn free_slots(&self, key: &str, sends: &[(String, String)]) -> Result<(), StoreError> {
+        let (key, sends) = (key.to_owned(), sends.to_vec());
+        self.writer
+            .run(move |conn: &Connection| {
+                for (id, token) in &sends {
+                    exec(
+                        conn,
+                        "DELETE FROM send_slots WHERE rate_key = ?1 AND outbox_id = ?2 AND token = ?3",
+                        params![key, id, token],
+                    )
+                    .map_err(db)?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
     async fn queue_tails(&self, keys: &[String]) -> Result<Vec<(String, i64)>, StoreError> {
         let keys = serde_json::Value::from(keys.to_vec()).to_string();
         self.query_rows(

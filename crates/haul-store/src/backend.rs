@@ -641,6 +641,13 @@ pub fn claims(mut rows: Vec<OutboxRow>, token: &str) -> Vec<Claim> {
     rows.into_iter().map(|row| Claim { row, token: token.to_owned() }).collect()
 }
 
+/// The outbox ids of `sends` that are in `granted`, in `sends`' order
+/// (`SendRates::take_slots`' answer, whatever order the store found them in).
+pub fn in_order_of(sends: &[(String, String)], granted: Vec<String>) -> Vec<String> {
+    let granted: std::collections::HashSet<String> = granted.into_iter().collect();
+    sends.iter().filter(|(id, _)| granted.contains(id)).map(|(id, _)| id.clone()).collect()
+}
+
 /// The rows of `rows` a claim takes sends for under `take`: of its action types and
 /// claimed as made (`haul_core::dispatch::as_made`).
 pub fn counted(rows: &[OutboxRow], take: &ClaimTake) -> u32 {

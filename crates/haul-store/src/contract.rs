@@ -88,6 +88,7 @@ macro_rules! contract_tests {
             a_paused_key_sends_nothing_until_the_pause_ends,
             rate_changes_are_kept_once_per_request_and_the_latest_wins,
             send_rates_are_shared_by_racing_dispatchers,
+            sends_in_flight_are_capped_across_dispatchers,
             a_claim_takes_sends_for_the_rows_it_claims_as_made,
             a_changed_limit_keeps_a_pause_the_service_asked_for,
             append_refuses_an_outbox_key_of_another_load,
@@ -865,6 +866,46 @@ pub async fn send_rates_are_shared_by_racing_dispatchers(s: DynStore) {
     );
     s.take_sends("sms", &limit, 9, at(130)).await.unwrap();
     assert_eq!(since(at(101)).await.unwrap(), vec![("sms".to_owned(), at(130))], "only since then");
+}
+
+/// A channel's sends in flight are capped across dispatchers (`take_slots`): racing
+/// takers get no more slots between them than the cap; a slot is freed by its own
+/// send's end (not by another claim's), or when its lease lapses; another key has its
+/// own.
+pub async fn sends_in_flight_are_capped_across_dispatchers(s: DynStore) {
+    let send = |i: usize| (format!("row{i}"), format!("tok{i}"));
+    let until = add(at(100), Duration::from_secs(90));
+    let takers = 8;
+    let barrier = Arc::new(tokio::sync::Barrier::new(takers));
+    let mut tasks = Vec::new();
+    for i in 0..takers {
+        let (s, barrier) = (s.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            s.take_slots("sms", 3, &[send(2 * i), send(2 * i + 1)], until, at(100)).await.unwrap()
+        }));
+    }
+    let mut held = Vec::new();
+    for t in tasks {
+        held.extend(t.await.unwrap());
+    }
+    assert_eq!(held.len(), 3, "the cap, however many asked at once: {held:?}");
+    let first = held[0].clone();
+    let i: usize = first.trim_start_matches("row").parse().unwrap();
+    assert_eq!(s.take_slots("sms", 3, &[send(99)], until, at(101)).await.unwrap(), Vec::<String>::new(), "full");
+    // Another claim's token frees nothing; the send's own does.
+    s.free_slots("sms", &[(first.clone(), "other".into())]).await.unwrap();
+    assert!(s.take_slots("sms", 3, &[send(99)], until, at(101)).await.unwrap().is_empty());
+    s.free_slots("sms", &[send(i)]).await.unwrap();
+    assert_eq!(s.take_slots("sms", 3, &[send(99), send(98)], until, at(101)).await.unwrap(), vec!["row99"]);
+    // A send holding a slot keeps it when it takes one again, and counts once.
+    let again = s.take_slots("sms", 3, &[("row99".into(), "tok99b".into())], until, at(102)).await.unwrap();
+    assert_eq!(again, vec!["row99"]);
+    assert_eq!(s.take_slots("hero", 1, &[send(97)], until, at(102)).await.unwrap(), vec!["row97"], "its own key");
+    // Past the lease every slot is free again.
+    let later = add(until, Duration::from_millis(1));
+    let sends: Vec<_> = (50..55).map(send).collect();
+    assert_eq!(s.take_slots("sms", 3, &sends, add(later, Duration::from_secs(90)), later).await.unwrap().len(), 3);
 }
 
 /// A claim takes its rates' sends in its own transaction (`claim_taking`): for each

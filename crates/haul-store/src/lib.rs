@@ -1331,6 +1331,26 @@ pub trait SendRates: Send + Sync {
     /// when: the channels that are saturated.
     async fn saturated(&self, since: Timestamp) -> Result<Vec<(String, Timestamp)>, StoreError>;
 
+    /// Takes a send slot under `key` (a channel's sends in flight) for each of `sends`
+    /// (outbox id, claim token), in order, while fewer than `cap` slots are held: each
+    /// slot held until `until` (the claim's lease), so a dispatcher that dies mid-send
+    /// frees its slots when its leases lapse. Slots held past `now` are freed first.
+    /// Read and written under the key's lock: dispatchers racing for one key never hold
+    /// more than `cap` between them. A send that holds a slot already keeps it (taken
+    /// again for its new token). Answers the outbox ids given a slot.
+    async fn take_slots(
+        &self,
+        key: &str,
+        cap: u32,
+        sends: &[(String, String)],
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Frees the slots under `key` of `sends` (outbox id, claim token) whose sends have
+    /// ended; a slot since taken for another claim of the row stays.
+    async fn free_slots(&self, key: &str, sends: &[(String, String)]) -> Result<(), StoreError>;
+
     /// Records an operator's change of a channel's send limit and answers the change
     /// as stored, and whether this call made it: the first one made with its request
     /// id (a retry finds that one and records nothing more; the caller compares to

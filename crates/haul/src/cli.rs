@@ -167,7 +167,7 @@ pub enum Command {
         soak_for: Option<std::time::Duration>,
     },
     /// Benchmark workloads; each throughput is reported with the limit measured in the
-    /// same run (append, projection, contention, e2e, e2e-http, dispatch, timers, replay).
+    /// same run (append, projection, contention, e2e, e2e-http, dispatch, timers, replay, burst).
     Bench {
         /// Workloads to run (default: all).
         workloads: Vec<String>,
