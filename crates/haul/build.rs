@@ -14,8 +14,10 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
     // Build again when HEAD moves: the HEAD file (a branch switch), the branch's ref
-    // and packed-refs (a commit). Paths are per worktree where git keeps them so.
-    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    // and packed-refs (a commit), and the folder of loose branch refs (a fresh clone
+    // keeps its branch in packed-refs until the first commit writes it there). Paths
+    // are per worktree where git keeps them so.
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned(), "refs/heads".to_owned()];
     if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
         watched.push(branch);
     }

@@ -356,8 +356,10 @@ impl Dispatcher {
         max: usize,
         after: Option<&ClaimCursor>,
     ) -> Result<Result<(Claimed, Holds), Crash>, StoreError> {
+        let limits = self.limits(self.clock.now()).await;
+        // The clock after the limits' read (a store call once a second): the claim
+        // takes its sends at this instant, which their sends should follow closely.
         let (now, lease) = (self.clock.now(), self.settings.lease);
-        let limits = self.limits(now).await;
         let (channels, takes) = claim_takes(&limits);
         let ClaimedTaking { claims, grants } = self.store.claim_taking(max, now, lease, after, &takes).await?;
         let mut taken = PerChannel::from_fn(|_| None);
