@@ -170,6 +170,26 @@ pub fn client_rate_key(channel: &str, client: &str) -> String {
     format!("{channel}@{client}")
 }
 
+/// A channel's call time (µs) after a send that took `took_us`, from `was_us` before
+/// it: a moving average, a fifth of each new send; the first send's own time.
+pub fn call_time_after(was_us: Option<i64>, took_us: i64) -> i64 {
+    was_us.map_or(took_us, |was| was + (took_us - was) / 5)
+}
+
+/// How long one send takes (µs), as the average of recent sends says, within 10 ms
+/// and 10 s; 100 ms before any send.
+pub fn call_time_us(average_us: Option<i64>) -> i64 {
+    average_us.unwrap_or(100_000).clamp(10_000, 10_000_000)
+}
+
+/// When each of `n` rows past a cap of `cap` sends in flight is due again (µs), when
+/// none was queued before them: `cap` sends end per call time, so one call time from
+/// `now_us`, then one call time / `cap` apart (at least 1 µs). Answers the first and
+/// the spacing.
+pub fn in_flight_slots(now_us: i64, call_us: i64, cap: u32) -> (i64, i64) {
+    (now_us + call_us, (call_us / i64::from(cap.max(1))).max(1))
+}
+
 /// The queue of a channel's rows held back by its cap on sends in flight
 /// (`{channel}#in_flight`), apart from its clients' queues (`{channel}|…`).
 pub fn in_flight_queue_key(channel: &str) -> String {
@@ -333,6 +353,22 @@ mod tests {
         assert_eq!(queue_key("sms", Some("acme")), "sms|acme");
         assert_eq!(queue_key("sms", None), "sms|");
         assert_eq!(pause_key("sms"), "sms!paused", "not a queue of the rate: forgetting its queues keeps it");
+        // Kept in the store: a client's own limit and the in-flight queue are neither
+        // the channel's rate nor one of its clients' queues (`{channel}|`, forgotten
+        // when its limit changes).
+        assert_eq!(client_rate_key("tms", "acme"), "tms@acme");
+        // A channel's call time: the first send's, then a fifth of each new one.
+        assert_eq!(call_time_after(None, 400_000), 400_000);
+        assert_eq!(call_time_after(Some(400_000), 900_000), 500_000);
+        assert_eq!(call_time_after(Some(500_000), 0), 400_000);
+        assert_eq!(
+            (call_time_us(None), call_time_us(Some(0)), call_time_us(Some(i64::MAX))),
+            (100_000, 10_000, 10_000_000)
+        );
+        assert_eq!(call_time_us(Some(250_000)), 250_000);
+        assert_eq!(in_flight_slots(1_000, 400_000, 2), (401_000, 200_000));
+        assert_eq!(in_flight_slots(0, 10_000, 10_000), (10_000, 1), "never zero: the slots would all be one");
+        assert_eq!(in_flight_queue_key("hero"), "hero#in_flight");
     }
 
     #[test]

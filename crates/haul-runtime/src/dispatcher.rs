@@ -157,14 +157,10 @@ pub struct Holds {
 
 impl Holds {
     /// How many rows wait to be held.
-    pub fn len(&self) -> usize {
+    fn count(&self) -> usize {
         let rated: usize = self.rated.iter().map(|h| h.rows.len()).sum();
         let by_client: usize = self.by_client.iter().map(|h| h.rows.len()).sum();
         rated + by_client + self.capped.iter().map(|c| c.rows.len()).sum::<usize>()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rated.is_empty() && self.by_client.is_empty() && self.capped.is_empty()
     }
 }
 
@@ -380,7 +376,7 @@ impl Dispatcher {
             Err(crash) => return Ok(Err(crash)),
         };
         let (claims, holds) = self.admit(claims, &limits, &taken).await?;
-        Ok(Ok((Claimed { claims, superseded, held: holds.len(), refused }, holds)))
+        Ok(Ok((Claimed { claims, superseded, held: holds.count(), refused }, holds)))
     }
 
     /// The limits in force at `now`: the operators' changes are read again when the
@@ -749,18 +745,17 @@ impl Dispatcher {
     /// channel's rate, an urgent one waits for the channel's very next sends and a
     /// routine one joins its client's queue (`Dispatcher::queue`); past a client's own
     /// limit, it waits for the client's next sends; past a cap on sends in flight, see
-    /// `Dispatcher::hold_capped`. Answers how many rows the store held; one it could not is
-    /// left for its lease to lapse, and is claimed and held again.
-    pub async fn hold(&self, holds: Holds) -> usize {
-        let mut kept = 0;
+    /// `Dispatcher::hold_capped`. A row the store could not hold is left for its lease
+    /// to lapse, and is claimed and held again.
+    pub async fn hold(&self, holds: Holds) {
         for Capped { channel, cap, rows } in holds.capped {
-            kept += self.hold_capped(channel, cap, rows).await;
+            self.hold_capped(channel, cap, rows).await;
         }
         for ByClient { channel, limit, grant, rows } in holds.by_client {
             // Due one interval of the client's limit apart, from its next send.
             let untils = limit::held_until_us(&grant, &limit, rows.len());
             let held: Vec<(Claim, i64)> = rows.into_iter().zip(untils).collect();
-            kept += self.hold_at(channel, &held).await;
+            self.hold_at(channel, &held).await;
         }
         for Held { channel, limit, grant, rows, clients } in holds.rated {
             let now = self.clock.now();
@@ -773,39 +768,57 @@ impl Dispatcher {
             let backlog_us = limit::backlog_us(last, haul_core::time::to_us(now));
             metrics::gauge!("haul_channel_held_backlog_seconds", "channel" => channel.config_name())
                 .set(Duration::from_micros(backlog_us as u64).as_secs_f64());
-            kept += self.hold_at(channel, &held).await;
+            self.hold_at(channel, &held).await;
         }
-        kept
     }
 
     /// Holds back rows their channel's cap on sends in flight left without a slot, due
     /// again by the pace sends on the channel end at: `cap` sends end per call time
-    /// (`Dispatcher::call_time_us`), so routine rows are queued one call time / `cap`
+    /// (`haul_core::limit::call_time_us`), so routine rows are queued one call time / `cap`
     /// apart, behind the rows any dispatcher held before them (the channel's in-flight
     /// queue, kept in the store); an urgent one is due after one call time. A row that
     /// finds the channel still full then is held again, never lost.
-    async fn hold_capped(&self, channel: Channel, cap: u32, rows: Vec<Claim>) -> usize {
-        let now = self.clock.now();
-        let (now_us, call_us) = (haul_core::time::to_us(now), self.call_time_us(channel));
-        let spacing_us = (call_us / i64::from(cap)).max(1);
+    async fn hold_capped(&self, channel: Channel, cap: u32, rows: Vec<Claim>) {
+        let now_us = haul_core::time::to_us(self.clock.now());
+        let average_us = *self.call_times.lock().unwrap_or_else(|e| e.into_inner()).get(channel);
+        let (from_us, spacing_us) = limit::in_flight_slots(now_us, limit::call_time_us(average_us), cap);
         let (urgent, routine): (Vec<Claim>, Vec<Claim>) = rows.into_iter().partition(|c| is_urgent(&c.row));
-        let mut held: Vec<(Claim, i64)> = urgent.into_iter().map(|c| (c, now_us + call_us)).collect();
+        let mut held: Vec<(Claim, i64)> = urgent.into_iter().map(|c| (c, from_us)).collect();
         if !routine.is_empty() {
             let key = limit::in_flight_queue_key(channel.config_name());
-            let first = self.store.queue_sends(&key, now_us + call_us, spacing_us, routine.len() as u32).await;
+            let first = self.store.queue_sends(&key, from_us, spacing_us, routine.len() as u32).await;
             let first = first.unwrap_or_else(|e| {
                 warn!(key, error = %e, "queueing rows past the cap on sends in flight failed; due after one call");
-                now_us + call_us
+                from_us
             });
             held.extend(routine.into_iter().zip((0..).map(|i| first + i * spacing_us)));
         }
-        self.hold_at(channel, &held).await
+        self.hold_at(channel, &held).await;
+    }
+
+    /// Frees `claim`'s slot of its channel's cap on sends in flight, now its send ended
+    /// (at the store's clock, so seeded runs repeat), and counts the time it took into
+    /// the channel's call time.
+    async fn free_slot(&self, claim: &Claim, started: Timestamp) {
+        let Some(channel) = claim.row.action_type.channel().filter(|c| self.settings.caps.get(*c).is_some()) else {
+            return;
+        };
+        let took_us = haul_core::time::to_us(self.clock.now()) - haul_core::time::to_us(started);
+        {
+            let mut times = self.call_times.lock().unwrap_or_else(|e| e.into_inner());
+            let time = times.get_mut(channel);
+            *time = Some(limit::call_time_after(*time, took_us));
+        }
+        let send = [(claim.row.id.clone(), claim.token.clone())];
+        if let Err(e) = self.store.free_slots(channel.config_name(), &send).await {
+            warn!(outbox_id = %claim.row.id, error = %e, "freeing a send's slot failed; it is freed when its lease lapses");
+        }
     }
 
     /// Holds `held` (claims of `channel`, each with when it is due again, µs) back in
-    /// the store: no attempt spent. Answers how many it held; one it could not stays
-    /// claimed until its lease lapses, and is claimed and held again.
-    async fn hold_at(&self, channel: Channel, held: &[(Claim, i64)]) -> usize {
+    /// the store: no attempt spent. One it could not hold stays claimed until its lease
+    /// lapses, and is claimed and held again; the counter says what the store held.
+    async fn hold_at(&self, channel: Channel, held: &[(Claim, i64)]) {
         let holds: Vec<(String, String, Timestamp)> = held
             .iter()
             .map(|(c, until)| (c.row.id.clone(), c.token.clone(), haul_core::time::from_us(*until)))
@@ -815,33 +828,6 @@ impl Dispatcher {
             0
         });
         metrics::counter!("haul_sends_held_total", "channel" => channel.config_name()).increment(n as u64);
-        n
-    }
-
-    /// How long one send on `channel` takes, as recent sends went (the store's clock:
-    /// seeded runs repeat), within 10 ms and 10 s; 100 ms before any.
-    fn call_time_us(&self, channel: Channel) -> i64 {
-        let times = self.call_times.lock().unwrap_or_else(|e| e.into_inner());
-        times.get(channel).unwrap_or(100_000).clamp(10_000, 10_000_000)
-    }
-
-    /// Frees `claim`'s slot of its channel's cap on sends in flight, now its send ended,
-    /// and counts the time it took into the channel's call time.
-    async fn free_slot(&self, claim: &Claim, started: Timestamp) {
-        let Some(channel) = claim.row.action_type.channel().filter(|c| self.settings.caps.get(*c).is_some()) else {
-            return;
-        };
-        let took_us = haul_core::time::to_us(self.clock.now()) - haul_core::time::to_us(started);
-        {
-            let mut times = self.call_times.lock().unwrap_or_else(|e| e.into_inner());
-            let time = times.get_mut(channel);
-            // A moving average: a fifth of each new send.
-            *time = Some(time.map_or(took_us, |t| t + (took_us - t) / 5));
-        }
-        let send = [(claim.row.id.clone(), claim.token.clone())];
-        if let Err(e) = self.store.free_slots(channel.config_name(), &send).await {
-            warn!(outbox_id = %claim.row.id, error = %e, "freeing a send's slot failed; it is freed when its lease lapses");
-        }
     }
 
     /// How far apart `client`'s held rows are queued under `limit`, by its weight (1

@@ -594,9 +594,11 @@ fn settings_come_from_the_config() {
     let mut channels = haul_config::ChannelsConfig::default();
     channels.sms.rate = Some("12/min".into());
     channels.sms.burst = Some(4);
+    channels.hero.in_flight = Some(7);
     let s = s.with_limits(&channels);
     assert_eq!(s.limits.get(Channel::Sms).map(|l| (l.rate.to_string(), l.burst)), Some(("12/min".into(), 4)));
     assert!(s.limits.get(Channel::Hero).is_none());
+    assert_eq!((*s.caps.get(Channel::Hero), *s.caps.get(Channel::Sms)), (Some(7), None));
     assert_eq!(s.batch, 3, "the rest kept");
 }
 
@@ -999,6 +1001,37 @@ async fn an_urgent_hero_task_goes_first_on_a_saturated_channel() {
     assert_eq!(rig.services.calls(Channel::Hero), vec!["B1/ask:eta_request:p/2/create_hero_task".to_owned()]);
 }
 
+/// An urgent Hero task goes before a routine one of the same client under the client's
+/// own limit, and under the Hero channel's cap on sends in flight.
+#[tokio::test]
+async fn an_urgent_hero_task_goes_first_under_a_clients_limit_and_a_cap() {
+    for (what, settings) in [
+        ("a client's limit", {
+            let config = haul_config::Config::from_toml("[clients.client_a.rates.hero]\nrate = \"1/min\"").unwrap();
+            DispatcherSettings { sequential: true, jitter_seed: Some(7), ..Default::default() }
+                .with_weights(&config.clients)
+        }),
+        ("a cap", {
+            let caps = haul_core::PerChannel::from_fn(|c| (c == Channel::Hero).then_some(1));
+            DispatcherSettings { sequential: true, jitter_seed: Some(7), caps, ..Default::default() }
+        }),
+    ] {
+        let rig = Rig::new().await;
+        for (l, urgency) in [("A1", "normal"), ("A2", "urgent")] {
+            let key = format!("{l}/ask:eta_request:p/2/create_hero_task");
+            let action = json!({"key": key, "type": "create_hero_task", "ask_id": "ask:eta_request:p", "step": 2,
+                "params": {"title": "Driver not answering", "body": "Call the driver", "urgency": urgency}});
+            let entries = vec![NewEntry::stored("u1", "load_update", json!({"client": "client_a"}))];
+            let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action };
+            rig.store.append(&load(l), entries, 0, vec![row], rig.now()).await.unwrap();
+        }
+        let c = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default()).claim(10, None).await.unwrap();
+        let c = c.unwrap();
+        let ids: Vec<&str> = c.claims.iter().map(|c| c.row.id.as_str()).collect();
+        assert_eq!((ids, c.held), (vec!["A2/ask:eta_request:p/2/create_hero_task"], 1), "{what}");
+    }
+}
+
 /// An SMS overtaken while it was held hands the send the rate allowed it to the step
 /// that overtook it, which was held too: that step is due at once, and the slot it held
 /// in its client's queue is given back, so the ask's next step is held no longer than
@@ -1100,9 +1133,25 @@ async fn sends_in_flight_are_capped_across_dispatchers() {
         rig.dispatcher_with(QueueMode::StoreQueue, settings.clone(), Faults::default()),
         rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default()),
     );
-    // Each load's SMS and its set_timer (no cap): 2 SMS and 5 timers go, 3 SMS held.
+    let loads = ["L1", "L2", "L3", "L4", "L5"];
+    // When the SMS held back are due again, from now (ms).
+    let held_due = async || {
+        let now = rig.now();
+        let mut due: Vec<i64> = rig_rows(&rig, &loads)
+            .await
+            .iter()
+            .filter(|r| r.status == OutboxStatus::Pending && r.due_at > now)
+            .map(|r| haul_core::time::to_ms(r.due_at) - haul_core::time::to_ms(now))
+            .collect();
+        due.sort();
+        due
+    };
+    // Each load's SMS and its set_timer (no cap): 2 SMS and 5 timers go, 3 SMS held,
+    // by a call time of 100 ms before any send: 2 sends end each 100 ms.
     let c1 = d1.claim(10, None).await.unwrap().unwrap();
     assert_eq!((c1.claims.len(), c1.held), (7, 3));
+    assert_eq!(held_due().await, [100, 150, 200]);
+    rig.services.take(rig.clock.clone(), Duration::from_millis(400));
     rig.clock.advance(Duration::from_secs(1));
     let c2 = d2.claim(10, None).await.unwrap().unwrap();
     assert_eq!((c2.claims.len(), c2.held), (0, 3), "the first dispatcher's two sends hold both slots");
@@ -1119,13 +1168,14 @@ async fn sends_in_flight_are_capped_across_dispatchers() {
     rig.clock.advance(Duration::from_secs(1));
     let c3 = d2.claim(10, None).await.unwrap().unwrap();
     assert_eq!((sms(&c3), c3.held), (1, 2), "one send ended: one slot");
-    let rows = rig_rows(&rig, &["L1", "L2", "L3", "L4", "L5"]).await;
+    let rows = rig_rows(&rig, &loads).await;
     assert!(rows.iter().all(|r| r.attempts == 0 && r.status != OutboxStatus::Dead), "waiting is not failing");
     // The other of the first dispatcher's sends never ends: its slot is freed when
-    // its lease lapses.
+    // its lease lapses. Its one send took 400 ms: the rows it holds now are spaced by it.
     rig.clock.advance(Duration::from_secs(91));
     let c4 = d1.claim(10, None).await.unwrap().unwrap();
-    assert_eq!(sms(&c4), 2, "{c4:?}");
+    assert_eq!((sms(&c4), c4.held), (2, 2), "{c4:?}");
+    assert_eq!(held_due().await, [400, 600]);
 }
 
 /// A client's own send limit (`clients.*.rates`) holds its rows back, no attempt

@@ -66,11 +66,18 @@ pub enum Answer {
 pub struct Services {
     answers: Mutex<HashMap<Channel, Answer>>,
     calls: Mutex<Vec<(Channel, String)>>,
+    /// Each call moves this clock on by so much (the time a call takes).
+    takes: Mutex<Option<(Arc<FakeClock>, Duration)>>,
 }
 
 impl Services {
     pub fn answer(&self, channel: Channel, answer: Answer) {
         self.answers.lock().unwrap().insert(channel, answer);
+    }
+
+    /// Every call from now on takes `time` of `clock`'s.
+    pub fn take(&self, clock: Arc<FakeClock>, time: Duration) {
+        *self.takes.lock().unwrap() = Some((clock, time));
     }
 
     /// The keys `channel` was called with, in order.
@@ -88,6 +95,9 @@ struct Client {
 impl ChannelClient for Client {
     async fn send(&self, key: &str, _: &LoadId, _: &str, _: &Value, _: Timestamp) -> Result<String, DeliveryError> {
         self.services.calls.lock().unwrap().push((self.channel, key.to_owned()));
+        if let Some((clock, time)) = &*self.services.takes.lock().unwrap() {
+            clock.advance(*time);
+        }
         let answer = self.services.answers.lock().unwrap().get(&self.channel).copied().unwrap_or(Answer::Delivered);
         match answer {
             Answer::Delivered => Ok(format!("rcpt-{key}")),
