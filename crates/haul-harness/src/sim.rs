@@ -440,6 +440,8 @@ impl World {
             timers: if i == 0 { TimerRoute::Outbox } else { TimerRoute::WithDecision },
             ..WorkerSettings::default()
         };
+        // The clients' weights and own limits, read from the settings once.
+        let clients_settings = DispatcherSettings::default().with_weights(&config.clients);
         let dispatcher_settings = |i: u64| DispatcherSettings {
             batch: 4,
             in_flight: 4,
@@ -451,8 +453,8 @@ impl World {
             // One Hero task at the service at a time across both dispatchers: the cap
             // holds rows back, and a crash mid-send keeps its slot until its lease lapses.
             caps: haul_core::PerChannel::from_fn(|c| (c == Channel::Hero).then_some(1)),
-            weights: DispatcherSettings::default().with_weights(&config.clients).weights,
-            client_limits: DispatcherSettings::default().with_weights(&config.clients).client_limits,
+            weights: clients_settings.weights.clone(),
+            client_limits: clients_settings.client_limits.clone(),
         };
         let q: Arc<dyn LoadQueue> = queue.clone();
         // The second worker and dispatcher take the store's own queue, as `serve` does:

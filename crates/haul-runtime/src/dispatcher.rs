@@ -120,6 +120,18 @@ fn claim_takes(limits: &PerChannel<Option<Limit>>) -> (Vec<Channel>, Vec<ClaimTa
         .unzip()
 }
 
+/// `claims` of the channels `picked` chooses, by channel; the others go to `rest`.
+fn by_channel(claims: Vec<Claim>, rest: &mut Vec<Claim>, picked: impl Fn(Channel) -> bool) -> PerChannel<Vec<Claim>> {
+    let mut picked_rows = PerChannel::from_fn(|_| Vec::new());
+    for c in claims {
+        match c.row.action_type.channel().filter(|ch| picked(*ch)) {
+            Some(channel) => picked_rows.get_mut(channel).push(c),
+            None => rest.push(c),
+        }
+    }
+    picked_rows
+}
+
 /// True for an urgent Hero task: it goes first when its channel's rate binds.
 fn is_urgent(row: &OutboxRow) -> bool {
     row.action.pointer("/params/urgency").and_then(|u| u.as_str()) == Some(Urgency::Urgent.as_str())
@@ -597,13 +609,7 @@ impl Dispatcher {
         taken: &PerChannel<Option<(u32, Grant)>>,
     ) -> Result<(Vec<Claim>, Holds), StoreError> {
         let (mut admitted, mut holds) = (Vec::with_capacity(claims.len()), Holds::default());
-        let mut limited: PerChannel<Vec<Claim>> = PerChannel::from_fn(|_| Vec::new());
-        for c in claims {
-            match c.row.action_type.channel().filter(|ch| limits.get(*ch).is_some()) {
-                Some(channel) => limited.get_mut(channel).push(c),
-                None => admitted.push(c),
-            }
-        }
+        let mut limited = by_channel(claims, &mut admitted, |ch| limits.get(ch).is_some());
         for channel in Channel::ALL {
             let Some(limit) = *limits.get(channel) else { continue };
             let mut rows = std::mem::take(limited.get_mut(channel));
@@ -707,13 +713,8 @@ impl Dispatcher {
         if Channel::ALL.into_iter().all(|c| caps.get(c).is_none()) {
             return Ok(claims);
         }
-        let (mut admitted, mut capped) = (Vec::with_capacity(claims.len()), PerChannel::from_fn(|_| Vec::new()));
-        for c in claims {
-            match c.row.action_type.channel().filter(|ch| caps.get(*ch).is_some()) {
-                Some(channel) => capped.get_mut(channel).push(c),
-                None => admitted.push(c),
-            }
-        }
+        let mut admitted = Vec::with_capacity(claims.len());
+        let mut capped = by_channel(claims, &mut admitted, |ch| caps.get(ch).is_some());
         let now = self.clock.now();
         let until = haul_core::time::add(now, self.settings.lease);
         for channel in Channel::ALL {
