@@ -693,10 +693,14 @@ impl SendRates for PgStore {
                 client.query(&stmt, params).await.map_err(pg)?
             }
         };
-        let claimed: Vec<OutboxRow> = rows.iter().map(|r| outbox_row(&PgRow(r))).collect::<Result<_, _>>()?;
-        // The grants, the same on every row (none when no row was claimed).
+        // The claimed rows, then one row of no outbox columns with the grants.
+        let mut claimed: Vec<OutboxRow> = Vec::with_capacity(rows.len());
         let mut took: HashMap<String, (i64, i64)> = HashMap::new();
-        if let Some(r) = rows.first() {
+        for r in &rows {
+            if col::<Option<String>>(r, 0)?.is_some() {
+                claimed.push(outbox_row(&PgRow(r))?);
+                continue;
+            }
             let (keys, granted, tats): (Option<Vec<String>>, Option<Vec<i64>>, Option<Vec<i64>>) =
                 (col(r, 14)?, col(r, 15)?, col(r, 16)?);
             let (keys, granted, tats) =

@@ -138,8 +138,14 @@ pub const SEND_SLOTS_FREE: &str = "DELETE FROM send_slots s USING unnest($2::tex
 /// [`OUTBOX_CLAIM`] (or `_AFTER`) and, in the same statement, `send_rate_upsert!` for
 /// each rate's rows claimed as made (`due_at <= created_at`): `$types`, `$keys`,
 /// `$intervals`, `$tolerances` one element an action type (its rate's key, interval
-/// and tolerance, µs), `$now_us` now. Each claimed row also carries the grants, as
-/// arrays of keys, sends granted and the new `tat_us`: none when no row was counted.
+/// and tolerance, µs), `$now_us` now. The claimed rows come first, their last three
+/// columns NULL; then one row of NULL outbox columns carrying the grants, as arrays of
+/// keys, sends granted and the new `tat_us` (NULL when no row was counted).
+///
+/// The grants' row is a second branch of a `UNION ALL`, so the upsert runs (and locks
+/// the rate's row) only after every claimed row has been sent back: another
+/// dispatcher's claim waits on that row lock for the upsert and the commit only, not
+/// for this claim's rows on the wire.
 macro_rules! outbox_claim_taking {
     ($past:literal, $types:literal, $keys:literal, $intervals:literal, $tolerances:literal, $now_us:literal) => {
         concat!(
@@ -162,8 +168,12 @@ macro_rules! outbox_claim_taking {
             ")
              SELECT ",
             columns!(outbox),
-            ", (SELECT array_agg(rate_key) FROM took), (SELECT array_agg(last_granted) FROM took),
-               (SELECT array_agg(tat_us) FROM took) FROM claimed"
+            ", NULL::text[], NULL::bigint[], NULL::bigint[] FROM claimed
+             UNION ALL
+             SELECT ",
+            columns!(outbox),
+            ", t.keys, t.granted, t.tats FROM (SELECT array_agg(rate_key) AS keys, array_agg(last_granted) AS granted,
+               array_agg(tat_us) AS tats FROM took) t LEFT JOIN outbox ON false"
         )
     };
 }
