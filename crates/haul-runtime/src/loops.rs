@@ -142,6 +142,7 @@ pub async fn dispatcher_loop(
     // again at once would only come back empty (on PostgreSQL, a walk of every
     // partition's index for nothing).
     let mut caught_up = false;
+    dispatcher.warm_up().await;
     let send = |claim: Claim, permit| {
         let (d, finished) = (dispatcher.clone(), finished.clone());
         let span = Dispatcher::span(&claim);

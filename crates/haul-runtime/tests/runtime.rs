@@ -1424,3 +1424,26 @@ async fn a_refusal_as_opted_out_is_kept_in_the_consent_ledger() {
         assert_eq!(ledger.into_iter().map(|c| c.event_id).collect::<Vec<_>>(), want, "{answer:?}");
     }
 }
+
+/// Warming the claim up (`Dispatcher::warm_up`, before a dispatcher's first claim)
+/// claims nothing and takes nothing: the due rows stay unclaimed, and the first claim
+/// still gets the rate's whole burst.
+#[tokio::test]
+async fn warming_the_claim_up_claims_and_takes_nothing() {
+    let rig = Rig::new().await;
+    let loads = ["L1", "L2", "L3"];
+    for l in loads {
+        rig.asked(l).await;
+    }
+    let limit = haul_core::limit::Limit::new(haul_core::limit::Rate::parse("1/min").unwrap(), 2).unwrap();
+    let limits = haul_core::PerChannel::from_fn(|c| (c == Channel::Sms).then_some(limit));
+    let settings = DispatcherSettings { sequential: true, jitter_seed: Some(7), limits, ..Default::default() };
+    let d = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default());
+    d.warm_up().await;
+    d.warm_up().await;
+    let rows = rig_rows(&rig, &loads).await;
+    assert!(rows.iter().all(|r| r.claim_token.is_none() && r.attempts == 0), "{rows:?}");
+    let c = d.claim(10, None).await.unwrap().unwrap();
+    let sms = c.claims.iter().filter(|c| c.row.action_type == ActionType::SendSms).count();
+    assert_eq!((sms, c.held), (2, 1), "a burst of 2 lets 2 SMS go at once");
+}
