@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use haul_core::sop::{EtaPolicy, Policies};
+use haul_core::spend::{Budgets, Limit, Price};
 use haul_core::time::format_duration;
 use haul_core::{Channel, RetryPolicy, Risk, parse_duration};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -328,6 +329,11 @@ pub struct LlmConfig {
     pub api_key_env: String,
     #[serde(with = "duration")]
     pub timeout: Duration,
+    /// What each model costs, by model name (`[decider.llm.prices."gpt-4o-mini"]`):
+    /// each LLM decision records its cost by it.
+    pub prices: BTreeMap<String, Price>,
+    /// The budgets past which the SOP decides in the model's place.
+    pub budget: LlmBudgetConfig,
 }
 
 impl Default for LlmConfig {
@@ -337,7 +343,51 @@ impl Default for LlmConfig {
             model: None,
             api_key_env: "HAUL_LLM_API_KEY".into(),
             timeout: Duration::from_secs(120),
+            prices: BTreeMap::new(),
+            budget: LlmBudgetConfig::default(),
         }
+    }
+}
+
+/// `decider.llm.budget.*`: a load's lifetime and a client's UTC day, in tokens (in and
+/// out) or dollars; unset: no limit.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmBudgetConfig {
+    /// Read signed, so a negative one is refused naming the setting.
+    pub load_tokens: Option<i64>,
+    pub load_usd: Option<Usd>,
+    pub client_tokens_per_day: Option<i64>,
+    pub client_usd_per_day: Option<Usd>,
+}
+
+/// `clients.<name>.llm_budget.*`: the client's own day budget over
+/// `decider.llm.budget.client_*_per_day`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientLlmBudgetConfig {
+    pub tokens_per_day: Option<i64>,
+    pub usd_per_day: Option<Usd>,
+}
+
+/// An amount of dollars as written: a number (`2.5`) or text (`"2.50"`, `"$2.50"`),
+/// read to the micro-dollar when the settings are checked.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Usd {
+    Number(f64),
+    Text(String),
+}
+
+impl Usd {
+    /// In micro-dollars, or what is wrong, naming the setting `at`.
+    pub fn micro(&self, at: &str) -> anyhow::Result<u64> {
+        let text = match self {
+            Usd::Number(n) if n.is_finite() && *n >= 0.0 => format!("{n:.6}"),
+            Usd::Number(n) => bail!("{at}: {n} is not an amount of dollars (like 2.50)"),
+            Usd::Text(t) => t.clone(),
+        };
+        haul_core::spend::parse_usd(&text).map_err(|e| anyhow::anyhow!("{at}: {e}"))
     }
 }
 
@@ -353,6 +403,68 @@ pub enum LlmConfigError {
 }
 
 impl LlmConfig {
+    /// The budgets, in micro-dollars and tokens, with each client's own; an error names
+    /// the setting that does not read.
+    pub fn budgets(&self, clients: &BTreeMap<String, ClientConfig>) -> anyhow::Result<Budgets> {
+        let b = &self.budget;
+        let usd = |v: &Option<Usd>, at: &str| v.as_ref().map(|u| u.micro(at)).transpose();
+        let tokens = |v: Option<i64>, at: &str| -> anyhow::Result<Option<u64>> {
+            v.map(|t| u64::try_from(t).map_err(|_| anyhow::anyhow!("{at} must be 0 or more tokens, not {t}")))
+                .transpose()
+        };
+        let mut out = Budgets {
+            load: Limit {
+                tokens: tokens(b.load_tokens, "decider.llm.budget.load_tokens")?,
+                micro_usd: usd(&b.load_usd, "decider.llm.budget.load_usd")?,
+            },
+            client_day: Limit {
+                tokens: tokens(b.client_tokens_per_day, "decider.llm.budget.client_tokens_per_day")?,
+                micro_usd: usd(&b.client_usd_per_day, "decider.llm.budget.client_usd_per_day")?,
+            },
+            clients_day: BTreeMap::new(),
+        };
+        for (name, c) in clients {
+            let own = &c.llm_budget;
+            if own.tokens_per_day.is_none() && own.usd_per_day.is_none() {
+                continue;
+            }
+            let at = format!("clients.{name}.llm_budget.usd_per_day");
+            let limit = Limit {
+                tokens: tokens(own.tokens_per_day, &format!("clients.{name}.llm_budget.tokens_per_day"))?
+                    .or(out.client_day.tokens),
+                micro_usd: usd(&own.usd_per_day, &at)?.or(out.client_day.micro_usd),
+            };
+            out.clients_day.insert(name.clone(), limit);
+        }
+        Ok(out)
+    }
+
+    /// The price of the configured model, or why the prices and budgets cannot be used:
+    /// a price out of range, a model the non-empty table does not price, a money budget
+    /// with no price to count it by.
+    pub fn price(&self, clients: &BTreeMap<String, ClientConfig>) -> anyhow::Result<Option<Price>> {
+        for (model, p) in &self.prices {
+            p.check(&format!("decider.llm.prices.{model:?}")).map_err(|e| anyhow::anyhow!(e))?;
+        }
+        let model = self.model.as_deref().unwrap_or_default();
+        let price = self.prices.get(model).copied();
+        if price.is_none() && !self.prices.is_empty() {
+            let known: Vec<&str> = self.prices.keys().map(String::as_str).collect();
+            bail!(
+                "decider.llm.model = {model:?} has no price in decider.llm.prices (priced: {}); add \
+                 [decider.llm.prices.{model:?}] with input_usd_per_mtok and output_usd_per_mtok",
+                known.join(", ")
+            );
+        }
+        if price.is_none() && self.budgets(clients)?.any_money() {
+            bail!(
+                "a dollar budget is set (decider.llm.budget.*_usd*, clients.<name>.llm_budget.usd_per_day) but \
+                 decider.llm.model = {model:?} has no price: add [decider.llm.prices.{model:?}]"
+            );
+        }
+        Ok(price)
+    }
+
     /// Checks the settings `decider.kind = "llm"` needs, reading nothing from the environment.
     pub fn check(&self) -> Result<(), LlmConfigError> {
         let base_url =
@@ -602,6 +714,8 @@ pub struct ClientConfig {
     /// The client's own send limits, by channel name (`[clients.<name>.rates.tms]`):
     /// its rows of that channel never go faster, whatever the channel allows.
     pub rates: BTreeMap<String, ClientRateConfig>,
+    /// The client's own LLM budget for a UTC day.
+    pub llm_budget: ClientLlmBudgetConfig,
 }
 
 impl ClientConfig {
@@ -676,6 +790,10 @@ const ENV_SETTINGS: &[(&str, Kind)] = &[
     ("decider.llm.model", Kind::Text),
     ("decider.llm.api_key_env", Kind::Text),
     ("decider.llm.timeout", Kind::Text),
+    ("decider.llm.budget.load_tokens", Kind::Int),
+    ("decider.llm.budget.load_usd", Kind::Text),
+    ("decider.llm.budget.client_tokens_per_day", Kind::Int),
+    ("decider.llm.budget.client_usd_per_day", Kind::Text),
     ("decider.shadow", Kind::Text),
     ("dispatcher.batch", Kind::Int),
     ("dispatcher.in_flight", Kind::Int),
@@ -735,6 +853,10 @@ const FILE_SETTINGS: &[&str] = &[
     "clients.<name>.send_weight",
     "clients.<name>.rates.<channel>.rate",
     "clients.<name>.rates.<channel>.burst",
+    "clients.<name>.llm_budget.tokens_per_day",
+    "clients.<name>.llm_budget.usd_per_day",
+    "decider.llm.prices.<model>.input_usd_per_mtok",
+    "decider.llm.prices.<model>.output_usd_per_mtok",
 ];
 
 /// Flags of `haul serve` (and the commands that open the store) over a setting.
@@ -1045,8 +1167,18 @@ impl Config {
                 (p, v)
             })
             .collect();
+        for p in FILE_SETTINGS.iter().filter(|p| p.contains("<model>")) {
+            for model in self.decider.llm.prices.keys() {
+                let path = p.replace("<model>", &format!("{model:?}"));
+                let value = p.rsplit('.').next().and_then(|f| {
+                    let price = self.decider.llm.prices.get(model)?;
+                    Some(if f == "input_usd_per_mtok" { price.input_usd_per_mtok } else { price.output_usd_per_mtok })
+                });
+                out.push((path, value.map(|v| v.to_string())));
+            }
+        }
         for name in self.clients.keys() {
-            for p in FILE_SETTINGS {
+            for p in FILE_SETTINGS.iter().filter(|p| p.contains("<name>")) {
                 let path = p.replace("<name>", name);
                 let value = lookup(&path);
                 out.push((path, value));
@@ -1174,6 +1306,12 @@ impl Config {
         }
         if self.decider.kind == DeciderKind::Llm {
             self.decider.llm.check()?;
+        }
+        // Read whatever the decider: a bad budget or price is named at start, not when
+        // the decider is switched to the model.
+        self.decider.llm.budgets(&self.clients)?;
+        if self.decider.kind == DeciderKind::Llm {
+            self.decider.llm.price(&self.clients)?;
         }
         if self.queue.kind == QueueKind::Sqs {
             match self.queue.url.as_deref() {
@@ -1410,6 +1548,38 @@ mod tests {
         check("[server]\ntrusted_proxies = [\"proxy.local\"]", Some("server.trusted_proxies"));
         check("[decider]\nkind = \"llm\"", Some("decider.llm.base_url"));
         check("[decider]\nkind = \"llm\"\nllm.base_url = \"http://127.0.0.1:9/v1\"", Some("decider.llm.model"));
+        // The LLM's budgets and prices: a bad form names the setting; an unknown model is
+        // refused at start.
+        check("[decider.llm.budget]\nload_usd = \"two\"", Some("decider.llm.budget.load_usd"));
+        check("[decider.llm.budget]\nclient_usd_per_day = -1.0", Some("decider.llm.budget.client_usd_per_day"));
+        check("[decider.llm.budget]\nload_tokens = -5", Some("decider.llm.budget.load_tokens must be 0 or more"));
+        check("[clients.a.llm_budget]\ntokens_per_day = -1", Some("clients.a.llm_budget.tokens_per_day"));
+        check("[clients.a.llm_budget]\nusd_per_day = \"1.2.3\"", Some("clients.a.llm_budget.usd_per_day"));
+        check("[decider.llm.budget]\nload_usd = \"$2.50\"\nclient_tokens_per_day = 1000", None);
+        let llm = "[decider]\nkind = \"llm\"\nllm.base_url = \"http://127.0.0.1:9/v1\"\nllm.model = \"m1\"\n";
+        let priced = |model: &str, input: &str| {
+            format!("{llm}[decider.llm.prices.{model}]\ninput_usd_per_mtok = {input}\noutput_usd_per_mtok = 1.0\n")
+        };
+        check(&priced("m1", "0.5"), None);
+        check(&priced("m2", "0.5"), Some("decider.llm.model = \"m1\" has no price in decider.llm.prices"));
+        check(&priced("m1", "-0.5"), Some("decider.llm.prices.\"m1\".input_usd_per_mtok"));
+        check(&format!("{llm}[decider.llm.budget]\nload_usd = 1\n"), Some("has no price"));
+        check(&format!("{llm}[decider.llm.budget]\nload_tokens = 1000\n"), None);
+    }
+
+    #[test]
+    fn budgets_read_to_the_micro_dollar_with_each_clients_own() {
+        let c = Config::from_toml(
+            "[decider.llm.budget]\nload_tokens = 100\nload_usd = 2.5\nclient_usd_per_day = \"10\"\n\
+             [clients.big.llm_budget]\nusd_per_day = \"$100.25\"\n[clients.small.eta_request]\nmax_attempts = 2\n",
+        )
+        .unwrap();
+        let b = c.decider.llm.budgets(&c.clients).unwrap();
+        assert_eq!(b.load, Limit { tokens: Some(100), micro_usd: Some(2_500_000) });
+        assert_eq!(b.client_day, Limit { tokens: None, micro_usd: Some(10_000_000) });
+        assert_eq!(b.client_day_of(Some("big")), Limit { tokens: None, micro_usd: Some(100_250_000) });
+        assert_eq!(b.client_day_of(Some("small")), b.client_day);
+        assert_eq!(b.client_day_of(None), b.client_day);
     }
 
     #[test]
@@ -1605,10 +1775,16 @@ mod tests {
                 struct_paths("clients.x", out);
             } else if path == "clients.x.rates" {
                 struct_paths("clients.x.rates.y", out);
+            } else if path == "decider.llm.prices" {
+                struct_paths("decider.llm.prices.m", out);
             } else if fields_at(&path).is_some() {
                 struct_paths(&path, out);
             } else {
-                out.push(path.replace("clients.x.", "clients.<name>.").replace(".rates.y.", ".rates.<channel>."));
+                out.push(
+                    path.replace("clients.x.", "clients.<name>.")
+                        .replace(".rates.y.", ".rates.<channel>.")
+                        .replace(".prices.m.", ".prices.<model>."),
+                );
             }
         }
     }
@@ -1653,7 +1829,10 @@ mod tests {
                     Some((_, setting)) => format!("clients.<name>.rates.<channel>.{setting}"),
                     None => format!("clients.<name>.{rest}"),
                 },
-                None => k,
+                None => match k.strip_prefix("decider.llm.prices.").and_then(|r| r.rsplit_once('.')) {
+                    Some((_, setting)) => format!("decider.llm.prices.<model>.{setting}"),
+                    None => k,
+                },
             })
             .collect()
     }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, ActionKind, ActionType, Urgency};
 use crate::ids::{AskId, EventId, LoadId, decision_entry_id, fallback_action_key};
+use crate::spend::{BudgetExceeded, LlmUsage};
 use crate::time::Timestamp;
 
 pub const DECISION_RECORDED: &str = "decision_recorded";
@@ -98,6 +99,13 @@ pub struct Decision {
     /// so logs written before it existed (and their snapshots) read back unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_version: Option<String>,
+    /// What the model call cost and which prompt it was given (by hash); absent for
+    /// every decision no model made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<LlmUsage>,
+    /// The LLM budget found spent, when the SOP decided in the model's place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetExceeded>,
 }
 
 impl Decision {
@@ -123,6 +131,8 @@ impl Decision {
             asks,
             inbox: vec![],
             prompt_version: None,
+            llm: None,
+            budget: None,
         }
     }
 

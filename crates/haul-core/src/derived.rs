@@ -19,6 +19,7 @@ use crate::event::EventBody;
 use crate::ids::{EventId, TimerId};
 use crate::log::Entry;
 use crate::projection::STAGE_DELIVERED;
+use crate::spend::{Scope, Spend, day_of};
 use crate::time::Timestamp;
 
 /// A TimerStore write that commits in an append, as `TimerStore::schedule` and
@@ -58,6 +59,47 @@ pub struct Derived {
     /// id: written to the store's per-phone ledger, which loads the SMS never reached
     /// go by (`crate::consent::ConsentChange`).
     pub consent: Option<(ConsentChange, String)>,
+    /// What a decision's model call adds to its client's spend of the day, or that it
+    /// found the client's day budget spent (`crate::spend`).
+    pub spend: Vec<SpendDelta>,
+    /// The prompt texts a decision's model call was given, by their SHA-256 (hex): kept
+    /// once each in the store's prompts, so the log holds only the hashes. The worker
+    /// puts them here; a copied log has none (its prompts are where they were).
+    pub prompts: Vec<(String, String)>,
+}
+
+/// One client's day of model spend, as one decision changes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpendDelta {
+    /// The client charged; empty for a load without one.
+    pub client: String,
+    /// The UTC day, `YYYY-MM-DD`.
+    pub day: String,
+    pub spend: Spend,
+    /// The client's day budget was found spent (the SOP decided): its OpsAlert is raised.
+    pub capped: bool,
+}
+
+impl SpendDelta {
+    /// What `d` changes in its client's day, if anything.
+    pub fn of_decision(d: &Decision) -> Option<SpendDelta> {
+        let capped = d.budget.as_ref().filter(|b| b.scope == Scope::ClientDay);
+        let client = match (&d.llm, capped) {
+            (Some(u), _) => u.client.clone(),
+            (None, Some(b)) => b.client.clone(),
+            (None, None) => return None,
+        };
+        let mut spend = Spend::default();
+        if let Some(u) = &d.llm {
+            spend.add(u);
+        }
+        Some(SpendDelta {
+            client: client.unwrap_or_default(),
+            day: day_of(d.decided_at),
+            spend,
+            capped: capped.is_some(),
+        })
+    }
 }
 
 impl Derived {
@@ -95,7 +137,8 @@ impl Derived {
             .iter()
             .map(|c| (c.outbox_id.clone(), c.state.as_str().to_owned(), d.event_id.to_string()))
             .collect();
-        Derived { asks, inbox, ..Derived::default() }
+        let spend = SpendDelta::of_decision(d).into_iter().collect();
+        Derived { asks, inbox, spend, ..Derived::default() }
     }
 
     /// What the entries change together, in order: a later stage, phone or client wins, and
@@ -118,6 +161,8 @@ impl Derived {
             if d.consent.is_some() {
                 out.consent.clone_from(&d.consent);
             }
+            out.spend.extend(d.spend.iter().cloned());
+            out.prompts.extend(d.prompts.iter().cloned());
         }
         out
     }
@@ -268,5 +313,46 @@ mod tests {
         assert!(Derived::of(&decision(json!([]))).asks_unchanged());
         let opened = decision(json!([{"ask_id": "ask:eta_request:p1", "step": 1, "status": "open"}]));
         assert!(!Derived::of(&opened).asks_unchanged());
+    }
+
+    /// A decision's model call adds to its client's day; one that found the day's
+    /// budget spent caps it; a load's own budget or no model call changes no day.
+    #[test]
+    fn a_model_call_adds_to_its_clients_day() {
+        let check = |extra: Value, want: Option<(&str, &str, u64, u64, u64, bool)>| {
+            let mut payload = json!({"decision_id": "dec:e1", "event_id": "e1", "decided_at": "2026-03-02T23:59:59Z",
+                "decider": "llm:m", "filtered": false, "needs_hero_task": false, "rationale": "r", "actions": []});
+            for (k, v) in extra.as_object().unwrap() {
+                payload[k] = v.clone();
+            }
+            let d = Derived::of(&entry(DECISION_RECORDED, payload.clone()));
+            let got: Vec<_> = d
+                .spend
+                .iter()
+                .map(|s| {
+                    (
+                        s.client.as_str(),
+                        s.day.as_str(),
+                        s.spend.tokens(),
+                        s.spend.cost_micro_usd,
+                        s.spend.calls,
+                        s.capped,
+                    )
+                })
+                .collect();
+            assert_eq!(got, want.into_iter().collect::<Vec<_>>(), "{payload}");
+            let twice = Derived::merged([&d, &d]);
+            assert_eq!(twice.spend.len(), 2 * d.spend.len());
+        };
+        let usage = |client: Value| {
+            json!({"model": "m", "input_tokens": 100, "output_tokens": 20, "cost_micro_usd": 7,
+                   "prompt_hash": "p", "input_hash": "i", "client": client})
+        };
+        check(json!({}), None);
+        check(json!({"llm": usage(json!("acme"))}), Some(("acme", "2026-03-02", 120, 7, 1, false)));
+        check(json!({"llm": usage(Value::Null)}), Some(("", "2026-03-02", 120, 7, 1, false)));
+        let budget = |scope: &str| json!({"scope": scope, "client": "acme", "unit": "tokens", "limit": 1, "spent": 2, "first": true});
+        check(json!({"budget": budget("client_day")}), Some(("acme", "2026-03-02", 0, 0, 0, true)));
+        check(json!({"budget": budget("load")}), None);
     }
 }

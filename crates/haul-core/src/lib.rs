@@ -44,6 +44,7 @@ pub mod redact;
 pub mod replay;
 pub mod retry;
 pub mod sop;
+pub mod spend;
 pub mod time;
 pub mod timers;
 pub mod tools;

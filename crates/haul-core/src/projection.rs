@@ -12,9 +12,10 @@ use serde::{Deserialize, Serialize};
 use crate::action::ActionType;
 use crate::consent::Keyword;
 use crate::decision::{AskStatus, Decision, InboxState};
-use crate::event::{EventBody, OperatorCommand, TimerFired};
+use crate::event::{EventBody, InboundEvent, OperatorCommand, TimerFired};
 use crate::ids::{AskId, EventId};
 use crate::outcome::OutcomeStatus;
+use crate::spend::{LoadSpend, Scope};
 use crate::time::Timestamp;
 
 pub use crate::log::{Entry, Record};
@@ -87,6 +88,9 @@ pub struct LoadState {
     /// refusal of an opted-out number), until it opts in again (`crate::consent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sms_opt_out: Option<SmsOptOut>,
+    /// What the load's model calls cost over its life (`crate::spend`).
+    #[serde(default, skip_serializing_if = "LoadSpend::is_zero")]
+    pub spend: LoadSpend,
 }
 
 /// A phone's opt-out of SMS: which phone, by which event, when.
@@ -107,6 +111,16 @@ impl LoadState {
     /// Whether the load's driver phone opted out of SMS.
     pub fn sms_opted_out(&self) -> bool {
         self.sms_opt_out.as_ref().is_some_and(|o| self.driver_phone.as_deref() == Some(o.phone.as_str()))
+    }
+
+    /// The client a decision on `event` is charged to (`crate::spend`): the load's, or
+    /// the one the event itself gives the load (a `load_update` setting it is decided
+    /// before it applies).
+    pub fn charged_client(&self, event: &InboundEvent) -> Option<String> {
+        match &event.body {
+            EventBody::LoadUpdate(u) if u.client.is_some() => u.client.clone(),
+            _ => self.client.clone(),
+        }
     }
 
     /// The phone an SMS to the driver may go to: the driver's, unless it opted out.
@@ -249,6 +263,12 @@ impl LoadState {
 
     fn apply_decision(&mut self, d: &Decision) {
         self.decided.insert(d.event_id.clone());
+        if let Some(u) = &d.llm {
+            self.spend.spend.add(u);
+        }
+        if d.budget.as_ref().is_some_and(|b| b.scope == Scope::Load) {
+            self.spend.capped = true;
+        }
         for a in &d.actions {
             if let Some(dead) = &a.requeue_of {
                 self.requeues.insert(dead.clone(), a.key.clone());
@@ -319,5 +339,52 @@ mod tests {
             ],
             (3, 2, true),
         );
+    }
+
+    /// A load's lifetime spend is the fold of its decisions' model calls; a decision the
+    /// SOP made past the load's budget marks it capped (a client's day does not).
+    #[test]
+    fn a_loads_spend_is_the_sum_of_its_model_calls() {
+        let at: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
+        let decision = |seq: u64, extra: serde_json::Value| {
+            let mut payload = json!({"decision_id": format!("dec:e{seq}"), "event_id": format!("e{seq}"),
+                "decided_at": "2026-03-02T07:00:00Z", "decider": "llm:m", "filtered": false,
+                "needs_hero_task": false, "rationale": "r", "actions": []});
+            for (k, v) in extra.as_object().unwrap() {
+                payload[k] = v.clone();
+            }
+            Record {
+                seq,
+                entry_id: format!("dec:e{seq}"),
+                entry: Entry::decode(&format!("dec:e{seq}"), "decision_recorded", payload),
+                recorded_at: at,
+            }
+        };
+        let usage = |input: u64, cost: Option<u64>| {
+            let mut u =
+                json!({"model": "m", "input_tokens": input, "output_tokens": 1, "prompt_hash": "p", "input_hash": "i"});
+            if let Some(c) = cost {
+                u["cost_micro_usd"] = json!(c);
+            }
+            u
+        };
+        let budget = |scope: &str| json!({"scope": scope, "unit": "tokens", "limit": 1, "spent": 2, "first": true});
+        let check = |records: &[Record], want: (u64, u64, u64, u64, bool)| {
+            let s = project(records).spend;
+            let got = (s.spend.input_tokens, s.spend.output_tokens, s.spend.cost_micro_usd, s.spend.calls, s.capped);
+            assert_eq!(got, want, "{records:?}");
+        };
+        check(&[], (0, 0, 0, 0, false));
+        check(&[decision(1, json!({}))], (0, 0, 0, 0, false));
+        check(
+            &[decision(1, json!({"llm": usage(10, Some(5))})), decision(2, json!({"llm": usage(7, None)}))],
+            (17, 2, 5, 2, false),
+        );
+        check(
+            &[decision(1, json!({"llm": usage(10, Some(5))})), decision(2, json!({"budget": budget("client_day")}))],
+            (10, 1, 5, 1, false),
+        );
+        check(&[decision(1, json!({"budget": budget("load")}))], (0, 0, 0, 0, true));
+        assert!(project(&[]).spend.is_zero());
     }
 }

@@ -419,6 +419,7 @@ impl World {
                 send_weight: Some(2),
                 // Its own limit on Hero tasks, which no channel rate binds.
                 rates: [("hero".to_owned(), ClientRateConfig { rate: Some(CLIENT_B_HERO.into()), burst: None })].into(),
+                ..ClientConfig::default()
             },
         );
         let config = Config { clients, ..Config::default() };

@@ -28,7 +28,9 @@
 //! event = "ping_0800"
 //! body = "{not json"         # the body verbatim (status 200 unless `status`)
 //! # also: status = 429, delay = "5s", refusal = "…", finish_reason = "stop",
-//! # and per tool call `arguments_raw = "…"` for arguments that are not JSON.
+//! # usage = { prompt_tokens = 900, completion_tokens = 40 } (default: a quarter of the
+//! # request's and the answer's bytes), and per tool call `arguments_raw = "…"` for
+//! # arguments that are not JSON.
 //! ```
 
 use std::net::SocketAddr;
@@ -100,6 +102,17 @@ pub struct Answer {
     pub finish_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_call: Vec<RecordedCall>,
+    /// The tokens the answer says it took; default: a quarter of the request's bytes
+    /// in, a quarter of the answer's out (an estimate that repeats exactly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<RecordedUsage>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -369,13 +382,18 @@ async fn handle(State(server): State<Arc<Server>>, headers: HeaderMap, body: Byt
     if !calls.is_empty() {
         message["tool_calls"] = Value::Array(calls);
     }
+    let usage = a.usage.unwrap_or(RecordedUsage {
+        prompt_tokens: body.len() as u64 / 4,
+        completion_tokens: message.to_string().len() as u64 / 4,
+    });
     let completion = json!({
         "id": "chatcmpl-recorded",
         "object": "chat.completion",
         "created": 0,
         "model": server.answers.model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                  "total_tokens": usage.prompt_tokens + usage.completion_tokens},
     });
     (status, axum::Json(completion)).into_response()
 }

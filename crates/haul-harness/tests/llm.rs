@@ -16,6 +16,8 @@ use haul_config::Config;
 use haul_core::sop::Policies;
 use haul_core::tools::PROMPT_VERSION;
 use haul_harness::testkit_llm::{Answers, RECORDED_API_KEY, RecordedLlm};
+use haul_runtime::budget::Budgeted;
+use haul_runtime::decider::SopDecider;
 use haul_runtime::faults::Faults;
 use haul_runtime::llm::{LlmDecider, LlmSettings};
 use haul_store::Store;
@@ -24,6 +26,8 @@ use serde_json::json;
 on_both_backends!(
     a_good_answer_is_an_llm_decision_and_its_actions_are_dispatched,
     the_filter_runs_first_so_no_call_for_delivered_outcomes_or_stale_timers,
+    what_each_call_cost_is_recorded_and_a_spent_load_budget_hands_over_to_the_sop,
+    a_spent_client_day_budget_hands_over_to_the_sop_and_alerts_once,
 );
 
 /// Each bad answer gets a fresh store of the backend (the cases share load ids).
@@ -320,4 +324,128 @@ async fn model_errors_quote_an_echoing_endpoint_without_the_key_or_phone_numbers
     assert!(err.contains("400"), "{err}");
     assert!(!err.contains(KEY) && !err.contains(DRIVER), "{err}");
     assert!(err.contains("Bearer ***") && err.contains("***0100"), "{err}");
+}
+
+/// Answers with the tokens they took: the init 100 in and 10 out, the ping 200 and 20;
+/// the SMS answers would be the model's, if it were asked.
+fn metered_answers() -> String {
+    format!(
+        r#"model = "{MODEL}"
+timeout = "1s"
+
+[[answer]]
+event = "load:init"
+content = "A new load: nothing to do yet."
+tool_call = [{{ name = "no_action", arguments = {{ reason = "load created" }} }}]
+usage = {{ prompt_tokens = 100, completion_tokens = 10 }}
+
+[[answer]]
+event = "ping_0700"
+content = "Nothing to do."
+tool_call = [{{ name = "no_action", arguments = {{ reason = "low risk" }} }}]
+usage = {{ prompt_tokens = 200, completion_tokens = 20 }}
+
+[[answer]]
+event = "sms_*"
+content = "Nothing to do."
+tool_call = [{{ name = "no_action", arguments = {{ reason = "chatter" }} }}]
+"#
+    )
+}
+
+/// The metered answers through a priced model (2 and 8 USD per million tokens) under
+/// `budget`, the SOP standing in past it.
+async fn budgeted_harness(store: Arc<dyn Store>, budget: &str) -> (H, RecordedLlm) {
+    let answers = Answers::parse(&metered_answers()).unwrap();
+    let timeout = answers.timeout;
+    let server = RecordedLlm::start(answers, RECORDED_API_KEY).await.unwrap();
+    let mut config = Config::from_toml(&format!(
+        "[decider.llm]\nmodel = \"{MODEL}\"\nbase_url = \"{}\"\n[decider.llm.budget]\n{budget}\n\
+         [decider.llm.prices.{MODEL}]\ninput_usd_per_mtok = 2.0\noutput_usd_per_mtok = 8.0\n",
+        server.base_url()
+    ))
+    .unwrap();
+    config.decider.llm.timeout = timeout;
+    let settings =
+        LlmSettings { base_url: server.base_url(), model: MODEL.into(), api_key: RECORDED_API_KEY.into(), timeout };
+    let price = config.decider.llm.price(&config.clients).unwrap();
+    let model = LlmDecider::new(settings, Policies::default()).unwrap().priced(price);
+    let budgets = config.decider.llm.budgets(&config.clients).unwrap();
+    let decider = Budgeted::new(Arc::new(model), SopDecider { policies: Policies::default() }, budgets, store.clone());
+    let h = harness(store, config, Faults::default(), Some(Arc::new(decider))).await;
+    (h, server)
+}
+
+async fn what_each_call_cost_is_recorded_and_a_spent_load_budget_hands_over_to_the_sop(store: Arc<dyn Store>) {
+    let (h, llm) = budgeted_harness(store, "load_tokens = 300").await;
+    h.publish(init()).await;
+    h.publish(ping("ping_0700")).await;
+    h.settle().await;
+    let d = h.decision("load:init").await;
+    let usage = &d["llm"];
+    assert_eq!(
+        (&usage["model"], &usage["input_tokens"], &usage["output_tokens"], &usage["cost_micro_usd"]),
+        (&json!(MODEL), &json!(100), &json!(10), &json!(100 * 2 + 10 * 8)),
+        "{d}"
+    );
+    assert_eq!((&usage["client"], &usage["finish_reason"]), (&json!("client_a"), &json!("tool_calls")));
+    // The prompts are stored once by hash, and the hash is the text's.
+    let system: String =
+        serde_json::to_string(haul_core::tools::SYSTEM_PROMPT).unwrap().chars().skip(1).take(40).collect();
+    for (key, holds) in [("prompt_hash", system.as_str()), ("input_hash", "load:init")] {
+        let hash = usage[key].as_str().unwrap();
+        let text = h.store.prompt(hash).await.unwrap().unwrap_or_else(|| panic!("no prompt {key} {hash}"));
+        assert_eq!(haul_runtime::llm::sha256_hex(&text), hash, "{key}");
+        assert!(text.contains(holds), "{key}: {text:.200}");
+    }
+    let ping_usage = &h.decision("ping_0700").await["llm"];
+    assert_eq!(ping_usage["prompt_hash"], usage["prompt_hash"], "one fixed prompt");
+    assert_ne!(ping_usage["input_hash"], usage["input_hash"]);
+    // 330 tokens spent of 300: the SOP decides the SMS, and says why.
+    h.publish(sms("sms_1", DRIVER, "all good")).await;
+    h.publish(sms("sms_2", DRIVER, "still good")).await;
+    h.settle().await;
+    let d = h.decision("sms_1").await;
+    assert_eq!(d["decider"], "sop", "{d}");
+    assert_eq!(d["budget"], json!({"scope": "load", "unit": "tokens", "limit": 300, "spent": 330, "first": true}));
+    let why = d["rationale"].as_str().unwrap();
+    assert!(why.starts_with("the load's lifetime LLM budget is spent: 330 of 300 tokens; the SOP decided"), "{why}");
+    assert!(d.get("llm").is_none(), "{d}");
+    assert_eq!(h.decision("sms_2").await["budget"]["first"], false, "the alert is raised once per load");
+    let events: Vec<String> = llm.requests().into_iter().map(|r| r.event).collect();
+    assert_eq!(events, ["load:init", "ping_0700"], "no call past the budget");
+    let spend = h.state().await.spend;
+    assert_eq!((spend.spend.input_tokens, spend.spend.output_tokens, spend.spend.cost_micro_usd), (300, 30, 840));
+    assert_eq!((spend.spend.calls, spend.capped), (2, true));
+    let day = h.store.client_day_spend("client_a", "2026-03-02").await.unwrap();
+    assert_eq!((day.spend.tokens(), day.spend.cost_micro_usd, day.spend.calls, day.capped_at), (330, 840, 2, None));
+    assert_eq!(llm.problems(), Vec::<String>::new());
+}
+
+async fn a_spent_client_day_budget_hands_over_to_the_sop_and_alerts_once(store: Arc<dyn Store>) {
+    // 840 micro-dollars spent after two calls; the budget is 800.
+    let (h, llm) = budgeted_harness(store, "client_usd_per_day = \"0.0008\"").await;
+    h.publish(init()).await;
+    h.publish(ping("ping_0700")).await;
+    h.publish(sms("sms_1", DRIVER, "all good")).await;
+    h.publish(sms("sms_2", DRIVER, "still good")).await;
+    h.settle().await;
+    let d = h.decision("sms_1").await;
+    assert_eq!(d["decider"], "sop", "{d}");
+    assert_eq!(
+        d["budget"],
+        json!({"scope": "client_day", "client": "client_a", "unit": "micro_usd", "limit": 800, "spent": 840, "first": true})
+    );
+    assert!(
+        d["rationale"]
+            .as_str()
+            .unwrap()
+            .starts_with("client client_a's LLM budget for the day is spent: $0.000840 of $0.000800")
+    );
+    assert_eq!(h.decision("sms_2").await["budget"]["first"], false, "one alert per client and day");
+    let day = h.store.client_day_spend("client_a", "2026-03-02").await.unwrap();
+    assert_eq!((day.spend.cost_micro_usd, day.spend.calls), (840, 2));
+    assert!(day.capped_at.is_some());
+    assert_eq!(llm.requests().len(), 2);
+    assert!(!h.state().await.spend.capped, "the load's own budget is not what stopped it");
 }

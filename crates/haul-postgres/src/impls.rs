@@ -18,7 +18,7 @@ use haul_store::backend::{
     shadow_row, sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_report_row, sms_route,
     sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
-use haul_store::backend::{check_takes, counted};
+use haul_store::backend::{check_takes, counted, llm_spend_row};
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
 };
@@ -33,6 +33,7 @@ use haul_store::{
 use haul_store::{
     ClaimCursor, ClaimTake, ClaimedTaking, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange,
 };
+use haul_store::{ClientDaySpend, SpendLedger};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
 
 use crate::rows::{Params, PgRow, col, rows_on, sql_limit};
@@ -1119,6 +1120,39 @@ impl ShadowStore for PgStore {
     ) -> Result<Vec<ShadowDecision>, StoreError> {
         let params: Params = &[&load_id.as_str(), &(after.event_seq as i64), &after.shadow, &sql_limit(limit)];
         self.query_rows(SHADOW_PAGE, params, shadow_row).await
+    }
+}
+
+#[async_trait]
+impl SpendLedger for PgStore {
+    async fn client_day_spend(&self, client: &str, day: &str) -> Result<ClientDaySpend, StoreError> {
+        let rows = self.query_rows(SPEND_OF_CLIENT_DAY, &[&client, &day], llm_spend_row).await?;
+        Ok(rows.into_iter().next().unwrap_or_else(|| ClientDaySpend {
+            client: client.to_owned(),
+            day: day.to_owned(),
+            ..ClientDaySpend::default()
+        }))
+    }
+
+    async fn spend_page(
+        &self,
+        from_day: &str,
+        to_day: &str,
+        client: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<ClientDaySpend>, StoreError> {
+        // The first page starts after a position past every row: a day after any.
+        let (after_day, after_client) = after.unwrap_or(("9999-99-99", ""));
+        let params: Params = &[&from_day, &to_day, &client, &after_day, &after_client, &sql_limit(limit)];
+        self.query_rows(SPEND_PAGE, params, llm_spend_row).await
+    }
+
+    async fn prompt(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(PROMPT_TEXT).await.map_err(pg)?;
+        let row = client.query_opt(&stmt, &[&hash]).await.map_err(pg)?;
+        Ok(row.map(|r| col::<String>(&r, 0)).transpose()?)
     }
 }
 

@@ -710,6 +710,35 @@ pub const CONSENT_SET: &str = "INSERT INTO sms_consent (phone, opted_out, event_
      ON CONFLICT (phone) DO UPDATE SET opted_out = excluded.opted_out, event_id = excluded.event_id,
        load_id = excluded.load_id, changed_at = excluded.changed_at
      WHERE sms_consent.opted_out <> excluded.opted_out";
+/// An append's spend added to its clients' days (arrays, one element per (client,
+/// day): `$1` clients, `$2` days, `$3`-`$6` input and output tokens, costs, calls, `$7`
+/// capped, `$8` now, ms).
+pub const SPEND_ADD: &str = "INSERT INTO llm_spend AS s (client, day, input_tokens, output_tokens, cost_micro_usd,
+       calls, capped_at, updated_at)
+     SELECT c, d, i, o, m, n, CASE WHEN cap THEN $8::bigint END, $8::bigint
+       FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[])
+         AS u(c, d, i, o, m, n, cap)
+     ON CONFLICT (client, day) DO UPDATE SET input_tokens = s.input_tokens + excluded.input_tokens,
+       output_tokens = s.output_tokens + excluded.output_tokens,
+       cost_micro_usd = s.cost_micro_usd + excluded.cost_micro_usd, calls = s.calls + excluded.calls,
+       capped_at = COALESCE(s.capped_at, excluded.capped_at), updated_at = excluded.updated_at";
+/// An append's prompts, each once by its hash (`$1` hashes, `$2` texts, `$3` now, ms).
+pub const PROMPTS_PUT: &str = "INSERT INTO prompts (hash, text, created_at)
+     SELECT h, t, $3::bigint FROM unnest($1::text[], $2::text[]) AS u(h, t) ON CONFLICT (hash) DO NOTHING";
+/// One client's day (`$1` client, `$2` day).
+pub const SPEND_OF_CLIENT_DAY: &str =
+    concat!("SELECT ", columns!(llm_spend), " FROM llm_spend WHERE client = $1 AND day = $2");
+/// The clients' days from `$1` to `$2`, of client `$3` (NULL: any), after (`$4` day,
+/// `$5` client), the latest day first, at most `$6`.
+pub const SPEND_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(llm_spend),
+    " FROM llm_spend WHERE day BETWEEN $1 AND $2 AND ($3::text IS NULL OR client = $3::text)
+       AND (day < $4 OR (day = $4 AND client > $5))
+     ORDER BY day DESC, client LIMIT $6"
+);
+/// A prompt's text (`$1` hash).
+pub const PROMPT_TEXT: &str = "SELECT text FROM prompts WHERE hash = $1";
 /// A delivery report, once per message, status and row (`$4`: '' for none).
 pub const SMS_REPORT_RECORD: &str =
     "INSERT INTO sms_reports (message_sid, status, error_code, outbox_id, load_id, reason, reported_at)

@@ -8,7 +8,7 @@ use deadpool_postgres::{GenericClient, Pool, Transaction};
 use haul_core::derived::{Derived, TimerWrite};
 use haul_core::ids::LoadId;
 use haul_core::time::to_ms;
-use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt};
+use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt, prompt_rows, spend_rows};
 use haul_store::{
     AppendError, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, NewEntry,
     NewOutboxRow, Published, StaleClaimError, StoreError, outbox_key_load,
@@ -20,8 +20,8 @@ use crate::rows::{Params, col, constraint};
 use crate::sql::{
     CONSENT_SET, ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS,
     LOAD_SUMMARY_FOLD, LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN,
-    OUTBOX_MARK_DISPATCHED, QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH, TIMERS_CANCEL_ALL,
-    TIMERS_SCHEDULE_ALL,
+    OUTBOX_MARK_DISPATCHED, PROMPTS_PUT, QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH, SPEND_ADD,
+    TIMERS_CANCEL_ALL, TIMERS_SCHEDULE_ALL,
 };
 use crate::{pg, pool_client};
 
@@ -118,6 +118,8 @@ pub(crate) struct AppendStatements {
     fold: Option<Statement>,
     facts: Option<Statement>,
     consent: Option<Statement>,
+    spend: Option<Statement>,
+    prompts: Option<Statement>,
     inbox: Option<Statement>,
     schedule: Option<Statement>,
     cancel: Option<Statement>,
@@ -144,6 +146,8 @@ impl AppendStatements {
             fold: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_FOLD).await?,
             facts: prepare(delta.changes_facts(), LOAD_FACTS_SET).await?,
             consent: prepare(delta.consent.is_some(), CONSENT_SET).await?,
+            spend: prepare(!delta.spend.is_empty(), SPEND_ADD).await?,
+            prompts: prepare(!delta.prompts.is_empty(), PROMPTS_PUT).await?,
             inbox: prepare(!delta.inbox.is_empty(), OUTBOX_INBOX_SET).await?,
             schedule: prepare(delta.timers.iter().any(TimerWrite::is_schedule), TIMERS_SCHEDULE_ALL).await?,
             cancel: prepare(!delta.timers.iter().all(TimerWrite::is_schedule), TIMERS_CANCEL_ALL).await?,
@@ -197,6 +201,8 @@ pub(crate) async fn append_body(
         fold: fold_stmt,
         facts: facts_stmt,
         consent: consent_stmt,
+        spend: spend_stmt,
+        prompts: prompts_stmt,
         inbox: inbox_stmt,
         schedule: schedule_stmt,
         cancel: cancel_stmt,
@@ -239,6 +245,8 @@ pub(crate) async fn append_body(
     // The load's facts and the sender's consent (a STOP or START): derived data both,
     // sent together.
     let consent = delta.consent.as_ref().map(|(c, event_id)| (c.phone.as_str(), i32::from(c.opted_out), event_id));
+    // And what its model calls cost their clients' days, and their prompts.
+    let spend = SpendArrays::of(&delta);
     let set_facts = async || {
         let facts = async || match &facts_stmt {
             Some(stmt) => tx.execute(stmt, &[&lid, &delta.driver_phone, &active, &now, &delta.client]).await,
@@ -250,8 +258,20 @@ pub(crate) async fn append_body(
             }
             _ => Ok(0),
         };
-        let (facts, consent) = tokio::join!(facts(), consent());
-        facts.and(consent)
+        let add_spend = async || match &spend_stmt {
+            Some(stmt) => {
+                let s = &spend;
+                let params: Params = &[&s.clients, &s.days, &s.input, &s.output, &s.cost, &s.calls, &s.capped, &now];
+                tx.execute(stmt, params).await
+            }
+            None => Ok(0),
+        };
+        let put_prompts = async || match &prompts_stmt {
+            Some(stmt) => tx.execute(stmt, &[&spend.hashes, &spend.texts, &now]).await,
+            None => Ok(0),
+        };
+        let (facts, consent, spent, prompts) = tokio::join!(facts(), consent(), add_spend(), put_prompts());
+        facts.and(consent).and(spent).and(prompts)
     };
     // The dead rows the decisions took out of the inbox: each row's last change.
     let mut inbox: Vec<&(String, String, String)> = Vec::with_capacity(delta.inbox.len());
@@ -398,6 +418,37 @@ pub(crate) async fn append_body(
     scheduled.map_err(db)?;
     canceled.map_err(db)?;
     Ok((new_version as u64, acked.map_err(db)? == 1))
+}
+
+/// An append's spend and prompts as the arrays `SPEND_ADD` and `PROMPTS_PUT` take.
+struct SpendArrays {
+    clients: Vec<String>,
+    days: Vec<String>,
+    input: Vec<i64>,
+    output: Vec<i64>,
+    cost: Vec<i64>,
+    calls: Vec<i64>,
+    capped: Vec<bool>,
+    hashes: Vec<String>,
+    texts: Vec<String>,
+}
+
+impl SpendArrays {
+    fn of(delta: &Derived) -> SpendArrays {
+        let rows = spend_rows(&delta.spend);
+        let (hashes, texts) = prompt_rows(&delta.prompts).into_iter().unzip();
+        SpendArrays {
+            clients: rows.iter().map(|d| d.client.clone()).collect(),
+            days: rows.iter().map(|d| d.day.clone()).collect(),
+            input: rows.iter().map(|d| d.spend.input_tokens as i64).collect(),
+            output: rows.iter().map(|d| d.spend.output_tokens as i64).collect(),
+            cost: rows.iter().map(|d| d.spend.cost_micro_usd as i64).collect(),
+            calls: rows.iter().map(|d| d.spend.calls as i64).collect(),
+            capped: rows.iter().map(|d| d.capped).collect(),
+            hashes,
+            texts,
+        }
+    }
 }
 
 /// An append's timer writes as the arrays its statements take: each timer's id, load

@@ -122,7 +122,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let client = client_in_schema(&options.url, &schema).await;
     client
         .batch_execute(
-            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms, ops_alerts, sms_consent, sms_reports;
+            "ANALYZE events, outbox, loads, timers, queue, queue_heads, message_sids, unmatched_sms, ops_alerts, sms_consent, sms_reports, llm_spend, prompts;
              SET enable_seqscan = off;",
         )
         .await
@@ -146,6 +146,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let (open, states) = (Some("open"), vec!["dismissed"]);
     let (min, max, types) = (i64::MIN, i64::MAX, ",send_sms,create_hero_task,");
     let (take_types, take_keys, take_us) = (vec!["send_sms"], vec!["sms"], vec![100_000i64]);
+    let (day, no_client) = ("2026-03-02", None::<&str>);
     let cases = vec![
         per_load("read / read_after", READ_AFTER, vec![&l, &zero]),
         per_load("read_page", READ_PAGE, vec![&l, &zero, &limit]),
@@ -267,6 +268,9 @@ async fn every_hot_query_is_served_by_an_index() {
             vec![&l, &key, &key, &zero, &empty, &empty, &empty, &empty, &empty, &empty, &now, &now],
         ),
         case("shadow decisions of one load", SHADOW_PAGE, vec![&l, &zero, &empty, &limit]),
+        case("LLM budget: a client's day", SPEND_OF_CLIENT_DAY, vec![&key, &day]),
+        case("haul query spend", SPEND_PAGE, vec![&day, &day, &no_client, &day, &empty, &limit]),
+        case("timeline: a prompt by hash", PROMPT_TEXT, vec![&key]),
     ];
 
     let mut failures = Vec::new();

@@ -377,7 +377,7 @@ async fn upgrade_to_version_13_marks_dead_rows_whose_requeued_copy_was_delivered
     let c = s.pending(1, at(5), LEASE).await.unwrap().remove(0);
     s.mark_dispatched(&c.row.id, &c.token, "SM1", at(6)).await.unwrap();
 
-    assert_eq!(s.migrate().await.unwrap(), vec![13, 14, 15, 16, 17, 18, 19, 20]);
+    assert_eq!(s.migrate().await.unwrap(), vec![13, 14, 15, 16, 17, 18, 19, 20, 21]);
     let rows = s.dead_rows_page(&[], None, None, 10).await.unwrap();
     let got: Vec<_> = rows.iter().map(|d| (d.row.id.clone(), d.inbox.state, d.inbox.by.clone(), d.inbox.at)).collect();
     use haul_core::InboxState::{Handled, Open};

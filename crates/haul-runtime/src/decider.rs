@@ -23,6 +23,19 @@ pub trait Decider: Send + Sync {
         event: &InboundEvent,
         now: Timestamp,
     ) -> anyhow::Result<Decision>;
+
+    /// The prompt texts a decision this decider made on these inputs was given, by
+    /// their SHA-256 (`decision.llm`'s hashes): what the worker stores with the
+    /// decision. A decider that asks no model gave none.
+    fn prompt_texts(
+        &self,
+        _load: &LoadId,
+        _state: &LoadState,
+        _event: &InboundEvent,
+        _now: Timestamp,
+    ) -> Vec<(String, String)> {
+        vec![]
+    }
 }
 
 /// The SOP of docs/design.md with per-client policies.

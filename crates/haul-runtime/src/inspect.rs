@@ -25,6 +25,7 @@ use haul_core::decision::InboxState;
 use haul_core::event::OperatorAction;
 use haul_core::ids::{AskId, LoadId};
 use haul_core::projection::{LoadState, OpenAsk, OutcomeSeen, Record, SmsOptOut};
+use haul_core::spend::LoadSpend;
 use haul_core::time::Timestamp;
 use haul_store::{OutboxRow, RecordedDelivery, RowCursor, SmsReport, Store, StoreError, Timer};
 use serde::Serialize;
@@ -166,6 +167,9 @@ pub struct StateView {
     /// out when the driver can be texted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sms_opt_out: Option<SmsOptOut>,
+    /// What the load's model calls cost over its life; left out when it made none.
+    #[serde(skip_serializing_if = "LoadSpend::is_zero")]
+    pub spend: LoadSpend,
     pub totals: StateTotals,
 }
 
@@ -208,6 +212,7 @@ impl StateView {
             unreadable: state.unreadable,
             last_recorded_at: state.last_recorded_at,
             sms_opt_out: state.sms_opt_out.clone().filter(|_| state.sms_opted_out()),
+            spend: state.spend,
             totals,
         }
     }

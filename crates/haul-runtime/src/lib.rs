@@ -6,6 +6,7 @@
 //! Everything here does IO; what it decides is `haul-core`'s. Nothing here serves HTTP
 //! (that is `haul-server`) and nothing here is a test double (that is `haul-harness`).
 
+pub mod budget;
 pub mod channels;
 pub mod clock;
 pub mod decider;
@@ -14,6 +15,7 @@ pub mod faults;
 pub mod inspect;
 pub mod llm;
 pub mod loops;
+pub mod metrics_label;
 pub mod operator;
 pub mod pipeline;
 pub mod projector;

@@ -20,6 +20,7 @@ use haul_core::ids::LoadId;
 use haul_core::mask::Masker;
 use haul_core::projection::LoadState;
 use haul_core::sop::Policies;
+use haul_core::spend::{LlmUsage, Price};
 use haul_core::time::Timestamp;
 use haul_core::tools::{self, ToolCall, ToolCallError};
 use serde::Deserialize;
@@ -27,7 +28,8 @@ use serde_json::{Value, json};
 use tracing::debug;
 
 use crate::decider::Decider;
-use haul_config::{LlmConfig, LlmConfigError};
+use haul_config::{ClientConfig, LlmConfig, LlmConfigError};
+use std::collections::BTreeMap;
 
 /// Largest answer body read, in bytes; a longer one is an error, not a decision.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -105,6 +107,11 @@ pub struct LlmDecider {
     settings: LlmSettings,
     endpoint: String,
     policies: Policies,
+    /// The model's price (`decider.llm.prices`): each decision's cost; `None`: none recorded.
+    price: Option<Price>,
+    /// The fixed part of every request (model, system message, tools) as stored, and
+    /// its SHA-256: the decision's `llm.prompt_hash`.
+    fixed: (String, String),
     /// Masks what an error quotes of the endpoint's answer: its own key and every other
     /// secret the process was given ([`LlmDecider::masking`]).
     masker: Masker,
@@ -118,7 +125,15 @@ impl LlmDecider {
             .build()?;
         let endpoint = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
         let masker = Masker::new([settings.api_key.as_str()]);
-        Ok(LlmDecider { client, settings, endpoint, policies, masker })
+        let fixed = fixed_part(&settings.model).to_string();
+        let fixed = (sha256_hex(&fixed), fixed);
+        Ok(LlmDecider { client, settings, endpoint, policies, price: None, fixed, masker })
+    }
+
+    /// This decider recording each decision's cost by `price` (USD per million tokens).
+    pub fn priced(mut self, price: Option<Price>) -> Self {
+        self.price = price;
+        self
     }
 
     /// This decider masking `secrets` too (the process's other secrets) in what its
@@ -130,8 +145,10 @@ impl LlmDecider {
 
     /// From `decider.llm.*`, the key from the variable `api_key_env` names. Errors name
     /// the setting (and never hold the key).
-    pub fn from_config(c: &LlmConfig, policies: Policies) -> anyhow::Result<Self> {
+    pub fn from_config(c: &LlmConfig, clients: &BTreeMap<String, ClientConfig>) -> anyhow::Result<Self> {
         c.check()?;
+        let price = c.price(clients)?;
+        let policies = haul_config::policies(clients);
         let api_key = std::env::var(&c.api_key_env)
             .ok()
             .filter(|k| !k.trim().is_empty())
@@ -142,27 +159,22 @@ impl LlmDecider {
             api_key,
             timeout: c.timeout,
         };
-        Self::new(settings, policies)
+        Ok(Self::new(settings, policies)?.priced(price))
     }
 
     pub fn settings(&self) -> &LlmSettings {
         &self.settings
     }
 
+    /// The user message of one decision: the load's state, the event, `now`, the policy.
+    fn input_text(&self, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> String {
+        let policy = self.policies.for_client(state.client.as_deref());
+        tools::prompt_input(load, state, event, &policy, now).to_string()
+    }
+
     /// The request body for one decision.
     pub fn request_body(&self, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Value {
-        let policy = self.policies.for_client(state.client.as_deref());
-        let input = tools::prompt_input(load, state, event, &policy, now);
-        json!({
-            "model": self.settings.model,
-            "messages": [
-                {"role": "system", "content": tools::SYSTEM_PROMPT},
-                {"role": "user", "content": input.to_string()},
-            ],
-            "tools": tools::tool_definitions(),
-            "tool_choice": "required",
-            "temperature": 0,
-        })
+        with_input(fixed_part(&self.settings.model), self.input_text(load, state, event, now))
     }
 
     /// One model call and the decision its answer makes.
@@ -173,15 +185,59 @@ impl LlmDecider {
         event: &InboundEvent,
         now: Timestamp,
     ) -> Result<Decision, LlmError> {
-        let body = self.request_body(load, state, event, now);
+        self.ask_metered(load, state, event, now).await.map_err(|f| f.error)
+    }
+
+    /// [`ask`](Self::ask), with what the call cost when the model answered but its
+    /// answer made no decision (the tokens are spent all the same).
+    async fn ask_metered(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> Result<Decision, Spent> {
+        let input = self.input_text(load, state, event, now);
+        let input_hash = sha256_hex(&input);
+        let body = with_input(fixed_part(&self.settings.model), input);
         let answer = tokio::time::timeout(self.settings.timeout, self.call(&body))
             .await
-            .map_err(|_| LlmError::Timeout(self.settings.timeout))??;
-        let completion: Completion =
-            serde_json::from_slice(&answer).map_err(|e| LlmError::Malformed(self.clip(&e.to_string())))?;
+            .map_err(|_| LlmError::Timeout(self.settings.timeout))
+            .and_then(|r| r)
+            .map_err(Spent::nothing)?;
+        let completion: Completion = serde_json::from_slice(&answer)
+            .map_err(|e| Spent::nothing(LlmError::Malformed(self.clip(&e.to_string()))))?;
+        let model_version = completion.model.clone();
+        let tokens = completion.usage.unwrap_or_default();
         let Some(choice) = completion.choices.into_iter().next() else {
-            return Err(LlmError::Malformed("no choices".into()));
+            return Err(Spent::nothing(LlmError::Malformed("no choices".into())));
         };
+        let usage = LlmUsage {
+            model: self.settings.model.clone(),
+            model_version: model_version.filter(|m| !m.is_empty() && *m != self.settings.model),
+            input_tokens: tokens.prompt_tokens,
+            output_tokens: tokens.completion_tokens,
+            cost_micro_usd: self.price.map(|p| p.cost_micro_usd(tokens.prompt_tokens, tokens.completion_tokens)),
+            finish_reason: choice.finish_reason.clone(),
+            prompt_hash: self.fixed.0.clone(),
+            input_hash,
+            client: state.charged_client(event),
+        };
+        let spent = |error: LlmError| Spent { error, usage: Some(usage.clone()) };
+        let mut decision = self.decision_of(load, state, event, now, choice).map_err(spent)?;
+        decision.llm = Some(usage);
+        Ok(decision)
+    }
+
+    /// The decision a completion's first choice makes.
+    fn decision_of(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+        choice: Choice,
+    ) -> Result<Decision, LlmError> {
         let message = choice.message;
         if let Some(r) = message.refusal.as_deref().filter(|r| !r.trim().is_empty()) {
             return Err(LlmError::Refusal(self.clip(r)));
@@ -283,10 +339,69 @@ fn clip(masker: &Masker, s: &str) -> String {
     out
 }
 
+/// A model call that made no decision, and what it cost when the model answered.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Spent {
+    #[source]
+    pub error: LlmError,
+    pub usage: Option<LlmUsage>,
+}
+
+impl Spent {
+    fn nothing(error: LlmError) -> Self {
+        Spent { error, usage: None }
+    }
+}
+
+impl From<LlmError> for Spent {
+    fn from(error: LlmError) -> Self {
+        Spent::nothing(error)
+    }
+}
+
+/// The part of every request that does not depend on the decision: what
+/// `llm.prompt_hash` names.
+fn fixed_part(model: &str) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "system", "content": tools::SYSTEM_PROMPT}],
+        "tools": tools::tool_definitions(),
+        "tool_choice": "required",
+        "temperature": 0,
+    })
+}
+
+/// The request: the fixed part with the decision's user message after the system one.
+fn with_input(mut fixed: Value, input: String) -> Value {
+    if let Some(messages) = fixed.get_mut("messages").and_then(Value::as_array_mut) {
+        messages.push(json!({"role": "user", "content": input}));
+    }
+    fixed
+}
+
+/// SHA-256 of a text, in lowercase hex.
+pub fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[async_trait]
 impl Decider for LlmDecider {
     fn name(&self) -> String {
         format!("llm:{}", self.settings.model)
+    }
+
+    fn prompt_texts(
+        &self,
+        load: &LoadId,
+        state: &LoadState,
+        event: &InboundEvent,
+        now: Timestamp,
+    ) -> Vec<(String, String)> {
+        let input = self.input_text(load, state, event, now);
+        vec![self.fixed.clone(), (sha256_hex(&input), input)]
     }
 
     async fn decide(
@@ -301,10 +416,10 @@ impl Decider for LlmDecider {
         if let haul_core::EventBody::OperatorAction(op) = &event.body {
             return Ok(haul_core::operator::decide(load, state, event, op, now));
         }
-        let result = self.ask(load, state, event, now).await;
+        let result = self.ask_metered(load, state, event, now).await;
         let outcome = match &result {
             Ok(_) => "decided",
-            Err(e) => e.label(),
+            Err(e) => e.error.label(),
         };
         metrics::counter!("haul_llm_requests_total", "outcome" => outcome).increment(1);
         Ok(result?)
@@ -315,6 +430,19 @@ impl Decider for LlmDecider {
 #[derive(Deserialize)]
 struct Completion {
     choices: Vec<Choice>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+/// The answer's token counts (absent from some servers: then 0).
+#[derive(Default, Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
 }
 
 #[derive(Deserialize)]

@@ -17,7 +17,7 @@ use haul_core::decision::InboxState;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, since, to_ms};
 use haul_store::ops::{ConflictLoad, DEFAULT_PAGE, DeadRow, LoadSummary, MAX_PAGE, class_types};
-use haul_store::{InboxAlert, InboxSms, LoadFilter, RowCursor, SmsConsent, Store, StoreError, Timer};
+use haul_store::{ClientDaySpend, InboxAlert, InboxSms, LoadFilter, RowCursor, SmsConsent, Store, StoreError, Timer};
 
 /// One of the queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,11 +37,21 @@ pub enum Query {
     Conflicts,
     /// Phones opted out of SMS (the consent ledger), the latest opt-out first.
     OptedOut,
+    /// What the model calls cost, per client and UTC day, the latest day first.
+    Spend,
 }
 
 impl Query {
-    pub const ALL: [Query; 7] =
-        [Query::Loads, Query::Dead, Query::Timers, Query::Unmatched, Query::Alerts, Query::Conflicts, Query::OptedOut];
+    pub const ALL: [Query; 8] = [
+        Query::Loads,
+        Query::Dead,
+        Query::Timers,
+        Query::Unmatched,
+        Query::Alerts,
+        Query::Conflicts,
+        Query::OptedOut,
+        Query::Spend,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -52,6 +62,7 @@ impl Query {
             Query::Alerts => "alerts",
             Query::Conflicts => "conflicts",
             Query::OptedOut => "opted-out",
+            Query::Spend => "spend",
         }
     }
 
@@ -79,6 +90,7 @@ impl Query {
             Query::Unmatched | Query::Alerts => &["inbox", "before", "limit"],
             Query::Conflicts => &["limit"],
             Query::OptedOut => &["before", "limit"],
+            Query::Spend => &["from", "to", "client", "after", "limit"],
         }
     }
 }
@@ -170,6 +182,18 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// A UTC day, `YYYY-MM-DD`.
+    fn day(&self, name: &str) -> Result<Option<jiff::civil::Date>, BadInput> {
+        self.get(name)
+            .map(|s| {
+                s.parse::<jiff::civil::Date>()
+                    .ok()
+                    .filter(|_| s.len() == 10)
+                    .ok_or_else(|| bad(format!("{name} {:?}: a day, YYYY-MM-DD", clip(s))))
+            })
+            .transpose()
+    }
+
     fn cursor(&self, name: &str) -> Result<Option<RowCursor>, BadInput> {
         self.get(name)
             .map(|s| {
@@ -222,6 +246,7 @@ pub enum Answer {
     /// The loads that lost most races; one page only (`next` is always `None`).
     Conflicts(Page<ConflictLoad>),
     OptedOut(Page<SmsConsent>),
+    Spend(Page<ClientDaySpend>),
 }
 
 impl Answer {
@@ -238,6 +263,7 @@ impl Answer {
             Answer::Alerts(p) => of(p),
             Answer::Conflicts(p) => of(p),
             Answer::OptedOut(p) => of(p),
+            Answer::Spend(p) => of(p),
         }
     }
 
@@ -272,6 +298,7 @@ pub async fn run(
         Query::Alerts => Answer::Alerts(alerts(store, pairs, now).await?),
         Query::Conflicts => Answer::Conflicts(conflicts(store, pairs, now).await?),
         Query::OptedOut => Answer::OptedOut(opted_out(store, pairs, now).await?),
+        Query::Spend => Answer::Spend(spend(store, pairs, now).await?),
     })
 }
 
@@ -386,6 +413,45 @@ pub async fn unmatched(
     Ok(Page { rows, next, now })
 }
 
+/// Days a `spend` query may cover at most.
+pub const MAX_SPEND_DAYS: i64 = 366;
+
+/// What the model calls cost per client and UTC day, from `from` to `to` (default:
+/// today; `from` defaults to `to`), the latest day first, then by client.
+pub async fn spend(
+    store: &dyn Store,
+    pairs: &[(String, String)],
+    now: Timestamp,
+) -> Result<Page<ClientDaySpend>, QueryError> {
+    let p = Params::new(Query::Spend, pairs)?;
+    let limit = p.limit()?;
+    let today = haul_core::spend::day_of(now).parse::<jiff::civil::Date>().map_err(|e| bad(format!("today: {e}")))?;
+    let to = p.day("to")?.unwrap_or(today);
+    let from = p.day("from")?.unwrap_or(to);
+    if from > to {
+        return Err(bad(format!("from {from} is after to {to}")).into());
+    }
+    if (to - from).get_days() as i64 >= MAX_SPEND_DAYS {
+        return Err(bad(format!("from {from} to {to}: at most {MAX_SPEND_DAYS} days at once")).into());
+    }
+    let client = p.get("client");
+    if let Some(c) = client {
+        haul_core::event::validate_client(c).map_err(|e| bad(format!("client: {}", e.message)))?;
+    }
+    let after = match p.get("after") {
+        None => None,
+        Some(s) => {
+            Some(s.split_once('.').filter(|(d, _)| d.parse::<jiff::civil::Date>().is_ok()).ok_or_else(|| {
+                bad(format!("after {:?} is not a cursor this query gave ({{day}}.{{client}})", clip(s)))
+            })?)
+        }
+    };
+    let (from, to) = (from.to_string(), to.to_string());
+    let rows = store.spend_page(&from, &to, client, after, limit).await?;
+    let next = next_of(&rows, limit, |d| format!("{}.{}", d.day, d.client));
+    Ok(Page { rows, next, now })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,6 +472,8 @@ mod tests {
                         "pending_over" | "overdue_over" | "idle_over" | "active_within" => drop(p.duration(name)?),
                         "before" => drop(p.cursor(name)?),
                         "inbox" => drop(p.inbox()?),
+                        "after" if query == Query::Spend => {}
+                        "from" | "to" => drop(p.day(name)?),
                         "after" if query != Query::Loads => drop(p.cursor(name)?),
                         _ => {}
                     }
@@ -435,6 +503,9 @@ mod tests {
         check(Query::Dead, &[("before", "x.y")], Err("not a cursor"));
         check(Query::Unmatched, &[("stage", "x")], Err("one of inbox, before, limit"));
         check(Query::OptedOut, &[("before", "1772434800000.+15555550100"), ("limit", "10")], Ok(()));
+        check(Query::Spend, &[("from", "2026-03-01"), ("to", "2026-03-02"), ("client", "acme")], Ok(()));
+        check(Query::Spend, &[("from", "2026-3-1")], Err("from \"2026-3-1\": a day, YYYY-MM-DD"));
+        check(Query::Spend, &[("to", "yesterday")], Err("to \"yesterday\": a day"));
         check(Query::OptedOut, &[("inbox", "open")], Err("one of before, limit"));
         check(Query::OptedOut, &[("before", "+15555550100")], Err("not a cursor"));
         for state in ["open", "handled", "dismissed", "all"] {

@@ -214,7 +214,7 @@ pub fn from_config(
     let decider: Arc<dyn Decider> = match shadow.decider.kind {
         DeciderKind::Sop => Arc::new(SopDecider { policies: policies.clone() }),
         DeciderKind::Llm => {
-            let d = crate::llm::LlmDecider::from_config(&shadow.decider.llm, policies.clone())
+            let d = crate::llm::LlmDecider::from_config(&shadow.decider.llm, &shadow.clients)
                 .map_err(|e| anyhow::anyhow!("decider.shadow: {e:#}"))?;
             Arc::new(d.masking(&crate::secrets::configured(config, std::iter::empty::<&str>())))
         }

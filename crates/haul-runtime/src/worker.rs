@@ -413,7 +413,17 @@ impl Worker {
         // The run's event and decision, then each settled timer's outcome and noop.
         let pairs: Vec<(&InboundEvent, &Decision)> =
             std::iter::once((event, &p.decision)).chain(settled.iter().map(|(e, d)| (e, d))).collect();
-        let (entries, outbox) = match rows(&msg.load_id, route, &pairs) {
+        // The prompts a model call was given, stored with the decision that names them.
+        let prompts = match &p.decision.llm {
+            Some(u) => self
+                .decider
+                .prompt_texts(&msg.load_id, &p.state, event, p.now)
+                .into_iter()
+                .filter(|(hash, _)| *hash == u.prompt_hash || *hash == u.input_hash)
+                .collect(),
+            None => vec![],
+        };
+        let (entries, outbox) = match rows(&msg.load_id, route, &pairs, prompts) {
             Ok(r) => r,
             Err(e) => return Ok((Happened::Unencodable(e), None)),
         };
@@ -509,6 +519,7 @@ impl Worker {
         }
         metrics::counter!("haul_decisions_total", "decider" => d.decider.clone(), "filtered" => d.filtered.to_string())
             .increment(1);
+        spend_committed(load, &d);
         RunOutcome::Committed { decider: d.decider, filtered: d.filtered, actions: d.actions.len() }
     }
 
@@ -576,16 +587,23 @@ impl Worker {
         // Inside the run's own limit with room to append the fallback, so a late
         // decider ends in a fallback decision, not an abandoned run.
         let limit = self.settings.decider_timeout.min(self.settings.run_timeout.mul_f64(0.8));
-        let why = match tokio::time::timeout(limit, self.decider.decide(load, state, event, now)).await {
-            Err(_) => format!("the {} decider did not answer within {limit:?}", self.decider.name()),
-            Ok(Err(e)) => format!("the {} decider failed: {e:#}", self.decider.name()),
+        // A model that answered spent its tokens even when its answer made no decision:
+        // the fallback records them.
+        let (why, spent) = match tokio::time::timeout(limit, self.decider.decide(load, state, event, now)).await {
+            Err(_) => (format!("the {} decider did not answer within {limit:?}", self.decider.name()), None),
+            Ok(Err(e)) => {
+                let spent = e.downcast_ref::<crate::llm::Spent>().and_then(|s| s.usage.clone());
+                (format!("the {} decider failed: {e:#}", self.decider.name()), spent)
+            }
             Ok(Ok(d)) => match validate_decision(load, state, event, &d) {
                 Ok(()) => return d,
-                Err(why) => format!("the {} decision did not validate: {why}", self.decider.name()),
+                Err(why) => (format!("the {} decision did not validate: {why}", self.decider.name()), d.llm),
             },
         };
         warn!(why, "fallback decision");
-        Decision::fallback(load, &event.event_id, event.kind(), now, &why)
+        let mut fallback = Decision::fallback(load, &event.event_id, event.kind(), now, &why);
+        fallback.llm = spent;
+        fallback
     }
 
     async fn ack(&self, msg: &Received) {
@@ -651,6 +669,38 @@ fn settle_timers(
     route.settled(load, &after, &p.decision, p.now)
 }
 
+/// What a committed decision spent, in the metrics per client and model; the OpsAlert
+/// of the first decision past a budget (once per load, once per client and day).
+fn spend_committed(load: &LoadId, d: &Decision) {
+    if let Some(u) = &d.llm {
+        let client = crate::metrics_label::client(u.client.as_deref());
+        let model = crate::metrics_label::model(&u.model);
+        let labels = |direction: &'static str| {
+            [("client", client.clone()), ("model", model.clone()), ("direction", direction.to_owned())]
+        };
+        metrics::counter!("haul_llm_tokens_total", &labels("input")).increment(u.input_tokens);
+        metrics::counter!("haul_llm_tokens_total", &labels("output")).increment(u.output_tokens);
+        metrics::counter!("haul_llm_cost_micro_usd_total", "client" => client, "model" => model)
+            .increment(u.cost_micro_usd.unwrap_or(0));
+    }
+    if let Some(b) = &d.budget {
+        metrics::counter!("haul_llm_budget_capped_total", "scope" => b.scope.as_str()).increment(1);
+        if b.first {
+            metrics::counter!("haul_ops_alerts_total", "kind" => "llm_budget").increment(1);
+            error!(
+                alert = "llm_budget",
+                load_id = %load,
+                event_id = %d.event_id,
+                scope = b.scope.as_str(),
+                client = b.client.as_deref().unwrap_or(""),
+                limit = b.limit,
+                spent = b.spent,
+                "OpsAlert: {b}; the SOP decides in the model's place"
+            );
+        }
+    }
+}
+
 /// The log entries and the outbox rows of one run from its events and decisions (the
 /// run's own, then each settled timer's outcome and noop): a row for each action the
 /// append does not carry out itself, and the timers it does in its decision's delta.
@@ -658,12 +708,16 @@ fn rows(
     load: &LoadId,
     route: TimerRoute,
     pairs: &[(&InboundEvent, &Decision)],
+    prompts: Vec<(String, String)>,
 ) -> Result<(Vec<NewEntry>, Vec<NewOutboxRow>), String> {
     let mut entries = Vec::with_capacity(2 * pairs.len());
+    let mut prompts = Some(prompts);
     for &(e, d) in pairs {
         let decision = serde_json::to_value(d).map_err(|e| format!("cannot encode the decision: {e}"))?;
         let mut derived = Derived::of_decision(d);
         derived.timers = route.writes(load, d);
+        // The run's own decision (the first) is the one a model made.
+        derived.prompts = prompts.take().unwrap_or_default();
         // Typed here, so what each changes in the load's derived data needs no decoding.
         entries.push(NewEntry {
             entry_id: e.event_id.to_string(),

@@ -5,7 +5,7 @@
 
 use haul_runtime::queries::{Answer, Page};
 use haul_store::ops::{ConflictLoad, DeadRow, LoadSummary, class_name};
-use haul_store::{InboxAlert, InboxMark, InboxSms, SmsConsent, Timer};
+use haul_store::{ClientDaySpend, InboxAlert, InboxMark, InboxSms, SmsConsent, Timer};
 use serde_json::{Value, json};
 
 /// `answer` as the API writes it: the page's rows under the query's list name, and
@@ -19,6 +19,7 @@ pub fn answer_json(answer: &Answer) -> Value {
         Answer::Alerts(p) => json!({"alerts": rows(p, alert), "next_before": p.next}),
         Answer::Conflicts(p) => json!({"loads": rows(p, conflict)}),
         Answer::OptedOut(p) => json!({"opted_out": rows(p, opted_out), "next_before": p.next}),
+        Answer::Spend(p) => json!({"spend": rows(p, spend), "next_after": p.next}),
     }
 }
 
@@ -70,6 +71,20 @@ fn timer(p: &Page<Timer>, t: &Timer) -> Value {
         "fire_at": t.fire_at,
         "overdue_s": p.age_s(t.fire_at),
         "created_at": t.created_at,
+    })
+}
+
+fn spend(_: &Page<ClientDaySpend>, d: &ClientDaySpend) -> Value {
+    let s = &d.spend;
+    json!({
+        "client": (!d.client.is_empty()).then_some(&d.client),
+        "day": d.day,
+        "input_tokens": s.input_tokens,
+        "output_tokens": s.output_tokens,
+        "cost_micro_usd": s.cost_micro_usd,
+        "cost_usd": haul_core::spend::usd(s.cost_micro_usd),
+        "calls": s.calls,
+        "capped_at": d.capped_at,
     })
 }
 

@@ -94,6 +94,7 @@ pub const ROUTES: &[Route] = &[
     api("GET", "/v1/ops/alerts", true, false, || ops(OpsQuery::Alerts)),
     api("GET", "/v1/ops/conflicts", true, false, || ops(OpsQuery::Conflicts)),
     api("GET", "/v1/ops/opted-out", true, false, || ops(OpsQuery::OptedOut)),
+    api("GET", "/v1/ops/spend", true, false, || ops(OpsQuery::Spend)),
 ];
 
 /// The OpenAPI 3.1 document of these routes, served as written.

@@ -118,10 +118,12 @@ pub async fn serve(
     let decider: Option<Arc<dyn haul_runtime::decider::Decider>> = match config.decider.kind {
         DeciderKind::Sop => None,
         DeciderKind::Llm => {
-            let policies = haul_config::policies(&config.clients);
-            let d = haul_runtime::llm::LlmDecider::from_config(&config.decider.llm, policies)?.masking(&secrets);
+            let d = haul_runtime::llm::LlmDecider::from_config(&config.decider.llm, &config.clients)?.masking(&secrets);
             info!(base_url = %d.settings().base_url, model = %d.settings().model, "decider: llm");
-            Some(Arc::new(d))
+            let budgets = config.decider.llm.budgets(&config.clients)?;
+            let sop = haul_runtime::decider::SopDecider { policies: haul_config::policies(&config.clients) };
+            let ledger: Arc<dyn haul_store::SpendLedger> = store.clone();
+            Some(Arc::new(haul_runtime::budget::Budgeted::new(Arc::new(d), sop, budgets, ledger)))
         }
     };
     let (queue, queue_mode) = backends.queue(&store).await?;

@@ -16,10 +16,10 @@ use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease,
     check_takes, claims, conflict_load_row, counted, dead_row, deadline_ms, delivery_receipt, delivery_row,
-    inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row, outbox_row,
-    parse_receipt, queue_message_row, rate_change_row, receipt, record_row, saturated_row, shadow_params, shadow_row,
-    sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_report_row, sms_route, sms_route_load,
-    timer_row, type_count_row, unmatched_sms_row, unsettled_row,
+    inbox_alert_row, inbox_sms_row, llm_spend_row, load_client_row, load_id_row, load_summary_row, ops_alert_row,
+    outbox_row, parse_receipt, prompt_rows, queue_message_row, rate_change_row, receipt, record_row, saturated_row,
+    shadow_params, shadow_row, sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_report_row,
+    sms_route, sms_route_load, spend_rows, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -34,6 +34,7 @@ use haul_store::{
     columns, sms_inbox_state, too_many,
 };
 use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{ClientDaySpend, SpendLedger};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
 use rusqlite::types::FromSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -297,6 +298,29 @@ impl SqliteStore {
                 if let Some((consent, event_id)) = &delta.consent {
                     exec(conn, CONSENT_SET, params![consent.phone, consent.opted_out, event_id, lid, now]).map_err(db)?;
                 }
+                // What its model calls cost the client's day, and their prompts.
+                for d in spend_rows(&delta.spend) {
+                    let s = &d.spend;
+                    let capped_at = d.capped.then_some(now);
+                    exec(
+                        conn,
+                        SPEND_ADD,
+                        params![
+                            d.client,
+                            d.day,
+                            s.input_tokens as i64,
+                            s.output_tokens as i64,
+                            s.cost_micro_usd as i64,
+                            s.calls as i64,
+                            capped_at,
+                            now
+                        ],
+                    )
+                    .map_err(db)?;
+                }
+                for (hash, text) in prompt_rows(&delta.prompts) {
+                    exec(conn, PROMPT_PUT, params![hash, text, now]).map_err(db)?;
+                }
                 if delta.stage.is_some() || !delta.asks_unchanged() {
                     let (mut asks, mut open, mut escalated) = (None, None, None);
                     if !delta.asks_unchanged() {
@@ -360,6 +384,19 @@ impl SqliteStore {
             .await
     }
 }
+
+/// A decision's spend added to its client's day (`?1` client, `?2` day, `?3`-`?6`
+/// input and output tokens, cost, calls, `?7` capped at (NULL: not capped), `?8` now).
+const SPEND_ADD: &str = "INSERT INTO llm_spend AS s (client, day, input_tokens, output_tokens, cost_micro_usd, calls,
+       capped_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+     ON CONFLICT (client, day) DO UPDATE SET input_tokens = s.input_tokens + excluded.input_tokens,
+       output_tokens = s.output_tokens + excluded.output_tokens,
+       cost_micro_usd = s.cost_micro_usd + excluded.cost_micro_usd, calls = s.calls + excluded.calls,
+       capped_at = COALESCE(s.capped_at, excluded.capped_at), updated_at = excluded.updated_at";
+
+/// A prompt, once by its hash (`?1` hash, `?2` text, `?3` now).
+const PROMPT_PUT: &str =
+    "INSERT INTO prompts (hash, text, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (hash) DO NOTHING";
 
 /// What an SMS changed in its phone's consent (`?1` phone, `?2` opted out, `?3`
 /// event, `?4` load or NULL, `?5` now, ms): an opt-out kept until an opt-in clears
@@ -2073,6 +2110,66 @@ impl ShadowStore for SqliteStore {
     ) -> Result<Vec<ShadowDecision>, StoreError> {
         let params = (load_id.to_string(), after.event_seq as i64, after.shadow.clone(), sql_limit(limit));
         self.query_rows(SHADOW_PAGE, params, shadow_row).await
+    }
+}
+
+#[async_trait]
+impl SpendLedger for SqliteStore {
+    async fn client_day_spend(&self, client: &str, day: &str) -> Result<ClientDaySpend, StoreError> {
+        let params = (client.to_owned(), day.to_owned());
+        let rows = self
+            .query_rows(
+                concat!("SELECT ", columns!(llm_spend), " FROM llm_spend WHERE client = ?1 AND day = ?2"),
+                params,
+                llm_spend_row,
+            )
+            .await?;
+        Ok(rows.into_iter().next().unwrap_or_else(|| ClientDaySpend {
+            client: client.to_owned(),
+            day: day.to_owned(),
+            ..ClientDaySpend::default()
+        }))
+    }
+
+    async fn spend_page(
+        &self,
+        from_day: &str,
+        to_day: &str,
+        client: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<ClientDaySpend>, StoreError> {
+        // The first page starts after a position past every row: a day after any.
+        let (after_day, after_client) = after.unwrap_or(("9999-99-99", ""));
+        let params = (
+            from_day.to_owned(),
+            to_day.to_owned(),
+            client.map(str::to_owned),
+            after_day.to_owned(),
+            after_client.to_owned(),
+            sql_limit(limit),
+        );
+        self.query_rows(
+            concat!(
+                "SELECT ",
+                columns!(llm_spend),
+                " FROM llm_spend WHERE day BETWEEN ?1 AND ?2 AND (?3 IS NULL OR client = ?3)
+                   AND (day < ?4 OR (day = ?4 AND client > ?5))
+                 ORDER BY day DESC, client LIMIT CAST(?6 AS INTEGER)"
+            ),
+            params,
+            llm_spend_row,
+        )
+        .await
+    }
+
+    async fn prompt(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        let rows = self
+            .query_rows("SELECT text FROM prompts WHERE hash = ?1", (hash.to_owned(),), |r: &dyn Columns| {
+                r.string(0).map_err(StoreError::from)
+            })
+            .await?;
+        Ok(rows.into_iter().next())
     }
 }
 

@@ -64,6 +64,9 @@ const MIGRATIONS: &[Migration] = &[
     // A new table only: a haul of schema 19 runs beside, sending without the cap on
     // sends in flight until it is stopped.
     Migration::new(20, include_str!("../migrations/0020_send_slots.sql")).readable_by(19),
+    // New tables only: a haul of schema 20 runs beside (its LLM decisions are not
+    // added to the clients' day spend, and keep no prompts).
+    Migration::new(21, include_str!("../migrations/0021_llm_spend.sql")).readable_by(20),
 ];
 
 /// The newest schema version this build knows.

@@ -196,6 +196,9 @@ macro_rules! columns {
     (conflict_load) => {
         "load_id, conflicts, last_conflict_at"
     };
+    (llm_spend) => {
+        "client, day, input_tokens, output_tokens, cost_micro_usd, calls, capped_at"
+    };
     (rate_change) => {
         "request_id, channel, rate, burst, actor, reason, changed_at"
     };
@@ -331,6 +334,55 @@ pub fn shadow_params(
         to_ms(d.decided_at),
         to_ms(d.recorded_at),
     )
+}
+
+/// A row of `columns!(llm_spend)`.
+pub fn llm_spend_row(r: &dyn Columns) -> Result<crate::ClientDaySpend, StoreError> {
+    let count = |i: usize, name: &'static str| -> Result<u64, StoreError> {
+        let v = r.i64(i)?;
+        u64::try_from(v).map_err(|_| CorruptRowError::value(name, &v.to_string()).into())
+    };
+    Ok(crate::ClientDaySpend {
+        client: r.string(0)?,
+        day: r.string(1)?,
+        spend: haul_core::spend::Spend {
+            input_tokens: count(2, "input_tokens")?,
+            output_tokens: count(3, "output_tokens")?,
+            cost_micro_usd: count(4, "cost_micro_usd")?,
+            calls: count(5, "calls")?,
+        },
+        capped_at: r.opt_i64(6)?.map(from_ms),
+    })
+}
+
+/// `client`'s day spend as merged for one statement: one row per (client, day), in
+/// the order first seen (one statement cannot change a row twice).
+pub fn spend_rows(deltas: &[haul_core::derived::SpendDelta]) -> Vec<haul_core::derived::SpendDelta> {
+    let mut out: Vec<haul_core::derived::SpendDelta> = Vec::with_capacity(deltas.len());
+    for d in deltas {
+        match out.iter_mut().find(|o| o.client == d.client && o.day == d.day) {
+            Some(o) => {
+                o.spend.input_tokens = o.spend.input_tokens.saturating_add(d.spend.input_tokens);
+                o.spend.output_tokens = o.spend.output_tokens.saturating_add(d.spend.output_tokens);
+                o.spend.cost_micro_usd = o.spend.cost_micro_usd.saturating_add(d.spend.cost_micro_usd);
+                o.spend.calls = o.spend.calls.saturating_add(d.spend.calls);
+                o.capped |= d.capped;
+            }
+            None => out.push(d.clone()),
+        }
+    }
+    out
+}
+
+/// The prompts of an append, each hash once.
+pub fn prompt_rows(prompts: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        if !out.iter().any(|o| o.0 == p.0) {
+            out.push(p.clone());
+        }
+    }
+    out
 }
 
 /// A row of `columns!(ops_alert)`.

@@ -13,7 +13,7 @@ use haul_core::action::ActionType;
 use haul_core::dispatch::{Alert, AlertKind};
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::{
     AlertState, AppendError, Claim, ClaimCursor, ClaimError, ClaimTake, InboxAlert, InboxCounts, InboxMark, NewEntry,
@@ -73,6 +73,7 @@ macro_rules! contract_tests {
             a_loads_client_is_kept_with_its_facts,
             unmatched_sms_is_kept_once,
             the_consent_ledger_keeps_each_phones_last_stop_or_start,
+            model_spend_is_added_to_its_clients_day_with_its_prompts,
             delivery_reports_are_kept_once_per_message_and_status,
             message_sids_are_taken_once_across_loads,
             racing_claims_of_one_message_sid_have_one_winner,
@@ -1561,6 +1562,100 @@ pub async fn the_consent_ledger_keeps_each_phones_last_stop_or_start(s: DynStore
     // Opted out again: the new STOP is the one kept.
     append("L2", 6, sms("e4", a, "UNSUBSCRIBE"), 9).await;
     assert_eq!(opted(&[a]).await, vec![kept(a, "e4", Some("L2"), 9)]);
+}
+
+/// An LLM decision's append adds its tokens and cost to its client's UTC day and keeps
+/// its prompts once by hash, in its transaction (a refused append adds nothing); a
+/// decision that found the day's budget spent marks the day capped, the first time
+/// kept. Days read back one by one and in pages, the latest day first.
+pub async fn model_spend_is_added_to_its_clients_day_with_its_prompts(s: DynStore) {
+    let decision = |id: &str, llm: Value, budget: Value, prompts: &[(&str, &str)]| {
+        let mut payload = json!({"decision_id": format!("dec:{id}"), "event_id": id, "decided_at": "2026-03-02T07:00:00Z",
+            "decider": "llm:m", "filtered": false, "needs_hero_task": false, "rationale": "r", "actions": []});
+        if !llm.is_null() {
+            payload["llm"] = llm;
+        }
+        if !budget.is_null() {
+            payload["budget"] = budget;
+        }
+        let mut e = NewEntry::stored(format!("dec:{id}"), "decision_recorded", payload);
+        e.derived.prompts = prompts.iter().map(|(h, t)| (h.to_string(), t.to_string())).collect();
+        e
+    };
+    let usage = |client: Option<&str>, input: u64, output: u64, cost: u64| {
+        let mut u = json!({"model": "m", "input_tokens": input, "output_tokens": output, "cost_micro_usd": cost,
+            "prompt_hash": "h-sys", "input_hash": "h-in"});
+        if let Some(c) = client {
+            u["client"] = json!(c);
+        }
+        u
+    };
+    let append = async |l: &str, v: u64, id: &str, d: NewEntry, t: u64| {
+        let mut d = d;
+        if t >= 86_400 {
+            // decided the next day
+            d.payload["decided_at"] = json!("2026-03-03T07:00:00Z");
+            d = NewEntry::stored(d.entry_id.clone(), d.kind.clone(), d.payload.clone());
+        }
+        s.append(&load(l), vec![entry(id), d], v, vec![], at(t)).await
+    };
+    let day = async |client: &str, day: &str| {
+        let d = s.client_day_spend(client, day).await.unwrap();
+        (d.spend.input_tokens, d.spend.output_tokens, d.spend.cost_micro_usd, d.spend.calls, d.capped_at)
+    };
+    assert_eq!(day("acme", "2026-03-02").await, (0, 0, 0, 0, None), "no spend yet");
+
+    append(
+        "L1",
+        0,
+        "e1",
+        decision("e1", usage(Some("acme"), 100, 20, 500), Value::Null, &[("h-sys", "system"), ("h-in1", "input 1")]),
+        1,
+    )
+    .await
+    .unwrap();
+    append(
+        "L2",
+        0,
+        "e1",
+        decision("e1", usage(Some("acme"), 10, 2, 50), Value::Null, &[("h-sys", "other text"), ("h-in2", "input 2")]),
+        2,
+    )
+    .await
+    .unwrap();
+    append("L3", 0, "e1", decision("e1", usage(None, 7, 1, 3), Value::Null, &[]), 3).await.unwrap();
+    // A refused append (a stale version) adds nothing and keeps no prompt.
+    let refused =
+        append("L1", 0, "e9", decision("e9", usage(Some("acme"), 1000, 0, 9999), Value::Null, &[("h-in9", "x")]), 4)
+            .await;
+    assert!(matches!(refused, Err(AppendError::ConcurrencyConflict(_))), "{refused:?}");
+    assert_eq!(day("acme", "2026-03-02").await, (110, 22, 550, 2, None));
+    assert_eq!(day("", "2026-03-02").await, (7, 1, 3, 1, None), "a load without a client: ''");
+    assert_eq!(s.prompt("h-sys").await.unwrap().as_deref(), Some("system"), "the first text of a hash is kept");
+    assert_eq!(s.prompt("h-in2").await.unwrap().as_deref(), Some("input 2"));
+    assert_eq!(s.prompt("h-in9").await.unwrap(), None);
+
+    // The budget found spent: the day is capped, at the first decision that said so.
+    let capped =
+        json!({"scope": "client_day", "client": "acme", "unit": "tokens", "limit": 100, "spent": 132, "first": true});
+    append("L1", 2, "e2", decision("e2", Value::Null, capped.clone(), &[]), 5).await.unwrap();
+    append("L2", 2, "e2", decision("e2", Value::Null, capped, &[]), 6).await.unwrap();
+    assert_eq!(day("acme", "2026-03-02").await, (110, 22, 550, 2, Some(at(5))));
+    // The next day starts at zero.
+    append("L1", 4, "e3", decision("e3", usage(Some("acme"), 1, 1, 1), Value::Null, &[]), 86_400).await.unwrap();
+    assert_eq!(day("acme", "2026-03-03").await, (1, 1, 1, 1, None));
+
+    let page = async |client: Option<&str>, after: Option<(&str, &str)>, limit: usize| {
+        let got = s.spend_page("2026-03-01", "2026-03-03", client, after, limit).await.unwrap();
+        got.into_iter().map(|d| (d.day, d.client)).collect::<Vec<_>>()
+    };
+    let kept = |d: &str, c: &str| (d.to_owned(), c.to_owned());
+    let all = vec![kept("2026-03-03", "acme"), kept("2026-03-02", ""), kept("2026-03-02", "acme")];
+    assert_eq!(page(None, None, 10).await, all);
+    assert_eq!(page(None, None, 2).await, all[..2].to_vec());
+    assert_eq!(page(None, Some(("2026-03-02", "")), 10).await, all[2..].to_vec());
+    assert_eq!(page(Some("acme"), None, 10).await, vec![all[0].clone(), all[2].clone()]);
+    assert!(s.spend_page("2026-03-04", "2026-03-09", None, None, 10).await.unwrap().is_empty());
 }
 
 /// Delivery reports: kept once per message and status (Twilio repeats them), read back

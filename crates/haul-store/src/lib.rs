@@ -323,6 +323,45 @@ pub trait ShadowStore: Send + Sync {
 }
 
 // ---------------------------------------------------------------------------------
+// What the agent's model calls cost.
+
+/// One client's spend on one UTC day (`client` empty: loads without a client).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientDaySpend {
+    pub client: String,
+    pub day: String,
+    #[serde(flatten)]
+    pub spend: haul_core::spend::Spend,
+    /// When a decision first found the client's day budget spent.
+    pub capped_at: Option<Timestamp>,
+}
+
+/// The clients' spend per day and the prompts, both written by appends
+/// (`Derived::spend`, `Derived::prompts`); read by the budget check, `haul query
+/// spend` and the timeline.
+#[async_trait]
+pub trait SpendLedger: Send + Sync {
+    /// `client`'s spend on `day` (`YYYY-MM-DD`); all zero when it has none.
+    async fn client_day_spend(&self, client: &str, day: &str) -> Result<ClientDaySpend, StoreError>;
+
+    /// The clients' spend on the days from `from_day` to `to_day` (inclusive), of
+    /// `client` only when given: the latest day first, then by client, after the
+    /// position `after` names (`(day, client)` of the previous page's last), at most
+    /// `limit`.
+    async fn spend_page(
+        &self,
+        from_day: &str,
+        to_day: &str,
+        client: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<ClientDaySpend>, StoreError>;
+
+    /// The prompt text stored under `hash`.
+    async fn prompt(&self, hash: &str) -> Result<Option<String>, StoreError>;
+}
+
+// ---------------------------------------------------------------------------------
 // Pages of one load's outbox rows and timers.
 
 /// Where a page of a load's outbox rows or timers starts: after the position of a row
@@ -1376,6 +1415,7 @@ pub trait Store:
     + LoadIndex
     + OpsQueries
     + ShadowStore
+    + SpendLedger
     + EdgeStore
     + Prune
     + Send
@@ -1395,6 +1435,7 @@ impl<
         + LoadIndex
         + OpsQueries
         + ShadowStore
+        + SpendLedger
         + EdgeStore
         + Prune
         + Send

@@ -699,6 +699,25 @@ pub enum QueryCommand {
         #[command(flatten)]
         args: QueryArgs,
     },
+    /// What the agent's model calls cost per client and UTC day (tokens in and out,
+    /// dollars by decider.llm.prices, calls), the latest day first; a day whose budget
+    /// was spent says when.
+    Spend {
+        #[command(flatten)]
+        args: QueryArgs,
+        /// The first day, YYYY-MM-DD (default: the last day).
+        #[arg(long, value_name = "DAY")]
+        from: Option<String>,
+        /// The last day, YYYY-MM-DD (default: today, UTC).
+        #[arg(long, value_name = "DAY")]
+        to: Option<String>,
+        /// One client's days only.
+        #[arg(long, value_name = "NAME")]
+        client: Option<String>,
+        /// The page after this cursor (the previous page's next).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+    },
 }
 
 impl QueryCommand {
@@ -763,6 +782,13 @@ impl QueryCommand {
                 (Query::OptedOut, args)
             }
             QueryCommand::Conflicts { args } => (Query::Conflicts, args),
+            QueryCommand::Spend { args, from, to, client, after } => {
+                opt("from", from);
+                opt("to", to);
+                opt("client", client);
+                opt("after", after);
+                (Query::Spend, args)
+            }
         };
         opt("limit", args.limit.clone());
         (query, args, pairs)

@@ -394,6 +394,24 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
                 format!("{}  {} conflicts, the last {} ago", c.load_id, c.conflicts, ago(p.age_s(c.last_conflict_at)))
             })
             .collect(),
+        Answer::Spend(p) => p
+            .rows
+            .iter()
+            .map(|d| {
+                let s = &d.spend;
+                format!(
+                    "{}  {}  {} calls  {} tokens ({} in, {} out)  {}{}",
+                    d.day,
+                    if d.client.is_empty() { "(no client)" } else { d.client.as_str() },
+                    s.calls,
+                    s.tokens(),
+                    s.input_tokens,
+                    s.output_tokens,
+                    haul_core::spend::usd(s.cost_micro_usd),
+                    d.capped_at.map(|t| format!("  BUDGET SPENT at {t}: the SOP decided after")).unwrap_or_default()
+                )
+            })
+            .collect(),
     };
     for line in &lines {
         say(line);
@@ -406,6 +424,7 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
         Query::Alerts => ("--before", "no OpsAlert raised (within retention)"),
         Query::Conflicts => ("", "no load has had a conflict"),
         Query::OptedOut => ("--before", "no phone is opted out of SMS"),
+        Query::Spend => ("--after", "no model call was made on these days"),
     };
     match (answer.is_empty(), answer.next()) {
         (true, None) => say(empty),

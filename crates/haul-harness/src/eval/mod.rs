@@ -380,8 +380,18 @@ impl Run {
                 };
                 config.decider.kind = haul_config::DeciderKind::Llm;
                 config.decider.llm.timeout = answers.timeout;
+                let model = Arc::new(LlmDecider::new(settings, haul_config::policies(&s.clients))?);
+                // A client's `llm_budget` binds as in `serve`; the recorded model has no
+                // price, so only token budgets can.
+                let budgets = config.decider.llm.budgets(&s.clients)?;
+                if budgets.any_money() {
+                    anyhow::bail!(
+                        "clients.*.llm_budget.usd_per_day: the recorded model has no price; use tokens_per_day"
+                    );
+                }
+                let sop = haul_runtime::decider::SopDecider { policies: haul_config::policies(&s.clients) };
                 let d: Arc<dyn haul_runtime::decider::Decider> =
-                    Arc::new(LlmDecider::new(settings, haul_config::policies(&s.clients))?);
+                    Arc::new(haul_runtime::budget::Budgeted::new(model, sop, budgets, store.clone()));
                 (Some(server), Some(d))
             }
         };

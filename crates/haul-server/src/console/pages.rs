@@ -493,6 +493,21 @@ fn decision_items(out: &mut String, d: &Decision, actions: &[(&Action, Carried)]
         esc(&d.decider),
         esc(&d.rationale)
     );
+    if let Some(u) = &d.llm {
+        // Which model and prompt decided, and what it cost: the prompts' texts are in
+        // the store by these hashes.
+        let version = u.model_version.as_deref().map(|v| format!(" ({})", esc(v))).unwrap_or_default();
+        let cost = u.cost_micro_usd.map(|c| format!(", {}", esc(&haul_core::spend::usd(c)))).unwrap_or_default();
+        let _ = write!(
+            out,
+            "<p class=\"sub llm\">Model {}{version}: {} tokens in, {} out{cost} · prompt <code>{}</code> · input <code>{}</code></p>",
+            esc(&u.model),
+            u.input_tokens,
+            u.output_tokens,
+            esc(&u.prompt_hash.chars().take(12).collect::<String>()),
+            esc(&u.input_hash.chars().take(12).collect::<String>()),
+        );
+    }
     if d.actions.is_empty() {
         out.push_str("<p class=\"sub\">No action.</p>");
     } else {
@@ -742,6 +757,20 @@ pub fn summary(ctx: &Ctx, v: &LoadView, new_request: &mut dyn FnMut() -> String)
         dash(&s.next_stop),
         v.version,
     );
+    // What the load's model calls cost over its life (a fold of its log).
+    let spend = &s.spend;
+    if !spend.is_zero() {
+        let _ = write!(
+            body,
+            "<p class=\"spend\">Model spend: {} call(s), {} tokens ({} in, {} out), {}{}</p>",
+            spend.spend.calls,
+            spend.spend.tokens(),
+            spend.spend.input_tokens,
+            spend.spend.output_tokens,
+            esc(&haul_core::spend::usd(spend.spend.cost_micro_usd)),
+            if spend.capped { ". Its LLM budget is spent: the SOP decides for it now." } else { "" }
+        );
+    }
     if let Some(o) = &s.sms_opt_out {
         let since = o.at.map(time).unwrap_or_else(|| "–".into());
         let _ = write!(
