@@ -387,4 +387,21 @@ mod tests {
         check(&[decision(1, json!({"budget": budget("load")}))], (0, 0, 0, 0, true));
         assert!(project(&[]).spend.is_zero());
     }
+
+    /// A call is charged to the load's client, or to the one its own event gives it.
+    #[test]
+    fn a_call_is_charged_to_the_client_the_event_gives_or_the_loads() {
+        let event =
+            |body: serde_json::Value| InboundEvent::from_json(crate::ids::LoadId::parse("L1").unwrap(), body).unwrap();
+        let update = event(json!({"event_id": "u1", "kind": "load_update", "client": "new"}));
+        let no_client = event(json!({"event_id": "u2", "kind": "load_update", "stage": "in_transit"}));
+        let check = |client: Option<&str>, e: &InboundEvent, want: Option<&str>| {
+            let s = LoadState { client: client.map(str::to_owned), ..LoadState::default() };
+            assert_eq!(s.charged_client(e).as_deref(), want, "{client:?} {e:?}");
+        };
+        check(Some("old"), &update, Some("new"));
+        check(None, &update, Some("new"));
+        check(Some("old"), &no_client, Some("old"));
+        check(None, &no_client, None);
+    }
 }

@@ -258,6 +258,103 @@ async fn a_failing_decider_gives_the_fallback_and_the_filter_does_not_ask_it() {
     assert_eq!(rig.row("L1", "create_hero_task").await.id, "L1/load:init/create_hero_task:fallback");
 }
 
+/// A model's decider with its costs: the init decided (SOP actions) at 100 tokens; the
+/// 07:00 ping answered with no decision at 200; the 08:00 ping answered with an SMS to
+/// a stranger at 300. Its prompt texts name one text no decision refers to.
+struct Metered;
+
+fn metered_usage(event: &InboundEvent, input_tokens: u64) -> haul_core::spend::LlmUsage {
+    haul_core::spend::LlmUsage {
+        model: "m".into(),
+        model_version: None,
+        input_tokens,
+        output_tokens: 1,
+        cost_micro_usd: Some(input_tokens),
+        finish_reason: Some("tool_calls".into()),
+        prompt_hash: "h-fixed".into(),
+        input_hash: format!("h-{}", event.event_id),
+        client: None,
+    }
+}
+
+#[async_trait]
+impl Decider for Metered {
+    fn name(&self) -> String {
+        "llm:m".into()
+    }
+    async fn decide(&self, l: &LoadId, s: &LoadState, e: &InboundEvent, now: Timestamp) -> anyhow::Result<Decision> {
+        match e.event_id.as_str() {
+            "ping_0700" => Err(haul_runtime::llm::Spent {
+                error: haul_runtime::llm::LlmError::Refusal("no".into()),
+                usage: Some(metered_usage(e, 200)),
+            }
+            .into()),
+            "ping_0800" => {
+                let action = haul_core::Action {
+                    key: format!("{l}/ping_0800/send_sms:x"),
+                    kind: haul_core::ActionKind::SendSms { to: "+15555550199".into(), body: "hi".into() },
+                    ask_id: None,
+                    step: None,
+                    requeue_of: None,
+                };
+                let mut d = Decision::new(&e.event_id, now, "llm:m", vec![action], vec![], "text a stranger");
+                d.llm = Some(metered_usage(e, 300));
+                Ok(d)
+            }
+            _ => {
+                let mut d = sop().decide(l, s, e, now).await?;
+                d.decider = "llm:m".into();
+                d.llm = Some(metered_usage(e, 100));
+                Ok(d)
+            }
+        }
+    }
+    fn prompt_texts(&self, _: &LoadId, _: &LoadState, e: &InboundEvent, _: Timestamp) -> Vec<(String, String)> {
+        vec![
+            ("h-fixed".into(), "the fixed part".into()),
+            (format!("h-{}", e.event_id), format!("the input of {}", e.event_id)),
+            ("h-other".into(), "named by no decision".into()),
+        ]
+    }
+}
+
+/// A model call's cost is recorded with its decision, and with the fallback when its
+/// answer made no decision (it spent the tokens all the same); the prompts a decision
+/// names are stored with it, and no other.
+#[tokio::test]
+async fn what_a_model_call_cost_is_recorded_even_when_it_falls_back() {
+    let rig = Rig::new().await;
+    let worker = rig.worker_with(Arc::new(Metered), WorkerSettings::default(), Faults::default());
+    rig.publish("L1", init()).await;
+    rig.publish("L1", ping("ping_0700")).await;
+    rig.publish("L1", ping("ping_0800")).await;
+    rig.settle(&worker).await;
+    let decisions: Vec<(String, Option<u64>)> = rig
+        .log("L1")
+        .await
+        .into_iter()
+        .filter_map(|r| match r.entry {
+            haul_core::log::Entry::Decision(d) if !d.filtered => Some((d.decider, d.llm.map(|u| u.input_tokens))),
+            _ => None,
+        })
+        .collect();
+    let want = [("llm:m", Some(100)), ("fallback", Some(200)), ("fallback", Some(300))];
+    assert_eq!(decisions, want.map(|(d, t)| (d.to_owned(), t)));
+    let spend = haul_core::project(&rig.log("L1").await).spend.spend;
+    assert_eq!((spend.input_tokens, spend.cost_micro_usd, spend.calls), (600, 600, 3));
+    for (hash, text) in [
+        ("h-fixed", Some("the fixed part")),
+        ("h-load:init", Some("the input of load:init")),
+        ("h-ping_0700", Some("the input of ping_0700")),
+        ("h-ping_0800", Some("the input of ping_0800")),
+        ("h-other", None),
+    ] {
+        assert_eq!(rig.store.prompt(hash).await.unwrap().as_deref(), text, "{hash}");
+    }
+    let day = rig.store.client_day_spend("", "2026-03-02").await.unwrap();
+    assert_eq!((day.spend.input_tokens, day.spend.calls), (600, 3));
+}
+
 #[tokio::test]
 async fn an_operator_decision_that_does_not_validate_gives_the_fallback() {
     let rig = Rig::new().await;
