@@ -202,11 +202,16 @@ async fn bad_queries_are_400_and_the_token_comes_first(backend: Backend) {
         "/v1/ops/alerts?limit=x",
         "/v1/ops/conflicts?before=1.x",
         "/v1/ops/conflicts?limit=501",
+        "/v1/ops/spend?from=2026-03-03&to=2026-03-02",
+        "/v1/ops/spend?to=03/02/2026",
+        "/v1/ops/spend?from=2025-01-01&to=2026-03-02",
+        "/v1/ops/spend?client=a%20b",
+        "/v1/ops/spend?after=nope",
     ] {
         let (status, v, _) = a.get(q).await;
         assert_eq!((status, v["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("bad_query")), "{q}: {v}");
     }
-    for q in ["loads", "dead", "timers", "unmatched", "alerts", "conflicts"] {
+    for q in ["loads", "dead", "timers", "unmatched", "alerts", "conflicts", "spend"] {
         let resp = a.client.get(format!("{}/v1/ops/{q}?limit=0", a.base)).send().await.unwrap();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{q}");
     }
@@ -317,8 +322,47 @@ async fn each_answer_keeps_every_field(backend: Backend) {
     assert_eq!(Value::Object(got), want);
 }
 
+/// The spend query: each client's UTC day of model calls, the latest day first, today
+/// (the API's clock) by default; the next page's cursor; a client's days only.
+async fn the_spend_query_answers_each_clients_day(backend: Backend) {
+    let a = api(backend).await;
+    let usage = |client: &str, input: u64| {
+        json!({"model": "m", "input_tokens": input, "output_tokens": 10, "cost_micro_usd": input * 2,
+               "prompt_hash": "p", "input_hash": "i", "client": client})
+    };
+    let decision = |id: &str, day: &str, llm: Value| {
+        let payload = json!({"decision_id": format!("dec:{id}"), "event_id": id, "decided_at": format!("{day}T06:00:00Z"),
+            "decider": "llm:m", "filtered": false, "needs_hero_task": false, "rationale": "r", "actions": [], "llm": llm});
+        NewEntry::stored(format!("dec:{id}"), "decision_recorded", payload)
+    };
+    let event = |id: &str| NewEntry::stored(id, "location_ping", json!({}));
+    let l = LoadId::parse("L1").unwrap();
+    let entries = vec![
+        event("p1"),
+        decision("p1", "2026-03-01", usage("acme", 100)),
+        event("p2"),
+        decision("p2", "2026-03-02", usage("acme", 50)),
+        event("p3"),
+        decision("p3", "2026-03-02", usage("beta", 7)),
+    ];
+    a.store.append(&l, entries, 0, vec![], t(0)).await.unwrap();
+    let today = ok(&a, "/v1/ops/spend").await;
+    let day = |client: &str, day: &str, input: u64| {
+        json!({"client": client, "day": day, "input_tokens": input, "output_tokens": 10, "cost_micro_usd": input * 2,
+               "cost_usd": format!("$0.{:06}", input * 2), "calls": 1, "capped_at": null})
+    };
+    assert_eq!(today, json!({"spend": [day("acme", "2026-03-02", 50), day("beta", "2026-03-02", 7)], "next_after": null}));
+    let first = ok(&a, "/v1/ops/spend?from=2026-03-01&limit=2").await;
+    assert_eq!(first["next_after"], "2026-03-02.beta");
+    let rest = ok(&a, "/v1/ops/spend?from=2026-03-01&after=2026-03-02.beta").await;
+    assert_eq!(rest, json!({"spend": [day("acme", "2026-03-01", 100)], "next_after": null}));
+    let acme = ok(&a, "/v1/ops/spend?from=2026-02-01&to=2026-03-01&client=acme").await;
+    assert_eq!(acme["spend"].as_array().map(Vec::len), Some(1));
+}
+
 on_both_backends!(
     the_queries_filter_and_page,
     bad_queries_are_400_and_the_token_comes_first,
-    each_answer_keeps_every_field
+    each_answer_keeps_every_field,
+    the_spend_query_answers_each_clients_day
 );
