@@ -351,7 +351,10 @@ async fn the_spend_query_answers_each_clients_day(backend: Backend) {
         json!({"client": client, "day": day, "input_tokens": input, "output_tokens": 10, "cost_micro_usd": input * 2,
                "cost_usd": format!("$0.{:06}", input * 2), "calls": 1, "capped_at": null})
     };
-    assert_eq!(today, json!({"spend": [day("acme", "2026-03-02", 50), day("beta", "2026-03-02", 7)], "next_after": null}));
+    assert_eq!(
+        today,
+        json!({"spend": [day("acme", "2026-03-02", 50), day("beta", "2026-03-02", 7)], "next_after": null})
+    );
     let first = ok(&a, "/v1/ops/spend?from=2026-03-01&limit=2").await;
     assert_eq!(first["next_after"], "2026-03-02.beta");
     let rest = ok(&a, "/v1/ops/spend?from=2026-03-01&after=2026-03-02.beta").await;

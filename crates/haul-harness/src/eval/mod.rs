@@ -891,6 +891,12 @@ fn check_decision(want: &scenario::DecisionExpect, got: &Decision) -> Result<(),
             return Err(format!("expected actions {want_types:?}, got {got_types:?}"));
         }
     }
+    if let Some(budget) = &want.budget {
+        let got_budget = got.budget.as_ref().map_or("none", |b| b.scope.as_str());
+        if got_budget != budget {
+            return Err(format!("expected budget {budget:?}, got {got_budget:?}"));
+        }
+    }
     if let Some(inbox) = &want.inbox {
         let mut want_rows = inbox.clone();
         want_rows.sort();

@@ -280,6 +280,9 @@ pub struct DecisionExpect {
     pub actions: Option<Vec<String>>,
     /// The dead rows it took out of the inbox: `{ outbox_id, state }` (order ignored).
     pub inbox: Option<Vec<InboxExpect>>,
+    /// The LLM budget it found spent (`load` or `client_day`), or `none`: the SOP
+    /// decided in the model's place.
+    pub budget: Option<String>,
 }
 
 /// A dead row a decision took out of the inbox, and how (`handled` or `dismissed`).
