@@ -207,17 +207,17 @@ impl LlmDecider {
             .map_err(Spent::nothing)?;
         let completion: Completion = serde_json::from_slice(&answer)
             .map_err(|e| Spent::nothing(LlmError::Malformed(self.clip(&e.to_string()))))?;
-        let model_version = completion.model.clone();
-        let tokens = completion.usage.unwrap_or_default();
+        let model_version = completion.model();
+        let (input_tokens, output_tokens) = completion.tokens();
         let Some(choice) = completion.choices.into_iter().next() else {
             return Err(Spent::nothing(LlmError::Malformed("no choices".into())));
         };
         let usage = LlmUsage {
             model: self.settings.model.clone(),
             model_version: model_version.filter(|m| !m.is_empty() && *m != self.settings.model),
-            input_tokens: tokens.prompt_tokens,
-            output_tokens: tokens.completion_tokens,
-            cost_micro_usd: self.price.map(|p| p.cost_micro_usd(tokens.prompt_tokens, tokens.completion_tokens)),
+            input_tokens,
+            output_tokens,
+            cost_micro_usd: self.price.map(|p| p.cost_micro_usd(input_tokens, output_tokens)),
             finish_reason: choice.finish_reason.clone(),
             prompt_hash: self.fixed.0.clone(),
             input_hash,
@@ -430,20 +430,29 @@ impl Decider for LlmDecider {
 #[derive(Deserialize)]
 struct Completion {
     choices: Vec<Choice>,
+    /// Read leniently, as `usage` is: an odd value here does not cost the decision.
     #[serde(default)]
-    model: Option<String>,
+    model: Value,
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Value,
 }
 
-/// The answer's token counts (absent from some servers: then 0).
-#[derive(Default, Deserialize)]
-struct WireUsage {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
+impl Completion {
+    /// The model the answer names, when it names one in text.
+    fn model(&self) -> Option<String> {
+        self.model.as_str().map(|m| m.chars().take(MAX_MODEL_CHARS).collect())
+    }
+
+    /// The answer's token counts: 0 for a count absent or not a whole number (some
+    /// servers send none; a decision is not lost over its bill).
+    fn tokens(&self) -> (u64, u64) {
+        let count = |name: &str| self.usage.get(name).and_then(Value::as_u64).unwrap_or(0);
+        (count("prompt_tokens"), count("completion_tokens"))
+    }
 }
+
+/// Longest model name recorded from an answer.
+const MAX_MODEL_CHARS: usize = 100;
 
 #[derive(Deserialize)]
 struct Choice {
@@ -477,6 +486,31 @@ struct WireFunction {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bill that does not read costs 0 tokens, not the decision.
+    #[test]
+    fn odd_usage_and_model_fields_read_as_nothing() {
+        let check = |body: Value, want: ((u64, u64), Option<&str>)| {
+            let c: Completion = serde_json::from_value(body.clone()).unwrap();
+            assert_eq!((c.tokens(), c.model().as_deref()), want, "{body}");
+        };
+        let with = |extra: Value| {
+            let mut b = json!({"choices": []});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            b
+        };
+        check(with(json!({})), ((0, 0), None));
+        check(
+            with(json!({"usage": {"prompt_tokens": 12, "completion_tokens": 3}, "model": "m-1"})),
+            ((12, 3), Some("m-1")),
+        );
+        check(with(json!({"usage": {"prompt_tokens": 1.5, "completion_tokens": -3}, "model": 7})), ((0, 0), None));
+        check(with(json!({"usage": "lots", "model": null})), ((0, 0), None));
+        let long = "m".repeat(500);
+        check(with(json!({"model": long})), ((0, 0), Some(&"m".repeat(MAX_MODEL_CHARS)[..])));
+    }
 
     #[test]
     fn debug_hides_the_key() {

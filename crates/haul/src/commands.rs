@@ -400,7 +400,7 @@ async fn query(q: QueryCommand) -> anyhow::Result<ExitCode> {
             .map(|d| {
                 let s = &d.spend;
                 format!(
-                    "{}  {}  {} calls  {} tokens ({} in, {} out)  {}{}",
+                    "{}  {}  {} call(s)  {} tokens ({} in, {} out)  {}{}",
                     d.day,
                     if d.client.is_empty() { "(no client)" } else { d.client.as_str() },
                     s.calls,
