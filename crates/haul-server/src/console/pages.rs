@@ -1373,7 +1373,23 @@ mod tests {
         };
         let sms_id = EventId::parse("sms_1").unwrap();
         let sms = InboundSms { from: "+15555550100".into(), body: HOSTILE.into() };
-        let decision = Decision::new(&sms_id, t, "llm:m", vec![hero_task.clone()], vec![], HOSTILE);
+        let mut decision = Decision::new(&sms_id, t, "llm:m", vec![hero_task.clone()], vec![], HOSTILE);
+        // The model's version comes from the model's endpoint: shown as text too.
+        let usage = haul_core::spend::LlmUsage {
+            model: "m".into(),
+            model_version: Some(HOSTILE.into()),
+            input_tokens: 1200,
+            output_tokens: 80,
+            cost_micro_usd: Some(3040),
+            finish_reason: None,
+            prompt_hash: "a".repeat(64),
+            input_hash: "b".repeat(64),
+            client: None,
+        };
+        decision.llm = Some(usage.clone());
+        let mut spent = LoadState::default();
+        spent.spend.spend.add(&usage);
+        spent.spend.capped = true;
         let requeue = OperatorAction {
             actor: "ana".into(),
             reason: HOSTILE.into(),
@@ -1382,7 +1398,7 @@ mod tests {
         let view = LoadView {
             load_id: load_id.clone(),
             version: 4,
-            state: StateView::of(&LoadState::default()),
+            state: StateView::of(&spent),
             log: vec![
                 record(1, Entry::Event { event_id: sms_id.clone(), body: EventBody::InboundSms(sms) }),
                 record(2, Entry::Decision(decision)),
@@ -1453,6 +1469,11 @@ mod tests {
         assert_inert(&page);
         assert!(page.contains("s-undelivered\">undelivered</span> (error 30006)"), "the row's delivery report");
         assert!(page.contains("***0100") && !page.contains("+15555550100"), "phones are masked");
+        // What the load's model calls cost, and each decision's call.
+        assert!(
+            page.contains("Model spend: 1 call(s), 1280 tokens (1200 in, 80 out), $0.003040. Its LLM budget is spent")
+        );
+        assert!(page.contains("1200 tokens in, 80 out, $0.003040 · prompt <code>aaaaaaaaaaaa</code>"), "{page}");
         assert!(page.contains("action=\"/console/dead/requeue\""), "an operator may requeue the dead row");
         // The Hero task's content is on the page (escaped), with its urgency, and the
         // driver's last message is at the top.
