@@ -44,12 +44,6 @@ pub struct LlmUsage {
     pub client: Option<String>,
 }
 
-impl LlmUsage {
-    pub fn tokens(&self) -> u64 {
-        self.input_tokens.saturating_add(self.output_tokens)
-    }
-}
-
 /// A model's price, in USD per million tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -382,6 +376,41 @@ mod tests {
         assert!(!Budgets::default().any());
         let tokens_only = Budgets { load: Limit { tokens: Some(1), micro_usd: None }, ..Budgets::default() };
         assert!(tokens_only.any() && !tokens_only.any_money());
+    }
+
+    /// Whether a budget binds at all, and whether one is in dollars: each limit alone.
+    #[test]
+    fn any_limit_binds_and_only_dollars_need_a_price() {
+        let tokens = Limit { tokens: Some(1), micro_usd: None };
+        let usd = Limit { tokens: None, micro_usd: Some(1) };
+        let check = |b: Budgets, want: (bool, bool)| assert_eq!((b.any(), b.any_money()), want, "{b:?}");
+        check(Budgets::default(), (false, false));
+        check(Budgets { load: tokens, ..Budgets::default() }, (true, false));
+        check(Budgets { load: usd, ..Budgets::default() }, (true, true));
+        check(Budgets { client_day: tokens, ..Budgets::default() }, (true, false));
+        check(Budgets { client_day: usd, ..Budgets::default() }, (true, true));
+        let own = |l: Limit| Budgets { clients_day: [("c".to_owned(), l)].into(), ..Budgets::default() };
+        check(own(tokens), (true, false));
+        check(own(usd), (true, true));
+        check(own(Limit::default()), (false, false));
+    }
+
+    /// A load's spend is left out of its state's JSON only when it is nothing at all.
+    #[test]
+    fn a_loads_spend_is_zero_only_with_no_call_and_no_cap() {
+        let check = |l: LoadSpend, want: bool| assert_eq!(l.is_zero(), want, "{l:?}");
+        check(LoadSpend::default(), true);
+        check(LoadSpend { capped: true, ..LoadSpend::default() }, false);
+        check(LoadSpend { spend: Spend { calls: 1, ..Spend::default() }, capped: false }, false);
+    }
+
+    /// A scope's name is its name on the wire (the decision's `budget.scope`, metrics).
+    #[test]
+    fn scopes_are_named_as_they_are_written() {
+        for (scope, name) in [(Scope::Load, "load"), (Scope::ClientDay, "client_day")] {
+            assert_eq!(scope.as_str(), name);
+            assert_eq!(serde_json::to_value(scope).unwrap(), serde_json::json!(name));
+        }
     }
 
     #[test]
