@@ -355,6 +355,47 @@ async fn what_a_model_call_cost_is_recorded_even_when_it_falls_back() {
     assert_eq!((day.spend.input_tokens, day.spend.calls), (600, 3));
 }
 
+/// Decides by the SOP as if a client's day budget were spent: the first decision
+/// says it is the first (the one that raises the OpsAlert), the later ones not.
+struct Capped(AtomicU32);
+
+#[async_trait]
+impl Decider for Capped {
+    fn name(&self) -> String {
+        "llm:m".into()
+    }
+    async fn decide(&self, l: &LoadId, s: &LoadState, e: &InboundEvent, now: Timestamp) -> anyhow::Result<Decision> {
+        let mut d = sop().decide(l, s, e, now).await?;
+        d.budget = Some(haul_core::spend::BudgetExceeded {
+            scope: haul_core::spend::Scope::ClientDay,
+            client: Some("acme".into()),
+            unit: haul_core::spend::Unit::Tokens,
+            limit: 1000,
+            spent: 1200,
+            first: self.0.fetch_add(1, Ordering::SeqCst) == 0,
+        });
+        Ok(d)
+    }
+}
+
+/// The first committed decision past a budget raises the OpsAlert in the log, once.
+#[tokio::test]
+async fn the_first_decision_past_a_budget_raises_the_ops_alert_once() {
+    let rig = Rig::new().await;
+    let worker =
+        Arc::new(rig.worker_with(Arc::new(Capped(AtomicU32::new(0))), WorkerSettings::default(), Faults::default()));
+    rig.publish("L1", init()).await;
+    let (_, first) = logs_of(worker.run_once()).await;
+    assert!(
+        first.contains("OpsAlert: client acme's LLM budget for the day is spent: 1200 of 1000 tokens")
+            && first.contains("alert=\"llm_budget\""),
+        "{first}"
+    );
+    rig.publish("L1", ping("ping_0700")).await;
+    let (_, second) = logs_of(worker.run_once()).await;
+    assert!(!second.contains("OpsAlert"), "{second}");
+}
+
 #[tokio::test]
 async fn an_operator_decision_that_does_not_validate_gives_the_fallback() {
     let rig = Rig::new().await;
