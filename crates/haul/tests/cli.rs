@@ -12,6 +12,13 @@ fn serve_with_the_llm_decider_and_no_base_url_stops_with_one_line() {
              llm.api_key_env = \"HAUL_TEST_NO_SUCH_KEY\"\n",
             "HAUL_TEST_NO_SUCH_KEY",
         ),
+        // An unknown model in the price table, and a budget in a bad form, at start.
+        (
+            "[decider]\nkind = \"llm\"\nllm.base_url = \"http://127.0.0.1:9/v1\"\nllm.model = \"m\"\n\
+             [decider.llm.prices.other]\ninput_usd_per_mtok = 1.0\noutput_usd_per_mtok = 2.0\n",
+            "decider.llm.model = \"m\" has no price in decider.llm.prices (priced: other)",
+        ),
+        ("[decider.llm.budget]\nclient_usd_per_day = \"ten\"\n", "decider.llm.budget.client_usd_per_day"),
     ] {
         let path = dir.join("haul.toml");
         std::fs::write(&path, toml).unwrap();
