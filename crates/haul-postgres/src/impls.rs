@@ -1127,11 +1127,7 @@ impl ShadowStore for PgStore {
 impl SpendLedger for PgStore {
     async fn client_day_spend(&self, client: &str, day: &str) -> Result<ClientDaySpend, StoreError> {
         let rows = self.query_rows(SPEND_OF_CLIENT_DAY, &[&client, &day], llm_spend_row).await?;
-        Ok(rows.into_iter().next().unwrap_or_else(|| ClientDaySpend {
-            client: client.to_owned(),
-            day: day.to_owned(),
-            ..ClientDaySpend::default()
-        }))
+        Ok(rows.into_iter().next().unwrap_or_else(|| ClientDaySpend::none(client, day)))
     }
 
     async fn spend_page(
@@ -1142,8 +1138,7 @@ impl SpendLedger for PgStore {
         after: Option<(&str, &str)>,
         limit: usize,
     ) -> Result<Vec<ClientDaySpend>, StoreError> {
-        // The first page starts after a position past every row: a day after any.
-        let (after_day, after_client) = after.unwrap_or(("9999-99-99", ""));
+        let (after_day, after_client) = ClientDaySpend::page_start(after);
         let params: Params = &[&from_day, &to_day, &client, &after_day, &after_client, &sql_limit(limit)];
         self.query_rows(SPEND_PAGE, params, llm_spend_row).await
     }

@@ -2124,11 +2124,7 @@ impl SpendLedger for SqliteStore {
                 llm_spend_row,
             )
             .await?;
-        Ok(rows.into_iter().next().unwrap_or_else(|| ClientDaySpend {
-            client: client.to_owned(),
-            day: day.to_owned(),
-            ..ClientDaySpend::default()
-        }))
+        Ok(rows.into_iter().next().unwrap_or_else(|| ClientDaySpend::none(client, day)))
     }
 
     async fn spend_page(
@@ -2139,8 +2135,7 @@ impl SpendLedger for SqliteStore {
         after: Option<(&str, &str)>,
         limit: usize,
     ) -> Result<Vec<ClientDaySpend>, StoreError> {
-        // The first page starts after a position past every row: a day after any.
-        let (after_day, after_client) = after.unwrap_or(("9999-99-99", ""));
+        let (after_day, after_client) = ClientDaySpend::page_start(after);
         let params = (
             from_day.to_owned(),
             to_day.to_owned(),

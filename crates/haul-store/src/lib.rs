@@ -336,6 +336,19 @@ pub struct ClientDaySpend {
     pub capped_at: Option<Timestamp>,
 }
 
+impl ClientDaySpend {
+    /// A client's day with no spend: what a day no call was made on reads as.
+    pub fn none(client: &str, day: &str) -> Self {
+        ClientDaySpend { client: client.to_owned(), day: day.to_owned(), ..ClientDaySpend::default() }
+    }
+
+    /// Where a page of days starts: after `after`, or (the first page) after a day
+    /// later than any.
+    pub fn page_start<'a>(after: Option<(&'a str, &'a str)>) -> (&'a str, &'a str) {
+        after.unwrap_or(("9999-99-99", ""))
+    }
+}
+
 /// The clients' spend per day and the prompts, both written by appends
 /// (`Derived::spend`, `Derived::prompts`); read by the budget check, `haul query
 /// spend` and the timeline.
