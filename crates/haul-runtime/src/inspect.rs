@@ -430,6 +430,19 @@ pub fn timeline(v: &LoadView) -> String {
         let at = o.at.map(|t| t.to_string()).unwrap_or_else(|| "-".into());
         let _ = writeln!(out, "sms: the driver opted out ({} at {at}): no SMS until they reply START", o.event_id);
     }
+    if !s.spend.is_zero() {
+        let p = &s.spend.spend;
+        let capped = if s.spend.capped { "; its LLM budget is spent: the SOP decides for it" } else { "" };
+        let _ = writeln!(
+            out,
+            "model spend: {} call(s), {} tokens ({} in, {} out), {}{capped}",
+            p.calls,
+            p.tokens(),
+            p.input_tokens,
+            p.output_tokens,
+            haul_core::spend::usd(p.cost_micro_usd)
+        );
+    }
     if s.unreadable > 0 {
         let _ = writeln!(out, "warning: {} record(s) could not be read", s.unreadable);
     }
@@ -458,6 +471,19 @@ pub fn timeline(v: &LoadView) -> String {
                 let filtered = if d.filtered { " (filtered)" } else { "" };
                 let (seq, at, decider) = (item.seq, hms(item.recorded_at), &d.decider);
                 let _ = writeln!(out, "  #{seq:<4} {at}  decision by {decider}{filtered}: {}", d.rationale);
+                if let Some(u) = &d.llm {
+                    let cost = u.cost_micro_usd.map(|c| format!(", {}", haul_core::spend::usd(c))).unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "          model {}{}: {} in, {} out{cost}; prompt {:.12}, input {:.12}",
+                        u.model,
+                        u.model_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
+                        u.input_tokens,
+                        u.output_tokens,
+                        u.prompt_hash,
+                        u.input_hash
+                    );
+                }
                 for (a, _) in actions {
                     let _ = writeln!(out, "          → {:<17} {}", a.action_type().as_str(), a.key);
                 }
@@ -687,6 +713,44 @@ mod tests {
             assert!(line.contains(&format!("sends {sends} ")), "{line}");
             assert!(line.contains("created 2026-03-02 07:00:00 UTC  due 2026-03-02 07:00:05 UTC"), "{line}");
         }
+    }
+
+    /// `haul inspect` says what the load's model calls cost, and each call's model,
+    /// tokens, cost and prompt.
+    #[test]
+    fn the_text_shows_what_the_model_calls_cost() {
+        let t = |s: &str| -> Timestamp { format!("2026-03-02T{s}Z").parse().unwrap() };
+        let decision = serde_json::json!({"decision_id": "dec:p1", "event_id": "p1", "decided_at": "2026-03-02T07:00:00Z",
+            "decider": "llm:m", "filtered": false, "needs_hero_task": false, "rationale": "nothing to do", "actions": [],
+            "llm": {"model": "m", "model_version": "m-2026", "input_tokens": 1200, "output_tokens": 80,
+                    "cost_micro_usd": 3040, "prompt_hash": "a".repeat(64), "input_hash": "b".repeat(64)}});
+        let log = vec![Record::decode(1, "dec:p1".into(), "decision_recorded", decision, t("07:00:00"))];
+        let mut state = LoadState::default();
+        for r in &log {
+            state.apply(r);
+        }
+        let view = LoadView {
+            load_id: LoadId::parse("481207").unwrap(),
+            version: 1,
+            state: StateView::of(&state),
+            log,
+            next_after_seq: None,
+            outbox: vec![],
+            next_outbox_after: None,
+            timers: vec![],
+            next_timers_after: None,
+            recorded: vec![],
+            sms_reports: vec![],
+        };
+        let text = timeline(&view);
+        assert!(text.contains("model spend: 1 call(s), 1280 tokens (1200 in, 80 out), $0.003040\n"), "{text}");
+        assert!(
+            text.contains("model m (m-2026): 1200 in, 80 out, $0.003040; prompt aaaaaaaaaaaa, input bbbbbbbbbbbb\n"),
+            "{text}"
+        );
+        state.spend.capped = true;
+        let capped = timeline(&LoadView { state: StateView::of(&state), ..view });
+        assert!(capped.contains("$0.003040; its LLM budget is spent: the SOP decides for it"), "{capped}");
     }
 
     #[test]
