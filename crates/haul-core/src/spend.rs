@@ -264,6 +264,11 @@ pub fn parse_usd(s: &str) -> Result<u64, String> {
     Ok(whole * 1_000_000 + frac_micro)
 }
 
+/// Whether `s` is a prompt's hash as decisions name them: SHA-256, 64 lowercase hex.
+pub fn is_prompt_hash(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The UTC day a time falls on, `YYYY-MM-DD`: a client's day budget's key.
 pub fn day_of(t: Timestamp) -> String {
     t.strftime("%Y-%m-%d").to_string()
@@ -432,6 +437,18 @@ mod tests {
             b(Scope::ClientDay, Some("acme"), Unit::MicroUsd, 5_000_000, 5_000_100).to_string(),
             "client acme's LLM budget for the day is spent: $5.000100 of $5.000000"
         );
+    }
+
+    #[test]
+    fn a_prompt_hash_is_64_lowercase_hex() {
+        let check = |s: &str, want: bool| assert_eq!(is_prompt_hash(s), want, "{s}");
+        check(&"0a".repeat(32), true);
+        check(&"f9".repeat(32), true);
+        check(&"0a".repeat(31), false);
+        check(&"0A".repeat(32), false);
+        check(&"0g".repeat(32), false);
+        check(&format!("{}/", "a".repeat(63)), false);
+        check("", false);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -74,6 +74,7 @@ pub const ROUTES: &[Route] = &[
     open("GET", "/healthz", || get(healthz)),
     api("POST", "/v1/loads/{load_id}/events", true, false, || post(post_event)),
     api("GET", "/v1/loads/{load_id}", true, false, || get(get_load)),
+    api("GET", "/v1/prompts/{hash}", true, false, || get(get_prompt)),
     api("POST", "/v1/webhooks/twilio/sms", false, false, || post(twilio_sms)),
     api("POST", "/v1/webhooks/twilio/status", false, false, || post(crate::twilio::twilio_status)),
     api("GET", "/v1/webhooks/twilio/unmatched", true, false, || get(unmatched)),
@@ -211,6 +212,31 @@ async fn get_load(
         Ok(None) => error(StatusCode::NOT_FOUND, "no_such_load", format!("load {load} has no records")),
         Err(e) => {
             error!(error = %e, "reading a load failed");
+            error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")
+        }
+    }
+}
+
+/// The prompt text an LLM decision names by hash (`llm.prompt_hash`, `llm.input_hash`).
+async fn get_prompt(
+    _: ApiCaller,
+    State(s): State<Arc<ApiState>>,
+    hash: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    let hash = hash.map(|Path(h)| h).unwrap_or_default();
+    if !haul_core::spend::is_prompt_hash(&hash) {
+        let shown: String = hash.chars().take(80).collect();
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_prompt_hash",
+            format!("{shown:?} is not a prompt hash (SHA-256: 64 lowercase hex digits)"),
+        );
+    }
+    match s.store.prompt(&hash).await {
+        Ok(Some(text)) => axum::Json(json!({"hash": hash, "text": text})).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "no_such_prompt", format!("no prompt is stored under {hash}")),
+        Err(e) => {
+            error!(error = %e, "reading a prompt failed");
             error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again")
         }
     }

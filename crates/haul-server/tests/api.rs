@@ -260,6 +260,40 @@ async fn unknown_load_is_404_and_health_and_metrics_answer() {
     assert!(m.text().await.unwrap().contains("haul_queue_depth"));
 }
 
+/// A prompt an LLM decision names is read back by its hash; an unknown hash is 404, a
+/// text that is not a hash 400, and the token comes first.
+#[tokio::test]
+async fn a_decisions_prompt_is_read_back_by_its_hash() {
+    let a = api().await;
+    let text = "the input of p1";
+    let hash = haul_runtime::llm::sha256_hex(text);
+    let payload = json!({"decision_id": "dec:p1", "event_id": "p1", "decided_at": "2026-03-02T07:00:00Z",
+        "decider": "llm:m", "filtered": false, "needs_hero_task": false, "rationale": "r", "actions": [],
+        "llm": {"model": "m", "input_tokens": 1, "output_tokens": 1, "prompt_hash": hash, "input_hash": hash}});
+    let mut decision = NewEntry::stored("dec:p1", "decision_recorded", payload);
+    decision.derived.prompts = vec![(hash.clone(), text.to_owned())];
+    let ping = NewEntry::stored("p1", "location_ping", json!({}));
+    let at = "2026-03-02T07:00:00Z".parse().unwrap();
+    a.store.append(&LoadId::parse("481207").unwrap(), vec![ping, decision], 0, vec![], at).await.unwrap();
+    let get = async |path: &str, token: bool| {
+        let mut req = a.client.get(format!("{}/v1/prompts/{path}", a.base));
+        if token {
+            req = req.bearer_auth(TOKENS[0]);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    assert_eq!(get(&hash, true).await, (StatusCode::OK, json!({"hash": hash, "text": text})));
+    let (status, body) = get(&"0".repeat(64), true).await;
+    assert_eq!((status, &body["error"]["code"]), (StatusCode::NOT_FOUND, &json!("no_such_prompt")));
+    for bad in ["abc", &hash.to_uppercase(), "%FF%FE", &"a".repeat(65)] {
+        let (status, body) = get(bad, true).await;
+        assert_eq!((status, &body["error"]["code"]), (StatusCode::BAD_REQUEST, &json!("bad_prompt_hash")), "{bad}");
+    }
+    assert_eq!(get(&hash, false).await.0, StatusCode::UNAUTHORIZED);
+}
+
 const SMS: [(&str, &str); 4] =
     [("From", "+15555550100"), ("To", "+15555550000"), ("Body", "ETA 9:15"), ("MessageSid", "SM8a1f")];
 
