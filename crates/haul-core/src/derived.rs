@@ -141,8 +141,9 @@ impl Derived {
         Derived { asks, inbox, spend, ..Derived::default() }
     }
 
-    /// What the entries change together, in order: a later stage, phone or client wins, and
-    /// the asks' statuses follow one another.
+    /// What the entries change together, in order: a later stage, phone or client wins,
+    /// the asks' statuses follow one another, a client's day spend adds up, and a
+    /// prompt is kept once.
     pub fn merged<'a>(deltas: impl IntoIterator<Item = &'a Derived>) -> Derived {
         let mut out = Derived::default();
         for d in deltas {
@@ -161,8 +162,22 @@ impl Derived {
             if d.consent.is_some() {
                 out.consent.clone_from(&d.consent);
             }
-            out.spend.extend(d.spend.iter().cloned());
-            out.prompts.extend(d.prompts.iter().cloned());
+            // One delta per client and day, one text per hash: a store writes each as one
+            // row, and one statement cannot change a row twice.
+            for s in &d.spend {
+                match out.spend.iter_mut().find(|o| o.client == s.client && o.day == s.day) {
+                    Some(o) => {
+                        o.spend.absorb(&s.spend);
+                        o.capped |= s.capped;
+                    }
+                    None => out.spend.push(s.clone()),
+                }
+            }
+            for p in &d.prompts {
+                if !out.prompts.iter().any(|o| o.0 == p.0) {
+                    out.prompts.push(p.clone());
+                }
+            }
         }
         out
     }
@@ -341,8 +356,19 @@ mod tests {
                 })
                 .collect();
             assert_eq!(got, want.into_iter().collect::<Vec<_>>(), "{payload}");
+            // Twice the same decision: one delta of that client's day with twice its spend.
             let twice = Derived::merged([&d, &d]);
-            assert_eq!(twice.spend.len(), 2 * d.spend.len());
+            let doubled: Vec<_> = d
+                .spend
+                .iter()
+                .map(|s| (s.client.as_str(), s.day.as_str(), 2 * s.spend.tokens(), 2 * s.spend.calls, s.capped))
+                .collect();
+            let got: Vec<_> = twice
+                .spend
+                .iter()
+                .map(|s| (s.client.as_str(), s.day.as_str(), s.spend.tokens(), s.spend.calls, s.capped))
+                .collect();
+            assert_eq!(got, doubled, "{payload}");
         };
         let usage = |client: Value| {
             json!({"model": "m", "input_tokens": 100, "output_tokens": 20, "cost_micro_usd": 7,
@@ -354,5 +380,13 @@ mod tests {
         let budget = |scope: &str| json!({"scope": scope, "client": "acme", "unit": "tokens", "limit": 1, "spent": 2, "first": true});
         check(json!({"budget": budget("client_day")}), Some(("acme", "2026-03-02", 0, 0, 0, true)));
         check(json!({"budget": budget("load")}), None);
+        // A prompt is kept once, its first text.
+        let with = |prompts: &[(&str, &str)]| Derived {
+            prompts: prompts.iter().map(|(h, t)| (h.to_string(), t.to_string())).collect(),
+            ..Derived::default()
+        };
+        let merged = Derived::merged([&with(&[("h1", "a"), ("h2", "b")]), &with(&[("h1", "c")])]);
+        let texts = [("h1", "a"), ("h2", "b")].map(|(h, t)| (h.to_owned(), t.to_owned()));
+        assert_eq!(merged.prompts, texts.to_vec());
     }
 }

@@ -88,11 +88,23 @@ impl Spend {
         self.input_tokens.saturating_add(self.output_tokens)
     }
 
+    /// One call's spend.
     pub fn add(&mut self, u: &LlmUsage) {
-        self.input_tokens = self.input_tokens.saturating_add(u.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(u.output_tokens);
-        self.cost_micro_usd = self.cost_micro_usd.saturating_add(u.cost_micro_usd.unwrap_or(0));
-        self.calls = self.calls.saturating_add(1);
+        let call = Spend {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cost_micro_usd: u.cost_micro_usd.unwrap_or(0),
+            calls: 1,
+        };
+        self.absorb(&call);
+    }
+
+    /// Another spend (of the same load or client day) added to this one.
+    pub fn absorb(&mut self, other: &Spend) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cost_micro_usd = self.cost_micro_usd.saturating_add(other.cost_micro_usd);
+        self.calls = self.calls.saturating_add(other.calls);
     }
 
     pub fn is_zero(&self) -> bool {

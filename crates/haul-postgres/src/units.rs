@@ -8,7 +8,7 @@ use deadpool_postgres::{GenericClient, Pool, Transaction};
 use haul_core::derived::{Derived, TimerWrite};
 use haul_core::ids::LoadId;
 use haul_core::time::to_ms;
-use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt, prompt_rows, spend_rows};
+use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt};
 use haul_store::{
     AppendError, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, NewEntry,
     NewOutboxRow, Published, StaleClaimError, StoreError, outbox_key_load,
@@ -435,8 +435,9 @@ struct SpendArrays {
 
 impl SpendArrays {
     fn of(delta: &Derived) -> SpendArrays {
-        let rows = spend_rows(&delta.spend);
-        let (hashes, texts) = prompt_rows(&delta.prompts).into_iter().unzip();
+        // One element per client and day, one per hash: `Derived::merged` made them so.
+        let rows = &delta.spend;
+        let (hashes, texts) = delta.prompts.iter().cloned().unzip();
         SpendArrays {
             clients: rows.iter().map(|d| d.client.clone()).collect(),
             days: rows.iter().map(|d| d.day.clone()).collect(),

@@ -17,9 +17,9 @@ use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease,
     check_takes, claims, conflict_load_row, counted, dead_row, deadline_ms, delivery_receipt, delivery_row,
     inbox_alert_row, inbox_sms_row, llm_spend_row, load_client_row, load_id_row, load_summary_row, ops_alert_row,
-    outbox_row, parse_receipt, prompt_rows, queue_message_row, rate_change_row, receipt, record_row, saturated_row,
-    shadow_params, shadow_row, sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_report_row,
-    sms_route, sms_route_load, spend_rows, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
+    outbox_row, parse_receipt, queue_message_row, rate_change_row, receipt, record_row, saturated_row, shadow_params,
+    shadow_row, sms_assignment, sms_consent_row, sms_dismissal, sms_move_step, sms_report_row, sms_route,
+    sms_route_load, timer_row, type_count_row, unmatched_sms_row, unsettled_row,
 };
 use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
@@ -299,7 +299,7 @@ impl SqliteStore {
                     exec(conn, CONSENT_SET, params![consent.phone, consent.opted_out, event_id, lid, now]).map_err(db)?;
                 }
                 // What its model calls cost the client's day, and their prompts.
-                for d in spend_rows(&delta.spend) {
+                for d in &delta.spend {
                     let s = &d.spend;
                     let capped_at = d.capped.then_some(now);
                     exec(
@@ -318,7 +318,7 @@ impl SqliteStore {
                     )
                     .map_err(db)?;
                 }
-                for (hash, text) in prompt_rows(&delta.prompts) {
+                for (hash, text) in &delta.prompts {
                     exec(conn, PROMPT_PUT, params![hash, text, now]).map_err(db)?;
                 }
                 if delta.stage.is_some() || !delta.asks_unchanged() {

@@ -355,36 +355,6 @@ pub fn llm_spend_row(r: &dyn Columns) -> Result<crate::ClientDaySpend, StoreErro
     })
 }
 
-/// `client`'s day spend as merged for one statement: one row per (client, day), in
-/// the order first seen (one statement cannot change a row twice).
-pub fn spend_rows(deltas: &[haul_core::derived::SpendDelta]) -> Vec<haul_core::derived::SpendDelta> {
-    let mut out: Vec<haul_core::derived::SpendDelta> = Vec::with_capacity(deltas.len());
-    for d in deltas {
-        match out.iter_mut().find(|o| o.client == d.client && o.day == d.day) {
-            Some(o) => {
-                o.spend.input_tokens = o.spend.input_tokens.saturating_add(d.spend.input_tokens);
-                o.spend.output_tokens = o.spend.output_tokens.saturating_add(d.spend.output_tokens);
-                o.spend.cost_micro_usd = o.spend.cost_micro_usd.saturating_add(d.spend.cost_micro_usd);
-                o.spend.calls = o.spend.calls.saturating_add(d.spend.calls);
-                o.capped |= d.capped;
-            }
-            None => out.push(d.clone()),
-        }
-    }
-    out
-}
-
-/// The prompts of an append, each hash once.
-pub fn prompt_rows(prompts: &[(String, String)]) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        if !out.iter().any(|o| o.0 == p.0) {
-            out.push(p.clone());
-        }
-    }
-    out
-}
-
 /// A row of `columns!(ops_alert)`.
 pub fn ops_alert_row(r: &dyn Columns) -> Result<OpsAlertRecord, StoreError> {
     let (load_id, kind, action_type, state) = (r.string(1)?, r.string(2)?, r.string(3)?, r.string(5)?);
