@@ -109,9 +109,11 @@ pub struct LlmDecider {
     policies: Policies,
     /// The model's price (`decider.llm.prices`): each decision's cost; `None`: none recorded.
     price: Option<Price>,
-    /// The fixed part of every request (model, system message, tools) as stored, and
-    /// its SHA-256: the decision's `llm.prompt_hash`.
-    fixed: (String, String),
+    /// The fixed part of every request (model, system message, tools), built once: each
+    /// request is it with the decision's user message.
+    fixed: Value,
+    /// Its SHA-256 (the decision's `llm.prompt_hash`) and its text as stored.
+    fixed_text: (String, String),
     /// Masks what an error quotes of the endpoint's answer: its own key and every other
     /// secret the process was given ([`LlmDecider::masking`]).
     masker: Masker,
@@ -125,9 +127,10 @@ impl LlmDecider {
             .build()?;
         let endpoint = format!("{}/chat/completions", settings.base_url.trim_end_matches('/'));
         let masker = Masker::new([settings.api_key.as_str()]);
-        let fixed = fixed_part(&settings.model).to_string();
-        let fixed = (sha256_hex(&fixed), fixed);
-        Ok(LlmDecider { client, settings, endpoint, policies, price: None, fixed, masker })
+        let fixed = fixed_part(&settings.model);
+        let text = fixed.to_string();
+        let fixed_text = (sha256_hex(&text), text);
+        Ok(LlmDecider { client, settings, endpoint, policies, price: None, fixed, fixed_text, masker })
     }
 
     /// This decider recording each decision's cost by `price` (USD per million tokens).
@@ -174,7 +177,7 @@ impl LlmDecider {
 
     /// The request body for one decision.
     pub fn request_body(&self, load: &LoadId, state: &LoadState, event: &InboundEvent, now: Timestamp) -> Value {
-        with_input(fixed_part(&self.settings.model), self.input_text(load, state, event, now))
+        with_input(self.fixed.clone(), self.input_text(load, state, event, now))
     }
 
     /// One model call and the decision its answer makes.
@@ -199,7 +202,7 @@ impl LlmDecider {
     ) -> Result<Decision, Spent> {
         let input = self.input_text(load, state, event, now);
         let input_hash = sha256_hex(&input);
-        let body = with_input(fixed_part(&self.settings.model), input);
+        let body = with_input(self.fixed.clone(), input);
         let answer = tokio::time::timeout(self.settings.timeout, self.call(&body))
             .await
             .map_err(|_| LlmError::Timeout(self.settings.timeout))
@@ -219,7 +222,7 @@ impl LlmDecider {
             output_tokens,
             cost_micro_usd: self.price.map(|p| p.cost_micro_usd(input_tokens, output_tokens)),
             finish_reason: choice.finish_reason.clone(),
-            prompt_hash: self.fixed.0.clone(),
+            prompt_hash: self.fixed_text.0.clone(),
             input_hash,
             client: state.charged_client(event),
         };
@@ -354,12 +357,6 @@ impl Spent {
     }
 }
 
-impl From<LlmError> for Spent {
-    fn from(error: LlmError) -> Self {
-        Spent::nothing(error)
-    }
-}
-
 /// The part of every request that does not depend on the decision: what
 /// `llm.prompt_hash` names.
 fn fixed_part(model: &str) -> Value {
@@ -401,7 +398,7 @@ impl Decider for LlmDecider {
         now: Timestamp,
     ) -> Vec<(String, String)> {
         let input = self.input_text(load, state, event, now);
-        vec![self.fixed.clone(), (sha256_hex(&input), input)]
+        vec![self.fixed_text.clone(), (sha256_hex(&input), input)]
     }
 
     async fn decide(
