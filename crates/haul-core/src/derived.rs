@@ -380,6 +380,28 @@ mod tests {
         let budget = |scope: &str| json!({"scope": scope, "client": "acme", "unit": "tokens", "limit": 1, "spent": 2, "first": true});
         check(json!({"budget": budget("client_day")}), Some(("acme", "2026-03-02", 0, 0, 0, true)));
         check(json!({"budget": budget("load")}), None);
+        // Days of other clients, or other days, stay apart; a capped day stays capped.
+        let day = |client: &str, day: &str, calls: u64, capped: bool| Derived {
+            spend: vec![SpendDelta {
+                client: client.into(),
+                day: day.into(),
+                spend: Spend { calls, ..Spend::default() },
+                capped,
+            }],
+            ..Derived::default()
+        };
+        let merged = Derived::merged([
+            &day("acme", "2026-03-02", 1, true),
+            &day("beta", "2026-03-02", 1, false),
+            &day("acme", "2026-03-03", 1, false),
+            &day("acme", "2026-03-02", 2, false),
+        ]);
+        let got: Vec<_> =
+            merged.spend.iter().map(|s| (s.client.as_str(), s.day.as_str(), s.spend.calls, s.capped)).collect();
+        assert_eq!(
+            got,
+            [("acme", "2026-03-02", 3, true), ("beta", "2026-03-02", 1, false), ("acme", "2026-03-03", 1, false)]
+        );
         // A prompt is kept once, its first text.
         let with = |prompts: &[(&str, &str)]| Derived {
             prompts: prompts.iter().map(|(h, t)| (h.to_string(), t.to_string())).collect(),
