@@ -22,6 +22,7 @@ use crate::outcome::OutcomeStatus;
 use crate::queue_mode::QueueMode;
 use crate::retry::{RetryDecision, RetryPolicy};
 use crate::time::{Timestamp, add};
+use crate::trace::TraceParent;
 
 /// What the plans need to know about a claimed (or dead) row.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,6 +37,9 @@ pub struct Row {
     /// When the worker made it: a 429 holds it back without an attempt only for
     /// [`THROTTLE_WINDOW`] from here.
     pub created_at: Timestamp,
+    /// The trace context of the run that decided the row: its sends continue it, and
+    /// its outcome is published with it (so the outcome's run links back to the decision).
+    pub trace: Option<TraceParent>,
 }
 
 /// How a send ended.
@@ -453,6 +457,7 @@ mod tests {
             attempts,
             first_attempt_at: (attempts > 0).then(|| t("07:00:00")),
             created_at: t("07:00:00"),
+            trace: None,
         }
     }
 

@@ -48,6 +48,7 @@ pub mod spend;
 pub mod time;
 pub mod timers;
 pub mod tools;
+pub mod trace;
 pub mod validate;
 
 pub use action::{Action, ActionKind, ActionType, ChannelClass, Request, ServiceCall, Target, Urgency};

@@ -200,6 +200,7 @@ mod tests {
             attempts: 0,
             first_attempt_at: None,
             created_at: Timestamp::UNIX_EPOCH,
+            trace: None,
         };
         for status in MESSAGE_STATUSES {
             let outcome = report(status, Some("30006")).outcome(&row);

@@ -75,6 +75,7 @@ impl TimerRoute {
                 attempts: 0,
                 first_attempt_at: None,
                 created_at: now,
+                trace: None,
             };
             let outcome = outcome_event(&row, OutcomeStatus::Delivered, Some(RECEIPT), None);
             if after.processed.contains(&outcome.event_id) {

@@ -120,8 +120,13 @@ fn run_rows(l: &LoadId, n: usize, now: Timestamp) -> (Vec<NewEntry>, Vec<NewOutb
     // What the worker hands the append: the stored form and the delta it made from its
     // typed entries (a ping changes nothing; the decision opens the ask), so the figure
     // is the store's work, not a decode the worker never does.
-    let entry =
-        |entry_id: String, kind: &str, payload, derived| NewEntry { entry_id, kind: kind.into(), payload, derived };
+    let entry = |entry_id: String, kind: &str, payload, derived| NewEntry {
+        entry_id,
+        kind: kind.into(),
+        payload,
+        derived,
+        trace: None,
+    };
     let opened = Derived { asks: vec![(ask.clone(), "open".into())], ..Derived::default() };
     let entries = vec![
         entry(
@@ -137,11 +142,13 @@ fn run_rows(l: &LoadId, n: usize, now: Timestamp) -> (Vec<NewEntry>, Vec<NewOutb
             id: sms["key"].as_str().unwrap_or_default().into(),
             action_type: ActionType::SendSms,
             action: sms,
+            trace: None,
         },
         NewOutboxRow {
             id: timer["key"].as_str().unwrap_or_default().into(),
             action_type: ActionType::SetTimer,
             action: timer,
+            trace: None,
         },
     ];
     (entries, outbox)
@@ -813,7 +820,7 @@ async fn burst(store: &BenchStore, a_rows: usize) -> anyhow::Result<Figures> {
     let action = json!({"key": key, "type": "create_hero_task", "ask_id": "ask:eta_request:p", "step": 2,
         "params": {"title": "Driver not answering", "body": "Call the driver", "urgency": "urgent"}});
     let entries = vec![NewEntry::stored("p", "location_ping", json!({}))];
-    let hero_row = NewOutboxRow { id: key.clone(), action_type: ActionType::CreateHeroTask, action };
+    let hero_row = NewOutboxRow { id: key.clone(), action_type: ActionType::CreateHeroTask, action, trace: None };
     let hero_made = Instant::now();
     s.append(&hero_load, entries, 0, vec![hero_row], SystemClock.now()).await?;
     let all = a_rows + B_ROWS + 1;

@@ -496,6 +496,7 @@ mod tests {
             receipt: None,
             created_at: at,
             updated_at: at,
+            trace: None,
         };
         let none = BTreeSet::new();
         let settled = |rows: &[OutboxRow], n: usize| {

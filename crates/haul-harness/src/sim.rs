@@ -759,6 +759,7 @@ impl World {
             request_id: format!("sim-{n}"),
             actor: "sim".into(),
             reason: format!("step {}", self.step),
+            trace: None,
         };
         let now = self.clock.now();
         let start: Timestamp = "2026-03-02T07:00:00Z".parse()?;

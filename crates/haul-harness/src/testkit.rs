@@ -28,6 +28,7 @@ use axum::routing::post;
 use haul_core::Channel;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use haul_store::{LoadQueue, Published, QueueError, QueueMessage, StoreError};
 use serde_json::{Value, json};
 
@@ -123,6 +124,8 @@ pub struct Call {
     /// The service took it: applied it, or answered it as a duplicate of one it
     /// applied (a lost answer counts: the effect happened).
     pub taken: bool,
+    /// The call's `traceparent` header, as sent.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Default)]
@@ -269,6 +272,12 @@ impl FakeServices {
         self.lock().calls.iter().filter(|c| c.channel == channel && c.key == key && c.taken).count()
     }
 
+    /// The `traceparent` of every call with `key`, in order (`None` for a call without).
+    pub fn traceparents(&self, channel: &str, key: &str) -> Vec<Option<String>> {
+        let calls = &self.lock().calls;
+        calls.iter().filter(|c| c.channel == channel && c.key == key).map(|c| c.traceparent.clone()).collect()
+    }
+
     /// Every call with `key`, refused ones (faults, bad token) included.
     pub fn call_count(&self, channel: &str, key: &str) -> usize {
         self.lock().calls.iter().filter(|c| c.channel == channel && c.key == key).count()
@@ -319,11 +328,12 @@ async fn handle(
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned) else {
         return answer(StatusCode::BAD_REQUEST, json!({"error": "missing Idempotency-Key"}));
     };
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let token = lock().token.clone();
     if let Some(t) = token {
         let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {t}"));
         if !ok {
-            lock().calls.push(Call { channel, key, status: 401, taken: false });
+            lock().calls.push(Call { channel, key, status: 401, taken: false, traceparent });
             return answer(StatusCode::UNAUTHORIZED, json!({"error": "bad token"}));
         }
     }
@@ -361,7 +371,7 @@ async fn handle(
     };
     let mut s = lock();
     if let Some(status) = refuse {
-        s.calls.push(Call { channel, key, status: status.as_u16(), taken: false });
+        s.calls.push(Call { channel, key, status: status.as_u16(), taken: false, traceparent });
         let error = match fault {
             Some(FaultKind::OptedOut) => "twilio error 21610: Attempt to send to unsubscribed recipient",
             _ => "injected fault",
@@ -393,7 +403,7 @@ async fn handle(
         }
     };
     let status = if fault == Some(FaultKind::LostAnswer) { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
-    s.calls.push(Call { channel, key, status: status.as_u16(), taken: true });
+    s.calls.push(Call { channel, key, status: status.as_u16(), taken: true, traceparent });
     answer(status, answered)
 }
 
@@ -420,17 +430,18 @@ impl FlakyQueue {
 
 #[async_trait]
 impl LoadQueue for FlakyQueue {
-    async fn publish(
+    async fn publish_traced(
         &self,
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         if self.is_down() {
             return Err(StoreError::new("load queue unavailable (injected outage)"));
         }
-        self.inner.publish(load_id, event_id, body, now).await
+        self.inner.publish_traced(load_id, event_id, body, trace, now).await
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {

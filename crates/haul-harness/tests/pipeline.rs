@@ -238,7 +238,7 @@ async fn record_mode_records_each_delivery_once(store: Arc<dyn Store>) {
     assert_eq!(got[0].payload["to"], DRIVER);
     assert_eq!(store.get(SMS1).await.unwrap().unwrap().status, OutboxStatus::Dispatched);
     // A resend of the key is deduplicated and answers the first receipt.
-    let again = channels_sms(&store).send(SMS1, &load, "/v1/messages", &json!({}), clock.now()).await.unwrap();
+    let again = channels_sms(&store).send(SMS1, &load, "/v1/messages", &json!({}), None, clock.now()).await.unwrap();
     assert_eq!(again, got[0].receipt);
     assert_eq!(store.deliveries(Some(&load), 10).await.unwrap().len(), 1);
 }
@@ -322,7 +322,7 @@ async fn http_channel_classifies_statuses_as_api_md_says() {
         async move {
             let c = HttpChannel::new(&format!("http://{addr}/{status}"), Some("t0k".into()), Duration::from_secs(5))
                 .unwrap();
-            c.send("k1", &load, "/v1/messages", &json!({"to": DRIVER}), t0()).await
+            c.send("k1", &load, "/v1/messages", &json!({"to": DRIVER}), None, t0()).await
         }
     };
     for (status, expected) in [
@@ -356,7 +356,7 @@ async fn http_channel_classifies_statuses_as_api_md_says() {
         async move {
             let c =
                 HttpChannel::new(&format!("http://{addr}/wait/{retry_after}"), None, Duration::from_secs(5)).unwrap();
-            c.send("k1", &load, "/v1/messages", &json!({}), t0()).await
+            c.send("k1", &load, "/v1/messages", &json!({}), None, t0()).await
         }
     };
     match wait("7").await {
@@ -370,7 +370,7 @@ async fn http_channel_classifies_statuses_as_api_md_says() {
     // Nobody listening: retryable.
     let closed = HttpChannel::new("http://127.0.0.1:9", None, Duration::from_secs(2)).unwrap();
     assert!(matches!(
-        closed.send("k", &load, "/v1/messages", &json!({}), t0()).await,
+        closed.send("k", &load, "/v1/messages", &json!({}), None, t0()).await,
         Err(DeliveryError::Retryable(_))
     ));
 }
@@ -396,7 +396,7 @@ async fn channel_errors_quote_an_echoing_service_without_tokens_or_phone_numbers
         let c =
             HttpChannel::new(&format!("http://{addr}/{status}"), Some(TOKEN.into()), Duration::from_secs(5)).unwrap();
         let body = json!({"to": DRIVER, "body": "Call +447700900123 about load 481207", "load_id": LOAD});
-        let err = c.send("k1", &load, "/v1/messages", &body, t0()).await.unwrap_err().to_string();
+        let err = c.send("k1", &load, "/v1/messages", &body, None, t0()).await.unwrap_err().to_string();
         assert!(err.contains(&format!("HTTP {status}")), "{err}");
         assert!(!err.contains(TOKEN), "the token is quoted: {err}");
         assert!(!err.contains(DRIVER) && !err.contains("+447700900123"), "a whole phone number is quoted: {err}");

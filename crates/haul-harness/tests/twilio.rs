@@ -61,21 +61,21 @@ async fn every_request_validates_against_twilios_own_description() {
     ];
     for (what, sender) in senders {
         let c = channel(settings(&prism, sender.clone()));
-        let sent = c.send("k1", &load, "/v1/messages", &sms, t0()).await;
+        let sent = c.send("k1", &load, "/v1/messages", &sms, None, t0()).await;
         assert!(matches!(&sent, Ok(sid) if sid.starts_with("SM")), "a send as {what}: {sent:?}");
         // A re-send lists first (Prism's example is no match), then sends.
-        let again = c.resend("k1", &load, "/v1/messages", &sms, t0(), t0()).await;
+        let again = c.resend("k1", &load, "/v1/messages", &sms, None, t0(), t0()).await;
         assert!(matches!(&again, Ok(sid) if sid.starts_with("SM")), "a re-send as {what}: {again:?}");
         let with_key = TwilioSettings {
             api_key_sid: Some("SK0123456789abcdef0123456789abcdef".into()),
             ..settings(&prism, sender)
         };
-        let sent = channel(with_key).send("k1", &load, "/v1/messages", &sms, t0()).await;
+        let sent = channel(with_key).send("k1", &load, "/v1/messages", &sms, None, t0()).await;
         assert!(sent.is_ok(), "a send as {what} signed in with an API key: {sent:?}");
     }
     // Prism does check: an account SID out of its form is refused, and haul says so.
     let bad = TwilioSettings { account_sid: "AC-not-an-account".into(), ..settings(&prism, by_number()) };
-    let refused = channel(bad).send("k1", &load, "/v1/messages", &sms, t0()).await;
+    let refused = channel(bad).send("k1", &load, "/v1/messages", &sms, None, t0()).await;
     assert!(
         matches!(&refused, Err(DeliveryError::Permanent(e)) if e.0.starts_with("HTTP 4")),
         "a request Twilio's description refuses: {refused:?}"

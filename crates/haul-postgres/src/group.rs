@@ -48,7 +48,9 @@ use haul_store::{AppendError, ClaimError, Published, StaleClaimError, StoreError
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Statement;
 
-use crate::units::{AppendArgs, AppendStatements, Fail, PublishArgs, PublishMarkArgs, PublishMarkStatements, db};
+use crate::units::{
+    AppendArgs, AppendStatements, Fail, Publish, PublishArgs, PublishMarkArgs, PublishMarkStatements, db,
+};
 use crate::{pg, pool_client};
 
 /// Units per transaction at most: bounds what one failed commit takes down and how
@@ -69,9 +71,9 @@ const SESSION_SETTINGS: &str = "SET lock_timeout = '20ms'; SET standard_conformi
 /// The session's own prepared statements, which a wave sent as text runs (`text_wave`).
 fn text_statements() -> String {
     format!(
-        "PREPARE haul_publish (text, text, text, bigint) AS {};
+        "PREPARE haul_publish (text, text, text, text, bigint) AS {};
          PREPARE haul_mark_dispatched (text, text, text, text, bigint) AS {};
-         PREPARE haul_publish_set (text[], text[], text[], bigint[]) AS {}",
+         PREPARE haul_publish_set (text[], text[], text[], text[], bigint[]) AS {}",
         crate::sql::QUEUE_PUBLISH,
         crate::sql::OUTBOX_MARK_DISPATCHED,
         crate::sql::QUEUE_PUBLISH_SET
@@ -115,8 +117,6 @@ enum Step {
 }
 
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
-/// A publish as a set wave sends it: load, event id, body, now.
-type Publish<'a> = (&'a str, &'a str, &'a str, i64);
 /// A mark as a set wave sends it: load, outbox id, token, receipt, now.
 type Mark<'a> = (&'a str, &'a str, &'a str, &'a str, i64);
 
@@ -219,10 +219,7 @@ impl Job {
                     _ => tx.prepare_cached(crate::sql::QUEUE_PUBLISH).await.map_err(db),
                 };
                 let r = match r {
-                    Ok(publish) => {
-                        crate::units::publish_in(tx, &publish, &args.load_id, &args.event_id, &args.body, args.now)
-                            .await
-                    }
+                    Ok(publish) => crate::units::publish_in(tx, &publish, args.parts()).await,
                     Err(f) => Err(f),
                 };
                 let (step, o) = settle(r.map(|p| (p, true)));
@@ -239,8 +236,10 @@ impl Job {
         let plain = |values: &[&str]| values.iter().all(|v| !v.contains('\0'));
         match self {
             Job::Append { .. } => false,
-            Job::PublishMark { args: a, .. } => plain(&[&a.id, &a.token, &a.receipt, &a.load_id, &a.event_id, &a.body]),
-            Job::Publish { args: a, .. } => plain(&[&a.load_id, &a.event_id, &a.body]),
+            Job::PublishMark { args: a, .. } => {
+                plain(&[&a.id, &a.token, &a.receipt, &a.load_id, &a.event_id, &a.body, &a.trace])
+            }
+            Job::Publish { args: a, .. } => plain(&[&a.load_id, &a.event_id, &a.body, &a.trace]),
         }
     }
 
@@ -250,11 +249,11 @@ impl Job {
         match self {
             Job::Append { .. } => 0,
             Job::Publish { args: a, .. } => {
-                execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body], a.now);
+                execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body, &a.trace], a.now);
                 1
             }
             Job::PublishMark { args: a, .. } => {
-                execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body], a.now);
+                execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body, &a.trace], a.now);
                 let load = haul_store::outbox_key_load(&a.id);
                 execute(sql, "haul_mark_dispatched", &[load, &a.id, &a.token, &a.receipt], a.now);
                 2
@@ -263,16 +262,15 @@ impl Job {
     }
 
     /// What a wave of set statements (`set_wave`) sends of the unit: its publish (load,
-    /// event id, body, now) and, for a publish-and-mark, its mark (load, outbox id,
+    /// event id, body, trace context, now) and, for a publish-and-mark, its mark (load, outbox id,
     /// token, receipt, now). None for an append.
     fn parts(&self) -> Option<(Publish<'_>, Option<Mark<'_>>)> {
         match self {
             Job::Append { .. } => None,
-            Job::Publish { args: a, .. } => Some(((&a.load_id, &a.event_id, &a.body, a.now), None)),
-            Job::PublishMark { args: a, .. } => Some((
-                (&a.load_id, &a.event_id, &a.body, a.now),
-                Some((haul_store::outbox_key_load(&a.id), &a.id, &a.token, &a.receipt, a.now)),
-            )),
+            Job::Publish { args: a, .. } => Some((a.parts(), None)),
+            Job::PublishMark { args: a, .. } => {
+                Some((a.publish(), Some((haul_store::outbox_key_load(&a.id), &a.id, &a.token, &a.receipt, a.now))))
+            }
         }
     }
 
@@ -815,8 +813,10 @@ async fn set_wave(
     sql.push(',');
     array(&mut sql, &publishes, |sql, p| literal(sql, p.2));
     sql.push(',');
+    array(&mut sql, &publishes, |sql, p| literal(sql, p.3));
+    sql.push(',');
     array(&mut sql, &publishes, |sql, p| {
-        let _ = write!(sql, "{}", p.3);
+        let _ = write!(sql, "{}", p.4);
     });
     sql.push_str(");");
     for (load, id, token, receipt, now) in &marks {
@@ -973,15 +973,20 @@ impl crate::PgStore {
             match u.mark {
                 None => {
                     let (reply, rx) = oneshot::channel();
-                    batch.push(Job::Publish { args: PublishArgs { load_id, event_id, body, now }, out: None, reply });
+                    let trace = String::new();
+                    batch.push(Job::Publish {
+                        args: PublishArgs { load_id, event_id, body, trace, now },
+                        out: None,
+                        reply,
+                    });
                     answers.push(tokio::spawn(async move {
                         rx.await.unwrap_or_else(|_| Err(StoreError::new("dropped"))).map_err(|e| format!("store: {e}"))
                     }));
                 }
                 Some((id, token)) => {
                     let (reply, rx) = oneshot::channel();
-                    let receipt = format!("receipt of {id}");
-                    let args = PublishMarkArgs { id, token, receipt, load_id, event_id, body, now };
+                    let (receipt, trace) = (format!("receipt of {id}"), String::new());
+                    let args = PublishMarkArgs { id, token, receipt, load_id, event_id, body, trace, now };
                     batch.push(Job::PublishMark { args, out: None, reply });
                     answers.push(tokio::spawn(async move {
                         rx.await.unwrap_or_else(|_| Err(StoreError::new("dropped").into())).map_err(|e| match e {
@@ -1049,6 +1054,7 @@ mod tests {
                             load_id,
                             event_id,
                             body: if kind == "n" { "a\0b".into() } else { body },
+                            trace: String::new(),
                             now,
                         },
                         out: None,
@@ -1056,7 +1062,8 @@ mod tests {
                     },
                     _ => {
                         let (id, token, receipt) = (format!("{load}/e1/send_sms"), "t".into(), "r".into());
-                        let args = PublishMarkArgs { id, token, receipt, load_id, event_id, body, now };
+                        let trace = String::new();
+                        let args = PublishMarkArgs { id, token, receipt, load_id, event_id, body, trace, now };
                         Job::PublishMark { args, out: None, reply: oneshot::channel().0 }
                     }
                 }

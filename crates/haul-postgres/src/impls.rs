@@ -11,6 +11,7 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::limit::{Grant, Limit};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms, to_us};
+use haul_core::trace::TraceParent;
 use haul_store::backend::{
     Columns, check_keys_of_load, check_lease, claims, conflict_load_row, dead_row, deadline_ms, delivery_receipt,
     delivery_row, inbox_alert_row, inbox_sms_row, load_client_row, load_id_row, load_summary_row, ops_alert_row,
@@ -38,7 +39,7 @@ use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secre
 
 use crate::rows::{Params, PgRow, col, rows_on, sql_limit};
 use crate::sql::*;
-use crate::units::{AppendArgs, Fail, PublishArgs, PublishMarkArgs, ack_in, lock_head};
+use crate::units::{AppendArgs, Fail, PublishArgs, PublishMarkArgs, ack_in, lock_head, trace_text};
 use crate::{PgStore, pg};
 use deadpool_postgres::GenericClient;
 
@@ -200,6 +201,7 @@ impl Outbox for PgStore {
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, ClaimError> {
         let args = PublishMarkArgs {
@@ -209,6 +211,7 @@ impl Outbox for PgStore {
             load_id: load_id.as_str().to_owned(),
             event_id: event_id.to_owned(),
             body: body.to_owned(),
+            trace: trace_text(trace),
             now: to_ms(now),
         };
         self.group.publish_mark(args).await
@@ -404,14 +407,21 @@ impl Outbox for PgStore {
 
 #[async_trait]
 impl TimerStore for PgStore {
-    async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError> {
+    async fn schedule_traced(
+        &self,
+        timer_id: &TimerId,
+        fire_at: Timestamp,
+        trace: Option<TraceParent>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
         let (load_id, _, _) = timer_id.parts();
         let client = self.client().await?;
         let (timers, loads, fire_at) = ([timer_id.as_str()], [load_id.as_str()], [to_ms(fire_at)]);
+        let traces = [trace.map(|t| t.to_string())];
         let n = client
             .execute(
                 &client.prepare_cached(TIMERS_SCHEDULE_ALL).await.map_err(pg)?,
-                &[&&timers[..], &&loads[..], &&fire_at[..], &to_ms(now)],
+                &[&&timers[..], &&loads[..], &&fire_at[..], &to_ms(now), &&traces[..]],
             )
             .await
             .map_err(pg)?;
@@ -466,17 +476,19 @@ impl TimerStore for PgStore {
 
 #[async_trait]
 impl LoadQueue for PgStore {
-    async fn publish(
+    async fn publish_traced(
         &self,
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         let args = PublishArgs {
             load_id: load_id.as_str().to_owned(),
             event_id: event_id.to_owned(),
             body: body.to_owned(),
+            trace: trace_text(trace),
             now: to_ms(now),
         };
         self.group.publish(args).await
@@ -703,7 +715,7 @@ impl SendRates for PgStore {
                 continue;
             }
             let (keys, granted, tats): (Option<Vec<String>>, Option<Vec<i64>>, Option<Vec<i64>>) =
-                (col(r, 14)?, col(r, 15)?, col(r, 16)?);
+                (col(r, 15)?, col(r, 16)?, col(r, 17)?);
             let (keys, granted, tats) =
                 (keys.unwrap_or_default(), granted.unwrap_or_default(), tats.unwrap_or_default());
             took = keys.into_iter().zip(granted.into_iter().zip(tats)).collect();

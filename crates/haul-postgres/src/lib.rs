@@ -66,6 +66,7 @@ const MIGRATIONS: &[Migration] = &[
     // New tables only: a haul of schema 20 runs beside (its LLM decisions are not
     // added to the clients' day spend, and keep no prompts).
     Migration::new(21, include_str!("../migrations/0021_llm_spend.sql")).readable_by(20),
+    Migration::new(22, include_str!("../migrations/0022_trace_context.sql")).readable_by(21),
 ];
 
 /// The newest schema version this build knows.

@@ -35,13 +35,16 @@ pub const LOAD_VERSION: &str = "SELECT version FROM loads WHERE load_id = $1";
 pub const ENTRY_IDS_TAKEN: &str = "SELECT entry_id FROM events WHERE load_id = $1 AND entry_id = ANY($2) LIMIT 1";
 /// `$1` load, `$2` outbox ids (all of that load).
 pub const OUTBOX_KEYS_TAKEN: &str = "SELECT id FROM outbox WHERE load_id = $1 AND id = ANY($2) LIMIT 1";
-/// `$1` load, `$2..$5` seqs, entry ids, kinds, payloads, `$6` now.
-pub const EVENTS_INSERT: &str = "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at)
-     SELECT $1, s, e, k, p, $6 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[]) AS t(s, e, k, p)";
-/// `$1` load, `$2..$4` ids, action types, actions, `$5` now.
+/// `$1` load, `$2..$5` seqs, entry ids, kinds, payloads, `$6` now, `$7` trace contexts
+/// (NULL elements for none).
+pub const EVENTS_INSERT: &str = "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at, trace)
+     SELECT $1, s, e, k, p, $6, c FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $7::text[])
+       AS t(s, e, k, p, c)";
+/// `$1` load, `$2..$4` ids, action types, actions, `$5` now, `$6` trace contexts.
 pub const OUTBOX_INSERT: &str =
-    "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at)
-     SELECT i, $1, t, a, 'pending', $5, $5, $5 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(i, t, a)";
+    "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at, trace)
+     SELECT i, $1, t, a, 'pending', $5, $5, $5, c FROM unnest($2::text[], $3::text[], $4::text[], $6::text[])
+       AS u(i, t, a, c)";
 /// `$1` after (load id), `$2` limit.
 pub const LOAD_IDS: &str = "SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2";
 
@@ -172,7 +175,7 @@ macro_rules! outbox_claim_taking {
             ", NULL::text[], NULL::bigint[], NULL::bigint[] FROM claimed
              UNION ALL
              SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::bigint,
-               NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::bigint,
+               NULL::bigint, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::text,
                array_agg(rate_key), array_agg(last_granted), array_agg(tat_us) FROM took"
         )
     };
@@ -367,9 +370,9 @@ pub const OUTBOX_COUNT_SUPERSEDED: &str = "SELECT count(*) FROM outbox WHERE sta
 
 /// Timers scheduled: `TimerStore::schedule` (one) and an append's schedules
 /// (`TimerRoute::WithDecision`). Idempotent on the timer id. `$1` timers, `$2` their
-/// loads, `$3` their fire_at, `$4` now.
-pub const TIMERS_SCHEDULE_ALL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at)
-     SELECT t, l, f, 'scheduled', $4 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS s(t, l, f)
+/// loads, `$3` their fire_at, `$4` now, `$5` their trace contexts.
+pub const TIMERS_SCHEDULE_ALL: &str = "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, trace)
+     SELECT t, l, f, 'scheduled', $4, c FROM unnest($1::text[], $2::text[], $3::bigint[], $5::text[]) AS s(t, l, f, c)
      ON CONFLICT (timer_id) DO NOTHING";
 /// Timers canceled: `TimerStore::cancel` (one) and an append's cancels (the timers
 /// distinct). A cancel that arrives before its schedule leaves a canceled row behind,
@@ -407,22 +410,24 @@ pub const TIMER_GET: &str = concat!("SELECT ", columns!(timer), " FROM timers WH
 /// A publish in one statement: the message (none when the load has this event id
 /// already) and, when its load's head is empty, the head takes it; a busy head keeps
 /// its own. A row back means published, none a duplicate. `$1` load, `$2` event id,
-/// `$3` body, `$4` now.
+/// `$3` body, `$4` trace context (`''` for none: a wave sent as text writes no NULL),
+/// `$5` now.
 pub const QUEUE_PUBLISH: &str = "WITH m AS (
-       INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES ($1, $2, $3, $4)
+       INSERT INTO queue (load_id, event_id, body, enqueued_at, trace) VALUES ($1, $2, $3, $5, NULLIF($4, ''))
        ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id)
-     INSERT INTO queue_heads (load_id, message_id, visible_at) SELECT $1, id, $4 FROM m
+     INSERT INTO queue_heads (load_id, message_id, visible_at) SELECT $1, id, $5 FROM m
      ON CONFLICT (load_id) DO UPDATE SET
        visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
        message_id = COALESCE(queue_heads.message_id, excluded.message_id)
      RETURNING load_id";
 /// `QUEUE_PUBLISH` for many loads in one statement (a committer's wave of publishes,
-/// `group::set_wave`): `$1` loads, `$2` event ids, `$3` bodies, `$4` nows, one element
-/// per message, no load twice (a head takes the first message its load is sent). A row
+/// `group::set_wave`): `$1` loads, `$2` event ids, `$3` bodies, `$4` trace contexts
+/// (`''` for none), `$5` nows, one element per message, no load twice (a head takes the first message its load is sent). A row
 /// back (its load) per message published; a duplicate returns none.
 pub const QUEUE_PUBLISH_SET: &str = "WITH m AS (
-       INSERT INTO queue (load_id, event_id, body, enqueued_at)
-       SELECT l, e, b, n FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS v (l, e, b, n)
+       INSERT INTO queue (load_id, event_id, body, enqueued_at, trace)
+       SELECT l, e, b, n, NULLIF(c, '') FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[])
+         AS v (l, e, b, c, n)
        ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id, load_id, enqueued_at)
      INSERT INTO queue_heads (load_id, message_id, visible_at) SELECT load_id, id, enqueued_at FROM m
      ON CONFLICT (load_id) DO UPDATE SET

@@ -8,6 +8,7 @@ use deadpool_postgres::{GenericClient, Pool, Transaction};
 use haul_core::derived::{Derived, TimerWrite};
 use haul_core::ids::LoadId;
 use haul_core::time::to_ms;
+use haul_core::trace::TraceParent;
 use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt};
 use haul_store::{
     AppendError, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, NewEntry,
@@ -81,15 +82,41 @@ pub(crate) struct PublishMarkArgs {
     pub load_id: String,
     pub event_id: String,
     pub body: String,
+    /// The trace context's text, `''` for none (`QUEUE_PUBLISH`).
+    pub trace: String,
     pub now: i64,
 }
 
-/// `LoadQueue::publish`'s arguments.
+impl PublishMarkArgs {
+    /// The publish's parameters, as `PublishArgs::parts`.
+    pub(crate) fn publish(&self) -> Publish<'_> {
+        (&self.load_id, &self.event_id, &self.body, &self.trace, self.now)
+    }
+}
+
+/// `LoadQueue::publish_traced`'s arguments.
 pub(crate) struct PublishArgs {
     pub load_id: String,
     pub event_id: String,
     pub body: String,
+    /// The trace context's text, `''` for none (`QUEUE_PUBLISH`).
+    pub trace: String,
     pub now: i64,
+}
+
+impl PublishArgs {
+    /// The publish's parameters: load, event id, body, trace context, now.
+    pub(crate) fn parts(&self) -> Publish<'_> {
+        (&self.load_id, &self.event_id, &self.body, &self.trace, self.now)
+    }
+}
+
+/// A publish's parameters, in `QUEUE_PUBLISH`'s order.
+pub(crate) type Publish<'a> = (&'a str, &'a str, &'a str, &'a str, i64);
+
+/// A trace context as `QUEUE_PUBLISH` takes it.
+pub(crate) fn trace_text(trace: Option<TraceParent>) -> String {
+    trace.map(|t| t.to_string()).unwrap_or_default()
 }
 
 /// An append alone in a transaction of its own: a unit a batch put off because it
@@ -215,6 +242,8 @@ pub(crate) async fn append_body(
     let payloads: Vec<String> = entries.iter().map(|e| e.payload.to_string()).collect();
     let types: Vec<&str> = outbox.iter().map(|o| o.action_type.as_str()).collect();
     let actions: Vec<String> = outbox.iter().map(|o| o.action.to_string()).collect();
+    let entry_traces: Vec<Option<String>> = entries.iter().map(|e| e.trace.map(|t| t.to_string())).collect();
+    let row_traces: Vec<Option<String>> = outbox.iter().map(|o| o.trace.map(|t| t.to_string())).collect();
     let message = a.receipt.as_deref().and_then(parse_receipt);
     let receipt = a.receipt.as_deref().unwrap_or_default();
     let version_params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
@@ -232,9 +261,10 @@ pub(crate) async fn append_body(
         Some(stmt) => tx.query_opt(stmt, &[&lid]).await,
         None => Ok(None),
     };
-    let insert_events = async || tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now]).await;
+    let insert_events =
+        async || tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now, &entry_traces]).await;
     let insert_outbox = async || match &outbox_stmt {
-        Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now]).await,
+        Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now, &row_traces]).await,
         None => Ok(0),
     };
     let set_summary = async |asks: &Option<String>, open: &Option<i32>, escalated: &Option<i32>| match &summary_stmt {
@@ -289,11 +319,14 @@ pub(crate) async fn append_body(
     };
     // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`):
     // schedules first, as a decision's actions come.
+    // They keep the run's trace context.
     let timers = TimerArrays::of(&delta);
+    let run_trace = entries.iter().find_map(|e| e.trace).map(|t| t.to_string());
+    let timer_traces = vec![run_trace; timers.schedule.0.len()];
     let schedule_timers = async || match &schedule_stmt {
         Some(stmt) => {
             let (ids, loads, fire_at) = &timers.schedule;
-            tx.execute(stmt, &[ids, loads, fire_at, &now]).await
+            tx.execute(stmt, &[ids, loads, fire_at, &now, &timer_traces]).await
         }
         None => Ok(0),
     };
@@ -508,7 +541,7 @@ pub(crate) async fn publish_mark_body(
     // The mark is issued behind the publish, in the same round trip.
     let mark: Params = &[&lid, &a.id, &a.token, &a.receipt, &a.now];
     let (published, n) = tokio::join!(
-        publish_in::<ClaimError>(tx, &statements.publish, &a.load_id, &a.event_id, &a.body, a.now),
+        publish_in::<ClaimError>(tx, &statements.publish, a.publish()),
         tx.execute(&statements.mark, mark),
     );
     let published = published?;
@@ -520,9 +553,7 @@ pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Publish
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
     let publish = tx.prepare_cached(QUEUE_PUBLISH).await.map_err(pg)?;
-    let published = publish_in::<StoreError>(&tx, &publish, &a.load_id, &a.event_id, &a.body, a.now)
-        .await
-        .map_err(Fail::into_err)?;
+    let published = publish_in::<StoreError>(&tx, &publish, a.parts()).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     Ok(published)
 }
@@ -553,13 +584,10 @@ pub(crate) async fn lock_head<E: From<StoreError>>(
 pub(crate) async fn publish_in<E: From<StoreError>>(
     tx: &impl GenericClient,
     publish: &Statement,
-    lid: &str,
-    event_id: &str,
-    body: &str,
-    now: i64,
+    (lid, event_id, body, trace, now): Publish<'_>,
 ) -> Result<Published, Fail<E>> {
     // The head's upsert locks its row, so a publish serializes with an ack moving it.
-    match tx.query_opt(publish, &[&lid, &event_id, &body, &now]).await.map_err(db)? {
+    match tx.query_opt(publish, &[&lid, &event_id, &body, &trace, &now]).await.map_err(db)? {
         Some(_) => Ok(Published::New),
         None => Ok(Published::Duplicate),
     }

@@ -27,7 +27,7 @@ async fn wrong_typed_and_null_columns_are_corrupt_row_errors() {
     let (l1, l2) = (LoadId::parse("L1").unwrap(), LoadId::parse("L2").unwrap());
     for l in [&l1, &l2] {
         let id = format!("{l}/e1/send_sms");
-        let row = NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms };
+        let row = NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms, trace: None };
         let entry = NewEntry::stored("e1", "inbound_sms", json!({}));
         s.append(l, vec![entry], 0, vec![row], at(1)).await.unwrap();
     }
@@ -100,7 +100,12 @@ async fn a_first_append_meeting_rows_without_a_version_row_is_refused_as_before(
     let (s, schema) = fresh_store(&options).await.unwrap();
     let l = LoadId::parse("L1").unwrap();
     let entry = |id: &str| NewEntry::stored(id, "inbound_sms", json!({}));
-    let row = |id: &str| NewOutboxRow { action: json!({"key": id}), id: id.into(), action_type: ActionType::SendSms };
+    let row = |id: &str| NewOutboxRow {
+        action: json!({"key": id}),
+        id: id.into(),
+        action_type: ActionType::SendSms,
+        trace: None,
+    };
     s.append(&l, vec![entry("e1")], 0, vec![row("L1/e1/send_sms")], at(1)).await.unwrap();
     let client = client_in_schema(&options.url, &schema).await;
     client.batch_execute("DELETE FROM loads WHERE load_id = 'L1'").await.unwrap();

@@ -46,7 +46,7 @@ async fn fill(s: &haul_postgres::PgStore) {
         let rows = (0..3)
             .map(|k| {
                 let id = format!("L{i}/e1/a{k}");
-                NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms }
+                NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms, trace: None }
             })
             .collect();
         let entries = ["e1", "dec:e1"].iter().map(|e| NewEntry::stored(*e, "inbound_sms", json!({}))).collect();
@@ -138,6 +138,7 @@ async fn every_hot_query_is_served_by_an_index() {
     let (timers, fire_ats) = (vec![timer], vec![later]);
     let seqs = vec![3i64, 4];
     let texts = vec!["x", "y"];
+    let traces = vec![None::<&str>, Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")];
     let (pending, empty, hero) = ("pending", "", "create_hero_task");
     let (sid, phone) = ("SM8a1f", "+15555550100");
     let phones = vec![phone];
@@ -155,8 +156,8 @@ async fn every_hot_query_is_served_by_an_index() {
         case("append: conflict's version", LOAD_VERSION, vec![&l]),
         per_load("append: entry ids taken", ENTRY_IDS_TAKEN, vec![&l, &entry_ids]),
         per_load("append: outbox keys taken", OUTBOX_KEYS_TAKEN, vec![&l, &keys]),
-        per_load("append: events", EVENTS_INSERT, vec![&l, &seqs, &texts, &texts, &texts, &now]),
-        per_load("append: outbox rows", OUTBOX_INSERT, vec![&l, &keys, &texts, &texts, &now]),
+        per_load("append: events", EVENTS_INSERT, vec![&l, &seqs, &texts, &texts, &texts, &now, &traces]),
+        per_load("append: outbox rows", OUTBOX_INSERT, vec![&l, &keys, &texts, &texts, &now, &traces]),
         case("load_ids", LOAD_IDS, vec![&empty, &limit]),
         case("outbox claim of due rows", OUTBOX_CLAIM, vec![&token, &later, &now, &limit]),
         case("outbox claim after a cursor", OUTBOX_CLAIM_AFTER, vec![&token, &later, &now, &limit, &now, &key]),
@@ -201,15 +202,15 @@ async fn every_hot_query_is_served_by_an_index() {
         case("ops alerts page", OPS_ALERT_PAGE, vec![&zero, &key, &limit]),
         case("count pending", OUTBOX_COUNT_PENDING, vec![]),
         case("count dead (/metrics)", OUTBOX_COUNT_DEAD, vec![]),
-        case("timer schedule", TIMERS_SCHEDULE_ALL, vec![&timers, &loads, &fire_ats, &now]),
+        case("timer schedule", TIMERS_SCHEDULE_ALL, vec![&timers, &loads, &fire_ats, &now, &traces]),
         case("timer cancel", TIMERS_CANCEL_ALL, vec![&timers, &loads, &now]),
         case("timer mark_fired", TIMER_MARK_FIRED, vec![&timer, &now]),
         case("timers due", TIMERS_DUE, vec![&later, &limit]),
         case("timers_for_load", TIMERS_FOR_LOAD, vec![&l]),
         case("timers_for_load_page", TIMERS_PAGE, vec![&l, &zero, &timer, &limit]),
         case("get_timer", TIMER_GET, vec![&timer]),
-        case("queue publish", QUEUE_PUBLISH, vec![&l, &key, &token, &now]),
-        case("queue publish of a wave", QUEUE_PUBLISH_SET, vec![&loads, &keys, &keys, &nows]),
+        case("queue publish", QUEUE_PUBLISH, vec![&l, &key, &token, &empty, &now]),
+        case("queue publish of a wave", QUEUE_PUBLISH_SET, vec![&loads, &keys, &keys, &keys, &nows]),
         case("queue receive (heads)", QUEUE_RECEIVE, vec![&now, &limit, &later, &token]),
         case("queue lock head", QUEUE_LOCK_HEAD, vec![&one]),
         case("queue ack (and the head's advance)", QUEUE_ACK, vec![&one, &receipt, &now, &l]),
@@ -371,7 +372,7 @@ async fn the_claim_and_the_receive_join_by_key_on_large_tables() {
         (
             "publish_set",
             QUEUE_PUBLISH_SET,
-            "ARRAY['L5','L6'], ARRAY['x','y'], ARRAY['{}','{}'], ARRAY[1000,1000]::bigint[]",
+            "ARRAY['L5','L6'], ARRAY['x','y'], ARRAY['{}','{}'], ARRAY['',''], ARRAY[1000,1000]::bigint[]",
         ),
     ] {
         session.batch_execute(&format!("PREPARE haul_lease_{name} AS {sql}")).await.unwrap();

@@ -21,7 +21,7 @@ fn entry(id: &str) -> NewEntry {
 }
 
 fn row(id: &str) -> NewOutboxRow {
-    NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({"key": id}) }
+    NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({"key": id}), trace: None }
 }
 
 fn unit(l: &str, entries: &[&str], expected: u64, keys: &[&str]) -> (LoadId, Vec<NewEntry>, u64, Vec<NewOutboxRow>) {

@@ -17,6 +17,7 @@ use haul_core::dispatch::{self, Alert, Effect, IfFailed, Next, Plan, Row, Sent, 
 use haul_core::ids::LoadId;
 use haul_core::limit::{self, Grant, Limit};
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use haul_core::{Channel, Clock, PerChannel, QueueMode, RetryPolicy, Urgency, retry};
 use haul_store::{
     AlertState, Claim, ClaimCursor, ClaimError, ClaimTake, ClaimedTaking, LoadQueue, OutboxRow, Store, StoreError,
@@ -508,7 +509,7 @@ impl Dispatcher {
             };
             let why = consent::ledger_refusal(&consent.event_id, consent.changed_at);
             info!(load_id = %c.row.load_id, outbox_id = %c.row.id, stop = %consent.event_id, "not sent: the phone opted out of SMS");
-            let facts = row_facts(&c.row);
+            let facts = c.row.facts();
             let next = dispatch::after_send(&facts, Sent::Permanent(why), self.mode(), self.clock.now());
             match self.settle(&facts, &c.token, next).await? {
                 Dispatched::Buried => refused += 1,
@@ -898,7 +899,7 @@ impl Dispatcher {
         let now = self.clock.now();
         let mut out = Vec::new();
         for u in self.store.unsettled_due(now, self.settings.batch).await? {
-            let facts = row_facts(&u.row);
+            let facts = u.row.facts();
             let mut failed = None;
             for step in dispatch::sweep(&facts, u.row.last_failure.as_deref()).steps {
                 if let Err(e) = self.effect(&facts, NO_CLAIM, &step.effect).await {
@@ -963,7 +964,11 @@ impl Dispatcher {
                 info!(load_id, outbox_id, action_type, outcome, attempt, %until, duration_ms, "dispatch: the service is over its rate (429); held back, no attempt spent")
             }
 
-            _ => info!(load_id, outbox_id, action_type, outcome, attempt, duration_ms, "dispatch"),
+            _ => {
+                let trace_id = row.trace.map(|t| t.trace_id_hex());
+                let trace_id = trace_id.as_deref();
+                info!(load_id, outbox_id, action_type, outcome, attempt, duration_ms, trace_id, "dispatch")
+            }
         }
         metrics::counter!("haul_dispatches_total", "result" => result.label()).increment(1);
         result
@@ -976,7 +981,7 @@ impl Dispatcher {
         if self.faults.bugs.never_reclaim && row.attempts > 0 {
             return Ok(Dispatched::Unsettled("the planted never_reclaim bug gave the row up".into()));
         }
-        let facts = row_facts(row);
+        let facts = row.facts();
         let mode = self.mode();
         // Read from the row's JSON in place: a copy of it per send (allocated, then
         // dropped) showed in a busy dispatcher's profile.
@@ -1085,7 +1090,7 @@ impl Dispatcher {
         };
         match effect {
             Effect::Publish(event) => {
-                self.queue.publish(event, now).await?;
+                self.queue.publish_traced(event, row.trace, now).await?;
                 self.wake_worker();
                 Ok(())
             }
@@ -1094,7 +1099,7 @@ impl Dispatcher {
                 let (event_id, body) = (event.event_id.as_str(), body_of(event));
                 let r = self
                     .store
-                    .publish_and_mark_dispatched(id, token, receipt, &row.load_id, event_id, &body, now)
+                    .publish_and_mark_dispatched(id, token, receipt, &row.load_id, event_id, &body, row.trace, now)
                     .await;
                 if matches!(r, Ok(_) | Err(ClaimError::Stale(_))) {
                     // Published, whatever the mark found.
@@ -1128,7 +1133,7 @@ impl Dispatcher {
                 }
                 Ok(())
             }
-            Effect::RaiseAlert(alert) => self.alert(alert).await,
+            Effect::RaiseAlert(alert) => self.alert(alert, row.trace).await,
             Effect::MarkOutcomePublished => Ok(self.store.mark_outcome_published(id, now).await?),
         }
     }
@@ -1143,9 +1148,10 @@ impl Dispatcher {
     async fn apply(&self, row: &OutboxRow, action: &Action) -> Sent {
         let now = self.clock.now();
         let sent = match action.kind.request(&row.load_id) {
+            // The timer keeps the decision's context: its firing continues that trace.
             Request::ScheduleTimer { timer_id, fire_at } => self
                 .store
-                .schedule(&timer_id, fire_at, now)
+                .schedule_traced(&timer_id, fire_at, row.trace, now)
                 .await
                 .map(|new| if new { "scheduled" } else { "already scheduled" })
                 .map(str::to_owned)
@@ -1159,9 +1165,12 @@ impl Dispatcher {
             Request::Send(call) => {
                 let channel = self.channels.get(call.channel);
                 let lease = self.settings.lease;
+                // Each attempt is a span of its own in the decision's trace.
+                let trace = row.trace.map(|t| crate::trace::child(&t));
+                let (key, load, path, body) = (&row.id, &row.load_id, &call.path, &call.body);
                 match dispatch::tried_since(row.attempts, row.first_attempt_at, row.lease_until, lease) {
-                    None => channel.send(&row.id, &row.load_id, &call.path, &call.body, now).await,
-                    Some(since) => channel.resend(&row.id, &row.load_id, &call.path, &call.body, now, since).await,
+                    None => channel.send(key, load, path, body, trace, now).await,
+                    Some(since) => channel.resend(key, load, path, body, trace, now, since).await,
                 }
             }
         };
@@ -1180,7 +1189,7 @@ impl Dispatcher {
     /// The store keeps each send's result: a delivered or refused alert is settled (a
     /// refusal, a 4xx, is not sent again: it would be refused again), and one that
     /// failed otherwise is an error, so the sweep tries it again after a backoff.
-    async fn alert(&self, alert: &Alert) -> Result<(), EffectError> {
+    async fn alert(&self, alert: &Alert, trace: Option<TraceParent>) -> Result<(), EffectError> {
         let kind = alert.kind.as_str();
         error!(
             alert = kind,
@@ -1191,7 +1200,8 @@ impl Dispatcher {
             "OpsAlert"
         );
         let (call, key, now) = (alert.call(), alert.key(), self.clock.now());
-        let sent = self.channels.get(call.channel).send(&key, &alert.load_id, &call.path, &call.body, now).await;
+        let trace = trace.map(|t| crate::trace::child(&t));
+        let sent = self.channels.get(call.channel).send(&key, &alert.load_id, &call.path, &call.body, trace, now).await;
         let (state, error) = match &sent {
             Ok(_) => (AlertState::Delivered, None),
             Err(e @ DeliveryError::Permanent(_)) => (AlertState::Refused, Some(clip(&e.to_string()))),
@@ -1305,17 +1315,6 @@ fn mark_before_publish(plan: &mut Plan) {
 /// The phone an SMS row texts; `None` for any other row.
 fn sms_to(row: &OutboxRow) -> Option<&str> {
     (row.action_type == ActionType::SendSms).then(|| row.action.pointer("/params/to")?.as_str()).flatten()
-}
-
-fn row_facts(row: &OutboxRow) -> Row {
-    Row {
-        outbox_id: row.id.clone(),
-        load_id: row.load_id.clone(),
-        action_type: row.action_type,
-        attempts: row.attempts,
-        first_attempt_at: row.first_attempt_at,
-        created_at: row.created_at,
-    }
 }
 
 #[cfg(test)]

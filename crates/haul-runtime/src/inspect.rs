@@ -669,6 +669,7 @@ mod tests {
             receipt: None,
             created_at: t("07:00:00"),
             updated_at: t("07:00:05"),
+            trace: None,
         };
         let outcome = serde_json::json!({"outbox_id": long_key, "action_type": "send_sms", "status": "delivered", "failure": "x".repeat(80)});
         let view = LoadView {

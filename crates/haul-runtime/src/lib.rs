@@ -26,4 +26,5 @@ pub mod rates;
 pub mod secrets;
 pub mod shadow;
 pub mod timeline;
+pub mod trace;
 pub mod worker;

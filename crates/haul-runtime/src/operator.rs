@@ -16,6 +16,7 @@ use haul_core::decision::Decision;
 use haul_core::event::{OperatorAction, OperatorCommand};
 use haul_core::ids::{AskId, EventId, LoadId, check_request_id};
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use haul_core::{BadInput, EventBody, InboundEvent};
 use haul_store::{
     EdgeStore, OutboxRow, OutboxStatus, Published, RequestClaim, SmsAssignment, SmsDismissal, SmsMove, Store,
@@ -37,6 +38,8 @@ pub struct Requester {
     pub request_id: String,
     pub actor: String,
     pub reason: String,
+    /// The request's trace context: the action's run continues it.
+    pub trace: Option<TraceParent>,
 }
 
 /// Why a request was refused. Nothing was published.
@@ -166,11 +169,11 @@ async fn publish(
     store: &dyn EdgeStore,
     queue: &EventQueue,
     event: &InboundEvent,
-    request_id: &str,
+    who: &Requester,
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
-    let claimed = claim_request(store, event, request_id, now).await?;
-    publish_claimed(queue, event, claimed, request_id, now).await
+    let claimed = claim_request(store, event, &who.request_id, now).await?;
+    publish_claimed(queue, event, claimed, who, now).await
 }
 
 /// [`claim`], refused when the request id was used for another action on the load.
@@ -195,10 +198,11 @@ async fn publish_claimed(
     queue: &EventQueue,
     event: &InboundEvent,
     claimed: RequestClaim,
-    request_id: &str,
+    who: &Requester,
     now: Timestamp,
 ) -> Result<Queued, OperatorError> {
-    let status = match queue.publish(event, now).await? {
+    let request_id = who.request_id.as_str();
+    let status = match queue.publish_traced(event, who.trace, now).await? {
         Published::New if claimed == RequestClaim::New => "queued",
         // A queue that cannot tell (SQS FIFO): the store could.
         Published::New => "duplicate",
@@ -246,7 +250,7 @@ pub async fn requeue(
     let event_id = EventId::operator(&who.request_id)?;
     let row = dead_row(store, outbox_id).await?;
     let event = requeue_event(&row, &event_id, who)?;
-    publish(store, queue, &event, &who.request_id, now).await
+    publish(store, queue, &event, who, now).await
 }
 
 /// Hands the unmatched SMS `message_sid` to `load_id`, which takes it as its
@@ -282,7 +286,7 @@ pub async fn assign_sms(
     };
     let command = OperatorCommand::AssignSms { message_sid: sms.message_sid, from: sms.from, body: sms.body };
     let event = event(load_id, &event_id, who, command)?;
-    publish(store, queue, &event, &who.request_id, now).await
+    publish(store, queue, &event, who, now).await
 }
 
 /// What a reassignment published: the assignment on the load the SMS is moved to,
@@ -356,8 +360,8 @@ pub async fn reassign_sms(
         ),
     };
     // The old load first: were the new one told and this not, the SMS would count on both.
-    let from = publish_claimed(queue, &old, old_claim, &who.request_id, now).await?;
-    let to = publish_claimed(queue, &new, new_claim, &who.request_id, now).await?;
+    let from = publish_claimed(queue, &old, old_claim, who, now).await?;
+    let to = publish_claimed(queue, &new, new_claim, who, now).await?;
     Ok(Reassigned { to, from })
 }
 
@@ -374,7 +378,7 @@ pub async fn dismiss(
     let event_id = EventId::operator(&who.request_id)?;
     let row = dead_row(store, outbox_id).await?;
     let event = event(&row.load_id, &event_id, who, OperatorCommand::Dismiss { outbox_id: row.id.clone() })?;
-    publish(store, queue, &event, &who.request_id, now).await
+    publish(store, queue, &event, who, now).await
 }
 
 /// What dismissing an unmatched SMS did.
@@ -427,7 +431,7 @@ pub async fn resolve_ask(
     let event_id = EventId::operator(&who.request_id)?;
     let event = event(load_id, &event_id, who, OperatorCommand::ResolveAsk { ask_id: ask_id.clone() })?;
     load_exists(store, load_id).await?;
-    publish(store, queue, &event, &who.request_id, now).await
+    publish(store, queue, &event, who, now).await
 }
 
 /// The load's decision on the operator event `event_id`, once a worker has made it:
@@ -543,7 +547,7 @@ pub async fn bulk_requeue(
             Ok(_) if requeued_as.is_some() => "already_requeued".to_owned(),
             Ok(_) if dismissed => "dismissed".to_owned(),
             Ok(_) if dry_run => "would_requeue".to_owned(),
-            Ok(event) => match publish(store, queue, &event, &who.request_id, now).await {
+            Ok(event) => match publish(store, queue, &event, who, now).await {
                 Ok(q) => q.status.to_owned(),
                 Err(e @ OperatorError::Store(_)) => return Err(e),
                 Err(e) => e.code().to_owned(),

@@ -76,7 +76,8 @@ impl TimerPump {
                     fire_at: timer.fire_at,
                 }),
             };
-            if let Err(e) = self.queue.publish(&event, now).await {
+            // With the context of the run that set the timer: the firing continues it.
+            if let Err(e) = self.queue.publish_traced(&event, timer.trace, now).await {
                 warn!(error = %e, timer_id = %timer.timer_id, "publishing timer_fired failed; the next poll retries");
                 break;
             }

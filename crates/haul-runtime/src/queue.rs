@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use haul_core::{EventId, InboundEvent};
 use haul_store::{LoadQueue, Published, QueueError, QueueMessage, StoreError};
 
@@ -37,6 +38,8 @@ pub struct Received {
     pub enqueued_at: Timestamp,
     /// The load's log version as the queue saw it (`QueueMessage::log_version`).
     pub log_version: Option<u64>,
+    /// The context the message was published with (`QueueMessage::trace`).
+    pub trace: Option<TraceParent>,
     pub event: Result<InboundEvent, Poison>,
 }
 
@@ -57,6 +60,7 @@ impl Received {
             receive_count: m.receive_count,
             enqueued_at: m.enqueued_at,
             log_version: m.log_version,
+            trace: m.trace,
             event,
         }
     }
@@ -71,6 +75,7 @@ impl Received {
             receive_count: 1,
             enqueued_at: now,
             log_version: None,
+            trace: None,
             event: Ok(event),
         }
     }
@@ -94,7 +99,17 @@ impl EventQueue {
     }
 
     pub async fn publish(&self, event: &InboundEvent, now: Timestamp) -> Result<Published, StoreError> {
-        self.inner.publish(&event.load_id, event.event_id.as_str(), &body_of(event), now).await
+        self.publish_traced(event, None, now).await
+    }
+
+    /// `publish`, the message carrying `trace`: the context its run continues.
+    pub async fn publish_traced(
+        &self,
+        event: &InboundEvent,
+        trace: Option<TraceParent>,
+        now: Timestamp,
+    ) -> Result<Published, StoreError> {
+        self.inner.publish_traced(&event.load_id, event.event_id.as_str(), &body_of(event), trace, now).await
     }
 
     pub async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<Received>, StoreError> {
@@ -142,6 +157,7 @@ mod tests {
             receipt: "1.a".into(),
             receive_count: 1,
             log_version: None,
+            trace: None,
         }
     }
 

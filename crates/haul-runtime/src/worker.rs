@@ -17,6 +17,7 @@ use haul_core::filter::filter;
 use haul_core::ids::LoadId;
 use haul_core::projection::{LoadState, Record};
 use haul_core::timers::TimerRoute;
+use haul_core::trace::TraceParent;
 use haul_core::validate::validate_decision;
 use haul_core::{Clock, InboundEvent, QueueMode};
 use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
@@ -213,16 +214,35 @@ impl Worker {
 
     /// One run for one message.
     pub async fn process(&self, msg: Received) -> RunOutcome {
-        let span =
-            info_span!("run", load_id = %msg.load_id, event_id = %msg.event_id, receive_count = msg.receive_count);
+        // The trace's id for every line of the run; each attempt records its own span id.
+        let trace_id = msg.trace.map(|t| t.trace_id_hex());
+        let span = info_span!(
+            "run",
+            load_id = %msg.load_id,
+            event_id = %msg.event_id,
+            receive_count = msg.receive_count,
+            trace_id = trace_id.as_deref(),
+            span_id = tracing::field::Empty,
+        );
         let started = Instant::now();
         let outcome = self.process_inner(&msg, started).instrument(span).await;
         // One line per run, its fields at the top level (what a log shipper indexes).
         let (load_id, event_id, outcome_label) = (msg.load_id.as_str(), msg.event_id.as_str(), outcome.label());
         let duration_ms = started.elapsed().as_millis() as u64;
+        let trace_id = trace_id.as_deref();
         match &outcome {
             RunOutcome::Committed { decider, filtered, actions } => {
-                info!(load_id, event_id, outcome = outcome_label, decider, filtered, actions, duration_ms, "run")
+                info!(
+                    load_id,
+                    event_id,
+                    outcome = outcome_label,
+                    decider,
+                    filtered,
+                    actions,
+                    duration_ms,
+                    trace_id,
+                    "run"
+                )
             }
             RunOutcome::LeftForRedelivery(why) => {
                 warn!(load_id, event_id, outcome = outcome_label, why, duration_ms, "run left for redelivery")
@@ -423,7 +443,13 @@ impl Worker {
                 .collect(),
             None => vec![],
         };
-        let (entries, outbox) = match rows(&msg.load_id, route, &pairs, prompts) {
+        // This attempt's span continues the message's trace: a re-decision after a
+        // conflict is a span of its own.
+        let trace = msg.trace.map(|t| crate::trace::child(&t));
+        if let Some(t) = &trace {
+            tracing::Span::current().record("span_id", t.span_id_hex());
+        }
+        let (entries, outbox) = match rows(&msg.load_id, route, &pairs, prompts, trace) {
             Ok(r) => r,
             Err(e) => return Ok((Happened::Unencodable(e), None)),
         };
@@ -704,11 +730,13 @@ fn spend_committed(load: &LoadId, d: &Decision) {
 /// The log entries and the outbox rows of one run from its events and decisions (the
 /// run's own, then each settled timer's outcome and noop): a row for each action the
 /// append does not carry out itself, and the timers it does in its decision's delta.
+/// Each keeps the run's trace context.
 fn rows(
     load: &LoadId,
     route: TimerRoute,
     pairs: &[(&InboundEvent, &Decision)],
     prompts: Vec<(String, String)>,
+    trace: Option<TraceParent>,
 ) -> Result<(Vec<NewEntry>, Vec<NewOutboxRow>), String> {
     let mut entries = Vec::with_capacity(2 * pairs.len());
     let mut prompts = Some(prompts);
@@ -724,18 +752,20 @@ fn rows(
             kind: e.kind().into(),
             payload: e.body.payload(),
             derived: Derived::of_event(&e.event_id, &e.body),
+            trace,
         });
         entries.push(NewEntry {
             entry_id: d.decision_id.clone(),
             kind: DECISION_RECORDED.into(),
             payload: decision,
             derived,
+            trace,
         });
     }
     let mut outbox = Vec::new();
     for a in pairs.iter().flat_map(|(_, d)| &d.actions).filter(|a| !route.in_append(a)) {
         let action = serde_json::to_value(a).map_err(|e| format!("cannot encode action {}: {e}", a.key))?;
-        outbox.push(NewOutboxRow { id: a.key.clone(), action_type: a.action_type(), action });
+        outbox.push(NewOutboxRow { id: a.key.clone(), action_type: a.action_type(), action, trace });
     }
     Ok((entries, outbox))
 }

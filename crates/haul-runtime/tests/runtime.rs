@@ -203,6 +203,7 @@ impl Decider for Racing {
             kind: "load_update".into(),
             payload: json!({"stage": "in_transit"}),
             derived: Default::default(),
+            trace: None,
         };
         self.store.append(l, vec![entry], s.version, vec![], now).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         sop().decide(l, s, e, now).await
@@ -744,7 +745,7 @@ fn settings_come_from_the_config() {
 // Operator requests.
 
 fn requester(id: &str) -> Requester {
-    Requester { request_id: id.into(), actor: "ana".into(), reason: "driver called".into() }
+    Requester { request_id: id.into(), actor: "ana".into(), reason: "driver called".into(), trace: None }
 }
 
 #[tokio::test]
@@ -958,7 +959,7 @@ async fn an_urgent_hero_task_goes_first_when_the_rate_binds() {
         let key = format!("{l}/e1/create_hero_task");
         let action = json!({"key": key, "type": "create_hero_task",
             "params": {"title": "t", "body": "b", "urgency": urgency}});
-        let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action };
+        let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action, trace: None };
         let entries = vec![NewEntry::stored("e1", "location_ping", json!({}))];
         rig.store.append(&load(l), entries, 0, vec![row], rig.now()).await.unwrap();
     }
@@ -1068,7 +1069,7 @@ async fn an_sms_held_past_its_asks_next_step_is_superseded_not_sent() {
     let key = format!("L1/{ask}/2/send_sms");
     let action = json!({"key": key, "type": "send_sms", "ask_id": ask, "step": 2,
         "params": {"to": "+15555550100", "body": "ETA?"}});
-    let row = haul_store::NewOutboxRow { id: key.clone(), action_type: ActionType::SendSms, action };
+    let row = haul_store::NewOutboxRow { id: key.clone(), action_type: ActionType::SendSms, action, trace: None };
     let version = rig.store.read(&load("L1")).await.unwrap().1;
     let entries = vec![NewEntry::stored("t2", "timer_fired", json!({}))];
     rig.store.append(&load("L1"), entries, version, vec![row], add(t0(), Duration::from_secs(30))).await.unwrap();
@@ -1128,7 +1129,11 @@ async fn an_urgent_hero_task_goes_first_on_a_saturated_channel() {
         let action = json!({"key": key, "type": "create_hero_task", "ask_id": "ask:eta_request:p", "step": 2,
             "params": {"title": "Driver not answering", "body": "Call the driver", "urgency": urgency}});
         let entries = vec![NewEntry::stored("u1", "load_update", json!({"client": client}))];
-        (load(l), entries, haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action })
+        (
+            load(l),
+            entries,
+            haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action, trace: None },
+        )
     };
     for (l, client, urgency) in [("A1", "client_a", "normal"), ("B1", "client_b", "urgent")] {
         let (l, entries, row) = hero(l, client, urgency);
@@ -1160,7 +1165,8 @@ async fn an_urgent_hero_task_goes_first_under_a_clients_limit_and_a_cap() {
             let action = json!({"key": key, "type": "create_hero_task", "ask_id": "ask:eta_request:p", "step": 2,
                 "params": {"title": "Driver not answering", "body": "Call the driver", "urgency": urgency}});
             let entries = vec![NewEntry::stored("u1", "load_update", json!({"client": "client_a"}))];
-            let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action };
+            let row =
+                haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action, trace: None };
             rig.store.append(&load(l), entries, 0, vec![row], rig.now()).await.unwrap();
         }
         let c = rig.dispatcher_with(QueueMode::StoreQueue, settings, Faults::default()).claim(10, None).await.unwrap();
@@ -1189,7 +1195,11 @@ async fn an_overtaken_sms_hands_its_send_and_its_slot_to_the_step_that_overtook_
         let key = format!("L1/{ask}/{n}/send_sms");
         let action = json!({"key": key, "type": "send_sms", "ask_id": ask, "step": n,
             "params": {"to": "+15555550100", "body": "ETA?"}});
-        (key.clone(), haul_store::NewOutboxRow { id: key, action_type: ActionType::SendSms, action }, at(t))
+        (
+            key.clone(),
+            haul_store::NewOutboxRow { id: key, action_type: ActionType::SendSms, action, trace: None },
+            at(t),
+        )
     };
     let append = async |row: haul_store::NewOutboxRow, t| {
         let version = rig.store.read(&load("L1")).await.unwrap().1;
@@ -1242,7 +1252,7 @@ async fn a_claim_takes_sends_for_its_channels_rows_only() {
         let key = format!("{l}/e1/create_hero_task");
         let action = json!({"key": key, "type": "create_hero_task",
             "params": {"title": "t", "body": "b", "urgency": "normal"}});
-        let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action };
+        let row = haul_store::NewOutboxRow { id: key, action_type: ActionType::CreateHeroTask, action, trace: None };
         let entries = vec![NewEntry::stored("e1", "location_ping", json!({}))];
         rig.store.append(&load(l), entries, 0, vec![row], rig.now()).await.unwrap();
     }

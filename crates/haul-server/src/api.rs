@@ -148,19 +148,23 @@ async fn edge_headers(
 
 /// The access log: one line per request with the method, the route's template (never
 /// the path as sent: no load ids of strangers, no unbounded values), the status and the
-/// time taken. Never a body, a header or the token. `/metrics` and `/healthz`, which
+/// time taken, and the request's trace context (`Trace`, which the handler's work
+/// continues). Never a body, a header or the token. `/metrics` and `/healthz`, which
 /// scrapers and probes call every few seconds, log at debug.
-async fn access_log(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+async fn access_log(mut req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let started = std::time::Instant::now();
     let method = req.method().clone();
+    let trace = crate::state::Trace::of_headers(req.headers());
+    req.extensions_mut().insert(trace);
+    let (trace_id, span_id) = (trace.0.trace_id_hex(), trace.0.span_id_hex());
     let route = req.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_owned());
     let response = next.run(req).await;
     let route = route.as_deref().unwrap_or("(no route)");
     let (status, duration_ms) = (response.status().as_u16(), started.elapsed().as_millis() as u64);
     if route == "/metrics" || route == "/healthz" {
-        tracing::debug!(target: "haul_server::access", %method, route, status, duration_ms, "request");
+        tracing::debug!(target: "haul_server::access", %method, route, status, duration_ms, trace_id, span_id, "request");
     } else {
-        tracing::info!(target: "haul_server::access", %method, route, status, duration_ms, "request");
+        tracing::info!(target: "haul_server::access", %method, route, status, duration_ms, trace_id, span_id, "request");
     }
     response
 }

@@ -9,16 +9,18 @@ use axum::response::{IntoResponse, Response};
 use haul_core::InboundEvent;
 use haul_core::event::EventBody;
 use haul_core::mask::clip_quotes;
+use haul_core::trace::TraceParent;
 use haul_store::{Published, RequestClaim};
 use serde_json::{Value, json};
 use tracing::error;
 
-use crate::state::{ApiBody, ApiCaller, ApiState, LoadPath, error};
+use crate::state::{ApiBody, ApiCaller, ApiState, LoadPath, Trace, error};
 
 pub(crate) async fn post_event(
     caller: ApiCaller,
     State(s): State<Arc<ApiState>>,
     LoadPath(load): LoadPath,
+    Trace(trace): Trace,
     ApiBody(body): ApiBody,
 ) -> Response {
     let Ok(text) = std::str::from_utf8(&body) else {
@@ -50,13 +52,14 @@ pub(crate) async fn post_event(
         p.at = Some(s.clock.now());
         at_defaulted = true;
     }
-    accept(&s, &event, at_defaulted).await
+    accept(&s, &event, at_defaulted, trace).await
 }
 
 /// Queues an event; a repeat of an id answers `duplicate`, or 422 when its payload differs.
 /// An operator's event is taken in the store first, so its reuse is refused on every
-/// load queue (`haul_runtime::operator::claim`).
-pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: bool) -> Response {
+/// load queue (`haul_runtime::operator::claim`). The message carries `trace`, which
+/// the event's run continues; a duplicate keeps the first publish's.
+pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: bool, trace: TraceParent) -> Response {
     let reused = || {
         error(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -80,7 +83,7 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
             }
         }
     }
-    match s.queue.publish(event, s.clock.now()).await {
+    match s.queue.publish_traced(event, Some(trace), s.clock.now()).await {
         // A queue that cannot tell a duplicate (SQS FIFO): the store could.
         Ok(Published::New) if retried => {
             (StatusCode::OK, axum::Json(json!({"event_id": event.event_id, "status": "duplicate"}))).into_response()

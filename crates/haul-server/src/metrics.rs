@@ -75,6 +75,11 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ),
     ("haul_shadow_dropped_total", Kind::Counter, "Committed decisions the shadow did not decide or store, by reason."),
     ("haul_twilio_bad_signatures_total", Kind::Counter, "Webhook calls refused for their signature."),
+    (
+        "haul_traceparent_malformed_total",
+        Kind::Counter,
+        "Requests whose traceparent header did not read; each started a trace of its own.",
+    ),
     ("haul_unmatched_sms_total", Kind::Counter, "Distinct inbound SMS kept as unmatched."),
     ("haul_twilio_replays_total", Kind::Counter, "Webhook requests for a MessageSid already taken."),
     ("haul_twilio_status_callbacks_total", Kind::Counter, "Twilio's delivery receipts taken, by MessageStatus."),
@@ -220,6 +225,7 @@ pub fn zero_series() {
         metrics::counter!("haul_shadow_dropped_total", "reason" => reason).absolute(0);
     }
     metrics::counter!("haul_twilio_bad_signatures_total").absolute(0);
+    metrics::counter!("haul_traceparent_malformed_total").absolute(0);
     metrics::counter!("haul_unmatched_sms_total").absolute(0);
     metrics::counter!("haul_twilio_replays_total").absolute(0);
     for status in ["delivered", "undelivered", "failed"] {

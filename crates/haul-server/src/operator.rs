@@ -15,7 +15,7 @@ use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Que
 use serde::Deserialize;
 use tracing::{error, info};
 
-use crate::state::{ApiBody, ApiState, OperatorCaller, error, json_body};
+use crate::state::{ApiBody, ApiState, OperatorCaller, Trace, error, json_body};
 
 fn refused(e: OperatorError) -> Response {
     if let OperatorError::Store(s) = &e {
@@ -77,7 +77,12 @@ pub(crate) struct RequeueBody {
     wait_s: Option<u64>,
 }
 
-pub(crate) async fn requeue(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+pub(crate) async fn requeue(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let b: RequeueBody = match json_body(&body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -85,7 +90,7 @@ pub(crate) async fn requeue(_: OperatorCaller, State(s): State<Arc<ApiState>>, A
     if let Some(r) = refused_wait(b.wait_s) {
         return r;
     }
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     let q = operator::requeue(s.store.as_ref(), &s.queue, &who, &b.outbox_id, s.clock.now()).await;
     answer(&s, &who, "requeue", q, b.wait_s).await
 }
@@ -102,7 +107,12 @@ pub(crate) struct AssignSmsBody {
     wait_s: Option<u64>,
 }
 
-pub(crate) async fn assign_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+pub(crate) async fn assign_sms(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let b: AssignSmsBody = match json_body(&body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -110,7 +120,7 @@ pub(crate) async fn assign_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>
     if let Some(r) = refused_wait(b.wait_s) {
         return r;
     }
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     let q = operator::assign_sms(s.store.as_ref(), &s.queue, &who, &b.message_sid, &b.load_id, s.clock.now()).await;
     answer(&s, &who, "assign_sms", q, b.wait_s).await
 }
@@ -121,6 +131,7 @@ pub(crate) async fn assign_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>
 pub(crate) async fn reassign_sms(
     _: OperatorCaller,
     State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
     ApiBody(body): ApiBody,
 ) -> Response {
     let b: AssignSmsBody = match json_body(&body) {
@@ -130,7 +141,7 @@ pub(crate) async fn reassign_sms(
     if let Some(r) = refused_wait(b.wait_s) {
         return r;
     }
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     let r = match operator::reassign_sms(s.store.as_ref(), &s.queue, &who, &b.message_sid, &b.load_id, s.clock.now())
         .await
     {
@@ -172,7 +183,12 @@ pub(crate) struct ResolveAskBody {
     wait_s: Option<u64>,
 }
 
-pub(crate) async fn resolve_ask(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+pub(crate) async fn resolve_ask(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let b: ResolveAskBody = match json_body(&body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -180,7 +196,7 @@ pub(crate) async fn resolve_ask(_: OperatorCaller, State(s): State<Arc<ApiState>
     if let Some(r) = refused_wait(b.wait_s) {
         return r;
     }
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     let q = operator::resolve_ask(s.store.as_ref(), &s.queue, &who, &b.load_id, &b.ask_id, s.clock.now()).await;
     answer(&s, &who, "resolve_ask", q, b.wait_s).await
 }
@@ -198,7 +214,12 @@ pub(crate) struct DismissBody {
 
 /// Takes a dead row (and its requeue chain) out of the operators' inbox: an
 /// `operator_action` its load decides, like a requeue.
-pub(crate) async fn dismiss(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+pub(crate) async fn dismiss(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let b: DismissBody = match json_body(&body) {
         Ok(b) => b,
         Err(r) => return r,
@@ -206,7 +227,7 @@ pub(crate) async fn dismiss(_: OperatorCaller, State(s): State<Arc<ApiState>>, A
     if let Some(r) = refused_wait(b.wait_s) {
         return r;
     }
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     let q = operator::dismiss(s.store.as_ref(), &s.queue, &who, &b.outbox_id, s.clock.now()).await;
     answer(&s, &who, "dismiss", q, b.wait_s).await
 }
@@ -222,12 +243,17 @@ pub(crate) struct DismissSmsBody {
 
 /// Takes an unmatched SMS out of the inbox: 200 `dismissed`, or `already_dismissed`
 /// with who did and when; one assigned to a load is refused (`sms_assigned`).
-pub(crate) async fn dismiss_sms(_: OperatorCaller, State(s): State<Arc<ApiState>>, ApiBody(body): ApiBody) -> Response {
+pub(crate) async fn dismiss_sms(
+    _: OperatorCaller,
+    State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let b: DismissSmsBody = match json_body(&body) {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     match operator::dismiss_sms(s.store.as_ref(), &who, &b.message_sid, s.clock.now()).await {
         Ok(d) => {
             info!(action = "dismiss_sms", actor = %who.actor, request_id = %who.request_id, status = d.status, "operator action");
@@ -258,13 +284,14 @@ pub(crate) struct BulkRequeueBody {
 pub(crate) async fn bulk_requeue(
     _: OperatorCaller,
     State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
     ApiBody(body): ApiBody,
 ) -> Response {
     let b: BulkRequeueBody = match json_body(&body) {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     let filter = DeadFilter { action_type: b.action_type, since: b.since, limit: b.limit };
     match operator::bulk_requeue(s.store.as_ref(), &s.queue, &who, &filter, b.dry_run, s.clock.now()).await {
         Ok(a) => {
@@ -301,13 +328,14 @@ pub(crate) struct ChannelRateBody {
 pub(crate) async fn channel_rate(
     _: OperatorCaller,
     State(s): State<Arc<ApiState>>,
+    Trace(trace): Trace,
     ApiBody(body): ApiBody,
 ) -> Response {
     let b: ChannelRateBody = match json_body(&body) {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason };
+    let who = Requester { request_id: b.request_id, actor: b.actor, reason: b.reason, trace: Some(trace) };
     let request = haul_runtime::rates::RateRequest { channel: b.channel, rate: b.rate, burst: b.burst };
     match haul_runtime::rates::change_rate(s.store.as_ref(), &s.configured_limits, &who, &request, s.clock.now()).await
     {

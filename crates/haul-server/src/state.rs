@@ -16,13 +16,15 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use haul_core::Clock;
 use haul_core::ids::LoadId;
 use haul_core::mask::clip_quotes;
+use haul_core::trace::TraceParent;
 use haul_runtime::inspect::LoadViews;
 use haul_runtime::queue::EventQueue;
+use haul_runtime::trace::Incoming;
 use haul_store::{LoadQueue, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
@@ -250,6 +252,33 @@ fn body_error(r: BytesRejection) -> Response {
         return too_large();
     }
     error(status, "bad_body", clip_quotes(&r.body_text()))
+}
+
+/// The request's trace context: a span of its own continuing the caller's W3C
+/// `traceparent`, or a new root when the request brought none it can read. A
+/// malformed header is counted (`haul_traceparent_malformed_total`) and never refused:
+/// a trace is a diagnosis, not a reason to turn an event away.
+#[derive(Clone, Copy, Debug)]
+pub struct Trace(pub TraceParent);
+
+impl Trace {
+    pub fn of_headers(headers: &HeaderMap) -> Trace {
+        let incoming = Incoming::of_header(headers.get("traceparent").map(|v| v.as_bytes()));
+        if let Incoming::Malformed(_) = incoming {
+            metrics::counter!("haul_traceparent_malformed_total").increment(1);
+        }
+        Trace(incoming.context())
+    }
+}
+
+/// The context the access log read for the request (one per request, so the log line
+/// and the work name the same span), else read here.
+impl<S: Send + Sync> FromRequestParts<S> for Trace {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Trace>().copied().unwrap_or_else(|| Trace::of_headers(&parts.headers)))
+    }
 }
 
 /// A caller that presented one of the API's bearer tokens, or an operator's.

@@ -22,6 +22,7 @@ use haul_core::event::{MAX_SMS_BODY_CHARS, MAX_SMS_FROM_CHARS, is_refused_contro
 use haul_core::ids::{EventId, LoadId, is_message_sid};
 use haul_core::mask::mask_phone;
 use haul_core::receipt::DeliveryReport;
+use haul_core::trace::TraceParent;
 use haul_core::{EventBody, InboundEvent};
 use haul_runtime::channels::twilio::STATUS_KEY_PARAM;
 use haul_store::{SidClaim, SmsConsent, SmsReport, SmsRoute, UnmatchedSms};
@@ -30,7 +31,7 @@ use serde_json::json;
 use tracing::{debug, error, info, warn};
 
 use crate::events::accept;
-use crate::state::{ApiBody, ApiCaller, ApiQuery, ApiState, error};
+use crate::state::{ApiBody, ApiCaller, ApiQuery, ApiState, Trace, error};
 
 /// The signature Twilio sends for `url` and the form `params`.
 pub fn signature(auth_token: &str, url: &str, params: &[(String, String)]) -> String {
@@ -206,6 +207,7 @@ async fn share_consent(
     consent: &ConsentChange,
     (event_id, body): (&EventId, &EventBody),
     loads: &[LoadId],
+    trace: TraceParent,
 ) -> Result<(), Response> {
     if loads.is_empty() {
         let kept = SmsConsent {
@@ -221,7 +223,7 @@ async fn share_consent(
     }
     for load in loads.iter().skip(1) {
         let event = InboundEvent { load_id: load.clone(), event_id: event_id.clone(), body: body.clone() };
-        let answer = accept(s, &event, false).await;
+        let answer = accept(s, &event, false, trace).await;
         if answer.status().is_server_error() {
             return Err(answer);
         }
@@ -230,7 +232,12 @@ async fn share_consent(
     Ok(())
 }
 
-pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+pub(crate) async fn twilio_sms(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let Ok(params) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&body) else {
         return error(StatusCode::BAD_REQUEST, "bad_form", "the body is not form-encoded UTF-8");
     };
@@ -289,14 +296,14 @@ pub(crate) async fn twilio_sms(State(s): State<Arc<ApiState>>, headers: HeaderMa
         // Only the first time: a replayed STOP must not opt out a load made since,
         // nor an old START undo a later STOP. A fan-out cut short is made good by the
         // ledger, which the route's append writes.
-        if let Err(answer) = share_consent(&s, consent, (event_id, body), &loads).await {
+        if let Err(answer) = share_consent(&s, consent, (event_id, body), &loads, trace).await {
             return answer;
         }
     }
     match (route, &sms.checked) {
         (SmsRoute::Load(load), Ok((event_id, body))) => {
             let event = InboundEvent { load_id: load.clone(), event_id: event_id.clone(), body: body.clone() };
-            let answer = accept(&s, &event, false).await;
+            let answer = accept(&s, &event, false, trace).await;
             if answer.status().is_server_error() {
                 return answer;
             }
@@ -382,6 +389,7 @@ pub(crate) async fn twilio_status(
     State(s): State<Arc<ApiState>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
+    Trace(trace): Trace,
     ApiBody(body): ApiBody,
 ) -> Response {
     let Ok(params) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&body) else {
@@ -431,7 +439,9 @@ pub(crate) async fn twilio_status(
         debug!(load_id = %row.load_id, outbox_id = %row.id, status = %report.status, "SMS status");
         return StatusCode::OK.into_response();
     };
-    let answer = accept(&s, &event, false).await;
+    // The outcome continues the trace of the decision that made the SMS, when it has one.
+    let trace = row.trace.unwrap_or(trace);
+    let answer = accept(&s, &event, false, trace).await;
     if answer.status().is_server_error() {
         return answer;
     }

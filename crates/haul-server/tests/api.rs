@@ -760,3 +760,38 @@ async fn every_answer_carries_the_edge_headers_and_console_answers_their_own() {
         }
     }
 }
+
+/// A caller's `traceparent` is continued (its trace, a span of haul's own) by the queued
+/// message; without one, or with one that does not read, the event is queued all the
+/// same with a trace of its own. A repeat of an event keeps its first publish's trace.
+#[tokio::test]
+async fn a_callers_trace_is_continued_and_a_malformed_one_refuses_nothing() {
+    const GIVEN: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let a = api().await;
+    let post = async |load: &str, traceparent: Option<&str>| {
+        let mut req = a
+            .client
+            .post(format!("{}/v1/loads/{load}/events", a.base))
+            .bearer_auth(TOKENS[0])
+            .json(&json!({"event_id": "e1", "kind": "load_update", "stage": "in_transit"}));
+        if let Some(t) = traceparent {
+            req = req.header("traceparent", t);
+        }
+        req.send().await.unwrap().status()
+    };
+    assert_eq!(post("L1", Some(GIVEN)).await, StatusCode::ACCEPTED);
+    assert_eq!(post("L2", Some("00-not-a-trace")).await, StatusCode::ACCEPTED);
+    assert_eq!(post("L3", None).await, StatusCode::ACCEPTED);
+    assert_eq!(post("L1", Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")).await, StatusCode::OK);
+    let now = "2026-03-02T07:00:00Z".parse().unwrap();
+    let got = a.store.receive(10, Duration::from_secs(30), now).await.unwrap();
+    let trace = |load: &str| got.iter().find(|m| m.load_id.as_str() == load).and_then(|m| m.trace).unwrap();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(trace("L1").trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736", "the first publish's");
+    assert_ne!(trace("L1").span_id_hex(), "00f067aa0ba902b7", "a span of haul's");
+    assert!(trace("L1").sampled());
+    for load in ["L2", "L3"] {
+        assert_ne!(trace(load).trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    }
+    assert_ne!(trace("L2").trace_id, trace("L3").trace_id);
+}

@@ -66,6 +66,7 @@ async fn fill_long_load(a: &Api) {
                     action: json!({"key": key, "type": "send_sms", "params": {"to": "driver", "body": "ETA?"}}),
                     id: key,
                     action_type: ActionType::SendSms,
+                    trace: None,
                 });
             }
         }

@@ -43,7 +43,7 @@ async fn rows(api: &Api, load: &str, event: &str, rows: &[(&str, ActionType, Opt
     ];
     let outbox = rows
         .iter()
-        .map(|(key, t, _)| NewOutboxRow { id: key.to_string(), action_type: *t, action: hero_action(key) })
+        .map(|(key, t, _)| NewOutboxRow { id: key.to_string(), action_type: *t, action: hero_action(key), trace: None })
         .collect();
     s.append(&l(load), entries, version, outbox, t0()).await.unwrap();
     for (key, _, dead) in rows {

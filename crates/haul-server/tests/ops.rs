@@ -21,7 +21,7 @@ fn t(secs: u64) -> Timestamp {
 }
 
 fn row(id: &str, action_type: ActionType) -> NewOutboxRow {
-    NewOutboxRow { id: id.into(), action_type, action: json!({"key": id}) }
+    NewOutboxRow { id: id.into(), action_type, action: json!({"key": id}), trace: None }
 }
 
 /// L1 in transit with an open ask; L2 with an escalated ask, a dead SMS and a dead

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use haul_core::action::ActionType;
 use haul_core::ids::LoadId;
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use haul_store::{LoadQueue, NewEntry, NewOutboxRow, Published, QueueError, QueueMessage, Store, StoreError};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -108,17 +109,18 @@ struct FailingPublishes {
 
 #[async_trait]
 impl LoadQueue for FailingPublishes {
-    async fn publish(
+    async fn publish_traced(
         &self,
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         if self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return Err(StoreError::new("the queue is down"));
         }
-        self.store.publish(load_id, event_id, body, now).await
+        self.store.publish_traced(load_id, event_id, body, trace, now).await
     }
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
         self.store.receive(max, visibility, now).await
@@ -303,6 +305,9 @@ async fn bad_webhook_inputs_are_kept_as_unmatched(backend: Backend) {
     }
 }
 
+/// The trace context of the run that decided the SMS rows `a_sent_sms` makes.
+const ROW_TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
 /// A `send_sms` row of `load`, sent: Twilio's sid `receipt` kept with it.
 async fn a_sent_sms(a: &Api, load: &str, row_id: &str, receipt: Option<&str>) {
     let version = a.store.read(&l(load)).await.unwrap().1;
@@ -310,7 +315,8 @@ async fn a_sent_sms(a: &Api, load: &str, row_id: &str, receipt: Option<&str>) {
         NewEntry::stored(format!("u{version}"), "load_update", json!({"driver_phone": DRIVER, "stage": "in_transit"}));
     let action = json!({"key": row_id, "type": "send_sms", "ask_id": "eta_request:p1", "step": 1,
                         "params": {"to": DRIVER, "body": "What is your ETA?"}});
-    let row = NewOutboxRow { id: row_id.into(), action_type: ActionType::SendSms, action };
+    let trace = haul_core::trace::TraceParent::parse(ROW_TRACE);
+    let row = NewOutboxRow { id: row_id.into(), action_type: ActionType::SendSms, action, trace };
     a.store.append(&l(load), vec![update], version, vec![row], t0()).await.unwrap();
     if let Some(receipt) = receipt {
         let claims = a.store.pending(10, t0(), Duration::from_secs(90)).await.unwrap();
@@ -378,6 +384,10 @@ async fn a_failed_delivery_receipt_is_the_rows_failed_outcome_once(backend: Back
     assert_eq!((body["outbox_id"].as_str(), body["receipt"].as_str()), (Some(row), Some("SM1")), "{body}");
     let failure = body["failure"].as_str().unwrap_or_default();
     assert!(failure.contains("error 30006") && failure.contains("landline"), "{failure}");
+    // Queued in the trace of the decision that made the SMS, not the callback's own.
+    let queued = a.store.receive(10, Duration::from_secs(1), t0()).await.unwrap();
+    let traces: Vec<_> = queued.iter().map(|m| (m.event_id.as_str(), m.trace.map(|t| t.to_string()))).collect();
+    assert_eq!(traces, [(format!("evt:out:{row}:failed").as_str(), Some(ROW_TRACE.to_owned()))]);
 
     // Twilio's later callbacks for it, and a replay: the same one outcome.
     assert_eq!(post_status(&a, row, &status("SM1", "failed", Some("30006"))).await, StatusCode::OK);

@@ -12,6 +12,7 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::limit::{Grant, Limit};
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, add, from_ms, to_ms, to_us};
+use haul_core::trace::TraceParent;
 use haul_store::backend::next_loads_cursor;
 use haul_store::backend::{
     Columns, CorruptRowError, check_entry_ids_distinct, check_keys_distinct, check_keys_of_load, check_lease,
@@ -352,26 +353,33 @@ impl SqliteStore {
                 }
                 let mut ins = conn
                     .prepare_cached(
-                        "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at, trace)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     )
                     .map_err(db)?;
                 for (i, e) in entries.iter().enumerate() {
                     let seq = (expected_version + 1 + i as u64) as i64;
-                    ins.execute(params![lid, seq, e.entry_id, e.kind, e.payload.to_string(), now]).map_err(db)?;
+                    let trace = e.trace.map(|t| t.to_string());
+                    ins.execute(params![lid, seq, e.entry_id, e.kind, e.payload.to_string(), now, trace]).map_err(db)?;
                 }
                 let mut ins = conn
                     .prepare_cached(
-                        "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at)
-                         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5, ?5)",
+                        "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at, trace)
+                         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5, ?5, ?6)",
                     )
                     .map_err(db)?;
                 for o in &outbox {
-                    ins.execute(params![o.id, lid, o.action_type.as_str(), o.action.to_string(), now]).map_err(db)?;
+                    let trace = o.trace.map(|t| t.to_string());
+                    ins.execute(params![o.id, lid, o.action_type.as_str(), o.action.to_string(), now, trace]).map_err(db)?;
                 }
-                // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`).
+                // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`),
+                // with the run's trace context.
+                let trace = entries.iter().find_map(|e| e.trace).map(|t| t.to_string());
                 for t in &delta.timers {
                     match t {
-                        TimerWrite::Schedule { timer_id, fire_at } => schedule_in(conn, timer_id, to_ms(*fire_at), now)?,
+                        TimerWrite::Schedule { timer_id, fire_at } => {
+                            schedule_in(conn, timer_id, to_ms(*fire_at), trace.as_deref(), now)?
+                        }
                         TimerWrite::Cancel { timer_id } => cancel_in(conn, timer_id, now)?,
                     };
                 }
@@ -549,15 +557,17 @@ impl Outbox for SqliteStore {
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, ClaimError> {
         let (id, token, receipt, now) = (id.to_owned(), token.to_owned(), receipt.to_owned(), to_ms(now));
         let (load_id, event_id, body) = (load_id.to_string(), event_id.to_owned(), body.to_owned());
+        let trace = trace.map(|t| t.to_string());
         // A stale claim must not roll the publish back, so the unit itself succeeds
         // and carries the mark's answer.
         self.writer
             .run(move |conn: &Connection| -> Result<Result<Published, ClaimError>, StoreError> {
-                let published = publish_in(conn, &load_id, &event_id, &body, now)?;
+                let published = publish_in(conn, &load_id, &event_id, &body, trace.as_deref(), now)?;
                 match mark_dispatched_in(conn, &id, &token, &receipt, now) {
                     Ok(()) => Ok(Ok(published)),
                     Err(ClaimError::Stale(e)) => Ok(Err(e.into())),
@@ -889,14 +899,20 @@ impl SqliteStore {
 }
 
 /// `TimerStore::schedule` on the writer's connection: alone, or in an append.
-fn schedule_in(conn: &Connection, timer_id: &TimerId, fire_at: i64, now: i64) -> Result<bool, StoreError> {
+fn schedule_in(
+    conn: &Connection,
+    timer_id: &TimerId,
+    fire_at: i64,
+    trace: Option<&str>,
+    now: i64,
+) -> Result<bool, StoreError> {
     let (load_id, _, _) = timer_id.parts();
     let n = conn
         .prepare_cached(
-            "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at) VALUES (?1, ?2, ?3, 'scheduled', ?4)
-             ON CONFLICT (timer_id) DO NOTHING",
+            "INSERT INTO timers (timer_id, load_id, fire_at, status, created_at, trace)
+             VALUES (?1, ?2, ?3, 'scheduled', ?4, ?5) ON CONFLICT (timer_id) DO NOTHING",
         )
-        .and_then(|mut s| s.execute(params![timer_id.as_str(), load_id.as_str(), fire_at, now]))
+        .and_then(|mut s| s.execute(params![timer_id.as_str(), load_id.as_str(), fire_at, now, trace]))
         .map_err(db)?;
     Ok(n == 1)
 }
@@ -927,9 +943,16 @@ fn cancel_in(conn: &Connection, timer_id: &TimerId, now: i64) -> Result<bool, St
 
 #[async_trait]
 impl TimerStore for SqliteStore {
-    async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError> {
+    async fn schedule_traced(
+        &self,
+        timer_id: &TimerId,
+        fire_at: Timestamp,
+        trace: Option<TraceParent>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
         let (timer_id, fire_at, now) = (timer_id.clone(), to_ms(fire_at), to_ms(now));
-        self.writer.run(move |conn: &Connection| schedule_in(conn, &timer_id, fire_at, now)).await
+        let trace = trace.map(|t| t.to_string());
+        self.writer.run(move |conn: &Connection| schedule_in(conn, &timer_id, fire_at, trace.as_deref(), now)).await
     }
 
     async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError> {
@@ -1005,13 +1028,20 @@ impl TimerStore for SqliteStore {
 }
 
 /// Enqueues a message and, when its load has no head, makes it the head.
-fn publish_in(conn: &Connection, load_id: &str, event_id: &str, body: &str, now: i64) -> Result<Published, StoreError> {
+fn publish_in(
+    conn: &Connection,
+    load_id: &str,
+    event_id: &str,
+    body: &str,
+    trace: Option<&str>,
+    now: i64,
+) -> Result<Published, StoreError> {
     let id: Option<i64> = conn
         .prepare_cached(
-            "INSERT INTO queue (load_id, event_id, body, enqueued_at) VALUES (?1, ?2, ?3, ?4)
+            "INSERT INTO queue (load_id, event_id, body, enqueued_at, trace) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (load_id, event_id) DO NOTHING RETURNING id",
         )
-        .and_then(|mut s| s.query_row(params![load_id, event_id, body, now], |r| r.get(0)).optional())
+        .and_then(|mut s| s.query_row(params![load_id, event_id, body, now, trace], |r| r.get(0)).optional())
         .map_err(db)?;
     let Some(id) = id else { return Ok(Published::Duplicate) };
     conn.prepare_cached(
@@ -1070,15 +1100,19 @@ fn advance_head(conn: &Connection, load_id: &str, now: i64) -> Result<(), StoreE
 
 #[async_trait]
 impl LoadQueue for SqliteStore {
-    async fn publish(
+    async fn publish_traced(
         &self,
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         let (load_id, event_id, body, now) = (load_id.to_string(), event_id.to_owned(), body.to_owned(), to_ms(now));
-        self.writer.run(move |conn: &Connection| publish_in(conn, &load_id, &event_id, &body, now)).await
+        let trace = trace.map(|t| t.to_string());
+        self.writer
+            .run(move |conn: &Connection| publish_in(conn, &load_id, &event_id, &body, trace.as_deref(), now))
+            .await
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {

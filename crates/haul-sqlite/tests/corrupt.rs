@@ -29,7 +29,7 @@ async fn wrong_typed_columns_are_corrupt_row_errors() {
     let (l1, l2) = (LoadId::parse("L1").unwrap(), LoadId::parse("L2").unwrap());
     for l in [&l1, &l2] {
         let id = format!("{l}/e1/send_sms");
-        let row = NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms };
+        let row = NewOutboxRow { action: json!({"key": id}), id, action_type: ActionType::SendSms, trace: None };
         let entry = NewEntry::stored("e1", "inbound_sms", json!({}));
         store.append(l, vec![entry], 0, vec![row], at(1)).await.unwrap();
     }

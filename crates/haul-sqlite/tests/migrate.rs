@@ -158,7 +158,7 @@ async fn upgrade_to_version_13_marks_dead_rows_whose_requeued_copy_was_delivered
         .unwrap();
     }
     let store = SqliteStore::open(&SqliteConfig::from_url(&format!("sqlite://{}", path.display())).unwrap()).unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![13, 14, 15, 16, 17, 18, 19, 20, 21]);
+    assert_eq!(store.migrate().await.unwrap(), vec![13, 14, 15, 16, 17, 18, 19, 20, 21, 22]);
     let rows = store.dead_rows_page(&[], None, None, 10).await.unwrap();
     let got: Vec<_> =
         rows.iter().map(|d| (d.row.id.as_str(), d.inbox.state, d.inbox.by.as_deref(), d.inbox.at)).collect();

@@ -32,7 +32,8 @@ async fn fill(s: &SqliteStore) -> LoadId {
     let l = LoadId::parse("L1").unwrap();
     // A load_update: the append writes the load's facts too.
     let entry = NewEntry::stored("e1", "load_update", json!({"driver_phone": "+15555550100"}));
-    let row = NewOutboxRow { id: "L1/e1/send_sms".into(), action_type: ActionType::SendSms, action: json!({}) };
+    let row =
+        NewOutboxRow { id: "L1/e1/send_sms".into(), action_type: ActionType::SendSms, action: json!({}), trace: None };
     s.append(&l, vec![entry], 0, vec![row], at(0)).await.unwrap();
     s.schedule(&TimerId::parse("tmr:L1:ask:eta_request:e1:1").unwrap(), at(60), at(0)).await.unwrap();
     s.publish(&l, "e2", "{}", at(0)).await.unwrap();

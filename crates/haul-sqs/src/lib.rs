@@ -21,6 +21,7 @@ use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, to_ms};
+use haul_core::trace::TraceParent;
 use haul_store::{LoadQueue, Published, QueueError, QueueMessage, StoreError};
 use sha2::{Digest, Sha256};
 
@@ -29,6 +30,9 @@ use sha2::{Digest, Sha256};
 const ATTR_LOAD: &str = "haul_load_id";
 const ATTR_EVENT: &str = "haul_event_id";
 const ATTR_ENQUEUED_AT: &str = "haul_enqueued_at_ms";
+/// The producer's W3C trace context, under the name the OpenTelemetry messaging
+/// conventions give it for SQS message attributes.
+const ATTR_TRACEPARENT: &str = "traceparent";
 
 /// SQS takes at most 10 per call; receives of one message each keep one message per
 /// group in flight (a batch can hold a group's next message too), so `max` above this
@@ -151,6 +155,8 @@ impl SqsQueue {
             receipt,
             receive_count,
             log_version: None,
+            // A context that does not read is none: the run starts a trace of its own.
+            trace: attr(ATTR_TRACEPARENT).as_deref().and_then(TraceParent::parse),
         }))
     }
 }
@@ -240,11 +246,12 @@ fn string_attr(v: &str) -> MessageAttributeValue {
 
 #[async_trait]
 impl LoadQueue for SqsQueue {
-    async fn publish(
+    async fn publish_traced(
         &self,
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         if body.len() > MAX_BODY_BYTES {
@@ -253,9 +260,11 @@ impl LoadQueue for SqsQueue {
                 body.len()
             )));
         }
-        self.client
-            .send_message()
-            .queue_url(&self.queue_url)
+        let send = match trace {
+            Some(t) => self.client.send_message().message_attributes(ATTR_TRACEPARENT, string_attr(&t.to_string())),
+            None => self.client.send_message(),
+        };
+        send.queue_url(&self.queue_url)
             .message_body(body)
             .message_group_id(load_id.as_str())
             .message_deduplication_id(deduplication_id(load_id, event_id))

@@ -22,6 +22,7 @@ use haul_core::ids::{LoadId, TimerId};
 use haul_core::limit::Limit;
 use haul_core::projection::Record;
 use haul_core::time::{Timestamp, from_ms, to_ms};
+use haul_core::trace::TraceParent;
 use serde_json::Value;
 
 use crate::{
@@ -151,7 +152,7 @@ pub trait Columns {
 macro_rules! columns {
     (outbox) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-         lease_until, last_failure, receipt, created_at, updated_at"
+         lease_until, last_failure, receipt, created_at, updated_at, trace"
     };
     (sms_report) => {
         "message_sid, status, error_code, NULLIF(outbox_id, ''), load_id, reason, reported_at"
@@ -160,10 +161,10 @@ macro_rules! columns {
         "phone, opted_out, event_id, load_id, changed_at"
     };
     (timer) => {
-        "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at"
+        "timer_id, load_id, fire_at, status, created_at, canceled_at, fired_at, trace"
     };
     (queue_message) => {
-        "id, load_id, event_id, body, enqueued_at, receipt, receive_count"
+        "id, load_id, event_id, body, enqueued_at, receipt, receive_count, trace"
     };
     (record) => {
         "seq, entry_id, kind, payload, recorded_at"
@@ -179,7 +180,7 @@ macro_rules! columns {
     };
     (dead_row) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-         lease_until, last_failure, receipt, created_at, updated_at, dead_at, outcome_published_at, \
+         lease_until, last_failure, receipt, created_at, updated_at, trace, dead_at, outcome_published_at, \
          inbox_state, inbox_event, inbox_at"
     };
     (inbox_sms) => {
@@ -188,7 +189,7 @@ macro_rules! columns {
     };
     (unsettled) => {
         "id, load_id, action_type, action, status, attempts, due_at, first_attempt_at, claim_token, \
-         lease_until, last_failure, receipt, created_at, updated_at, settle_attempts, settle_due_at, settle_failure"
+         lease_until, last_failure, receipt, created_at, updated_at, trace, settle_attempts, settle_due_at, settle_failure"
     };
     (ops_alert) => {
         "outbox_id, load_id, kind, action_type, failure, state, sends, last_error, raised_at, updated_at"
@@ -206,6 +207,13 @@ macro_rules! columns {
         "load_id, event_id, shadow, event_seq, event, rule, primary_decision, shadow_decision, agreement, error, \
          decided_at, recorded_at"
     };
+}
+
+/// A stored trace context. One that does not read is no context (a trace is a
+/// diagnosis, never a reason to refuse a row): only a writer that bypassed
+/// `TraceParent`'s own text could have stored it.
+fn trace_column(r: &dyn Columns, i: usize) -> Result<Option<TraceParent>, StoreError> {
+    Ok(r.opt_string(i)?.as_deref().and_then(TraceParent::parse))
 }
 
 /// A row of `columns!(outbox)`.
@@ -227,6 +235,7 @@ pub fn outbox_row(r: &dyn Columns) -> Result<OutboxRow, StoreError> {
         receipt: r.opt_string(11)?,
         created_at: from_ms(r.i64(12)?),
         updated_at: from_ms(r.i64(13)?),
+        trace: trace_column(r, 14)?,
     })
 }
 
@@ -241,6 +250,7 @@ pub fn timer_row(r: &dyn Columns) -> Result<Timer, StoreError> {
         created_at: from_ms(r.i64(4)?),
         canceled_at: r.opt_i64(5)?.map(from_ms),
         fired_at: r.opt_i64(6)?.map(from_ms),
+        trace: trace_column(r, 7)?,
     })
 }
 
@@ -256,7 +266,8 @@ pub fn queue_message_row(r: &dyn Columns) -> Result<(i64, QueueMessage), StoreEr
         enqueued_at: from_ms(r.i64(4)?),
         receipt: r.string(5)?,
         receive_count: r.u32(6)?,
-        log_version: r.opt_i64(7)?.map(|v| v as u64),
+        trace: trace_column(r, 7)?,
+        log_version: r.opt_i64(8)?.map(|v| v as u64),
     };
     Ok((r.i64(0)?, message))
 }
@@ -286,9 +297,9 @@ pub fn delivery_row(r: &dyn Columns) -> Result<RecordedDelivery, StoreError> {
 pub fn unsettled_row(r: &dyn Columns) -> Result<Unsettled, StoreError> {
     Ok(Unsettled {
         row: outbox_row(r)?,
-        settle_attempts: r.u32(14)?,
-        settle_due_at: r.opt_i64(15)?.map(from_ms),
-        settle_failure: r.opt_string(16)?,
+        settle_attempts: r.u32(15)?,
+        settle_due_at: r.opt_i64(16)?.map(from_ms),
+        settle_failure: r.opt_string(17)?,
     })
 }
 
@@ -435,8 +446,8 @@ pub fn conflict_load_row(r: &dyn Columns) -> Result<ConflictLoad, StoreError> {
 pub fn dead_row(r: &dyn Columns) -> Result<DeadRow, StoreError> {
     let row = outbox_row(r)?;
     // A dead row always has its time of death; one without reads as its last update.
-    let dead_at = r.opt_i64(14)?.map_or(row.updated_at, from_ms);
-    Ok(DeadRow { row, dead_at, outcome_published_at: r.opt_i64(15)?.map(from_ms), inbox: inbox_mark(r, 16)? })
+    let dead_at = r.opt_i64(15)?.map_or(row.updated_at, from_ms);
+    Ok(DeadRow { row, dead_at, outcome_published_at: r.opt_i64(16)?.map(from_ms), inbox: inbox_mark(r, 17)? })
 }
 
 /// The inbox state, its `by` and `at`, from three columns from `first`.
@@ -905,6 +916,7 @@ mod tests {
             ("receipt", Cell::Null),
             ("created_at", Cell::Int(12_000)),
             ("updated_at", Cell::Int(13_000)),
+            ("trace", Cell::Text(TRACE)),
         ]
     }
 
@@ -921,7 +933,14 @@ mod tests {
         assert_eq!((row.claim_token.as_deref(), row.lease_until), (Some("tok"), None));
         assert_eq!((row.last_failure.as_deref(), row.receipt), (Some("503"), None));
         assert_eq!((to_ms(row.created_at), to_ms(row.updated_at)), (12_000, 13_000));
+        assert_eq!(row.trace.map(|t| t.to_string()).as_deref(), Some(TRACE));
+        // A context that does not read is none: a trace never makes a row corrupt.
+        let mut values = outbox_values();
+        values.last_mut().unwrap().1 = Cell::Text("00-oops");
+        assert_eq!(outbox_row(&FakeRow::new(columns!(outbox), &values)).unwrap().trace, None);
     }
+
+    const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     #[test]
     fn a_wrong_type_or_a_null_is_a_corrupt_row_error() {
@@ -950,6 +969,7 @@ mod tests {
                 ("created_at", Int(4)),
                 ("canceled_at", Null),
                 ("fired_at", Int(6)),
+                ("trace", Null),
             ],
         ))
         .unwrap();
@@ -961,6 +981,7 @@ mod tests {
             (to_ms(t.fire_at), to_ms(t.created_at), t.canceled_at, t.fired_at.map(to_ms)),
             (2, 4, None, Some(6))
         );
+        assert_eq!(t.trace, None);
 
         let (id, m) = queue_message_row(&FakeRow::new(
             concat!(columns!(queue_message), ", log_version"),
@@ -972,6 +993,7 @@ mod tests {
                 ("enqueued_at", Int(4)),
                 ("receipt", Text("9.tok")),
                 ("receive_count", Int(1)),
+                ("trace", Text(TRACE)),
                 ("log_version", Int(3)),
             ],
         ))
@@ -979,6 +1001,7 @@ mod tests {
         assert_eq!((id, m.load_id.as_str(), m.event_id.as_str(), m.body.as_str()), (9, "L1", "e1", "{}"));
         assert_eq!((to_ms(m.enqueued_at), m.receipt.as_str(), m.receive_count), (4, "9.tok", 1));
         assert_eq!(m.log_version, Some(3));
+        assert_eq!(m.trace.map(|t| t.to_string()).as_deref(), Some(TRACE));
 
         let r = record_row(&FakeRow::new(
             columns!(record),
@@ -1065,7 +1088,8 @@ mod tests {
     #[test]
     fn append_checks_keys_and_repeats_in_the_batch() {
         let l = LoadId::parse("L1").unwrap();
-        let row = |id: &str| NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({}) };
+        let row =
+            |id: &str| NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({}), trace: None };
         let entry = |id: &str| NewEntry::stored(id, "k", json!({}));
         assert!(check_keys_of_load(&l, &[row("L1/e1/a")]).is_ok());
         let err = check_keys_of_load(&l, &[row("L1/e1/a"), row("L10/e1/a")]).unwrap_err();

@@ -13,6 +13,7 @@ use haul_core::action::ActionType;
 use haul_core::dispatch::{Alert, AlertKind};
 use haul_core::ids::{LoadId, TimerId};
 use haul_core::time::{Timestamp, add};
+use haul_core::trace::TraceParent;
 use serde_json::{Value, json};
 
 use crate::{
@@ -54,6 +55,7 @@ macro_rules! contract_tests {
             check_claim_fails_after_lease_lapses,
             mark_dispatched_stores_receipt_and_leaves_pending,
             publish_and_mark_dispatched_publishes_even_when_the_claim_is_stale,
+            a_trace_context_is_kept_with_its_row_its_timer_and_the_outcome,
             mark_failed_with_retry_at_reschedules,
             mark_failed_without_retry_at_buries_the_row,
             oldest_pending_row_is_reported,
@@ -149,7 +151,7 @@ fn entry(id: &str) -> NewEntry {
 }
 
 fn row(id: &str) -> NewOutboxRow {
-    NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({"key": id}) }
+    NewOutboxRow { id: id.into(), action_type: ActionType::SendSms, action: json!({"key": id}), trace: None }
 }
 
 const LEASE: Duration = Duration::from_secs(90);
@@ -642,26 +644,64 @@ pub async fn publish_and_mark_dispatched_publishes_even_when_the_claim_is_stale(
     let (a, b) = (&claims[0], &claims[1]);
     let body = |e: &str| json!({"event_id": e}).to_string();
     // Ours: published and marked together.
-    let p =
-        s.publish_and_mark_dispatched(&a.row.id, &a.token, "SM1", &load("L1"), "out:a", &body("out:a"), at(1)).await;
+    let p = s
+        .publish_and_mark_dispatched(&a.row.id, &a.token, "SM1", &load("L1"), "out:a", &body("out:a"), None, at(1))
+        .await;
     assert_eq!(p.unwrap(), Published::New);
     let r = s.get(&a.row.id).await.unwrap().unwrap();
     assert_eq!((r.status, r.receipt.as_deref()), (OutboxStatus::Dispatched, Some("SM1")));
     assert_eq!(receive(&s, at(1)).await, vec![pair("L1", "out:a")]);
     // A stale token: the publish stands, the row is left as it was.
     let p = s
-        .publish_and_mark_dispatched(&b.row.id, "not-the-token", "SM2", &load("L1"), "out:b", &body("out:b"), at(2))
+        .publish_and_mark_dispatched(
+            &b.row.id,
+            "not-the-token",
+            "SM2",
+            &load("L1"),
+            "out:b",
+            &body("out:b"),
+            None,
+            at(2),
+        )
         .await;
     assert!(matches!(p, Err(ClaimError::Stale(_))), "{p:?}");
     let r = s.get(&b.row.id).await.unwrap().unwrap();
     assert_eq!((r.status, r.receipt, r.claim_token.as_deref()), (OutboxStatus::Pending, None, Some(b.token.as_str())));
     assert_eq!(s.depth().await.unwrap(), 2, "out:a in flight, out:b published");
     // The owner's call after it: the publish is a duplicate, the mark goes through.
-    let p =
-        s.publish_and_mark_dispatched(&b.row.id, &b.token, "SM2", &load("L1"), "out:b", &body("out:b"), at(3)).await;
+    let p = s
+        .publish_and_mark_dispatched(&b.row.id, &b.token, "SM2", &load("L1"), "out:b", &body("out:b"), None, at(3))
+        .await;
     assert_eq!(p.unwrap(), Published::Duplicate);
     assert_eq!(s.get(&b.row.id).await.unwrap().unwrap().status, OutboxStatus::Dispatched);
     assert_eq!(s.published_body(&load("L1"), "out:b").await.unwrap(), Some(body("out:b")));
+}
+
+/// A row keeps the context of the run that decided it, a timer the one it was set
+/// with, and an outcome published with its row's mark the one it was given; none
+/// given, none kept.
+pub async fn a_trace_context_is_kept_with_its_row_its_timer_and_the_outcome(s: DynStore) {
+    let ctx = |span: u64| TraceParent::root(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736, span);
+    let traced = NewOutboxRow { trace: Some(ctx(1)), ..row("L1/a/send_sms") };
+    s.append(&load("L1"), vec![entry("e1")], 0, vec![traced, row("L1/b/send_sms")], t0()).await.unwrap();
+    let claims = s.pending(2, at(0), LEASE).await.unwrap();
+    let traces: Vec<_> = claims.iter().map(|c| (c.row.id.as_str(), c.row.trace)).collect();
+    assert_eq!(traces, [("L1/a/send_sms", Some(ctx(1))), ("L1/b/send_sms", None)]);
+    assert_eq!(s.get("L1/a/send_sms").await.unwrap().unwrap().trace, Some(ctx(1)));
+
+    s.schedule_traced(&timer("L1", 1), at(60), Some(ctx(2)), at(0)).await.unwrap();
+    s.schedule(&timer("L1", 2), at(60), at(0)).await.unwrap();
+    // A second schedule changes nothing, its context neither.
+    s.schedule_traced(&timer("L1", 1), at(60), Some(ctx(3)), at(0)).await.unwrap();
+    let due: Vec<_> = s.due(at(60), 10).await.unwrap().into_iter().map(|t| (t.timer_id, t.trace)).collect();
+    assert_eq!(due, [(timer("L1", 1), Some(ctx(2))), (timer("L1", 2), None)]);
+    assert_eq!(s.get_timer(&timer("L1", 1)).await.unwrap().unwrap().trace, Some(ctx(2)));
+
+    let (a, body) = (&claims[0], json!({"event_id": "out:a"}).to_string());
+    s.publish_and_mark_dispatched(&a.row.id, &a.token, "SM1", &load("L1"), "out:a", &body, Some(ctx(4)), at(1))
+        .await
+        .unwrap();
+    assert_eq!(receive_one(&s, at(1)).await.trace, Some(ctx(4)));
 }
 
 /// A row a send rate held back is due again later, unclaimed, with no attempt counted:
@@ -732,8 +772,12 @@ pub async fn rows_held_together_are_each_held_as_alone(s: DynStore) {
 /// queues are forgotten and its rows that wait for a send are due now; a row of another channel, one in a
 /// retry's backoff, one claimed, one already due, and another rate's queues are left.
 pub async fn a_changed_limit_makes_its_channels_held_rows_due_again(s: DynStore) {
-    let hero =
-        NewOutboxRow { id: "L1/h/create_hero_task".into(), action_type: ActionType::CreateHeroTask, action: json!({}) };
+    let hero = NewOutboxRow {
+        id: "L1/h/create_hero_task".into(),
+        action_type: ActionType::CreateHeroTask,
+        action: json!({}),
+        trace: None,
+    };
     let mut rows: Vec<NewOutboxRow> =
         ["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms", "L1/d/send_sms"].map(row).into();
     rows.push(hero);
@@ -779,6 +823,7 @@ pub async fn a_row_whose_ask_moved_on_is_superseded(s: DynStore) {
         id: id.into(),
         action_type: ActionType::SendSms,
         action: json!({"key": id, "type": "send_sms", "ask_id": ask, "step": step, "params": {}}),
+        trace: None,
     };
     let step1 = "L1/ask:eta_request:p1/1/send_sms";
     let rows =
@@ -926,8 +971,12 @@ pub async fn a_claim_takes_sends_for_the_rows_it_claims_as_made(s: DynStore) {
     s.append(&load("L2"), vec![entry("e1")], 0, vec![row("L2/w/send_sms")], at(0)).await.unwrap();
     let c = s.pending(1, at(0), LEASE).await.unwrap().remove(0);
     s.hold_all(&[(c.row.id.clone(), c.token.clone(), at(1))], at(0)).await.unwrap();
-    let hero =
-        NewOutboxRow { id: "L1/h/create_hero_task".into(), action_type: ActionType::CreateHeroTask, action: json!({}) };
+    let hero = NewOutboxRow {
+        id: "L1/h/create_hero_task".into(),
+        action_type: ActionType::CreateHeroTask,
+        action: json!({}),
+        trace: None,
+    };
     let mut rows: Vec<NewOutboxRow> =
         ["L1/a/send_sms", "L1/b/send_sms", "L1/c/send_sms", "L1/d/send_sms"].map(row).into();
     rows.push(hero);
@@ -1117,7 +1166,12 @@ pub async fn dead_rows_without_a_published_outcome_are_found(s: DynStore) {
 }
 
 pub async fn dead_rows_of_one_type_are_found_since_a_time_in_bounds(s: DynStore) {
-    let typed = |id: &str, t: ActionType| NewOutboxRow { id: id.into(), action_type: t, action: json!({"key": id}) };
+    let typed = |id: &str, t: ActionType| NewOutboxRow {
+        id: id.into(),
+        action_type: t,
+        action: json!({"key": id}),
+        trace: None,
+    };
     let rows = vec![
         typed("L1/a/create_hero_task", ActionType::CreateHeroTask),
         typed("L1/b/send_sms", ActionType::SendSms),
@@ -2273,8 +2327,12 @@ pub async fn loads_pages_walk_every_load_once(s: DynStore) {
 }
 
 pub async fn dead_rows_page_newest_first_by_type(s: DynStore) {
-    let hero =
-        |id: &str| NewOutboxRow { id: id.into(), action_type: ActionType::CreateHeroTask, action: json!({"key": id}) };
+    let hero = |id: &str| NewOutboxRow {
+        id: id.into(),
+        action_type: ActionType::CreateHeroTask,
+        action: json!({"key": id}),
+        trace: None,
+    };
     s.append(&load("L1"), vec![entry("e1")], 0, vec![row("L1/a/send_sms"), hero("L1/b/create_hero_task")], at(0))
         .await
         .unwrap();
@@ -2370,8 +2428,12 @@ fn inbox_entry(id: &str, changes: &[(&str, &str)]) -> NewEntry {
 pub async fn the_inbox_follows_the_log_and_dismissals(s: DynStore) {
     use haul_core::InboxState::{Dismissed, Handled, Open};
     let (sms, hero) = ("L1/a/send_sms", "L1/b/create_hero_task");
-    let hero_row =
-        NewOutboxRow { id: hero.into(), action_type: ActionType::CreateHeroTask, action: json!({"key": hero}) };
+    let hero_row = NewOutboxRow {
+        id: hero.into(),
+        action_type: ActionType::CreateHeroTask,
+        action: json!({"key": hero}),
+        trace: None,
+    };
     s.append(&load("L1"), vec![entry("e1")], 0, vec![row(sms), hero_row, row("L1/c/send_sms")], at(0)).await.unwrap();
     for c in s.pending(10, at(1), LEASE).await.unwrap() {
         if c.row.id != "L1/c/send_sms" {

@@ -17,6 +17,7 @@ use haul_core::limit::{Grant, Limit};
 use haul_core::log::Entry;
 use haul_core::projection::Record;
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -129,6 +130,9 @@ pub struct NewEntry {
     pub kind: String,
     pub payload: Value,
     pub derived: Derived,
+    /// The trace context of the run that appends it, kept with the entry; the timers
+    /// its append schedules keep it too.
+    pub trace: Option<TraceParent>,
 }
 
 impl NewEntry {
@@ -139,7 +143,13 @@ impl NewEntry {
             kind: entry.kind().to_owned(),
             payload: entry.payload(),
             derived: Derived::of(entry),
+            trace: None,
         }
+    }
+
+    /// The entry, appended by a run with trace context `trace`.
+    pub fn traced(self, trace: Option<TraceParent>) -> NewEntry {
+        NewEntry { trace, ..self }
     }
 
     /// A record's entry again: what copying it to another log appends.
@@ -152,7 +162,7 @@ impl NewEntry {
     pub fn stored(entry_id: impl Into<String>, kind: impl Into<String>, payload: Value) -> NewEntry {
         let (entry_id, kind) = (entry_id.into(), kind.into());
         let derived = Derived::of(&Entry::decode(&entry_id, &kind, payload.clone()));
-        NewEntry { entry_id, kind, payload, derived }
+        NewEntry { entry_id, kind, payload, derived, trace: None }
     }
 }
 
@@ -163,6 +173,8 @@ pub struct NewOutboxRow {
     pub action_type: ActionType,
     /// The whole action (`{key, type, ask_id?, step?, params}`).
     pub action: Value,
+    /// The trace context of the run that decided it: each send continues it.
+    pub trace: Option<TraceParent>,
 }
 
 #[async_trait]
@@ -472,6 +484,9 @@ pub struct OutboxRow {
     pub receipt: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The trace context of the run that decided the row (`NewOutboxRow::trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceParent>,
 }
 
 impl OutboxRow {
@@ -484,6 +499,7 @@ impl OutboxRow {
             attempts: self.attempts,
             first_attempt_at: self.first_attempt_at,
             created_at: self.created_at,
+            trace: self.trace,
         }
     }
 }
@@ -552,7 +568,7 @@ pub trait Outbox: Send + Sync {
     async fn mark_dispatched(&self, id: &str, token: &str, receipt: &str, now: Timestamp) -> Result<(), ClaimError>;
 
     /// Publishes the row's delivered outcome to this store's own `LoadQueue` (as
-    /// `LoadQueue::publish(load_id, event_id, body, now)`) and then marks the row
+    /// `LoadQueue::publish_traced(load_id, event_id, body, trace, now)`) and then marks the row
     /// dispatched (as `mark_dispatched`), in one transaction: the two steps a
     /// dispatcher takes after a send, with one commit instead of two and no crash
     /// between them. The publish holds whatever the mark finds: `Stale` means the
@@ -567,6 +583,7 @@ pub trait Outbox: Send + Sync {
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, ClaimError>;
 
@@ -793,13 +810,27 @@ pub struct Timer {
     pub created_at: Timestamp,
     pub canceled_at: Option<Timestamp>,
     pub fired_at: Option<Timestamp>,
+    /// The trace context of the send that set it: its firing continues that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceParent>,
 }
 
 #[async_trait]
 pub trait TimerStore: Send + Sync {
     /// Schedules a timer; idempotent on `timer_id` (a second call changes nothing and
     /// returns false). A timer canceled before it was scheduled stays canceled.
-    async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError>;
+    async fn schedule(&self, timer_id: &TimerId, fire_at: Timestamp, now: Timestamp) -> Result<bool, StoreError> {
+        self.schedule_traced(timer_id, fire_at, None, now).await
+    }
+
+    /// `schedule`, the timer keeping `trace` (the context its firing continues).
+    async fn schedule_traced(
+        &self,
+        timer_id: &TimerId,
+        fire_at: Timestamp,
+        trace: Option<TraceParent>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError>;
 
     /// Cancels a scheduled timer; idempotent. Returns true when this call canceled it.
     async fn cancel(&self, timer_id: &TimerId, now: Timestamp) -> Result<bool, StoreError>;
@@ -850,6 +881,8 @@ pub struct QueueMessage {
     /// whose snapshot of the load is at this version has nothing to read before it
     /// decides; the append's version check still guards the decision.
     pub log_version: Option<u64>,
+    /// The trace context the message was published with (its producer's).
+    pub trace: Option<TraceParent>,
 }
 
 #[async_trait]
@@ -861,6 +894,19 @@ pub trait LoadQueue: Send + Sync {
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        now: Timestamp,
+    ) -> Result<Published, StoreError> {
+        self.publish_traced(load_id, event_id, body, None, now).await
+    }
+
+    /// `publish`, the message keeping `trace`, which its receiver's run continues. A
+    /// duplicate keeps the first publish's context (and its body).
+    async fn publish_traced(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError>;
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, add};
+use haul_core::trace::TraceParent;
 use serde_json::json;
 
 use crate::{LoadQueue, Published, QueueError, QueueMessage, Store};
@@ -35,6 +36,7 @@ macro_rules! queue_contract_tests {
             queue_concurrent_receivers_never_hold_one_load_twice,
             queue_remembers_the_first_body_of_an_event_id,
             queue_keeps_the_publish_time_it_was_given,
+            queue_keeps_a_messages_trace_context,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -351,4 +353,17 @@ pub async fn queue_keeps_the_publish_time_it_was_given(q: QueueUnderTest) {
     q.queue.publish(&load("L1"), "e1", "{}", at).await.unwrap();
     let m = q.receive_one().await;
     assert_eq!((m.load_id.as_str(), m.event_id.as_str(), m.enqueued_at), ("L1", "e1", at));
+}
+
+/// The context a message was published with comes back with it, and a message
+/// published without one has none.
+pub async fn queue_keeps_a_messages_trace_context(q: QueueUnderTest) {
+    let ctx = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    q.queue.publish_traced(&load("L1"), "e1", "{}", Some(ctx), q.now()).await.unwrap();
+    q.queue.publish(&load("L1"), "e2", "{}", q.now()).await.unwrap();
+    let m = q.receive_one().await;
+    assert_eq!((m.event_id.as_str(), m.trace), ("e1", Some(ctx)));
+    q.ack(&m).await;
+    let m = q.receive_one().await;
+    assert_eq!((m.event_id.as_str(), m.trace), ("e2", None));
 }

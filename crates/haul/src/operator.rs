@@ -180,7 +180,9 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<ExitCode> {
 }
 
 fn requester(r: RequesterArgs) -> (Requester, Duration) {
-    (Requester { request_id: r.request_id, actor: r.actor, reason: r.reason }, r.wait)
+    // An action by command starts a trace of its own.
+    let trace = Some(haul_runtime::trace::root());
+    (Requester { request_id: r.request_id, actor: r.actor, reason: r.reason, trace }, r.wait)
 }
 
 fn limit_text(l: &haul_core::limit::Limit) -> String {

@@ -455,8 +455,12 @@ async fn fill_for_queries(url: &str) {
     let s = haul_backends::open(url, None).await.unwrap();
     let t = |secs: i64| haul_core::time::from_ms(1_772_431_200_000 + secs * 1000);
     let l2 = LoadId::parse("L2").unwrap();
-    let row =
-        |id: &str, action_type| NewOutboxRow { id: id.into(), action_type, action: serde_json::json!({"key": id}) };
+    let row = |id: &str, action_type| NewOutboxRow {
+        id: id.into(),
+        action_type,
+        action: serde_json::json!({"key": id}),
+        trace: None,
+    };
     let entries = vec![
         NewEntry::stored("u1", "load_update", serde_json::json!({"stage": "at_pickup"})),
         haul_store::contract::decision(

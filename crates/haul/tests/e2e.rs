@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 const TOKEN: &str = "e2e-token-0123456789";
 const SMS1: &str = "481207/ask:eta_request:ping_0700/1/send_sms";
 const SMS2: &str = "481207/ask:eta_request:ping_0700/2/send_sms";
+/// The trace id a caller gives the ping in.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
 impl Serve {
     fn start(dir: &PathBuf, name: &str, args: &[&str], env: &[(String, String)]) -> Serve {
@@ -215,7 +217,16 @@ async fn serve_roles_as_separate_processes_on_postgres() {
     let http = reqwest::Client::new();
     wait_healthy(&http, &api_base, &procs[0]).await;
     assert_eq!(post(&http, &api_base, init()).await, StatusCode::ACCEPTED);
-    assert_eq!(post(&http, &api_base, ping()).await, StatusCode::ACCEPTED);
+    // The ping comes with the caller's trace context; the load's update without one.
+    let posted = http
+        .post(format!("{api_base}/v1/loads/481207/events"))
+        .bearer_auth(TOKEN)
+        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
+        .json(&ping())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), StatusCode::ACCEPTED);
     let logs = || procs.iter().map(|p| format!("== {}\n{}", p.log.display(), p.log())).collect::<Vec<_>>().join("\n");
     // Step 1, step 2 by the pump process's timer, then the escalation (max_attempts 2).
     let escalation = "481207/ask:eta_request:ping_0700/3/create_hero_task";
@@ -236,6 +247,30 @@ async fn serve_roles_as_separate_processes_on_postgres() {
     assert_eq!(view["state"]["asks"]["ask:eta_request:ping_0700"]["status"], "escalated");
     let seqs: Vec<u64> = view["log"].as_array().unwrap().iter().map(|r| r["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless log");
+    // The ping's trace went from the API process through a worker, a dispatcher, the
+    // pump and back, in the stores: every send its decisions made (the first ask, the
+    // follow-up the timer fired, the escalation) carried it, each as a span of its own.
+    for (channel, key) in [("sms", SMS1), ("sms", SMS2), ("hero", escalation)] {
+        let sent = svc.traceparents(channel, key);
+        assert!(!sent.is_empty());
+        for t in sent {
+            let t = t.unwrap_or_else(|| panic!("{key} was sent without a traceparent"));
+            assert!(t.starts_with(&format!("00-{TRACE_ID}-")) && t.ends_with("-01"), "{key}: {t}");
+            assert!(!t.contains("00f067aa0ba902b7"), "a span of haul's own, not the caller's: {t}");
+        }
+    }
+    // And the log keeps it: the ping, its decision and what followed from it; the
+    // load's update, which came without one, has a trace of its own.
+    let rows = client
+        .query(&format!("SELECT entry_id, trace FROM {schema}.events WHERE load_id = '481207' ORDER BY seq"), &[])
+        .await
+        .unwrap();
+    let traces: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let of = |id: &str| traces.iter().find(|(e, _)| e == id).and_then(|(_, t)| t.clone()).unwrap_or_default();
+    assert!(of("ping_0700").contains(TRACE_ID), "{traces:?}");
+    assert!(!of("load:init").is_empty() && !of("load:init").contains(TRACE_ID), "{traces:?}");
+    let in_trace = traces.iter().filter(|(_, t)| t.as_deref().is_some_and(|t| t.contains(TRACE_ID))).count();
+    assert!(in_trace >= 6, "the ping, the timers' firings, the outcomes and their decisions: {traces:?}");
     for p in &mut procs {
         let status = p.terminate();
         assert!(status.success(), "{status:?}\n{}", p.log());
@@ -314,6 +349,7 @@ async fn prune_command_deletes_old_finished_rows_and_keeps_the_log() {
             id: format!("481207/e1/{k}"),
             action_type: haul_core::action::ActionType::SendSms,
             action: json!({}),
+            trace: None,
         };
         store.append(&l, vec![entry], 0, vec![row("a"), row("b")], long_ago(0)).await.unwrap();
         let claims = store.pending(10, long_ago(1), Duration::from_secs(90)).await.unwrap();
@@ -692,6 +728,14 @@ async fn serve_logs_json_lines_per_run_dispatch_and_request_with_root_causes_and
     // decision, so no row of it is dispatched.
     let dispatch = find("dispatch", &|l| l["message"] == "dispatch" && l["outbox_id"] == SMS1);
     assert_eq!((dispatch["outcome"].as_str(), dispatch["attempt"].as_u64()), (Some("retrying"), Some(1)), "{dispatch}");
+    // One trace from the request to the send: the request line names it (and its span),
+    // the ping's run and the SMS's dispatch carry its id.
+    let trace_id = run["trace_id"].as_str().unwrap_or_else(|| panic!("no trace_id: {run}"));
+    assert_eq!(trace_id.len(), 32, "{run}");
+    let posted = lines.iter().filter(|l| l["message"] == "request" && l["method"] == "POST");
+    assert!(posted.clone().any(|l| l["trace_id"] == trace_id && l["span_id"].as_str().is_some_and(|s| s.len() == 16)));
+    assert_eq!(dispatch["trace_id"], trace_id, "{dispatch}");
+
     assert!(!lines.iter().any(|l| l["action_type"] == "set_timer"), "no timer row dispatched:\n{log}");
     find("root cause", &|l| l.to_string().contains("Connection refused"));
     let notices: Vec<&Value> =

@@ -392,6 +392,7 @@ fn operator_step(op: &OperatorSection, load: Option<&LoadId>, start: Timestamp) 
         request_id: op.request_id.clone(),
         actor: op.actor.clone(),
         reason: op.reason.clone(),
+        trace: None,
     };
     let repeat = op.repeat.unwrap_or(1);
     if !(1..=MAX_REPEAT).contains(&repeat) {

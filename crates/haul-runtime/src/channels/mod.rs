@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use haul_core::ids::LoadId;
 use haul_core::mask::Masker;
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use haul_core::{Channel, PerChannel};
 use haul_store::DeliveryLog;
 use serde_json::Value;
@@ -103,13 +104,15 @@ pub fn retry_after(value: &str) -> Option<Duration> {
 
 #[async_trait]
 pub trait ChannelClient: Send + Sync {
-    /// Delivers `body` to `path` with `key` as the idempotency key; the receipt on success.
+    /// Delivers `body` to `path` with `key` as the idempotency key; the receipt on
+    /// success. `trace` is the send's trace context, for a service that takes one.
     async fn send(
         &self,
         key: &str,
         load_id: &LoadId,
         path: &str,
         body: &Value,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<String, DeliveryError>;
 
@@ -117,17 +120,19 @@ pub trait ChannelClient: Send + Sync {
     /// service before, since `tried_since` (an attempt failed, or a claim lapsed
     /// mid-call). A service that dedupes on the key is simply called again; one that
     /// honours no key (Twilio) looks for the earlier call's result first.
+    #[allow(clippy::too_many_arguments)]
     async fn resend(
         &self,
         key: &str,
         load_id: &LoadId,
         path: &str,
         body: &Value,
+        trace: Option<TraceParent>,
         now: Timestamp,
         tried_since: Timestamp,
     ) -> Result<String, DeliveryError> {
         let _ = tried_since;
-        self.send(key, load_id, path, body, now).await
+        self.send(key, load_id, path, body, trace, now).await
     }
 
     /// `http`, `twilio` or `record`, for logs.
@@ -185,6 +190,7 @@ impl ChannelClient for HttpChannel {
         _load_id: &LoadId,
         path: &str,
         body: &Value,
+        trace: Option<TraceParent>,
         _now: Timestamp,
     ) -> Result<String, DeliveryError> {
         let mut req = self
@@ -193,6 +199,9 @@ impl ChannelClient for HttpChannel {
             .timeout(self.timeout)
             .header("Idempotency-Key", key)
             .json(body);
+        if let Some(t) = trace {
+            req = req.header("traceparent", t.to_string());
+        }
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
@@ -280,6 +289,7 @@ impl ChannelClient for RecordChannel {
         load_id: &LoadId,
         _path: &str,
         body: &Value,
+        _trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<String, DeliveryError> {
         let (receipt, _) = self
@@ -310,24 +320,27 @@ impl ChannelClient for Timed {
         load_id: &LoadId,
         path: &str,
         body: &Value,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<String, DeliveryError> {
         let started = std::time::Instant::now();
-        let sent = self.inner.send(key, load_id, path, body, now).await;
+        let sent = self.inner.send(key, load_id, path, body, trace, now).await;
         self.timed(started, sent)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn resend(
         &self,
         key: &str,
         load_id: &LoadId,
         path: &str,
         body: &Value,
+        trace: Option<TraceParent>,
         now: Timestamp,
         tried_since: Timestamp,
     ) -> Result<String, DeliveryError> {
         let started = std::time::Instant::now();
-        let sent = self.inner.resend(key, load_id, path, body, now, tried_since).await;
+        let sent = self.inner.resend(key, load_id, path, body, trace, now, tried_since).await;
         self.timed(started, sent)
     }
 

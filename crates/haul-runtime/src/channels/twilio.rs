@@ -26,6 +26,7 @@ use async_trait::async_trait;
 use haul_core::ids::LoadId;
 use haul_core::mask::Masker;
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -223,6 +224,8 @@ impl ChannelClient for TwilioChannel {
         _load_id: &LoadId,
         _path: &str,
         body: &Value,
+        // Twilio is a third party: it is given no trace context.
+        _trace: Option<TraceParent>,
         _now: Timestamp,
     ) -> Result<String, DeliveryError> {
         let (to, text) = sms_of(body)?;
@@ -254,12 +257,14 @@ impl ChannelClient for TwilioChannel {
         Ok(sid.unwrap_or_else(|| "twilio-accepted-without-sid".into()))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn resend(
         &self,
         key: &str,
         load_id: &LoadId,
         path: &str,
         body: &Value,
+        trace: Option<TraceParent>,
         now: Timestamp,
         tried_since: Timestamp,
     ) -> Result<String, DeliveryError> {
@@ -267,7 +272,7 @@ impl ChannelClient for TwilioChannel {
         if let Some(sid) = self.find_sent(to, text, tried_since).await? {
             return Ok(sid);
         }
-        self.send(key, load_id, path, body, now).await
+        self.send(key, load_id, path, body, trace, now).await
     }
 
     fn mode(&self) -> &'static str {

@@ -16,6 +16,7 @@ use haul_core::log::{Entry, Record};
 use haul_core::sop::Policies;
 use haul_core::time::Timestamp;
 use haul_core::timers::TimerRoute;
+use haul_core::trace::TraceParent;
 use haul_core::{Channel, Clock, FakeClock, InboundEvent, QueueMode};
 use haul_runtime::channels::{ChannelClient, Channels, DeliveryError, PermanentDeliveryError, RetryableDeliveryError};
 use haul_runtime::decider::{Decider, SopDecider};
@@ -93,7 +94,15 @@ struct Client {
 
 #[async_trait]
 impl ChannelClient for Client {
-    async fn send(&self, key: &str, _: &LoadId, _: &str, _: &Value, _: Timestamp) -> Result<String, DeliveryError> {
+    async fn send(
+        &self,
+        key: &str,
+        _: &LoadId,
+        _: &str,
+        _: &Value,
+        _: Option<TraceParent>,
+        _: Timestamp,
+    ) -> Result<String, DeliveryError> {
         self.services.calls.lock().unwrap().push((self.channel, key.to_owned()));
         if let Some((clock, time)) = &*self.services.takes.lock().unwrap() {
             clock.advance(*time);
@@ -144,15 +153,16 @@ impl Downable {
 
 #[async_trait]
 impl LoadQueue for Downable {
-    async fn publish(
+    async fn publish_traced(
         &self,
         load_id: &LoadId,
         event_id: &str,
         body: &str,
+        trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         self.check()?;
-        self.inner.publish(load_id, event_id, body, now).await
+        self.inner.publish_traced(load_id, event_id, body, trace, now).await
     }
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {
         self.check()?;

@@ -616,12 +616,14 @@ async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQue
 
 // ---------------------------------------------------------------- actions
 
-/// Who acts and why: the session's name, the form's request id and reason.
+/// Who acts and why: the session's name, the form's request id and reason. A browser
+/// sends no trace context: each action starts a trace of its own.
 fn requester(session: &Session, form: &Form) -> Requester {
     Requester {
         request_id: form.get("request_id").to_owned(),
         actor: session.actor.clone(),
         reason: form.get("reason").to_owned(),
+        trace: Some(haul_runtime::trace::root()),
     }
 }
 

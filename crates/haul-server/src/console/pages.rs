@@ -1449,6 +1449,7 @@ mod tests {
                 receipt: None,
                 created_at: t,
                 updated_at: t,
+                trace: None,
             }],
             next_outbox_after: None,
             timers: vec![],
@@ -1554,6 +1555,7 @@ mod tests {
             receipt: None,
             created_at: t,
             updated_at: t,
+            trace: None,
         };
         let dead_rows = QueryPage {
             rows: vec![DeadRow { row, dead_at: t, outcome_published_at: None, inbox: InboxMark::OPEN }],
