@@ -16,6 +16,7 @@ use crate::decision::{DECISION_RECORDED, Decision};
 use crate::event::{EventBody, InboundEvent};
 use crate::ids::EventId;
 use crate::time::Timestamp;
+use crate::trace::TraceParent;
 
 /// What one record says.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,14 +30,16 @@ pub enum Entry {
     Unreadable { kind: String, payload: Value, reason: String },
 }
 
-/// One log record: `{seq, entry_id, kind, payload, recorded_at}` on the wire and in
-/// the store, typed in between.
+/// One log record: `{seq, entry_id, kind, payload, recorded_at, trace?}` on the wire
+/// and in the store, typed in between.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
     pub seq: u64,
     pub entry_id: String,
     pub entry: Entry,
     pub recorded_at: Timestamp,
+    /// The trace context of the run that appended it (`crate::trace`), when it had one.
+    pub trace: Option<TraceParent>,
 }
 
 impl Entry {
@@ -81,7 +84,12 @@ impl Record {
     /// A stored record, decoded: what the stores hand up.
     pub fn decode(seq: u64, entry_id: String, kind: &str, payload: Value, recorded_at: Timestamp) -> Record {
         let entry = Entry::decode(&entry_id, kind, payload);
-        Record { seq, entry_id, entry, recorded_at }
+        Record { seq, entry_id, entry, recorded_at, trace: None }
+    }
+
+    /// The record, appended in the trace `trace`.
+    pub fn with_trace(self, trace: Option<TraceParent>) -> Record {
+        Record { trace, ..self }
     }
 
     /// The records a run's append of `event` and its decision `d`, checked against
@@ -94,12 +102,14 @@ impl Record {
                 entry_id: event.event_id.to_string(),
                 entry: Entry::Event { event_id: event.event_id.clone(), body: event.body.clone() },
                 recorded_at,
+                trace: None,
             },
             Record {
                 seq: version + 2,
                 entry_id: d.decision_id.clone(),
                 entry: Entry::Decision(d.clone()),
                 recorded_at,
+                trace: None,
             },
         ]
     }
@@ -152,6 +162,9 @@ struct Wire {
     kind: String,
     payload: Value,
     recorded_at: Timestamp,
+    /// Absent without one: records from evals, replays and older logs read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    trace: Option<TraceParent>,
 }
 
 impl Serialize for Record {
@@ -162,6 +175,7 @@ impl Serialize for Record {
             kind: self.kind().to_owned(),
             payload: self.payload(),
             recorded_at: self.recorded_at,
+            trace: self.trace,
         }
         .serialize(s)
     }
@@ -170,7 +184,7 @@ impl Serialize for Record {
 impl<'de> Deserialize<'de> for Record {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let w = Wire::deserialize(d)?;
-        Ok(Record::decode(w.seq, w.entry_id, &w.kind, w.payload, w.recorded_at))
+        Ok(Record::decode(w.seq, w.entry_id, &w.kind, w.payload, w.recorded_at).with_trace(w.trace))
     }
 }
 
@@ -186,7 +200,14 @@ mod tests {
         assert_eq!(!matches!(r.entry, Entry::Unreadable { .. }), readable, "{kind} {payload}");
         assert_eq!((r.kind(), r.payload()), (kind, payload), "what was stored comes back");
         let wire = serde_json::to_value(&r).unwrap();
+        assert!(wire.get("trace").is_none(), "no trace, no key: {wire}");
         assert_eq!(serde_json::from_value::<Record>(wire).unwrap(), r);
+        // A record appended in a trace keeps it on the wire too.
+        let trace = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        let traced = r.clone().with_trace(trace);
+        let wire = serde_json::to_value(&traced).unwrap();
+        assert_eq!(wire["trace"], "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(serde_json::from_value::<Record>(wire).unwrap(), traced);
     }
 
     #[test]

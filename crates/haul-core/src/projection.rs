@@ -322,6 +322,7 @@ mod tests {
             entry_id: format!("e{seq}"),
             entry: Entry::decode(&format!("e{seq}"), kind, payload),
             recorded_at: at,
+            trace: None,
         };
         let update = |seq, stage: &str| record(seq, "load_update", json!({"stage": stage}));
         let check = |records: &[Record], want: (u64, u64, bool)| {
@@ -358,6 +359,7 @@ mod tests {
                 entry_id: format!("dec:e{seq}"),
                 entry: Entry::decode(&format!("dec:e{seq}"), "decision_recorded", payload),
                 recorded_at: at,
+                trace: None,
             }
         };
         let usage = |input: u64, cost: Option<u64>| {

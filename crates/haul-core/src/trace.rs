@@ -35,7 +35,7 @@ impl TraceParent {
             0xff => false,
             0 => s.len() == V00_LEN,
             // A later version may add fields after a dash; its first four read as 00's.
-            _ => s.len() == V00_LEN || (s.len() > V00_LEN && s.as_bytes()[V00_LEN] == b'-'),
+            _ => s.len() == V00_LEN || s.as_bytes().get(V00_LEN) == Some(&b'-'),
         };
         let b = s.as_bytes();
         if !fits || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
@@ -113,7 +113,7 @@ fn hex_digit(c: u8) -> Option<u8> {
 
 fn hex_byte(s: &str) -> Option<u8> {
     match s.as_bytes() {
-        [hi, lo] => Some(hex_digit(*hi)? << 4 | hex_digit(*lo)?),
+        [hi, lo] => Some((hex_digit(*hi)? << 4) + hex_digit(*lo)?),
         _ => None,
     }
 }
@@ -125,7 +125,7 @@ fn hex_bytes<const N: usize>(s: &str) -> Option<[u8; N]> {
     }
     let mut out = [0u8; N];
     for (i, o) in out.iter_mut().enumerate() {
-        *o = hex_digit(b[2 * i])? << 4 | hex_digit(b[2 * i + 1])?;
+        *o = (hex_digit(b[2 * i])? << 4) + hex_digit(b[2 * i + 1])?;
     }
     Some(out)
 }
@@ -189,6 +189,11 @@ mod tests {
         // A zero draw would make an invalid id.
         assert_eq!(TraceParent::parse(&TraceParent::root(0, 0).to_string()), Some(TraceParent::root(1, 1)));
         assert_eq!(root.child(0).span_id, [0, 0, 0, 0, 0, 0, 0, 1]);
-        assert!(!TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-02").unwrap().sampled());
+        for (flags, sampled) in [("00", false), ("01", true), ("02", false), ("03", true)] {
+            let t =
+                TraceParent::parse(&format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}")).unwrap();
+            assert_eq!(t.sampled(), sampled, "{flags}");
+        }
+        assert_eq!(format!("{root:?}"), format!("TraceParent({GOOD})"));
     }
 }

@@ -51,6 +51,9 @@ pub enum Invariant {
     SendRateKept,
     /// No `send_sms` was decided to a phone that had opted out of SMS.
     NoSmsAfterOptOut,
+    /// An event accepted in a trace is logged in that trace, and so is its decision:
+    /// whichever run appended them (after a crash and a redelivery too) continued it.
+    TraceContinued,
 }
 
 impl Invariant {
@@ -70,6 +73,7 @@ impl Invariant {
             Invariant::RequeuedOnce => "requeued once",
             Invariant::SendRateKept => "send rate kept",
             Invariant::NoSmsAfterOptOut => "no sms after opt-out",
+            Invariant::TraceContinued => "trace continued",
         }
     }
 }
@@ -161,6 +165,32 @@ pub fn events_logged_once<'a>(
         let n = log.iter().filter(|r| r.entry_id == id).count();
         if n != 1 {
             return broke(Invariant::EventLoggedOnce, format!("event {id} of load {load} is in the log {n} times"));
+        }
+    }
+    Ok(())
+}
+
+/// Each of `traced` (an event id and the trace id, 32 hex digits, it was accepted in) is
+/// logged in that trace, with its decision.
+pub fn traces_continued<'a>(
+    load: &LoadId,
+    log: &[Record],
+    traced: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), Violation> {
+    for (event_id, trace_id) in traced {
+        let decision = EventId::parse(event_id).ok().map(|e| decision_entry_id(&e));
+        for r in log.iter().filter(|r| r.entry_id == event_id || Some(&r.entry_id) == decision.as_ref()) {
+            let kept = r.trace.map(|t| t.trace_id_hex());
+            if kept.as_deref() != Some(trace_id) {
+                return broke(
+                    Invariant::TraceContinued,
+                    format!(
+                        "record {} of load {load} is in trace {}, not the trace {trace_id} its event came in",
+                        r.entry_id,
+                        kept.as_deref().unwrap_or("(none)")
+                    ),
+                );
+            }
         }
     }
     Ok(())
@@ -389,7 +419,13 @@ mod tests {
     }
 
     fn rec(seq: u64, entry_id: &str, entry: Entry) -> Record {
-        Record { seq, entry_id: entry_id.into(), entry, recorded_at: "2026-03-02T07:00:00Z".parse().unwrap() }
+        Record {
+            seq,
+            entry_id: entry_id.into(),
+            entry,
+            recorded_at: "2026-03-02T07:00:00Z".parse().unwrap(),
+            trace: None,
+        }
     }
 
     /// A record of `kind` this build need not read: the checks go by kind and id.
@@ -538,5 +574,30 @@ mod tests {
         assert_eq!(once(std::slice::from_ref(&first)), Some(Invariant::RequeuedOnce), "no such dead row");
         let live = row(OutboxStatus::Dispatched, ActionType::CreateHeroTask);
         assert_eq!(once(&[live, first]), Some(Invariant::RequeuedOnce), "not dead");
+    }
+
+    #[test]
+    fn an_event_and_its_decision_logged_in_another_trace_are_caught() {
+        let (given, other) = ("4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c");
+        let traced = |id: &str| haul_core::trace::TraceParent::parse(&format!("00-{id}-00f067aa0ba902b7-01"));
+        let log = |event: Option<&str>, decision: Option<&str>| {
+            vec![
+                of_kind(1, "p1", "location_ping").with_trace(event.and_then(traced)),
+                of_kind(2, "dec:p1", DECISION_RECORDED).with_trace(decision.and_then(traced)),
+                of_kind(3, "p2", "location_ping"),
+            ]
+        };
+        let check = |log: Vec<Record>| traces_continued(&load(), &log, [("p1", given)]);
+        assert!(check(log(Some(given), Some(given))).is_ok());
+        let v = check(log(Some(given), Some(other))).unwrap_err();
+        assert_eq!(v.invariant, Invariant::TraceContinued);
+        assert_eq!(
+            v.message,
+            format!("record dec:p1 of load 481207 is in trace {other}, not the trace {given} its event came in")
+        );
+        let v = check(log(None, Some(given))).unwrap_err();
+        assert!(v.message.starts_with("record p1 of load 481207 is in trace (none)"), "{v}");
+        // An event accepted without a trace is not checked.
+        assert!(traces_continued(&load(), &log(None, None), []).is_ok());
     }
 }

@@ -32,8 +32,11 @@ const SELECT_LOADS: &str = "SELECT load_id FROM loads WHERE load_id > $1
            AND e.kind = 'load_update' AND e.payload::jsonb ->> 'client' = $3))
     ORDER BY load_id LIMIT $4";
 
-const READ_LOG_PAGE: &str =
-    concat!("SELECT ", columns!(record), " FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq LIMIT $3");
+const READ_LOG_PAGE: &str = concat!(
+    "SELECT ",
+    columns!(record_read_only),
+    " FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+);
 
 impl ReadOnlyLog {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {

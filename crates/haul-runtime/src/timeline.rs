@@ -11,6 +11,7 @@ use haul_core::decision::Decision;
 use haul_core::event::{ActionOutcome, EventBody, OperatorAction, OperatorCommand};
 use haul_core::projection::{Entry, Record};
 use haul_core::time::Timestamp;
+use haul_core::trace::TraceParent;
 use haul_store::OutboxRow;
 use serde_json::Value;
 
@@ -22,6 +23,8 @@ pub struct Item<'a> {
     /// The record's kind as stored (`location_ping`, `decision_recorded`, …).
     pub kind: &'a str,
     pub entry_id: &'a str,
+    /// The trace the record was appended in, when it had one.
+    pub trace: Option<TraceParent>,
     pub what: What<'a>,
 }
 
@@ -83,7 +86,7 @@ fn item<'a>(carried: &HashMap<&str, Carried<'a>>, r: &'a Record) -> Item<'a> {
         Entry::Event { .. } => What::Event { fields: r.payload() },
         Entry::Unreadable { payload, reason, .. } => What::Unreadable { reason, fields: payload },
     };
-    Item { seq: r.seq, recorded_at: r.recorded_at, kind: r.kind(), entry_id: &r.entry_id, what }
+    Item { seq: r.seq, recorded_at: r.recorded_at, kind: r.kind(), entry_id: &r.entry_id, trace: r.trace, what }
 }
 
 /// What an operator's command acts on: the row, the SMS or the ask.

@@ -119,7 +119,7 @@ impl LogReader for ReadOnlyLog {
                 conn,
                 concat!(
                     "SELECT ",
-                    columns!(record),
+                    columns!(record_read_only),
                     " FROM events WHERE load_id = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq LIMIT CAST(?3 AS INTEGER)"
                 ),
                 rusqlite::params![load, after_seq as i64, limit],

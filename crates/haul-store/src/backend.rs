@@ -167,7 +167,12 @@ macro_rules! columns {
         "id, load_id, event_id, body, enqueued_at, receipt, receive_count, trace"
     };
     (record) => {
-        "seq, entry_id, kind, payload, recorded_at"
+        "seq, entry_id, kind, payload, recorded_at, trace"
+    };
+    // What the read-only logs read (replay, export): no trace, which they do not show,
+    // so they read a database a migration behind this build too.
+    (record_read_only) => {
+        "seq, entry_id, kind, payload, recorded_at, NULL AS trace"
     };
     (delivery) => {
         "id, channel, key, load_id, payload, created_at"
@@ -276,7 +281,9 @@ pub fn queue_message_row(r: &dyn Columns) -> Result<(i64, QueueMessage), StoreEr
 /// Decoded here, once: what the store hands up is typed (`haul_core::log`).
 pub fn record_row(r: &dyn Columns) -> Result<Record, StoreError> {
     let kind = r.string(2)?;
-    Ok(Record::decode(r.i64(0)? as u64, r.string(1)?, &kind, json_or_string(r.string(3)?), from_ms(r.i64(4)?)))
+    let record =
+        Record::decode(r.i64(0)? as u64, r.string(1)?, &kind, json_or_string(r.string(3)?), from_ms(r.i64(4)?));
+    Ok(record.with_trace(trace_column(r, 5)?))
 }
 
 /// A row of `columns!(delivery)`.
@@ -1011,11 +1018,13 @@ mod tests {
                 ("kind", Text("k")),
                 ("payload", Text("{oops")),
                 ("recorded_at", Int(5)),
+                ("trace", Text(TRACE)),
             ],
         ))
         .unwrap();
         assert_eq!((r.seq, r.entry_id.as_str(), r.kind(), to_ms(r.recorded_at)), (3, "e1", "k", 5));
         assert_eq!(r.payload(), Value::String("{oops".into()), "an unreadable payload is kept as text");
+        assert_eq!(r.trace.map(|t| t.to_string()).as_deref(), Some(TRACE));
 
         let d = delivery_row(&FakeRow::new(
             columns!(delivery),

@@ -271,6 +271,14 @@ async fn serve_roles_as_separate_processes_on_postgres() {
     assert!(!of("load:init").is_empty() && !of("load:init").contains(TRACE_ID), "{traces:?}");
     let in_trace = traces.iter().filter(|(_, t)| t.as_deref().is_some_and(|t| t.contains(TRACE_ID))).count();
     assert!(in_trace >= 6, "the ping, the timers' firings, the outcomes and their decisions: {traces:?}");
+    // The load's view shows each record's, row's and timer's.
+    let ping = view["log"].as_array().unwrap().iter().find(|r| r["entry_id"] == "ping_0700").unwrap();
+    assert!(ping["trace"].as_str().is_some_and(|t| t.contains(TRACE_ID)), "{ping}");
+    let sms1 = view["outbox"].as_array().unwrap().iter().find(|r| r["id"] == SMS1).unwrap();
+    assert!(sms1["trace"].as_str().is_some_and(|t| t.contains(TRACE_ID)), "{sms1}");
+    assert!(
+        view["timers"].as_array().unwrap().iter().all(|t| t["trace"].as_str().is_some_and(|t| t.contains(TRACE_ID)))
+    );
     for p in &mut procs {
         let status = p.terminate();
         assert!(status.success(), "{status:?}\n{}", p.log());

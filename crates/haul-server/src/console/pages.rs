@@ -589,8 +589,12 @@ pub fn timeline(v: &LoadView, page_query: &str, order: Order) -> String {
             What::Decision { decision, .. } => decision.filtered,
             _ => false,
         };
+        // The trace id, to find the record's trace in the operators' tracing tool.
+        let trace = item.trace.map_or(String::new(), |t| {
+            format!(" <span class=\"sub trace\" title=\"trace id\">trace {}</span>", esc(&t.trace_id_hex()))
+        });
         let head = format!(
-            "<span class=\"seq\">#{}</span> {} <strong>{}</strong> {}",
+            "<span class=\"seq\">#{}</span> {} <strong>{}</strong> {}{trace}",
             item.seq,
             time(item.recorded_at),
             esc(kind),
@@ -1356,13 +1360,16 @@ mod tests {
         assert!(!html.contains(" style=") && !html.contains(" onclick=") && !html.contains("<script>"), "{html}");
     }
 
+    const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
     #[test]
     fn text_from_outside_is_shown_as_text_on_every_page() {
         let (s, key) = session(Role::Operator);
         let ctx = Ctx { session: &s, csrf: s.csrf(&key), inbox: None };
         let t: Timestamp = "2026-03-02T07:00:00Z".parse().unwrap();
         let load_id = LoadId::parse("481207").unwrap();
-        let record = |seq: u64, entry: Entry| Record { seq, entry_id: format!("e{seq}"), entry, recorded_at: t };
+        let record =
+            |seq: u64, entry: Entry| Record { seq, entry_id: format!("e{seq}"), entry, recorded_at: t, trace: None };
         let key_id = "481207/sms_1/create_hero_task";
         let hero_task = Action {
             key: key_id.into(),
@@ -1400,7 +1407,8 @@ mod tests {
             version: 4,
             state: StateView::of(&spent),
             log: vec![
-                record(1, Entry::Event { event_id: sms_id.clone(), body: EventBody::InboundSms(sms) }),
+                record(1, Entry::Event { event_id: sms_id.clone(), body: EventBody::InboundSms(sms) })
+                    .with_trace(haul_core::trace::TraceParent::parse(TRACE)),
                 record(2, Entry::Decision(decision)),
                 record(
                     3,
@@ -1476,6 +1484,9 @@ mod tests {
         );
         assert!(page.contains("1200 tokens in, 80 out, $0.003040 · prompt <code>aaaaaaaaaaaa</code>"), "{page}");
         assert!(page.contains("action=\"/console/dead/requeue\""), "an operator may requeue the dead row");
+        // A record appended in a trace names its trace id; the others none.
+        assert!(page.contains("title=\"trace id\">trace 4bf92f3577b34da6a3ce929d0e0e4736</span>"), "{page}");
+        assert_eq!(page.matches("title=\"trace id\"").count(), 1, "{page}");
         // The Hero task's content is on the page (escaped), with its urgency, and the
         // driver's last message is at the top.
         assert!(page.contains("<div class=\"content\"><strong>&lt;script&gt;") && page.contains(">normal<"), "{page}");
