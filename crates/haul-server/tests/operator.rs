@@ -96,7 +96,18 @@ async fn requeue_takes_an_operator_token_and_publishes_once(backend: Backend) {
     check(api.post_as(Some("wrong-token-123"), path, &body).await, StatusCode::UNAUTHORIZED, "unauthorized");
     check(api.post_as(Some(TOKEN), path, &body).await, StatusCode::FORBIDDEN, "operator_token_required");
 
-    let v = check(api.post_as(Some(OPERATOR), path, &body).await, StatusCode::ACCEPTED, "queued");
+    // In the operator's trace: the action's run continues it.
+    let traced = api
+        .client
+        .post(format!("{}{path}", api.base))
+        .bearer_auth(OPERATOR)
+        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = traced.status();
+    let v = check((status, traced.json().await.unwrap()), StatusCode::ACCEPTED, "queued");
     assert_eq!((v["load_id"].as_str(), v["event_id"].as_str()), (Some("L1"), Some("op:r1")));
     let ev = published(&api, "L1", "op:r1").await;
     assert_eq!(ev["kind"], "operator_action");
@@ -123,6 +134,9 @@ async fn requeue_takes_an_operator_token_and_publishes_once(backend: Backend) {
         check(api.post_as(Some(OPERATOR), path, &body).await, status, code);
     }
     assert_eq!(api.store.depth().await.unwrap(), 1, "nothing refused was published");
+    let queued = api.store.receive(10, Duration::from_secs(30), t0()).await.unwrap();
+    let traces: Vec<_> = queued.iter().map(|m| (m.event_id.as_str(), m.trace.map(|t| t.trace_id_hex()))).collect();
+    assert_eq!(traces, [("op:r1", Some("4bf92f3577b34da6a3ce929d0e0e4736".to_owned()))]);
 }
 
 async fn operator_actions_on_the_ingestion_route_need_an_operator_token(backend: Backend) {
