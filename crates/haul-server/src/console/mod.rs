@@ -26,13 +26,14 @@ use axum::routing::{get, post};
 use haul_core::action::ActionType;
 use haul_core::ids::LoadId;
 use haul_core::time::{Timestamp, from_ms, to_ms};
+use haul_core::trace::TraceParent;
 use haul_runtime::inspect::Page;
 use haul_runtime::operator::{self, DeadFilter, MAX_BULK_ROWS, OperatorError, Requester};
 use haul_runtime::queries::{self, Page as QueryPage, Query, QueryError};
 use haul_store::{InboxCounts, LoadFilter, OutboxStatus};
 use tracing::{error, info};
 
-use crate::state::{ApiBody, ApiState, ClientAddress, one_of};
+use crate::state::{ApiBody, ApiState, ClientAddress, Trace, one_of};
 use pages::{Ctx, Figures};
 use session::{COOKIE, Role, Session};
 
@@ -616,14 +617,14 @@ async fn alerts(v: Viewer, State(s): State<Arc<ApiState>>, RawQuery(raw): RawQue
 
 // ---------------------------------------------------------------- actions
 
-/// Who acts and why: the session's name, the form's request id and reason. A browser
-/// sends no trace context: each action starts a trace of its own.
-fn requester(session: &Session, form: &Form) -> Requester {
+/// Who acts and why: the session's name, the form's request id and reason; the action's
+/// run continues the console request's trace (`Trace`).
+fn requester(session: &Session, form: &Form, trace: TraceParent) -> Requester {
     Requester {
         request_id: form.get("request_id").to_owned(),
         actor: session.actor.clone(),
         reason: form.get("reason").to_owned(),
-        trace: Some(haul_runtime::trace::root()),
+        trace: Some(trace),
     }
 }
 
@@ -711,14 +712,19 @@ async fn acted(
     what_happened(s, ctx, q, title, text, &links).await
 }
 
-async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+async fn requeue(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
         Err(r) => return r,
     };
     let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
-    let who = requester(&session, &form);
+    let who = requester(&session, &form, trace);
     let outbox_id = form.get("outbox_id");
     match operator::requeue(s.store.as_ref(), &s.queue, &who, outbox_id, s.clock.now()).await {
         Ok(q) => {
@@ -730,7 +736,12 @@ async fn requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
     }
 }
 
-async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+async fn bulk_requeue(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
@@ -747,7 +758,7 @@ async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBod
         return bad("Buried since: a time such as 2026-03-02T07:00:00Z.");
     };
     let dry_run = form.get("dry_run") != "false";
-    let who = requester(&session, &form);
+    let who = requester(&session, &form, trace);
     let filter = DeadFilter { action_type, since, limit: MAX_BULK_ROWS };
     match operator::bulk_requeue(s.store.as_ref(), &s.queue, &who, &filter, dry_run, s.clock.now()).await {
         Ok(a) => {
@@ -762,7 +773,12 @@ async fn bulk_requeue(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBod
     }
 }
 
-async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+async fn assign_sms(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
@@ -778,7 +794,7 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
             );
         }
     };
-    let who = requester(&session, &form);
+    let who = requester(&session, &form, trace);
     let sid = form.get("message_sid");
     match operator::assign_sms(s.store.as_ref(), &s.queue, &who, sid, &load, s.clock.now()).await {
         Ok(q) => {
@@ -804,7 +820,12 @@ async fn assign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(
 
 /// Moves an SMS assigned to the wrong load: the page says both halves, the old load
 /// told first, and what the new load decided.
-async fn reassign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+async fn reassign_sms(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
@@ -816,7 +837,7 @@ async fn reassign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBod
         Ok(l) => l,
         Err(e) => return html(StatusCode::BAD_REQUEST, pages::refused(&ctx, &e.message, &back)),
     };
-    let who = requester(&session, &form);
+    let who = requester(&session, &form, trace);
     let sid = form.get("message_sid");
     match operator::reassign_sms(s.store.as_ref(), &s.queue, &who, sid, &load, s.clock.now()).await {
         Ok(r) => {
@@ -839,14 +860,19 @@ async fn reassign_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBod
     }
 }
 
-async fn dismiss(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+async fn dismiss(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
         Err(r) => return r,
     };
     let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
-    let who = requester(&session, &form);
+    let who = requester(&session, &form, trace);
     let outbox_id = form.get("outbox_id");
     match operator::dismiss(s.store.as_ref(), &s.queue, &who, outbox_id, s.clock.now()).await {
         Ok(q) => {
@@ -858,14 +884,19 @@ async fn dismiss(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(bod
     }
 }
 
-async fn dismiss_sms(State(s): State<Arc<ApiState>>, headers: HeaderMap, ApiBody(body): ApiBody) -> Response {
+async fn dismiss_sms(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    Trace(trace): Trace,
+    ApiBody(body): ApiBody,
+) -> Response {
     let form = Form::parse(&body).unwrap_or(Form(vec![]));
     let (session, key) = match acting(&s, &headers, &form).await {
         Ok(x) => x,
         Err(r) => return r,
     };
     let ctx = Ctx { session: &session, csrf: session.csrf(&key), inbox: None };
-    let who = requester(&session, &form);
+    let who = requester(&session, &form, trace);
     let links = [("/console/unmatched".to_string(), "Unmatched SMS")];
     match operator::dismiss_sms(s.store.as_ref(), &who, form.get("message_sid"), s.clock.now()).await {
         Ok(d) if d.status == "dismissed" => {
