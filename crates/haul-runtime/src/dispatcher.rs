@@ -939,6 +939,8 @@ impl Dispatcher {
         let row = &claim.row;
         let (load_id, outbox_id, action_type) = (row.load_id.as_str(), row.id.as_str(), row.action_type.as_str());
         let (outcome, attempt, duration_ms) = (result.label(), row.attempts + 1, started.elapsed().as_millis() as u64);
+        let trace_id = row.trace.map(|t| t.trace_id_hex());
+        let trace_id = trace_id.as_deref();
         match &result {
             Dispatched::Stale => {
                 info!(
@@ -948,27 +950,31 @@ impl Dispatcher {
                     outcome,
                     attempt,
                     duration_ms,
+                    trace_id,
                     "dispatch: another dispatcher owns the row; changed nothing"
                 )
             }
             Dispatched::Unsettled(why) => {
                 warn!(
                     load_id,
-                    outbox_id, action_type, outcome, attempt, why, duration_ms, "dispatch left for the lease to lapse"
+                    outbox_id,
+                    action_type,
+                    outcome,
+                    attempt,
+                    why,
+                    duration_ms,
+                    trace_id,
+                    "dispatch left for the lease to lapse"
                 )
             }
             Dispatched::Crashed(c) => {
-                info!(load_id, outbox_id, action_type, outcome, attempt, %c, duration_ms, "dispatch crashed at a fault point")
+                info!(load_id, outbox_id, action_type, outcome, attempt, %c, duration_ms, trace_id, "dispatch crashed at a fault point")
             }
             Dispatched::Held { until } => {
-                info!(load_id, outbox_id, action_type, outcome, attempt, %until, duration_ms, "dispatch: the service is over its rate (429); held back, no attempt spent")
+                info!(load_id, outbox_id, action_type, outcome, attempt, %until, duration_ms, trace_id, "dispatch: the service is over its rate (429); held back, no attempt spent")
             }
 
-            _ => {
-                let trace_id = row.trace.map(|t| t.trace_id_hex());
-                let trace_id = trace_id.as_deref();
-                info!(load_id, outbox_id, action_type, outcome, attempt, duration_ms, trace_id, "dispatch")
-            }
+            _ => info!(load_id, outbox_id, action_type, outcome, attempt, duration_ms, trace_id, "dispatch"),
         }
         metrics::counter!("haul_dispatches_total", "result" => result.label()).increment(1);
         result

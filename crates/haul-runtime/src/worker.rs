@@ -245,7 +245,7 @@ impl Worker {
                 )
             }
             RunOutcome::LeftForRedelivery(why) => {
-                warn!(load_id, event_id, outcome = outcome_label, why, duration_ms, "run left for redelivery")
+                warn!(load_id, event_id, outcome = outcome_label, why, duration_ms, trace_id, "run left for redelivery")
             }
             RunOutcome::Poison(why) => {
                 error!(
@@ -254,14 +254,15 @@ impl Worker {
                     outcome = outcome_label,
                     why,
                     duration_ms,
+                    trace_id,
                     "run dropped a message that is not an event"
                 )
             }
             RunOutcome::Crashed(c) => {
-                info!(load_id, event_id, outcome = outcome_label, %c, duration_ms, "run crashed at a fault point")
+                info!(load_id, event_id, outcome = outcome_label, %c, duration_ms, trace_id, "run crashed at a fault point")
             }
             // Another run has the load, or the event is in the log already: no news.
-            _ => debug!(load_id, event_id, outcome = outcome_label, duration_ms, "run"),
+            _ => debug!(load_id, event_id, outcome = outcome_label, duration_ms, trace_id, "run"),
         }
         metrics::counter!("haul_runs_total", "outcome" => outcome.label()).increment(1);
         metrics::histogram!("haul_run_duration_seconds").record(started.elapsed().as_secs_f64());

@@ -263,7 +263,12 @@ pub struct Trace(pub TraceParent);
 
 impl Trace {
     pub fn of_headers(headers: &HeaderMap) -> Trace {
-        let incoming = Incoming::of_header(headers.get("traceparent").map(|v| v.as_bytes()));
+        let mut given = headers.get_all("traceparent").iter();
+        let incoming = match (given.next(), given.next()) {
+            // Two contexts: which one the caller meant cannot be told.
+            (Some(_), Some(_)) => Incoming::Malformed(haul_runtime::trace::root()),
+            (first, _) => Incoming::of_header(first.map(|v| v.as_bytes())),
+        };
         if let Incoming::Malformed(_) = incoming {
             metrics::counter!("haul_traceparent_malformed_total").increment(1);
         }

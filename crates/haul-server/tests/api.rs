@@ -782,15 +782,27 @@ async fn a_callers_trace_is_continued_and_a_malformed_one_refuses_nothing() {
     assert_eq!(post("L1", Some(GIVEN)).await, StatusCode::ACCEPTED);
     assert_eq!(post("L2", Some("00-not-a-trace")).await, StatusCode::ACCEPTED);
     assert_eq!(post("L3", None).await, StatusCode::ACCEPTED);
+    // Two contexts: neither is taken.
+    let twice = a
+        .client
+        .post(format!("{}/v1/loads/L4/events", a.base))
+        .bearer_auth(TOKENS[0])
+        .header("traceparent", GIVEN)
+        .header("traceparent", GIVEN)
+        .json(&json!({"event_id": "e1", "kind": "load_update", "stage": "in_transit"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), StatusCode::ACCEPTED);
     assert_eq!(post("L1", Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")).await, StatusCode::OK);
     let now = "2026-03-02T07:00:00Z".parse().unwrap();
     let got = a.store.receive(10, Duration::from_secs(30), now).await.unwrap();
     let trace = |load: &str| got.iter().find(|m| m.load_id.as_str() == load).and_then(|m| m.trace).unwrap();
-    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got.len(), 4, "{got:?}");
     assert_eq!(trace("L1").trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736", "the first publish's");
     assert_ne!(trace("L1").span_id_hex(), "00f067aa0ba902b7", "a span of haul's");
     assert!(trace("L1").sampled());
-    for load in ["L2", "L3"] {
+    for load in ["L2", "L3", "L4"] {
         assert_ne!(trace(load).trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
     }
     assert_ne!(trace("L2").trace_id, trace("L3").trace_id);
