@@ -318,10 +318,9 @@ pub(crate) async fn append_body(
         None => Ok(0),
     };
     // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`):
-    // schedules first, as a decision's actions come.
-    // They keep the run's trace context.
+    // schedules first, as a decision's actions come, each keeping the run's trace context.
     let timers = TimerArrays::of(&delta);
-    let run_trace = entries.iter().find_map(|e| e.trace).map(|t| t.to_string());
+    let run_trace = NewEntry::run_trace(entries).map(|t| t.to_string());
     let timer_traces = vec![run_trace; timers.schedule.0.len()];
     let schedule_timers = async || match &schedule_stmt {
         Some(stmt) => {

@@ -374,7 +374,7 @@ impl SqliteStore {
                 }
                 // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`),
                 // with the run's trace context.
-                let trace = entries.iter().find_map(|e| e.trace).map(|t| t.to_string());
+                let trace = NewEntry::run_trace(&entries).map(|t| t.to_string());
                 for t in &delta.timers {
                     match t {
                         TimerWrite::Schedule { timer_id, fire_at } => {

@@ -147,9 +147,10 @@ impl NewEntry {
         }
     }
 
-    /// The entry, appended by a run with trace context `trace`.
-    pub fn traced(self, trace: Option<TraceParent>) -> NewEntry {
-        NewEntry { trace, ..self }
+    /// The trace context one append's `entries` were written in (one run writes them
+    /// all): what the timers the append schedules keep, in every backend.
+    pub fn run_trace(entries: &[NewEntry]) -> Option<TraceParent> {
+        entries.iter().find_map(|e| e.trace)
     }
 
     /// A record's entry again: what copying it to another log appends.
@@ -810,7 +811,7 @@ pub struct Timer {
     pub created_at: Timestamp,
     pub canceled_at: Option<Timestamp>,
     pub fired_at: Option<Timestamp>,
-    /// The trace context of the send that set it: its firing continues that trace.
+    /// The trace context of the run that set it: its firing continues that trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceParent>,
 }
