@@ -30,6 +30,7 @@ use crate::channels::{
 };
 use crate::faults::{Crash, FaultPoint, Faults, Observed};
 use crate::queue::{EventQueue, body_of};
+use crate::spans::{Kind, Span};
 
 #[derive(Clone, Debug)]
 pub struct DispatcherSettings {
@@ -262,7 +263,12 @@ pub struct Dispatcher {
     limits: std::sync::Mutex<(PerChannel<Option<Limit>>, Option<Timestamp>)>,
     /// Each capped channel's call time (µs), a moving average of its sends.
     call_times: std::sync::Mutex<PerChannel<Option<i64>>>,
+    /// Where each send's CLIENT span goes (off unless set).
+    spans: std::sync::OnceLock<crate::spans::Spans>,
 }
+
+/// What `Dispatcher::spans` gives before `export_spans`.
+static SPANS_OFF: crate::spans::Spans = crate::spans::Spans::OFF;
 
 impl Dispatcher {
     pub fn new(
@@ -296,7 +302,49 @@ impl Dispatcher {
             faults,
             jitter_seed,
             wake_worker: std::sync::OnceLock::new(),
+            spans: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Records each send attempt (a CLIENT span) in `spans`.
+    pub fn export_spans(&self, spans: crate::spans::Spans) {
+        let _ = self.spans.set(spans);
+    }
+
+    /// A send's CLIENT span: a child of the context its row was appended with.
+    #[allow(clippy::too_many_arguments)]
+    fn record_send(
+        &self,
+        context: Option<TraceParent>,
+        of: Option<TraceParent>,
+        channel: Channel,
+        load: &LoadId,
+        outbox_id: &str,
+        attempt: u32,
+        began: Timestamp,
+        sent: &Result<String, DeliveryError>,
+    ) {
+        let Some(context) = context else { return };
+        let end = self.clock.now();
+        let result = match sent {
+            Ok(_) => "delivered",
+            Err(DeliveryError::Retryable(_)) => "retryable",
+            Err(DeliveryError::Permanent(_)) => "permanent",
+            Err(DeliveryError::Throttled(_)) => "throttled",
+        };
+        self.spans.get().unwrap_or(&SPANS_OFF).record(|| {
+            let span =
+                Span::new(format!("send {}", channel.config_name()), Kind::Client, context, of.as_ref(), began, end)
+                    .attr("haul.channel", channel.config_name())
+                    .attr("haul.load_id", load.as_str())
+                    .attr("haul.outbox_id", outbox_id)
+                    .attr("haul.attempt", attempt)
+                    .attr("haul.result", result);
+            match sent {
+                Ok(_) => span,
+                Err(e) => span.failed(result, e.to_string()),
+            }
+        });
     }
 
     /// Wakes `worker` whenever an outcome is published.
@@ -1174,10 +1222,12 @@ impl Dispatcher {
                 // Each attempt is a span of its own in the decision's trace.
                 let trace = row.trace.map(|t| crate::trace::child(&t));
                 let (key, load, path, body) = (&row.id, &row.load_id, &call.path, &call.body);
-                match dispatch::tried_since(row.attempts, row.first_attempt_at, row.lease_until, lease) {
+                let sent = match dispatch::tried_since(row.attempts, row.first_attempt_at, row.lease_until, lease) {
                     None => channel.send(key, load, path, body, trace, now).await,
                     Some(since) => channel.resend(key, load, path, body, trace, now, since).await,
-                }
+                };
+                self.record_send(trace, row.trace, call.channel, load, key, row.attempts + 1, now, &sent);
+                sent
             }
         };
         match sent {
@@ -1206,8 +1256,10 @@ impl Dispatcher {
             "OpsAlert"
         );
         let (call, key, now) = (alert.call(), alert.key(), self.clock.now());
-        let trace = trace.map(|t| crate::trace::child(&t));
-        let sent = self.channels.get(call.channel).send(&key, &alert.load_id, &call.path, &call.body, trace, now).await;
+        let context = trace.map(|t| crate::trace::child(&t));
+        let sent =
+            self.channels.get(call.channel).send(&key, &alert.load_id, &call.path, &call.body, context, now).await;
+        self.record_send(context, trace, call.channel, &alert.load_id, &key, 1, now, &sent);
         let (state, error) = match &sent {
             Ok(_) => (AlertState::Delivered, None),
             Err(e @ DeliveryError::Permanent(_)) => (AlertState::Refused, Some(clip(&e.to_string()))),

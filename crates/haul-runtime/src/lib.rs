@@ -25,6 +25,7 @@ pub mod queue;
 pub mod rates;
 pub mod secrets;
 pub mod shadow;
+pub mod spans;
 pub mod timeline;
 pub mod trace;
 pub mod worker;

@@ -98,6 +98,11 @@ impl EventQueue {
         EventQueue { inner }
     }
 
+    /// The queue's `messaging.system` (`LoadQueue::system`).
+    pub fn system(&self) -> &'static str {
+        self.inner.system()
+    }
+
     pub async fn publish(&self, event: &InboundEvent, now: Timestamp) -> Result<Published, StoreError> {
         self.publish_traced(event, None, now).await
     }

@@ -18,8 +18,8 @@ pub fn child(of: &TraceParent) -> TraceParent {
 /// What the edge makes of a request's `traceparent` header, and how it read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Incoming {
-    /// It read: the request's work continues the caller's trace.
-    Continued(TraceParent),
+    /// It read: the request's work (`own`) continues the caller's trace.
+    Continued { own: TraceParent, caller: TraceParent },
     /// None given: a new root.
     Started(TraceParent),
     /// Given but unreadable: a new root, counted (never refused).
@@ -32,7 +32,7 @@ impl Incoming {
         match header {
             None => Incoming::Started(root()),
             Some(h) => match std::str::from_utf8(h).ok().and_then(TraceParent::parse) {
-                Some(t) => Incoming::Continued(child(&t)),
+                Some(caller) => Incoming::Continued { own: child(&caller), caller },
                 None => Incoming::Malformed(root()),
             },
         }
@@ -40,7 +40,15 @@ impl Incoming {
 
     pub fn context(self) -> TraceParent {
         match self {
-            Incoming::Continued(t) | Incoming::Started(t) | Incoming::Malformed(t) => t,
+            Incoming::Continued { own: t, .. } | Incoming::Started(t) | Incoming::Malformed(t) => t,
+        }
+    }
+
+    /// The caller's context, when the request continues one.
+    pub fn caller(self) -> Option<TraceParent> {
+        match self {
+            Incoming::Continued { caller, .. } => Some(caller),
+            Incoming::Started(_) | Incoming::Malformed(_) => None,
         }
     }
 }
@@ -53,13 +61,16 @@ mod tests {
 
     #[test]
     fn a_request_continues_the_callers_trace_or_starts_one() {
-        let Incoming::Continued(t) = Incoming::of_header(Some(GIVEN.as_bytes())) else { panic!("read") };
+        let given = TraceParent::parse(GIVEN).unwrap();
+        let incoming = Incoming::of_header(Some(GIVEN.as_bytes()));
+        let Incoming::Continued { own: t, .. } = incoming else { panic!("read") };
+        assert_eq!(incoming.caller(), Some(given));
         assert_eq!(t.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_ne!(t.span_id_hex(), "00f067aa0ba902b7", "a span of its own");
-        let given = TraceParent::parse(GIVEN).unwrap();
         for header in [Some(&b"00-zz"[..]), Some(&[0xff, 0xfe][..]), None] {
             let got = Incoming::of_header(header);
             assert_eq!(matches!(got, Incoming::Malformed(_)), header.is_some(), "{header:?}");
+            assert_eq!(got.caller(), None);
             assert_ne!(got.context().trace_id, given.trace_id);
             assert_ne!(got.context().trace_id, root().trace_id, "a new trace each time");
         }

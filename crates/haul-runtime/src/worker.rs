@@ -29,6 +29,7 @@ use crate::faults::{Crash, FaultPoint, Faults};
 use crate::projector::Projector;
 use crate::queue::{EventQueue, Poison, Received};
 use crate::shadow::Shadow;
+use crate::spans::{Kind, Span, Spans};
 
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -118,7 +119,12 @@ pub struct Worker {
     queue_mode: QueueMode,
     /// Shadow mode: offered each committed decision after the commit.
     shadow: std::sync::OnceLock<Arc<Shadow>>,
+    /// Where each attempt's span and its decision's go (off unless set).
+    spans: std::sync::OnceLock<Spans>,
 }
+
+/// What `Worker::spans` gives before `export_spans`.
+static SPANS_OFF: Spans = Spans::OFF;
 
 /// Loads whose snapshot the worker keeps between runs.
 const SNAPSHOT_CAPACITY: usize = 1024;
@@ -152,6 +158,7 @@ impl Worker {
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
             shadow: std::sync::OnceLock::new(),
+            spans: std::sync::OnceLock::new(),
             queue_mode,
             queue: EventQueue::new(queue),
             store,
@@ -167,6 +174,15 @@ impl Worker {
     /// delays the run: `Shadow::offer` does not wait).
     pub fn shadow_with(&self, shadow: Arc<Shadow>) {
         let _ = self.shadow.set(shadow);
+    }
+
+    /// Records each run's attempts (CONSUMER spans) and their decisions in `spans`.
+    pub fn export_spans(&self, spans: Spans) {
+        let _ = self.spans.set(spans);
+    }
+
+    fn spans(&self) -> &Spans {
+        self.spans.get().unwrap_or(&SPANS_OFF)
     }
 
     /// From now on, runs that have not appended abandon and give their message back
@@ -311,7 +327,10 @@ impl Worker {
     }
 
     async fn refuse(&self, msg: &Received, refused: Refused) -> RunOutcome {
-        self.finish(msg, disposition::refuse(refused, &self.policy()), None).await
+        let (context, began) = (msg.trace.map(|t| crate::trace::child(&t)), self.clock.now());
+        let outcome = self.finish(msg, disposition::refuse(refused, &self.policy()), None).await;
+        self.record_attempt(msg, context, began, 0, Attempt::Ended(&outcome));
+        outcome
     }
 
     /// Attempts until the disposition finishes the run: the first decision, then a
@@ -320,14 +339,50 @@ impl Worker {
         let mut fallback: Option<String> = None;
         let mut attempt = 0;
         loop {
-            let prepared = self.prepare(msg, event, fallback.as_deref(), started).await?;
-            match self.go_on(msg, event, prepared, attempt, fallback.is_some()).await? {
+            // Each attempt is a span of its own in the message's trace: a re-decision
+            // after a conflict too. What it appends keeps this context.
+            let (context, began) = (msg.trace.map(|t| crate::trace::child(&t)), self.clock.now());
+            let prepared = self.prepare(msg, event, fallback.as_deref(), started, context).await?;
+            let then = self.go_on(msg, event, prepared, attempt, fallback.is_some()).await?;
+            self.record_attempt(msg, context, began, attempt, Attempt::of(&then));
+            match then {
                 Then::Done(outcome) => return Ok(outcome),
                 Then::Redecide => {}
                 Then::Fallback(why) => fallback = Some(why),
             }
             attempt += 1;
         }
+    }
+
+    /// The attempt's CONSUMER span: a child of the context the message was published
+    /// with, and linked to it (the messaging conventions' link to the creation context).
+    fn record_attempt(
+        &self,
+        msg: &Received,
+        context: Option<TraceParent>,
+        began: haul_core::Timestamp,
+        attempt: u32,
+        how: Attempt<'_>,
+    ) {
+        let (Some(context), Some(from)) = (context, msg.trace) else { return };
+        let end = self.clock.now();
+        self.spans().record(|| {
+            let span = Span::new("process loads", Kind::Consumer, context, Some(&from), began, end)
+                .link(from)
+                .attr("messaging.system", self.queue.system())
+                .attr("messaging.operation.type", "process")
+                .attr("messaging.operation.name", "process")
+                .attr("messaging.destination.name", "loads")
+                .attr("messaging.message.id", msg.event_id.as_str())
+                .attr("haul.load_id", msg.load_id.as_str())
+                .attr("haul.attempt", attempt)
+                .attr("haul.receive_count", msg.receive_count)
+                .attr("haul.outcome", how.label());
+            match how.failure() {
+                Some(why) => span.failed(how.label(), why),
+                None => span,
+            }
+        });
     }
 
     /// Appends a prepared attempt, then carries out the disposition of what happened.
@@ -387,6 +442,7 @@ impl Worker {
         event: &InboundEvent,
         fallback_reason: Option<&str>,
         started: Instant,
+        context: Option<TraceParent>,
     ) -> Result<Prepare, Crash> {
         let load = &msg.load_id;
         let state = match self.projector.take(load, msg.log_version).await {
@@ -404,6 +460,10 @@ impl Worker {
             Some(why) => Decision::fallback(load, &event.event_id, event.kind(), now, why),
             None => self.decide(load, &state, event, now).await,
         };
+        if let Some(attempt) = &context {
+            let end = self.clock.now();
+            self.spans().record(|| decision_span(crate::trace::child(attempt), attempt, now, end, &decision));
+        }
         self.faults.check(FaultPoint::AfterDecide, event.event_id.as_str())?;
         if self.is_stopping() {
             return Ok(Prepare::Done(Happened::Stopping));
@@ -411,7 +471,7 @@ impl Worker {
         if started.elapsed() > self.settings.run_timeout {
             return Ok(Prepare::Done(Happened::TimedOut));
         }
-        Ok(Prepare::Ready(Box::new(Prepared { version, state, decision, now })))
+        Ok(Prepare::Ready(Box::new(Prepared { version, state, decision, now, trace: context })))
     }
 
     /// The append, guarded by the version the run read. What happened, and the run as
@@ -444,9 +504,7 @@ impl Worker {
                 .collect(),
             None => vec![],
         };
-        // This attempt's span continues the message's trace: a re-decision after a
-        // conflict is a span of its own.
-        let trace = msg.trace.map(|t| crate::trace::child(&t));
+        let trace = p.trace;
         if let Some(t) = &trace {
             tracing::Span::current().record("span_id", t.span_id_hex());
         }
@@ -560,8 +618,8 @@ impl Worker {
             return (self.process(a).await, other.process(b).await);
         };
         let started = Instant::now();
-        let pa = self.prepare(&a, ea, None, started).await;
-        let pb = other.prepare(&b, eb, None, started).await;
+        let pa = self.prepare(&a, ea, None, started, a.trace.map(|t| crate::trace::child(&t))).await;
+        let pb = other.prepare(&b, eb, None, started, b.trace.map(|t| crate::trace::child(&t))).await;
         let ra = self.go_on_interleaved(&a, ea, pa, started).await;
         let rb = other.go_on_interleaved(&b, eb, pb, started).await;
         (ra, rb)
@@ -660,6 +718,8 @@ struct Prepared {
     state: LoadState,
     decision: Decision,
     now: haul_core::Timestamp,
+    /// The attempt's context, which what it appends keeps.
+    trace: Option<TraceParent>,
 }
 
 /// A run whose append committed: the state it decided on, its decision, and the
@@ -675,6 +735,76 @@ enum Then {
     Done(RunOutcome),
     Redecide,
     Fallback(String),
+}
+
+/// How an attempt ended, as its span says.
+#[derive(Clone, Copy)]
+enum Attempt<'a> {
+    Ended(&'a RunOutcome),
+    /// Its append met a newer version: the run decides again.
+    Conflict,
+    /// Its decision could not be appended as it was: the fallback is appended instead.
+    Fallback(&'a str),
+}
+
+impl<'a> Attempt<'a> {
+    fn of(then: &'a Then) -> Attempt<'a> {
+        match then {
+            Then::Done(o) => Attempt::Ended(o),
+            Then::Redecide => Attempt::Conflict,
+            Then::Fallback(why) => Attempt::Fallback(why),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Attempt::Ended(o) => o.label(),
+            Attempt::Conflict => "conflict",
+            Attempt::Fallback(_) => "fallback",
+        }
+    }
+
+    /// What went wrong, when the attempt failed (a conflict is the version check
+    /// working, not a failure).
+    fn failure(self) -> Option<&'a str> {
+        match self {
+            Attempt::Ended(RunOutcome::LeftForRedelivery(why) | RunOutcome::Poison(why)) => Some(why),
+            Attempt::Fallback(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// The decision's span (a child of its attempt's): who decided and, for a model,
+/// what the call was and cost, by OpenTelemetry's GenAI conventions.
+fn decision_span(
+    context: TraceParent,
+    attempt: &TraceParent,
+    start: haul_core::Timestamp,
+    end: haul_core::Timestamp,
+    d: &Decision,
+) -> Span {
+    let span = Span::new("decide", Kind::Internal, context, Some(attempt), start, end)
+        .attr("haul.decider", d.decider.as_str())
+        .attr("haul.filtered", d.filtered)
+        .attr("haul.actions", d.actions.len() as u64)
+        .attr("haul.needs_hero_task", d.needs_hero_task)
+        .attr_opt("haul.prompt_version", d.prompt_version.clone());
+    let span = match &d.llm {
+        None => span,
+        Some(u) => span
+            .attr("gen_ai.operation.name", "chat")
+            .attr("gen_ai.request.model", u.model.as_str())
+            .attr_opt("gen_ai.response.model", u.model_version.clone())
+            .attr("gen_ai.usage.input_tokens", u.input_tokens)
+            .attr("gen_ai.usage.output_tokens", u.output_tokens)
+            .attr_opt("gen_ai.response.finish_reasons", u.finish_reason.clone().map(|r| vec![r]))
+            .attr_opt("haul.llm.cost_micro_usd", u.cost_micro_usd),
+    };
+    match &d.budget {
+        Some(b) => span.attr("haul.budget_exceeded", b.scope.as_str()),
+        None => span,
+    }
 }
 
 /// The outcomes that settle the decision's timers in its own append, with the

@@ -1595,3 +1595,77 @@ async fn warming_the_claim_up_claims_and_takes_nothing() {
     let sms = c.claims.iter().filter(|c| c.row.action_type == ActionType::SendSms).count();
     assert_eq!((sms, c.held), (2, 1), "a burst of 2 lets 2 SMS go at once");
 }
+
+/// With export on, a traced event's run is a CONSUMER span (the child of the context it
+/// was queued with, and linked to it), its decision an INTERNAL child, and each send a
+/// CLIENT child of the run, the failed one saying why; an untraced event records none.
+#[tokio::test]
+async fn a_traced_events_run_decision_and_sends_are_spans_in_its_trace() {
+    use haul_runtime::spans::{Kept, Kind, Span, Spans, Value};
+    let rig = Rig::new().await;
+    let kept = Arc::new(Kept::default());
+    let (worker, dispatcher) = (rig.worker(), rig.dispatcher(QueueMode::Separate, Faults::default()));
+    worker.export_spans(Spans::to(kept.clone()));
+    dispatcher.export_spans(Spans::to(kept.clone()));
+    rig.publish("481207", init()).await;
+    let given =
+        haul_core::trace::TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    let ping = InboundEvent::from_json(load("481207"), ping("ping_0700")).unwrap();
+    rig.events().publish_traced(&ping, Some(given), rig.now()).await.unwrap();
+    rig.services.take(rig.clock.clone(), Duration::from_millis(40));
+    rig.settle(&worker).await;
+    let attr = |s: &Span, key: &str| s.attributes.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone());
+    let text = |v: &str| Some(Value::Str(v.into()));
+    let spans = kept.spans();
+    assert_eq!(spans.len(), 2, "the untraced init records nothing: {spans:#?}");
+    let run = spans.iter().find(|s| s.kind == Kind::Consumer).unwrap();
+    assert_eq!((run.name.as_str(), run.context.trace_id), ("process loads", given.trace_id));
+    assert_eq!((run.parent_span_id, run.links.clone()), (Some(given.span_id), vec![given]));
+    assert_ne!(run.context.span_id, given.span_id);
+    for (key, value) in [
+        ("messaging.system", text("haul")),
+        ("messaging.operation.type", text("process")),
+        ("messaging.destination.name", text("loads")),
+        ("messaging.message.id", text("ping_0700")),
+        ("haul.load_id", text("481207")),
+        ("haul.attempt", Some(Value::Int(0))),
+        ("haul.receive_count", Some(Value::Int(1))),
+        ("haul.outcome", text("committed")),
+    ] {
+        assert_eq!(attr(run, key), value, "{key}");
+    }
+    assert_eq!(run.error, None);
+    let decide = spans.iter().find(|s| s.kind == Kind::Internal).unwrap();
+    assert_eq!((decide.name.as_str(), decide.parent_span_id), ("decide", Some(run.context.span_id)));
+    assert_eq!(decide.context.trace_id, given.trace_id);
+    assert_ne!(decide.context.span_id, run.context.span_id);
+    assert_eq!(attr(decide, "haul.decider"), text("sop"));
+    assert_eq!(attr(decide, "haul.filtered"), Some(Value::Bool(false)));
+    assert_eq!(attr(decide, "haul.actions"), Some(Value::Int(2)));
+    assert_eq!(attr(decide, "haul.needs_hero_task"), Some(Value::Bool(false)));
+    // What the run appended keeps the run's context.
+    let sms = rig.row("481207", "send_sms").await;
+    assert_eq!(sms.trace, Some(run.context));
+    // A send that fails, then one that goes: two CLIENT spans, children of the run.
+    rig.services.answer(Channel::Sms, Answer::Retryable);
+    dispatcher.run_once().await.unwrap();
+    rig.clock.advance(Duration::from_secs(600));
+    rig.services.answer(Channel::Sms, Answer::Delivered);
+    dispatcher.run_once().await.unwrap();
+    let sends: Vec<Span> = kept.spans().into_iter().filter(|s| s.kind == Kind::Client).collect();
+    assert_eq!(sends.len(), 2, "{sends:#?}");
+    for (send, attempt, result) in [(&sends[0], 1, "retryable"), (&sends[1], 2, "delivered")] {
+        assert_eq!((send.name.as_str(), send.parent_span_id), ("send sms", Some(run.context.span_id)));
+        assert_eq!(send.context.trace_id, given.trace_id);
+        assert_eq!(attr(send, "haul.attempt"), Some(Value::Int(attempt)));
+        assert_eq!(attr(send, "haul.result"), text(result));
+        assert_eq!(attr(send, "haul.channel"), text("sms"));
+        assert_eq!(attr(send, "haul.outbox_id"), text(&sms.id));
+        assert_eq!(attr(send, "haul.load_id"), text("481207"));
+        assert_eq!(send.end, add(send.start, Duration::from_millis(40)), "the call's time");
+    }
+    assert_eq!(attr(&sends[0], "error.type"), text("retryable"));
+    assert!(sends[0].error.as_deref().is_some_and(|e| e.contains("503")), "{:?}", sends[0].error);
+    assert_eq!((attr(&sends[1], "error.type"), sends[1].error.clone()), (None, None));
+    assert_ne!(sends[0].context.span_id, sends[1].context.span_id);
+}

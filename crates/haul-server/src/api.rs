@@ -113,7 +113,7 @@ pub fn router(state: Arc<ApiState>, api: bool) -> Router {
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(state.clone(), edge_headers))
-        .layer(axum::middleware::from_fn(access_log))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), access_log))
         .with_state(state)
 }
 
@@ -151,16 +151,37 @@ async fn edge_headers(
 /// time taken, and the request's trace context (`Trace`, which the handler's work
 /// continues). Never a body, a header or the token. `/metrics` and `/healthz`, which
 /// scrapers and probes call every few seconds, log at debug.
-async fn access_log(mut req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let started = std::time::Instant::now();
+use haul_runtime::spans::{Kind, Span};
+
+async fn access_log(
+    State(s): State<Arc<ApiState>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (started, began) = (std::time::Instant::now(), s.clock.now());
     let method = req.method().clone();
-    let trace = crate::state::Trace::of_headers(req.headers());
+    let incoming = crate::state::Trace::incoming(req.headers());
+    let trace = crate::state::Trace(incoming.context());
     req.extensions_mut().insert(trace);
     let (trace_id, span_id) = (trace.0.trace_id_hex(), trace.0.span_id_hex());
     let route = req.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_owned());
     let response = next.run(req).await;
     let route = route.as_deref().unwrap_or("(no route)");
     let (status, duration_ms) = (response.status().as_u16(), started.elapsed().as_millis() as u64);
+    // The request's SERVER span: for the routes that take work in (a scrape, a health
+    // check or a read would only crowd the traces).
+    if method == axum::http::Method::POST {
+        let end = s.clock.now();
+        s.spans.record(|| {
+            let caller = incoming.caller();
+            let span = Span::new(format!("{method} {route}"), Kind::Server, trace.0, caller.as_ref(), began, end)
+                .remote_parent()
+                .attr("http.request.method", method.as_str())
+                .attr("http.route", route)
+                .attr("http.response.status_code", i64::from(status));
+            if status >= 500 { span.failed(status.to_string(), "the request failed") } else { span }
+        });
+    }
     if route == "/metrics" || route == "/healthz" {
         tracing::debug!(target: "haul_server::access", %method, route, status, duration_ms, trace_id, span_id, "request");
     } else {

@@ -14,6 +14,8 @@ use haul_store::{Published, RequestClaim};
 use serde_json::{Value, json};
 use tracing::error;
 
+use haul_runtime::spans::{Kind, Span};
+
 use crate::state::{ApiBody, ApiCaller, ApiState, LoadPath, Trace, error};
 
 pub(crate) async fn post_event(
@@ -83,7 +85,26 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
             }
         }
     }
-    match s.queue.publish_traced(event, Some(trace), s.clock.now()).await {
+    // The publish is a PRODUCER span of its own: the context the message keeps, which
+    // the event's run is linked to.
+    let (producer, began) = (haul_runtime::trace::child(&trace), s.clock.now());
+    let published = s.queue.publish_traced(event, Some(producer), began).await;
+    let end = s.clock.now();
+    s.spans.record(|| {
+        let span = Span::new("send loads", Kind::Producer, producer, Some(&trace), began, end)
+            .attr("messaging.system", s.queue.system())
+            .attr("messaging.operation.type", "send")
+            .attr("messaging.operation.name", "send")
+            .attr("messaging.destination.name", "loads")
+            .attr("messaging.message.id", event.event_id.as_str())
+            .attr("haul.load_id", event.load_id.as_str());
+        match &published {
+            Ok(Published::New) => span.attr("haul.published", "new"),
+            Ok(Published::Duplicate) => span.attr("haul.published", "duplicate"),
+            Err(e) => span.failed("store_unavailable", e.to_string()),
+        }
+    });
+    match published {
         // A queue that cannot tell a duplicate (SQS FIFO): the store could.
         Ok(Published::New) if retried => {
             (StatusCode::OK, axum::Json(json!({"event_id": event.event_id, "status": "duplicate"}))).into_response()

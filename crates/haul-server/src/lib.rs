@@ -111,6 +111,8 @@ pub async fn serve(
     // Checked with the settings; a token file is only made once the port is bound.
     let env_tokens = if roles.api { tokens::tokens_from_env()? } else { Some(vec![]) };
     let operator_tokens = if roles.api { tokens::operator_tokens_from_env()? } else { vec![] };
+    // Span export (`OTEL_*`): a variable that does not read stops the start, naming it.
+    let span_export = haul_otel::Settings::from_env(|name| std::env::var(name).ok())?;
     let store = backends.store().await.context("store.url")?;
     crate::metrics::zero_series();
     // Every secret this process was given, masked by its value in what a service echoes.
@@ -147,6 +149,13 @@ pub async fn serve(
     if let Some(shadow) = haul_runtime::shadow::from_config(&config, store.clone(), clock.clone())? {
         pipeline.worker.shadow_with(shadow);
     }
+    let exporting = match &span_export {
+        Some(settings) => Some(haul_otel::Exporting::start(settings, &roles.names())?),
+        None => None,
+    };
+    let spans = exporting.as_ref().map(haul_otel::Exporting::spans).unwrap_or_default();
+    pipeline.worker.export_spans(spans.clone());
+    pipeline.dispatcher.export_spans(spans.clone());
     let open_files_limit = crate::http::raise_open_files_limit();
     let limits = ConnectionLimits::new(&config.server, open_files_limit);
     if limits.max_connections < config.server.max_connections {
@@ -187,6 +196,7 @@ pub async fn serve(
     state.stopping = Some(stop_rx.clone());
     state.store_figures = roles.api;
     state.configured_limits = pipeline.dispatcher.settings().limits.clone();
+    state.spans = spans;
     let state = Arc::new(state);
     let mut tasks = JoinSet::new();
     if roles.worker {
@@ -232,6 +242,10 @@ pub async fn serve(
     }
     if let Some(b) = wake_bridge {
         b.abort();
+    }
+    if let Some(e) = exporting {
+        // The spans still queued go out (within the exporter's own timeout).
+        e.stop().await;
     }
     info!("stopped");
     Ok(())

@@ -80,6 +80,12 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Requests whose traceparent header did not read; each started a trace of its own.",
     ),
+    ("haul_spans_exported_total", Kind::Counter, "Spans exported over OTLP (OTEL_* settings)."),
+    (
+        "haul_spans_dropped_total",
+        Kind::Counter,
+        "Spans not exported, by reason: the export queue was full, or the collector did not take the batch.",
+    ),
     ("haul_unmatched_sms_total", Kind::Counter, "Distinct inbound SMS kept as unmatched."),
     ("haul_twilio_replays_total", Kind::Counter, "Webhook requests for a MessageSid already taken."),
     ("haul_twilio_status_callbacks_total", Kind::Counter, "Twilio's delivery receipts taken, by MessageStatus."),
@@ -226,6 +232,10 @@ pub fn zero_series() {
     }
     metrics::counter!("haul_twilio_bad_signatures_total").absolute(0);
     metrics::counter!("haul_traceparent_malformed_total").absolute(0);
+    metrics::counter!("haul_spans_exported_total").absolute(0);
+    for reason in ["queue_full", "export_failed"] {
+        metrics::counter!("haul_spans_dropped_total", "reason" => reason).absolute(0);
+    }
     metrics::counter!("haul_unmatched_sms_total").absolute(0);
     metrics::counter!("haul_twilio_replays_total").absolute(0);
     for status in ["delivered", "undelivered", "failed"] {

@@ -81,6 +81,8 @@ pub struct ApiState {
     /// The channels' send limits of the settings (`channels.*.rate`), what an
     /// operator's rate change overrides and what a change with no rate puts back.
     pub configured_limits: haul_core::PerChannel<Option<haul_core::limit::Limit>>,
+    /// Where each request's SERVER span and each publish's PRODUCER span go.
+    pub spans: haul_runtime::spans::Spans,
 }
 
 impl ApiState {
@@ -102,6 +104,7 @@ impl ApiState {
             public_url,
             metrics: metrics_handle(),
             sms_per_sender: PerMinute::default(),
+            spans: haul_runtime::spans::Spans::off(),
             wake_worker: None,
             body_read_timeout: haul_config::ServerConfig::default().body_read_timeout,
             stopping: None,
@@ -263,6 +266,11 @@ pub struct Trace(pub TraceParent);
 
 impl Trace {
     pub fn of_headers(headers: &HeaderMap) -> Trace {
+        Trace(Trace::incoming(headers).context())
+    }
+
+    /// How the request's `traceparent` read (the caller's context with it).
+    pub fn incoming(headers: &HeaderMap) -> Incoming {
         let mut given = headers.get_all("traceparent").iter();
         let incoming = match (given.next(), given.next()) {
             // Two contexts: which one the caller meant cannot be told.
@@ -272,7 +280,7 @@ impl Trace {
         if let Incoming::Malformed(_) = incoming {
             metrics::counter!("haul_traceparent_malformed_total").increment(1);
         }
-        Trace(incoming.context())
+        incoming
     }
 }
 

@@ -384,10 +384,13 @@ async fn a_failed_delivery_receipt_is_the_rows_failed_outcome_once(backend: Back
     assert_eq!((body["outbox_id"].as_str(), body["receipt"].as_str()), (Some(row), Some("SM1")), "{body}");
     let failure = body["failure"].as_str().unwrap_or_default();
     assert!(failure.contains("error 30006") && failure.contains("landline"), "{failure}");
-    // Queued in the trace of the decision that made the SMS, not the callback's own.
+    // Queued in the trace of the decision that made the SMS, not the callback's own:
+    // under the publish's own (PRODUCER) span, a child of the decision's.
     let queued = a.store.receive(10, Duration::from_secs(1), t0()).await.unwrap();
-    let traces: Vec<_> = queued.iter().map(|m| (m.event_id.as_str(), m.trace.map(|t| t.to_string()))).collect();
-    assert_eq!(traces, [(format!("evt:out:{row}:failed").as_str(), Some(ROW_TRACE.to_owned()))]);
+    let traces: Vec<_> = queued.iter().map(|m| (m.event_id.as_str(), m.trace.map(|t| t.trace_id))).collect();
+    let decided = TraceParent::parse(ROW_TRACE).unwrap();
+    assert_eq!(traces, [(format!("evt:out:{row}:failed").as_str(), Some(decided.trace_id))]);
+    assert_ne!(queued[0].trace.map(|t| t.span_id), Some(decided.span_id), "the publish's span, not the decision's");
 
     // Twilio's later callbacks for it, and a replay: the same one outcome.
     assert_eq!(post_status(&a, row, &status("SM1", "failed", Some("30006"))).await, StatusCode::OK);

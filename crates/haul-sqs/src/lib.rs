@@ -246,6 +246,10 @@ fn string_attr(v: &str) -> MessageAttributeValue {
 
 #[async_trait]
 impl LoadQueue for SqsQueue {
+    fn system(&self) -> &'static str {
+        "aws_sqs"
+    }
+
     async fn publish_traced(
         &self,
         load_id: &LoadId,

@@ -928,6 +928,12 @@ pub trait LoadQueue: Send + Sync {
     /// The body an event id was first published with, while the queue remembers it
     /// (`None` when it does not, or cannot say, as SQS cannot).
     async fn published_body(&self, load_id: &LoadId, event_id: &str) -> Result<Option<String>, StoreError>;
+
+    /// What the queue is, as OpenTelemetry's `messaging.system` names it: `haul` for a
+    /// store's own queue table, `aws_sqs` for SQS.
+    fn system(&self) -> &'static str {
+        "haul"
+    }
 }
 
 // ---------------------------------------------------------------------------------
