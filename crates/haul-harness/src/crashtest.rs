@@ -155,3 +155,36 @@ pub async fn check(
     );
     Ok(())
 }
+
+/// The spans the roles exported to the OTLP receiver at `otlp` (`haul testkit otlp`)
+/// across the kills: none twice, every run of an accepted event in the trace it came
+/// in, whichever process ran it. A run a `kill -9` took before its span was exported
+/// is counted, not an error: the trace is in the store, and the next run continues it.
+pub async fn check_spans(otlp: &str, accepted: &Path) -> anyhow::Result<()> {
+    // The roles still running export what they queued within their batch delay.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let spans: Vec<crate::testkit_otlp::ReceivedSpan> =
+        reqwest::get(format!("{otlp}/spans")).await?.error_for_status()?.json().await?;
+    let text = std::fs::read_to_string(accepted).with_context(|| format!("reading {}", accepted.display()))?;
+    let mut traces = std::collections::HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if let [load, event, trace] = f[..] {
+            traces.insert((load.to_owned(), event.to_owned()), trace.to_owned());
+        }
+    }
+    let c = invariants::spans_continued(&spans, &traces)?;
+    if c.runs == 0 {
+        bail!("no span of a run of an accepted event reached the receiver: was export on?");
+    }
+    println!(
+        "spans: {} from {} processes, none exported twice; {} runs of {} accepted events each in its event's trace, {} events run by two or more processes; {} events' runs not exported (a kill took them)",
+        c.spans,
+        c.processes,
+        c.runs,
+        traces.len(),
+        c.events_run_by_several,
+        c.events_without_a_run
+    );
+    Ok(())
+}

@@ -7,7 +7,7 @@
 //! pick the checks their setting allows: an eval checks after every step, when rows may
 //! still be pending; the simulator and the crash test check once everything drained.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use haul_core::Channel;
@@ -54,6 +54,8 @@ pub enum Invariant {
     /// An event accepted in a trace is logged in that trace, and so is its decision:
     /// whichever run appended them (after a crash and a redelivery too) continued it.
     TraceContinued,
+    /// No span is exported twice (a redelivery's run is a span of its own).
+    SpanExportedOnce,
 }
 
 impl Invariant {
@@ -74,6 +76,7 @@ impl Invariant {
             Invariant::SendRateKept => "send rate kept",
             Invariant::NoSmsAfterOptOut => "no sms after opt-out",
             Invariant::TraceContinued => "trace continued",
+            Invariant::SpanExportedOnce => "span exported once",
         }
     }
 }
@@ -194,6 +197,56 @@ pub fn traces_continued<'a>(
         }
     }
     Ok(())
+}
+
+/// What `spans_continued` counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpanCounts {
+    pub spans: usize,
+    /// Processes (`process.pid`) that exported spans.
+    pub processes: usize,
+    /// Worker runs (CONSUMER spans) of accepted events.
+    pub runs: usize,
+    /// Accepted events run by two or more processes (a run killed, the next elsewhere).
+    pub events_run_by_several: usize,
+    /// Accepted events with no exported run (a `kill -9` took it before export).
+    pub events_without_a_run: usize,
+}
+
+/// The spans exported across crashes: none twice, and every worker run of an accepted
+/// event (`accepted`: `(load, event id)` to the trace id it came in) in that event's
+/// trace, whichever process ran it.
+pub fn spans_continued(
+    spans: &[crate::testkit_otlp::ReceivedSpan],
+    accepted: &std::collections::HashMap<(String, String), String>,
+) -> Result<SpanCounts, Violation> {
+    let mut seen = HashSet::new();
+    for s in spans {
+        if !seen.insert((s.trace_id.as_str(), s.span_id.as_str())) {
+            let message = format!("span {} of trace {} was exported twice", s.span_id, s.trace_id);
+            return Err(Violation { invariant: Invariant::SpanExportedOnce, message });
+        }
+    }
+    let mut run_by: std::collections::HashMap<(&str, &str), HashSet<&str>> = std::collections::HashMap::new();
+    for s in spans.iter().filter(|s| s.kind == "CONSUMER") {
+        let (Some(load), Some(event)) = (s.attr("haul.load_id"), s.attr("messaging.message.id")) else { continue };
+        let Some(trace) = accepted.get(&(load.to_owned(), event.to_owned())) else { continue };
+        if &s.trace_id != trace {
+            let message = format!(
+                "a run of event {event} of load {load} is in trace {}, not the trace {trace} it came in",
+                s.trace_id
+            );
+            return Err(Violation { invariant: Invariant::TraceContinued, message });
+        }
+        run_by.entry((load, event)).or_default().insert(s.pid.as_str());
+    }
+    Ok(SpanCounts {
+        spans: spans.len(),
+        processes: spans.iter().map(|s| s.pid.as_str()).collect::<HashSet<_>>().len(),
+        runs: run_by.values().map(HashSet::len).sum(),
+        events_run_by_several: run_by.values().filter(|p| p.len() > 1).count(),
+        events_without_a_run: accepted.len() - run_by.len(),
+    })
 }
 
 /// The checks on one load's log alone: invariants 2 and 4, a gapless `seq`, and each
@@ -599,5 +652,59 @@ mod tests {
         assert!(v.message.starts_with("record p1 of load 481207 is in trace (none)"), "{v}");
         // An event accepted without a trace is not checked.
         assert!(traces_continued(&load(), &log(None, None), []).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod span_tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::testkit_otlp::ReceivedSpan;
+
+    fn run(trace: &str, span: &str, event: &str, pid: &str) -> ReceivedSpan {
+        ReceivedSpan {
+            trace_id: trace.into(),
+            span_id: span.into(),
+            parent_span_id: String::new(),
+            name: "process loads".into(),
+            kind: "CONSUMER".into(),
+            links: vec![],
+            attributes: [("haul.load_id", "C1"), ("messaging.message.id", event)]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            error: false,
+            start_unix_nano: 0,
+            end_unix_nano: 0,
+            service: "haul".into(),
+            role: "worker".into(),
+            pid: pid.into(),
+        }
+    }
+
+    #[test]
+    fn a_span_exported_twice_or_a_run_in_another_trace_is_caught() {
+        let (t1, t2) = ("4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c");
+        let accepted: HashMap<(String, String), String> =
+            [(("C1".to_owned(), "p1".to_owned()), t1.to_owned()), (("C1".to_owned(), "p2".to_owned()), t2.to_owned())]
+                .into();
+        let counts = spans_continued(
+            &[run(t1, "a1", "p1", "10"), run(t1, "a2", "p1", "11"), run(t2, "a3", "evt:x", "11")],
+            &accepted,
+        )
+        .unwrap();
+        assert_eq!(
+            counts,
+            SpanCounts { spans: 3, processes: 2, runs: 2, events_run_by_several: 1, events_without_a_run: 1 }
+        );
+        let v = spans_continued(&[run(t1, "a1", "p1", "10"), run(t1, "a1", "p1", "10")], &accepted).unwrap_err();
+        assert_eq!(
+            (v.invariant, v.message.as_str()),
+            (Invariant::SpanExportedOnce, format!("span a1 of trace {t1} was exported twice").as_str())
+        );
+        let v = spans_continued(&[run(t2, "a1", "p1", "10")], &accepted).unwrap_err();
+        assert_eq!(v.invariant, Invariant::TraceContinued);
+        assert!(v.message.starts_with(&format!("a run of event p1 of load C1 is in trace {t2}")), "{v}");
     }
 }

@@ -16,6 +16,7 @@ pub mod replay;
 pub mod sim;
 pub mod testkit;
 pub mod testkit_llm;
+pub mod testkit_otlp;
 pub mod testkit_twilio;
 
 /// The PostgreSQL database the test-and-measure commands make their throwaway schemas

@@ -76,6 +76,11 @@ pub enum Testkit {
         #[arg(long)]
         listen: String,
     },
+    /// Run an OTLP trace receiver on ADDR until killed (POST /v1/traces; GET /spans).
+    Otlp {
+        #[arg(long)]
+        listen: String,
+    },
     /// Create a fresh schema in DATABASE_URL and print a store URL that uses it.
     Schema {
         #[arg(long)]
@@ -106,6 +111,9 @@ pub enum Testkit {
         accepted: PathBuf,
         #[arg(long, default_value_t = 180)]
         timeout: u64,
+        /// The OTLP receiver the roles exported their spans to (`testkit otlp`).
+        #[arg(long)]
+        otlp: Option<String>,
         /// Fewer accepted events than this fails the check: a run that tested nothing.
         #[arg(long, default_value_t = 1)]
         min_events: usize,

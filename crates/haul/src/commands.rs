@@ -496,13 +496,21 @@ async fn testkit(t: Testkit) -> anyhow::Result<ExitCode> {
             say(format_args!("fake services on {}", svc.addr));
             haul_server::shutdown_signal().await;
         }
+        Testkit::Otlp { listen } => {
+            let receiver = haul_harness::testkit_otlp::OtlpReceiver::start_on(&listen).await?;
+            say(format_args!("OTLP receiver on {}", receiver.base_url));
+            haul_server::shutdown_signal().await;
+        }
         Testkit::Schema { db } => say(haul_harness::fresh_schema_url(&db).await.map_err(|e| anyhow::anyhow!(e.0))?.1),
         Testkit::Load { api, token, loads, seconds, seed, accepted } => {
             crashtest::load(&api, &token, loads, seconds, seed, &accepted).await?;
         }
-        Testkit::Check { db, services, accepted, timeout, min_events } => {
+        Testkit::Check { db, services, accepted, timeout, otlp, min_events } => {
             let store = store::open_read_only(&db).await?;
             crashtest::check(store, &services, &accepted, timeout, min_events).await?;
+            if let Some(otlp) = otlp {
+                crashtest::check_spans(&otlp, &accepted).await?;
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

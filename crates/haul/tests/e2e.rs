@@ -10,6 +10,7 @@ mod common;
 
 use common::{Proc as Serve, channel_env, free_port, temp_dir, wait_healthy};
 use haul_harness::testkit::FakeServices;
+use haul_harness::testkit_otlp::{OtlpReceiver, ReceivedSpan};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -197,7 +198,10 @@ async fn serve_roles_as_separate_processes_on_postgres() {
     assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
 
     let svc = FakeServices::start(Some("svc-token-123".into())).await.unwrap();
-    let env = channel_env(&svc);
+    // Every process exports its spans to one OTLP receiver.
+    let otlp = OtlpReceiver::start().await.unwrap();
+    let mut env = channel_env(&svc);
+    env.extend(otlp.env());
     let mut procs = Vec::new();
     let mut api_base = String::new();
     for role in ["api", "worker", "worker", "dispatcher", "dispatcher", "pump"] {
@@ -283,6 +287,8 @@ async fn serve_roles_as_separate_processes_on_postgres() {
         let status = p.terminate();
         assert!(status.success(), "{status:?}\n{}", p.log());
     }
+    // Stopped, each process has exported what it recorded.
+    spans_follow_the_ping(&otlp.spans(), &svc, escalation);
     // Retention on the partitioned schema: nothing finished a week ago, so nothing goes.
     let prune = Command::new(env!("CARGO_BIN_EXE_haul")).args(["prune", "--db", &db]).output().unwrap();
     assert!(prune.status.success(), "{}", String::from_utf8_lossy(&prune.stderr));
@@ -290,6 +296,66 @@ async fn serve_roles_as_separate_processes_on_postgres() {
     assert!(out.starts_with("pruned 0 outbox rows, 0 timers, 0 queue messages"), "{out}");
     client.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.ok();
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// The ping's trace as the OTLP receiver decoded it, across the six processes: the
+/// API's request (SERVER, the caller's child) and its publish (PRODUCER); the worker's
+/// run (CONSUMER, linked to the publish) and its decision; each send (CLIENT, the span
+/// the channel service was given); the outcome's run linked back to the run whose
+/// decision made the action, and a timer's firing linked to the run that set it. No
+/// span id twice.
+fn spans_follow_the_ping(spans: &[ReceivedSpan], svc: &FakeServices, escalation: &str) {
+    let mut ids: Vec<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    ids.sort_unstable();
+    let n = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "no span exported twice");
+    let ours: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.trace_id == TRACE_ID).collect();
+    let dump = || ours.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join("\n");
+    let find = |what: &str, p: &dyn Fn(&ReceivedSpan) -> bool| -> &ReceivedSpan {
+        ours.iter().copied().find(|s| p(s)).unwrap_or_else(|| panic!("no {what} span in the trace:\n{}", dump()))
+    };
+    let server = find("SERVER", &|s| s.kind == "SERVER" && s.parent_span_id == "00f067aa0ba902b7");
+    assert_eq!((server.name.as_str(), server.role.as_str()), ("POST /v1/loads/{load_id}/events", "api"));
+    assert_eq!(server.attr("http.response.status_code"), Some("202"));
+    let producer = find("PRODUCER", &|s| s.kind == "PRODUCER" && s.parent_span_id == server.span_id);
+    assert_eq!(producer.attr("messaging.message.id"), Some("ping_0700"));
+    assert_eq!(producer.attr("messaging.operation.type"), Some("send"));
+    let run = find("CONSUMER", &|s| {
+        s.kind == "CONSUMER"
+            && s.attr("messaging.message.id") == Some("ping_0700")
+            && s.attr("haul.outcome") == Some("committed")
+    });
+    assert_eq!(run.links, vec![(TRACE_ID.to_string(), producer.span_id.clone())], "linked to its creation context");
+    assert_eq!((run.parent_span_id.as_str(), run.role.as_str()), (producer.span_id.as_str(), "worker"));
+    assert_eq!(run.attr("messaging.system"), Some("haul"));
+    assert_eq!(run.attr("messaging.destination.name"), Some("loads"));
+    let decide = find("decision", &|s| s.kind == "INTERNAL" && s.parent_span_id == run.span_id);
+    assert_eq!((decide.name.as_str(), decide.attr("haul.decider")), ("decide", Some("sop")));
+    // Each send attempt is the span whose context the service was given.
+    for (channel, key) in [("sms", SMS1), ("sms", SMS2), ("hero", escalation)] {
+        for t in svc.traceparents(channel, key).into_iter().flatten() {
+            let span_id = &t[36..52];
+            let send = find("CLIENT", &|s| s.kind == "CLIENT" && s.span_id == span_id);
+            assert_eq!((send.attr("haul.outbox_id"), send.role.as_str()), (Some(key), "dispatcher"), "{t}");
+            assert_eq!(send.name, format!("send {channel}"));
+        }
+    }
+    let first_send = find("CLIENT", &|s| s.kind == "CLIENT" && s.attr("haul.outbox_id") == Some(SMS1));
+    assert_eq!(first_send.parent_span_id, run.span_id, "the send continues the run whose decision made it");
+    assert_eq!(first_send.attr("haul.result"), Some("delivered"));
+    // The outcome's run links back to the run that decided the send.
+    let outcome = find("the outcome's CONSUMER", &|s| {
+        s.kind == "CONSUMER" && s.attr("messaging.message.id") == Some(&format!("evt:out:{SMS1}:delivered"))
+    });
+    assert_eq!(outcome.links, vec![(TRACE_ID.to_string(), run.span_id.clone())]);
+    // A timer's firing links to the run that set it.
+    let fired = find("the timer's CONSUMER", &|s| {
+        s.kind == "CONSUMER" && s.attr("messaging.message.id").is_some_and(|id| id.starts_with("evt:tmr:"))
+    });
+    let setter = &fired.links[0].1;
+    let set_by = find("the timer setter's CONSUMER", &|s| s.kind == "CONSUMER" && &s.span_id == setter);
+    assert_eq!(set_by.role, "worker");
 }
 
 /// Production's shape: PostgreSQL for the log and SQS FIFO (moto here) for the load
