@@ -321,6 +321,13 @@ fn bench_e2e_http_runs_its_units_through_serve_processes_on_both_backends() {
                 }
             }
         }
+        // Tracing on (OTLP to a receiver in the bench): the figures and the spans received.
+        for c in ["1", "16"] {
+            for figure in ["traced_units_per_s", "traced_p50_ms", "traced_over_untraced"] {
+                want.push(format!("{figure}_{c}_callers"));
+            }
+        }
+        want.push("traced_spans_received".into());
         for k in want {
             assert!(f[k.as_str()].as_f64().is_some_and(|v| v > 0.0), "{store}: {k} in {f}");
         }

@@ -89,7 +89,12 @@ struct Servers {
 impl Servers {
     /// One process per entry of `roles` (`"api,worker,dispatcher,pump"` is all in one);
     /// the first must hold the api role.
-    async fn start(store_url: &str, hero_url: &str, roles: &[&str]) -> anyhow::Result<Servers> {
+    async fn start(
+        store_url: &str,
+        hero_url: &str,
+        roles: &[&str],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Servers> {
         let exe = std::env::current_exe().context("finding the haul binary")?;
         let client = reqwest::Client::new();
         let mut servers = Servers { children: Vec::new(), api: String::new() };
@@ -101,6 +106,7 @@ impl Servers {
                 .env("HAUL_CHANNELS_HERO_URL", hero_url)
                 .env("HAUL_API_TOKEN", TOKEN)
                 .env("HAUL_LOG", "warn")
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
                 .kill_on_drop(true)
@@ -121,6 +127,20 @@ impl Servers {
             }
         }
         Ok(servers)
+    }
+}
+
+impl Servers {
+    /// SIGTERM to each, then waits for each to exit (its shutdown grace and a little).
+    async fn stop(mut self) {
+        for child in &self.children {
+            if let Some(pid) = child.id() {
+                let _ = tokio::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+            }
+        }
+        for child in &mut self.children {
+            let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
+        }
     }
 }
 
@@ -166,6 +186,7 @@ async fn round(
     loads: usize,
     callers: usize,
     units: usize,
+    env: &[(String, String)],
 ) -> anyhow::Result<(f64, Vec<f64>)> {
     let store_url = match store {
         BenchStore::Sqlite(_) => super::fresh_store(store, "e2e-http").await?.1,
@@ -178,7 +199,7 @@ async fn round(
     // The schema is made here, not by several servers starting at once.
     drop(haul_backends::open(&store_url, None).await?);
     let (hero_url, sink) = start_sink().await?;
-    let servers = Servers::start(&store_url, &hero_url, roles).await?;
+    let servers = Servers::start(&store_url, &hero_url, roles, env).await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     // Each load: a driver, no ask open.
     let sem = Arc::new(tokio::sync::Semaphore::new(32));
@@ -208,7 +229,12 @@ async fn round(
     let lat = drive(&client, &servers.api, &sink, "u", loads, callers, units).await?;
     settled(&store_url, dispatched_before + units).await?;
     let secs = started.elapsed().as_secs_f64();
-    drop(servers);
+    if env.is_empty() {
+        drop(servers);
+    } else {
+        // Stopped as an operator stops them (SIGTERM), so each exports what it queued.
+        servers.stop().await;
+    }
     Ok((units as f64 / secs, lat))
 }
 
@@ -279,7 +305,7 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
                 (false, 1) => 500,
                 (false, _) => 4_000,
             };
-            let (rate, lat) = round(store, roles, loads, callers, units).await?;
+            let (rate, lat) = round(store, roles, loads, callers, units, &[]).await?;
             f.insert(format!("{tag}units_per_s_{callers}_callers"), rate);
             f.insert(format!("{tag}p50_ms_{callers}_callers"), percentile(&lat, 0.5));
             f.insert(format!("{tag}p99_ms_{callers}_callers"), percentile(&lat, 0.99));
@@ -293,12 +319,32 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
             roles.extend(std::iter::repeat_n("worker", workers));
             roles.push("dispatcher,pump");
             roles.extend(std::iter::repeat_n("dispatcher", dispatchers - 1));
-            let (rate, lat) = round(store, &roles, loads, 16, 4_000).await?;
+            let (rate, lat) = round(store, &roles, loads, 16, 4_000, &[]).await?;
             let tag = format!("scale_{workers}w_{dispatchers}d_");
             f.insert(format!("{tag}units_per_s_16_callers"), rate);
             f.insert(format!("{tag}p99_ms_16_callers"), percentile(&lat, 0.99));
         }
     }
+    // Tracing on: every process exports its spans over OTLP/HTTP to a receiver in this
+    // process (the SDK's batch defaults), all roles in one process, as above.
+    let otlp = crate::testkit_otlp::OtlpReceiver::start().await?;
+    let env: Vec<(String, String)> = otlp.env().into_iter().filter(|(k, _)| k.starts_with("OTEL_EXPORTER_")).collect();
+    for callers in [1usize, 16] {
+        let units = match (quick, callers) {
+            (true, 1) => 50,
+            (true, _) => 200,
+            (false, 1) => 500,
+            (false, _) => 4_000,
+        };
+        let (rate, lat) = round(store, ALL, loads, callers, units, &env).await?;
+        f.insert(format!("traced_units_per_s_{callers}_callers"), rate);
+        f.insert(format!("traced_p50_ms_{callers}_callers"), percentile(&lat, 0.5));
+        if let Some(untraced) = f.get(&format!("units_per_s_{callers}_callers")).copied() {
+            f.insert(format!("traced_over_untraced_{callers}_callers"), rate / untraced);
+        }
+    }
+    // Spans received show the export was on (the servers flush theirs as they stop).
+    f.insert("traced_spans_received".into(), otlp.spans().len() as f64);
     // The limits, in the same run.
     let (s, handle) = super::fresh_store(store, "e2e-http-bare").await?;
     drop(s);
