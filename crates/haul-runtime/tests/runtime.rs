@@ -1669,3 +1669,97 @@ async fn a_traced_events_run_decision_and_sends_are_spans_in_its_trace() {
     assert_eq!((attr(&sends[1], "error.type"), sends[1].error.clone()), (None, None));
     assert_ne!(sends[0].context.span_id, sends[1].context.span_id);
 }
+
+/// The CONSUMER spans a run recorded, in order.
+fn attempts(kept: &haul_runtime::spans::Kept) -> Vec<haul_runtime::spans::Span> {
+    kept.spans().into_iter().filter(|s| s.kind == haul_runtime::spans::Kind::Consumer).collect()
+}
+
+fn outcome_of(s: &haul_runtime::spans::Span) -> Option<haul_runtime::spans::Value> {
+    s.attributes.iter().find(|(k, _)| *k == "haul.outcome").map(|(_, v)| v.clone())
+}
+
+const GIVEN: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[tokio::test]
+async fn each_attempt_of_a_run_is_a_span_of_its_own_linked_to_the_events_context() {
+    use haul_runtime::spans::{Kept, Spans, Value};
+    let rig = Rig::new().await;
+    let given = haul_core::trace::TraceParent::parse(GIVEN).unwrap();
+    let event = InboundEvent::from_json(load("L1"), init()).unwrap();
+    rig.events().publish_traced(&event, Some(given), rig.now()).await.unwrap();
+    let racing = Arc::new(Racing { store: rig.store.clone(), calls: AtomicU32::new(0) });
+    let settings = WorkerSettings { conflict_retries: 2, ..WorkerSettings::default() };
+    let worker = rig.worker_with(racing, settings, Faults::default());
+    let kept = Arc::new(Kept::default());
+    worker.export_spans(Spans::to(kept.clone()));
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(20), worker.run_once()).await.expect("the run ends").unwrap();
+    assert!(matches!(outcome[..], [RunOutcome::LeftForRedelivery(_)]), "{outcome:?}");
+    let runs = attempts(&kept);
+    let labels: Vec<_> = runs.iter().map(outcome_of).collect();
+    let text = |v: &str| Some(Value::Str(v.into()));
+    assert_eq!(labels, [text("conflict"), text("conflict"), text("left_for_redelivery")]);
+    // A conflict is the version check at work, not a failure; giving the message back is.
+    assert_eq!((runs[0].error.clone(), runs[1].error.clone()), (None, None));
+    assert!(runs[2].error.is_some(), "{:?}", runs[2]);
+    for (n, run) in runs.iter().enumerate() {
+        assert_eq!(run.links, vec![given], "each attempt links to the event's context");
+        assert_eq!((run.context.trace_id, run.parent_span_id), (given.trace_id, Some(given.span_id)));
+        let attempt = run.attributes.iter().find(|(k, _)| *k == "haul.attempt").map(|(_, v)| v.clone());
+        assert_eq!(attempt, Some(Value::Int(n as i64)));
+    }
+    let mut ids: Vec<_> = runs.iter().map(|r| r.context.span_id).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "three spans, not one span retried");
+}
+
+/// Decides as the SOP does, except that on a load update it sends the load's first
+/// ask again under that ask's own key: an action key already in the outbox.
+struct Reusing {
+    first: std::sync::Mutex<Option<Vec<haul_core::action::Action>>>,
+}
+
+#[async_trait]
+impl Decider for Reusing {
+    fn name(&self) -> String {
+        "sop".into()
+    }
+    async fn decide(&self, l: &LoadId, s: &LoadState, e: &InboundEvent, now: Timestamp) -> anyhow::Result<Decision> {
+        let mut d = sop().decide(l, s, e, now).await?;
+        let mut first = self.first.lock().unwrap();
+        match first.as_ref() {
+            None if d.actions.iter().any(|a| a.ask_id.is_some()) => *first = Some(d.actions.clone()),
+            Some(actions) if e.kind() == "load_update" => d.actions = actions.clone(),
+            _ => {}
+        }
+        Ok(d)
+    }
+}
+
+#[tokio::test]
+async fn an_attempt_whose_decision_reused_a_key_fails_and_the_fallback_is_the_next() {
+    use haul_runtime::spans::{Kept, Spans, Value};
+    let rig = Rig::new().await;
+    let worker =
+        rig.worker_with(Arc::new(Reusing { first: Default::default() }), WorkerSettings::default(), Faults::default());
+    rig.publish("L1", init()).await;
+    rig.publish("L1", ping("ping_0700")).await;
+    rig.settle(&worker).await;
+    let kept = Arc::new(Kept::default());
+    worker.export_spans(Spans::to(kept.clone()));
+    let given = haul_core::trace::TraceParent::parse(GIVEN).unwrap();
+    let update = json!({"event_id": "upd_1", "kind": "load_update", "stage": "in_transit"});
+    let update = InboundEvent::from_json(load("L1"), update).unwrap();
+    rig.events().publish_traced(&update, Some(given), rig.now()).await.unwrap();
+    let outcomes = rig.settle(&worker).await;
+    let fallback = RunOutcome::Committed { decider: "fallback".into(), filtered: false, actions: 1 };
+    assert_eq!(outcomes, vec![fallback]);
+    let runs = attempts(&kept);
+    let text = |v: &str| Some(Value::Str(v.into()));
+    assert_eq!(runs.iter().map(outcome_of).collect::<Vec<_>>(), [text("fallback"), text("committed")]);
+    assert!(runs[0].error.as_deref().is_some_and(|e| e.contains("reused action key")), "{:?}", runs[0].error);
+    let error_type = runs[0].attributes.iter().find(|(k, _)| *k == "error.type").map(|(_, v)| v.clone());
+    assert_eq!(error_type, text("fallback"));
+    assert_eq!(runs[1].error, None);
+}
