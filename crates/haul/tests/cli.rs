@@ -321,9 +321,16 @@ fn bench_e2e_http_runs_its_units_through_serve_processes_on_both_backends() {
                 }
             }
         }
-        // Tracing on (OTLP to a receiver in the bench): the figures and the spans received.
+        // Tracing on and off in pairs (OTLP to a receiver in the bench): the figures and
+        // the spans received.
         for c in ["1", "16"] {
-            for figure in ["traced_units_per_s", "traced_p50_ms", "traced_over_untraced"] {
+            for figure in [
+                "untraced_paired_units_per_s",
+                "untraced_paired_p50_ms",
+                "traced_units_per_s",
+                "traced_p50_ms",
+                "traced_over_untraced",
+            ] {
                 want.push(format!("{figure}_{c}_callers"));
             }
         }

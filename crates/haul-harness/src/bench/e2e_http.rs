@@ -288,6 +288,43 @@ async fn bare_posts(posts: usize) -> anyhow::Result<f64> {
     super::bare_posts(&client, &format!("{url}/v1/tasks"), &body, posts).await
 }
 
+/// Off-and-on pairs of rounds in the tracing comparison (full runs).
+const TRACED_PAIRS: usize = 3;
+
+/// The rounds of one side of the tracing comparison: their rates and p50s, whose
+/// medians are compared.
+#[derive(Default)]
+struct Paired {
+    rates: Vec<f64>,
+    p50s_ms: Vec<f64>,
+}
+
+impl Paired {
+    fn add(&mut self, (rate, lat): (f64, Vec<f64>)) {
+        self.rates.push(rate);
+        self.p50s_ms.push(percentile(&lat, 0.5));
+    }
+
+    fn rate(&self) -> f64 {
+        median(&self.rates)
+    }
+
+    fn p50_ms(&self) -> f64 {
+        median(&self.p50s_ms)
+    }
+}
+
+/// The middle value (the mean of the middle two of an even count); 0 for none.
+fn median(xs: &[f64]) -> f64 {
+    let mut xs = xs.to_vec();
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
 pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<Figures> {
     let mut f = Figures::new();
     let loads = if quick { 100 } else { 1_000 };
@@ -325,8 +362,10 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
             f.insert(format!("{tag}p99_ms_16_callers"), percentile(&lat, 0.99));
         }
     }
-    // Tracing on: every process exports its spans over OTLP/HTTP to a receiver in this
-    // process (the SDK's batch defaults), all roles in one process, as above.
+    // Tracing on against off: every process exports its spans over OTLP/HTTP to a
+    // receiver in this process (the SDK's batch defaults), all roles in one process.
+    // Rounds alternate, off then on, `TRACED_PAIRS` times, and the medians are compared:
+    // one round against one taken minutes earlier would show the drift between them.
     let otlp = crate::testkit_otlp::OtlpReceiver::start().await?;
     let env: Vec<(String, String)> = otlp.env().into_iter().filter(|(k, _)| k.starts_with("OTEL_EXPORTER_")).collect();
     for callers in [1usize, 16] {
@@ -336,12 +375,16 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
             (false, 1) => 500,
             (false, _) => 4_000,
         };
-        let (rate, lat) = round(store, ALL, loads, callers, units, &env).await?;
-        f.insert(format!("traced_units_per_s_{callers}_callers"), rate);
-        f.insert(format!("traced_p50_ms_{callers}_callers"), percentile(&lat, 0.5));
-        if let Some(untraced) = f.get(&format!("units_per_s_{callers}_callers")).copied() {
-            f.insert(format!("traced_over_untraced_{callers}_callers"), rate / untraced);
+        let (mut off, mut on) = (Paired::default(), Paired::default());
+        for _ in 0..if quick { 1 } else { TRACED_PAIRS } {
+            off.add(round(store, ALL, loads, callers, units, &[]).await?);
+            on.add(round(store, ALL, loads, callers, units, &env).await?);
         }
+        f.insert(format!("untraced_paired_units_per_s_{callers}_callers"), off.rate());
+        f.insert(format!("untraced_paired_p50_ms_{callers}_callers"), off.p50_ms());
+        f.insert(format!("traced_units_per_s_{callers}_callers"), on.rate());
+        f.insert(format!("traced_p50_ms_{callers}_callers"), on.p50_ms());
+        f.insert(format!("traced_over_untraced_{callers}_callers"), on.rate() / off.rate());
     }
     // Spans received show the export was on (the servers flush theirs as they stop).
     f.insert("traced_spans_received".into(), otlp.spans().len() as f64);
@@ -352,4 +395,18 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
     f.insert("bare_append_per_s".into(), super::raw_rate(store, &handle, loads, writers, 0).await?);
     f.insert("bare_posts_per_s".into(), bare_posts(if quick { 500 } else { 5_000 }).await?);
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_is_the_middle_value() {
+        let check = |xs: &[f64], want: f64| assert_eq!(median(xs), want, "{xs:?}");
+        check(&[], 0.0);
+        check(&[3.0], 3.0);
+        check(&[9.0, 1.0, 5.0], 5.0);
+        check(&[4.0, 1.0, 2.0, 10.0], 3.0);
+    }
 }
