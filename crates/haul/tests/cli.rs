@@ -335,6 +335,19 @@ fn bench_e2e_http_runs_its_units_through_serve_processes_on_both_backends() {
             }
         }
         want.push("traced_spans_received".into());
+        // What one unit cost, on PostgreSQL (its server's CPU when it runs on this machine).
+        if store == "postgres" {
+            for figure in ["commits", "wal_bytes"] {
+                want.push(format!("budget_{figure}_per_unit"));
+            }
+            // CPU is counted in ticks of 10 ms: a quick round may take few of haul's.
+            assert!(f["budget_haul_cpu_us_per_unit"].as_f64().is_some_and(|v| v >= 0.0), "{f}");
+            if let Some(us) = f.get("budget_pg_cpu_us_per_unit") {
+                assert!(us.as_f64().is_some_and(|v| v > 0.0), "{f}");
+            }
+        } else {
+            assert!(f.get("budget_commits_per_unit").is_none(), "{f}");
+        }
         for k in want {
             assert!(f[k.as_str()].as_f64().is_some_and(|v| v > 0.0), "{store}: {k} in {f}");
         }

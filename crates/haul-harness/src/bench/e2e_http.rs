@@ -188,6 +188,20 @@ async fn round(
     units: usize,
     env: &[(String, String)],
 ) -> anyhow::Result<(f64, Vec<f64>)> {
+    let (rate, lat, _) = metered_round(store, roles, loads, callers, units, env, false).await?;
+    Ok((rate, lat))
+}
+
+/// A round, and with `meter` on PostgreSQL what one unit cost (`Budget`).
+async fn metered_round(
+    store: &BenchStore,
+    roles: &[&str],
+    loads: usize,
+    callers: usize,
+    units: usize,
+    env: &[(String, String)],
+    meter: bool,
+) -> anyhow::Result<(f64, Vec<f64>, Option<Budget>)> {
     let store_url = match store {
         BenchStore::Sqlite(_) => super::fresh_store(store, "e2e-http").await?.1,
         BenchStore::Postgres(url) => {
@@ -225,17 +239,141 @@ async fn round(
     let dispatched_before =
         haul_backends::open(&store_url, None).await?.count_by_status(OutboxStatus::Dispatched).await? as usize;
 
+    let pids: Vec<u32> = servers.children.iter().filter_map(tokio::process::Child::id).collect();
+    let before = match (meter, store) {
+        (true, BenchStore::Postgres(_)) => Some(Meter::sample(&store_url, &pids).await?),
+        _ => None,
+    };
     let started = Instant::now();
     let lat = drive(&client, &servers.api, &sink, "u", loads, callers, units).await?;
     settled(&store_url, dispatched_before + units).await?;
     let secs = started.elapsed().as_secs_f64();
+    let budget = match before {
+        Some(before) => Some(Meter::sample(&store_url, &pids).await?.since(&before, units)),
+        None => None,
+    };
     if env.is_empty() {
         drop(servers);
     } else {
         // Stopped as an operator stops them (SIGTERM), so each exports what it queued.
         servers.stop().await;
     }
-    Ok((units as f64 / secs, lat))
+    Ok((units as f64 / secs, lat, budget))
+}
+
+/// What one unit cost on PostgreSQL, from the server's statistics and the processes'
+/// CPU times over a metered round (its outcomes' runs included; the harness's own
+/// polls while it waits for the last outcomes, a few, too).
+struct Budget {
+    commits: f64,
+    wal_bytes: f64,
+    /// Statements executed (pg_stat_statements' calls), when the database has it.
+    statements: Option<f64>,
+    /// PostgreSQL's processes, all of them (the backends, the WAL writer, the
+    /// checkpointer, autovacuum), when they run on this machine.
+    pg_cpu_us: Option<f64>,
+    /// The `haul serve` processes.
+    haul_cpu_us: f64,
+}
+
+impl Budget {
+    fn figures(&self, f: &mut Figures) {
+        f.insert("budget_commits_per_unit".into(), self.commits);
+        f.insert("budget_wal_bytes_per_unit".into(), self.wal_bytes);
+        f.insert("budget_haul_cpu_us_per_unit".into(), self.haul_cpu_us);
+        if let Some(n) = self.statements {
+            f.insert("budget_statements_per_unit".into(), n);
+        }
+        if let Some(us) = self.pg_cpu_us {
+            f.insert("budget_pg_cpu_us_per_unit".into(), us);
+        }
+    }
+}
+
+/// Counters read at the start and at the end of a metered round.
+struct Meter {
+    commits: f64,
+    wal_bytes: f64,
+    statements: Option<f64>,
+    pg_cpu_ticks: Option<u64>,
+    haul_cpu_ticks: u64,
+}
+
+/// `/proc`'s CPU times are in clock ticks of 1/100 s (`USER_HZ`, 100 on Linux).
+const TICK_US: f64 = 10_000.0;
+
+impl Meter {
+    async fn sample(store_url: &str, pids: &[u32]) -> anyhow::Result<Meter> {
+        let (client, conn) = tokio_postgres::connect(store_url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        // Backends report their counts when idle, at most a second late.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let row = client
+            .query_one(
+                "SELECT xact_commit::float8, (SELECT wal_bytes::float8 FROM pg_stat_wal)
+                 FROM pg_stat_database WHERE datname = current_database()",
+                &[],
+            )
+            .await?;
+        let statements = client
+            .query_one(
+                "SELECT coalesce(sum(calls), 0)::float8 FROM pg_stat_statements
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
+            .await
+            .ok()
+            .map(|r| r.get(0));
+        let haul_cpu_ticks = pids.iter().filter_map(|p| cpu_ticks(&format!("/proc/{p}/stat"), false)).sum();
+        Ok(Meter {
+            commits: row.get(0),
+            wal_bytes: row.get(1),
+            statements,
+            pg_cpu_ticks: postgres_cpu_ticks(),
+            haul_cpu_ticks,
+        })
+    }
+
+    fn since(&self, before: &Meter, units: usize) -> Budget {
+        let per = |n: f64| n / units as f64;
+        let ticks = |a: u64, b: u64| per(a.saturating_sub(b) as f64 * TICK_US);
+        Budget {
+            commits: per(self.commits - before.commits),
+            wal_bytes: per(self.wal_bytes - before.wal_bytes),
+            statements: self.statements.zip(before.statements).map(|(a, b)| per(a - b)),
+            pg_cpu_us: self.pg_cpu_ticks.zip(before.pg_cpu_ticks).map(|(a, b)| ticks(a, b)),
+            haul_cpu_us: ticks(self.haul_cpu_ticks, before.haul_cpu_ticks),
+        }
+    }
+}
+
+/// User and system CPU ticks from a `/proc/<pid>/stat` line, with its reaped
+/// children's when `children` (how a backend that exited still counts: in its
+/// postmaster's).
+fn cpu_ticks(path: &str, children: bool) -> Option<u64> {
+    stat_ticks(&std::fs::read_to_string(path).ok()?, children)
+}
+
+fn stat_ticks(stat: &str, children: bool) -> Option<u64> {
+    // The command may hold spaces and parentheses: the fields start after the last ')'.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    // Fields 14 to 17 (utime, stime, cutime, cstime), counted from the pid as 1.
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    let own = field(14)? + field(15)?;
+    Some(if children { own + field(16)? + field(17)? } else { own })
+}
+
+/// Every `postgres` process's CPU ticks and its reaped children's; `None` when this
+/// machine runs none (the server is elsewhere).
+fn postgres_cpu_ticks() -> Option<u64> {
+    let mut total = None;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        if stat.contains(" (postgres) ") {
+            *total.get_or_insert(0) += stat_ticks(&stat, true).unwrap_or(0);
+        }
+    }
+    total
 }
 
 /// `callers` closed-loop callers doing `units` units in all (event ids `{tag}{caller}_{n}`),
@@ -342,7 +480,12 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
                 (false, 1) => 500,
                 (false, _) => 4_000,
             };
-            let (rate, lat) = round(store, roles, loads, callers, units, &[]).await?;
+            // What one unit cost, at 16 callers with the roles in one process.
+            let meter = tag.is_empty() && callers == 16;
+            let (rate, lat, budget) = metered_round(store, roles, loads, callers, units, &[], meter).await?;
+            if let Some(b) = budget {
+                b.figures(&mut f);
+            }
             f.insert(format!("{tag}units_per_s_{callers}_callers"), rate);
             f.insert(format!("{tag}p50_ms_{callers}_callers"), percentile(&lat, 0.5));
             f.insert(format!("{tag}p99_ms_{callers}_callers"), percentile(&lat, 0.99));
@@ -399,7 +542,19 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{median, stat_ticks};
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_whatever_it_holds() {
+        let check =
+            |stat: &str, children: bool, want: Option<u64>| assert_eq!(stat_ticks(stat, children), want, "{stat}");
+        let fields = "S 1 2 3 4 5 6 7 8 9 10 120 30 4 5 20 0";
+        check(&format!("42 (postgres) {fields}"), false, Some(150));
+        check(&format!("42 (postgres) {fields}"), true, Some(159));
+        check(&format!("42 (a (b) c) {fields}"), false, Some(150));
+        check("42 (postgres) S 1 2", false, None);
+        check("no command", false, None);
+    }
 
     #[test]
     fn median_is_the_middle_value() {
