@@ -7,15 +7,16 @@
 //! gRPC), configured by the standard `OTEL_*` variables. The SDK's `Tracer` is not
 //! used: it draws its own span ids.
 //!
-//! Recording never waits: a span goes into a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`)
-//! or, full, is dropped and counted (`haul_spans_dropped_total`). One task drains the
-//! queue; an export that fails or is late drops its batch (counted too) and the next
-//! goes on. Off by default: without `OTEL_TRACES_EXPORTER=otlp` or an OTLP endpoint
+//! Recording never waits (a push under a lock held for the push alone): a span goes
+//! into a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`) or, full, is dropped and counted
+//! (`haul_spans_dropped_total`). One task drains the queue when a batch is full or the
+//! delay has passed; an export that fails or is late drops its batch (counted too) and
+//! the next goes on. Off by default: without `OTEL_TRACES_EXPORTER=otlp` or an OTLP endpoint
 //! variable, `Settings::from_env` gives `None` and nothing here runs.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use haul_core::trace::TraceParent;
@@ -24,7 +25,7 @@ use opentelemetry::trace::{Link, SpanContext, SpanId, SpanKind, Status, TraceFla
 use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -188,9 +189,16 @@ impl Exporting {
 
     /// Drains into `exporter` (any `SpanExporter`: the tests' in-memory one too).
     pub fn with<E: opentelemetry_sdk::trace::SpanExporter + 'static>(exporter: E, settings: &Settings) -> Exporting {
-        let (tx, rx) = mpsc::channel(settings.max_queue);
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(drain(rx, stopped, exporter, settings.clone()));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let queue = Arc::new(Queue {
+            waiting: Mutex::new(Vec::with_capacity(settings.max_batch)),
+            full: Notify::new(),
+            max_queue: settings.max_queue,
+            max_batch: settings.max_batch,
+            dropped: dropped.clone(),
+        });
+        let task = tokio::spawn(drain(queue.clone(), stopped, exporter, settings.clone()));
         info!(
             protocol = settings.protocol.as_str(),
             max_queue = settings.max_queue,
@@ -198,9 +206,7 @@ impl Exporting {
             delay_ms = settings.delay.as_millis() as u64,
             "exporting spans over OTLP"
         );
-        let dropped = Arc::new(AtomicU64::new(0));
-        let queue = Queue { tx, dropped: dropped.clone() };
-        Exporting { spans: Spans::to(Arc::new(queue)), dropped, stop, task }
+        Exporting { spans: Spans::to(queue), dropped, stop, task }
     }
 
     /// What the worker, the dispatcher and the edge record into.
@@ -222,10 +228,21 @@ impl Exporting {
     }
 }
 
-/// The bounded queue's sending end: what `Spans` holds.
+/// The bounded queue: what `Spans` holds. The draining task is woken once a batch is
+/// full, not for each span (a wake-up per span cost a thread hand-off each, several per
+/// run), and otherwise takes what waits once per delay.
 struct Queue {
-    tx: mpsc::Sender<Span>,
+    waiting: Mutex<Vec<Span>>,
+    full: Notify,
+    max_queue: usize,
+    max_batch: usize,
     dropped: Arc<AtomicU64>,
+}
+
+impl Queue {
+    fn take(&self) -> Vec<Span> {
+        std::mem::take(&mut *self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
 }
 
 impl SpanSink for Queue {
@@ -234,50 +251,42 @@ impl SpanSink for Queue {
         if !span.context.sampled() {
             return;
         }
-        if self.tx.try_send(span).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("haul_spans_dropped_total", "reason" => "queue_full").increment(1);
+        let waiting = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if waiting.len() >= self.max_queue {
+                None
+            } else {
+                waiting.push(span);
+                Some(waiting.len())
+            }
+        };
+        match waiting {
+            Some(n) if n == self.max_batch => self.full.notify_one(),
+            Some(_) => {}
+            None => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("haul_spans_dropped_total", "reason" => "queue_full").increment(1);
+            }
         }
     }
 }
 
 async fn drain<E: opentelemetry_sdk::trace::SpanExporter>(
-    mut rx: mpsc::Receiver<Span>,
+    queue: Arc<Queue>,
     mut stopped: oneshot::Receiver<()>,
     exporter: E,
     settings: Settings,
 ) {
     let scope = InstrumentationScope::builder("haul").with_version(env!("CARGO_PKG_VERSION")).build();
-    let mut batch = Vec::with_capacity(settings.max_batch);
     let mut stopping = false;
     while !stopping {
-        // The first span of a batch, then whatever else comes within the delay.
+        // A full batch, the delay, or the stop: then everything waiting, in batches.
         tokio::select! {
-            got = rx.recv() => match got {
-                Some(span) => batch.push(span),
-                None => stopping = true,
-            },
+            () = queue.full.notified() => {}
+            () = tokio::time::sleep(settings.delay) => {}
             _ = &mut stopped => stopping = true,
         }
-        let deadline = tokio::time::Instant::now() + settings.delay;
-        while !stopping && batch.len() < settings.max_batch {
-            tokio::select! {
-                got = rx.recv() => match got {
-                    Some(span) => batch.push(span),
-                    None => stopping = true,
-                },
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = &mut stopped => stopping = true,
-            }
-        }
-        if stopping {
-            while batch.len() < settings.max_queue {
-                match rx.try_recv() {
-                    Ok(span) => batch.push(span),
-                    Err(_) => break,
-                }
-            }
-        }
+        let mut batch = queue.take();
         while !batch.is_empty() {
             let part: Vec<Span> = batch.drain(..batch.len().min(settings.max_batch)).collect();
             export(&exporter, &scope, part, settings.export_timeout).await;

@@ -89,6 +89,26 @@ async fn a_full_queue_drops_and_counts_and_a_dead_receiver_loses_only_its_batch(
     tokio::time::timeout(Duration::from_secs(30), exporting.stop()).await.expect("stops");
 }
 
+#[tokio::test]
+async fn a_full_batch_goes_out_without_waiting_for_the_delay_and_the_rest_waits_for_it() {
+    let receiver = OtlpReceiver::start().await.unwrap();
+    let slow = Settings { delay: Duration::from_secs(3600), ..settings(64) };
+    let exporting = Exporting::with(exporter(format!("{}/v1/traces", receiver.base_url)), &slow);
+    let t = Timestamp::UNIX_EPOCH;
+    let spans = exporting.spans();
+    let send = |n: u64| Span::new("send sms", Kind::Client, TraceParent::root(u128::from(n), n), None, t, t);
+    spans.record(|| send(1));
+    spans.record(|| send(2));
+    // Two make a batch (`max_batch`): exported at once, not an hour later.
+    let got = receiver.wait_for(20, |s| s.len() >= 2).await.unwrap();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    spans.record(|| send(3));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(receiver.spans().len(), 2, "the third waits for the delay, or the stop");
+    exporting.stop().await;
+    assert_eq!(receiver.spans().len(), 3, "the stop exports what waits");
+}
+
 /// The collector's gRPC TraceService (the official definitions' server, on tonic),
 /// keeping what it is sent.
 #[derive(Clone, Default)]
