@@ -58,6 +58,9 @@ impl ReceivedSpan {
 struct Kept {
     spans: Vec<ReceivedSpan>,
     requests: usize,
+    /// Spans received: kept, or (`counting`) only counted.
+    received: usize,
+    counting: bool,
 }
 
 /// The receiver, serving until dropped.
@@ -79,9 +82,20 @@ impl OtlpReceiver {
         OtlpReceiver::start_on("127.0.0.1:0").await
     }
 
+    /// One that decodes each request, as a collector does, and counts its spans
+    /// without keeping them (`received`): for `haul bench`, which sends hundreds of
+    /// thousands.
+    pub async fn start_counting() -> std::io::Result<OtlpReceiver> {
+        OtlpReceiver::serve("127.0.0.1:0", true).await
+    }
+
     /// On `listen`; `GET /spans` answers what it received, as JSON (`ReceivedSpan`s).
     pub async fn start_on(listen: &str) -> std::io::Result<OtlpReceiver> {
-        let kept = Arc::new(Mutex::new(Kept::default()));
+        OtlpReceiver::serve(listen, false).await
+    }
+
+    async fn serve(listen: &str, counting: bool) -> std::io::Result<OtlpReceiver> {
+        let kept = Arc::new(Mutex::new(Kept { counting, ..Kept::default() }));
         let app = axum::Router::new()
             .route("/v1/traces", post(receive))
             .route("/spans", axum::routing::get(received))
@@ -101,6 +115,11 @@ impl OtlpReceiver {
             ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/protobuf".into()),
             ("OTEL_BSP_SCHEDULE_DELAY".into(), "50".into()),
         ]
+    }
+
+    /// Spans received, kept or counted.
+    pub fn received(&self) -> usize {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner()).received
     }
 
     pub fn spans(&self) -> Vec<ReceivedSpan> {
@@ -138,10 +157,18 @@ async fn receive(State(kept): State<Arc<Mutex<Kept>>>, body: Bytes) -> Response 
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("not an ExportTraceServiceRequest: {e}")).into_response(),
     };
-    let spans = decoded(request);
+    let counting = kept.lock().unwrap_or_else(|p| p.into_inner()).counting;
+    let (count, spans) = if counting {
+        let n = request.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
+        (n, vec![])
+    } else {
+        let spans = decoded(request);
+        (spans.len(), spans)
+    };
     {
         let mut k = kept.lock().unwrap_or_else(|p| p.into_inner());
         k.requests += 1;
+        k.received += count;
         k.spans.extend(spans);
     }
     let answer = ExportTraceServiceResponse { partial_success: None }.encode_to_vec();

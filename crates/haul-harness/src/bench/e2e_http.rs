@@ -274,6 +274,8 @@ struct Budget {
     pg_cpu_us: Option<f64>,
     /// The `haul serve` processes.
     haul_cpu_us: f64,
+    /// This process: the callers, the sink and (traced) the OTLP receiver.
+    bench_cpu_us: f64,
 }
 
 impl Budget {
@@ -297,6 +299,7 @@ struct Meter {
     statements: Option<f64>,
     pg_cpu_ticks: Option<u64>,
     haul_cpu_ticks: u64,
+    bench_cpu_ticks: u64,
 }
 
 /// `/proc`'s CPU times are in clock ticks of 1/100 s (`USER_HZ`, 100 on Linux).
@@ -317,7 +320,7 @@ impl Meter {
             .await?;
         let statements = client
             .query_one(
-                "SELECT coalesce(sum(calls), 0)::float8 FROM pg_stat_statements
+                "SELECT coalesce(sum(calls), 0)::float8 FROM public.pg_stat_statements
                  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[],
             )
@@ -331,6 +334,7 @@ impl Meter {
             statements,
             pg_cpu_ticks: postgres_cpu_ticks(),
             haul_cpu_ticks,
+            bench_cpu_ticks: cpu_ticks("/proc/self/stat", false).unwrap_or(0),
         })
     }
 
@@ -343,6 +347,7 @@ impl Meter {
             statements: self.statements.zip(before.statements).map(|(a, b)| per(a - b)),
             pg_cpu_us: self.pg_cpu_ticks.zip(before.pg_cpu_ticks).map(|(a, b)| ticks(a, b)),
             haul_cpu_us: ticks(self.haul_cpu_ticks, before.haul_cpu_ticks),
+            bench_cpu_us: ticks(self.bench_cpu_ticks, before.bench_cpu_ticks),
         }
     }
 }
@@ -427,7 +432,7 @@ async fn bare_posts(posts: usize) -> anyhow::Result<f64> {
 }
 
 /// Off-and-on pairs of rounds in the tracing comparison (full runs).
-const TRACED_PAIRS: usize = 3;
+const TRACED_PAIRS: usize = 5;
 
 /// The rounds of one side of the tracing comparison: their rates and p50s, whose
 /// medians are compared.
@@ -435,12 +440,26 @@ const TRACED_PAIRS: usize = 3;
 struct Paired {
     rates: Vec<f64>,
     p50s_ms: Vec<f64>,
+    haul_cpu_us: Vec<f64>,
+    bench_cpu_us: Vec<f64>,
 }
 
 impl Paired {
-    fn add(&mut self, (rate, lat): (f64, Vec<f64>)) {
+    fn add(&mut self, (rate, lat, budget): (f64, Vec<f64>, Option<Budget>)) {
         self.rates.push(rate);
         self.p50s_ms.push(percentile(&lat, 0.5));
+        if let Some(b) = budget {
+            self.haul_cpu_us.push(b.haul_cpu_us);
+            self.bench_cpu_us.push(b.bench_cpu_us);
+        }
+    }
+
+    fn haul_cpu_us(&self) -> Option<f64> {
+        (!self.haul_cpu_us.is_empty()).then(|| median(&self.haul_cpu_us))
+    }
+
+    fn bench_cpu_us(&self) -> Option<f64> {
+        (!self.bench_cpu_us.is_empty()).then(|| median(&self.bench_cpu_us))
     }
 
     fn rate(&self) -> f64 {
@@ -509,7 +528,7 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
     // receiver in this process (the SDK's batch defaults), all roles in one process.
     // Rounds alternate, off then on, `TRACED_PAIRS` times, and the medians are compared:
     // one round against one taken minutes earlier would show the drift between them.
-    let otlp = crate::testkit_otlp::OtlpReceiver::start().await?;
+    let otlp = crate::testkit_otlp::OtlpReceiver::start_counting().await?;
     let env: Vec<(String, String)> = otlp.env().into_iter().filter(|(k, _)| k.starts_with("OTEL_EXPORTER_")).collect();
     for callers in [1usize, 16] {
         let units = match (quick, callers) {
@@ -519,9 +538,19 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
             (false, _) => 4_000,
         };
         let (mut off, mut on) = (Paired::default(), Paired::default());
+        let meter = callers == 16;
         for _ in 0..if quick { 1 } else { TRACED_PAIRS } {
-            off.add(round(store, ALL, loads, callers, units, &[]).await?);
-            on.add(round(store, ALL, loads, callers, units, &env).await?);
+            off.add(metered_round(store, ALL, loads, callers, units, &[], meter).await?);
+            on.add(metered_round(store, ALL, loads, callers, units, &env, meter).await?);
+        }
+        // What tracing costs haul's processes, and this one (the receiver decodes here).
+        if let (Some(off_us), Some(on_us)) = (off.haul_cpu_us(), on.haul_cpu_us()) {
+            f.insert(format!("untraced_haul_cpu_us_per_unit_{callers}_callers"), off_us);
+            f.insert(format!("traced_haul_cpu_us_per_unit_{callers}_callers"), on_us);
+        }
+        if let (Some(off_us), Some(on_us)) = (off.bench_cpu_us(), on.bench_cpu_us()) {
+            f.insert(format!("untraced_bench_cpu_us_per_unit_{callers}_callers"), off_us);
+            f.insert(format!("traced_bench_cpu_us_per_unit_{callers}_callers"), on_us);
         }
         f.insert(format!("untraced_paired_units_per_s_{callers}_callers"), off.rate());
         f.insert(format!("untraced_paired_p50_ms_{callers}_callers"), off.p50_ms());
@@ -530,7 +559,7 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
         f.insert(format!("traced_over_untraced_{callers}_callers"), on.rate() / off.rate());
     }
     // Spans received show the export was on (the servers flush theirs as they stop).
-    f.insert("traced_spans_received".into(), otlp.spans().len() as f64);
+    f.insert("traced_spans_received".into(), otlp.received() as f64);
     // The limits, in the same run.
     let (s, handle) = super::fresh_store(store, "e2e-http-bare").await?;
     drop(s);
