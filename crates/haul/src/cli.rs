@@ -276,6 +276,11 @@ pub enum Command {
         /// With --keep: write the kept clients' policies (a settings file for haul replay).
         #[arg(long, value_name = "FILE", requires = "keep")]
         keep_config: Option<PathBuf>,
+        /// Export the runs' and sends' spans over OTLP, as serve does (the OTEL_*
+        /// variables; an endpoint must be set), under haul.role "eval" and the fake
+        /// clock's times. Without it an eval exports nothing, whatever OTEL_* says.
+        #[arg(long)]
+        export_spans: bool,
     },
     /// Replay recorded decisions against a candidate decider, read-only: for each
     /// decision of the selected loads, the candidate decides on the state the log had

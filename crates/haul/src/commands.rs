@@ -68,10 +68,29 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let run = SimRun { first: seed, until, loads, steps, faults, store, plant, jobs };
             simulate(run).await
         }
-        Command::Eval { paths, json, store, queue, decider, llm_answers, verbose, junit, keep, keep_config } => {
+        Command::Eval {
+            paths,
+            json,
+            store,
+            queue,
+            decider,
+            llm_answers,
+            verbose,
+            junit,
+            keep,
+            keep_config,
+            export_spans,
+        } => {
             let out = EvalOutput { json, verbose, junit };
             let keep = Keep { url: keep, config: keep_config };
-            evaluate(&paths, &out, store, queue, decider, llm_answers.as_deref(), keep).await
+            // Asked for: the exporter starts before any scenario and flushes after the last.
+            let exporting = if export_spans { Some(eval_span_export()?) } else { None };
+            let spans = exporting.as_ref().map(haul_otel::Exporting::spans).unwrap_or_default();
+            let done = evaluate(&paths, &out, store, queue, decider, llm_answers.as_deref(), keep, spans).await;
+            if let Some(e) = exporting {
+                e.stop().await;
+            }
+            done
         }
         Command::Replay {
             settings,
@@ -788,6 +807,19 @@ struct Keep {
     config: Option<PathBuf>,
 }
 
+/// `haul eval --export-spans`: the exporter `serve` would start from the same
+/// variables, its spans marked with the role `eval`.
+fn eval_span_export() -> anyhow::Result<haul_otel::Exporting> {
+    let settings = haul_otel::Settings::from_env(|name| std::env::var(name).ok())?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "--export-spans: span export is not set up (set OTEL_EXPORTER_OTLP_ENDPOINT or \
+             OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_SDK_DISABLED and OTEL_TRACES_EXPORTER=none turn it off)"
+        )
+    })?;
+    Ok(haul_otel::Exporting::start(&settings, "eval")?)
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn evaluate(
     paths: &[PathBuf],
     out: &EvalOutput,
@@ -796,6 +828,7 @@ async fn evaluate(
     decider: DeciderKind,
     llm_answers: Option<&Path>,
     keep: Keep,
+    spans: haul_runtime::spans::Spans,
 ) -> anyhow::Result<ExitCode> {
     let store = eval_store(store).await?;
     let decider = match (decider, llm_answers) {
@@ -816,7 +849,7 @@ async fn evaluate(
         )),
         None => None,
     };
-    let opts = EvalOptions { queue, decider, timelines: out.verbose, keep: kept.clone() };
+    let opts = EvalOptions { queue, decider, timelines: out.verbose, keep: kept.clone(), spans };
     let total = eval::collect(paths).len() as u64;
     let mut progress = Progress::stderr("eval: scenarios", Some(total));
     let (mut done, mut failed) = (0u64, 0u64);

@@ -102,7 +102,8 @@ fn haul(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_haul"));
     cmd.args(args);
     // The test's own environment must not leak settings in.
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HAUL_") || k == "DATABASE_URL") {
+    let leaks = |k: &str| k.starts_with("HAUL_") || k.starts_with("OTEL_") || k == "DATABASE_URL";
+    for (k, _) in std::env::vars().filter(|(k, _)| leaks(k)) {
         cmd.env_remove(k);
     }
     cmd.envs(env.iter().copied());
@@ -869,4 +870,31 @@ fn an_unwritable_token_file_names_the_place_and_the_fix() {
     assert!(err.contains(&dir.join("haul-api-token").display().to_string()), "{err}");
     assert!(err.contains("set HAUL_API_TOKEN") && err.contains("openssl rand -hex 32"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `haul eval` exports nothing unless asked (`--export-spans`), whatever OTEL_* says;
+/// asked, its runs' and sends' spans reach the collector under the role `eval`; asked
+/// with no endpoint, it says what to set and runs nothing.
+#[test]
+fn eval_exports_spans_only_when_asked() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let receiver = rt.block_on(haul_harness::testkit_otlp::OtlpReceiver::start()).unwrap();
+    let scenario = "../../evals/ask_again_after_an_answered_ask.toml";
+    let endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base_url.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let (ok, out, err) = haul(&["eval", scenario], &endpoint);
+    assert!(ok, "{out}{err}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(receiver.received(), 0, "not asked: nothing exported");
+
+    let (ok, out, err) = haul(&["eval", "--export-spans", scenario], &endpoint);
+    assert!(ok && out.contains("1 passed"), "{out}{err}");
+    let spans = receiver.spans();
+    assert!(spans.iter().all(|s| s.role == "eval"), "{spans:#?}");
+    for kind in ["CONSUMER", "INTERNAL", "CLIENT"] {
+        assert!(spans.iter().any(|s| s.kind == kind), "a {kind} span in {spans:#?}");
+    }
+
+    let (ok, out, err) = haul(&["eval", "--export-spans", scenario], &[]);
+    assert!(!ok && !out.contains("passed"), "{out}{err}");
+    assert!(err.contains("--export-spans") && err.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{err}");
 }

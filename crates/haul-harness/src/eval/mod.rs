@@ -95,6 +95,9 @@ pub struct EvalOptions {
     pub timelines: bool,
     /// Copy each scenario's logs into this store when it ends (`haul eval --keep`).
     pub keep: Option<Arc<keep::Keep>>,
+    /// Where the runs and sends record their spans (`haul eval --export-spans`); off
+    /// unless asked. On, each event a step publishes starts a trace of its own.
+    pub spans: haul_runtime::spans::Spans,
 }
 
 /// Where a scenario failed.
@@ -283,6 +286,8 @@ pub async fn run_scenario_with(
 
 /// One scenario in progress, and what it has seen so far.
 struct Run {
+    /// Each published event starts a trace (spans are exported).
+    traced: bool,
     store: Arc<dyn Store>,
     /// The PostgreSQL schema the store is lent, given back when the run ends.
     _scratch: Option<Lent>,
@@ -405,7 +410,12 @@ impl Run {
             seed: Some(1),
         };
         let pipeline = Pipeline::new(&config, parts, llm_decider);
+        if opts.spans.is_on() {
+            pipeline.worker.export_spans(opts.spans.clone());
+            pipeline.dispatcher.export_spans(opts.spans.clone());
+        }
         Ok(Run {
+            traced: opts.spans.is_on(),
             store,
             _scratch: scratch,
             clock,
@@ -461,8 +471,10 @@ impl Run {
     }
 
     async fn publish(&mut self, event: &InboundEvent, repeat: u32) -> Result<(), String> {
+        // A repeat is the same message again: the same context.
+        let trace = self.traced.then(haul_runtime::trace::root);
         for _ in 0..repeat {
-            self.queue.publish(event, self.clock.now()).await.map_err(|e| e.to_string())?;
+            self.queue.publish_traced(event, trace, self.clock.now()).await.map_err(|e| e.to_string())?;
         }
         self.loads.insert(event.load_id.clone());
         self.published.push((event.load_id.clone(), event.event_id.to_string()));
