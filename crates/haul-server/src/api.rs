@@ -15,6 +15,7 @@ use axum::routing::{MethodRouter, get, post};
 use haul_core::BadInput;
 use haul_runtime::inspect::Page;
 use haul_runtime::queries::{Query as OpsQuery, QueryError};
+use haul_runtime::spans::{Kind, Span};
 use haul_store::OutboxStatus;
 use serde_json::json;
 use tracing::{error, warn};
@@ -151,8 +152,6 @@ async fn edge_headers(
 /// time taken, and the request's trace context (`Trace`, which the handler's work
 /// continues). Never a body, a header or the token. `/metrics` and `/healthz`, which
 /// scrapers and probes call every few seconds, log at debug.
-use haul_runtime::spans::{Kind, Span};
-
 async fn access_log(
     State(s): State<Arc<ApiState>>,
     mut req: axum::extract::Request,
