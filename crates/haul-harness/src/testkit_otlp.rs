@@ -47,17 +47,11 @@ impl ReceivedSpan {
     pub fn attr(&self, key: &str) -> Option<&str> {
         self.attributes.get(key).map(String::as_str)
     }
-
-    /// This span's `traceparent`, as haul sends and stores it.
-    pub fn traceparent(&self) -> String {
-        format!("00-{}-{}-01", self.trace_id, self.span_id)
-    }
 }
 
 #[derive(Default)]
 struct Kept {
     spans: Vec<ReceivedSpan>,
-    requests: usize,
     /// Spans received: kept, or (`counting`) only counted.
     received: usize,
     counting: bool,
@@ -126,11 +120,6 @@ impl OtlpReceiver {
         self.kept.lock().unwrap_or_else(|p| p.into_inner()).spans.clone()
     }
 
-    /// Export requests received (each a batch).
-    pub fn requests(&self) -> usize {
-        self.kept.lock().unwrap_or_else(|p| p.into_inner()).requests
-    }
-
     /// Waits (up to `secs`) until `ready` holds of the spans received; the spans then.
     pub async fn wait_for(
         &self,
@@ -167,7 +156,6 @@ async fn receive(State(kept): State<Arc<Mutex<Kept>>>, body: Bytes) -> Response 
     };
     {
         let mut k = kept.lock().unwrap_or_else(|p| p.into_inner());
-        k.requests += 1;
         k.received += count;
         k.spans.extend(spans);
     }
