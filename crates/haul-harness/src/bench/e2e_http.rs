@@ -179,21 +179,9 @@ async fn settled(store_url: &str, dispatched: usize) -> anyhow::Result<()> {
 }
 
 /// One round: `callers` closed-loop callers doing `units` units in all on `loads` loads
-/// of a fresh store. Returns units/s (outcomes logged) and latencies in ms.
+/// of a fresh store. Returns units/s (outcomes logged), latencies in ms and, with
+/// `meter` on PostgreSQL, what one unit cost (`Budget`).
 async fn round(
-    store: &BenchStore,
-    roles: &[&str],
-    loads: usize,
-    callers: usize,
-    units: usize,
-    env: &[(String, String)],
-) -> anyhow::Result<(f64, Vec<f64>)> {
-    let (rate, lat, _) = metered_round(store, roles, loads, callers, units, env, false).await?;
-    Ok((rate, lat))
-}
-
-/// A round, and with `meter` on PostgreSQL what one unit cost (`Budget`).
-async fn metered_round(
     store: &BenchStore,
     roles: &[&str],
     loads: usize,
@@ -501,7 +489,7 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
             };
             // What one unit cost, at 16 callers with the roles in one process.
             let meter = tag.is_empty() && callers == 16;
-            let (rate, lat, budget) = metered_round(store, roles, loads, callers, units, &[], meter).await?;
+            let (rate, lat, budget) = round(store, roles, loads, callers, units, &[], meter).await?;
             if let Some(b) = budget {
                 b.figures(&mut f);
             }
@@ -518,7 +506,7 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
             roles.extend(std::iter::repeat_n("worker", workers));
             roles.push("dispatcher,pump");
             roles.extend(std::iter::repeat_n("dispatcher", dispatchers - 1));
-            let (rate, lat) = round(store, &roles, loads, 16, 4_000, &[]).await?;
+            let (rate, lat, _) = round(store, &roles, loads, 16, 4_000, &[], false).await?;
             let tag = format!("scale_{workers}w_{dispatchers}d_");
             f.insert(format!("{tag}units_per_s_16_callers"), rate);
             f.insert(format!("{tag}p99_ms_16_callers"), percentile(&lat, 0.99));
@@ -540,8 +528,8 @@ pub(super) async fn e2e_http(store: &BenchStore, quick: bool) -> anyhow::Result<
         let (mut off, mut on) = (Paired::default(), Paired::default());
         let meter = callers == 16;
         for _ in 0..if quick { 1 } else { TRACED_PAIRS } {
-            off.add(metered_round(store, ALL, loads, callers, units, &[], meter).await?);
-            on.add(metered_round(store, ALL, loads, callers, units, &env, meter).await?);
+            off.add(round(store, ALL, loads, callers, units, &[], meter).await?);
+            on.add(round(store, ALL, loads, callers, units, &env, meter).await?);
         }
         // What tracing costs haul's processes, and this one (the receiver decodes here).
         if let (Some(off_us), Some(on_us)) = (off.haul_cpu_us(), on.haul_cpu_us()) {
