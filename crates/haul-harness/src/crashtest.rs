@@ -84,6 +84,19 @@ pub async fn load(
     Ok(())
 }
 
+/// The accepted file's `load event_id trace_id` lines (the trace id is absent in a file
+/// of an older build).
+fn read_accepted(accepted: &Path) -> anyhow::Result<Vec<(String, String, Option<String>)>> {
+    let text = std::fs::read_to_string(accepted).with_context(|| format!("reading {}", accepted.display()))?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut fields = line.split(' ');
+        let (Some(l), Some(e)) = (fields.next(), fields.next()) else { bail!("accepted file: bad line {line:?}") };
+        out.push((l.to_owned(), e.to_owned(), fields.next().map(str::to_owned)));
+    }
+    Ok(out)
+}
+
 /// Waits (up to `timeout_s`) until the queue is empty, no outbox row is pending and no
 /// timer is overdue; then checks the invariants. Errors name what broke. Fewer than
 /// `min_events` accepted events is an error too: with none, every check would pass.
@@ -110,13 +123,9 @@ pub async fn check(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let text = std::fs::read_to_string(accepted).with_context(|| format!("reading {}", accepted.display()))?;
-    // `load event_id trace_id`; the trace id is absent in a file of an older build.
     let mut by_load: BTreeMap<String, Vec<(String, Option<String>)>> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let mut fields = line.split(' ');
-        let (Some(l), Some(e)) = (fields.next(), fields.next()) else { bail!("accepted file: bad line {line:?}") };
-        by_load.entry(l.to_owned()).or_default().push((e.to_owned(), fields.next().map(str::to_owned)));
+    for (l, e, t) in read_accepted(accepted)? {
+        by_load.entry(l).or_default().push((e, t));
     }
     let total: usize = by_load.values().map(Vec::len).sum();
     if total < min_events.max(1) {
@@ -165,14 +174,8 @@ pub async fn check_spans(otlp: &str, accepted: &Path) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let spans: Vec<crate::testkit_otlp::ReceivedSpan> =
         reqwest::get(format!("{otlp}/spans")).await?.error_for_status()?.json().await?;
-    let text = std::fs::read_to_string(accepted).with_context(|| format!("reading {}", accepted.display()))?;
-    let mut traces = std::collections::HashMap::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        if let [load, event, trace] = f[..] {
-            traces.insert((load.to_owned(), event.to_owned()), trace.to_owned());
-        }
-    }
+    let traces: std::collections::HashMap<(String, String), String> =
+        read_accepted(accepted)?.into_iter().filter_map(|(l, e, t)| Some(((l, e), t?))).collect();
     let c = invariants::spans_continued(&spans, &traces)?;
     if c.runs == 0 {
         bail!("no span of a run of an accepted event reached the receiver: was export on?");
