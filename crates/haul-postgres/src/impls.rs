@@ -476,6 +476,10 @@ impl TimerStore for PgStore {
 
 #[async_trait]
 impl LoadQueue for PgStore {
+    fn short_receive_drains(&self) -> bool {
+        true
+    }
+
     async fn publish_traced(
         &self,
         load_id: &LoadId,

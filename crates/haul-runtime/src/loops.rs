@@ -41,6 +41,26 @@ async fn until_a_permit_frees(permits: &Arc<Semaphore>, stop: &mut watch::Receiv
     }
 }
 
+/// What the worker loop does after a receive that took some messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AfterReceive {
+    /// Receive again at once: there may be more waiting.
+    Receive,
+    /// Wait to be woken (a publish in this process, another process's `NOTIFY`) or for
+    /// the poll: the receive took every message it could.
+    Wait,
+}
+
+/// After a receive that answered `got` of the `asked` messages: a short answer from a
+/// queue whose short answer means drained (`LoadQueue::short_receive_drains`) waits,
+/// as an empty one does; asked again at once, it would only come back empty (at one
+/// caller on PostgreSQL, two empty receives a unit). A publish made meanwhile wakes the
+/// loop (`Notify` keeps the wake-up for a waiter to come). A full answer, or a short one
+/// from SQS, receives again.
+fn after_receive(got: usize, asked: usize, drains: bool) -> AfterReceive {
+    if drains && got < asked { AfterReceive::Wait } else { AfterReceive::Receive }
+}
+
 /// Keeps up to `concurrency` runs going, one per load; each run holds a permit.
 pub async fn worker_loop(
     worker: Arc<Worker>,
@@ -50,6 +70,7 @@ pub async fn worker_loop(
 ) {
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut idle_for = Duration::from_millis(10);
+    let drains = worker.short_receive_drains();
     while !*stop.borrow() {
         let free = permits.available_permits();
         if free == 0 {
@@ -59,6 +80,7 @@ pub async fn worker_loop(
         match worker.receive(free).await {
             Ok(msgs) if !msgs.is_empty() => {
                 idle_for = Duration::from_millis(10);
+                let next = after_receive(msgs.len(), free, drains);
                 for m in msgs {
                     let Ok(permit) = permits.clone().acquire_owned().await else { break };
                     let w = worker.clone();
@@ -66,6 +88,9 @@ pub async fn worker_loop(
                         w.process(m).await;
                         drop(permit);
                     });
+                }
+                if next == AfterReceive::Wait {
+                    self::idle(idle_for, &wake, &mut stop).await;
                 }
             }
             Ok(_) => {
@@ -260,5 +285,17 @@ mod tests {
         check(3, 1_000, 0); // slow sends: none held behind them
         check(0, 10, 0);
         check(5, 0, 0); // no time has passed: no rate yet
+    }
+
+    #[test]
+    fn a_short_receive_waits_only_where_short_means_drained() {
+        let check = |got, asked, drains, expected| {
+            assert_eq!(after_receive(got, asked, drains), expected, "{got} of {asked}, drains {drains}");
+        };
+        check(1, 16, true, AfterReceive::Wait);
+        check(15, 16, true, AfterReceive::Wait);
+        check(16, 16, true, AfterReceive::Receive); // full: more may wait
+        check(1, 16, false, AfterReceive::Receive); // SQS answers short with more waiting
+        check(16, 16, false, AfterReceive::Receive);
     }
 }

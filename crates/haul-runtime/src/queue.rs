@@ -103,6 +103,11 @@ impl EventQueue {
         self.inner.system()
     }
 
+    /// `LoadQueue::short_receive_drains`.
+    pub fn short_receive_drains(&self) -> bool {
+        self.inner.short_receive_drains()
+    }
+
     pub async fn publish(&self, event: &InboundEvent, now: Timestamp) -> Result<Published, StoreError> {
         self.publish_traced(event, None, now).await
     }

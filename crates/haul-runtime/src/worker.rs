@@ -200,6 +200,12 @@ impl Worker {
         self.queue.receive(max, self.settings.visibility, self.clock.now()).await
     }
 
+    /// Whether a receive that answered fewer messages than asked drained the queue
+    /// (`LoadQueue::short_receive_drains`).
+    pub fn short_receive_drains(&self) -> bool {
+        self.queue.short_receive_drains()
+    }
+
     pub fn settings(&self) -> &WorkerSettings {
         &self.settings
     }

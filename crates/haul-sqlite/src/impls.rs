@@ -1100,6 +1100,10 @@ fn advance_head(conn: &Connection, load_id: &str, now: i64) -> Result<(), StoreE
 
 #[async_trait]
 impl LoadQueue for SqliteStore {
+    fn short_receive_drains(&self) -> bool {
+        true
+    }
+
     async fn publish_traced(
         &self,
         load_id: &LoadId,

@@ -97,6 +97,7 @@ macro_rules! contract_tests {
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
             a_received_message_carries_its_loads_log_version,
+            a_short_receive_took_every_visible_message,
             a_publish_racing_the_acking_append_is_never_stranded,
             prune_deletes_only_finished_rows_older_than_the_cutoff,
             prune_honours_the_batch_bound,
@@ -1968,6 +1969,32 @@ pub async fn a_received_message_carries_its_loads_log_version(s: DynStore) {
     publish(&s, "L2", "f2").await;
     let f = receive_one(&s, t0()).await;
     assert_eq!((f.event_id.as_str(), f.log_version), ("f2", Some(4)));
+}
+
+/// A store's own queue says a short receive drained it (`short_receive_drains`), and it
+/// holds: the loop that trusts it waits for a wake-up instead of asking again. A
+/// receive that answers fewer than it was asked for took every visible message: the
+/// next receive finds none, until a message is published or a head comes due.
+pub async fn a_short_receive_took_every_visible_message(s: DynStore) {
+    assert!(s.short_receive_drains(), "a store's own queue: a short receive drains it");
+    for (l, e) in [("L1", "a1"), ("L1", "a2"), ("L2", "b1"), ("L3", "c1")] {
+        publish(&s, l, e).await;
+    }
+    // L1's second message waits behind its first: three heads are visible, not four.
+    let got = s.receive(10, VIS, t0()).await.unwrap();
+    let mut events: Vec<&str> = got.iter().map(|m| m.event_id.as_str()).collect();
+    events.sort_unstable();
+    assert_eq!(events, ["a1", "b1", "c1"]);
+    assert!(receive(&s, t0()).await.is_empty(), "a short receive left nothing visible behind");
+    // A full receive may leave some: asked for one of two, the other is still there.
+    publish(&s, "L4", "d1").await;
+    publish(&s, "L5", "e1").await;
+    assert_eq!(s.receive(1, VIS, t0()).await.unwrap().len(), 1);
+    assert_eq!(s.receive(1, VIS, t0()).await.unwrap().len(), 1);
+    // An ack makes the load's next message visible again.
+    let a1 = got.iter().find(|m| m.event_id == "a1").unwrap();
+    s.ack(&a1.receipt, t0()).await.unwrap();
+    assert_eq!(receive(&s, t0()).await, vec![pair("L1", "a2")]);
 }
 
 /// The next message of a load published while the append that acks its head commits:

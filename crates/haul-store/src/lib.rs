@@ -934,6 +934,15 @@ pub trait LoadQueue: Send + Sync {
     fn system(&self) -> &'static str {
         "haul"
     }
+
+    /// Whether a `receive` that answers fewer than `max` messages took every message it
+    /// could: true for a store's own queue table (a receive takes the visible heads not
+    /// being taken by another receive, up to `max`); false for SQS, which may answer
+    /// with fewer than are waiting. A worker told the queue is drained waits to be woken
+    /// (or for its poll) instead of asking again at once for nothing.
+    fn short_receive_drains(&self) -> bool {
+        false
+    }
 }
 
 // ---------------------------------------------------------------------------------
