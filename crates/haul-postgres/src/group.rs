@@ -949,7 +949,7 @@ impl crate::PgStore {
         for (load_id, entries, expected_version, outbox) in units {
             let (reply, rx) = oneshot::channel();
             let now = haul_core::time::to_ms(now);
-            let args = AppendArgs { load_id, entries, expected_version, outbox, receipt: None, now };
+            let args = AppendArgs { load_id, entries, expected_version, outbox, receipt: None, claim: None, now };
             batch.push(Job::Append { args, out: None, reply });
             answers.push(rx);
         }
@@ -1044,6 +1044,7 @@ mod tests {
                             expected_version: 0,
                             outbox: vec![],
                             receipt: None,
+                            claim: None,
                             now,
                         };
                         Job::Append { args, out: None, reply: oneshot::channel().0 }

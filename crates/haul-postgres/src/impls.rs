@@ -32,7 +32,8 @@ use haul_store::{
     too_many,
 };
 use haul_store::{
-    ClaimCursor, ClaimTake, ClaimedTaking, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries, RateChange,
+    ClaimCursor, ClaimTake, ClaimWith, ClaimedTaking, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries,
+    RateChange,
 };
 use haul_store::{ClientDaySpend, SpendLedger};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
@@ -75,7 +76,7 @@ impl EventStore for PgStore {
         outbox: Vec<NewOutboxRow>,
         now: Timestamp,
     ) -> Result<u64, AppendError> {
-        self.append_in_tx(load_id, entries, expected_version, outbox, None, now).await.map(|(v, _)| v)
+        self.append_in_tx(load_id, entries, expected_version, outbox, None, None, now).await.map(|(v, _)| v)
     }
 
     async fn append_acking(
@@ -87,7 +88,24 @@ impl EventStore for PgStore {
         receipt: &str,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
-        self.append_in_tx(load_id, entries, expected_version, outbox, Some(receipt), now).await
+        self.append_in_tx(load_id, entries, expected_version, outbox, Some(receipt), None, now).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn append_claiming(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        receipt: Option<&str>,
+        claim: &ClaimWith,
+        now: Timestamp,
+    ) -> Result<(u64, bool, bool), AppendError> {
+        let claim = Some(claim.clone());
+        let (version, acked) =
+            self.append_in_tx(load_id, entries, expected_version, outbox, receipt, claim, now).await?;
+        Ok((version, acked, true))
     }
 
     async fn read_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -103,6 +121,7 @@ impl EventStore for PgStore {
 impl PgStore {
     /// The append, and with `receipt` the ack of that message, in one transaction:
     /// a unit of a committer's batch (`group.rs`).
+    #[allow(clippy::too_many_arguments)]
     async fn append_in_tx(
         &self,
         load_id: &LoadId,
@@ -110,6 +129,7 @@ impl PgStore {
         expected_version: u64,
         outbox: Vec<NewOutboxRow>,
         receipt: Option<&str>,
+        claim: Option<ClaimWith>,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
         check_keys_of_load(load_id, &outbox)?;
@@ -119,6 +139,7 @@ impl PgStore {
             expected_version,
             outbox,
             receipt: receipt.map(str::to_owned),
+            claim: claim.map(|c| (c.token, to_ms(c.lease_until))),
             now: to_ms(now),
         };
         self.group.append(args).await

@@ -40,11 +40,13 @@ pub const OUTBOX_KEYS_TAKEN: &str = "SELECT id FROM outbox WHERE load_id = $1 AN
 pub const EVENTS_INSERT: &str = "INSERT INTO events (load_id, seq, entry_id, kind, payload, recorded_at, trace)
      SELECT $1, s, e, k, p, $6, c FROM unnest($2::bigint[], $3::text[], $4::text[], $5::text[], $7::text[])
        AS t(s, e, k, p, c)";
-/// `$1` load, `$2..$4` ids, action types, actions, `$5` now, `$6` trace contexts.
-pub const OUTBOX_INSERT: &str =
-    "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at, trace)
-     SELECT i, $1, t, a, 'pending', $5, $5, $5, c FROM unnest($2::text[], $3::text[], $4::text[], $6::text[])
-       AS u(i, t, a, c)";
+/// `$1` load, `$2..$4` ids, action types, actions, `$5` now, `$6` trace contexts; `$7`
+/// claim token and `$8` lease until, NULL both unless the rows are claimed with the
+/// append (first attempt now, as a claim at `$5` would).
+pub const OUTBOX_INSERT: &str = "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at,
+       updated_at, trace, claim_token, lease_until, first_attempt_at)
+     SELECT i, $1, t, a, 'pending', $5, $5, $5, c, $7::text, $8::bigint, CASE WHEN $7::text IS NULL THEN NULL ELSE $5::bigint END
+     FROM unnest($2::text[], $3::text[], $4::text[], $6::text[]) AS u(i, t, a, c)";
 /// `$1` after (load id), `$2` limit.
 pub const LOAD_IDS: &str = "SELECT load_id FROM loads WHERE load_id > $1 ORDER BY load_id LIMIT $2";
 

@@ -71,6 +71,9 @@ pub(crate) struct AppendArgs {
     pub expected_version: u64,
     pub outbox: Vec<NewOutboxRow>,
     pub receipt: Option<String>,
+    /// The claim token and lease (ms) its outbox rows are written with, when claimed
+    /// with the append (`EventStore::append_claiming`).
+    pub claim: Option<(String, i64)>,
     pub now: i64,
 }
 
@@ -264,7 +267,10 @@ pub(crate) async fn append_body(
     let insert_events =
         async || tx.execute(&events_stmt, &[&lid, &seqs, &ids, &kinds, &payloads, &now, &entry_traces]).await;
     let insert_outbox = async || match &outbox_stmt {
-        Some(stmt) => tx.execute(stmt, &[&lid, &keys, &types, &actions, &now, &row_traces]).await,
+        Some(stmt) => {
+            let (token, lease_until) = (a.claim.as_ref().map(|c| c.0.as_str()), a.claim.as_ref().map(|c| c.1));
+            tx.execute(stmt, &[&lid, &keys, &types, &actions, &now, &row_traces, &token, &lease_until]).await
+        }
         None => Ok(0),
     };
     let set_summary = async |asks: &Option<String>, open: &Option<i32>, escalated: &Option<i32>| match &summary_stmt {

@@ -157,7 +157,11 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("append: entry ids taken", ENTRY_IDS_TAKEN, vec![&l, &entry_ids]),
         per_load("append: outbox keys taken", OUTBOX_KEYS_TAKEN, vec![&l, &keys]),
         per_load("append: events", EVENTS_INSERT, vec![&l, &seqs, &texts, &texts, &texts, &now, &traces]),
-        per_load("append: outbox rows", OUTBOX_INSERT, vec![&l, &keys, &texts, &texts, &now, &traces]),
+        per_load(
+            "append: outbox rows",
+            OUTBOX_INSERT,
+            vec![&l, &keys, &texts, &texts, &now, &traces, &no_text, &no_ms],
+        ),
         case("load_ids", LOAD_IDS, vec![&empty, &limit]),
         case("outbox claim of due rows", OUTBOX_CLAIM, vec![&token, &later, &now, &limit]),
         case("outbox claim after a cursor", OUTBOX_CLAIM_AFTER, vec![&token, &later, &now, &limit, &now, &key]),

@@ -34,7 +34,7 @@ use haul_store::{
     SmsRoute, StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, alert_inbox,
     columns, sms_inbox_state, too_many,
 };
-use haul_store::{ClaimCursor, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
+use haul_store::{ClaimCursor, ClaimWith, ConflictLoad, DeadRow, LoadFilter, LoadsPage, OpsQueries};
 use haul_store::{ClientDaySpend, SpendLedger};
 use haul_store::{EdgeStore, RequestClaim, console_secret_from_hex, console_secret_hex};
 use rusqlite::types::FromSql;
@@ -191,7 +191,7 @@ impl EventStore for SqliteStore {
         outbox: Vec<NewOutboxRow>,
         now: Timestamp,
     ) -> Result<u64, AppendError> {
-        self.append_unit(load_id, entries, expected_version, outbox, None, now).await.map(|(v, _)| v)
+        self.append_unit(load_id, entries, expected_version, outbox, None, None, now).await.map(|(v, _)| v)
     }
 
     async fn append_acking(
@@ -203,7 +203,24 @@ impl EventStore for SqliteStore {
         receipt: &str,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
-        self.append_unit(load_id, entries, expected_version, outbox, Some(receipt.to_owned()), now).await
+        self.append_unit(load_id, entries, expected_version, outbox, Some(receipt.to_owned()), None, now).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn append_claiming(
+        &self,
+        load_id: &LoadId,
+        entries: Vec<NewEntry>,
+        expected_version: u64,
+        outbox: Vec<NewOutboxRow>,
+        receipt: Option<&str>,
+        claim: &ClaimWith,
+        now: Timestamp,
+    ) -> Result<(u64, bool, bool), AppendError> {
+        let (receipt, claim) = (receipt.map(str::to_owned), Some(claim.clone()));
+        let (version, acked) =
+            self.append_unit(load_id, entries, expected_version, outbox, receipt, claim, now).await?;
+        Ok((version, acked, true))
     }
 
     async fn read_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -232,6 +249,7 @@ impl EventStore for SqliteStore {
 
 impl SqliteStore {
     /// The append, and with `receipt` the ack of that message, in one unit of work.
+    #[allow(clippy::too_many_arguments)]
     async fn append_unit(
         &self,
         load_id: &LoadId,
@@ -239,6 +257,7 @@ impl SqliteStore {
         expected_version: u64,
         outbox: Vec<NewOutboxRow>,
         receipt: Option<String>,
+        claim: Option<ClaimWith>,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
         check_keys_of_load(load_id, &outbox)?;
@@ -364,13 +383,20 @@ impl SqliteStore {
                 }
                 let mut ins = conn
                     .prepare_cached(
-                        "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at, trace)
-                         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5, ?5, ?6)",
+                        "INSERT INTO outbox (id, load_id, action_type, action, status, due_at, created_at, updated_at, trace,
+                           claim_token, lease_until, first_attempt_at)
+                         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5, ?5, ?6, ?7, ?8, CASE WHEN ?7 IS NULL THEN NULL ELSE ?5 END)",
                     )
                     .map_err(db)?;
+                // Claimed with the append (`append_claiming`): as a claim at `now` would.
+                let (token, lease_until) = match &claim {
+                    Some(c) => (Some(c.token.as_str()), Some(to_ms(c.lease_until))),
+                    None => (None, None),
+                };
                 for o in &outbox {
                     let trace = o.trace.map(|t| t.to_string());
-                    ins.execute(params![o.id, lid, o.action_type.as_str(), o.action.to_string(), now, trace]).map_err(db)?;
+                    let (action_type, action) = (o.action_type.as_str(), o.action.to_string());
+                    ins.execute(params![o.id, lid, action_type, action, now, trace, token, lease_until]).map_err(db)?;
                 }
                 // The timers its decisions schedule and cancel (`TimerRoute::WithDecision`),
                 // with the run's trace context.

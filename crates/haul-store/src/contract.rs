@@ -96,6 +96,7 @@ macro_rules! contract_tests {
             a_changed_limit_keeps_a_pause_the_service_asked_for,
             append_refuses_an_outbox_key_of_another_load,
             append_acking_acks_if_and_only_if_the_append_commits,
+            an_append_claims_its_rows_for_its_processs_dispatcher,
             a_received_message_carries_its_loads_log_version,
             a_short_receive_took_every_visible_message,
             a_publish_racing_the_acking_append_is_never_stranded,
@@ -1953,6 +1954,44 @@ pub async fn append_acking_acks_if_and_only_if_the_append_commits(s: DynStore) {
 /// The store's queue hands out each message with its load's log version as of the
 /// receive: none before the load's first append, and the version the acking append
 /// made once it committed (the worker decides on a snapshot at that version unread).
+/// `append_claiming`: the rows are written claimed, as `pending` at the append's
+/// `now` would have claimed them, so no claim takes them while the lease lives, the
+/// claim's token marks them, and once the lease lapses a claim takes them over (a
+/// process that died before sending them). The row handed over (`ClaimWith::claim_of`)
+/// is the row the store holds.
+pub async fn an_append_claims_its_rows_for_its_processs_dispatcher(s: DynStore) {
+    publish(&s, "L1", "e1").await;
+    let m = receive_one(&s, t0()).await;
+    let claim = crate::ClaimWith { token: "handed".into(), lease_until: at(90) };
+    let rows = vec![row("L1/e1/create_hero_task"), row("L1/e1/send_sms")];
+    let entries = vec![entry("e1"), entry("dec:e1")];
+    let (version, acked, claimed) =
+        s.append_claiming(&load("L1"), entries, 0, rows.clone(), Some(&m.receipt), &claim, at(1)).await.unwrap();
+    assert_eq!((version, acked, claimed), (2, true, true), "a store's own append claims its rows");
+    assert!(receive(&s, at(1)).await.is_empty(), "the message was acked with the append");
+    let handed: Vec<crate::OutboxRow> = rows.into_iter().map(|r| claim.claim_of(&load("L1"), r, at(1)).row).collect();
+    let mut stored = s.rows_for_load(&load("L1")).await.unwrap();
+    stored.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(stored, handed, "the rows handed over are the rows stored");
+    assert!(pending_ids(&s, 10, at(2)).await.is_empty(), "a live lease: no claim takes them");
+    s.mark_dispatched("L1/e1/create_hero_task", "handed", "r1", at(2)).await.unwrap();
+    // Past the lease, a claim takes the other over and the handed token is stale.
+    assert_eq!(pending_ids(&s, 10, at(91)).await, vec!["L1/e1/send_sms".to_string()]);
+    let stale = s.mark_dispatched("L1/e1/send_sms", "handed", "r2", at(92)).await.unwrap_err();
+    assert!(matches!(stale, ClaimError::Stale(_)), "{stale:?}");
+    // Without a receipt (a queue of its own, as SQS), nothing is acked; the rows are claimed.
+    let (version, acked, claimed) = s
+        .append_claiming(&load("L3"), vec![entry("g1")], 0, vec![row("L3/g1/send_sms")], None, &claim, at(1))
+        .await
+        .unwrap();
+    assert_eq!((version, acked, claimed), (1, false, true));
+    assert!(!pending_ids(&s, 10, at(2)).await.contains(&"L3/g1/send_sms".to_string()), "claimed with its append");
+    // Without a claim the rows are written unclaimed, as by `append_acking`.
+    commit(&s, "L2", "f1", 0, &["L2/f1/send_sms"]).await;
+    let ids = pending_ids(&s, 10, at(91)).await;
+    assert!(ids.contains(&"L2/f1/send_sms".to_string()), "{ids:?}");
+}
+
 pub async fn a_received_message_carries_its_loads_log_version(s: DynStore) {
     publish(&s, "L1", "e1").await;
     publish(&s, "L1", "e2").await;
