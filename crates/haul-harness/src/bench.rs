@@ -549,6 +549,7 @@ async fn e2e_round(
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (wake_worker, wake_dispatcher) = p.wakeups();
+    p.hand_claims_over();
     let mut loops = tokio::task::JoinSet::new();
     loops.spawn(haul_runtime::loops::worker_loop(
         p.worker.clone(),

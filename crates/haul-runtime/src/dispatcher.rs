@@ -265,6 +265,26 @@ pub struct Dispatcher {
     call_times: std::sync::Mutex<PerChannel<Option<i64>>>,
     /// Where each send's CLIENT span goes (off unless set).
     spans: std::sync::OnceLock<crate::spans::Spans>,
+    /// The rows this process's worker claimed with their append (`Handoff`), until the
+    /// dispatcher's loop takes the receiver.
+    handed: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Claim>>>,
+}
+
+/// Rows handed over at most, waiting for the dispatcher's loop: a worker that finds no
+/// room writes its rows unclaimed, for a claim to take.
+const HANDED_MAX: usize = 1024;
+
+/// How a worker hands the rows it claims with its append to the dispatcher of its own
+/// process (`EventStore::append_claiming`): room in the dispatcher's channel is
+/// reserved before the append, so a row claimed is a row handed over. Between the
+/// decision and its send there is then no claim (a statement, a commit and a wake-up
+/// on the way to every send). Rows claimed but never handed (the process died) wait
+/// for their lease, as a claimed row does.
+#[derive(Clone)]
+pub struct Handoff {
+    pub(crate) to: tokio::sync::mpsc::Sender<Claim>,
+    pub(crate) lease: std::time::Duration,
+    pub(crate) tokens: haul_store::backend::Tokens,
 }
 
 /// What `Dispatcher::spans` gives before `export_spans`.
@@ -303,7 +323,21 @@ impl Dispatcher {
             jitter_seed,
             wake_worker: std::sync::OnceLock::new(),
             spans: std::sync::OnceLock::new(),
+            handed: std::sync::Mutex::new(None),
         }
+    }
+
+    /// A handoff for this process's worker (`Worker::hand_claims_to`); the dispatcher's
+    /// loop takes what it hands over. Only where that loop runs: `run_once` never does.
+    pub fn handoff(&self) -> Handoff {
+        let (to, from) = tokio::sync::mpsc::channel(HANDED_MAX);
+        *self.handed.lock().unwrap_or_else(|e| e.into_inner()) = Some(from);
+        Handoff { to, lease: self.settings.lease, tokens: haul_store::backend::Tokens::new(None) }
+    }
+
+    /// The receiver of the rows handed over, for the dispatcher's loop (once).
+    pub fn take_handed(&self) -> Option<tokio::sync::mpsc::Receiver<Claim>> {
+        self.handed.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Records each send attempt (a CLIENT span) in `spans`.
@@ -431,12 +465,33 @@ impl Dispatcher {
         for c in &claims {
             self.faults.observe(Observed::Claimed { outbox_id: &c.row.id, token: &c.token });
         }
-        let (claims, superseded) = self.drop_superseded(claims, &limits, now).await;
+        self.claimed(claims, &limits, &taken, now).await
+    }
+
+    /// Rows claimed with their append and handed over (`Handoff`), as a claim's rows
+    /// go on: overtaken ones dropped, opted-out ones refused, the send limits applied
+    /// (their sends taken now: the claim took none). Held back as `claim_holding_later`'s.
+    pub async fn take_handed_over(&self, claims: Vec<Claim>) -> Result<Result<(Claimed, Holds), Crash>, StoreError> {
+        let now = self.clock.now();
+        let limits = self.limits(now).await;
+        metrics::counter!("haul_claims_handed_over_total").increment(claims.len() as u64);
+        self.claimed(claims, &limits, &PerChannel::from_fn(|_| None), now).await
+    }
+
+    /// What becomes of claimed rows before their sends (`claim_holding_later`).
+    async fn claimed(
+        &self,
+        claims: Vec<Claim>,
+        limits: &PerChannel<Option<Limit>>,
+        taken: &PerChannel<Option<(u32, Grant)>>,
+        now: Timestamp,
+    ) -> Result<Result<(Claimed, Holds), Crash>, StoreError> {
+        let (claims, superseded) = self.drop_superseded(claims, limits, now).await;
         let (claims, refused) = match self.refuse_opted_out(claims).await {
             Ok(kept) => kept,
             Err(crash) => return Ok(Err(crash)),
         };
-        let (claims, holds) = self.admit(claims, &limits, &taken).await?;
+        let (claims, holds) = self.admit(claims, limits, taken).await?;
         Ok(Ok((Claimed { claims, superseded, held: holds.count(), refused }, holds)))
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tracing::{Instrument, warn};
 
 use crate::dispatcher::Dispatcher;
@@ -30,6 +30,34 @@ async fn idle(d: Duration, wake: &tokio::sync::Notify, stop: &mut watch::Receive
         _ = tokio::time::sleep(d) => {}
         _ = wake.notified() => {}
         _ = stop.changed() => {}
+    }
+}
+
+/// `idle` until `until`, woken too by a row this process's worker handed over
+/// (`Handoff`), which it answers. The poll is a deadline, not a wait: rows handed over
+/// more often than the poll must not put off the claim that finds the rows nobody wakes
+/// it for (a retry come due, a lapsed lease).
+async fn idle_or_handed(
+    until: tokio::time::Instant,
+    wake: &tokio::sync::Notify,
+    handed: &mut Option<mpsc::Receiver<Claim>>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Claim> {
+    let handed = async {
+        match handed {
+            // Closed (no worker left to hand any): nothing more comes this way.
+            Some(rx) => match rx.recv().await {
+                Some(claim) => claim,
+                None => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::sleep_until(until) => None,
+        _ = wake.notified() => None,
+        _ = stop.changed() => None,
+        claim = handed => Some(claim),
     }
 }
 
@@ -167,6 +195,12 @@ pub async fn dispatcher_loop(
     // again at once would only come back empty (on PostgreSQL, a walk of every
     // partition's index for nothing).
     let mut caught_up = false;
+    // Rows this process's worker claimed with their append and handed over, and those
+    // taken from the channel, not yet admitted (`Dispatcher::take_handed_over`).
+    let mut handed = dispatcher.take_handed();
+    let mut handed_in: Vec<Claim> = Vec::new();
+    // When a caught-up loop claims again, whatever is handed over meanwhile.
+    let mut poll_at: Option<tokio::time::Instant> = None;
     dispatcher.warm_up().await;
     let send = |claim: Claim, permit| {
         let (d, finished) = (dispatcher.clone(), finished.clone());
@@ -187,6 +221,29 @@ pub async fn dispatcher_loop(
                 warn!(error = %e, "settling dead rows failed");
             }
         }
+        if let Some(rx) = handed.as_mut() {
+            while handed_in.len() < batch {
+                let Ok(claim) = rx.try_recv() else { break };
+                handed_in.push(claim);
+            }
+        }
+        if !handed_in.is_empty() {
+            // Handed over, as a claim's rows: admitted, then sent as permits free.
+            match dispatcher.take_handed_over(std::mem::take(&mut handed_in)).await {
+                Ok(Ok((c, holds))) => {
+                    ahead.extend(c.claims);
+                    while !ahead.is_empty() {
+                        let Ok(permit) = permits.clone().try_acquire_owned() else { break };
+                        send(ahead.pop_front().expect("a row ahead"), permit);
+                    }
+                    dispatcher.hold(holds).await;
+                }
+                // A fault point (tests only): their leases lapse.
+                Ok(Err(_crash)) => {}
+                Err(e) => warn!(error = %e, "admitting the rows handed over failed; their leases will lapse"),
+            }
+            continue;
+        }
         // A row claimed ahead goes out as soon as a send frees.
         if !ahead.is_empty() {
             let permit = tokio::select! {
@@ -197,8 +254,15 @@ pub async fn dispatcher_loop(
             send(claim, permit);
             continue;
         }
-        if std::mem::take(&mut caught_up) {
-            idle(idle_for, &wake, &mut stop).await;
+        if caught_up {
+            // Rows handed over leave it caught up: they were claimed with their append,
+            // and a claim now would come back empty. A wake-up (rows committed unclaimed)
+            // or the poll claims again.
+            let until = *poll_at.get_or_insert_with(|| tokio::time::Instant::now() + idle_for);
+            match idle_or_handed(until, &wake, &mut handed, &mut stop).await {
+                Some(claim) => handed_in.push(claim),
+                None => (caught_up, poll_at) = (false, None),
+            }
             continue;
         }
         let free = permits.available_permits();
@@ -236,8 +300,15 @@ pub async fn dispatcher_loop(
                 dispatcher.hold(holds).await;
             }
             Ok(Ok(_)) => {
-                idle(idle_for, &wake, &mut stop).await;
-                idle_for = (idle_for * 2).min(Duration::from_millis(500));
+                let until = tokio::time::Instant::now() + idle_for;
+                match idle_or_handed(until, &wake, &mut handed, &mut stop).await {
+                    // Caught up still, until the poll it was waiting for.
+                    Some(claim) => {
+                        handed_in.push(claim);
+                        (caught_up, poll_at) = (true, Some(until));
+                    }
+                    None => idle_for = (idle_for * 2).min(Duration::from_millis(500)),
+                }
             }
             // A fault point (tests only) stopped the claim: its rows' leases lapse.
             Ok(Err(_crash)) => idle(idle_for, &wake, &mut stop).await,
@@ -247,8 +318,20 @@ pub async fn dispatcher_loop(
             }
         }
     }
-    // Rows claimed ahead are this dispatcher's until their leases lapse: send them, and
-    // let every send in flight settle its row.
+    // Rows claimed ahead are this dispatcher's until their leases lapse: send them (the
+    // ones handed over too, admitted first), and let every send in flight settle its row.
+    if let Some(mut rx) = handed.take() {
+        rx.close();
+        while let Ok(claim) = rx.try_recv() {
+            handed_in.push(claim);
+        }
+    }
+    if !handed_in.is_empty()
+        && let Ok(Ok((c, holds))) = dispatcher.take_handed_over(handed_in).await
+    {
+        ahead.extend(c.claims);
+        dispatcher.hold(holds).await;
+    }
     while let Some(claim) = ahead.pop_front() {
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
         send(claim, permit);

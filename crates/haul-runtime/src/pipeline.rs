@@ -121,6 +121,13 @@ impl Pipeline {
         (work, dispatch)
     }
 
+    /// The worker claims its appends' outbox rows for the dispatcher and hands them
+    /// over (`Handoff`): for a process that runs both loops (`loops::worker_loop`,
+    /// `loops::dispatcher_loop`), never for `round`'s, which take no handed rows.
+    pub fn hand_claims_over(&self) {
+        self.worker.hand_claims_to(self.dispatcher.handoff());
+    }
+
     /// One round: pump due timers, process the queue, dispatch due rows.
     pub async fn round(&self) -> anyhow::Result<Round> {
         let fired = self.pump.run_once().await?.fired;

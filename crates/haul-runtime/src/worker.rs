@@ -20,7 +20,7 @@ use haul_core::timers::TimerRoute;
 use haul_core::trace::TraceParent;
 use haul_core::validate::validate_decision;
 use haul_core::{Clock, InboundEvent, QueueMode};
-use haul_store::{AppendError, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
+use haul_store::{AppendError, ClaimWith, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -114,6 +114,8 @@ pub struct Worker {
     projector: Projector,
     /// Woken after a commit that wrote outbox rows (in-process dispatchers react at once).
     wake_dispatcher: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
+    /// Where the rows it claims with its append go: the dispatcher of this process.
+    handoff: std::sync::OnceLock<crate::dispatcher::Handoff>,
     /// On the store's own queue a run's ack goes into its append's transaction
     /// (`EventStore::append_acking`); any other queue is acked after the append.
     queue_mode: QueueMode,
@@ -157,6 +159,7 @@ impl Worker {
             stopping: std::sync::atomic::AtomicBool::new(false),
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
+            handoff: std::sync::OnceLock::new(),
             shadow: std::sync::OnceLock::new(),
             spans: std::sync::OnceLock::new(),
             queue_mode,
@@ -168,6 +171,12 @@ impl Worker {
     /// Wakes `dispatcher` whenever a run commits outbox rows.
     pub fn wake_on_commit(&self, dispatcher: Arc<tokio::sync::Notify>) {
         let _ = self.wake_dispatcher.set(dispatcher);
+    }
+
+    /// Claims the outbox rows of its appends for the dispatcher of this process and
+    /// hands them over (`Dispatcher::handoff`): only where that dispatcher's loop runs.
+    pub fn hand_claims_to(&self, handoff: crate::dispatcher::Handoff) {
+        let _ = self.handoff.set(handoff);
     }
 
     /// Shadow mode: after each commit, offers the decision to `shadow` (which never
@@ -523,7 +532,7 @@ impl Worker {
             self.ack(msg).await;
             self.faults.check(FaultPoint::AfterAppend, ctx)?;
         }
-        let (appended, with_ack) = self.append(msg, entries, p.version, outbox, p.now).await;
+        let (appended, with_ack, handed) = self.append(msg, entries, p.version, outbox, p.now).await;
         let happened = match appended {
             Ok(_) => {
                 if self.faults.check(FaultPoint::AppendAnswerLost, ctx).is_err() {
@@ -532,7 +541,7 @@ impl Worker {
                 self.faults.check(FaultPoint::AfterAppend, ctx)?;
                 let records = Record::appended_all(p.version, pairs, p.now);
                 let Prepared { state, decision, .. } = *p;
-                let committed = Committed { before: state, decision, records };
+                let committed = Committed { before: state, decision, records, handed };
                 return Ok((Happened::Appended { with_ack }, Some(committed)));
             }
             Err(AppendError::ConcurrencyConflict(c)) => {
@@ -556,8 +565,10 @@ impl Worker {
     }
 
     /// The append at `version`; with the ack in its transaction on the store's own
-    /// queue (the second value says so). The planted `skip_version_check` bug appends
-    /// a stale decision at whatever version the store has.
+    /// queue (the second value says so), and its outbox rows claimed with it and handed
+    /// to this process's dispatcher when there is room for them all (the third). The
+    /// planted `skip_version_check` bug appends a stale decision at whatever version the
+    /// store has.
     async fn append(
         &self,
         msg: &Received,
@@ -565,7 +576,7 @@ impl Worker {
         version: u64,
         outbox: Vec<NewOutboxRow>,
         now: haul_core::Timestamp,
-    ) -> (Result<u64, AppendError>, bool) {
+    ) -> (Result<u64, AppendError>, bool, bool) {
         let load = &msg.load_id;
         if self.faults.bugs.skip_version_check {
             let appended = match self.store.append(load, entries.clone(), version, outbox.clone(), now).await {
@@ -574,27 +585,51 @@ impl Worker {
                 }
                 other => other,
             };
-            return (appended, false);
+            return (appended, false, false);
         }
-        match self.queue_mode {
-            QueueMode::StoreQueue => {
-                let appended = self.store.append_acking(load, entries, version, outbox, &msg.receipt, now).await;
-                if let Ok((_, false)) = appended {
-                    // As a separate ack would have: the event is logged; the new
-                    // holder's run finds it processed.
-                    warn!("the message's receipt was stale at the append; it will be redelivered and found processed");
+        // On the store's own queue the ack goes into the append's transaction.
+        let receipt = match self.queue_mode {
+            QueueMode::StoreQueue => Some(msg.receipt.as_str()),
+            QueueMode::Separate => None,
+        };
+        // Room for every row in the dispatcher's channel, or none is claimed.
+        let handing = match self.handoff.get() {
+            Some(h) if !outbox.is_empty() => h.to.try_reserve_many(outbox.len()).ok().map(|room| (h, room)),
+            _ => None,
+        };
+        let (appended, handed) = match (handing, receipt) {
+            (Some((h, room)), receipt) => {
+                let claim = ClaimWith { token: h.tokens.next(), lease_until: haul_core::time::add(now, h.lease) };
+                let rows = outbox.clone();
+                let appended = self.store.append_claiming(load, entries, version, outbox, receipt, &claim, now).await;
+                let handed = matches!(appended, Ok((_, _, true)));
+                if handed {
+                    for (slot, row) in room.zip(rows) {
+                        slot.send(claim.claim_of(load, row, now));
+                    }
                 }
-                (appended.map(|(v, _)| v), true)
+                (appended.map(|(v, acked, _)| (v, acked)), handed)
             }
-            QueueMode::Separate => (self.store.append(load, entries, version, outbox, now).await, false),
+            (None, Some(receipt)) => {
+                (self.store.append_acking(load, entries, version, outbox, receipt, now).await, false)
+            }
+            (None, None) => (self.store.append(load, entries, version, outbox, now).await.map(|v| (v, false)), false),
+        };
+        if receipt.is_some()
+            && let Ok((_, false)) = appended
+        {
+            // As a separate ack would have: the event is logged; the new holder's run
+            // finds it processed.
+            warn!("the message's receipt was stale at the append; it will be redelivered and found processed");
         }
+        (appended.map(|(v, _)| v), receipt.is_some(), handed)
     }
 
     /// After a commit: the load index, the shadow's offer, the snapshot, the
     /// dispatcher's wake-up.
     async fn committed(&self, msg: &Received, c: Committed) -> RunOutcome {
         let load = &msg.load_id;
-        let Committed { before, decision: d, records } = c;
+        let Committed { before, decision: d, records, handed } = c;
         if let (Some(shadow), Ok(event), Some(first)) = (self.shadow.get(), &msg.event, records.first()) {
             shadow.offer(load, &before, event, first.seq, &d);
         }
@@ -603,7 +638,9 @@ impl Worker {
             state.apply(r);
         }
         self.projector.put(load, state);
-        if d.actions.iter().any(|a| !self.settings.timers.in_append(a))
+        // Rows handed over wake the dispatcher's loop themselves; a claim would find them taken.
+        if !handed
+            && d.actions.iter().any(|a| !self.settings.timers.in_append(a))
             && let Some(w) = self.wake_dispatcher.get()
         {
             w.notify_one();
@@ -734,6 +771,8 @@ struct Committed {
     before: LoadState,
     decision: Decision,
     records: Vec<Record>,
+    /// Its outbox rows were claimed with the append and handed to the dispatcher.
+    handed: bool,
 }
 
 /// Where a run goes after an attempt.

@@ -444,6 +444,43 @@ async fn a_commit_with_outbox_rows_wakes_the_dispatcher_and_one_without_does_not
 }
 
 #[tokio::test]
+async fn rows_claimed_with_their_append_are_handed_over_and_sent_without_a_claim() {
+    let rig = Rig::new().await;
+    let worker = rig.worker();
+    let dispatcher = rig.dispatcher(QueueMode::StoreQueue, Faults::default());
+    let wake = Arc::new(tokio::sync::Notify::new());
+    worker.wake_on_commit(wake.clone());
+    worker.hand_claims_to(dispatcher.handoff());
+    let mut handed = dispatcher.take_handed().expect("the handoff's receiver");
+    rig.publish("L1", init()).await;
+    rig.settle(&worker).await;
+    rig.publish("L1", ping("ping_0700")).await;
+    rig.settle(&worker).await;
+    assert!(!woken(&wake).await, "handed over: no claim to wake");
+    let claim = handed.try_recv().expect("the SMS's row, handed over");
+    assert!(handed.try_recv().is_err(), "one row, handed once");
+    assert_eq!(rig.rows("L1").await, vec![claim.row.clone()], "the row handed over is the row stored");
+    assert_eq!(dispatcher.run_once().await.unwrap(), vec![], "claimed with the append: no claim takes it");
+    // Sent as a claim's rows are: admitted, then dispatched on the handed token.
+    let (admitted, _) = dispatcher.take_handed_over(vec![claim]).await.unwrap().unwrap();
+    let [claim] = <[_; 1]>::try_from(admitted.claims).unwrap();
+    assert_eq!(dispatcher.dispatch(claim).await, Dispatched::Delivered);
+    assert_eq!(rig.services.calls(Channel::Sms), ["L1/ask:eta_request:ping_0700/1/send_sms"]);
+    assert_eq!(rig.depth().await, 1, "its outcome published");
+    // No dispatcher's loop left to take them: the rows are written unclaimed, and the
+    // commit wakes the dispatcher for a claim.
+    drop(handed);
+    rig.settle(&worker).await;
+    rig.publish("L2", init()).await;
+    rig.publish("L2", ping("ping_0800")).await;
+    rig.settle(&worker).await;
+    rig.settle(&worker).await;
+    assert!(woken(&wake).await, "written unclaimed: the dispatcher is woken");
+    let claimed = dispatcher.run_once().await.unwrap();
+    assert_eq!(claimed, vec![Dispatched::Delivered], "and a claim takes the row");
+}
+
+#[tokio::test]
 async fn each_decision_the_decider_made_is_offered_to_the_shadow() {
     let rig = Rig::new().await;
     let worker = rig.worker();

@@ -199,6 +199,9 @@ pub async fn serve(
     state.spans = spans;
     let state = Arc::new(state);
     let mut tasks = JoinSet::new();
+    if roles.worker && roles.dispatcher {
+        pipeline.hand_claims_over();
+    }
     if roles.worker {
         tasks.spawn(worker_loop(
             pipeline.worker.clone(),
