@@ -593,10 +593,7 @@ impl Worker {
             QueueMode::Separate => None,
         };
         // Room for every row in the dispatcher's channel, or none is claimed.
-        let handing = match self.handoff.get() {
-            Some(h) if !outbox.is_empty() => h.to.try_reserve_many(outbox.len()).ok().map(|room| (h, room)),
-            _ => None,
-        };
+        let handing = self.handoff.get().and_then(|h| Some((h, h.to.try_reserve_many(outbox.len()).ok()?)));
         let (appended, handed) = match (handing, receipt) {
             (Some((h, room)), receipt) => {
                 let claim = ClaimWith { token: h.tokens.next(), lease_until: haul_core::time::add(now, h.lease) };

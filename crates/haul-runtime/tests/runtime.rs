@@ -444,6 +444,13 @@ async fn a_commit_with_outbox_rows_wakes_the_dispatcher_and_one_without_does_not
 }
 
 #[tokio::test]
+async fn a_worker_waits_after_a_short_receive_only_on_a_stores_own_queue() {
+    let rig = Rig::new().await;
+    assert!(rig.worker_on_the_stores_queue().short_receive_drains(), "the store's queue table");
+    assert!(!rig.worker().short_receive_drains(), "a queue of its own (as SQS) may answer short with more waiting");
+}
+
+#[tokio::test]
 async fn rows_claimed_with_their_append_are_handed_over_and_sent_without_a_claim() {
     let rig = Rig::new().await;
     let worker = rig.worker();

@@ -266,6 +266,13 @@ impl Rig {
         self.worker_with(sop(), WorkerSettings::default(), Faults::default())
     }
 
+    /// A worker on the store's own queue, its ack in the append's transaction.
+    pub fn worker_on_the_stores_queue(&self) -> Arc<Worker> {
+        let (clock, mode): (Arc<dyn Clock>, _) = (self.clock.clone(), QueueMode::StoreQueue);
+        let (settings, faults) = (WorkerSettings::default(), Faults::default());
+        Arc::new(Worker::new(self.store.clone(), self.queue_of(mode), mode, sop(), clock, settings, faults))
+    }
+
     pub fn dispatcher_with(&self, mode: QueueMode, settings: DispatcherSettings, faults: Faults) -> Arc<Dispatcher> {
         let services = self.services.clone();
         let channels = Channels::build(|channel| -> anyhow::Result<Arc<dyn ChannelClient>> {
