@@ -221,7 +221,12 @@ pub async fn dispatcher_loop(
                 warn!(error = %e, "settling dead rows failed");
             }
         }
-        if let Some(rx) = handed.as_mut() {
+        // Taken only while few rows wait for a send: behind slow sends the channel
+        // fills, the worker finds no room and writes its rows unclaimed, and claims
+        // take them at the rate sends finish (`claim_ahead`), leases not ticking away.
+        if let Some(rx) = handed.as_mut()
+            && ahead.len() < batch
+        {
             while handed_in.len() < batch {
                 let Ok(claim) = rx.try_recv() else { break };
                 handed_in.push(claim);
