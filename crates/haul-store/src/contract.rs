@@ -1951,9 +1951,6 @@ pub async fn append_acking_acks_if_and_only_if_the_append_commits(s: DynStore) {
     assert_eq!(s.depth().await.unwrap(), 0);
 }
 
-/// The store's queue hands out each message with its load's log version as of the
-/// receive: none before the load's first append, and the version the acking append
-/// made once it committed (the worker decides on a snapshot at that version unread).
 /// `append_claiming`: the rows are written claimed, as `pending` at the append's
 /// `now` would have claimed them, so no claim takes them while the lease lives, the
 /// claim's token marks them, and once the lease lapses a claim takes them over (a
@@ -1992,6 +1989,9 @@ pub async fn an_append_claims_its_rows_for_its_processs_dispatcher(s: DynStore) 
     assert!(ids.contains(&"L2/f1/send_sms".to_string()), "{ids:?}");
 }
 
+/// The store's queue hands out each message with its load's log version as of the
+/// receive: none before the load's first append, and the version the acking append
+/// made once it committed (the worker decides on a snapshot at that version unread).
 pub async fn a_received_message_carries_its_loads_log_version(s: DynStore) {
     publish(&s, "L1", "e1").await;
     publish(&s, "L1", "e2").await;

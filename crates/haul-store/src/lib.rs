@@ -223,12 +223,13 @@ pub trait EventStore: Send + Sync {
     ) -> Result<(u64, bool), AppendError>;
 
     /// `append` (with `receipt`, `append_acking`), and every outbox row it writes
-    /// claimed in the same transaction with `claim`, as a dispatcher's claim would take it (first attempt now, leased
-    /// until `claim.lease_until`): a dispatcher of the same process is then handed the
-    /// rows and sends them without a claim of its own, one statement and one commit
-    /// fewer between the decision and its send. The third value says whether the rows
-    /// were claimed. A store that cannot claim with its append writes them unclaimed
-    /// (this default), and a dispatcher's claim takes them as usual.
+    /// claimed in the same transaction with `claim`, as a dispatcher's claim would take
+    /// it (first attempt now, leased until `claim.lease_until`): a dispatcher of the same
+    /// process is then handed the rows and sends them without a claim of its own, one
+    /// statement and one commit fewer between the decision and its send. The third
+    /// value says whether the rows were claimed. A store that cannot claim with its
+    /// append writes them unclaimed (this default), and a dispatcher's claim takes them
+    /// as usual.
     #[allow(clippy::too_many_arguments)]
     async fn append_claiming(
         &self,
