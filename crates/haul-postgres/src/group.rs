@@ -44,12 +44,14 @@ use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
 use deadpool_postgres::{GenericClient, Object, Pool};
-use haul_store::{AppendError, ClaimError, Published, StaleClaimError, StoreError};
+use haul_store::backend::{Columns, CorruptRowError, queue_message_row};
+use haul_store::{AppendError, ClaimError, Published, QueueMessage, StaleClaimError, StoreError};
 use tokio::sync::{Mutex, mpsc, oneshot};
-use tokio_postgres::Statement;
+use tokio_postgres::SimpleQueryRow;
 
 use crate::units::{
-    AppendArgs, AppendStatements, Fail, Publish, PublishArgs, PublishMarkArgs, PublishMarkStatements, db,
+    AppendArgs, AppendStatements, Fail, Publish, PublishArgs, PublishMarkArgs, PublishMarkStatements,
+    PublishStatements, db,
 };
 use crate::{pg, pool_client};
 
@@ -73,10 +75,12 @@ fn text_statements() -> String {
     format!(
         "PREPARE haul_publish (text, text, text, text, bigint) AS {};
          PREPARE haul_mark_dispatched (text, text, text, text, bigint) AS {};
-         PREPARE haul_publish_set (text[], text[], text[], text[], bigint[]) AS {}",
+         PREPARE haul_publish_set (text[], text[], text[], text[], bigint[]) AS {};
+         PREPARE haul_receive_published (text, text, bigint, bigint, text) AS {}",
         crate::sql::QUEUE_PUBLISH,
         crate::sql::OUTBOX_MARK_DISPATCHED,
-        crate::sql::QUEUE_PUBLISH_SET
+        crate::sql::QUEUE_PUBLISH_SET,
+        crate::sql::QUEUE_RECEIVE_PUBLISHED
     )
 }
 
@@ -119,6 +123,8 @@ enum Step {
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
 /// A mark as a set wave sends it: load, outbox id, token, receipt, now.
 type Mark<'a> = (&'a str, &'a str, &'a str, &'a str, i64);
+/// A publish's receive as a set wave sends it: load, event id, now, until, token.
+type Receive<'a> = (&'a str, &'a str, i64, i64, &'a str);
 
 enum Job {
     Append {
@@ -133,8 +139,8 @@ enum Job {
     },
     Publish {
         args: PublishArgs,
-        out: Option<Result<Published, StoreError>>,
-        reply: Reply<Published, StoreError>,
+        out: Option<Result<(Published, Option<QueueMessage>), StoreError>>,
+        reply: Reply<(Published, Option<QueueMessage>), StoreError>,
     },
 }
 
@@ -153,7 +159,7 @@ fn settle<T, E>(r: Result<(T, bool), Fail<E>>) -> (Step, Option<Result<T, E>>) {
 enum Prepared {
     Append(AppendStatements),
     PublishMark(PublishMarkStatements),
-    Publish(Statement),
+    Publish(PublishStatements),
 }
 
 impl Job {
@@ -173,7 +179,7 @@ impl Job {
         Ok(match self {
             Job::Append { args, .. } => Prepared::Append(AppendStatements::prepare(client, args).await?),
             Job::PublishMark { .. } => Prepared::PublishMark(PublishMarkStatements::prepare(client).await?),
-            Job::Publish { .. } => Prepared::Publish(client.prepare_cached(crate::sql::QUEUE_PUBLISH).await?),
+            Job::Publish { args, .. } => Prepared::Publish(PublishStatements::prepare(client, args).await?),
         })
     }
 
@@ -215,11 +221,11 @@ impl Job {
             }
             Job::Publish { args, out, .. } => {
                 let r = match prepared {
-                    Some(Prepared::Publish(statement)) => Ok(statement),
-                    _ => tx.prepare_cached(crate::sql::QUEUE_PUBLISH).await.map_err(db),
+                    Some(Prepared::Publish(statements)) => Ok(statements),
+                    _ => PublishStatements::prepare(tx, args).await.map_err(db),
                 };
                 let r = match r {
-                    Ok(publish) => crate::units::publish_in(tx, &publish, args.parts()).await,
+                    Ok(statements) => crate::units::publish_body(tx, &statements, args).await,
                     Err(f) => Err(f),
                 };
                 let (step, o) = settle(r.map(|p| (p, true)));
@@ -250,7 +256,13 @@ impl Job {
             Job::Append { .. } => 0,
             Job::Publish { args: a, .. } => {
                 execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body, &a.trace], a.now);
-                1
+                match self.receive() {
+                    Some(receive) => {
+                        execute_receive(sql, receive);
+                        2
+                    }
+                    None => 1,
+                }
             }
             Job::PublishMark { args: a, .. } => {
                 execute(sql, "haul_publish", &[&a.load_id, &a.event_id, &a.body, &a.trace], a.now);
@@ -274,6 +286,18 @@ impl Job {
         }
     }
 
+    /// A publish's receive (`QUEUE_RECEIVE_PUBLISHED`): load, event id, now, invisible
+    /// until, token.
+    fn receive(&self) -> Option<Receive<'_>> {
+        match self {
+            Job::Publish { args: a, .. } => a
+                .receive
+                .as_ref()
+                .map(|(token, until)| (a.load_id.as_str(), a.event_id.as_str(), a.now, *until, token.as_str())),
+            Job::Append { .. } | Job::PublishMark { .. } => None,
+        }
+    }
+
     /// Takes the unit's answer from what became of its statements sent as text.
     fn take_text(&mut self, ran: TextRan<'_>) -> Step {
         fn fail<E: From<StoreError>>(ran: TextRan<'_>) -> Fail<E> {
@@ -285,19 +309,24 @@ impl Job {
         let published = |n: u64| if n == 1 { Published::New } else { Published::Duplicate };
         match self {
             Job::Append { .. } => Step::Defer,
-            Job::Publish { out, .. } => {
-                let (step, o) = match ran {
-                    TextRan::Counts(&[n]) => (Step::Keep, Some(Ok(published(n)))),
-                    ran => settle::<Published, StoreError>(Err(fail(ran))),
+            Job::Publish { args, out, .. } => {
+                let (step, o) = match (ran, &args.receive) {
+                    (TextRan::Counts(&[n], _), None) => (Step::Keep, Some(Ok((published(n), None)))),
+                    (TextRan::Counts(&[n, 0], _), Some(_)) => (Step::Keep, Some(Ok((published(n), None)))),
+                    (TextRan::Counts(&[n, 1], Some(row)), Some(_)) => match queue_message_row(&TextRow(row)) {
+                        Ok((_, m)) => (Step::Keep, Some(Ok((published(n), Some(m))))),
+                        Err(e) => (Step::Undo, Some(Err(e))),
+                    },
+                    (ran, _) => settle::<(Published, Option<QueueMessage>), StoreError>(Err(fail(ran))),
                 };
                 *out = o;
                 step
             }
             Job::PublishMark { args, out, .. } => {
                 let (step, o) = match ran {
-                    TextRan::Counts(&[n, 1]) => (Step::Keep, Some(Ok(published(n)))),
+                    TextRan::Counts(&[n, 1], _) => (Step::Keep, Some(Ok(published(n)))),
                     // The publish stands even when the mark finds its claim stale.
-                    TextRan::Counts(&[_, 0]) => {
+                    TextRan::Counts(&[_, 0], _) => {
                         (Step::Keep, Some(Err(StaleClaimError { outbox_id: args.id.clone() }.into())))
                     }
                     ran => settle::<Published, ClaimError>(Err(fail(ran))),
@@ -408,7 +437,7 @@ impl Group {
         self.submit(Job::Append { args, out: None, reply }, rx).await
     }
 
-    pub(crate) async fn publish(&self, args: PublishArgs) -> Result<Published, StoreError> {
+    pub(crate) async fn publish(&self, args: PublishArgs) -> Result<(Published, Option<QueueMessage>), StoreError> {
         let (reply, rx) = oneshot::channel();
         self.submit(Job::Publish { args, out: None, reply }, rx).await
     }
@@ -672,10 +701,21 @@ async fn run_batch(
     tx.batch_execute(&prefix).await.map_err(pg)
 }
 
+/// Writes `EXECUTE haul_receive_published(…);`: a publish's receive (`text_statements`).
+fn execute_receive(sql: &mut String, (load, event_id, now, until, token): Receive<'_>) {
+    sql.push_str("EXECUTE haul_receive_published(");
+    literal(sql, load);
+    sql.push(',');
+    literal(sql, event_id);
+    let _ = write!(sql, ",{now},{until},");
+    literal(sql, token);
+    sql.push_str(");");
+}
+
 /// What became of a unit's statements in a wave sent as text (`text_wave`).
 enum TextRan<'a> {
-    /// All ran: each one's count of rows.
-    Counts(&'a [u64]),
+    /// All ran: each one's count of rows, and the first row of the last one, if any.
+    Counts(&'a [u64], Option<&'a SimpleQueryRow>),
     /// One of them failed (the rest did not run).
     Failed(tokio_postgres::Error),
     /// The server's answer ended before theirs, with no error: a broken connection.
@@ -720,11 +760,13 @@ async fn text_wave(
     if commit {
         sql.push_str("COMMIT;");
     }
-    let Answered { counts, mut failed, .. } = simple_query(tx, &sql, None).await;
+    let Answered { counts, rows, mut failed } = simple_query(tx, &sql).await;
     let mut out = Vec::with_capacity(units.len());
     for (job, (control, statements)) in units.iter_mut().zip(sent) {
         if let Some(counts) = counts.get(statements.clone()) {
-            out.push((Ok(()), job.take_text(TextRan::Counts(counts))));
+            let last = statements.end - 1;
+            let row = rows.iter().find(|(at, _)| *at == last).map(|(_, row)| row);
+            out.push((Ok(()), job.take_text(TextRan::Counts(counts, row))));
             continue;
         }
         // The first statement that did not complete is this unit's.
@@ -766,12 +808,15 @@ fn set_run(units: &[Job]) -> usize {
 
 /// Runs a wave of publishes and publish-and-marks (`set_run`) as ONE simple query:
 /// every unit's publish in one statement (`QUEUE_PUBLISH_SET`, its values as array
-/// literals), then each unit's mark as a statement of its own. The server starts the
-/// publish once for the wave, not once per unit. The marks stay one per row: the same
-/// join of an array of keys to the outbox is planned, under the generic plans the
-/// sessions use, as a scan of every partition whenever the planner thinks the outbox
-/// small (under some 30,000 rows, or never analyzed), and the plan, made once, stays
-/// as the table grows; a publish inserts and joins no table. The units touch distinct
+/// literals), then each publish's receive when it asks for one
+/// (`QUEUE_RECEIVE_PUBLISHED`), then each unit's mark, a statement of its own each.
+/// The server starts the publish once for the wave, not once per unit. The receives
+/// and marks stay one per row: the same join of an array of keys to the outbox is
+/// planned, under the generic plans the sessions use, as a scan of every partition
+/// whenever the planner thinks the outbox small (under some 30,000 rows, or never
+/// analyzed), and the plan, made once, stays as the table grows (joined to arrays the
+/// same way, the receives hashed every head); a publish inserts and joins no table.
+/// The units touch distinct
 /// loads and rows, so the answers are the ones they would have had one after another: a
 /// unit's publish is new when its load comes back from the publish. The elements go in
 /// load order, so two waves lock the heads and rows they share in one order.
@@ -803,6 +848,8 @@ async fn set_wave(
     let publishes: Vec<Publish<'_>> = parts.iter().map(|(p, _)| *p).collect();
     let mut marks: Vec<Mark<'_>> = parts.iter().filter_map(|(_, m)| *m).collect();
     marks.sort_by_key(|(load, id, ..)| (*load, *id));
+    let mut receives: Vec<Receive<'_>> = units.iter().filter_map(Job::receive).collect();
+    receives.sort_by_key(|(load, ..)| *load);
 
     let mut sql = String::from(prefix);
     let savepoint = prefix.matches(';').count();
@@ -819,15 +866,23 @@ async fn set_wave(
         let _ = write!(sql, "{}", p.4);
     });
     sql.push_str(");");
+    // The receives behind the publish, one statement each: a head is found by its key
+    // alone (joined to arrays of loads, the generic plan hashed every head, and the
+    // heads, updated all the time, are many pages).
+    for receive in &receives {
+        execute_receive(&mut sql, *receive);
+    }
+    let received_at = savepoint + 2;
+    let marks_at = received_at + receives.len();
     for (load, id, token, receipt, now) in &marks {
         execute(&mut sql, "haul_mark_dispatched", &[load, id, token, receipt], *now);
     }
-    let last = savepoint + 1 + marks.len();
+    let last = marks_at - 1 + marks.len();
     if commit {
         sql.push_str("COMMIT;");
     }
 
-    let Answered { counts, rows, failed } = simple_query(tx, &sql, Some(savepoint + 1)).await;
+    let Answered { counts, rows, failed } = simple_query(tx, &sql).await;
     let done = counts.len();
     let mut out = Vec::with_capacity(units.len());
     if done <= savepoint {
@@ -849,23 +904,33 @@ async fn set_wave(
     }
     // The loads published (the publish's rows), and the rows marked: the marks'
     // statements follow the publish's, in `marks`' order.
-    let published: HashSet<&str> = rows.iter().map(String::as_str).collect();
+    let published: HashSet<&str> =
+        rows.iter().filter(|(at, _)| *at == savepoint + 1).filter_map(|(_, row)| row.get(0)).collect();
+    let received: std::collections::HashMap<&str, &SimpleQueryRow> = rows
+        .iter()
+        .filter(|(at, _)| (received_at..marks_at).contains(at))
+        .filter_map(|(_, row)| Some((row.get(1)?, row)))
+        .collect();
     let marked: HashSet<&str> =
-        marks.iter().zip(counts.iter().skip(savepoint + 2)).filter(|(_, n)| **n == 1).map(|(m, _)| m.1).collect();
+        marks.iter().zip(counts.iter().skip(marks_at)).filter(|(_, n)| **n == 1).map(|(m, _)| m.1).collect();
     // Each unit's statements' counts as if it had sent them itself, read while the
     // units are only borrowed (the marks point into them).
-    let ran: Vec<([u64; 2], usize)> = units
+    let ran: Vec<([u64; 2], usize, Option<&SimpleQueryRow>)> = units
         .iter()
-        .map(|job| match job.parts() {
-            None => ([0, 0], 0),
-            Some(((load, ..), None)) => ([u64::from(published.contains(load)), 0], 1),
-            Some(((load, ..), Some((_, id, ..)))) => {
-                ([u64::from(published.contains(load)), u64::from(marked.contains(id))], 2)
+        .map(|job| match (job.parts(), job.receive()) {
+            (None, _) => ([0, 0], 0, None),
+            (Some(((load, ..), None)), None) => ([u64::from(published.contains(load)), 0], 1, None),
+            (Some(((load, ..), None)), Some(_)) => {
+                let row = received.get(load).copied();
+                ([u64::from(published.contains(load)), u64::from(row.is_some())], 2, row)
+            }
+            (Some(((load, ..), Some((_, id, ..)))), _) => {
+                ([u64::from(published.contains(load)), u64::from(marked.contains(id))], 2, None)
             }
         })
         .collect();
-    for (job, (ran, sent)) in units.iter_mut().zip(ran) {
-        out.push((Ok(()), job.take_text(TextRan::Counts(&ran[..sent]))));
+    for (job, (ran, sent, row)) in units.iter_mut().zip(ran) {
+        out.push((Ok(()), job.take_text(TextRan::Counts(&ran[..sent], row))));
     }
     let committed = match failed {
         _ if !commit => None,
@@ -880,15 +945,15 @@ async fn set_wave(
 struct Answered {
     /// The row count of each statement that completed, in order.
     counts: Vec<u64>,
-    /// The first column of each row of the statement asked for.
-    rows: Vec<String>,
+    /// The rows answered, each with the place of its statement in the query.
+    rows: Vec<(usize, SimpleQueryRow)>,
     /// The error that ended the query (the statements after it did not run).
     failed: Option<tokio_postgres::Error>,
 }
 
 /// Sends `sql` as one simple query and reads the whole answer (`text_wave`, `set_wave`),
-/// keeping the rows of the statement at place `rows_of` in the query, if any.
-async fn simple_query(tx: &Object, sql: &str, rows_of: Option<usize>) -> Answered {
+/// with the rows its statements returned.
+async fn simple_query(tx: &Object, sql: &str) -> Answered {
     use futures_util::StreamExt;
     let mut answered = Answered { counts: Vec::new(), rows: Vec::new(), failed: None };
     match tx.simple_query_raw(sql).await {
@@ -898,8 +963,8 @@ async fn simple_query(tx: &Object, sql: &str, rows_of: Option<usize>) -> Answere
             while let Some(m) = stream.next().await {
                 match m {
                     Ok(tokio_postgres::SimpleQueryMessage::CommandComplete(n)) => answered.counts.push(n),
-                    Ok(tokio_postgres::SimpleQueryMessage::Row(row)) if rows_of == Some(answered.counts.len()) => {
-                        answered.rows.push(row.get(0).unwrap_or_default().to_owned());
+                    Ok(tokio_postgres::SimpleQueryMessage::Row(row)) => {
+                        answered.rows.push((answered.counts.len(), row))
                     }
                     Ok(_) => {}
                     Err(e) => {
@@ -911,6 +976,41 @@ async fn simple_query(tx: &Object, sql: &str, rows_of: Option<usize>) -> Answere
         }
     }
     answered
+}
+
+/// A row of a simple query (`text_wave`, `set_wave`): every value as text.
+struct TextRow<'a>(&'a SimpleQueryRow);
+
+impl TextRow<'_> {
+    fn parsed<T: std::str::FromStr>(&self, index: usize) -> Result<Option<T>, CorruptRowError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let text = self.0.try_get(index).map_err(|e| CorruptRowError::column(index, e))?;
+        text.map(|t| t.parse::<T>().map_err(|e| CorruptRowError::column(index, e))).transpose()
+    }
+}
+
+impl Columns for TextRow<'_> {
+    fn string(&self, index: usize) -> Result<String, CorruptRowError> {
+        self.opt_string(index)?.ok_or_else(|| CorruptRowError::column(index, "NULL"))
+    }
+
+    fn opt_string(&self, index: usize) -> Result<Option<String>, CorruptRowError> {
+        self.parsed(index)
+    }
+
+    fn i64(&self, index: usize) -> Result<i64, CorruptRowError> {
+        self.opt_i64(index)?.ok_or_else(|| CorruptRowError::column(index, "NULL"))
+    }
+
+    fn opt_i64(&self, index: usize) -> Result<Option<i64>, CorruptRowError> {
+        self.parsed(index)
+    }
+
+    fn u32(&self, index: usize) -> Result<u32, CorruptRowError> {
+        self.parsed(index)?.ok_or_else(|| CorruptRowError::column(index, "NULL"))
+    }
 }
 
 /// Runs `futures` to the end, polling them in their order each time: the first poll of
@@ -963,7 +1063,8 @@ impl crate::PgStore {
 
     /// Runs publishes and publish-and-marks as ONE committer batch, in this order, as
     /// `append_one_batch` does appends; each answer as a line: `new`, `duplicate`,
-    /// `stale`, or `store: {error}`. For tests.
+    /// `stale`, or `store: {error}`, a publish's with ` received {event id} {receipt}`
+    /// after it when it asked for its receive and got a message. For tests.
     pub async fn publish_one_batch(&self, units: Vec<TestPublish>, now: haul_core::time::Timestamp) -> Vec<String> {
         let now = haul_core::time::to_ms(now);
         let mut batch = Vec::new();
@@ -973,14 +1074,20 @@ impl crate::PgStore {
             match u.mark {
                 None => {
                     let (reply, rx) = oneshot::channel();
-                    let trace = String::new();
+                    let (trace, until) = (String::new(), now + 60_000);
+                    let receive = u.receive.then(|| (format!("token-{load_id}-{event_id}"), until));
                     batch.push(Job::Publish {
-                        args: PublishArgs { load_id, event_id, body, trace, now },
+                        args: PublishArgs { load_id, event_id, body, trace, now, receive },
                         out: None,
                         reply,
                     });
                     answers.push(tokio::spawn(async move {
-                        rx.await.unwrap_or_else(|_| Err(StoreError::new("dropped"))).map_err(|e| format!("store: {e}"))
+                        let (published, received) = rx
+                            .await
+                            .unwrap_or_else(|_| Err(StoreError::new("dropped")))
+                            .map_err(|e| format!("store: {e}"))?;
+                        let received = received.map(|m| format!(" received {} {}", m.event_id, m.receipt));
+                        Ok((published, received.unwrap_or_default()))
                     }));
                 }
                 Some((id, token)) => {
@@ -989,10 +1096,13 @@ impl crate::PgStore {
                     let args = PublishMarkArgs { id, token, receipt, load_id, event_id, body, trace, now };
                     batch.push(Job::PublishMark { args, out: None, reply });
                     answers.push(tokio::spawn(async move {
-                        rx.await.unwrap_or_else(|_| Err(StoreError::new("dropped").into())).map_err(|e| match e {
-                            ClaimError::Stale(_) => "stale".to_owned(),
-                            ClaimError::Store(e) => format!("store: {e}"),
-                        })
+                        let published = rx.await.unwrap_or_else(|_| Err(StoreError::new("dropped").into())).map_err(
+                            |e| match e {
+                                ClaimError::Stale(_) => "stale".to_owned(),
+                                ClaimError::Store(e) => format!("store: {e}"),
+                            },
+                        )?;
+                        Ok((published, String::new()))
                     }));
                 }
             }
@@ -1001,8 +1111,8 @@ impl crate::PgStore {
         let mut out = Vec::new();
         for a in answers {
             out.push(match a.await {
-                Ok(Ok(Published::New)) => "new".to_owned(),
-                Ok(Ok(Published::Duplicate)) => "duplicate".to_owned(),
+                Ok(Ok((Published::New, received))) => format!("new{received}"),
+                Ok(Ok((Published::Duplicate, received))) => format!("duplicate{received}"),
                 Ok(Err(line)) => line,
                 Err(e) => format!("panicked: {e}"),
             });
@@ -1020,6 +1130,8 @@ pub struct TestPublish {
     pub event_id: String,
     pub body: String,
     pub mark: Option<(String, String)>,
+    /// A publish (no `mark`) that asks for its receive (`publish_receiving`).
+    pub receive: bool,
 }
 
 #[cfg(test)]
@@ -1057,6 +1169,7 @@ mod tests {
                             body: if kind == "n" { "a\0b".into() } else { body },
                             trace: String::new(),
                             now,
+                            receive: None,
                         },
                         out: None,
                         reply: oneshot::channel().0,

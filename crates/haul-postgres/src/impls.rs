@@ -515,6 +515,27 @@ impl LoadQueue for PgStore {
             body: body.to_owned(),
             trace: trace_text(trace),
             now: to_ms(now),
+            receive: None,
+        };
+        Ok(self.group.publish(args).await?.0)
+    }
+
+    async fn publish_receiving(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        trace: Option<TraceParent>,
+        visibility: Duration,
+        now: Timestamp,
+    ) -> Result<(Published, Option<QueueMessage>), StoreError> {
+        let args = PublishArgs {
+            load_id: load_id.as_str().to_owned(),
+            event_id: event_id.to_owned(),
+            body: body.to_owned(),
+            trace: trace_text(trace),
+            now: to_ms(now),
+            receive: Some((self.tokens.next(), deadline_ms(now, visibility))),
         };
         self.group.publish(args).await
     }

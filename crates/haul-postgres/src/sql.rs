@@ -451,6 +451,24 @@ pub const QUEUE_RECEIVE: &str = concat!(
     columns!(queue_message),
     ", (SELECT l.version FROM loads l WHERE l.load_id = q.load_id)"
 );
+/// `LoadQueue::publish_receiving`'s receive, sent after `QUEUE_PUBLISH` in its
+/// transaction: the load's head when it is a message of this event id never received
+/// and visible, received as `QUEUE_RECEIVE` does. The head row is the publish's lock
+/// (its upsert); after a duplicate the update takes it, and waits for a receive that
+/// holds it, whose change of `visible_at` the update's recheck then sees. `$1` load,
+/// `$2` event id, `$3` now, `$4` invisible until, `$5` token.
+pub const QUEUE_RECEIVE_PUBLISHED: &str = concat!(
+    "WITH u AS (
+       UPDATE queue_heads qh SET visible_at = $4 FROM queue m
+       WHERE qh.load_id = $1 AND qh.visible_at <= $3 AND m.id = qh.message_id AND m.load_id = $1 AND m.event_id = $2
+         AND m.receive_count = 0
+       RETURNING qh.message_id)
+     UPDATE queue q SET receipt = q.id::text || '.' || $5, receive_count = q.receive_count + 1
+     FROM u WHERE q.id = u.message_id
+     RETURNING ",
+    columns!(queue_message),
+    ", (SELECT l.version FROM loads l WHERE l.load_id = q.load_id)"
+);
 /// Locks the head row of a message's load: `$1` message.
 pub const QUEUE_LOCK_HEAD: &str =
     "SELECT h.load_id FROM queue_heads h JOIN queue q ON q.load_id = h.load_id WHERE q.id = $1 FOR UPDATE OF h";

@@ -9,20 +9,20 @@ use haul_core::derived::{Derived, TimerWrite};
 use haul_core::ids::LoadId;
 use haul_core::time::to_ms;
 use haul_core::trace::TraceParent;
-use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt};
+use haul_store::backend::{check_entry_ids_distinct, check_keys_distinct, parse_receipt, queue_message_row};
 use haul_store::{
     AppendError, ClaimError, ConcurrencyConflictError, DuplicateActionKeyError, DuplicateEntryError, NewEntry,
-    NewOutboxRow, Published, StaleClaimError, StoreError, outbox_key_load,
+    NewOutboxRow, Published, QueueMessage, StaleClaimError, StoreError, outbox_key_load,
 };
 use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
 
-use crate::rows::{Params, col, constraint};
+use crate::rows::{Params, PgRow, col, constraint};
 use crate::sql::{
     CONSENT_SET, ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS,
     LOAD_SUMMARY_FOLD, LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN,
-    OUTBOX_MARK_DISPATCHED, PROMPTS_PUT, QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH, SPEND_ADD,
-    TIMERS_CANCEL_ALL, TIMERS_SCHEDULE_ALL,
+    OUTBOX_MARK_DISPATCHED, PROMPTS_PUT, QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
+    QUEUE_RECEIVE_PUBLISHED, SPEND_ADD, TIMERS_CANCEL_ALL, TIMERS_SCHEDULE_ALL,
 };
 use crate::{pg, pool_client};
 
@@ -105,6 +105,9 @@ pub(crate) struct PublishArgs {
     /// The trace context's text, `''` for none (`QUEUE_PUBLISH`).
     pub trace: String,
     pub now: i64,
+    /// `publish_receiving`'s receive: the receipt's token and the message's lease
+    /// (invisible until, ms).
+    pub receive: Option<(String, i64)>,
 }
 
 impl PublishArgs {
@@ -553,14 +556,58 @@ pub(crate) async fn publish_mark_body(
     if n.map_err(db)? == 1 { Ok(Ok(published)) } else { Ok(Err(StaleClaimError { outbox_id: a.id.clone() }.into())) }
 }
 
+/// A publish's statements, prepared: the publish, and `publish_receiving`'s receive
+/// when it asks for one.
+#[derive(Clone)]
+pub(crate) struct PublishStatements {
+    publish: Statement,
+    receive: Option<Statement>,
+}
+
+impl PublishStatements {
+    pub(crate) async fn prepare(client: &impl GenericClient, a: &PublishArgs) -> Result<Self, tokio_postgres::Error> {
+        let publish = client.prepare_cached(QUEUE_PUBLISH).await?;
+        let receive = match a.receive {
+            Some(_) => Some(client.prepare_cached(QUEUE_RECEIVE_PUBLISHED).await?),
+            None => None,
+        };
+        Ok(PublishStatements { publish, receive })
+    }
+}
+
+/// A publish and, when asked, the receive of its load's head behind it in the same
+/// round trip (`QUEUE_RECEIVE_PUBLISHED`).
+pub(crate) async fn publish_body<E: From<StoreError>>(
+    tx: &impl GenericClient,
+    statements: &PublishStatements,
+    a: &PublishArgs,
+) -> Result<(Published, Option<QueueMessage>), Fail<E>> {
+    let (Some(receive), Some((token, until))) = (&statements.receive, &a.receive) else {
+        return Ok((publish_in(tx, &statements.publish, a.parts()).await?, None));
+    };
+    let (lid, event_id): (&str, &str) = (&a.load_id, &a.event_id);
+    let params: Params = &[&lid, &event_id, &a.now, until, token];
+    let (published, received) =
+        tokio::join!(publish_in::<E>(tx, &statements.publish, a.parts()), tx.query_opt(receive, params));
+    let published = published?;
+    let received = match received.map_err(db)? {
+        Some(row) => Some(queue_message_row(&PgRow(&row)).map_err(|e| Fail::Typed(E::from(e)))?.1),
+        None => None,
+    };
+    Ok((published, received))
+}
+
 /// A publish alone in a transaction of its own (put off by a batch).
-pub(crate) async fn publish_solo(pool: &Pool, a: &PublishArgs) -> Result<Published, StoreError> {
+pub(crate) async fn publish_solo(
+    pool: &Pool,
+    a: &PublishArgs,
+) -> Result<(Published, Option<QueueMessage>), StoreError> {
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
-    let publish = tx.prepare_cached(QUEUE_PUBLISH).await.map_err(pg)?;
-    let published = publish_in::<StoreError>(&tx, &publish, a.parts()).await.map_err(Fail::into_err)?;
+    let statements = PublishStatements::prepare(&tx, a).await.map_err(pg)?;
+    let out = publish_body::<StoreError>(&tx, &statements, a).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
-    Ok(published)
+    Ok(out)
 }
 
 /// `publish_and_mark_dispatched` alone in a transaction of its own (put off by a batch).

@@ -216,6 +216,7 @@ async fn every_hot_query_is_served_by_an_index() {
         case("queue publish", QUEUE_PUBLISH, vec![&l, &key, &token, &empty, &now]),
         case("queue publish of a wave", QUEUE_PUBLISH_SET, vec![&loads, &keys, &keys, &keys, &nows]),
         case("queue receive (heads)", QUEUE_RECEIVE, vec![&now, &limit, &later, &token]),
+        case("queue receive of a publish", QUEUE_RECEIVE_PUBLISHED, vec![&l, &key, &now, &later, &token]),
         case("queue lock head", QUEUE_LOCK_HEAD, vec![&one]),
         case("queue ack (and the head's advance)", QUEUE_ACK, vec![&one, &receipt, &now, &l]),
         case("append: the ack's head lock", QUEUE_LOCK_HEAD_OF_LOAD, vec![&one, &l]),

@@ -236,7 +236,13 @@ fn publish(l: &str, event_id: &str, body: &str, mark: Option<(&str, &str)>) -> T
         event_id: event_id.into(),
         body: body.into(),
         mark: mark.map(|(id, token)| (id.into(), token.into())),
+        receive: false,
     }
+}
+
+/// A publish of `event_id` to load `l` that asks for its receive.
+fn publish_receiving(l: &str, event_id: &str) -> TestPublish {
+    TestPublish { receive: true, ..publish(l, event_id, "{}", None) }
 }
 
 /// Claims every due row; the token of each, by outbox id.
@@ -297,6 +303,50 @@ async fn publishes_sent_as_one_query_answer_each_unit_and_keep_every_byte() {
             ("out:B".to_owned(), "{}".to_owned())
         ]
     );
+}
+
+/// Publishes that ask for their receive go out with the other publishes of their wave,
+/// as one query: on distinct loads (a set wave) each idle load's message comes back
+/// received, one behind a message in flight does not, and a duplicate of a head never
+/// received is received. Units sharing a load (a text wave of statements one by one)
+/// keep their order: the first is received, the second waits behind it. Each receipt
+/// acks its message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_asking_for_their_receive_go_out_with_their_wave() {
+    use haul_store::LoadQueue;
+    let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
+    s.publish(&load("BUSY"), "b0", "{}", t0()).await.unwrap();
+    s.publish(&load("WAITING"), "w0", "{}", t0()).await.unwrap();
+    assert_eq!(s.receive(10, std::time::Duration::from_secs(60), t0()).await.unwrap().len(), 2);
+    s.publish(&load("HEAD"), "h0", "{}", t0()).await.unwrap();
+    let set = s
+        .publish_one_batch(
+            vec![
+                publish_receiving("A", "a1"),
+                publish_receiving("BUSY", "b1"),
+                publish_receiving("HEAD", "h0"),
+                publish("C", "c1", "{}", None),
+                publish_receiving("D", "d1"),
+            ],
+            t0(),
+        )
+        .await;
+    let receipt = |answer: &str| answer.rsplit(' ').next().unwrap().to_owned();
+    assert!(set[0].starts_with("new received a1 "), "{set:?}");
+    assert_eq!((set[1].as_str(), set[3].as_str()), ("new", "new"), "behind b0 in flight; no receive asked");
+    assert!(set[2].starts_with("duplicate received h0 "), "{set:?}");
+    assert!(set[4].starts_with("new received d1 "), "{set:?}");
+    let text = s.publish_one_batch(vec![publish_receiving("E", "e1"), publish_receiving("E", "e2")], t0()).await;
+    assert!(text[0].starts_with("new received e1 "), "{text:?}");
+    assert_eq!(text[1], "new", "behind e1 in flight");
+    for answer in [&set[0], &set[2], &set[4], &text[0]] {
+        s.ack(&receipt(answer), t0()).await.unwrap();
+    }
+    // Left for a receive: C's message and E's second, behind the acked first.
+    let got = s.receive(10, std::time::Duration::from_secs(60), t0()).await.unwrap();
+    let mut events: Vec<String> = got.into_iter().map(|m| m.event_id).collect();
+    events.sort();
+    assert_eq!(events, ["c1", "e2"]);
 }
 
 /// A unit of a wave sent as one query that waits for a lock ends the query there: the

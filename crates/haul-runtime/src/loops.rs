@@ -33,21 +33,22 @@ async fn idle(d: Duration, wake: &tokio::sync::Notify, stop: &mut watch::Receive
     }
 }
 
-/// `idle` until `until`, woken too by a row this process's worker handed over
-/// (`Handoff`), which it answers. The poll is a deadline, not a wait: rows handed over
-/// more often than the poll must not put off the claim that finds the rows nobody wakes
-/// it for (a retry come due, a lapsed lease).
-async fn idle_or_handed(
+/// `idle` until `until`, woken too by work handed over in this process (a row the
+/// worker claimed with its append, `dispatcher::Handoff`; a message a publisher
+/// received, `queue::EventHandoff`), which it answers. The poll is a deadline, not a
+/// wait: work handed over more often than the poll must not put off the claim or
+/// receive that finds the work nobody wakes it for (a retry come due, a lapsed lease).
+async fn idle_or_handed<T>(
     until: tokio::time::Instant,
     wake: &tokio::sync::Notify,
-    handed: &mut Option<mpsc::Receiver<Claim>>,
+    handed: &mut Option<mpsc::Receiver<T>>,
     stop: &mut watch::Receiver<bool>,
-) -> Option<Claim> {
+) -> Option<T> {
     let handed = async {
         match handed {
-            // Closed (no worker left to hand any): nothing more comes this way.
+            // Closed (nobody left to hand any): nothing more comes this way.
             Some(rx) => match rx.recv().await {
-                Some(claim) => claim,
+                Some(work) => work,
                 None => std::future::pending().await,
             },
             None => std::future::pending().await,
@@ -57,7 +58,7 @@ async fn idle_or_handed(
         _ = tokio::time::sleep_until(until) => None,
         _ = wake.notified() => None,
         _ = stop.changed() => None,
-        claim = handed => Some(claim),
+        work = handed => Some(work),
     }
 }
 
@@ -89,7 +90,12 @@ fn after_receive(got: usize, asked: usize, drains: bool) -> AfterReceive {
     if drains && got < asked { AfterReceive::Wait } else { AfterReceive::Receive }
 }
 
-/// Keeps up to `concurrency` runs going, one per load; each run holds a permit.
+/// Keeps up to `concurrency` runs going, one per load; each run holds a permit. Runs
+/// the messages this process's publishers received for it (`Worker::event_handoff`)
+/// first: they are leased already. Receives when woken (a publish not handed over,
+/// another process's `NOTIFY`), after a full receive, and at each poll; a message handed
+/// over does not call for a receive, so a caught-up worker fed by its own process sends
+/// no statement between runs.
 pub async fn worker_loop(
     worker: Arc<Worker>,
     concurrency: usize,
@@ -97,38 +103,69 @@ pub async fn worker_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let permits = Arc::new(Semaphore::new(concurrency));
+    let run = |m, permit| {
+        let w = worker.clone();
+        tokio::spawn(async move {
+            w.process(m).await;
+            drop(permit);
+        });
+    };
     let mut idle_for = Duration::from_millis(10);
     let drains = worker.short_receive_drains();
+    let mut handed = worker.take_handed_events();
+    // When to receive next: `None` at once, else (caught up) at this poll.
+    let mut receive_at: Option<tokio::time::Instant> = None;
     while !*stop.borrow() {
-        let free = permits.available_permits();
-        if free == 0 {
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
             until_a_permit_frees(&permits, &mut stop).await;
             continue;
+        };
+        if let Some(m) = handed.as_mut().and_then(|h| h.try_recv().ok()) {
+            run(m, permit);
+            continue;
         }
+        if let Some(at) = receive_at.filter(|at| tokio::time::Instant::now() < *at) {
+            drop(permit);
+            match idle_or_handed(at, &wake, &mut handed, &mut stop).await {
+                Some(m) => {
+                    // Free at once: the loop alone takes permits, and it had one.
+                    let Ok(permit) = permits.clone().acquire_owned().await else { break };
+                    run(m, permit);
+                }
+                None => receive_at = None,
+            }
+            continue;
+        }
+        drop(permit);
+        let free = permits.available_permits();
         match worker.receive(free).await {
             Ok(msgs) if !msgs.is_empty() => {
                 idle_for = Duration::from_millis(10);
                 let next = after_receive(msgs.len(), free, drains);
                 for m in msgs {
                     let Ok(permit) = permits.clone().acquire_owned().await else { break };
-                    let w = worker.clone();
-                    tokio::spawn(async move {
-                        w.process(m).await;
-                        drop(permit);
-                    });
+                    run(m, permit);
                 }
-                if next == AfterReceive::Wait {
-                    self::idle(idle_for, &wake, &mut stop).await;
-                }
+                receive_at = (next == AfterReceive::Wait).then(|| tokio::time::Instant::now() + idle_for);
             }
             Ok(_) => {
-                self::idle(idle_for, &wake, &mut stop).await;
+                receive_at = Some(tokio::time::Instant::now() + idle_for);
                 idle_for = (idle_for * 2).min(Duration::from_millis(250));
             }
             Err(e) => {
                 warn!(error = %e, "receiving from the load queue failed");
                 sleep_or_stop(Duration::from_secs(1), &mut stop).await;
             }
+        }
+    }
+    // Messages handed over and not run yet run now: stopping, each gives its message
+    // back at once (`Worker::stop`). The channel is closed first, so none comes after;
+    // `recv` ends only once publishers holding room have sent (or dropped) theirs.
+    if let Some(mut h) = handed {
+        h.close();
+        while let Some(m) = h.recv().await {
+            let Ok(permit) = permits.clone().acquire_owned().await else { break };
+            run(m, permit);
         }
     }
     // Let runs in flight finish (they abandon before append once stopping).

@@ -87,15 +87,46 @@ impl From<QueueMessage> for Received {
     }
 }
 
+/// Messages handed over at most, waiting for the worker loop: a publisher that finds
+/// no room publishes the usual way, and the worker receives the message.
+pub const HANDED_MAX: usize = 256;
+
+/// How a publisher hands what it publishes to the worker of its own process
+/// (`LoadQueue::publish_receiving`): room in the worker's channel is reserved before
+/// the publish, so a message received is a message handed over. Between the publish
+/// and the run there is then no receive (a statement and a commit) and no wake-up. A
+/// message received but never run (the process died first) is redelivered when its
+/// visibility timeout lapses, as a received message is.
+#[derive(Clone)]
+pub struct EventHandoff {
+    pub(crate) to: tokio::sync::mpsc::Sender<Received>,
+    pub(crate) visibility: Duration,
+}
+
+impl EventHandoff {
+    /// A handoff of messages leased for `visibility`, and the worker loop's end of it.
+    pub fn new(visibility: Duration) -> (Self, tokio::sync::mpsc::Receiver<Received>) {
+        let (to, from) = tokio::sync::mpsc::channel(HANDED_MAX);
+        (EventHandoff { to, visibility }, from)
+    }
+}
+
 /// A `LoadQueue` that takes and gives `InboundEvent`s.
 #[derive(Clone)]
 pub struct EventQueue {
     inner: Arc<dyn LoadQueue>,
+    /// Where `publish_handing` hands what it receives: this process's worker.
+    handoff: Option<EventHandoff>,
 }
 
 impl EventQueue {
     pub fn new(inner: Arc<dyn LoadQueue>) -> Self {
-        EventQueue { inner }
+        EventQueue { inner, handoff: None }
+    }
+
+    /// This queue, its `publish_handing` handing messages to a worker of this process.
+    pub fn handing_to(self, handoff: EventHandoff) -> Self {
+        EventQueue { handoff: Some(handoff), ..self }
     }
 
     /// The queue's `messaging.system` (`LoadQueue::system`).
@@ -120,6 +151,30 @@ impl EventQueue {
         now: Timestamp,
     ) -> Result<Published, StoreError> {
         self.inner.publish_traced(&event.load_id, event.event_id.as_str(), &body_of(event), trace, now).await
+    }
+
+    /// `publish_traced`; with a handoff (`handing_to`) and room in it, the message is
+    /// received in the publish's transaction when its load's head takes it at once
+    /// (`LoadQueue::publish_receiving`) and handed to the worker. True when handed:
+    /// nobody needs waking for it.
+    pub async fn publish_handing(
+        &self,
+        event: &InboundEvent,
+        trace: Option<TraceParent>,
+        now: Timestamp,
+    ) -> Result<(Published, bool), StoreError> {
+        let Some((handoff, room)) = self.handoff.as_ref().and_then(|h| Some((h, h.to.try_reserve().ok()?))) else {
+            return Ok((self.publish_traced(event, trace, now).await?, false));
+        };
+        let (load, event_id, body) = (&event.load_id, event.event_id.as_str(), body_of(event));
+        let (published, received) =
+            self.inner.publish_receiving(load, event_id, &body, trace, handoff.visibility, now).await?;
+        let handed = received.is_some();
+        if let Some(m) = received {
+            metrics::counter!("haul_messages_handed_over_total").increment(1);
+            room.send(Received::parse(m));
+        }
+        Ok((published, handed))
     }
 
     pub async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<Received>, StoreError> {

@@ -116,6 +116,9 @@ pub struct Worker {
     wake_dispatcher: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     /// Where the rows it claims with its append go: the dispatcher of this process.
     handoff: std::sync::OnceLock<crate::dispatcher::Handoff>,
+    /// The messages this process's publishers received for it (`event_handoff`), until
+    /// the worker loop takes the receiver.
+    handed_events: Mutex<Option<tokio::sync::mpsc::Receiver<Received>>>,
     /// On the store's own queue a run's ack goes into its append's transaction
     /// (`EventStore::append_acking`); any other queue is acked after the append.
     queue_mode: QueueMode,
@@ -160,6 +163,7 @@ impl Worker {
             projector: Projector::new(store.clone(), SNAPSHOT_CAPACITY),
             wake_dispatcher: std::sync::OnceLock::new(),
             handoff: std::sync::OnceLock::new(),
+            handed_events: Mutex::new(None),
             shadow: std::sync::OnceLock::new(),
             spans: std::sync::OnceLock::new(),
             queue_mode,
@@ -177,6 +181,20 @@ impl Worker {
     /// hands them over (`Dispatcher::handoff`): only where that dispatcher's loop runs.
     pub fn hand_claims_to(&self, handoff: crate::dispatcher::Handoff) {
         let _ = self.handoff.set(handoff);
+    }
+
+    /// A handoff for this process's publishers (`EventQueue::handing_to`): what they
+    /// publish to an idle load comes to this worker received, under its visibility
+    /// timeout. Only where the worker loop runs (`loops::worker_loop` takes them).
+    pub fn event_handoff(&self) -> crate::queue::EventHandoff {
+        let (handoff, from) = crate::queue::EventHandoff::new(self.settings.visibility);
+        *self.handed_events.lock().unwrap_or_else(|e| e.into_inner()) = Some(from);
+        handoff
+    }
+
+    /// The receiver of the messages handed over, for the worker loop (once).
+    pub fn take_handed_events(&self) -> Option<tokio::sync::mpsc::Receiver<Received>> {
+        self.handed_events.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Shadow mode: after each commit, offers the decision to `shadow` (which never

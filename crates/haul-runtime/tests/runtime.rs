@@ -23,9 +23,10 @@ use haul_runtime::decider::Decider;
 use haul_runtime::dispatcher::{Dispatched, DispatcherSettings};
 use haul_runtime::faults::{FaultPoint, Faults, PlantedBugs};
 use haul_runtime::operator::{self, DeadFilter, OperatorError, Requester};
+use haul_runtime::queue::EventQueue;
 use haul_runtime::shadow::{Shadow, ShadowSettings};
 use haul_runtime::worker::{RunOutcome, WorkerSettings};
-use haul_store::{AlertState, NewEntry, OutboxStatus, RowCursor, TimerStatus};
+use haul_store::{AlertState, NewEntry, OutboxStatus, Published, RowCursor, TimerStatus};
 use serde_json::json;
 
 fn committed(actions: usize) -> RunOutcome {
@@ -485,6 +486,70 @@ async fn rows_claimed_with_their_append_are_handed_over_and_sent_without_a_claim
     assert!(woken(&wake).await, "written unclaimed: the dispatcher is woken");
     let claimed = dispatcher.run_once().await.unwrap();
     assert_eq!(claimed, vec![Dispatched::Delivered], "and a claim takes the row");
+}
+
+/// A message published to an idle load goes to this process's worker received: no
+/// receive takes it, and the publisher need wake nobody. One published behind a message
+/// in flight, or with no worker loop left to take it, waits for a receive.
+#[tokio::test]
+async fn a_message_published_to_an_idle_load_is_handed_to_the_worker_received() {
+    let rig = Rig::new().await;
+    let worker = rig.worker_on_the_stores_queue();
+    let events = EventQueue::new(rig.sqlite.clone()).handing_to(worker.event_handoff());
+    let mut handed = worker.take_handed_events().expect("the handoff's receiver");
+    let event = |l: &str, v| InboundEvent::from_json(load(l), v).unwrap();
+    let published = events.publish_handing(&event("L1", init()), None, rig.now()).await.unwrap();
+    assert_eq!(published, (Published::New, true));
+    let m = handed.try_recv().expect("handed over");
+    assert_eq!((m.event_id.as_str(), m.receive_count), ("load:init", 1));
+    assert!(worker.receive(10).await.unwrap().is_empty(), "in flight: no receive takes it");
+    let behind = events.publish_handing(&event("L1", ping("ping_0700")), None, rig.now()).await.unwrap();
+    assert_eq!(behind, (Published::New, false), "behind a message in flight: not received");
+    assert!(handed.try_recv().is_err());
+    assert!(matches!(worker.process(m).await, RunOutcome::Committed { .. }));
+    let next = worker.receive(10).await.unwrap();
+    assert_eq!(next.iter().map(|m| m.event_id.as_str()).collect::<Vec<_>>(), ["ping_0700"], "then received");
+    // No worker loop left to take them: published the usual way, for a receive.
+    drop(handed);
+    let alone = events.publish_handing(&event("L2", init()), None, rig.now()).await.unwrap();
+    assert_eq!(alone, (Published::New, false));
+    assert_eq!(worker.receive(10).await.unwrap().len(), 1);
+    // A queue that cannot receive on publish (here a wrapper of the store) hands nothing.
+    let other = rig.worker();
+    let wrapped = rig.events().handing_to(other.event_handoff());
+    assert_eq!(wrapped.publish_handing(&event("L3", init()), None, rig.now()).await.unwrap(), (Published::New, false));
+}
+
+/// The worker loop runs what is handed over without a wake-up or a receive: the message
+/// is leased to it (the fake clock never lets the lease lapse), so only the handoff can
+/// bring it. Stopped, the loop leaves nothing leased behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_loop_runs_messages_handed_over_without_a_wake_up() {
+    let rig = Rig::new().await;
+    let worker = rig.worker_on_the_stores_queue();
+    let events = EventQueue::new(rig.sqlite.clone()).handing_to(worker.event_handoff());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let never = Arc::new(tokio::sync::Notify::new());
+    let looping = tokio::spawn(haul_runtime::loops::worker_loop(worker.clone(), 4, never, stopped));
+    for l in ["L1", "L2", "L3"] {
+        let event = InboundEvent::from_json(load(l), init()).unwrap();
+        assert_eq!(events.publish_handing(&event, None, rig.now()).await.unwrap(), (Published::New, true));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for l in ["L1", "L2", "L3"] {
+        while rig.log(l).await.len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "{l}'s message handed over was never run");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert_eq!(rig.depth().await, 0, "each acked with its append");
+    worker.stop();
+    stop.send(true).unwrap();
+    let late = InboundEvent::from_json(load("L4"), init()).unwrap();
+    events.publish_handing(&late, None, rig.now()).await.unwrap();
+    looping.await.unwrap();
+    let left = worker.receive(10).await.unwrap();
+    assert_eq!(left.len(), 1, "a message handed over as the loop stopped is given back, not left leased");
 }
 
 #[tokio::test]

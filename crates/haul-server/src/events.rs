@@ -88,7 +88,7 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
     // The publish is a PRODUCER span of its own: the context the message keeps, which
     // the event's run is linked to.
     let (producer, began) = (haul_runtime::trace::child(&trace), s.clock.now());
-    let published = s.queue.publish_traced(event, Some(producer), began).await;
+    let published = s.queue.publish_handing(event, Some(producer), began).await;
     let end = s.clock.now();
     s.spans.record(|| {
         let span = Span::new("send loads", Kind::Producer, producer, Some(&trace), began, end)
@@ -99,24 +99,25 @@ pub(crate) async fn accept(s: &ApiState, event: &InboundEvent, at_defaulted: boo
             .attr("messaging.message.id", event.event_id.as_str())
             .attr("haul.load_id", event.load_id.as_str());
         match &published {
-            Ok(Published::New) => span.attr("haul.published", "new"),
-            Ok(Published::Duplicate) => span.attr("haul.published", "duplicate"),
+            Ok((Published::New, _)) => span.attr("haul.published", "new"),
+            Ok((Published::Duplicate, _)) => span.attr("haul.published", "duplicate"),
             Err(e) => span.failed("store_unavailable", e.to_string()),
         }
     });
     match published {
         // A queue that cannot tell a duplicate (SQS FIFO): the store could.
-        Ok(Published::New) if retried => {
+        Ok((Published::New, _)) if retried => {
             (StatusCode::OK, axum::Json(json!({"event_id": event.event_id, "status": "duplicate"}))).into_response()
         }
-        Ok(Published::New) => {
+        Ok((Published::New, handed)) => {
             metrics::counter!("haul_events_accepted_total", "kind" => event.kind()).increment(1);
-            if let Some(w) = &s.wake_worker {
+            // A message handed over is this process's worker's already: nobody to wake.
+            if let Some(w) = s.wake_worker.as_ref().filter(|_| !handed) {
                 w.notify_one();
             }
             (StatusCode::ACCEPTED, axum::Json(json!({"event_id": event.event_id, "status": "queued"}))).into_response()
         }
-        Ok(Published::Duplicate) => {
+        Ok((Published::Duplicate, _)) => {
             let first = match s.queue.published_event(&event.load_id, &event.event_id).await {
                 Ok(first) => first,
                 Err(e) => {

@@ -189,6 +189,10 @@ pub async fn serve(
         public_url,
     );
     state.wake_worker = Some(wake_worker.clone());
+    if roles.worker {
+        // What the API publishes to an idle load goes to this process's worker received.
+        state.queue = state.queue.clone().handing_to(pipeline.worker.event_handoff());
+    }
     state.operator_tokens = operator_tokens;
     let (stop_tx, stop_rx) = watch::channel(false);
     state.body_read_timeout = config.server.body_read_timeout;

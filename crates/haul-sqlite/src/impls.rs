@@ -1078,6 +1078,23 @@ fn publish_in(
     Ok(Published::New)
 }
 
+/// Receives message `id`, the head of `load_id`: the head invisible until `until`, the
+/// message under a receipt of `token`, as `receive` answers it.
+fn take_head(conn: &Connection, load_id: &str, id: i64, token: &str, until: i64) -> Result<QueueMessage, StoreError> {
+    conn.prepare_cached("UPDATE queue_heads SET visible_at = ?2 WHERE load_id = ?1")
+        .and_then(|mut s| s.execute(params![load_id, until]))
+        .map_err(db)?;
+    let sql = concat!(
+        "UPDATE queue SET receipt = ?2, receive_count = receive_count + 1 WHERE id = ?1 RETURNING ",
+        columns!(queue_message),
+        ", (SELECT l.version FROM loads l WHERE l.load_id = queue.load_id)"
+    );
+    let (_, message) = rows(conn, sql, params![id, receipt(id, token)], queue_message_row)?
+        .pop()
+        .ok_or_else(|| db(rusqlite::Error::QueryReturnedNoRows))?;
+    Ok(message)
+}
+
 /// Acks the message of `receipt` and moves its load's head on; false (and nothing
 /// changed) when the receipt is not the message's current one, or the message is not
 /// of `load` when one is given.
@@ -1159,22 +1176,36 @@ impl LoadQueue for SqliteStore {
                     let rows = stmt.query_map(params![now, max as i64], |r| Ok((r.get(0)?, r.get(1)?))).map_err(db)?;
                     rows.collect::<Result<_, _>>().map_err(db)?
                 };
-                let mut out = Vec::with_capacity(heads.len());
-                for (load_id, id) in heads {
-                    conn.prepare_cached("UPDATE queue_heads SET visible_at = ?2 WHERE load_id = ?1")
-                        .and_then(|mut s| s.execute(params![load_id, until]))
-                        .map_err(db)?;
-                    let sql = concat!(
-                        "UPDATE queue SET receipt = ?2, receive_count = receive_count + 1 WHERE id = ?1 RETURNING ",
-                        columns!(queue_message),
-                        ", (SELECT l.version FROM loads l WHERE l.load_id = queue.load_id)"
-                    );
-                    let (_, message) = rows(conn, sql, params![id, receipt(id, &token)], queue_message_row)?
-                        .pop()
-                        .ok_or_else(|| db(rusqlite::Error::QueryReturnedNoRows))?;
-                    out.push(message);
-                }
-                Ok(out)
+                heads.into_iter().map(|(load_id, id)| take_head(conn, &load_id, id, &token, until)).collect()
+            })
+            .await
+    }
+
+    async fn publish_receiving(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        trace: Option<TraceParent>,
+        visibility: Duration,
+        now: Timestamp,
+    ) -> Result<(Published, Option<QueueMessage>), StoreError> {
+        let (load_id, event_id, body) = (load_id.to_string(), event_id.to_owned(), body.to_owned());
+        let trace = trace.map(|t| t.to_string());
+        let token = self.tokens.next();
+        let (now, until) = (to_ms(now), deadline_ms(now, visibility));
+        self.writer
+            .run(move |conn: &Connection| {
+                let published = publish_in(conn, &load_id, &event_id, &body, trace.as_deref(), now)?;
+                let head: Option<i64> = conn
+                    .prepare_cached(
+                        "SELECT h.message_id FROM queue_heads h JOIN queue q ON q.id = h.message_id
+                         WHERE h.load_id = ?1 AND q.event_id = ?2 AND q.receive_count = 0 AND h.visible_at <= ?3",
+                    )
+                    .and_then(|mut s| s.query_row(params![load_id, event_id, now], |r| r.get(0)).optional())
+                    .map_err(db)?;
+                let taken = head.map(|id| take_head(conn, &load_id, id, &token, until)).transpose()?;
+                Ok((published, taken))
             })
             .await
     }

@@ -99,6 +99,8 @@ macro_rules! contract_tests {
             an_append_claims_its_rows_for_its_processs_dispatcher,
             a_received_message_carries_its_loads_log_version,
             a_short_receive_took_every_visible_message,
+            a_publish_receives_its_message_when_its_load_is_idle,
+            racing_publishes_on_a_new_load_receive_one_message,
             a_publish_racing_the_acking_append_is_never_stranded,
             prune_deletes_only_finished_rows_older_than_the_cutoff,
             prune_honours_the_batch_bound,
@@ -2008,6 +2010,87 @@ pub async fn a_received_message_carries_its_loads_log_version(s: DynStore) {
     publish(&s, "L2", "f2").await;
     let f = receive_one(&s, t0()).await;
     assert_eq!((f.event_id.as_str(), f.log_version), ("f2", Some(4)));
+}
+
+async fn publish_receiving(s: &DynStore, l: &str, event: &str, now: Timestamp) -> (Published, Option<(String, u32)>) {
+    let body = json!({"event_id": event}).to_string();
+    let (published, m) = s.publish_receiving(&load(l), event, &body, None, VIS, now).await.unwrap();
+    (published, m.map(|m| (m.event_id, m.receive_count)))
+}
+
+/// `publish_receiving` receives the message it publishes when its load's head takes it
+/// at once, for the publisher's own worker. Everything else of the queue holds: one
+/// message in flight per load, FIFO, the receipt acks it, the lease lapses into a
+/// redelivery, and the message carries its load's log version as a receive's does.
+pub async fn a_publish_receives_its_message_when_its_load_is_idle(s: DynStore) {
+    use Published::{Duplicate, New};
+    let m = s
+        .publish_receiving(&load("L1"), "e1", &json!({"event_id": "e1"}).to_string(), None, VIS, t0())
+        .await
+        .unwrap()
+        .1
+        .expect("an idle load's head takes the message, received at once");
+    assert_eq!((m.event_id.as_str(), m.receive_count, m.log_version), ("e1", 1, None));
+    assert!(receive(&s, t0()).await.is_empty(), "in flight: no receive takes it");
+    // Behind a message in flight, a publish waits; a duplicate of it is not received again.
+    assert_eq!(publish_receiving(&s, "L1", "e2", t0()).await, (New, None));
+    assert_eq!(publish_receiving(&s, "L1", "e1", t0()).await, (Duplicate, None));
+    // Its receipt acks it, and the load's next message comes by a receive.
+    let entries = vec![entry("e1"), entry("dec:e1")];
+    assert_eq!(s.append_acking(&load("L1"), entries, 0, vec![], &m.receipt, t0()).await.unwrap(), (2, true));
+    let e2 = receive_one(&s, t0()).await;
+    assert_eq!((e2.event_id.as_str(), e2.receive_count, e2.log_version), ("e2", 1, Some(2)));
+    s.ack(&e2.receipt, t0()).await.unwrap();
+    // With the load idle again, its next publish is received, with the log's version.
+    let m = s.publish_receiving(&load("L1"), "e3", "{}", None, VIS, t0()).await.unwrap();
+    assert_eq!((m.0, m.1.map(|m| (m.event_id, m.log_version))), (New, Some(("e3".into(), Some(2)))));
+    // A duplicate of a message waiting at its head, never received, is received.
+    publish(&s, "L2", "f1").await;
+    assert_eq!(publish_receiving(&s, "L2", "f1", t0()).await, (Duplicate, Some(("f1".into(), 1))));
+    // A message received before and given back is left for a receive (its head delayed).
+    publish(&s, "L3", "g1").await;
+    let g1 = receive_one(&s, t0()).await;
+    s.nack(&g1.receipt, Duration::from_secs(60), t0()).await.unwrap();
+    assert_eq!(publish_receiving(&s, "L3", "g1", t0()).await, (Duplicate, None));
+    // Its lease lapses as a receive's: redelivered, and its receipt is stale.
+    let m = s.publish_receiving(&load("L4"), "h1", "{}", None, VIS, t0()).await.unwrap().1.unwrap();
+    let later = add(t0(), VIS + Duration::from_secs(1));
+    let lapsed = s.receive(10, VIS, later).await.unwrap();
+    let again = lapsed.iter().find(|m| m.load_id == load("L4")).expect("h1 redelivered");
+    assert_eq!((again.event_id.as_str(), again.receive_count), ("h1", 2));
+    assert!(s.ack(&m.receipt, later).await.is_err(), "the lapsed lease's receipt is stale");
+    s.ack(&again.receipt, later).await.unwrap();
+}
+
+/// Publishes racing on a load with no head row yet: one head takes one message, so at
+/// most one publisher receives (exactly one, when no receive ran in between), and the
+/// others wait behind it in the order they were published.
+pub async fn racing_publishes_on_a_new_load_receive_one_message(s: DynStore) {
+    let racers: Vec<_> = (0..8)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let event = format!("r{i}");
+                s.publish_receiving(&load("R"), &event, "{}", None, VIS, t0()).await.unwrap().1
+            })
+        })
+        .collect();
+    let mut received = Vec::new();
+    for r in racers {
+        received.extend(r.await.unwrap());
+    }
+    assert_eq!(received.len(), 1, "one head, one message received: {received:?}");
+    assert!(receive(&s, t0()).await.is_empty(), "the rest wait behind the one in flight");
+    let mut next = received.remove(0);
+    let mut seen = vec![next.event_id.clone()];
+    while let Ok(()) = s.ack(&next.receipt, t0()).await {
+        let Some(m) = s.receive(1, VIS, t0()).await.unwrap().pop() else { break };
+        assert_eq!(m.receive_count, 1, "{} was received before", m.event_id);
+        seen.push(m.event_id.clone());
+        next = m;
+    }
+    seen.sort();
+    assert_eq!(seen, (0..8).map(|i| format!("r{i}")).collect::<Vec<_>>(), "every message once");
 }
 
 /// A store's own queue says a short receive drained it (`short_receive_drains`), and it

@@ -974,6 +974,27 @@ pub trait LoadQueue: Send + Sync {
         now: Timestamp,
     ) -> Result<Published, StoreError>;
 
+    /// `publish_traced`, and in the same transaction a `receive` of that load's head
+    /// when the head is a message of this event id never received: the message as
+    /// `receive` answers it, invisible until `now + visibility`. That is the message
+    /// just published whenever no message of its load was waiting or in flight, and
+    /// may be an earlier publish of the same id (a duplicate). `None` otherwise, and
+    /// from a queue that cannot (the default, which only publishes; SQS). A publisher
+    /// hands the message to a worker of its own process: between the publish and the
+    /// run there is then no receive and no wake-up.
+    async fn publish_receiving(
+        &self,
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        trace: Option<TraceParent>,
+        visibility: Duration,
+        now: Timestamp,
+    ) -> Result<(Published, Option<QueueMessage>), StoreError> {
+        let _ = visibility;
+        Ok((self.publish_traced(load_id, event_id, body, trace, now).await?, None))
+    }
+
     /// Up to `max` messages, FIFO per load, at most one in flight per load: a load's
     /// next message waits until the one before it is acked. A received message is
     /// invisible until `now + visibility`, then redelivered unless acked.
