@@ -24,8 +24,8 @@ use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
 };
 use haul_store::{
-    AlertState, AppendError, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
-    MAX_CLIENTS_OF, MAX_CONSENT_ASKED, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow,
+    AlertState, AppendError, AppendWith, Claim, ClaimError, DeliveryLog, EventStore, LoadIndex, LoadLease, LoadLock,
+    LoadQueue, MAX_CLIENTS_OF, MAX_CONSENT_ASKED, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow,
     OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RecordedDelivery, RowCursor, SendRates,
     ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsReport, SmsRoute,
     StaleClaimError, StoreError, Superseded, Timer, TimerStore, UnmatchedSms, Unsettled, columns, outbox_key_load,
@@ -68,44 +68,17 @@ impl EventStore for PgStore {
         Ok((records, version))
     }
 
-    async fn append(
+    async fn append_with(
         &self,
         load_id: &LoadId,
         entries: Vec<NewEntry>,
         expected_version: u64,
         outbox: Vec<NewOutboxRow>,
-        now: Timestamp,
-    ) -> Result<u64, AppendError> {
-        self.append_in_tx(load_id, entries, expected_version, outbox, None, None, now).await.map(|(v, _)| v)
-    }
-
-    async fn append_acking(
-        &self,
-        load_id: &LoadId,
-        entries: Vec<NewEntry>,
-        expected_version: u64,
-        outbox: Vec<NewOutboxRow>,
-        receipt: &str,
+        with: AppendWith<'_>,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
-        self.append_in_tx(load_id, entries, expected_version, outbox, Some(receipt), None, now).await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn append_claiming(
-        &self,
-        load_id: &LoadId,
-        entries: Vec<NewEntry>,
-        expected_version: u64,
-        outbox: Vec<NewOutboxRow>,
-        receipt: Option<&str>,
-        claim: &ClaimWith,
-        now: Timestamp,
-    ) -> Result<(u64, bool, bool), AppendError> {
-        let claim = Some(claim.clone());
-        let (version, acked) =
-            self.append_in_tx(load_id, entries, expected_version, outbox, receipt, claim, now).await?;
-        Ok((version, acked, true))
+        let claim = with.claim.cloned();
+        self.append_in_tx(load_id, entries, expected_version, outbox, with.receipt, claim, now).await
     }
 
     async fn read_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError> {

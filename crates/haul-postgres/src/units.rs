@@ -72,7 +72,7 @@ pub(crate) struct AppendArgs {
     pub outbox: Vec<NewOutboxRow>,
     pub receipt: Option<String>,
     /// The claim token and lease (ms) its outbox rows are written with, when claimed
-    /// with the append (`EventStore::append_claiming`).
+    /// with the append (`AppendWith::claim`).
     pub claim: Option<(String, i64)>,
     pub now: i64,
 }

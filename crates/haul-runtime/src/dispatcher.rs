@@ -275,7 +275,7 @@ pub struct Dispatcher {
 const HANDED_MAX: usize = 1024;
 
 /// How a worker hands the rows it claims with its append to the dispatcher of its own
-/// process (`EventStore::append_claiming`): room in the dispatcher's channel is
+/// process (`AppendWith::claim`): room in the dispatcher's channel is
 /// reserved before the append, so a row claimed is a row handed over. Between the
 /// decision and its send there is then no claim (a statement, a commit and a wake-up
 /// on the way to every send). Rows claimed but never handed (the process died) wait

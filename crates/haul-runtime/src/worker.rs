@@ -20,7 +20,7 @@ use haul_core::timers::TimerRoute;
 use haul_core::trace::TraceParent;
 use haul_core::validate::validate_decision;
 use haul_core::{Clock, InboundEvent, QueueMode};
-use haul_store::{AppendError, ClaimWith, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
+use haul_store::{AppendError, AppendWith, ClaimWith, LoadQueue, NewEntry, NewOutboxRow, Store, StoreError};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -612,24 +612,18 @@ impl Worker {
         };
         // Room for every row in the dispatcher's channel, or none is claimed.
         let handing = self.handoff.get().and_then(|h| Some((h, h.to.try_reserve_many(outbox.len()).ok()?)));
-        let (appended, handed) = match (handing, receipt) {
-            (Some((h, room)), receipt) => {
-                let claim = ClaimWith { token: h.tokens.next(), lease_until: haul_core::time::add(now, h.lease) };
-                let rows = outbox.clone();
-                let appended = self.store.append_claiming(load, entries, version, outbox, receipt, &claim, now).await;
-                let handed = matches!(appended, Ok((_, _, true)));
-                if handed {
-                    for (slot, row) in room.zip(rows) {
-                        slot.send(claim.claim_of(load, row, now));
-                    }
-                }
-                (appended.map(|(v, acked, _)| (v, acked)), handed)
+        let claim = handing
+            .as_ref()
+            .map(|(h, _)| ClaimWith { token: h.tokens.next(), lease_until: haul_core::time::add(now, h.lease) });
+        let rows = handing.as_ref().map(|_| outbox.clone());
+        let with = AppendWith { receipt, claim: claim.as_ref() };
+        let appended = self.store.append_with(load, entries, version, outbox, with, now).await;
+        let handed = appended.is_ok() && handing.is_some();
+        if let (true, Some((_, room)), Some(claim), Some(rows)) = (handed, handing, &claim, rows) {
+            for (slot, row) in room.zip(rows) {
+                slot.send(claim.claim_of(load, row, now));
             }
-            (None, Some(receipt)) => {
-                (self.store.append_acking(load, entries, version, outbox, receipt, now).await, false)
-            }
-            (None, None) => (self.store.append(load, entries, version, outbox, now).await.map(|v| (v, false)), false),
-        };
+        }
         if receipt.is_some()
             && let Ok((_, false)) = appended
         {

@@ -26,8 +26,8 @@ use haul_store::ops::{
     InboxAlert, InboxCounts, InboxSms, LOADS_SCANNED_PER_PAGE, SmsDismissal, state_param, types_param,
 };
 use haul_store::{
-    AlertState, AppendError, Claim, ClaimError, ClaimTake, ClaimedTaking, ConcurrencyConflictError, DeliveryLog,
-    DuplicateActionKeyError, DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
+    AlertState, AppendError, AppendWith, Claim, ClaimError, ClaimTake, ClaimedTaking, ConcurrencyConflictError,
+    DeliveryLog, DuplicateActionKeyError, DuplicateEntryError, EventStore, LoadIndex, LoadLease, LoadLock, LoadQueue,
     MAX_CLIENTS_OF, MAX_CONSENT_ASKED, MAX_HOLDS, NewEntry, NewOutboxRow, OpsAlertRecord, Outbox, OutboxRow,
     OutboxStatus, Prune, PruneReport, Published, QueueError, QueueMessage, RateChange, RecordedDelivery, RowCursor,
     SendRates, ShadowCursor, ShadowDecision, ShadowStore, SidClaim, SmsAssignment, SmsConsent, SmsMove, SmsReport,
@@ -183,44 +183,17 @@ impl EventStore for SqliteStore {
         Ok((records, version))
     }
 
-    async fn append(
+    async fn append_with(
         &self,
         load_id: &LoadId,
         entries: Vec<NewEntry>,
         expected_version: u64,
         outbox: Vec<NewOutboxRow>,
-        now: Timestamp,
-    ) -> Result<u64, AppendError> {
-        self.append_unit(load_id, entries, expected_version, outbox, None, None, now).await.map(|(v, _)| v)
-    }
-
-    async fn append_acking(
-        &self,
-        load_id: &LoadId,
-        entries: Vec<NewEntry>,
-        expected_version: u64,
-        outbox: Vec<NewOutboxRow>,
-        receipt: &str,
+        with: AppendWith<'_>,
         now: Timestamp,
     ) -> Result<(u64, bool), AppendError> {
-        self.append_unit(load_id, entries, expected_version, outbox, Some(receipt.to_owned()), None, now).await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn append_claiming(
-        &self,
-        load_id: &LoadId,
-        entries: Vec<NewEntry>,
-        expected_version: u64,
-        outbox: Vec<NewOutboxRow>,
-        receipt: Option<&str>,
-        claim: &ClaimWith,
-        now: Timestamp,
-    ) -> Result<(u64, bool, bool), AppendError> {
-        let (receipt, claim) = (receipt.map(str::to_owned), Some(claim.clone()));
-        let (version, acked) =
-            self.append_unit(load_id, entries, expected_version, outbox, receipt, claim, now).await?;
-        Ok((version, acked, true))
+        let (receipt, claim) = (with.receipt.map(str::to_owned), with.claim.cloned());
+        self.append_unit(load_id, entries, expected_version, outbox, receipt, claim, now).await
     }
 
     async fn read_page(&self, load_id: &LoadId, after_seq: u64, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -388,7 +361,7 @@ impl SqliteStore {
                          VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?5, ?5, ?6, ?7, ?8, CASE WHEN ?7 IS NULL THEN NULL ELSE ?5 END)",
                     )
                     .map_err(db)?;
-                // Claimed with the append (`append_claiming`): as a claim at `now` would.
+                // Claimed with the append (`AppendWith::claim`): as a claim at `now` would.
                 let (token, lease_until) = match &claim {
                     Some(c) => (Some(c.token.as_str()), Some(to_ms(c.lease_until))),
                     None => (None, None),

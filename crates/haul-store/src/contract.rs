@@ -1953,7 +1953,7 @@ pub async fn append_acking_acks_if_and_only_if_the_append_commits(s: DynStore) {
     assert_eq!(s.depth().await.unwrap(), 0);
 }
 
-/// `append_claiming`: the rows are written claimed, as `pending` at the append's
+/// `append_with` a claim: the rows are written claimed, as `pending` at the append's
 /// `now` would have claimed them, so no claim takes them while the lease lives, the
 /// claim's token marks them, and once the lease lapses a claim takes them over (a
 /// process that died before sending them). The row handed over (`ClaimWith::claim_of`)
@@ -1964,9 +1964,9 @@ pub async fn an_append_claims_its_rows_for_its_processs_dispatcher(s: DynStore) 
     let claim = crate::ClaimWith { token: "handed".into(), lease_until: at(90) };
     let rows = vec![row("L1/e1/create_hero_task"), row("L1/e1/send_sms")];
     let entries = vec![entry("e1"), entry("dec:e1")];
-    let (version, acked, claimed) =
-        s.append_claiming(&load("L1"), entries, 0, rows.clone(), Some(&m.receipt), &claim, at(1)).await.unwrap();
-    assert_eq!((version, acked, claimed), (2, true, true), "a store's own append claims its rows");
+    let with = crate::AppendWith { receipt: Some(&m.receipt), claim: Some(&claim) };
+    let (version, acked) = s.append_with(&load("L1"), entries, 0, rows.clone(), with, at(1)).await.unwrap();
+    assert_eq!((version, acked), (2, true));
     assert!(receive(&s, at(1)).await.is_empty(), "the message was acked with the append");
     let handed: Vec<crate::OutboxRow> = rows.into_iter().map(|r| claim.claim_of(&load("L1"), r, at(1)).row).collect();
     let mut stored = s.rows_for_load(&load("L1")).await.unwrap();
@@ -1979,11 +1979,10 @@ pub async fn an_append_claims_its_rows_for_its_processs_dispatcher(s: DynStore) 
     let stale = s.mark_dispatched("L1/e1/send_sms", "handed", "r2", at(92)).await.unwrap_err();
     assert!(matches!(stale, ClaimError::Stale(_)), "{stale:?}");
     // Without a receipt (a queue of its own, as SQS), nothing is acked; the rows are claimed.
-    let (version, acked, claimed) = s
-        .append_claiming(&load("L3"), vec![entry("g1")], 0, vec![row("L3/g1/send_sms")], None, &claim, at(1))
-        .await
-        .unwrap();
-    assert_eq!((version, acked, claimed), (1, false, true));
+    let with = crate::AppendWith { receipt: None, claim: Some(&claim) };
+    let (version, acked) =
+        s.append_with(&load("L3"), vec![entry("g1")], 0, vec![row("L3/g1/send_sms")], with, at(1)).await.unwrap();
+    assert_eq!((version, acked), (1, false));
     assert!(!pending_ids(&s, 10, at(2)).await.contains(&"L3/g1/send_sms".to_string()), "claimed with its append");
     // Without a claim the rows are written unclaimed, as by `append_acking`.
     commit(&s, "L2", "f1", 0, &["L2/f1/send_sms"]).await;

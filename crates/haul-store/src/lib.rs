@@ -203,7 +203,9 @@ pub trait EventStore: Send + Sync {
         expected_version: u64,
         outbox: Vec<NewOutboxRow>,
         now: Timestamp,
-    ) -> Result<u64, AppendError>;
+    ) -> Result<u64, AppendError> {
+        Ok(self.append_with(load_id, entries, expected_version, outbox, AppendWith::default(), now).await?.0)
+    }
 
     /// `append`, and in the same transaction the ack of `receipt`, a receipt of this
     /// store's own `LoadQueue` (the message the run is for): the message is acked if
@@ -220,37 +222,27 @@ pub trait EventStore: Send + Sync {
         outbox: Vec<NewOutboxRow>,
         receipt: &str,
         now: Timestamp,
-    ) -> Result<(u64, bool), AppendError>;
+    ) -> Result<(u64, bool), AppendError> {
+        let with = AppendWith { receipt: Some(receipt), claim: None };
+        self.append_with(load_id, entries, expected_version, outbox, with, now).await
+    }
 
-    /// `append` (with `receipt`, `append_acking`), and every outbox row it writes
-    /// claimed in the same transaction with `claim`, as a dispatcher's claim would take
-    /// it (first attempt now, leased until `claim.lease_until`): a dispatcher of the same
-    /// process is then handed the rows and sends them without a claim of its own, one
-    /// statement and one commit fewer between the decision and its send. The third
-    /// value says whether the rows were claimed. A store that cannot claim with its
-    /// append writes them unclaimed (this default), and a dispatcher's claim takes them
-    /// as usual.
-    #[allow(clippy::too_many_arguments)]
-    async fn append_claiming(
+    /// The append every other is: `append`, with `with.receipt` acked as
+    /// `append_acking` acks it, and with `with.claim` every outbox row it writes
+    /// claimed in the same transaction, as a dispatcher's claim would take it (first
+    /// attempt now, leased until `claim.lease_until`): a dispatcher of the same process
+    /// is then handed the rows and sends them without a claim of its own, one statement
+    /// and one commit fewer between the decision and its send. Returns the new version
+    /// and whether the receipt was acked (false without one).
+    async fn append_with(
         &self,
         load_id: &LoadId,
         entries: Vec<NewEntry>,
         expected_version: u64,
         outbox: Vec<NewOutboxRow>,
-        receipt: Option<&str>,
-        claim: &ClaimWith,
+        with: AppendWith<'_>,
         now: Timestamp,
-    ) -> Result<(u64, bool, bool), AppendError> {
-        let _ = claim;
-        match receipt {
-            Some(receipt) => {
-                let (version, acked) =
-                    self.append_acking(load_id, entries, expected_version, outbox, receipt, now).await?;
-                Ok((version, acked, false))
-            }
-            None => Ok((self.append(load_id, entries, expected_version, outbox, now).await?, false, false)),
-        }
-    }
+    ) -> Result<(u64, bool), AppendError>;
 
     /// At most `limit` records after `after_seq`, in `seq` order: one page of the log,
     /// for readers that must not hold a long log whole (`GET /v1/loads/{id}` folds and
@@ -551,8 +543,17 @@ pub struct Claim {
     pub token: String,
 }
 
-/// How an append claims the outbox rows it writes (`EventStore::append_claiming`):
-/// the claim token and the lease, as `Outbox::pending` would give them.
+/// What an append does besides appending (`EventStore::append_with`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AppendWith<'a> {
+    /// The receipt of this store's own `LoadQueue` to ack in the append's transaction.
+    pub receipt: Option<&'a str>,
+    /// The claim to write every outbox row of the append with.
+    pub claim: Option<&'a ClaimWith>,
+}
+
+/// How an append claims the outbox rows it writes (`AppendWith::claim`): the claim
+/// token and the lease, as `Outbox::pending` would give them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimWith {
     pub token: String,
