@@ -482,15 +482,7 @@ impl LoadQueue for PgStore {
         trace: Option<TraceParent>,
         now: Timestamp,
     ) -> Result<Published, StoreError> {
-        let args = PublishArgs {
-            load_id: load_id.as_str().to_owned(),
-            event_id: event_id.to_owned(),
-            body: body.to_owned(),
-            trace: trace_text(trace),
-            now: to_ms(now),
-            receive: None,
-        };
-        Ok(self.group.publish(args).await?.0)
+        Ok(self.group.publish(PublishArgs::new(load_id, event_id, body, trace, now, None)).await?.0)
     }
 
     async fn publish_receiving(
@@ -502,15 +494,8 @@ impl LoadQueue for PgStore {
         visibility: Duration,
         now: Timestamp,
     ) -> Result<(Published, Option<QueueMessage>), StoreError> {
-        let args = PublishArgs {
-            load_id: load_id.as_str().to_owned(),
-            event_id: event_id.to_owned(),
-            body: body.to_owned(),
-            trace: trace_text(trace),
-            now: to_ms(now),
-            receive: Some((self.tokens.next(), deadline_ms(now, visibility))),
-        };
-        self.group.publish(args).await
+        let receive = Some((self.tokens.next(), deadline_ms(now, visibility)));
+        self.group.publish(PublishArgs::new(load_id, event_id, body, trace, now, receive)).await
     }
 
     async fn receive(&self, max: usize, visibility: Duration, now: Timestamp) -> Result<Vec<QueueMessage>, StoreError> {

@@ -436,6 +436,21 @@ pub const QUEUE_PUBLISH_SET: &str = "WITH m AS (
        visible_at = CASE WHEN queue_heads.message_id IS NULL THEN excluded.visible_at ELSE queue_heads.visible_at END,
        message_id = COALESCE(queue_heads.message_id, excluded.message_id)
      RETURNING load_id";
+/// The receive of the heads a CTE `u (message_id)` leased: each message under a receipt
+/// of `$token`, with its load's log version (`QueueMessage::log_version`).
+macro_rules! receive_leased {
+    ($token:literal) => {
+        concat!(
+            "UPDATE queue q SET receipt = q.id::text || '.' || ",
+            $token,
+            ", receive_count = q.receive_count + 1
+             FROM u WHERE q.id = u.message_id
+             RETURNING ",
+            columns!(queue_message),
+            ", (SELECT l.version FROM loads l WHERE l.load_id = q.load_id)"
+        )
+    };
+}
 /// The workers' receive of visible heads: `$1` now, `$2` max, `$3` invisible until, `$4` token.
 /// Each message comes with its load's log version (`QueueMessage::log_version`).
 pub const QUEUE_RECEIVE: &str = concat!(
@@ -444,12 +459,8 @@ pub const QUEUE_RECEIVE: &str = concat!(
        ORDER BY visible_at, message_id LIMIT $2 FOR UPDATE SKIP LOCKED),
      u AS (
        UPDATE queue_heads qh SET visible_at = $3 FROM h WHERE qh.load_id = h.load_id
-       RETURNING qh.message_id)
-     UPDATE queue q SET receipt = q.id::text || '.' || $4, receive_count = q.receive_count + 1
-     FROM u WHERE q.id = u.message_id
-     RETURNING ",
-    columns!(queue_message),
-    ", (SELECT l.version FROM loads l WHERE l.load_id = q.load_id)"
+       RETURNING qh.message_id) ",
+    receive_leased!("$4")
 );
 /// `LoadQueue::publish_receiving`'s receive, sent after `QUEUE_PUBLISH` in its
 /// transaction: the load's head when it is a message of this event id never received
@@ -462,12 +473,8 @@ pub const QUEUE_RECEIVE_PUBLISHED: &str = concat!(
        UPDATE queue_heads qh SET visible_at = $4 FROM queue m
        WHERE qh.load_id = $1 AND qh.visible_at <= $3 AND m.id = qh.message_id AND m.load_id = $1 AND m.event_id = $2
          AND m.receive_count = 0
-       RETURNING qh.message_id)
-     UPDATE queue q SET receipt = q.id::text || '.' || $5, receive_count = q.receive_count + 1
-     FROM u WHERE q.id = u.message_id
-     RETURNING ",
-    columns!(queue_message),
-    ", (SELECT l.version FROM loads l WHERE l.load_id = q.load_id)"
+       RETURNING qh.message_id) ",
+    receive_leased!("$5")
 );
 /// Locks the head row of a message's load: `$1` message.
 pub const QUEUE_LOCK_HEAD: &str =

@@ -111,6 +111,18 @@ pub(crate) struct PublishArgs {
 }
 
 impl PublishArgs {
+    pub(crate) fn new(
+        load_id: &LoadId,
+        event_id: &str,
+        body: &str,
+        trace: Option<TraceParent>,
+        now: haul_core::time::Timestamp,
+        receive: Option<(String, i64)>,
+    ) -> Self {
+        let (load_id, event_id, body) = (load_id.as_str().to_owned(), event_id.to_owned(), body.to_owned());
+        PublishArgs { load_id, event_id, body, trace: trace_text(trace), now: to_ms(now), receive }
+    }
+
     /// The publish's parameters: load, event id, body, trace context, now.
     pub(crate) fn parts(&self) -> Publish<'_> {
         (&self.load_id, &self.event_id, &self.body, &self.trace, self.now)
