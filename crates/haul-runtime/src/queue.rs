@@ -87,16 +87,15 @@ impl From<QueueMessage> for Received {
     }
 }
 
-/// Messages handed over at most, waiting for the worker loop: a publisher that finds
-/// no room publishes the usual way, and the worker receives the message.
-pub const HANDED_MAX: usize = 256;
-
 /// How a publisher hands what it publishes to the worker of its own process
 /// (`LoadQueue::publish_receiving`): room in the worker's channel is reserved before
 /// the publish, so a message received is a message handed over. Between the publish
 /// and the run there is then no receive (a statement and a commit) and no wake-up. A
 /// message received but never run (the process died first) is redelivered when its
-/// visibility timeout lapses, as a received message is.
+/// visibility timeout lapses, as a received message is. The channel holds as many
+/// messages as the worker runs at once: a publisher that finds no room publishes the
+/// usual way, so a busy worker is not handed more than one round of runs ahead, which
+/// would keep those messages from any other process's worker.
 #[derive(Clone)]
 pub struct EventHandoff {
     pub(crate) to: tokio::sync::mpsc::Sender<Received>,
@@ -104,9 +103,10 @@ pub struct EventHandoff {
 }
 
 impl EventHandoff {
-    /// A handoff of messages leased for `visibility`, and the worker loop's end of it.
-    pub fn new(visibility: Duration) -> (Self, tokio::sync::mpsc::Receiver<Received>) {
-        let (to, from) = tokio::sync::mpsc::channel(HANDED_MAX);
+    /// A handoff of messages leased for `visibility`, at most `waiting` of them not yet
+    /// taken by the worker loop, and the loop's end of it.
+    pub fn new(visibility: Duration, waiting: usize) -> (Self, tokio::sync::mpsc::Receiver<Received>) {
+        let (to, from) = tokio::sync::mpsc::channel(waiting.max(1));
         (EventHandoff { to, visibility }, from)
     }
 }

@@ -187,7 +187,7 @@ impl Worker {
     /// publish to an idle load comes to this worker received, under its visibility
     /// timeout. Only where the worker loop runs (`loops::worker_loop` takes them).
     pub fn event_handoff(&self) -> crate::queue::EventHandoff {
-        let (handoff, from) = crate::queue::EventHandoff::new(self.settings.visibility);
+        let (handoff, from) = crate::queue::EventHandoff::new(self.settings.visibility, self.settings.concurrency);
         *self.handed_events.lock().unwrap_or_else(|e| e.into_inner()) = Some(from);
         handoff
     }

@@ -25,7 +25,7 @@ use haul_runtime::faults::{FaultPoint, Faults, PlantedBugs};
 use haul_runtime::operator::{self, DeadFilter, OperatorError, Requester};
 use haul_runtime::queue::EventQueue;
 use haul_runtime::shadow::{Shadow, ShadowSettings};
-use haul_runtime::worker::{RunOutcome, WorkerSettings};
+use haul_runtime::worker::{RunOutcome, Worker, WorkerSettings};
 use haul_store::{AlertState, NewEntry, OutboxStatus, Published, RowCursor, TimerStatus};
 use serde_json::json;
 
@@ -514,6 +514,14 @@ async fn a_message_published_to_an_idle_load_is_handed_to_the_worker_received() 
     let alone = events.publish_handing(&event("L2", init()), None, rig.now()).await.unwrap();
     assert_eq!(alone, (Published::New, false));
     assert_eq!(worker.receive(10).await.unwrap().len(), 1);
+    // As many wait as the worker runs at once: with no room left, published the usual way.
+    let clock: Arc<dyn haul_core::Clock> = rig.clock.clone();
+    let settings = WorkerSettings { concurrency: 1, ..WorkerSettings::default() };
+    let (mode, faults) = (QueueMode::StoreQueue, Faults::default());
+    let one = Worker::new(rig.store.clone(), rig.sqlite.clone(), mode, sop(), clock, settings, faults);
+    let events = EventQueue::new(rig.sqlite.clone()).handing_to(one.event_handoff());
+    assert_eq!(events.publish_handing(&event("L4", init()), None, rig.now()).await.unwrap(), (Published::New, true));
+    assert_eq!(events.publish_handing(&event("L5", init()), None, rig.now()).await.unwrap(), (Published::New, false));
     // A queue that cannot receive on publish (here a wrapper of the store) hands nothing.
     let other = rig.worker();
     let wrapped = rig.events().handing_to(other.event_handoff());
