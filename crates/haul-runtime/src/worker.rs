@@ -610,16 +610,17 @@ impl Worker {
             QueueMode::StoreQueue => Some(msg.receipt.as_str()),
             QueueMode::Separate => None,
         };
-        // Room for every row in the dispatcher's channel, or none is claimed.
-        let handing = self.handoff.get().and_then(|h| Some((h, h.to.try_reserve_many(outbox.len()).ok()?)));
-        let claim = handing
-            .as_ref()
-            .map(|(h, _)| ClaimWith { token: h.tokens.next(), lease_until: haul_core::time::add(now, h.lease) });
-        let rows = handing.as_ref().map(|_| outbox.clone());
-        let with = AppendWith { receipt, claim: claim.as_ref() };
+        // Room for every row in the dispatcher's channel, or none is claimed: the room,
+        // the claim the rows are written with, and the rows to hand over.
+        let handing = self.handoff.get().and_then(|h| {
+            let room = h.to.try_reserve_many(outbox.len()).ok()?;
+            let claim = ClaimWith { token: h.tokens.next(), lease_until: haul_core::time::add(now, h.lease) };
+            Some((room, claim, outbox.clone()))
+        });
+        let with = AppendWith { receipt, claim: handing.as_ref().map(|(_, claim, _)| claim) };
         let appended = self.store.append_with(load, entries, version, outbox, with, now).await;
         let handed = appended.is_ok() && handing.is_some();
-        if let (true, Some((_, room)), Some(claim), Some(rows)) = (handed, handing, &claim, rows) {
+        if let (Ok(_), Some((room, claim, rows))) = (&appended, handing) {
             for (slot, row) in room.zip(rows) {
                 slot.send(claim.claim_of(load, row, now));
             }
