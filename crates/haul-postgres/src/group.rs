@@ -48,6 +48,7 @@ use haul_store::backend::{Columns, CorruptRowError, queue_message_row};
 use haul_store::{AppendError, ClaimError, Published, QueueMessage, StaleClaimError, StoreError};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::SimpleQueryRow;
+use tracing::debug;
 
 use crate::units::{
     AppendArgs, AppendStatements, Fail, Publish, PublishArgs, PublishMarkArgs, PublishMarkStatements,
@@ -120,6 +121,24 @@ enum Step {
     Defer,
 }
 
+/// When a batch sends its `COMMIT` (`run_batch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Commit {
+    /// Behind its last wave of appends, before their answers are read: one round trip
+    /// fewer for a batch that ends in appends, which is most batches of the worker.
+    Pipelined,
+    /// After every wave's answers were read (a batch run again after `Ended::Undone`).
+    AfterAnswers,
+}
+
+/// How a batch's transaction ended (`run_batch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    Committed,
+    /// A unit failed under a pipelined `COMMIT`, which then rolled the whole batch back.
+    Undone,
+}
+
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
 /// A mark as a set wave sends it: load, outbox id, token, receipt, now.
 type Mark<'a> = (&'a str, &'a str, &'a str, &'a str, i64);
@@ -177,7 +196,7 @@ impl Job {
     /// unit's kind before: no round trip).
     async fn prepare(&self, client: &impl GenericClient) -> Result<Prepared, tokio_postgres::Error> {
         Ok(match self {
-            Job::Append { args, .. } => Prepared::Append(AppendStatements::prepare(client, args).await?),
+            Job::Append { args, .. } => Prepared::Append(AppendStatements::prepare(client, args, true).await?),
             Job::PublishMark { .. } => Prepared::PublishMark(PublishMarkStatements::prepare(client).await?),
             Job::Publish { args, .. } => Prepared::Publish(PublishStatements::prepare(client, args).await?),
         })
@@ -191,7 +210,7 @@ impl Job {
             Job::Append { args, out, .. } => {
                 let r = match prepared {
                     Some(Prepared::Append(statements)) => Ok(statements),
-                    _ => AppendStatements::prepare(tx, args).await.map_err(db),
+                    _ => AppendStatements::prepare(tx, args, true).await.map_err(db),
                 };
                 let r = match r {
                     Ok(statements) => crate::units::append_body(tx, args, statements, true).await,
@@ -517,7 +536,17 @@ async fn committer(pool: Pool, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
 async fn commit_batch(pool: &Pool, conn: &mut Session, mut batch: Vec<Job>) {
     publishes_first(&mut batch);
     let mut steps = Vec::with_capacity(batch.len());
-    let commit = run_batch(pool, conn, &mut batch, &mut steps).await;
+    let mut commit = run_batch(pool, conn, &mut batch, &mut steps, Commit::Pipelined).await;
+    if let Ok(Ended::Undone) = commit {
+        // A unit of the last wave failed under the `COMMIT` sent behind it: nothing of
+        // the batch stands. Again, reading every wave's answers before the `COMMIT`,
+        // for each unit's own answer.
+        debug!(units = batch.len(), "a batch's pipelined COMMIT rolled back; running it again");
+        batch.iter_mut().for_each(Job::forget);
+        steps.clear();
+        commit = run_batch(pool, conn, &mut batch, &mut steps, Commit::AfterAnswers).await;
+    }
+    let commit = commit.map(|_| ());
     if commit.is_err() {
         // A lost or confused session: close it; the next batch connects afresh.
         conn.close();
@@ -598,7 +627,8 @@ async fn run_batch(
     conn: &mut Session,
     batch: &mut [Job],
     steps: &mut Vec<Step>,
-) -> Result<(), StoreError> {
+    commit_mode: Commit,
+) -> Result<Ended, StoreError> {
     let (client, text) = conn.client(pool).await?;
     let mut prepared = Vec::with_capacity(batch.len());
     for job in batch.iter() {
@@ -638,6 +668,13 @@ async fn run_batch(
             committed = c;
             ran
         } else {
+            // The batch's last wave of one-trip appends takes the `COMMIT` along: their
+            // checks fail the transaction rather than answer a count (`append_body`), so
+            // a unit not kept is a failed transaction, which that `COMMIT` rolls back.
+            let pipelined = commit_mode == Commit::Pipelined
+                && end == batch.len()
+                && shares[start]
+                && batch[start..end].iter().all(|job| matches!(job, Job::Append { .. }));
             // Cloned, not taken: a unit rolled back with its wave runs again, with them.
             let units =
                 batch[start..end].iter_mut().zip(&prepared[start..end]).enumerate().map(|(k, (job, statements))| {
@@ -655,6 +692,16 @@ async fn run_batch(
                         tokio::join!(made, job.run(tx, statements))
                     }
                 });
+            if pipelined {
+                let (ran, commit) = tokio::join!(in_order(units.collect()), tx.batch_execute("COMMIT"));
+                if !ran.iter().all(|(made, step)| made.is_ok() && *step == Step::Keep) {
+                    // The failed unit's error aborted the transaction: its `COMMIT` was
+                    // a rollback, or the session is gone (then the `COMMIT` says so).
+                    return commit.map(|()| Ended::Undone).map_err(pg);
+                }
+                steps.extend(ran.iter().map(|(_, step)| *step));
+                return commit.map(|()| Ended::Committed).map_err(pg);
+            }
             in_order(units.collect()).await
         };
         prefix.clear();
@@ -693,12 +740,12 @@ async fn run_batch(
         }
         if let Some(c) = committed {
             // Every unit ran and was kept, and the `COMMIT` after them ran too.
-            return c.map_err(pg);
+            return c.map(|()| Ended::Committed).map_err(pg);
         }
         start = next;
     }
     prefix.push_str("COMMIT");
-    tx.batch_execute(&prefix).await.map_err(pg)
+    tx.batch_execute(&prefix).await.map(|()| Ended::Committed).map_err(pg)
 }
 
 /// Writes `EXECUTE haul_receive_published(…);`: a publish's receive (`text_statements`).

@@ -19,10 +19,10 @@ use tokio_postgres::error::SqlState;
 
 use crate::rows::{Params, PgRow, col, constraint};
 use crate::sql::{
-    CONSENT_SET, ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_CREATE, LOAD_FACTS_SET, LOAD_SUMMARY_ASKS,
-    LOAD_SUMMARY_FOLD, LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET, OUTBOX_INSERT, OUTBOX_KEYS_TAKEN,
-    OUTBOX_MARK_DISPATCHED, PROMPTS_PUT, QUEUE_ACK, QUEUE_LOCK_HEAD, QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH,
-    QUEUE_RECEIVE_PUBLISHED, SPEND_ADD, TIMERS_CANCEL_ALL, TIMERS_SCHEDULE_ALL,
+    CONSENT_SET, ENTRY_IDS_TAKEN, EVENTS_INSERT, LOAD_ADVANCE, LOAD_ADVANCE_OR_FAIL, LOAD_CREATE, LOAD_CREATE_OR_FAIL,
+    LOAD_FACTS_SET, LOAD_SUMMARY_ASKS, LOAD_SUMMARY_FOLD, LOAD_SUMMARY_SET, LOAD_VERSION, OUTBOX_INBOX_SET,
+    OUTBOX_INSERT, OUTBOX_KEYS_TAKEN, OUTBOX_MARK_DISPATCHED, PROMPTS_PUT, QUEUE_ACK, QUEUE_LOCK_HEAD,
+    QUEUE_LOCK_HEAD_OF_LOAD, QUEUE_PUBLISH, QUEUE_RECEIVE_PUBLISHED, SPEND_ADD, TIMERS_CANCEL_ALL, TIMERS_SCHEDULE_ALL,
 };
 use crate::{pg, pool_client};
 
@@ -142,7 +142,7 @@ pub(crate) fn trace_text(trace: Option<TraceParent>) -> String {
 pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, bool), AppendError> {
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
-    let statements = AppendStatements::prepare(&tx, args).await.map_err(pg)?;
+    let statements = AppendStatements::prepare(&tx, args, false).await.map_err(pg)?;
     let out = append_body(&tx, args, statements, false).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     Ok(out)
@@ -154,6 +154,9 @@ pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, 
 #[derive(Clone)]
 pub(crate) struct AppendStatements {
     version: Statement,
+    /// The version check that fails its transaction (`LOAD_ADVANCE_OR_FAIL`): a
+    /// committer's one-trip append.
+    version_or_fail: Option<Statement>,
     entries: Statement,
     keys: Option<Statement>,
     asks: Option<Statement>,
@@ -173,15 +176,24 @@ pub(crate) struct AppendStatements {
 }
 
 impl AppendStatements {
-    pub(crate) async fn prepare(tx: &impl GenericClient, a: &AppendArgs) -> Result<Self, tokio_postgres::Error> {
+    /// `one_trip`: the append may run as one round trip (a unit of a committer's batch).
+    pub(crate) async fn prepare(
+        tx: &impl GenericClient,
+        a: &AppendArgs,
+        one_trip: bool,
+    ) -> Result<Self, tokio_postgres::Error> {
         let delta = Derived::merged(a.entries.iter().map(|e| &e.derived));
         let prepare = async |needed: bool, sql: &str| -> Result<Option<Statement>, tokio_postgres::Error> {
             if needed { Ok(Some(tx.prepare_cached(sql).await?)) } else { Ok(None) }
         };
         let message = a.receipt.as_deref().and_then(parse_receipt).is_some();
-        let version_sql = if a.expected_version == 0 { LOAD_CREATE } else { LOAD_ADVANCE };
+        let (version_sql, or_fail_sql) = match a.expected_version {
+            0 => (LOAD_CREATE, LOAD_CREATE_OR_FAIL),
+            _ => (LOAD_ADVANCE, LOAD_ADVANCE_OR_FAIL),
+        };
         Ok(AppendStatements {
             version: tx.prepare_cached(version_sql).await?,
+            version_or_fail: prepare(one_trip && append_is_one_trip(a), or_fail_sql).await?,
             entries: tx.prepare_cached(ENTRY_IDS_TAKEN).await?,
             keys: prepare(!a.outbox.is_empty(), OUTBOX_KEYS_TAKEN).await?,
             asks: prepare(!delta.asks_unchanged(), LOAD_SUMMARY_ASKS).await?,
@@ -237,6 +249,7 @@ pub(crate) async fn append_body(
     let delta = Derived::merged(entries.iter().map(|e| &e.derived));
     let AppendStatements {
         version: version_stmt,
+        version_or_fail: version_or_fail_stmt,
         entries: entries_stmt,
         keys: keys_stmt,
         asks: asks_stmt,
@@ -270,6 +283,8 @@ pub(crate) async fn append_body(
     // The statements, each a future that sends it when first polled: joined in the
     // order written, they go out in that order, in one round trip.
     let take_version = async || tx.execute(&version_stmt, &version_params).await;
+    // One row when taken, an ERROR otherwise (no count of 0): see `LOAD_ADVANCE_OR_FAIL`.
+    let take_version_or_fail = async |stmt: &Statement| tx.execute(stmt, &version_params).await;
     let find_taken_entry = async || tx.query_opt(&entries_stmt, &[&lid, &ids]).await;
     let find_taken_key = async || match &keys_stmt {
         Some(stmt) => tx.query_opt(stmt, &[&lid, &keys]).await,
@@ -365,7 +380,7 @@ pub(crate) async fn append_body(
         _ => Ok(0),
     };
 
-    if one_trip && append_is_one_trip(a) {
+    if let Some(version_or_fail) = version_or_fail_stmt.as_ref().filter(|_| one_trip && append_is_one_trip(a)) {
         // The asks' new statuses (each ask's last one: the delta folded over no asks),
         // folded over the stored ones in SQL.
         let statuses = (!delta.asks_unchanged()).then(|| delta.fold_asks("{}").0);
@@ -380,7 +395,7 @@ pub(crate) async fn append_body(
         // the worker did not already see in the log), the lookups are not: one or two
         // statements fewer per append.
         let (won, inserted, outboxed, summarized, facts, marked, scheduled, canceled, acked) = tokio::join!(
-            take_version(),
+            take_version_or_fail(version_or_fail),
             insert_events(),
             insert_outbox(),
             summarize(),

@@ -153,6 +153,8 @@ async fn every_hot_query_is_served_by_an_index() {
         per_load("read_page", READ_PAGE, vec![&l, &zero, &limit]),
         case("append: first version", LOAD_CREATE, vec![&l, &version, &now]),
         case("append: version check", LOAD_ADVANCE, vec![&l, &seqs[1], &version, &now]),
+        case("append in a batch: first version", LOAD_CREATE_OR_FAIL, vec![&l, &version, &now]),
+        case("append in a batch: version check", LOAD_ADVANCE_OR_FAIL, vec![&l, &seqs[1], &version, &now]),
         case("append: conflict's version", LOAD_VERSION, vec![&l]),
         per_load("append: entry ids taken", ENTRY_IDS_TAKEN, vec![&l, &entry_ids]),
         per_load("append: outbox keys taken", OUTBOX_KEYS_TAKEN, vec![&l, &keys]),

@@ -125,10 +125,9 @@ async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
     let batch = s
         .append_one_batch(
             vec![
-                // A stale version raises no error: its events (seq 6) are written
-                // beside the refused version check, and the next unit meets them.
+                // A stale version fails its check, and with it the rest of the wave.
                 unit("E", &["e1"], 5, &[]),
-                // Meets e1 as taken while the wave runs; after the rollback it is free.
+                // Sent behind it: rolled back with it, it runs again and commits.
                 unit("E", &["e1"], 1, &["E/e1/send_sms"]),
                 unit("E", &["e2"], 2, &[]),
                 unit("F", &["f1"], 0, &["F/f1/send_sms"]),
@@ -140,6 +139,39 @@ async fn units_sent_after_a_failed_one_run_again_without_its_effects() {
     assert_eq!(log(&s, "E").await, (vec!["e0".into(), "e1".into(), "e2".into()], 3));
     assert_eq!(log(&s, "F").await, (vec!["f1".into()], 1));
     assert_eq!(keys(&s, "E").await, vec!["E/e1/send_sms"]);
+}
+
+/// A batch that ends in appends sends its `COMMIT` behind them, before their answers are
+/// read. When one of them fails, that `COMMIT` rolls the whole batch back (publishes
+/// and earlier waves too), and the batch runs again reading every answer first: each
+/// unit still gets its own answer, and only the kept ones stand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_pipelined_commit_rolled_back_runs_again_for_each_units_answer() {
+    let (s, _) = fresh_store(&FreshStore::default()).await.unwrap();
+    s.append(&load("OLD"), vec![entry("o1")], 0, vec![], t0()).await.unwrap();
+    // Alone: the conflict is the batch's only unit.
+    let alone = s.append_one_batch(vec![unit("OLD", &["o2"], 7, &[])], t0()).await;
+    assert_eq!(answers(&alone), vec!["conflict 7/1"]);
+    // Last: every unit before it is kept, in the same wave.
+    let last = s
+        .append_one_batch(
+            vec![
+                unit("A", &["a1"], 0, &["A/a1/send_sms"]),
+                unit("B", &["b1", "b2"], 0, &[]),
+                unit("OLD", &["o2"], 0, &[]), // a first version, but OLD has one
+            ],
+            t0(),
+        )
+        .await;
+    assert_eq!(answers(&last), vec!["ok 1", "ok 2", "conflict 0/1"]);
+    assert_eq!(log(&s, "A").await, (vec!["a1".into()], 1));
+    assert_eq!(log(&s, "B").await, (vec!["b1".into(), "b2".into()], 2));
+    assert_eq!(log(&s, "OLD").await, (vec!["o1".into()], 1));
+    assert_eq!(keys(&s, "A").await, vec!["A/a1/send_sms"]);
+    // The conflict left OLD at its version: the next batch's append at it commits.
+    let after = s.append_one_batch(vec![unit("OLD", &["o2"], 1, &[]), unit("A", &["a2"], 1, &[])], t0()).await;
+    assert_eq!(answers(&after), vec!["ok 2", "ok 2"]);
+    assert_eq!(log(&s, "OLD").await, (vec!["o1".into(), "o2".into()], 2));
 }
 
 /// An append that changes asks folds them into the load's summary in SQL, in its
