@@ -619,12 +619,15 @@ impl Worker {
         });
         let with = AppendWith { receipt, claim: handing.as_ref().map(|(_, claim, _)| claim) };
         let appended = self.store.append_with(load, entries, version, outbox, with, now).await;
-        let handed = appended.is_ok() && handing.is_some();
-        if let (Ok(_), Some((room, claim, rows))) = (&appended, handing) {
-            for (slot, row) in room.zip(rows) {
-                slot.send(claim.claim_of(load, row, now));
+        let handed = match (&appended, handing) {
+            (Ok(_), Some((room, claim, rows))) => {
+                for (slot, row) in room.zip(rows) {
+                    slot.send(claim.claim_of(load, row, now));
+                }
+                true
             }
-        }
+            _ => false,
+        };
         if receipt.is_some()
             && let Ok((_, false)) = appended
         {
