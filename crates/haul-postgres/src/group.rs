@@ -213,7 +213,7 @@ impl Job {
                     _ => AppendStatements::prepare(tx, args, true).await.map_err(db),
                 };
                 let r = match r {
-                    Ok(statements) => crate::units::append_body(tx, args, statements, true).await,
+                    Ok(statements) => crate::units::append_body(tx, args, statements).await,
                     Err(f) => Err(f),
                 };
                 let (step, o) = settle(r.map(|v| (v, true)));

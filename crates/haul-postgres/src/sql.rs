@@ -24,11 +24,23 @@ pub const READ_AFTER: &str =
 /// One page of the log: `$1` load, `$2` after seq, `$3` limit.
 pub const READ_PAGE: &str =
     concat!("SELECT ", columns!(record), " FROM events WHERE load_id = $1 AND seq > $2 ORDER BY seq LIMIT $3");
+// The version checks' writes, once each: as checks that answer a count, and as checks
+// that fail their transaction (`version_or_fail!`).
+macro_rules! load_create {
+    () => {
+        "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3)
+     ON CONFLICT (load_id) DO NOTHING"
+    };
+}
+macro_rules! load_advance {
+    () => {
+        "UPDATE loads SET version = $2, updated_at = $4 WHERE load_id = $1 AND version = $3"
+    };
+}
 /// The version check of a load's first append: `$1` load, `$2` new version, `$3` now.
-pub const LOAD_CREATE: &str = "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3)
-     ON CONFLICT (load_id) DO NOTHING";
+pub const LOAD_CREATE: &str = load_create!();
 /// The version check of later appends: `$1` load, `$2` new version, `$3` expected, `$4` now.
-pub const LOAD_ADVANCE: &str = "UPDATE loads SET version = $2, updated_at = $4 WHERE load_id = $1 AND version = $3";
+pub const LOAD_ADVANCE: &str = load_advance!();
 /// `LOAD_CREATE` and `LOAD_ADVANCE` as a committer's one-trip append sends them: one
 /// row, `1`, when the version was taken, and otherwise an ERROR (the text cast of the
 /// ELSE arm, never taken when the check passes), which fails the transaction. So a
@@ -36,20 +48,17 @@ pub const LOAD_ADVANCE: &str = "UPDATE loads SET version = $2, updated_at = $4 W
 /// a check that failed turns that `COMMIT` into a rollback. The arm reads the count so
 /// that no plan folds it into an error before it runs.
 macro_rules! version_or_fail {
-    ($write:literal) => {
+    ($($write:tt)*) => {
         concat!(
             "WITH taken AS (",
-            $write,
+            $($write)*,
             " RETURNING 1) SELECT CASE count(*) WHEN 1 THEN 1 ELSE ",
             "('haul: the load''s version check failed, rows taken: ' || count(*))::int END FROM taken"
         )
     };
 }
-pub const LOAD_CREATE_OR_FAIL: &str = version_or_fail!(
-    "INSERT INTO loads (load_id, version, created_at, updated_at) VALUES ($1, $2, $3, $3) ON CONFLICT (load_id) DO NOTHING"
-);
-pub const LOAD_ADVANCE_OR_FAIL: &str =
-    version_or_fail!("UPDATE loads SET version = $2, updated_at = $4 WHERE load_id = $1 AND version = $3");
+pub const LOAD_CREATE_OR_FAIL: &str = version_or_fail!(load_create!());
+pub const LOAD_ADVANCE_OR_FAIL: &str = version_or_fail!(load_advance!());
 /// `$1` load.
 pub const LOAD_VERSION: &str = "SELECT version FROM loads WHERE load_id = $1";
 /// `$1` load, `$2` entry ids.

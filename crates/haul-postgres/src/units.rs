@@ -143,7 +143,7 @@ pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, 
     let mut client = pool_client(pool).await?;
     let tx = client.transaction().await.map_err(pg)?;
     let statements = AppendStatements::prepare(&tx, args, false).await.map_err(pg)?;
-    let out = append_body(&tx, args, statements, false).await.map_err(Fail::into_err)?;
+    let out = append_body(&tx, args, statements).await.map_err(Fail::into_err)?;
     tx.commit().await.map_err(pg)?;
     Ok(out)
 }
@@ -154,8 +154,8 @@ pub(crate) async fn append_solo(pool: &Pool, args: &AppendArgs) -> Result<(u64, 
 #[derive(Clone)]
 pub(crate) struct AppendStatements {
     version: Statement,
-    /// The version check that fails its transaction (`LOAD_ADVANCE_OR_FAIL`): a
-    /// committer's one-trip append.
+    /// The version check that fails its transaction (`LOAD_ADVANCE_OR_FAIL`), present
+    /// when the append runs in one round trip (`append_body`).
     version_or_fail: Option<Statement>,
     entries: Statement,
     keys: Option<Statement>,
@@ -176,7 +176,8 @@ pub(crate) struct AppendStatements {
 }
 
 impl AppendStatements {
-    /// `one_trip`: the append may run as one round trip (a unit of a committer's batch).
+    /// `one_trip`: the append may run as one round trip (a unit of a committer's batch);
+    /// it will when `append_is_one_trip` holds too.
     pub(crate) async fn prepare(
         tx: &impl GenericClient,
         a: &AppendArgs,
@@ -214,7 +215,7 @@ impl AppendStatements {
     }
 }
 
-/// Whether `append_body` with `one_trip` sends all of this append's statements in one
+/// Whether `append_body`, prepared with `one_trip`, sends all of this append's statements in one
 /// round trip (the one predicate both it and the committer's waves go by): unless the
 /// call repeats an entry id or an action key (answered step by step, with the exact
 /// error). Its summary's asks are folded in SQL (`LOAD_SUMMARY_FOLD`), so they need no
@@ -227,8 +228,8 @@ pub(crate) fn append_is_one_trip(a: &AppendArgs) -> bool {
 /// savepoint. Statements whose order allows it are issued together (pipelined): the
 /// server still runs them in the order written, so the version is checked first.
 ///
-/// With `one_trip` (a unit of a committer's batch, inside its savepoint) an append for
-/// which `append_is_one_trip` holds sends every statement at once: one round trip. Its
+/// Prepared for one round trip (`AppendStatements::prepare` with `one_trip`: a unit of a
+/// committer's batch, inside its savepoint), an append sends every statement at once. Its
 /// writes are only right when its checks pass; when anything else came back (a
 /// conflict, a duplicate, an error), the unit answers `Fail::Again`, its savepoint is
 /// rolled back, and it runs again alone, step by step, for the exact answer. Conflicts
@@ -239,7 +240,6 @@ pub(crate) async fn append_body(
     tx: &impl GenericClient,
     a: &AppendArgs,
     statements: AppendStatements,
-    one_trip: bool,
 ) -> Result<(u64, bool), Fail<AppendError>> {
     let (lid, now, entries, outbox) = (a.load_id.as_str(), a.now, &a.entries, &a.outbox);
     let expected = a.expected_version as i64;
@@ -380,7 +380,7 @@ pub(crate) async fn append_body(
         _ => Ok(0),
     };
 
-    if let Some(version_or_fail) = version_or_fail_stmt.as_ref().filter(|_| one_trip && append_is_one_trip(a)) {
+    if let Some(version_or_fail) = &version_or_fail_stmt {
         // The asks' new statuses (each ask's last one: the delta folded over no asks),
         // folded over the stored ones in SQL.
         let statuses = (!delta.asks_unchanged()).then(|| delta.fold_asks("{}").0);
